@@ -1,0 +1,1 @@
+//! Benchmark support (filled in by the benchmark work).

@@ -1,0 +1,37 @@
+//! Pure data and rules shared by every ongrid-skills component.
+//!
+//! # Layout
+//!
+//! - [`name`]: [`SkillName`], the validated `[a-z0-9_]+` skill identifier.
+//! - [`class`]: [`SkillClass`] (`safe`, `mutating`, `dangerous`).
+//! - [`env`]: [`EnvName`], environment variable names a manifest may forward.
+//! - [`manifest`]: `skill.json` parsed into a [`Manifest`] that only holds valid values.
+//! - [`sandbox`]: the manifest's `sandbox` request, the operator's per-skill
+//!   [`SkillGrant`], and the [`GrantedSandbox`] a run gets.
+//! - [`limits`]: default resource limits and their bounds.
+//! - [`report`]: the [`RunReport`] every run ends with, and what the sandbox enforced.
+//! - [`path`]: pure, component-wise path rules (lexical containment, normal form).
+//!
+//! # Trust model
+//!
+//! Nothing here does I/O. The loader (unprivileged) and the executor (root)
+//! run the same validation code; the executor trusts only its own result.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod class;
+pub mod env;
+pub mod limits;
+pub mod manifest;
+pub mod name;
+pub mod path;
+pub mod report;
+pub mod sandbox;
+
+pub use class::SkillClass;
+pub use env::EnvName;
+pub use limits::Limits;
+pub use manifest::{Manifest, ManifestError, ValidateOptions, MAX_MANIFEST_BYTES};
+pub use name::SkillName;
+pub use report::{Enforcement, LimitKind, Outcome, RunReport, SandboxReport};
+pub use sandbox::{GrantError, GrantedSandbox, SandboxRequest, SkillGrant};

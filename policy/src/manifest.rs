@@ -1,0 +1,397 @@
+//! `skill.json`: parsed as JSON, then validated field by field into a
+//! [`Manifest`] that can only hold valid values.
+//!
+//! Fields (DESIGN.md §2): `name` (required, `[a-z0-9_]+`), `description`
+//! (required), `schema` (JSON Schema of the args object; absent =
+//! `{"type":"object","properties":{}}`), `entry` (required), `env_allow`
+//! (absent or empty = no environment at all), `timeout_seconds` (0 or absent
+//! = 30 s, clamped to the operator maximum), `class` (`safe` default,
+//! `mutating`, `dangerous`; case-sensitive), `category` (default
+//! `external`), and our optional `sandbox` object. Unknown top-level fields
+//! are ignored and listed in [`Manifest::ignored_fields`] so the caller can
+//! log them; unknown fields inside `sandbox` are errors, because a mistyped
+//! grant request must not pass unnoticed.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::class::SkillClass;
+use crate::env::EnvName;
+use crate::limits::{DEFAULT_MAX_TIMEOUT, DEFAULT_TIMEOUT};
+use crate::name::SkillName;
+use crate::path::absolute_normal;
+use crate::sandbox::{capability_number, SandboxRequest};
+
+/// Largest `skill.json` accepted, in bytes.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+/// Longest description accepted, in bytes.
+pub const MAX_DESCRIPTION_BYTES: usize = 16 << 10;
+/// Category when the manifest gives none.
+pub const DEFAULT_CATEGORY: &str = "external";
+
+/// Operator settings that validation depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidateOptions {
+    /// Longest timeout a manifest may ask for; longer ones are clamped.
+    pub max_timeout: Duration,
+}
+
+impl Default for ValidateOptions {
+    fn default() -> Self {
+        Self { max_timeout: DEFAULT_MAX_TIMEOUT }
+    }
+}
+
+/// Why a manifest is invalid. Its `Display` is the `ERROR` of the
+/// `skill loader: parse PATH: ERROR` log line.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// More than [`MAX_MANIFEST_BYTES`].
+    #[error("manifest is {size} bytes, larger than the {max} byte limit", max = MAX_MANIFEST_BYTES)]
+    TooLarge {
+        /// Size in bytes.
+        size: u64,
+    },
+    /// Not JSON at all.
+    #[error("invalid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// JSON, but not an object.
+    #[error("manifest must be a JSON object, got {0}")]
+    NotAnObject(&'static str),
+    /// A required field is absent (or null).
+    #[error("missing required field \"{0}\"")]
+    Missing(&'static str),
+    /// A field has the wrong JSON type.
+    #[error("field \"{field}\": expected {expected}, got {found}")]
+    WrongType {
+        /// Field path, e.g. `sandbox.network`.
+        field: String,
+        /// The JSON type wanted.
+        expected: &'static str,
+        /// The JSON type found.
+        found: &'static str,
+    },
+    /// A field has the right type but a bad value.
+    #[error("field \"{field}\": {reason}")]
+    Invalid {
+        /// Field path.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// A validated skill manifest. Every value it holds obeys the rules above;
+/// the entry is still the manifest's text (resolving it is I/O and belongs
+/// to the loader and the executor).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    name: SkillName,
+    description: String,
+    schema: Value,
+    entry: String,
+    env_allow: Vec<EnvName>,
+    timeout: Duration,
+    timeout_clamped_from: Option<u64>,
+    class: SkillClass,
+    category: String,
+    sandbox: SandboxRequest,
+    ignored_fields: Vec<String>,
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn wrong(field: &str, expected: &'static str, v: &Value) -> ManifestError {
+    ManifestError::WrongType { field: field.to_owned(), expected, found: type_name(v) }
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> ManifestError {
+    ManifestError::Invalid { field: field.to_owned(), reason: reason.into() }
+}
+
+/// Present and not null.
+fn get<'a>(obj: &'a Map<String, Value>, field: &str) -> Option<&'a Value> {
+    obj.get(field).filter(|v| !v.is_null())
+}
+
+fn string<'a>(
+    obj: &'a Map<String, Value>,
+    field: &'static str,
+) -> Result<Option<&'a str>, ManifestError> {
+    match get(obj, field) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(v) => Err(wrong(field, "a string", v)),
+    }
+}
+
+fn string_list(v: &Value, field: &str) -> Result<Vec<String>, ManifestError> {
+    let Value::Array(items) = v else { return Err(wrong(field, "an array of strings", v)) };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            Value::String(s) => Ok(s.clone()),
+            other => Err(wrong(&format!("{field}[{i}]"), "a string", other)),
+        })
+        .collect()
+}
+
+fn unsigned(v: &Value, field: &str) -> Result<u64, ManifestError> {
+    match v {
+        Value::Number(n) => n
+            .as_u64()
+            .ok_or_else(|| invalid(field, format!("must be a non-negative integer, got {n}"))),
+        other => Err(wrong(field, "a non-negative integer", other)),
+    }
+}
+
+impl Manifest {
+    /// Parses and validates `bytes` as a `skill.json`.
+    ///
+    /// # Errors
+    ///
+    /// [`ManifestError`] naming the first field at fault.
+    pub fn from_slice(bytes: &[u8], opts: &ValidateOptions) -> Result<Self, ManifestError> {
+        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(ManifestError::TooLarge { size: bytes.len() as u64 });
+        }
+        let value: Value = serde_json::from_slice(bytes)?;
+        Self::from_value(value, opts)
+    }
+
+    /// Validates an already-parsed JSON value as a manifest.
+    ///
+    /// # Errors
+    ///
+    /// [`ManifestError`] naming the first field at fault.
+    pub fn from_value(value: Value, opts: &ValidateOptions) -> Result<Self, ManifestError> {
+        let Value::Object(obj) = value else {
+            return Err(ManifestError::NotAnObject(type_name(&value)));
+        };
+
+        let name = string(&obj, "name")?.ok_or(ManifestError::Missing("name"))?;
+        let name = SkillName::new(name).map_err(|e| invalid("name", e.to_string()))?;
+
+        let description =
+            string(&obj, "description")?.ok_or(ManifestError::Missing("description"))?;
+        if description.trim().is_empty() {
+            return Err(invalid("description", "must not be empty"));
+        }
+        if description.len() > MAX_DESCRIPTION_BYTES {
+            return Err(invalid(
+                "description",
+                format!("must be at most {MAX_DESCRIPTION_BYTES} bytes"),
+            ));
+        }
+
+        let entry = string(&obj, "entry")?.ok_or(ManifestError::Missing("entry"))?;
+        if entry.is_empty() {
+            return Err(invalid("entry", "must not be empty"));
+        }
+        if entry.contains('\0') {
+            return Err(invalid("entry", "must not contain a NUL byte"));
+        }
+
+        let schema = match get(&obj, "schema") {
+            None => serde_json::json!({"type": "object", "properties": {}}),
+            Some(Value::Object(s)) => {
+                if let Some(t) = s.get("type") {
+                    if t != "object" {
+                        return Err(invalid(
+                            "schema",
+                            format!(
+                                "must describe an object (\"type\": \"object\"), got \"type\": {t}"
+                            ),
+                        ));
+                    }
+                }
+                Value::Object(s.clone())
+            }
+            Some(v) => return Err(wrong("schema", "an object (a JSON Schema)", v)),
+        };
+
+        let mut env_allow: Vec<EnvName> = Vec::new();
+        if let Some(v) = get(&obj, "env_allow") {
+            for (i, n) in string_list(v, "env_allow")?.iter().enumerate() {
+                let n = EnvName::new(n)
+                    .map_err(|e| invalid(&format!("env_allow[{i}]"), e.to_string()))?;
+                if !env_allow.contains(&n) {
+                    env_allow.push(n);
+                }
+            }
+        }
+
+        let (timeout, timeout_clamped_from) = match get(&obj, "timeout_seconds") {
+            None => (DEFAULT_TIMEOUT, None),
+            Some(v) => match unsigned(v, "timeout_seconds")? {
+                0 => (DEFAULT_TIMEOUT, None),
+                s if Duration::from_secs(s) > opts.max_timeout => (opts.max_timeout, Some(s)),
+                s => (Duration::from_secs(s), None),
+            },
+        };
+
+        let class = match string(&obj, "class")? {
+            None => SkillClass::default(),
+            Some(c) => c
+                .parse()
+                .map_err(|e: crate::class::UnknownClass| invalid("class", e.to_string()))?,
+        };
+
+        let category = match string(&obj, "category")? {
+            None | Some("") => DEFAULT_CATEGORY.to_owned(),
+            Some(c) if c.len() > 64 || c.chars().any(char::is_control) => {
+                return Err(invalid(
+                    "category",
+                    "must be at most 64 bytes without control characters",
+                ));
+            }
+            Some(c) => c.to_owned(),
+        };
+
+        let sandbox = match get(&obj, "sandbox") {
+            None => SandboxRequest::default(),
+            Some(Value::Object(s)) => parse_sandbox(s)?,
+            Some(v) => return Err(wrong("sandbox", "an object", v)),
+        };
+
+        let known = [
+            "name",
+            "description",
+            "schema",
+            "entry",
+            "env_allow",
+            "timeout_seconds",
+            "class",
+            "category",
+            "sandbox",
+        ];
+        let ignored_fields = obj.keys().filter(|k| !known.contains(&k.as_str())).cloned().collect();
+
+        Ok(Self {
+            name,
+            description: description.to_owned(),
+            schema,
+            entry: entry.to_owned(),
+            env_allow,
+            timeout,
+            timeout_clamped_from,
+            class,
+            category,
+            sandbox,
+            ignored_fields,
+        })
+    }
+
+    /// The skill's name.
+    pub fn name(&self) -> &SkillName {
+        &self.name
+    }
+    /// Human and LLM-facing description.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+    /// JSON Schema of the args object (always a JSON object).
+    pub fn schema(&self) -> &Value {
+        &self.schema
+    }
+    /// The entry as written: relative to the manifest's folder, or absolute.
+    pub fn entry(&self) -> &str {
+        &self.entry
+    }
+    /// Environment names forwarded to the child (empty = no environment).
+    pub fn env_allow(&self) -> &[EnvName] {
+        &self.env_allow
+    }
+    /// Wall-clock timeout of a run.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    /// The timeout the manifest asked for, when it was over the operator
+    /// maximum and was clamped.
+    pub fn timeout_clamped_from(&self) -> Option<u64> {
+        self.timeout_clamped_from
+    }
+    /// The skill's class.
+    pub fn class(&self) -> SkillClass {
+        self.class
+    }
+    /// The skill's category.
+    pub fn category(&self) -> &str {
+        &self.category
+    }
+    /// What the manifest's `sandbox` object asks for.
+    pub fn sandbox(&self) -> &SandboxRequest {
+        &self.sandbox
+    }
+    /// Top-level fields that were present but are not part of the contract.
+    pub fn ignored_fields(&self) -> &[String] {
+        &self.ignored_fields
+    }
+}
+
+fn parse_paths(v: &Value, field: &str) -> Result<Vec<std::path::PathBuf>, ManifestError> {
+    string_list(v, field)?
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            absolute_normal(p).map_err(|e| invalid(&format!("{field}[{i}]"), e.to_string()))
+        })
+        .collect()
+}
+
+fn parse_sandbox(s: &Map<String, Value>) -> Result<SandboxRequest, ManifestError> {
+    let mut req = SandboxRequest::default();
+    for (key, v) in s {
+        if v.is_null() {
+            continue;
+        }
+        let field = format!("sandbox.{key}");
+        match key.as_str() {
+            "fs_read" => req.fs_read = parse_paths(v, &field)?,
+            "fs_write" => req.fs_write = parse_paths(v, &field)?,
+            "network" => req.network = v.as_bool().ok_or_else(|| wrong(&field, "a boolean", v))?,
+            "run_as" => {
+                let u = v.as_str().ok_or_else(|| wrong(&field, "a string", v))?;
+                let ok = !u.is_empty() && u.len() <= 32 && u.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+                if !ok {
+                    return Err(invalid(&field, format!("{u:?} is not a valid user name")));
+                }
+                req.run_as = Some(u.to_owned());
+            }
+            "capabilities" => {
+                for (i, c) in string_list(v, &field)?.iter().enumerate() {
+                    let n = capability_number(c)
+                        .ok_or_else(|| invalid(&format!("{field}[{i}]"), format!("unknown capability {c:?}")))?;
+                    if !req.capabilities.contains(&n) {
+                        req.capabilities.push(n);
+                    }
+                }
+            }
+            "memory_bytes" => {
+                let m = unsigned(v, &field)?;
+                if m < (1 << 20) {
+                    return Err(invalid(&field, "must be at least 1 MiB"));
+                }
+                req.memory_bytes = Some(m);
+            }
+            "max_pids" => {
+                let p = unsigned(v, &field)?;
+                let p = u32::try_from(p).ok().filter(|p| *p >= 1).ok_or_else(|| invalid(&field, "must be from 1 to 4294967295"))?;
+                req.max_pids = Some(p);
+            }
+            _ => return Err(invalid(&field, "unknown sandbox field (known: fs_read, fs_write, network, run_as, capabilities, memory_bytes, max_pids)")),
+        }
+    }
+    Ok(req)
+}

@@ -1,0 +1,230 @@
+//! The run report: how a run ended and what the sandbox enforced.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// How a run ended. The wire spelling is snake_case (`exit_nonzero`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Exit 0 and one JSON value on stdout.
+    Ok,
+    /// Exited with a non-zero status.
+    ExitNonzero,
+    /// Killed by a signal it did not ask for from us.
+    Signaled,
+    /// The wall-clock deadline or the CPU-time limit ended it (see [`LimitKind`]).
+    Timeout,
+    /// Wrote more than the stdout cap; killed.
+    OutputLimit,
+    /// Exit 0 but stdout is not one JSON value.
+    InvalidResult,
+    /// The entry could not be executed (not found, not executable, bad format).
+    SpawnFailed,
+    /// A required sandbox restriction could not be put in place; nothing ran.
+    SandboxFailed,
+    /// The request or the manifest failed the executor's own validation.
+    Rejected,
+    /// The args do not match the manifest schema.
+    InvalidArgs,
+    /// The caller may not run this skill.
+    Denied,
+    /// No capacity to run it now.
+    Busy,
+}
+
+impl Outcome {
+    /// Every outcome, in documentation order.
+    pub const ALL: [Outcome; 12] = [
+        Outcome::Ok,
+        Outcome::ExitNonzero,
+        Outcome::Signaled,
+        Outcome::Timeout,
+        Outcome::OutputLimit,
+        Outcome::InvalidResult,
+        Outcome::SpawnFailed,
+        Outcome::SandboxFailed,
+        Outcome::Rejected,
+        Outcome::InvalidArgs,
+        Outcome::Denied,
+        Outcome::Busy,
+    ];
+
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::ExitNonzero => "exit_nonzero",
+            Outcome::Signaled => "signaled",
+            Outcome::Timeout => "timeout",
+            Outcome::OutputLimit => "output_limit",
+            Outcome::InvalidResult => "invalid_result",
+            Outcome::SpawnFailed => "spawn_failed",
+            Outcome::SandboxFailed => "sandbox_failed",
+            Outcome::Rejected => "rejected",
+            Outcome::InvalidArgs => "invalid_args",
+            Outcome::Denied => "denied",
+            Outcome::Busy => "busy",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which limit ended a run, when one did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitKind {
+    /// The wall-clock deadline.
+    WallTime,
+    /// RLIMIT_CPU (SIGXCPU or SIGKILL at the hard limit).
+    CpuTime,
+    /// The run's memory bound (cgroup OOM kill).
+    Memory,
+    /// The stdout cap.
+    Output,
+    /// RLIMIT_FSIZE (SIGXFSZ).
+    FileSize,
+}
+
+/// How fully a mechanism was enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Enforcement {
+    /// Every right asked for is enforced.
+    Full,
+    /// Some rights are enforced; the kernel lacks the others.
+    Partial,
+    /// Nothing is enforced.
+    None,
+}
+
+/// Landlock as it was applied to one run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LandlockReport {
+    /// The kernel's Landlock ABI (0 = none).
+    pub abi: u32,
+    /// Full, partial or none.
+    pub status: Enforcement,
+    /// TCP bind/connect restricted (ABI >= 4).
+    pub net: bool,
+    /// Signals and abstract Unix sockets scoped (ABI >= 6).
+    pub scoped: bool,
+}
+
+/// Which cgroup mechanisms held the run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupReport {
+    /// Whole-tree kill: `"v2"` (cgroup.kill), `"v1-freezer"`, or null.
+    pub kill: Option<String>,
+    /// Memory bound: `"v2"`, `"v1"` or null.
+    pub memory: Option<String>,
+    /// Process bound: `"v2"`, `"v1"` or null.
+    pub pids: Option<String>,
+}
+
+/// What the sandbox actually enforced for a run. Nothing degrades silently:
+/// anything asked for and not enforced is listed in `degraded`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxReport {
+    /// uid the skill ran as.
+    pub uid: u32,
+    /// gid the skill ran as.
+    pub gid: u32,
+    /// PR_SET_NO_NEW_PRIVS was set.
+    pub no_new_privs: bool,
+    /// Capabilities kept (names); empty = none.
+    pub capabilities: Vec<String>,
+    /// Landlock.
+    pub landlock: LandlockReport,
+    /// A seccomp filter was attached.
+    pub seccomp: bool,
+    /// Networking was granted.
+    pub network: bool,
+    /// cgroup mechanisms.
+    pub cgroup: CgroupReport,
+    /// Resource limits that were set (name → value), e.g. `RLIMIT_NOFILE`.
+    pub rlimits: std::collections::BTreeMap<String, u64>,
+    /// What could not be enforced, one human-readable line each.
+    pub degraded: Vec<String>,
+}
+
+/// The report every run ends with (DESIGN.md §5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    /// The skill's name.
+    pub skill: String,
+    /// How the run ended.
+    pub outcome: Outcome,
+    /// The result JSON on `ok`, else null.
+    pub result: Option<serde_json::Value>,
+    /// What went wrong, or null on `ok`.
+    pub error: Option<String>,
+    /// Exit status when the process exited.
+    pub exit_code: Option<i32>,
+    /// Signal number when the process was killed by one.
+    pub signal: Option<i32>,
+    /// Which limit ended the run, if one did.
+    #[serde(default)]
+    pub limit: Option<LimitKind>,
+    /// Wall time from request to report, milliseconds.
+    pub duration_ms: u64,
+    /// Sandbox setup time (validation to exec), microseconds.
+    #[serde(default)]
+    pub setup_us: u64,
+    /// Bounded tail of stderr.
+    pub stderr: String,
+    /// Stderr bytes dropped from the tail.
+    #[serde(default)]
+    pub stderr_truncated_bytes: u64,
+    /// What the sandbox enforced; null when nothing ran.
+    pub sandbox: Option<SandboxReport>,
+}
+
+impl RunReport {
+    /// A report for a run that never started (`rejected`, `denied`, `busy`...).
+    pub fn not_run(skill: impl Into<String>, outcome: Outcome, error: impl Into<String>) -> Self {
+        Self {
+            skill: skill.into(),
+            outcome,
+            result: None,
+            error: Some(error.into()),
+            exit_code: None,
+            signal: None,
+            limit: None,
+            duration_ms: 0,
+            setup_us: 0,
+            stderr: String::new(),
+            stderr_truncated_bytes: 0,
+            sandbox: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_spellings_round_trip() {
+        for o in Outcome::ALL {
+            let s = serde_json::to_string(&o).unwrap();
+            assert_eq!(s, format!("\"{}\"", o.as_str()));
+            assert_eq!(serde_json::from_str::<Outcome>(&s).unwrap(), o);
+        }
+    }
+
+    #[test]
+    fn not_run_has_null_result() {
+        let r = RunReport::not_run("x", Outcome::Busy, "full");
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["result"], serde_json::Value::Null);
+        assert_eq!(v["outcome"], "busy");
+        assert_eq!(v["sandbox"], serde_json::Value::Null);
+    }
+}

@@ -1,0 +1,310 @@
+//! The manifest's `sandbox` request, the operator's grant, and their meet.
+//!
+//! A manifest may ask for more than the default box (a read path, network,
+//! another user, a capability, more memory or processes). It gets at most
+//! what `executor.toml` grants that skill by name; asking for more is an
+//! error naming the field, never a silently weaker or stronger run.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::Limits;
+use crate::name::SkillName;
+use crate::path::is_within;
+
+/// Linux capability names, in kernel number order (`CAP_CHOWN` = 0).
+pub const CAPABILITY_NAMES: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+];
+
+/// Returns the kernel number of a capability name (`CAP_NET_RAW` → 13),
+/// accepting the name with or without the `CAP_` prefix, any case.
+pub fn capability_number(name: &str) -> Option<u8> {
+    let upper = name.to_ascii_uppercase();
+    let full = if upper.starts_with("CAP_") { upper } else { format!("CAP_{upper}") };
+    CAPABILITY_NAMES.iter().position(|c| *c == full).and_then(|i| u8::try_from(i).ok())
+}
+
+/// What a manifest's `sandbox` object asks for. Empty = the default box.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SandboxRequest {
+    /// Extra absolute paths to read (and execute) below.
+    pub fs_read: Vec<PathBuf>,
+    /// Extra absolute paths to write below.
+    pub fs_write: Vec<PathBuf>,
+    /// TCP/UDP/ICMP networking.
+    pub network: bool,
+    /// Run as this user instead of the executor's default.
+    pub run_as: Option<String>,
+    /// Capability numbers to keep (see [`CAPABILITY_NAMES`]).
+    pub capabilities: Vec<u8>,
+    /// Memory of the run in bytes, when it differs from the default.
+    pub memory_bytes: Option<u64>,
+    /// Process count of the run, when it differs from the default.
+    pub max_pids: Option<u32>,
+}
+
+/// What `executor.toml` grants one skill (`[skills.NAME]`). Every field is
+/// an upper bound on what the manifest may ask for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SkillGrant {
+    /// Paths below which the manifest may ask to read.
+    pub fs_read: Vec<PathBuf>,
+    /// Paths below which the manifest may ask to write.
+    pub fs_write: Vec<PathBuf>,
+    /// Whether the manifest may ask for the network.
+    pub network: bool,
+    /// Users the manifest may ask to run as.
+    pub run_as: Vec<String>,
+    /// Capability names the manifest may ask to keep.
+    pub capabilities: Vec<String>,
+    /// Most memory the manifest may ask for, bytes.
+    pub memory_bytes: Option<u64>,
+    /// Most processes the manifest may ask for.
+    pub max_pids: Option<u32>,
+}
+
+/// The sandbox a run actually gets: the request, checked against the grant,
+/// with the operator's default limits filled in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GrantedSandbox {
+    /// Extra read paths.
+    pub fs_read: Vec<PathBuf>,
+    /// Extra write paths.
+    pub fs_write: Vec<PathBuf>,
+    /// Networking allowed.
+    pub network: bool,
+    /// User to run as; `None` = the executor's configured default.
+    pub run_as: Option<String>,
+    /// Capability numbers kept.
+    pub capabilities: Vec<u8>,
+    /// Effective limits.
+    pub limits: Limits,
+}
+
+/// A `sandbox` field asks for more than the operator grants.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("skill \"{skill}\": sandbox.{field}: {reason}")]
+pub struct GrantError {
+    /// The skill.
+    pub skill: String,
+    /// The `sandbox` field at fault.
+    pub field: &'static str,
+    /// What was asked and what is granted.
+    pub reason: String,
+}
+
+fn covered(p: &Path, granted: &[PathBuf]) -> bool {
+    granted.iter().any(|g| is_within(p, g))
+}
+
+impl SandboxRequest {
+    /// Checks this request against `grant` (absent = nothing beyond the
+    /// default box) and fills in `defaults`.
+    ///
+    /// Asking for less than the defaults (a smaller memory or pid bound) is
+    /// always allowed; asking for more needs the grant.
+    ///
+    /// # Errors
+    ///
+    /// [`GrantError`] naming the first field that asks for more than granted.
+    pub fn authorize(
+        &self,
+        skill: &SkillName,
+        grant: Option<&SkillGrant>,
+        defaults: &Limits,
+    ) -> Result<GrantedSandbox, GrantError> {
+        let empty = SkillGrant::default();
+        let grant = grant.unwrap_or(&empty);
+        let deny = |field: &'static str, reason: String| GrantError {
+            skill: skill.to_string(),
+            field,
+            reason: format!("{reason} (executor.toml [skills.{skill}] does not grant it)"),
+        };
+        for p in &self.fs_read {
+            if !covered(p, &grant.fs_read) && !covered(p, &grant.fs_write) {
+                return Err(deny("fs_read", format!("read access to {} asked", p.display())));
+            }
+        }
+        for p in &self.fs_write {
+            if !covered(p, &grant.fs_write) {
+                return Err(deny("fs_write", format!("write access to {} asked", p.display())));
+            }
+        }
+        if self.network && !grant.network {
+            return Err(deny("network", "network access asked".to_owned()));
+        }
+        if let Some(user) = &self.run_as {
+            if !grant.run_as.iter().any(|u| u == user) {
+                return Err(deny("run_as", format!("running as {user:?} asked")));
+            }
+        }
+        for &cap in &self.capabilities {
+            let allowed = grant.capabilities.iter().any(|g| capability_number(g) == Some(cap));
+            if !allowed {
+                let name = CAPABILITY_NAMES.get(usize::from(cap)).copied().unwrap_or("CAP_?");
+                return Err(deny("capabilities", format!("{name} asked")));
+            }
+        }
+        let mut limits = defaults.clone();
+        if let Some(m) = self.memory_bytes {
+            if m > defaults.memory_bytes && grant.memory_bytes.is_none_or(|g| m > g) {
+                return Err(deny(
+                    "memory_bytes",
+                    format!("{m} bytes asked, default {}", defaults.memory_bytes),
+                ));
+            }
+            limits.memory_bytes = m;
+        }
+        if let Some(p) = self.max_pids {
+            if p > defaults.max_pids && grant.max_pids.is_none_or(|g| p > g) {
+                return Err(deny(
+                    "max_pids",
+                    format!("{p} processes asked, default {}", defaults.max_pids),
+                ));
+            }
+            limits.max_pids = p;
+        }
+        Ok(GrantedSandbox {
+            fs_read: self.fs_read.clone(),
+            fs_write: self.fs_write.clone(),
+            network: self.network,
+            run_as: self.run_as.clone(),
+            capabilities: self.capabilities.clone(),
+            limits,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn skill() -> SkillName {
+        SkillName::new("probe").unwrap()
+    }
+
+    #[test]
+    fn capability_numbers() {
+        assert_eq!(capability_number("CAP_CHOWN"), Some(0));
+        assert_eq!(capability_number("net_raw"), Some(13));
+        assert_eq!(capability_number("CAP_CHECKPOINT_RESTORE"), Some(40));
+        assert_eq!(capability_number("CAP_NOPE"), None);
+    }
+
+    #[test]
+    fn empty_request_needs_no_grant() {
+        let g = SandboxRequest::default().authorize(&skill(), None, &Limits::default()).unwrap();
+        assert!(!g.network && g.fs_read.is_empty() && g.capabilities.is_empty());
+        assert_eq!(g.limits, Limits::default());
+    }
+
+    #[test]
+    fn each_field_needs_its_grant() {
+        let d = Limits::default();
+        let cases: Vec<(SandboxRequest, &str)> = vec![
+            (SandboxRequest { fs_read: vec!["/var/log".into()], ..Default::default() }, "fs_read"),
+            (
+                SandboxRequest { fs_write: vec!["/var/tmp".into()], ..Default::default() },
+                "fs_write",
+            ),
+            (SandboxRequest { network: true, ..Default::default() }, "network"),
+            (SandboxRequest { run_as: Some("root".into()), ..Default::default() }, "run_as"),
+            (SandboxRequest { capabilities: vec![13], ..Default::default() }, "capabilities"),
+            (
+                SandboxRequest { memory_bytes: Some(d.memory_bytes + 1), ..Default::default() },
+                "memory_bytes",
+            ),
+            (SandboxRequest { max_pids: Some(d.max_pids + 1), ..Default::default() }, "max_pids"),
+        ];
+        for (req, field) in cases {
+            let e = req.authorize(&skill(), None, &d).unwrap_err();
+            assert_eq!(e.field, field);
+            assert!(
+                e.to_string().starts_with(&format!("skill \"probe\": sandbox.{field}: ")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn grant_allows_up_to_its_bound() {
+        let d = Limits::default();
+        let grant = SkillGrant {
+            fs_read: vec!["/var/log".into()],
+            fs_write: vec!["/srv/out".into()],
+            network: true,
+            run_as: vec!["root".into()],
+            capabilities: vec!["net_raw".into()],
+            memory_bytes: Some(1 << 30),
+            max_pids: Some(128),
+        };
+        let req = SandboxRequest {
+            fs_read: vec!["/var/log/syslog".into(), "/srv/out/x".into()],
+            fs_write: vec!["/srv/out".into()],
+            network: true,
+            run_as: Some("root".into()),
+            capabilities: vec![13],
+            memory_bytes: Some(1 << 30),
+            max_pids: Some(128),
+        };
+        let g = req.authorize(&skill(), Some(&grant), &d).unwrap();
+        assert_eq!(g.limits.memory_bytes, 1 << 30);
+        assert_eq!(g.limits.max_pids, 128);
+        let over = SandboxRequest { memory_bytes: Some((1 << 30) + 1), ..Default::default() };
+        assert_eq!(over.authorize(&skill(), Some(&grant), &d).unwrap_err().field, "memory_bytes");
+        let sibling =
+            SandboxRequest { fs_read: vec!["/var/log-evil".into()], ..Default::default() };
+        assert_eq!(sibling.authorize(&skill(), Some(&grant), &d).unwrap_err().field, "fs_read");
+    }
+
+    #[test]
+    fn tightening_is_always_allowed() {
+        let req =
+            SandboxRequest { memory_bytes: Some(1 << 20), max_pids: Some(2), ..Default::default() };
+        let g = req.authorize(&skill(), None, &Limits::default()).unwrap();
+        assert_eq!((g.limits.memory_bytes, g.limits.max_pids), (1 << 20, 2));
+    }
+}

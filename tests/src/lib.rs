@@ -1,0 +1,1 @@
+//! Test support for the cross-process suites (filled in by the sandbox suite).
