@@ -1,0 +1,385 @@
+//! Table-driven tests of `skill.json` validation: every field, its default,
+//! its type errors and its bad values, with the field named in the error.
+
+use std::time::Duration;
+
+use policy::{Manifest, ManifestError, SkillClass, ValidateOptions};
+use serde_json::{json, Value};
+
+fn base() -> Value {
+    json!({"name": "disk_usage", "description": "Disk usage per mount", "entry": "run.sh"})
+}
+
+fn with(field: &str, value: Value) -> Value {
+    let mut m = base();
+    m[field] = value;
+    m
+}
+
+fn without(field: &str) -> Value {
+    let mut m = base();
+    m.as_object_mut().unwrap().remove(field);
+    m
+}
+
+fn parse(v: Value) -> Result<Manifest, ManifestError> {
+    Manifest::from_slice(v.to_string().as_bytes(), &ValidateOptions::default())
+}
+
+/// One rejected manifest: the error must mention `needle` (the field name).
+struct Reject {
+    what: &'static str,
+    manifest: Value,
+    needle: &'static str,
+}
+
+#[test]
+fn rejects_with_the_field_named() {
+    let cases = vec![
+        Reject {
+            what: "name missing",
+            manifest: without("name"),
+            needle: "missing required field \"name\"",
+        },
+        Reject { what: "name null", manifest: with("name", Value::Null), needle: "\"name\"" },
+        Reject {
+            what: "name empty",
+            manifest: with("name", json!("")),
+            needle: "field \"name\": must not be empty",
+        },
+        Reject {
+            what: "name uppercase",
+            manifest: with("name", json!("Disk")),
+            needle: "field \"name\"",
+        },
+        Reject {
+            what: "name space",
+            manifest: with("name", json!("disk usage")),
+            needle: "field \"name\"",
+        },
+        Reject {
+            what: "name dash",
+            manifest: with("name", json!("disk-usage")),
+            needle: "field \"name\"",
+        },
+        Reject {
+            what: "name non-ascii",
+            manifest: with("name", json!("dïsk")),
+            needle: "field \"name\"",
+        },
+        Reject {
+            what: "name newline",
+            manifest: with("name", json!("disk\n")),
+            needle: "field \"name\"",
+        },
+        Reject {
+            what: "name too long",
+            manifest: with("name", json!("a".repeat(65))),
+            needle: "field \"name\"",
+        },
+        Reject {
+            what: "name number",
+            manifest: with("name", json!(7)),
+            needle: "field \"name\": expected a string, got number",
+        },
+        Reject {
+            what: "description missing",
+            manifest: without("description"),
+            needle: "\"description\"",
+        },
+        Reject {
+            what: "description blank",
+            manifest: with("description", json!("  ")),
+            needle: "\"description\"",
+        },
+        Reject {
+            what: "description array",
+            manifest: with("description", json!(["x"])),
+            needle: "field \"description\": expected a string, got array",
+        },
+        Reject {
+            what: "entry missing",
+            manifest: without("entry"),
+            needle: "missing required field \"entry\"",
+        },
+        Reject { what: "entry empty", manifest: with("entry", json!("")), needle: "\"entry\"" },
+        Reject {
+            what: "entry NUL",
+            manifest: with("entry", json!("run\u{0}.sh")),
+            needle: "\"entry\"",
+        },
+        Reject {
+            what: "entry object",
+            manifest: with("entry", json!({})),
+            needle: "field \"entry\": expected a string",
+        },
+        Reject {
+            what: "schema string",
+            manifest: with("schema", json!("object")),
+            needle: "field \"schema\": expected an object",
+        },
+        Reject {
+            what: "schema array",
+            manifest: with("schema", json!([])),
+            needle: "field \"schema\"",
+        },
+        Reject {
+            what: "schema not object type",
+            manifest: with("schema", json!({"type": "string"})),
+            needle: "field \"schema\": must describe an object",
+        },
+        Reject {
+            what: "env_allow string",
+            manifest: with("env_allow", json!("PATH")),
+            needle: "field \"env_allow\": expected an array of strings",
+        },
+        Reject {
+            what: "env_allow number item",
+            manifest: with("env_allow", json!(["A", 1])),
+            needle: "field \"env_allow[1]\"",
+        },
+        Reject {
+            what: "env_allow bad name",
+            manifest: with("env_allow", json!(["A-B"])),
+            needle: "field \"env_allow[0]\"",
+        },
+        Reject {
+            what: "env_allow LD_PRELOAD",
+            manifest: with("env_allow", json!(["LD_PRELOAD"])),
+            needle: "dynamic loader",
+        },
+        Reject {
+            what: "timeout negative",
+            manifest: with("timeout_seconds", json!(-1)),
+            needle: "field \"timeout_seconds\"",
+        },
+        Reject {
+            what: "timeout float",
+            manifest: with("timeout_seconds", json!(1.5)),
+            needle: "field \"timeout_seconds\"",
+        },
+        Reject {
+            what: "timeout string",
+            manifest: with("timeout_seconds", json!("30")),
+            needle: "field \"timeout_seconds\": expected a non-negative integer, got string",
+        },
+        Reject {
+            what: "class unknown",
+            manifest: with("class", json!("destructive")),
+            needle: "field \"class\": unknown class",
+        },
+        Reject {
+            what: "class case",
+            manifest: with("class", json!("Safe")),
+            needle: "field \"class\"",
+        },
+        Reject {
+            what: "class bool",
+            manifest: with("class", json!(true)),
+            needle: "field \"class\": expected a string, got boolean",
+        },
+        Reject {
+            what: "category number",
+            manifest: with("category", json!(3)),
+            needle: "field \"category\"",
+        },
+        Reject {
+            what: "category control",
+            manifest: with("category", json!("a\tb")),
+            needle: "field \"category\"",
+        },
+        Reject {
+            what: "sandbox array",
+            manifest: with("sandbox", json!([])),
+            needle: "field \"sandbox\": expected an object",
+        },
+        Reject {
+            what: "sandbox unknown key",
+            manifest: with("sandbox", json!({"netwrk": true})),
+            needle: "field \"sandbox.netwrk\"",
+        },
+        Reject {
+            what: "sandbox network string",
+            manifest: with("sandbox", json!({"network": "yes"})),
+            needle: "field \"sandbox.network\": expected a boolean",
+        },
+        Reject {
+            what: "sandbox fs_read relative",
+            manifest: with("sandbox", json!({"fs_read": ["var/log"]})),
+            needle: "field \"sandbox.fs_read[0]\"",
+        },
+        Reject {
+            what: "sandbox fs_write dotdot",
+            manifest: with("sandbox", json!({"fs_write": ["/srv/../etc"]})),
+            needle: "field \"sandbox.fs_write[0]\"",
+        },
+        Reject {
+            what: "sandbox run_as bad",
+            manifest: with("sandbox", json!({"run_as": "a b"})),
+            needle: "field \"sandbox.run_as\"",
+        },
+        Reject {
+            what: "sandbox capability unknown",
+            manifest: with("sandbox", json!({"capabilities": ["CAP_NOPE"]})),
+            needle: "field \"sandbox.capabilities[0]\"",
+        },
+        Reject {
+            what: "sandbox memory tiny",
+            manifest: with("sandbox", json!({"memory_bytes": 10})),
+            needle: "field \"sandbox.memory_bytes\"",
+        },
+        Reject {
+            what: "sandbox pids zero",
+            manifest: with("sandbox", json!({"max_pids": 0})),
+            needle: "field \"sandbox.max_pids\"",
+        },
+    ];
+    let n = cases.len();
+    for c in cases {
+        match parse(c.manifest) {
+            Ok(m) => panic!("{}: accepted {m:?}", c.what),
+            Err(e) => assert!(
+                e.to_string().contains(c.needle),
+                "{}: error {:?} does not contain {:?}",
+                c.what,
+                e.to_string(),
+                c.needle
+            ),
+        }
+    }
+    assert!(n >= 40, "the table shrank to {n} cases");
+}
+
+#[test]
+fn not_json_or_not_object() {
+    let opts = ValidateOptions::default();
+    for (bytes, needle) in [
+        (&b""[..], "invalid JSON"),
+        (b"{", "invalid JSON"),
+        (b"\xff\xfe", "invalid JSON"),
+        (b"[]", "must be a JSON object, got array"),
+        (b"null", "must be a JSON object, got null"),
+        (b"\"x\"", "must be a JSON object, got string"),
+    ] {
+        let e = Manifest::from_slice(bytes, &opts).unwrap_err();
+        assert!(e.to_string().contains(needle), "{bytes:?}: {e}");
+    }
+}
+
+#[test]
+fn too_large_is_rejected_before_parsing() {
+    let mut big = base().to_string().into_bytes();
+    big.truncate(big.len() - 1);
+    big.extend(std::iter::repeat_n(b' ', 1 << 20));
+    big.push(b'}');
+    let e = Manifest::from_slice(&big, &ValidateOptions::default()).unwrap_err();
+    assert!(matches!(e, ManifestError::TooLarge { .. }), "{e}");
+}
+
+#[test]
+fn defaults() {
+    let m = parse(base()).unwrap();
+    assert_eq!(m.name().as_str(), "disk_usage");
+    assert_eq!(m.description(), "Disk usage per mount");
+    assert_eq!(m.entry(), "run.sh");
+    assert_eq!(m.schema(), &json!({"type": "object", "properties": {}}));
+    assert!(m.env_allow().is_empty(), "absent env_allow must mean no environment");
+    assert_eq!(m.timeout(), Duration::from_secs(30));
+    assert_eq!(m.class(), SkillClass::Safe);
+    assert_eq!(m.category(), "external");
+    assert_eq!(m.sandbox(), &policy::SandboxRequest::default());
+    assert!(m.ignored_fields().is_empty());
+}
+
+#[test]
+fn null_fields_take_defaults() {
+    let mut m = base();
+    for f in ["schema", "env_allow", "timeout_seconds", "class", "category", "sandbox"] {
+        m[f] = Value::Null;
+    }
+    let m = parse(m).unwrap();
+    assert_eq!(m.timeout(), Duration::from_secs(30));
+    assert_eq!(m.category(), "external");
+}
+
+#[test]
+fn empty_env_allow_is_no_environment() {
+    assert!(parse(with("env_allow", json!([]))).unwrap().env_allow().is_empty());
+}
+
+#[test]
+fn env_allow_kept_in_order_without_duplicates() {
+    let m = parse(with("env_allow", json!(["LANG", "PATH", "LANG"]))).unwrap();
+    let names: Vec<_> = m.env_allow().iter().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["LANG", "PATH"]);
+}
+
+#[test]
+fn timeouts() {
+    let opts = ValidateOptions { max_timeout: Duration::from_secs(120) };
+    let t = |v: Value| {
+        Manifest::from_slice(with("timeout_seconds", v).to_string().as_bytes(), &opts).unwrap()
+    };
+    assert_eq!(t(json!(0)).timeout(), Duration::from_secs(30));
+    assert_eq!(t(json!(5)).timeout(), Duration::from_secs(5));
+    assert_eq!(t(json!(120)).timeout(), Duration::from_secs(120));
+    let clamped = t(json!(100_000));
+    assert_eq!(clamped.timeout(), Duration::from_secs(120));
+    assert_eq!(clamped.timeout_clamped_from(), Some(100_000));
+    assert_eq!(t(json!(5)).timeout_clamped_from(), None);
+}
+
+#[test]
+fn classes() {
+    for (s, c) in [
+        ("safe", SkillClass::Safe),
+        ("mutating", SkillClass::Mutating),
+        ("dangerous", SkillClass::Dangerous),
+    ] {
+        assert_eq!(parse(with("class", json!(s))).unwrap().class(), c);
+    }
+}
+
+#[test]
+fn category_given_or_empty() {
+    assert_eq!(parse(with("category", json!("network"))).unwrap().category(), "network");
+    assert_eq!(parse(with("category", json!(""))).unwrap().category(), "external");
+}
+
+#[test]
+fn schema_object_kept_verbatim() {
+    let s =
+        json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]});
+    assert_eq!(parse(with("schema", s.clone())).unwrap().schema(), &s);
+    let untyped = json!({"properties": {}});
+    assert_eq!(parse(with("schema", untyped.clone())).unwrap().schema(), &untyped);
+}
+
+#[test]
+fn unknown_fields_are_ignored_and_listed() {
+    let mut m = base();
+    m["version"] = json!("1.2");
+    m["author"] = json!({"x": 1});
+    let m = parse(m).unwrap();
+    let mut ignored = m.ignored_fields().to_vec();
+    ignored.sort();
+    assert_eq!(ignored, ["author", "version"]);
+}
+
+#[test]
+fn sandbox_request_parsed() {
+    let m = parse(with(
+        "sandbox",
+        json!({"fs_read": ["/var/log/"], "fs_write": ["/srv/out"], "network": true, "run_as": "root",
+               "capabilities": ["CAP_NET_RAW", "net_raw"], "memory_bytes": 1073741824, "max_pids": 8}),
+    ))
+    .unwrap();
+    let s = m.sandbox();
+    assert_eq!(s.fs_read, [std::path::PathBuf::from("/var/log")]);
+    assert_eq!(s.fs_write, [std::path::PathBuf::from("/srv/out")]);
+    assert!(s.network);
+    assert_eq!(s.run_as.as_deref(), Some("root"));
+    assert_eq!(s.capabilities, [13]);
+    assert_eq!(s.memory_bytes, Some(1 << 30));
+    assert_eq!(s.max_pids, Some(8));
+}
