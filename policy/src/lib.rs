@@ -11,6 +11,7 @@
 //! - [`limits`]: default resource limits and their bounds.
 //! - [`report`]: the [`RunReport`] every run ends with, and what the sandbox enforced.
 //! - [`path`]: pure, component-wise path rules (lexical containment, normal form).
+//! - [`wire`]: the executor wire (newline-delimited JSON-RPC 2.0, capped lines).
 //!
 //! # Trust model
 //!
@@ -27,6 +28,7 @@ pub mod name;
 pub mod path;
 pub mod report;
 pub mod sandbox;
+pub mod wire;
 
 pub use class::SkillClass;
 pub use env::EnvName;

@@ -1,0 +1,317 @@
+//! The executor wire: newline-delimited JSON-RPC 2.0 with a line-length cap.
+//!
+//! One JSON object per line, `\n`-terminated. The loader sends `execute`
+//! requests; the executor answers with `stderr` notifications for the run
+//! and then one response whose `result` is the [`RunReport`]. Decoding is
+//! split from I/O (as mini-redis splits `frame` from `connection`): the
+//! caller hands [`decode_line`] one line without its newline, and
+//! [`LineBuffer`] cuts a byte stream into bounded lines.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::report::RunReport;
+
+/// Longest line accepted on the executor socket, in bytes (args are bounded
+/// at 1 MiB by the loader; reports carry bounded stderr and the result).
+pub const MAX_LINE_BYTES: usize = 32 << 20;
+
+/// JSON-RPC error codes used on the wire.
+pub mod code {
+    /// Invalid JSON was received.
+    pub const PARSE_ERROR: i64 = -32700;
+    /// The JSON is not a valid request object.
+    pub const INVALID_REQUEST: i64 = -32600;
+    /// The method does not exist.
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// Invalid method parameters.
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// The peer is not allowed to talk to the executor.
+    pub const FORBIDDEN: i64 = -32001;
+    /// The executor is at its concurrency and queue cap.
+    pub const BUSY: i64 = -32002;
+    /// A line was longer than [`super::MAX_LINE_BYTES`].
+    pub const LINE_TOO_LONG: i64 = -32003;
+}
+
+/// Parameters of `execute`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteParams {
+    /// Absolute path of the skill's `skill.json`.
+    pub manifest: String,
+    /// The args object, passed to the skill's stdin verbatim.
+    pub args: Value,
+    /// Caller's session id, for logs and audit.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// The skill class the loader authorised (the executor re-checks it).
+    #[serde(default)]
+    pub class: Option<crate::class::SkillClass>,
+}
+
+/// A request the executor understands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    /// Run a skill.
+    Execute {
+        /// JSON-RPC id.
+        id: Value,
+        /// What to run.
+        params: ExecuteParams,
+    },
+    /// Liveness check; answered with `{"ok":true}`.
+    Ping {
+        /// JSON-RPC id.
+        id: Value,
+    },
+}
+
+/// Why a line is not a request. Each maps to a JSON-RPC error code.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// Not JSON (or not UTF-8).
+    #[error("parse error: {0}")]
+    Parse(String),
+    /// JSON, but not a JSON-RPC 2.0 request.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// Unknown method.
+    #[error("method not found: {0}")]
+    MethodNotFound(String),
+    /// Bad params for a known method.
+    #[error("invalid params: {0}")]
+    InvalidParams(String),
+    /// The line exceeded the cap.
+    #[error("line longer than {0} bytes")]
+    LineTooLong(usize),
+}
+
+impl WireError {
+    /// The JSON-RPC error code.
+    pub fn code(&self) -> i64 {
+        match self {
+            WireError::Parse(_) => code::PARSE_ERROR,
+            WireError::InvalidRequest(_) => code::INVALID_REQUEST,
+            WireError::MethodNotFound(_) => code::METHOD_NOT_FOUND,
+            WireError::InvalidParams(_) => code::INVALID_PARAMS,
+            WireError::LineTooLong(_) => code::LINE_TOO_LONG,
+        }
+    }
+}
+
+/// Decodes one line (without its `\n`) into a request. Returns the id it
+/// could recover alongside any error, so the error response can carry it.
+///
+/// # Errors
+///
+/// [`WireError`] with the id when one was readable (else `null`).
+pub fn decode_line(line: &[u8]) -> Result<Request, (Value, WireError)> {
+    let v: Value =
+        serde_json::from_slice(line).map_err(|e| (Value::Null, WireError::Parse(e.to_string())))?;
+    let Value::Object(mut obj) = v else {
+        return Err((Value::Null, WireError::InvalidRequest("not an object".into())));
+    };
+    let id = match obj.remove("id") {
+        Some(id @ (Value::Number(_) | Value::String(_))) => id,
+        Some(_) => {
+            return Err((
+                Value::Null,
+                WireError::InvalidRequest("id must be a number or a string".into()),
+            ))
+        }
+        None => {
+            return Err((
+                Value::Null,
+                WireError::InvalidRequest("notifications are not accepted".into()),
+            ))
+        }
+    };
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err((id, WireError::InvalidRequest("jsonrpc must be \"2.0\"".into())));
+    }
+    let method = match obj.get("method") {
+        Some(Value::String(m)) => m.clone(),
+        _ => return Err((id, WireError::InvalidRequest("method must be a string".into()))),
+    };
+    let params = obj.remove("params").unwrap_or(Value::Null);
+    match method.as_str() {
+        "execute" => match serde_json::from_value::<ExecuteParams>(params) {
+            Ok(params) => Ok(Request::Execute { id, params }),
+            Err(e) => Err((id, WireError::InvalidParams(e.to_string()))),
+        },
+        "ping" => Ok(Request::Ping { id }),
+        other => {
+            let shown: String = other.chars().take(64).collect();
+            Err((id, WireError::MethodNotFound(shown)))
+        }
+    }
+}
+
+/// Encodes a request line (with its `\n`).
+pub fn encode_execute(id: u64, params: &ExecuteParams) -> Vec<u8> {
+    line(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "execute", "params": params}))
+}
+
+/// Encodes a `stderr` notification for run `id`.
+pub fn encode_stderr(id: &Value, text: &str) -> Vec<u8> {
+    line(
+        &serde_json::json!({"jsonrpc": "2.0", "method": "stderr", "params": {"id": id, "line": text}}),
+    )
+}
+
+/// Encodes the final response of a run.
+pub fn encode_report(id: &Value, report: &RunReport) -> Vec<u8> {
+    line(&serde_json::json!({"jsonrpc": "2.0", "id": id, "result": report}))
+}
+
+/// Encodes an error response.
+pub fn encode_error(id: &Value, err: &WireError) -> Vec<u8> {
+    line(
+        &serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": err.code(), "message": err.to_string()}}),
+    )
+}
+
+fn line(v: &Value) -> Vec<u8> {
+    // Serialising a Value cannot fail: all keys are strings.
+    let mut out = serde_json::to_vec(v).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+/// Cuts a byte stream into `\n`-terminated lines of at most `cap` bytes.
+/// A longer line is reported once as [`WireError::LineTooLong`] and skipped
+/// up to its newline, so one bad line never wedges the connection and the
+/// buffer never grows past `cap`.
+#[derive(Debug)]
+pub struct LineBuffer {
+    buf: Vec<u8>,
+    cap: usize,
+    discarding: bool,
+}
+
+impl LineBuffer {
+    /// A buffer for lines of at most `cap` bytes.
+    pub fn new(cap: usize) -> Self {
+        Self { buf: Vec::new(), cap, discarding: false }
+    }
+
+    /// Feeds `data` and returns the complete lines (without `\n`) or errors
+    /// it produced, in order.
+    pub fn push(&mut self, mut data: &[u8]) -> Vec<Result<Vec<u8>, WireError>> {
+        let mut out = Vec::new();
+        while !data.is_empty() {
+            match data.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    if self.discarding {
+                        self.discarding = false;
+                    } else if self.buf.len() + i > self.cap {
+                        out.push(Err(WireError::LineTooLong(self.cap)));
+                    } else {
+                        self.buf.extend_from_slice(&data[..i]);
+                        out.push(Ok(std::mem::take(&mut self.buf)));
+                    }
+                    self.buf.clear();
+                    data = &data[i + 1..];
+                }
+                None => {
+                    if !self.discarding {
+                        if self.buf.len() + data.len() > self.cap {
+                            self.discarding = true;
+                            self.buf = Vec::new();
+                            out.push(Err(WireError::LineTooLong(self.cap)));
+                        } else {
+                            self.buf.extend_from_slice(data);
+                        }
+                    }
+                    data = &[];
+                }
+            }
+        }
+        out
+    }
+
+    /// Bytes of an incomplete line held now.
+    pub fn pending(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn execute_round_trip() {
+        let p = ExecuteParams {
+            manifest: "/s/skill.json".into(),
+            args: json!({"a": 1}),
+            session_id: None,
+            class: None,
+        };
+        let l = encode_execute(7, &p);
+        assert_eq!(l.last(), Some(&b'\n'));
+        match decode_line(&l[..l.len() - 1]).unwrap() {
+            Request::Execute { id, params } => {
+                assert_eq!(id, json!(7));
+                assert_eq!(params, p);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_lines_get_the_right_code() {
+        let cases: &[(&[u8], i64, Value)] = &[
+            (b"", code::PARSE_ERROR, Value::Null),
+            (b"{", code::PARSE_ERROR, Value::Null),
+            (b"\xff", code::PARSE_ERROR, Value::Null),
+            (b"[]", code::INVALID_REQUEST, Value::Null),
+            (br#"{"jsonrpc":"2.0","method":"ping"}"#, code::INVALID_REQUEST, Value::Null),
+            (br#"{"jsonrpc":"2.0","id":{},"method":"ping"}"#, code::INVALID_REQUEST, Value::Null),
+            (br#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#, code::INVALID_REQUEST, json!(1)),
+            (br#"{"jsonrpc":"2.0","id":"a","method":5}"#, code::INVALID_REQUEST, json!("a")),
+            (br#"{"jsonrpc":"2.0","id":2,"method":"rm"}"#, code::METHOD_NOT_FOUND, json!(2)),
+            (br#"{"jsonrpc":"2.0","id":3,"method":"execute"}"#, code::INVALID_PARAMS, json!(3)),
+            (br#"{"jsonrpc":"2.0","id":4,"method":"execute","params":{"manifest":1,"args":{}}}"#, code::INVALID_PARAMS, json!(4)),
+            (br#"{"jsonrpc":"2.0","id":5,"method":"execute","params":{"manifest":"/x","args":{},"evil":1}}"#, code::INVALID_PARAMS, json!(5)),
+        ];
+        for (line, want, want_id) in cases {
+            let (id, e) = decode_line(line).unwrap_err();
+            assert_eq!(e.code(), *want, "{:?}: {e}", String::from_utf8_lossy(line));
+            assert_eq!(&id, want_id);
+            let enc = encode_error(&id, &e);
+            let v: Value = serde_json::from_slice(&enc).unwrap();
+            assert_eq!(v["error"]["code"], json!(want));
+        }
+    }
+
+    #[test]
+    fn ping() {
+        assert_eq!(
+            decode_line(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#).unwrap(),
+            Request::Ping { id: json!(1) }
+        );
+    }
+
+    #[test]
+    fn line_buffer_splits_and_caps() {
+        let mut b = LineBuffer::new(8);
+        let out = b.push(b"abc\nde");
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].as_ref().unwrap(), b"abc");
+        assert_eq!(b.pending(), 2);
+        let out = b.push(b"f\n0123456789abc");
+        assert_eq!(out[0].as_ref().unwrap(), b"def");
+        assert!(matches!(out[1], Err(WireError::LineTooLong(8))));
+        assert_eq!(b.pending(), 0, "an oversized line must not be buffered");
+        let out = b.push(b"more junk\nok\n");
+        assert_eq!(out.len(), 1, "the rest of the long line is skipped silently");
+        assert_eq!(out[0].as_ref().unwrap(), b"ok");
+        let out = b.push(b"12345678\n123456789\n");
+        assert_eq!(out[0].as_ref().unwrap(), b"12345678");
+        assert!(matches!(out[1], Err(WireError::LineTooLong(8))));
+    }
+}
