@@ -1,1 +1,30 @@
-fn main() {}
+//! `ongrid-skill`: see [`loader::cli`].
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use loader::cli::Cli;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut out = io::stdout().lock();
+    let mut err = io::stderr().lock();
+    let result =
+        loader::cli::run(cli, &mut out, &mut err).and_then(|code| out.flush().map(|()| code));
+    match result.context("writing output") {
+        Ok(code) => code,
+        // A closed pipe (`ongrid-skill scan | head`) is not an error.
+        Err(e)
+            if e.downcast_ref::<io::Error>()
+                .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let _ = writeln!(err, "ongrid-skill: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! `ongrid-skill`: the command-line front end, one file per command.
+//!
+//! Each command module has an `Args` struct (clap derive) and a `run`
+//! function writing to the given stdout and stderr, so commands can be
+//! tested without a process. Exit codes: 0 = success, 1 = the command ran
+//! and found problems (`validate`), 2 = usage error (clap).
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub mod scan;
+pub mod table;
+pub mod validate;
+
+/// Runs, lists and checks subprocess skills.
+#[derive(Debug, Parser)]
+#[command(name = "ongrid-skill", version, about, propagate_version = true)]
+pub struct Cli {
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the loader over skill directories without any daemon: log lines
+    /// on stderr, registered skills on stdout.
+    Scan(scan::Args),
+    /// Lint manifests, packs or whole roots; exits non-zero if any fails.
+    Validate(validate::Args),
+}
+
+/// Runs `cli`, writing results to `out` and diagnostics to `err`.
+///
+/// # Errors
+///
+/// Only I/O errors writing the output.
+pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
+    match cli.command {
+        Command::Scan(args) => scan::run(&args, out, err),
+        Command::Validate(args) => validate::run(&args, out, err),
+    }
+}
+
+/// Makes a command-line path absolute against the current directory
+/// (without resolving symlinks: the scan does that).
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}

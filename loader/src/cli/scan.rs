@@ -1,0 +1,73 @@
+//! `ongrid-skill scan [--json] [--verbose] [DIR...]`
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use policy::ValidateOptions;
+
+use crate::event::Level;
+use crate::roots::{self, ENV_VAR};
+use crate::scan::Scanner;
+
+use super::table::Table;
+
+/// Arguments of `scan`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Print the registered skills as a JSON array.
+    #[arg(long)]
+    pub json: bool,
+    /// Also print debug events (ignored manifest fields).
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// Allow-list roots to scan, in priority order. Default: the roots in
+    /// ONGRID_SKILLS_EXTERNAL_DIRS. Relative DIRs are taken from the current
+    /// directory.
+    #[arg(value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+}
+
+/// Scans, prints every event on `err` and the skills on `out`. Exits 0 even
+/// when manifests were skipped: a broken pack never blocks the others.
+///
+/// # Errors
+///
+/// I/O errors writing the output.
+pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let dirs: Vec<PathBuf> = if args.dirs.is_empty() {
+        roots::from_env()
+    } else {
+        args.dirs.iter().map(|d| super::absolute(d)).collect()
+    };
+    if dirs.is_empty() {
+        writeln!(err, "skill loader: no roots given and {ENV_VAR} is empty or unset")?;
+    }
+    let report = Scanner::new(ValidateOptions::default()).scan(&dirs);
+    for event in &report.events {
+        if args.verbose || event.level() > Level::Debug {
+            writeln!(err, "{event}")?;
+        }
+    }
+    writeln!(err, "skill loader: {} skills registered", report.registered())?;
+
+    if args.json {
+        let skills: Vec<serde_json::Value> = report.skills.iter().map(|s| s.to_json()).collect();
+        let text = serde_json::to_string_pretty(&skills).map_err(io::Error::other)?;
+        writeln!(out, "{text}")?;
+    } else if !report.skills.is_empty() {
+        let mut table = Table::with_header(&["NAME", "CLASS", "CATEGORY", "TIMEOUT", "ENTRY"]);
+        for s in &report.skills {
+            let m = s.manifest();
+            table.push(vec![
+                m.name().to_string(),
+                m.class().to_string(),
+                m.category().to_owned(),
+                format!("{}s", m.timeout().as_secs()),
+                s.entry().display().to_string(),
+            ]);
+        }
+        table.write(out)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

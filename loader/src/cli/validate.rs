@@ -1,0 +1,133 @@
+//! `ongrid-skill validate [--json] PATH...`: lint for a pack's own CI.
+//!
+//! Each PATH is a `skill.json`, a pack folder or a whole root. A folder is
+//! walked exactly as the loader walks a root; a single manifest is checked
+//! with its own folder as the root. Every manifest gets one line: `ok` or
+//! `error` with its path and reason, plus `note` lines (ignored fields, a
+//! clamped timeout) that do not fail. Exits 1 if anything failed: a skipped
+//! manifest, a duplicate name, an unreadable path, or a folder without any
+//! `skill.json`.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use policy::path::is_within;
+use policy::ValidateOptions;
+use serde_json::json;
+
+use crate::event::ScanEvent;
+use crate::scan::{ScanTarget, Scanner};
+
+/// Arguments of `validate`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Print the results as a JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Manifests (`skill.json`), pack folders or roots to check.
+    #[arg(value_name = "PATH", required = true)]
+    pub paths: Vec<PathBuf>,
+}
+
+/// How one result line counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Ok,
+    Note,
+    Error,
+}
+
+impl Status {
+    fn word(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Note => "note",
+            Status::Error => "error",
+        }
+    }
+}
+
+/// One line of the report.
+#[derive(Debug)]
+struct Finding {
+    status: Status,
+    path: PathBuf,
+    message: String,
+}
+
+impl Finding {
+    fn from_event(event: &ScanEvent) -> Self {
+        let status = match event {
+            ScanEvent::Registered { .. } => Status::Ok,
+            e if e.is_skip() => Status::Error,
+            _ => Status::Note,
+        };
+        Self { status, path: event.path().to_path_buf(), message: event.reason() }
+    }
+}
+
+/// Validates every PATH and prints one line per finding on `out`.
+///
+/// # Errors
+///
+/// I/O errors writing the output.
+pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result<ExitCode> {
+    let mut findings = Vec::new();
+    let mut targets = Vec::new();
+    // Folders that must contain at least one manifest, canonical.
+    let mut folders = Vec::new();
+    for given in &args.paths {
+        let path = super::absolute(given);
+        match std::fs::metadata(&path) {
+            Err(e) => {
+                findings.push(Finding { status: Status::Error, path, message: e.to_string() })
+            }
+            Ok(meta) if meta.is_dir() => {
+                if let Ok(canonical) = std::fs::canonicalize(&path) {
+                    folders.push((path.clone(), canonical));
+                }
+                targets.push(ScanTarget::Root(path));
+            }
+            Ok(_) => targets.push(ScanTarget::Manifest(path)),
+        }
+    }
+
+    let report = Scanner::new(ValidateOptions::default()).scan_targets(&targets);
+    findings.extend(report.events.iter().map(Finding::from_event));
+    for (given, canonical) in folders {
+        let found = report.events.iter().any(|e| {
+            e.path() != canonical
+                && is_within(e.path(), &canonical)
+                && !matches!(e, ScanEvent::Walk { .. })
+        });
+        if !found {
+            let message = "no skill.json found".to_owned();
+            findings.push(Finding { status: Status::Error, path: given, message });
+        }
+    }
+
+    let ok = findings.iter().filter(|f| f.status == Status::Ok).count();
+    let failed = findings.iter().filter(|f| f.status == Status::Error).count();
+    if args.json {
+        let items: Vec<serde_json::Value> = findings
+            .iter()
+            .map(|f| {
+                json!({
+                    "status": f.status.word(),
+                    "path": f.path.to_string_lossy(),
+                    "message": f.message,
+                })
+            })
+            .collect();
+        let doc = json!({"ok": failed == 0, "valid": ok, "errors": failed, "findings": items});
+        let text = serde_json::to_string_pretty(&doc).map_err(io::Error::other)?;
+        writeln!(out, "{text}")?;
+    } else {
+        for f in &findings {
+            writeln!(out, "{:<5} {}: {}", f.status.word(), f.path.display(), f.message)?;
+        }
+        writeln!(out, "{ok} valid, {failed} failed")?;
+    }
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

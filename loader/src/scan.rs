@@ -1,0 +1,258 @@
+//! The scan: walks the allow-list roots and registers every valid skill.
+//!
+//! Walk rules (DESIGN.md §2): each root is resolved to its canonical
+//! directory (a root that is a symlink is followed once, here), then walked
+//! recursively in lexical order without following symlinks, so a symlink
+//! loop under a root cannot make the walk recurse. Every regular file named
+//! `skill.json` is a manifest; anything else with that name is skipped with
+//! an event. Errors never stop the scan: each one becomes a [`ScanEvent`]
+//! and the walk goes on. The first manifest of a name wins (earlier root,
+//! then lexical order); later ones are skipped.
+//!
+//! The scan does file-system reads only; it never logs. The caller prints
+//! or traces [`ScanReport::events`].
+
+use std::collections::HashMap;
+use std::fs::FileType;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use policy::{SkillName, ValidateOptions};
+use walkdir::WalkDir;
+
+use crate::entry::{self, EntryScope};
+use crate::event::{ScanEvent, WalkError};
+use crate::manifest_file;
+use crate::roots::{self, RootError};
+use crate::skill::RegisteredSkill;
+
+/// The file name of a manifest.
+pub const MANIFEST_FILE_NAME: &str = "skill.json";
+
+/// What to scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScanTarget {
+    /// An allow-list root, walked recursively.
+    Root(PathBuf),
+    /// A single manifest file; its folder is its root (used by `validate`).
+    Manifest(PathBuf),
+}
+
+/// The result of a scan: the registered skills in registration order, and
+/// every event in the order it happened.
+#[derive(Debug, Default)]
+pub struct ScanReport {
+    /// Registered skills, at most one per name.
+    pub skills: Vec<RegisteredSkill>,
+    /// What happened, in order; each `Display`s as its log line.
+    pub events: Vec<ScanEvent>,
+}
+
+impl ScanReport {
+    /// The number of skills registered.
+    pub fn registered(&self) -> usize {
+        self.skills.len()
+    }
+
+    /// The registered skill named `name`.
+    pub fn get(&self, name: &str) -> Option<&RegisteredSkill> {
+        self.skills.iter().find(|s| s.name().as_str() == name)
+    }
+}
+
+/// Scans allow-list roots with the operator's validation settings.
+#[derive(Debug, Clone, Default)]
+pub struct Scanner {
+    opts: ValidateOptions,
+}
+
+/// A target after resolution: the canonical root and what to load in it.
+struct Resolved {
+    root: PathBuf,
+    /// `None` = walk the root; `Some(path)` = load just this manifest.
+    manifest: Option<PathBuf>,
+}
+
+/// The mutable state of one scan.
+struct Session<'a> {
+    opts: &'a ValidateOptions,
+    all_roots: Vec<PathBuf>,
+    first_seen: HashMap<SkillName, PathBuf>,
+    report: ScanReport,
+}
+
+impl Scanner {
+    /// A scanner validating manifests with `opts`.
+    pub fn new(opts: ValidateOptions) -> Self {
+        Self { opts }
+    }
+
+    /// Scans `roots` in order (typically [`roots::parse_dirs`] of
+    /// `ONGRID_SKILLS_EXTERNAL_DIRS`). Never fails: problems are events.
+    pub fn scan<P: AsRef<Path>>(&self, roots: &[P]) -> ScanReport {
+        let targets: Vec<ScanTarget> =
+            roots.iter().map(|r| ScanTarget::Root(r.as_ref().to_path_buf())).collect();
+        self.scan_targets(&targets)
+    }
+
+    /// Scans roots and single manifests in order. Every target is resolved
+    /// first, so an absolute entry may name any root of the scan.
+    pub fn scan_targets(&self, targets: &[ScanTarget]) -> ScanReport {
+        let mut session = Session {
+            opts: &self.opts,
+            all_roots: Vec::new(),
+            first_seen: HashMap::new(),
+            report: ScanReport::default(),
+        };
+        let resolved: Vec<Resolved> =
+            targets.iter().filter_map(|t| session.resolve_target(t)).collect();
+        for target in &resolved {
+            match &target.manifest {
+                None => session.walk(&target.root),
+                Some(path) => session.visit(&target.root, path.clone(), None),
+            }
+        }
+        session.report
+    }
+}
+
+impl Session<'_> {
+    fn skip_root(&mut self, root: &Path, error: RootError) -> Option<Resolved> {
+        self.report.events.push(ScanEvent::Root { root: root.to_path_buf(), error });
+        None
+    }
+
+    fn resolve_target(&mut self, target: &ScanTarget) -> Option<Resolved> {
+        match target {
+            ScanTarget::Root(root) => {
+                let canonical = match roots::resolve(root) {
+                    Ok(c) => c,
+                    Err(e) => return self.skip_root(root, e),
+                };
+                if self.all_roots.contains(&canonical) {
+                    self.report
+                        .events
+                        .push(ScanEvent::RootRepeated { root: root.clone(), canonical });
+                    return None;
+                }
+                self.all_roots.push(canonical.clone());
+                Some(Resolved { root: canonical, manifest: None })
+            }
+            ScanTarget::Manifest(path) => {
+                let (Some(dir), Some(file_name)) = (path.parent(), path.file_name()) else {
+                    return self.skip_root(path, RootError::NotADirectory);
+                };
+                let root = match roots::resolve(dir) {
+                    Ok(c) => c,
+                    Err(e) => return self.skip_root(path, e),
+                };
+                if !self.all_roots.contains(&root) {
+                    self.all_roots.push(root.clone());
+                }
+                let manifest = root.join(file_name);
+                Some(Resolved { root, manifest: Some(manifest) })
+            }
+        }
+    }
+
+    fn walk(&mut self, root: &Path) {
+        let walk = WalkDir::new(root).follow_links(false).sort_by_file_name();
+        for item in walk {
+            match item {
+                Err(e) => {
+                    let path = e.path().unwrap_or(root).to_path_buf();
+                    self.report.events.push(ScanEvent::Walk { path, error: WalkError(e) });
+                }
+                Ok(de) if de.depth() > 0 && de.file_name() == MANIFEST_FILE_NAME => {
+                    let file_type = de.file_type();
+                    self.visit(root, de.into_path(), Some(file_type));
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Loads the manifest at `path` (a file type from the walk, or `None`
+    /// to stat it here) and registers its skill.
+    fn visit(&mut self, root: &Path, path: PathBuf, file_type: Option<FileType>) {
+        let file_type = match file_type {
+            Some(t) => t,
+            None => match std::fs::symlink_metadata(&path) {
+                Ok(meta) => meta.file_type(),
+                Err(e) => {
+                    let error = manifest_file::ParseError::Read(e);
+                    self.report.events.push(ScanEvent::Parse { manifest: path, error });
+                    return;
+                }
+            },
+        };
+        if !file_type.is_file() {
+            let kind = kind_of(file_type);
+            self.report.events.push(ScanEvent::NotRegular { path, kind });
+            return;
+        }
+        self.load(root, path);
+    }
+
+    fn load(&mut self, root: &Path, path: PathBuf) {
+        let events = &mut self.report.events;
+        let manifest = match manifest_file::load(&path, self.opts) {
+            Ok(m) => m,
+            Err(error) => {
+                events.push(ScanEvent::Parse { manifest: path, error });
+                return;
+            }
+        };
+        let name = manifest.name().clone();
+        if let Some(first) = self.first_seen.get(&name) {
+            events.push(ScanEvent::Duplicate { name, manifest: path, first: first.clone() });
+            return;
+        }
+        // `path` came from walking `root` (or joining a file name to it),
+        // so it has a parent.
+        let dir = path.parent().unwrap_or(root);
+        let scope = EntryScope { root, all_roots: &self.all_roots };
+        let entry = match entry::resolve(manifest.entry(), dir, scope) {
+            Ok(e) => e,
+            Err(error) => {
+                events.push(ScanEvent::Build { name, manifest: path, error });
+                return;
+            }
+        };
+        events.push(ScanEvent::Registered { name: name.clone(), manifest: path.clone() });
+        if !manifest.ignored_fields().is_empty() {
+            events.push(ScanEvent::IgnoredFields {
+                name: name.clone(),
+                manifest: path.clone(),
+                fields: manifest.ignored_fields().to_vec(),
+            });
+        }
+        if let Some(requested) = manifest.timeout_clamped_from() {
+            events.push(ScanEvent::TimeoutClamped {
+                name: name.clone(),
+                manifest: path.clone(),
+                requested,
+                granted: manifest.timeout().as_secs(),
+            });
+        }
+        self.first_seen.insert(name, path.clone());
+        self.report.skills.push(RegisteredSkill::new(manifest, entry, path, root.to_path_buf()));
+    }
+}
+
+/// A short word for a non-regular file type.
+fn kind_of(t: FileType) -> &'static str {
+    if t.is_symlink() {
+        "symlink"
+    } else if t.is_dir() {
+        "directory"
+    } else if t.is_fifo() {
+        "fifo"
+    } else if t.is_socket() {
+        "socket"
+    } else if t.is_block_device() || t.is_char_device() {
+        "device"
+    } else {
+        "unknown type"
+    }
+}

@@ -1,0 +1,98 @@
+//! A skill the scan registered: its validated manifest plus where it lives.
+
+use std::path::{Path, PathBuf};
+
+use policy::{Manifest, SkillName};
+use serde_json::{json, Value};
+
+/// A registered subprocess skill. Every path is canonical.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegisteredSkill {
+    manifest: Manifest,
+    entry: PathBuf,
+    manifest_path: PathBuf,
+    root: PathBuf,
+}
+
+impl RegisteredSkill {
+    /// Bundles a manifest with its resolved entry, its file and its root.
+    pub fn new(manifest: Manifest, entry: PathBuf, manifest_path: PathBuf, root: PathBuf) -> Self {
+        Self { manifest, entry, manifest_path, root }
+    }
+
+    /// The skill's name.
+    pub fn name(&self) -> &SkillName {
+        self.manifest.name()
+    }
+    /// The validated manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+    /// The canonical executable.
+    pub fn entry(&self) -> &Path {
+        &self.entry
+    }
+    /// The `skill.json` the skill was loaded from.
+    pub fn manifest_path(&self) -> &Path {
+        &self.manifest_path
+    }
+    /// The canonical allow-list root the manifest was found under.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The skill as `ongrid-skill scan --json` prints it: `name`,
+    /// `description`, `class`, `category`, `schema`, `timeout_seconds`,
+    /// `env_allow`, `entry`, `manifest` and `root`.
+    pub fn to_json(&self) -> Value {
+        let m = &self.manifest;
+        json!({
+            "name": m.name(),
+            "description": m.description(),
+            "class": m.class(),
+            "category": m.category(),
+            "schema": m.schema(),
+            "timeout_seconds": m.timeout().as_secs(),
+            "env_allow": m.env_allow(),
+            "entry": self.entry.to_string_lossy(),
+            "manifest": self.manifest_path.to_string_lossy(),
+            "root": self.root.to_string_lossy(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policy::ValidateOptions;
+
+    #[test]
+    fn json_has_every_documented_field() {
+        let m = Manifest::from_slice(
+            br#"{"name":"disk_usage","description":"Disk usage","entry":"run",
+                 "class":"mutating","env_allow":["PATH"],"timeout_seconds":5}"#,
+            &ValidateOptions::default(),
+        )
+        .unwrap();
+        let skill = RegisteredSkill::new(
+            m,
+            PathBuf::from("/s/d/run"),
+            PathBuf::from("/s/d/skill.json"),
+            PathBuf::from("/s"),
+        );
+        let want = json!({
+            "name": "disk_usage",
+            "description": "Disk usage",
+            "class": "mutating",
+            "category": "external",
+            "schema": {"type": "object", "properties": {}},
+            "timeout_seconds": 5,
+            "env_allow": ["PATH"],
+            "entry": "/s/d/run",
+            "manifest": "/s/d/skill.json",
+            "root": "/s",
+        });
+        assert_eq!(skill.to_json(), want);
+        assert_eq!(skill.name().as_str(), "disk_usage");
+    }
+}
