@@ -49,7 +49,8 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
             writeln!(err, "{event}")?;
         }
     }
-    writeln!(err, "skill loader: {} skills registered", report.registered())?;
+    let n = report.registered();
+    writeln!(err, "skill loader: {n} skill{} registered", if n == 1 { "" } else { "s" })?;
 
     if args.json {
         let skills: Vec<serde_json::Value> = report.skills.iter().map(|s| s.to_json()).collect();

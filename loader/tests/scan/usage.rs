@@ -1,0 +1,21 @@
+//! Usage errors and help.
+
+use crate::support::Cli;
+
+#[test]
+fn unknown_flags_and_missing_arguments_are_usage_errors() {
+    for args in [&["scan", "--bogus"][..], &["validate"], &["frobnicate"], &[]] {
+        let run = Cli::new(args).run();
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert!(run.stderr.contains("Usage:"), "{args:?}: {}", run.stderr);
+    }
+}
+
+#[test]
+fn every_command_has_help() {
+    for (cmd, needle) in [("scan", "--json"), ("validate", "PATH")] {
+        let run = Cli::new(&[cmd, "--help"]).run();
+        assert_eq!(run.code, 0, "{cmd}");
+        assert!(run.stdout.contains(needle), "{cmd}: {}", run.stdout);
+    }
+}

@@ -1,0 +1,107 @@
+//! `ongrid-skill validate`.
+
+use crate::support::{Cli, Tree};
+
+#[test]
+fn a_valid_pack_passes() {
+    let t = Tree::new();
+    let m = t.pack("pack", "good");
+    let run = Cli::new(&["validate"]).arg(t.base.join("pack")).run();
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert_eq!(
+        run.stdout,
+        format!("ok    {}: registered subprocess skill \"good\"\n1 valid, 0 failed\n", m.display())
+    );
+}
+
+#[test]
+fn a_single_manifest_passes_with_its_folder_as_root() {
+    let t = Tree::new();
+    let m = t.pack("pack", "single");
+    let run = Cli::new(&["validate"]).arg(&m).run();
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(run.stdout.starts_with(&format!("ok    {}:", m.display())), "{}", run.stdout);
+}
+
+#[test]
+fn a_relative_manifest_path_works() {
+    let t = Tree::new();
+    t.pack("pack", "rel");
+    let run = Cli::new(&["validate", "pack/skill.json"]).cwd(&t.base).run();
+    assert_eq!(run.code, 0, "{}", run.stdout);
+}
+
+#[test]
+fn every_problem_is_listed_with_path_and_reason() {
+    let t = Tree::new();
+    let good = t.pack("root/a", "good");
+    let bad = t.manifest("root/b", r#"{"name":"bad","entry":"run"}"#);
+    t.manifest("root/c", r#"{"name":"noentry","description":"d","entry":"nope"}"#);
+    let dup = t.pack("root/d", "good");
+    let root = t.base.join("root");
+    let run = Cli::new(&["validate"]).arg(&root).run();
+    assert_eq!(run.code, 1);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("ok    {}: registered subprocess skill \"good\"", good.display()),
+            format!("error {}: missing required field \"description\"", bad.display()),
+            format!(
+                "error {}: build \"noentry\": entry {} does not exist",
+                root.join("c/skill.json").display(),
+                root.join("c/nope").display()
+            ),
+            format!(
+                "error {}: skill \"good\" already registered from {}",
+                dup.display(),
+                good.display()
+            ),
+            "1 valid, 3 failed".to_owned(),
+        ]
+    );
+}
+
+#[test]
+fn missing_paths_and_empty_folders_fail() {
+    let t = Tree::new();
+    let missing = t.base.join("missing");
+    let empty = t.dir("empty");
+    let run = Cli::new(&["validate"]).arg(&missing).arg(&empty).run();
+    assert_eq!(run.code, 1);
+    assert_eq!(
+        run.stdout,
+        format!(
+            "error {}: No such file or directory (os error 2)\nerror {}: no skill.json found\n0 valid, 2 failed\n",
+            missing.display(),
+            empty.display()
+        )
+    );
+}
+
+#[test]
+fn notes_do_not_fail() {
+    let t = Tree::new();
+    t.exe("p/run");
+    t.manifest("p", r#"{"name":"n","description":"d","entry":"run","x-vendor":1}"#);
+    let run = Cli::new(&["validate"]).arg(t.base.join("p")).run();
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(run.stdout.contains("note  "), "{}", run.stdout);
+    assert!(run.stdout.contains("ignoring unknown fields \"x-vendor\""), "{}", run.stdout);
+}
+
+#[test]
+fn json_output_summarises() {
+    let t = Tree::new();
+    t.pack("root/a", "good");
+    t.manifest("root/b", "{");
+    let run = Cli::new(&["validate", "--json"]).arg(t.base.join("root")).run();
+    assert_eq!(run.code, 1);
+    let doc = run.json();
+    assert_eq!(doc["ok"], false);
+    assert_eq!(doc["valid"], 1);
+    assert_eq!(doc["errors"], 1);
+    let statuses: Vec<&str> =
+        doc["findings"].as_array().unwrap().iter().map(|f| f["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["ok", "error"]);
+}
