@@ -20,6 +20,28 @@
 //! components, first name wins. Nothing stops a scan: every problem is a
 //! [`ScanEvent`] and the scan goes on.
 //!
+//! # Examples
+//!
+//! ```
+//! # use std::{fs, os::unix::fs::PermissionsExt};
+//! # let tmp = tempfile::tempdir().unwrap();
+//! # let root = tmp.path().join("skills");
+//! # fs::create_dir_all(root.join("disk")).unwrap();
+//! # fs::write(root.join("disk/run"), "#!/bin/sh\n").unwrap();
+//! # fs::set_permissions(root.join("disk/run"), fs::Permissions::from_mode(0o755)).unwrap();
+//! # fs::write(root.join("disk/skill.json"),
+//! #     r#"{"name":"disk_usage","description":"Disk usage","entry":"run"}"#).unwrap();
+//! # let value = root.to_str().unwrap();
+//! // `value` is the content of ONGRID_SKILLS_EXTERNAL_DIRS.
+//! let roots = loader::roots::parse_dirs(value);
+//! let report = loader::Scanner::default().scan(&roots);
+//! for event in &report.events {
+//!     eprintln!("{event}"); // skill loader: registered subprocess skill "disk_usage" from ...
+//! }
+//! assert_eq!(report.registered(), 1);
+//! assert!(report.get("disk_usage").is_some());
+//! ```
+//!
 //! # Logging
 //!
 //! The library does not log. Callers print [`ScanEvent`]s (the CLI, on

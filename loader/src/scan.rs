@@ -256,3 +256,101 @@ fn kind_of(t: FileType) -> &'static str {
         "unknown type"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn exe(path: &Path) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, "#!/bin/sh\n").unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn manifest(dir: &Path, name: &str, entry: &str) -> PathBuf {
+        fs::create_dir_all(dir).unwrap();
+        let json = serde_json::json!({"name": name, "description": "d", "entry": entry});
+        let path = dir.join(MANIFEST_FILE_NAME);
+        fs::write(&path, json.to_string()).unwrap();
+        path
+    }
+
+    fn base() -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = fs::canonicalize(tmp.path()).unwrap();
+        (tmp, base)
+    }
+
+    #[test]
+    fn absolute_entry_may_name_another_root_of_the_scan() {
+        let (_tmp, base) = base();
+        let (a, b) = (base.join("a"), base.join("b"));
+        exe(&b.join("tools/run"));
+        let entry = b.join("tools/run");
+        manifest(&a.join("p"), "cross", entry.to_str().unwrap());
+        let report = Scanner::default().scan(&[&a, &b]);
+        let skill = report.get("cross").expect("registered");
+        assert_eq!(skill.entry(), entry);
+        assert_eq!(skill.root(), a);
+
+        // With only root `a`, the same entry escapes.
+        let report = Scanner::default().scan(&[&a]);
+        assert_eq!(report.registered(), 0);
+        assert!(matches!(
+            &report.events[..],
+            [ScanEvent::Build { error: entry::EntryError::Escapes { .. }, .. }]
+        ));
+    }
+
+    #[test]
+    fn a_single_manifest_target_uses_its_folder_as_root() {
+        let (_tmp, base) = base();
+        exe(&base.join("p/run"));
+        let path = manifest(&base.join("p"), "one", "run");
+        let report = Scanner::default().scan_targets(&[ScanTarget::Manifest(path.clone())]);
+        let skill = report.get("one").expect("registered");
+        assert_eq!(skill.root(), base.join("p"));
+        assert_eq!(skill.manifest_path(), path);
+    }
+
+    #[test]
+    fn a_relative_manifest_target_is_skipped() {
+        let target = ScanTarget::Manifest(PathBuf::from("p/skill.json"));
+        let report = Scanner::default().scan_targets(&[target]);
+        assert_eq!(report.registered(), 0);
+        assert!(matches!(&report.events[..], [ScanEvent::Root { error: RootError::Relative, .. }]));
+    }
+
+    #[test]
+    fn root_problems_come_before_walk_events() {
+        let (_tmp, base) = base();
+        exe(&base.join("r/p/run"));
+        manifest(&base.join("r/p"), "x", "run");
+        let report = Scanner::default().scan(&[base.join("r"), base.join("missing")]);
+        let lines: Vec<String> = report.events.iter().map(ToString::to_string).collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].ends_with("does not exist, skipping"), "{lines:?}");
+        assert!(lines[1].starts_with("skill loader: registered"), "{lines:?}");
+    }
+
+    #[test]
+    fn the_validate_options_are_applied() {
+        let (_tmp, base) = base();
+        exe(&base.join("p/run"));
+        fs::write(
+            base.join("p/skill.json"),
+            r#"{"name":"t","description":"d","entry":"run","timeout_seconds":100}"#,
+        )
+        .unwrap();
+        let opts = ValidateOptions { max_timeout: std::time::Duration::from_secs(60) };
+        let report = Scanner::new(opts).scan(&[&base]);
+        let skill = report.get("t").expect("registered");
+        assert_eq!(skill.manifest().timeout().as_secs(), 60);
+        assert!(report
+            .events
+            .iter()
+            .any(|e| matches!(e, ScanEvent::TimeoutClamped { requested: 100, granted: 60, .. })));
+    }
+}
