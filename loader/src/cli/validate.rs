@@ -77,8 +77,14 @@ pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result
     let mut targets = Vec::new();
     // Folders that must contain at least one manifest, canonical.
     let mut folders = Vec::new();
+    let mut seen = Vec::new();
     for given in &args.paths {
         let path = super::absolute(given);
+        // The same PATH twice would report its skills as duplicates of themselves.
+        if seen.contains(&path) {
+            continue;
+        }
+        seen.push(path.clone());
         match std::fs::metadata(&path) {
             Err(e) => {
                 findings.push(Finding { status: Status::Error, path, message: e.to_string() })

@@ -24,6 +24,15 @@ fn a_single_manifest_passes_with_its_folder_as_root() {
 }
 
 #[test]
+fn the_same_path_twice_is_checked_once() {
+    let t = Tree::new();
+    let m = t.pack("pack", "twice");
+    let run = Cli::new(&["validate"]).arg(&m).arg(&m).run();
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert_eq!(run.stdout.lines().count(), 2, "{}", run.stdout);
+}
+
+#[test]
 fn a_relative_manifest_path_works() {
     let t = Tree::new();
     t.pack("pack", "rel");
