@@ -1,0 +1,341 @@
+//! The run's cgroups: whole-tree kill and the pids/memory bounds.
+//!
+//! A v2 leaf (`<v2 mount>/ongrid/<id>`) gives `cgroup.kill`; when the v2
+//! hierarchy also offers the `pids` and `memory` controllers (systemd hosts
+//! with `Delegate=yes`) the bounds go there too. Otherwise the bounds come
+//! from v1 `pids` and `memory` leaves (this dev machine). The child joins
+//! every leaf itself by writing "0" to pre-opened `cgroup.procs` files.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use policy::report::CgroupReport;
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Where this host keeps the hierarchies we use, found once at start-up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hierarchies {
+    /// Parent of v2 run leaves (`.../ongrid`).
+    pub v2: Option<PathBuf>,
+    /// v2 offers pids and memory in the leaves.
+    pub v2_limits: bool,
+    /// Parent of v1 pids leaves.
+    pub v1_pids: Option<PathBuf>,
+    /// Parent of v1 memory leaves.
+    pub v1_memory: Option<PathBuf>,
+}
+
+fn is_cgroup2(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .map(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+        .unwrap_or(false)
+}
+
+/// This process's path in the v2 hierarchy (`0::/path` of /proc/self/cgroup).
+fn own_v2_path() -> String {
+    fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("0::").map(str::to_owned)))
+        .unwrap_or_else(|| "/".to_owned())
+}
+
+impl Hierarchies {
+    /// Finds the hierarchies; `None` fields are reported as degraded. Only
+    /// root can use cgroups here (no delegation to other users).
+    pub fn detect() -> (Self, Vec<String>) {
+        let mut h = Hierarchies::default();
+        let mut notes = Vec::new();
+        if !nix::unistd::geteuid().is_root() {
+            notes.push(
+                "cgroup: not root; no cgroup (tree kill by process group, no pids/memory bound)"
+                    .to_owned(),
+            );
+            return (h, notes);
+        }
+        let v2_mount = [Path::new(CGROUP_ROOT), &Path::new(CGROUP_ROOT).join("unified")]
+            .into_iter()
+            .find(|p| is_cgroup2(p))
+            .map(Path::to_path_buf);
+        if let Some(mount) = v2_mount {
+            let own = own_v2_path();
+            let base = mount.join(own.trim_start_matches('/')).join("ongrid");
+            if fs::create_dir_all(&base).is_ok() {
+                let controllers =
+                    fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
+                let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
+                if has("pids") && has("memory") {
+                    h.v2_limits =
+                        fs::write(base.join("cgroup.subtree_control"), "+pids +memory").is_ok();
+                }
+                h.v2 = Some(base);
+            }
+        }
+        if !h.v2_limits {
+            for (controller, slot) in [("pids", &mut h.v1_pids), ("memory", &mut h.v1_memory)] {
+                let mount = Path::new(CGROUP_ROOT).join(controller);
+                if mount.join("cgroup.procs").exists() && !is_cgroup2(&mount) {
+                    let base = mount.join("ongrid");
+                    if fs::create_dir_all(&base).is_ok() {
+                        *slot = Some(base);
+                    }
+                }
+            }
+        }
+        if h.v2.is_none() {
+            notes.push("cgroup: no cgroup v2 hierarchy; tree kill by listing processes".into());
+        }
+        if !h.v2_limits && h.v1_pids.is_none() {
+            notes.push("cgroup: no pids controller; process count not bounded".into());
+        }
+        if !h.v2_limits && h.v1_memory.is_none() {
+            notes.push("cgroup: no memory controller; memory bounded by RLIMIT_AS only".into());
+        }
+        (h, notes)
+    }
+}
+
+/// A cgroup step failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cgroup {path}: cannot {what}")]
+pub struct CgroupError {
+    /// The file or directory.
+    pub path: PathBuf,
+    /// What was being done.
+    pub what: &'static str,
+    /// The cause.
+    #[source]
+    pub source: io::Error,
+}
+
+/// The leaves of one run.
+#[derive(Debug)]
+pub struct RunCgroup {
+    v2: Option<PathBuf>,
+    pids: Option<PathBuf>,
+    memory: Option<PathBuf>,
+    procs: Vec<OwnedFd>,
+    /// For the run report.
+    pub report: CgroupReport,
+}
+
+fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
+    fs::write(path, value).map_err(|source| CgroupError {
+        path: path.to_owned(),
+        what: "write",
+        source,
+    })
+}
+
+impl RunCgroup {
+    /// Creates the leaves named `id` and sets the bounds.
+    ///
+    /// # Errors
+    ///
+    /// [`CgroupError`]; leaves already made are removed.
+    pub fn create(
+        h: &Hierarchies,
+        id: &str,
+        memory_bytes: u64,
+        max_pids: u32,
+    ) -> Result<Self, CgroupError> {
+        let mut cg = RunCgroup {
+            v2: None,
+            pids: None,
+            memory: None,
+            procs: Vec::new(),
+            report: CgroupReport::default(),
+        };
+        let made = cg.make(h, id, memory_bytes, max_pids);
+        match made {
+            Ok(()) => Ok(cg),
+            Err(e) => {
+                cg.remove();
+                Err(e)
+            }
+        }
+    }
+
+    fn make(
+        &mut self,
+        h: &Hierarchies,
+        id: &str,
+        memory_bytes: u64,
+        max_pids: u32,
+    ) -> Result<(), CgroupError> {
+        let mkdir = |base: &Path| {
+            let dir = base.join(id);
+            fs::create_dir(&dir).map(|()| dir.clone()).map_err(|source| CgroupError {
+                path: dir,
+                what: "create",
+                source,
+            })
+        };
+        if let Some(base) = &h.v2 {
+            let dir = mkdir(base)?;
+            self.v2 = Some(dir.clone());
+            self.report.kill = Some("v2".into());
+            if h.v2_limits {
+                write_file(&dir.join("pids.max"), &max_pids.to_string())?;
+                write_file(&dir.join("memory.max"), &memory_bytes.to_string())?;
+                let _ = fs::write(dir.join("memory.swap.max"), "0");
+                self.report.pids = Some("v2".into());
+                self.report.memory = Some("v2".into());
+            }
+        }
+        if let Some(base) = &h.v1_pids {
+            let dir = mkdir(base)?;
+            self.pids = Some(dir.clone());
+            write_file(&dir.join("pids.max"), &max_pids.to_string())?;
+            self.report.pids = Some("v1".into());
+        }
+        if let Some(base) = &h.v1_memory {
+            let dir = mkdir(base)?;
+            self.memory = Some(dir.clone());
+            write_file(&dir.join("memory.limit_in_bytes"), &memory_bytes.to_string())?;
+            let memsw = dir.join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                write_file(&memsw, &memory_bytes.to_string())?;
+            }
+            self.report.memory = Some("v1".into());
+        }
+        for dir in self.leaves() {
+            let path = dir.join("cgroup.procs");
+            let f = fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|source| CgroupError { path, what: "open", source })?;
+            self.procs.push(OwnedFd::from(f));
+        }
+        Ok(())
+    }
+
+    fn leaves(&self) -> Vec<PathBuf> {
+        [&self.v2, &self.pids, &self.memory].into_iter().flatten().cloned().collect()
+    }
+
+    /// The `cgroup.procs` fds the child writes "0" to.
+    pub fn procs_fds(&self) -> Vec<RawFd> {
+        self.procs.iter().map(AsRawFd::as_raw_fd).collect()
+    }
+
+    /// The leaf that lists every process of the run.
+    fn listing(&self) -> Option<&PathBuf> {
+        self.v2.as_ref().or(self.pids.as_ref()).or(self.memory.as_ref())
+    }
+
+    /// Pids currently in the run.
+    pub fn pids(&self) -> Vec<i32> {
+        let Some(dir) = self.listing() else { return Vec::new() };
+        fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// True when the run can be killed as a whole.
+    pub fn can_kill(&self) -> bool {
+        self.listing().is_some()
+    }
+
+    /// Sends `SIGTERM` then `SIGCONT` (so stopped processes see it) to
+    /// every process of the run.
+    pub fn terminate(&self) {
+        for pid in self.pids() {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+
+    /// Kills every process of the run: `cgroup.kill` on v2, else repeated
+    /// `SIGKILL` of the listed processes (bounded by pids.max).
+    pub fn kill(&self) {
+        if let Some(dir) = &self.v2 {
+            if fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join("cgroup.kill"))
+                .and_then(|mut f| f.write_all(b"1"))
+                .is_ok()
+            {
+                return;
+            }
+        }
+        for _ in 0..100 {
+            let pids = self.pids();
+            if pids.is_empty() {
+                return;
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+
+    /// Waits up to `within` for the run to have no process left.
+    pub fn wait_empty(&self, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        loop {
+            if self.pids().is_empty() {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// True if and only if the kernel OOM-killed a process of the run.
+    pub fn oom_killed(&self) -> bool {
+        let count = |file: PathBuf| {
+            fs::read_to_string(file)
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse::<u64>().ok())
+                })
+                .unwrap_or(0)
+        };
+        let v2 = self.report.memory.as_deref() == Some("v2");
+        match (&self.v2, &self.memory) {
+            (Some(dir), _) if v2 => count(dir.join("memory.events")) > 0,
+            (_, Some(dir)) => count(dir.join("memory.oom_control")) > 0,
+            _ => false,
+        }
+    }
+
+    /// Removes the leaves (retrying while the kernel finishes teardown).
+    pub fn remove(&mut self) {
+        self.procs.clear();
+        for dir in self.leaves() {
+            for attempt in 0..200 {
+                match fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(_) if attempt < 199 => std::thread::sleep(Duration::from_millis(5)),
+                    Err(e) => tracing::warn!("cgroup {}: cannot remove: {e}", dir.display()),
+                }
+            }
+        }
+        self.v2 = None;
+        self.pids = None;
+        self.memory = None;
+    }
+}
+
+impl Drop for RunCgroup {
+    fn drop(&mut self) {
+        if !self.leaves().is_empty() {
+            self.kill();
+            self.remove();
+        }
+    }
+}

@@ -1,0 +1,375 @@
+//! The Landlock ruleset of a run: which paths get which rights, per ABI.
+//!
+//! Built in the parent (paths opened `O_PATH`, rules added); the child only
+//! calls `landlock_restrict_self` on the ruleset fd. ABI 1 filesystem rights
+//! are required unless the operator chose `landlock = "best-effort"`; rights
+//! of later ABIs (REFER 2, TRUNCATE 3, TCP 4, IOCTL_DEV 5, scopes 6) are
+//! handled whenever the kernel knows them. Nothing is granted that is not
+//! listed here: `/etc` is a list of harmless entries, never the whole
+//! directory, so `/etc/shadow` stays unreadable even to a skill running as
+//! root.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use policy::report::LandlockReport;
+use policy::Enforcement;
+
+use crate::config::LandlockMode;
+use crate::sys;
+
+/// Filesystem access rights (`LANDLOCK_ACCESS_FS_*`).
+pub mod fs {
+    /// Execute a file.
+    pub const EXECUTE: u64 = 1 << 0;
+    /// Open a file for writing.
+    pub const WRITE_FILE: u64 = 1 << 1;
+    /// Open a file for reading.
+    pub const READ_FILE: u64 = 1 << 2;
+    /// List a directory.
+    pub const READ_DIR: u64 = 1 << 3;
+    /// Remove a directory.
+    pub const REMOVE_DIR: u64 = 1 << 4;
+    /// Remove a file.
+    pub const REMOVE_FILE: u64 = 1 << 5;
+    /// Create a character device.
+    pub const MAKE_CHAR: u64 = 1 << 6;
+    /// Create a directory.
+    pub const MAKE_DIR: u64 = 1 << 7;
+    /// Create a regular file.
+    pub const MAKE_REG: u64 = 1 << 8;
+    /// Create a Unix socket.
+    pub const MAKE_SOCK: u64 = 1 << 9;
+    /// Create a FIFO.
+    pub const MAKE_FIFO: u64 = 1 << 10;
+    /// Create a block device.
+    pub const MAKE_BLOCK: u64 = 1 << 11;
+    /// Create a symlink.
+    pub const MAKE_SYM: u64 = 1 << 12;
+    /// Link or rename across directories (ABI 2).
+    pub const REFER: u64 = 1 << 13;
+    /// Truncate a file (ABI 3).
+    pub const TRUNCATE: u64 = 1 << 14;
+    /// ioctl on a device (ABI 5).
+    pub const IOCTL_DEV: u64 = 1 << 15;
+    /// Rights that apply to a file (not a directory).
+    pub const FILE: u64 = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV;
+    /// Read and execute below a path.
+    pub const READ_EXEC: u64 = EXECUTE | READ_FILE | READ_DIR;
+    /// Read without execute.
+    pub const READ: u64 = READ_FILE | READ_DIR;
+    /// Read and write, create and remove; never REFER, devices or execute.
+    pub const READ_WRITE: u64 = WRITE_FILE
+        | READ_FILE
+        | READ_DIR
+        | REMOVE_DIR
+        | REMOVE_FILE
+        | MAKE_DIR
+        | MAKE_REG
+        | MAKE_SOCK
+        | MAKE_FIFO
+        | MAKE_SYM
+        | TRUNCATE;
+}
+
+/// Every filesystem right the kernel's `abi` knows.
+pub fn fs_handled(abi: u32) -> u64 {
+    let mut rights = 0;
+    if abi >= 1 {
+        rights |= (1 << 13) - 1;
+    }
+    if abi >= 2 {
+        rights |= fs::REFER;
+    }
+    if abi >= 3 {
+        rights |= fs::TRUNCATE;
+    }
+    if abi >= 5 {
+        rights |= fs::IOCTL_DEV;
+    }
+    rights
+}
+
+/// TCP bind + connect, when the ABI knows them (4).
+pub fn net_handled(abi: u32) -> u64 {
+    if abi >= 4 {
+        0b11
+    } else {
+        0
+    }
+}
+
+/// Abstract Unix socket + signal scoping, when the ABI knows them (6).
+pub fn scopes(abi: u32) -> u64 {
+    if abi >= 6 {
+        0b11
+    } else {
+        0
+    }
+}
+
+/// The newest ABI whose rights this module handles (7 adds none over 6).
+pub const FULL_ABI: u32 = 6;
+
+/// System directories skills may read and execute below.
+pub const SYSTEM_READ_EXEC: &[&str] =
+    &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
+
+/// `/etc` entries skills may read (never the whole of `/etc`).
+pub const ETC_READ: &[&str] = &[
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/resolv.conf",
+    "/etc/gai.conf",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/ca-certificates.conf",
+    "/etc/pki",
+    "/etc/crypto-policies",
+    "/etc/alternatives",
+    "/etc/os-release",
+    "/etc/debian_version",
+    "/etc/protocols",
+    "/etc/services",
+    "/etc/networks",
+    "/etc/mime.types",
+    "/etc/magic",
+    "/etc/locale.alias",
+    "/etc/locale.conf",
+    "/etc/hostname",
+    "/etc/python3",
+];
+
+/// Devices skills may read.
+pub const DEV_READ: &[&str] = &["/dev/zero", "/dev/urandom", "/dev/random", "/dev/full"];
+
+/// One path and the rights below it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// The path (a missing system path is skipped).
+    pub path: PathBuf,
+    /// Rights asked for (masked to the ABI and to file rights on files).
+    pub access: u64,
+    /// True when the path came from the manifest or the run (a missing one
+    /// is reported as degraded rather than skipped silently).
+    pub explicit: bool,
+}
+
+/// What a run may touch, before it is turned into a ruleset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsPolicy {
+    /// Every rule.
+    pub rules: Vec<Rule>,
+    /// TCP allowed (no net rights handled).
+    pub network: bool,
+}
+
+impl FsPolicy {
+    /// The default box: system read, the skill's folder and entry read +
+    /// exec, the per-run directory and `/dev/null` read-write, plus the
+    /// granted extra paths.
+    pub fn new(
+        skill_dir: &Path,
+        entry: &Path,
+        run_dir: &Path,
+        fs_read: &[PathBuf],
+        fs_write: &[PathBuf],
+        network: bool,
+    ) -> Self {
+        let system = |p: &str, access| Rule { path: PathBuf::from(p), access, explicit: false };
+        let explicit = |p: &Path, access| Rule { path: p.to_owned(), access, explicit: true };
+        let mut rules: Vec<Rule> =
+            SYSTEM_READ_EXEC.iter().map(|p| system(p, fs::READ_EXEC)).collect();
+        rules.extend(ETC_READ.iter().map(|p| system(p, fs::READ)));
+        rules.extend(DEV_READ.iter().map(|p| system(p, fs::READ_FILE)));
+        rules.push(system("/proc", fs::READ));
+        rules.push(system(
+            "/dev/null",
+            fs::READ_FILE | fs::WRITE_FILE | fs::TRUNCATE | fs::IOCTL_DEV,
+        ));
+        rules.push(explicit(skill_dir, fs::READ_EXEC));
+        rules.push(explicit(entry, fs::READ_EXEC));
+        rules.push(explicit(run_dir, fs::READ_WRITE));
+        rules.extend(fs_read.iter().map(|p| explicit(p, fs::READ_EXEC)));
+        rules.extend(fs_write.iter().map(|p| explicit(p, fs::READ_WRITE)));
+        Self { rules, network }
+    }
+}
+
+/// A Landlock restriction that is required and cannot be put in place.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LandlockError {
+    /// The kernel has no Landlock and the config requires it.
+    #[error("landlock is required (executor.toml landlock = \"required\") but the kernel does not support it")]
+    Unsupported,
+    /// Creating the ruleset failed.
+    #[error("landlock: cannot create the ruleset")]
+    Create(#[source] std::io::Error),
+    /// A rule could not be added.
+    #[error("landlock: cannot add a rule for {path}")]
+    AddRule {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A ruleset ready for the child, and what it will enforce.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The ruleset fd; `None` when nothing is enforced (best effort only).
+    pub fd: Option<OwnedFd>,
+    /// For the run report.
+    pub report: LandlockReport,
+    /// Lines for `sandbox.degraded`.
+    pub degraded: Vec<String>,
+}
+
+/// Builds the ruleset for `policy` on a kernel with Landlock `abi`.
+///
+/// # Errors
+///
+/// [`LandlockError`] when `mode` is required and the ABI 1 rights cannot be
+/// enforced; in best-effort mode every shortfall is a `degraded` line.
+pub fn prepare(abi: u32, mode: LandlockMode, policy: &FsPolicy) -> Result<Prepared, LandlockError> {
+    let mut degraded = Vec::new();
+    let none = |degraded: Vec<String>| Prepared {
+        fd: None,
+        report: LandlockReport { abi, status: Enforcement::None, net: false, scoped: false },
+        degraded,
+    };
+    if abi == 0 {
+        if mode == LandlockMode::Required {
+            return Err(LandlockError::Unsupported);
+        }
+        degraded.push("landlock: not supported by the kernel; no filesystem restriction".into());
+        return Ok(none(degraded));
+    }
+    let handled = fs_handled(abi);
+    let net = if policy.network { 0 } else { net_handled(abi) };
+    let scoped = scopes(abi);
+    let built = (|| {
+        let ruleset =
+            sys::landlock::create_ruleset(handled, net, scoped).map_err(LandlockError::Create)?;
+        for rule in &policy.rules {
+            let file = match std::fs::File::options()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+                .open(&rule.path)
+            {
+                Ok(f) => f,
+                Err(e) => {
+                    if rule.explicit {
+                        degraded
+                            .push(format!("landlock: {} not granted: {e}", rule.path.display()));
+                    }
+                    continue;
+                }
+            };
+            let is_dir = file.metadata().map(|m| m.is_dir()).unwrap_or(false);
+            let mut access = rule.access & handled;
+            if !is_dir {
+                access &= fs::FILE;
+            }
+            if access == 0 {
+                continue;
+            }
+            sys::landlock::add_path_beneath(ruleset.as_fd(), file.as_fd(), access)
+                .map_err(|source| LandlockError::AddRule { path: rule.path.clone(), source })?;
+        }
+        Ok::<_, LandlockError>(ruleset)
+    })();
+    let fd = match built {
+        Ok(fd) => fd,
+        Err(e) if mode == LandlockMode::Required => return Err(e),
+        Err(e) => {
+            degraded.push(format!("{e}; no filesystem restriction"));
+            return Ok(none(degraded));
+        }
+    };
+    let status = if abi >= FULL_ABI { Enforcement::Full } else { Enforcement::Partial };
+    if abi < FULL_ABI {
+        degraded.push(format!(
+            "landlock: kernel ABI {abi} < {FULL_ABI}: {}",
+            missing_rights(abi).join(", ")
+        ));
+    }
+    Ok(Prepared {
+        fd: Some(fd),
+        report: LandlockReport { abi, status, net: net != 0, scoped: scoped != 0 },
+        degraded,
+    })
+}
+
+/// Names of the rights an older ABI cannot enforce.
+fn missing_rights(abi: u32) -> Vec<&'static str> {
+    [
+        (2, "no cross-directory link/rename restriction (REFER)"),
+        (3, "no truncate restriction"),
+        (4, "no TCP bind/connect restriction (seccomp still denies non-Unix sockets)"),
+        (5, "no device ioctl restriction"),
+        (6, "no signal or abstract Unix socket scoping"),
+    ]
+    .into_iter()
+    .filter(|(needed, _)| abi < *needed)
+    .map(|(_, what)| what)
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rights_per_abi() {
+        assert_eq!(fs_handled(0), 0);
+        assert_eq!(fs_handled(1), 0x1fff);
+        assert_eq!(fs_handled(2), 0x3fff);
+        assert_eq!(fs_handled(4), 0x7fff);
+        assert_eq!(fs_handled(7), 0xffff);
+        assert_eq!((net_handled(3), net_handled(4)), (0, 3));
+        assert_eq!((scopes(5), scopes(6)), (0, 3));
+        assert!(missing_rights(7).is_empty());
+        assert_eq!(missing_rights(3).len(), 3);
+    }
+
+    #[test]
+    fn default_box_never_grants_all_of_etc_or_refer() {
+        let p = FsPolicy::new(
+            Path::new("/skills/x"),
+            Path::new("/skills/x/run"),
+            Path::new("/run/ongrid/runs/1"),
+            &[],
+            &[],
+            false,
+        );
+        assert!(p.rules.iter().all(|r| r.path != Path::new("/etc")));
+        assert!(p.rules.iter().all(|r| r.access & fs::REFER == 0));
+        let writable: Vec<_> =
+            p.rules.iter().filter(|r| r.access & fs::WRITE_FILE != 0).map(|r| &r.path).collect();
+        assert_eq!(writable, [Path::new("/dev/null"), Path::new("/run/ongrid/runs/1")]);
+        assert!(!ETC_READ.contains(&"/etc/shadow"));
+    }
+
+    #[test]
+    fn best_effort_without_landlock_is_reported() {
+        let p = FsPolicy::new(Path::new("/"), Path::new("/"), Path::new("/"), &[], &[], false);
+        let out = prepare(0, LandlockMode::BestEffort, &p).unwrap();
+        assert!(out.fd.is_none());
+        assert_eq!(out.report.status, Enforcement::None);
+        assert!(!out.degraded.is_empty());
+        assert!(matches!(prepare(0, LandlockMode::Required, &p), Err(LandlockError::Unsupported)));
+    }
+}

@@ -1,0 +1,272 @@
+//! Spawn sequence step 1: validate a request against the executor's own
+//! configuration, trusting nothing the caller says beyond "run the skill
+//! whose manifest is at P with these args".
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use policy::{
+    GrantError, GrantedSandbox, Manifest, ManifestError, Outcome, ValidateOptions,
+    MAX_MANIFEST_BYTES,
+};
+
+use crate::config::Config;
+
+/// Why a request is refused before anything runs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// The manifest cannot be read.
+    #[error("manifest {path}: cannot read")]
+    Read {
+        /// The manifest.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The manifest is invalid.
+    #[error("manifest {path}: {source}")]
+    Manifest {
+        /// The manifest.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: ManifestError,
+    },
+    /// The manifest is not under any configured root.
+    #[error("manifest {path} is not under an allow-list root")]
+    OutsideRoots {
+        /// The manifest.
+        path: PathBuf,
+    },
+    /// The entry escapes the allow-list root.
+    #[error("skill \"{skill}\": entry {entry} escapes allowlist root {root}")]
+    Escapes {
+        /// The skill.
+        skill: String,
+        /// The entry (resolved).
+        entry: PathBuf,
+        /// The root.
+        root: PathBuf,
+    },
+    /// The entry (or a folder above it) fails a check.
+    #[error("skill \"{skill}\": entry {path}: {reason}")]
+    Entry {
+        /// The skill.
+        skill: String,
+        /// The entry or folder at fault.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The manifest's `sandbox` asks for more than the operator grants.
+    #[error(transparent)]
+    Grant(#[from] GrantError),
+    /// The args are not one JSON object.
+    #[error("skill \"{skill}\": args: {reason}")]
+    Args {
+        /// The skill.
+        skill: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The run-as user does not exist.
+    #[error("run-as user {user:?} does not exist (create it, e.g. `useradd --system --user-group --no-create-home --shell /usr/sbin/nologin {user}`, or set run_as in executor.toml)")]
+    UnknownUser {
+        /// The user.
+        user: String,
+    },
+}
+
+impl PlanError {
+    /// The run outcome this error stands for.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            PlanError::Args { .. } => Outcome::InvalidArgs,
+            PlanError::UnknownUser { .. } => Outcome::SandboxFailed,
+            _ => Outcome::Rejected,
+        }
+    }
+}
+
+/// Who the skill runs as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    /// User name.
+    pub name: String,
+    /// uid.
+    pub uid: u32,
+    /// Primary gid.
+    pub gid: u32,
+    /// True when the executor switches to this user (it is root).
+    pub switch: bool,
+}
+
+/// A validated run, ready for the sandbox to be built.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The validated manifest.
+    pub manifest: Manifest,
+    /// The manifest file (canonical).
+    pub manifest_path: PathBuf,
+    /// The skill's folder (canonical).
+    pub skill_dir: PathBuf,
+    /// The allow-list root it lies under.
+    pub root: PathBuf,
+    /// The entry (canonical).
+    pub entry: PathBuf,
+    /// What the sandbox grants.
+    pub granted: GrantedSandbox,
+    /// The child's environment, exactly the allowed names that are set.
+    pub env: Vec<(String, OsString)>,
+    /// The args, verbatim.
+    pub args: Vec<u8>,
+    /// The run-as user.
+    pub run_as: RunAs,
+}
+
+fn read_manifest(path: &Path) -> Result<Vec<u8>, PlanError> {
+    let err = |source| PlanError::Read { path: path.to_owned(), source };
+    let f = fs::File::open(path).map_err(err)?;
+    let mut bytes = Vec::new();
+    f.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes).map_err(err)?;
+    Ok(bytes)
+}
+
+fn uid_of(name: &str) -> Option<u32> {
+    nix::unistd::User::from_name(name).ok().flatten().map(|u| u.uid.as_raw())
+}
+
+impl Plan {
+    /// Validates the request.
+    ///
+    /// # Errors
+    ///
+    /// [`PlanError`]; see [`PlanError::outcome`].
+    pub fn build(
+        config: &Config,
+        manifest_path: &Path,
+        args: Vec<u8>,
+        env: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Result<Plan, PlanError> {
+        let read_err = |source| PlanError::Read { path: manifest_path.to_owned(), source };
+        let canonical = fs::canonicalize(manifest_path).map_err(read_err)?;
+        let skill_dir = canonical.parent().map(Path::to_path_buf).unwrap_or_else(|| "/".into());
+        let roots: Vec<PathBuf> = if config.roots.is_empty() {
+            vec![skill_dir.clone()]
+        } else {
+            config.roots.iter().filter_map(|r| fs::canonicalize(r).ok()).collect()
+        };
+        let Some(root) = roots.iter().find(|r| policy::path::is_within(&canonical, r)).cloned()
+        else {
+            return Err(PlanError::OutsideRoots { path: canonical });
+        };
+        let bytes = read_manifest(&canonical)?;
+        let opts = ValidateOptions { max_timeout: config.max_timeout() };
+        let manifest = Manifest::from_slice(&bytes, &opts)
+            .map_err(|source| PlanError::Manifest { path: canonical.clone(), source })?;
+        let skill = manifest.name().to_string();
+        let entry_err = |path: &Path, reason: String| PlanError::Entry {
+            skill: skill.clone(),
+            path: path.to_owned(),
+            reason,
+        };
+
+        // The entry: canonical, under a root, a regular executable file.
+        let written = Path::new(manifest.entry());
+        let joined =
+            if written.is_absolute() { written.to_owned() } else { skill_dir.join(written) };
+        let entry = fs::canonicalize(&joined).map_err(|e| entry_err(&joined, e.to_string()))?;
+        let Some(entry_root) = roots.iter().find(|r| policy::path::is_within(&entry, r)) else {
+            return Err(PlanError::Escapes { skill, entry, root });
+        };
+        let meta = fs::metadata(&entry).map_err(|e| entry_err(&entry, e.to_string()))?;
+        if !meta.is_file() {
+            return Err(entry_err(&entry, "not a regular file".into()));
+        }
+        if meta.mode() & 0o111 == 0 {
+            return Err(entry_err(&entry, "not executable".into()));
+        }
+
+        // Ownership of the entry and of every folder up to its root.
+        let mut owners: Vec<u32> = config.entry_owners.iter().filter_map(|n| uid_of(n)).collect();
+        owners.push(nix::unistd::geteuid().as_raw());
+        let mut at = Some(entry.as_path());
+        while let Some(p) = at {
+            let m = fs::metadata(p).map_err(|e| entry_err(p, e.to_string()))?;
+            if !owners.contains(&m.uid()) {
+                return Err(entry_err(
+                    p,
+                    format!(
+                        "owned by uid {}, not by one of entry_owners {:?}",
+                        m.uid(),
+                        config.entry_owners
+                    ),
+                ));
+            }
+            if m.mode() & 0o022 != 0 {
+                return Err(entry_err(
+                    p,
+                    format!("group or world writable (mode {:o})", m.mode() & 0o7777),
+                ));
+            }
+            if p == entry_root.as_path() {
+                break;
+            }
+            at = p.parent();
+        }
+
+        let granted = manifest.sandbox().authorize(
+            manifest.name(),
+            config.skills.get(manifest.name().as_str()),
+            &config.limits,
+        )?;
+        match serde_json::from_slice::<serde_json::Value>(&args) {
+            Ok(serde_json::Value::Object(_)) => {}
+            Ok(_) => return Err(PlanError::Args { skill, reason: "not a JSON object".into() }),
+            Err(e) => return Err(PlanError::Args { skill, reason: format!("not JSON: {e}") }),
+        }
+
+        let env: Vec<(OsString, OsString)> = env.into_iter().collect();
+        let env = policy::env::filter(
+            manifest.env_allow(),
+            env.iter().map(|(k, v)| (k.as_os_str(), v.as_os_str())),
+        );
+
+        let run_as = Self::run_as(config, &granted)?;
+        Ok(Plan {
+            manifest,
+            manifest_path: canonical,
+            skill_dir,
+            root: entry_root.clone(),
+            entry,
+            granted,
+            env,
+            args,
+            run_as,
+        })
+    }
+
+    fn run_as(config: &Config, granted: &GrantedSandbox) -> Result<RunAs, PlanError> {
+        let euid = nix::unistd::geteuid();
+        if !euid.is_root() {
+            let gid = nix::unistd::getegid().as_raw();
+            let name = nix::unistd::User::from_uid(euid)
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+                .unwrap_or_else(|| euid.to_string());
+            return Ok(RunAs { name, uid: euid.as_raw(), gid, switch: false });
+        }
+        let name = granted.run_as.clone().unwrap_or_else(|| config.run_as.clone());
+        let user = nix::unistd::User::from_name(&name)
+            .ok()
+            .flatten()
+            .ok_or_else(|| PlanError::UnknownUser { user: name.clone() })?;
+        Ok(RunAs { name, uid: user.uid.as_raw(), gid: user.gid.as_raw(), switch: true })
+    }
+}

@@ -1,0 +1,238 @@
+//! The seccomp filter of a run: a deny-list compiled to classic BPF.
+//!
+//! Denied calls fail with `EPERM` (`clone3` with `ENOSYS`, so libc falls back
+//! to `clone`, whose flags the filter can inspect); a non-native
+//! architecture kills the process, and x32 syscall numbers (bit 30) fail.
+//! The program is built once per run in the parent; the child only attaches
+//! it. Arguments are compared on their low 32 bits, which is what the kernel
+//! uses for `int`/`unsigned int` parameters (the `TIOCSTI` check is immune to
+//! high bits, CVE-2019-10063).
+
+/// One classic BPF instruction (same layout as `struct sock_filter`).
+pub type Insn = libc::sock_filter;
+
+const LD_W_ABS: u16 = 0x20;
+const JEQ_K: u16 = 0x15;
+const JGE_K: u16 = 0x35;
+const JSET_K: u16 = 0x45;
+const RET_K: u16 = 0x06;
+
+const RET_KILL_PROCESS: u32 = 0x8000_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+const RET_ALLOW: u32 = 0x7fff_0000;
+
+const OFF_NR: u32 = 0;
+const OFF_ARCH: u32 = 4;
+const fn off_arg_lo(i: u32) -> u32 {
+    16 + 8 * i
+}
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xC000_003E;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xC000_00B7;
+
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+const TIOCSTI: u32 = 0x5412;
+const TIOCLINUX: u32 = 0x541C;
+const PERSONALITY_QUERY: u32 = 0xffff_ffff;
+/// Every `CLONE_NEW*` flag `clone(2)` accepts (`CLONE_NEWTIME` shares its
+/// bit with the exit signal there and only exists for `clone3`/`unshare`).
+pub const CLONE_NEW_MASK: u32 = 0x0002_0000 // NEWNS
+    | 0x0200_0000 // NEWCGROUP
+    | 0x0400_0000 // NEWUTS
+    | 0x0800_0000 // NEWIPC
+    | 0x1000_0000 // NEWUSER
+    | 0x2000_0000 // NEWPID
+    | 0x4000_0000; // NEWNET
+
+fn stmt(code: u16, k: u32) -> Insn {
+    Insn { code, jt: 0, jf: 0, k }
+}
+
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> Insn {
+    Insn { code, jt, jf, k }
+}
+
+fn errno(e: i32) -> u32 {
+    RET_ERRNO | (u32::try_from(e).unwrap_or(1) & 0xffff)
+}
+
+fn nr(n: libc::c_long) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Syscalls denied outright with `EPERM`: debugging other processes,
+/// io_uring, the kernel keyring, namespaces, mounts, BPF and perf, kernel
+/// modules and kexec, userfaultfd, and host administration.
+pub const DENIED: &[libc::c_long] = &[
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_mount_setattr,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_userfaultfd,
+    libc::SYS_chroot,
+    libc::SYS_acct,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_reboot,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_kcmp,
+    libc::SYS_syslog,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_iopl,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_ioperm,
+];
+
+/// Builds the filter. `network` = true allows every socket family; false
+/// allows only `AF_UNIX` (TCP, UDP, ICMP, netlink, vsock... fail).
+pub fn program(network: bool) -> Vec<Insn> {
+    let eperm = errno(libc::EPERM);
+    let mut p = vec![
+        // Non-native ABI (32-bit x86 via int 0x80, ...): kill.
+        stmt(LD_W_ABS, OFF_ARCH),
+        jump(JEQ_K, AUDIT_ARCH, 1, 0),
+        stmt(RET_K, RET_KILL_PROCESS),
+        stmt(LD_W_ABS, OFF_NR),
+    ];
+    if cfg!(target_arch = "x86_64") {
+        // x32 syscall numbers.
+        p.push(jump(JGE_K, X32_SYSCALL_BIT, 0, 1));
+        p.push(stmt(RET_K, eperm));
+    }
+    for &n in DENIED {
+        p.push(jump(JEQ_K, nr(n), 0, 1));
+        p.push(stmt(RET_K, eperm));
+    }
+    p.push(jump(JEQ_K, nr(libc::SYS_clone3), 0, 1));
+    p.push(stmt(RET_K, errno(libc::ENOSYS)));
+    // clone(flags, ...): any CLONE_NEW* flag.
+    p.extend([
+        jump(JEQ_K, nr(libc::SYS_clone), 0, 4),
+        stmt(LD_W_ABS, off_arg_lo(0)),
+        jump(JSET_K, CLONE_NEW_MASK, 0, 1),
+        stmt(RET_K, eperm),
+        stmt(RET_K, RET_ALLOW),
+    ]);
+    // ioctl(fd, cmd, ...): TIOCSTI, TIOCLINUX on the low 32 bits of cmd.
+    p.extend([
+        jump(JEQ_K, nr(libc::SYS_ioctl), 0, 5),
+        stmt(LD_W_ABS, off_arg_lo(1)),
+        jump(JEQ_K, TIOCSTI, 2, 0),
+        jump(JEQ_K, TIOCLINUX, 1, 0),
+        stmt(RET_K, RET_ALLOW),
+        stmt(RET_K, eperm),
+    ]);
+    // personality(persona): only the query and PER_LINUX.
+    p.extend([
+        jump(JEQ_K, nr(libc::SYS_personality), 0, 5),
+        stmt(LD_W_ABS, off_arg_lo(0)),
+        jump(JEQ_K, PERSONALITY_QUERY, 2, 0),
+        jump(JEQ_K, 0, 1, 0),
+        stmt(RET_K, eperm),
+        stmt(RET_K, RET_ALLOW),
+    ]);
+    if !network {
+        // socket(domain, ...): AF_UNIX only.
+        p.extend([
+            jump(JEQ_K, nr(libc::SYS_socket), 0, 4),
+            stmt(LD_W_ABS, off_arg_lo(0)),
+            jump(JEQ_K, u32::try_from(libc::AF_UNIX).unwrap_or(1), 0, 1),
+            stmt(RET_K, RET_ALLOW),
+            stmt(RET_K, eperm),
+        ]);
+    }
+    p.push(stmt(RET_K, RET_ALLOW));
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tiny interpreter for the instructions [`program`] emits.
+    fn run(p: &[Insn], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&nr.to_le_bytes());
+        data[4..8].copy_from_slice(&arch.to_le_bytes());
+        for (i, a) in args.iter().enumerate() {
+            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
+        }
+        let (mut pc, mut acc) = (0usize, 0u32);
+        loop {
+            let i = p[pc];
+            let k = i.k as usize;
+            match i.code {
+                LD_W_ABS => acc = u32::from_le_bytes(data[k..k + 4].try_into().unwrap()),
+                RET_K => return i.k,
+                JEQ_K | JGE_K | JSET_K => {
+                    let hit = match i.code {
+                        JEQ_K => acc == i.k,
+                        JGE_K => acc >= i.k,
+                        _ => acc & i.k != 0,
+                    };
+                    pc += usize::from(if hit { i.jt } else { i.jf });
+                }
+                c => panic!("unexpected opcode {c:#x}"),
+            }
+            pc += 1;
+        }
+    }
+
+    fn call(p: &[Insn], n: libc::c_long, args: [u64; 6]) -> u32 {
+        run(p, AUDIT_ARCH, nr(n), args)
+    }
+
+    #[test]
+    fn decisions() {
+        let p = program(false);
+        let eperm = errno(libc::EPERM);
+        let z = [0; 6];
+        assert_eq!(run(&p, 0x4000_0003, 1, z), RET_KILL_PROCESS, "i386 ABI");
+        assert_eq!(call(&p, libc::SYS_read, z), RET_ALLOW);
+        assert_eq!(run(&p, AUDIT_ARCH, X32_SYSCALL_BIT | 1, z), eperm, "x32");
+        for &n in DENIED {
+            assert_eq!(call(&p, n, z), eperm, "{n}");
+        }
+        assert_eq!(call(&p, libc::SYS_clone3, z), errno(libc::ENOSYS));
+        assert_eq!(call(&p, libc::SYS_clone, [0x01_1200 | 17, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(call(&p, libc::SYS_clone, [0x1000_0000 | 17, 0, 0, 0, 0, 0]), eperm);
+        assert_eq!(call(&p, libc::SYS_ioctl, [0, 0x5401, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(call(&p, libc::SYS_ioctl, [0, 0x5412, 0, 0, 0, 0]), eperm);
+        assert_eq!(call(&p, libc::SYS_ioctl, [0, 0xffff_ffff_0000_5412, 0, 0, 0, 0]), eperm);
+        assert_eq!(call(&p, libc::SYS_ioctl, [0, 0x541C, 0, 0, 0, 0]), eperm);
+        assert_eq!(call(&p, libc::SYS_personality, [0xffff_ffff, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(call(&p, libc::SYS_personality, [0x0040_0000, 0, 0, 0, 0, 0]), eperm);
+        assert_eq!(call(&p, libc::SYS_socket, [1, 1, 0, 0, 0, 0]), RET_ALLOW, "AF_UNIX");
+        assert_eq!(call(&p, libc::SYS_socket, [2, 1, 0, 0, 0, 0]), eperm, "AF_INET");
+        assert_eq!(call(&p, libc::SYS_socket, [10, 2, 0, 0, 0, 0]), eperm, "AF_INET6");
+        let open = program(true);
+        assert_eq!(call(&open, libc::SYS_socket, [2, 1, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(call(&open, libc::SYS_ptrace, z), eperm);
+    }
+}

@@ -1,0 +1,342 @@
+//! Spawn sequence steps 2 to 5: prepare everything in the parent, then
+//! create the child through [`sys::child`], which applies it and execs.
+
+use std::collections::BTreeMap;
+use std::ffi::{c_char, CString};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::fcntl::OFlag;
+use nix::sys::resource::{getrlimit, Resource};
+use policy::report::SandboxReport;
+use policy::sandbox::CAPABILITY_NAMES;
+use policy::Outcome;
+
+use crate::cgroup::{CgroupError, Hierarchies, RunCgroup};
+use crate::config::{Config, LandlockMode};
+use crate::landlock::{self, FsPolicy, LandlockError};
+use crate::plan::Plan;
+use crate::rundir::{RunDir, RunDirError};
+use crate::seccomp;
+use crate::sys;
+use crate::sys::child::{ChildSpec, Identity, SpawnFailure, Step};
+
+/// Why a run could not be started.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpawnError {
+    /// The per-run directory.
+    #[error(transparent)]
+    RunDir(#[from] RunDirError),
+    /// The run's cgroups.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// The Landlock ruleset.
+    #[error(transparent)]
+    Landlock(#[from] LandlockError),
+    /// A pipe, or a string with a NUL byte.
+    #[error("skill \"{skill}\": cannot prepare the child: {reason}")]
+    Prepare {
+        /// The skill.
+        skill: String,
+        /// What failed.
+        reason: String,
+    },
+    /// A sandbox step in the child failed; nothing ran.
+    #[error("skill \"{skill}\": sandbox step \"{}\" failed: {}", .step.describe(), std::io::Error::from_raw_os_error(*.errno))]
+    Sandbox {
+        /// The skill.
+        skill: String,
+        /// The step.
+        step: Step,
+        /// Its errno.
+        errno: i32,
+    },
+    /// `execve` of the entry failed.
+    #[error("skill \"{skill}\": cannot execute {}: {}", .entry.display(), std::io::Error::from_raw_os_error(*.errno))]
+    Exec {
+        /// The skill.
+        skill: String,
+        /// The entry.
+        entry: std::path::PathBuf,
+        /// Its errno.
+        errno: i32,
+    },
+}
+
+impl SpawnError {
+    /// The run outcome this error stands for.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            SpawnError::Exec { .. } => Outcome::SpawnFailed,
+            _ => Outcome::SandboxFailed,
+        }
+    }
+}
+
+/// Host facts the executor learns once.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// Landlock ABI of the kernel.
+    pub landlock_abi: u32,
+    /// Highest capability number.
+    pub cap_last: u32,
+    /// cgroup hierarchies.
+    pub cgroups: Hierarchies,
+    /// Shortfalls found at start-up, repeated in every report.
+    pub notes: Vec<String>,
+}
+
+impl Host {
+    /// Probes this host.
+    pub fn detect() -> Self {
+        let (cgroups, notes) = Hierarchies::detect();
+        Host {
+            landlock_abi: sys::landlock::abi(),
+            cap_last: sys::process::cap_last_cap(),
+            cgroups,
+            notes,
+        }
+    }
+}
+
+/// Step 2 done: everything the child needs, owned by the parent.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The per-run directory (removed on drop).
+    pub run_dir: RunDir,
+    /// The run's cgroups (killed and removed on drop).
+    pub cgroup: Option<RunCgroup>,
+    /// What the sandbox enforces, for the report.
+    pub report: SandboxReport,
+    landlock: Option<OwnedFd>,
+    seccomp: Vec<seccomp::Insn>,
+    rlimits: Vec<(u32, u64, u64)>,
+    identity: Option<Identity>,
+    capabilities: u64,
+    cap_last: u32,
+    path: CString,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    cwd: CString,
+    skill: String,
+}
+
+/// A running child and the parent's ends of its pipes.
+#[derive(Debug)]
+pub struct Child {
+    /// Its pid.
+    pub pid: i32,
+    /// Its pidfd.
+    pub pidfd: OwnedFd,
+    /// Write end of its stdin.
+    pub stdin: OwnedFd,
+    /// Read end of its stdout.
+    pub stdout: OwnedFd,
+    /// Read end of its stderr.
+    pub stderr: OwnedFd,
+}
+
+fn cstring(skill: &str, what: &str, bytes: &[u8]) -> Result<CString, SpawnError> {
+    CString::new(bytes).map_err(|_| SpawnError::Prepare {
+        skill: skill.to_owned(),
+        reason: format!("{what} contains a NUL byte"),
+    })
+}
+
+fn rlimit_table(plan: &Plan, root: bool) -> Vec<(&'static str, Resource, u64, u64)> {
+    let l = &plan.granted.limits;
+    let cpu = l.cpu_seconds_for(plan.manifest.timeout());
+    let table = [
+        ("RLIMIT_CORE", Resource::RLIMIT_CORE, 0, 0),
+        ("RLIMIT_NOFILE", Resource::RLIMIT_NOFILE, l.nofile, l.nofile),
+        ("RLIMIT_FSIZE", Resource::RLIMIT_FSIZE, l.fsize_bytes, l.fsize_bytes),
+        ("RLIMIT_CPU", Resource::RLIMIT_CPU, cpu, cpu + 1),
+        ("RLIMIT_AS", Resource::RLIMIT_AS, l.address_space_bytes, l.address_space_bytes),
+    ];
+    table
+        .into_iter()
+        .map(|(name, res, soft, hard)| {
+            if root {
+                return (name, res, soft, hard);
+            }
+            // Without privilege a hard limit can only go down.
+            let cur_hard = getrlimit(res).map(|(_, h)| h).unwrap_or(u64::MAX);
+            (name, res, soft.min(cur_hard), hard.min(cur_hard))
+        })
+        .collect()
+}
+
+/// Spawn sequence step 2: prepare the sandbox in the parent.
+///
+/// # Errors
+///
+/// [`SpawnError`]: a required restriction that cannot be put in place.
+pub fn prepare(
+    config: &Config,
+    host: &Host,
+    plan: &Plan,
+    run_id: &str,
+) -> Result<Prepared, SpawnError> {
+    let skill = plan.manifest.name().to_string();
+    let root = nix::unistd::geteuid().is_root();
+    let mut degraded = host.notes.clone();
+    let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
+    let run_dir = RunDir::create(&config.runtime_dir(), run_id, owner)?;
+
+    let cgroup = if host.cgroups == Hierarchies::default() {
+        None
+    } else {
+        let l = &plan.granted.limits;
+        Some(RunCgroup::create(&host.cgroups, run_id, l.memory_bytes, l.max_pids)?)
+    };
+
+    let fs = FsPolicy::new(
+        &plan.skill_dir,
+        &plan.entry,
+        run_dir.path(),
+        &plan.granted.fs_read,
+        &plan.granted.fs_write,
+        plan.granted.network,
+    );
+    let ll = landlock::prepare(host.landlock_abi, config.landlock, &fs)?;
+    degraded.extend(ll.degraded);
+    if config.landlock == LandlockMode::BestEffort && ll.fd.is_none() {
+        tracing::warn!("skill \"{skill}\": running without Landlock (best effort)");
+    }
+
+    let table = rlimit_table(plan, root);
+    let rlimits = table.iter().map(|(_, res, s, h)| (*res as u32, *s, *h)).collect();
+    let rlimit_report: BTreeMap<String, u64> =
+        table.iter().map(|(name, _, soft, _)| ((*name).to_owned(), *soft)).collect();
+
+    let capabilities = plan.granted.capabilities.iter().fold(0u64, |m, c| m | (1u64 << (c & 63)));
+    if !plan.run_as.switch && plan.granted.run_as.is_some() {
+        degraded.push(format!(
+            "identity: executor is not root; running as {} instead of {:?}",
+            plan.run_as.name, plan.granted.run_as
+        ));
+    }
+
+    let path = cstring(&skill, "entry", plan.entry.as_os_str().as_bytes())?;
+    let envp = plan
+        .env
+        .iter()
+        .map(|(k, v)| {
+            let mut kv = Vec::with_capacity(k.len() + v.len() + 1);
+            kv.extend_from_slice(k.as_bytes());
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            cstring(&skill, "environment", &kv)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let cwd = cstring(&skill, "run directory", run_dir.path().as_os_str().as_bytes())?;
+
+    let report = SandboxReport {
+        uid: plan.run_as.uid,
+        gid: plan.run_as.gid,
+        no_new_privs: true,
+        capabilities: plan
+            .granted
+            .capabilities
+            .iter()
+            .filter_map(|c| CAPABILITY_NAMES.get(usize::from(*c)).map(|s| (*s).to_owned()))
+            .collect(),
+        landlock: ll.report,
+        seccomp: true,
+        network: plan.granted.network,
+        cgroup: cgroup.as_ref().map(|c| c.report.clone()).unwrap_or_default(),
+        rlimits: rlimit_report,
+        degraded,
+    };
+    Ok(Prepared {
+        run_dir,
+        cgroup,
+        report,
+        landlock: ll.fd,
+        seccomp: seccomp::program(plan.granted.network),
+        rlimits,
+        identity: plan
+            .run_as
+            .switch
+            .then_some(Identity { uid: plan.run_as.uid, gid: plan.run_as.gid }),
+        capabilities,
+        cap_last: host.cap_last,
+        argv: vec![path.clone()],
+        path,
+        envp,
+        cwd,
+        skill,
+    })
+}
+
+/// A pipe whose ends are close-on-exec and numbered >= 3 (so `dup3` onto
+/// 0..2 in the child never meets its own source).
+fn pipe(skill: &str) -> Result<(OwnedFd, OwnedFd), SpawnError> {
+    let err = |e: nix::Error| SpawnError::Prepare {
+        skill: skill.to_owned(),
+        reason: format!("pipe: {e}"),
+    };
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(err)?;
+    // OwnedFd::try_clone duplicates with F_DUPFD_CLOEXEC starting at 3.
+    let high = |fd: OwnedFd| -> Result<OwnedFd, SpawnError> {
+        if fd.as_raw_fd() >= 3 {
+            return Ok(fd);
+        }
+        fd.try_clone().map_err(|e| SpawnError::Prepare {
+            skill: skill.to_owned(),
+            reason: format!("dup: {e}"),
+        })
+    };
+    Ok((high(r)?, high(w)?))
+}
+
+/// Spawn sequence steps 3 to 5: create the child, which applies the
+/// sandbox and execs the entry.
+///
+/// # Errors
+///
+/// [`SpawnError::Sandbox`] or [`SpawnError::Exec`] naming the step.
+pub fn spawn(prep: &Prepared, entry: &Path) -> Result<Child, SpawnError> {
+    let skill = prep.skill.as_str();
+    let (stdin_r, stdin_w) = pipe(skill)?;
+    let (stdout_r, stdout_w) = pipe(skill)?;
+    let (stderr_r, stderr_w) = pipe(skill)?;
+    let argv: Vec<*const c_char> =
+        prep.argv.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    let envp: Vec<*const c_char> =
+        prep.envp.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    let procs: Vec<RawFd> = prep.cgroup.as_ref().map(RunCgroup::procs_fds).unwrap_or_default();
+    let spec = ChildSpec {
+        path: &prep.path,
+        argv: &argv,
+        envp: &envp,
+        stdio: [stdin_r.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()],
+        cwd: &prep.cwd,
+        cgroup_procs: &procs,
+        rlimits: &prep.rlimits,
+        identity: prep.identity,
+        capabilities: prep.capabilities,
+        cap_last: prep.cap_last,
+        landlock: prep.landlock.as_ref().map(AsRawFd::as_raw_fd),
+        seccomp: &prep.seccomp,
+        parent: nix::unistd::getpid().as_raw(),
+    };
+    // Steps 3-5 (in the child): see sys::child.
+    let spawned = sys::child::spawn(&spec).map_err(|SpawnFailure { step, errno }| {
+        if step == Step::Exec {
+            SpawnError::Exec { skill: skill.to_owned(), entry: entry.to_owned(), errno }
+        } else {
+            SpawnError::Sandbox { skill: skill.to_owned(), step, errno }
+        }
+    })?;
+    drop((stdin_r, stdout_w, stderr_w));
+    Ok(Child {
+        pid: spawned.pid,
+        pidfd: spawned.pidfd,
+        stdin: stdin_w,
+        stdout: stdout_r,
+        stderr: stderr_r,
+    })
+}

@@ -1,0 +1,340 @@
+//! Spawn sequence steps 6 and 7: feed stdin, collect stdout and stderr
+//! within their bounds, enforce the deadline, and kill the whole tree on
+//! any end.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::os::fd::{AsFd, OwnedFd};
+use std::pin::pin;
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::time::{sleep_until, Instant};
+
+use crate::cgroup::RunCgroup;
+use crate::reaper::Reaper;
+use crate::spawn::Child;
+use crate::sys::process::{self, Exit};
+
+/// How long pipes may stay open after the main process ended and the tree
+/// was killed (a process we could not kill still holding them).
+const DRAIN: Duration = Duration::from_secs(2);
+const READ_CHUNK: usize = 64 << 10;
+
+/// Why supervision stopped the run, if it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The main process ended by itself.
+    None,
+    /// Stdout went over its cap.
+    OutputLimit,
+    /// The wall-clock deadline passed.
+    WallTime,
+    /// The caller cancelled.
+    Cancelled,
+}
+
+/// Bounds of one supervision.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// Wall-clock timeout.
+    pub timeout: Duration,
+    /// Grace between SIGTERM and SIGKILL.
+    pub grace: Duration,
+    /// Stdout cap, bytes.
+    pub stdout_bytes: u64,
+    /// Stderr kept (tail) and streamed, bytes.
+    pub stderr_bytes: u64,
+    /// Longest stderr line streamed.
+    pub stderr_line_bytes: u64,
+}
+
+/// What supervision saw.
+#[derive(Debug)]
+pub struct Supervised {
+    /// How the main process ended.
+    pub exit: Exit,
+    /// Why we stopped it, if we did.
+    pub stop: Stop,
+    /// Stdout (at most the cap).
+    pub stdout: Vec<u8>,
+    /// Tail of stderr.
+    pub stderr: String,
+    /// Stderr bytes not kept.
+    pub stderr_dropped: u64,
+}
+
+/// The run's process tree: the cgroup when there is one, else the session's
+/// process group (the child called `setsid`, so its pgid is its pid).
+struct Tree<'a> {
+    cgroup: Option<&'a RunCgroup>,
+    pid: i32,
+    pidfd: &'a OwnedFd,
+}
+
+impl Tree<'_> {
+    fn terminate(&self) {
+        let _ = process::pidfd_signal(self.pidfd.as_fd(), libc::SIGTERM);
+        let _ = process::pidfd_signal(self.pidfd.as_fd(), libc::SIGCONT);
+        match self.cgroup.filter(|c| c.can_kill()) {
+            Some(cg) => cg.terminate(),
+            None => {
+                let _ = killpg(Pid::from_raw(self.pid), Signal::SIGTERM);
+                let _ = killpg(Pid::from_raw(self.pid), Signal::SIGCONT);
+            }
+        }
+    }
+
+    fn kill(&self) {
+        let _ = process::pidfd_signal(self.pidfd.as_fd(), libc::SIGKILL);
+        match self.cgroup.filter(|c| c.can_kill()) {
+            Some(cg) => cg.kill(),
+            None => {
+                let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+async fn write_stdin(fd: OwnedFd, args: &[u8]) {
+    let Ok(mut tx) = pipe::Sender::from_owned_fd(fd) else { return };
+    // EPIPE (the skill does not read stdin) is not an error of the run.
+    let _ = tx.write_all(args).await;
+}
+
+/// Reads stdout up to `cap`; `Err` with what was read once it goes over.
+async fn read_stdout(fd: OwnedFd, cap: u64) -> Result<Vec<u8>, Vec<u8>> {
+    let mut out = Vec::new();
+    let Ok(mut rx) = pipe::Receiver::from_owned_fd(fd) else { return Ok(out) };
+    let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => return Ok(out),
+            Ok(n) => {
+                if out.len() + n > cap {
+                    return Err(out);
+                }
+                out.extend_from_slice(buf.get(..n).unwrap_or_default());
+            }
+        }
+    }
+}
+
+/// Stderr as lines: each streamed to the sink (cut at the line bound) until
+/// the total bound, the tail kept in a ring.
+struct StderrLines<'s> {
+    sink: &'s mut (dyn FnMut(&str) + Send),
+    line: Vec<u8>,
+    line_cut: bool,
+    line_max: usize,
+    streamed: u64,
+    total_max: u64,
+    tail: VecDeque<u8>,
+    dropped: u64,
+}
+
+impl StderrLines<'_> {
+    fn push(&mut self, bytes: &[u8]) {
+        for chunk in bytes.split_inclusive(|b| *b == b'\n') {
+            let (body, ends) = match chunk.strip_suffix(b"\n") {
+                Some(body) => (body, true),
+                None => (chunk, false),
+            };
+            let room = self.line_max.saturating_sub(self.line.len());
+            if body.len() > room {
+                self.line_cut = true;
+            }
+            self.line.extend_from_slice(body.get(..room.min(body.len())).unwrap_or_default());
+            if ends {
+                self.finish_line();
+            }
+        }
+    }
+
+    fn finish_line(&mut self) {
+        let mut text = String::from_utf8_lossy(&self.line).into_owned();
+        if self.line_cut {
+            text.push_str(" [line truncated]");
+        }
+        self.line.clear();
+        self.line_cut = false;
+        let len = text.len() as u64 + 1;
+        if self.streamed < self.total_max {
+            self.streamed += len;
+            (self.sink)(&text);
+            if self.streamed >= self.total_max {
+                (self.sink)("[stderr: further lines not streamed]");
+            }
+        }
+        self.tail.extend(text.as_bytes());
+        self.tail.push_back(b'\n');
+        let max = usize::try_from(self.total_max).unwrap_or(usize::MAX);
+        if self.tail.len() > max {
+            let cut = self.tail.len() - max;
+            self.tail.drain(..cut);
+            self.dropped += cut as u64;
+        }
+    }
+}
+
+async fn read_stderr(fd: OwnedFd, lines: &mut StderrLines<'_>) {
+    let Ok(mut rx) = pipe::Receiver::from_owned_fd(fd) else { return };
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => lines.push(buf.get(..n).unwrap_or_default()),
+        }
+    }
+    if !lines.line.is_empty() {
+        lines.finish_line();
+    }
+}
+
+async fn wait_exit(pidfd: &AsyncFd<OwnedFd>, reaper: &Reaper, pid: i32) -> Exit {
+    loop {
+        match pidfd.readable().await {
+            Ok(mut guard) => {
+                if let Some(exit) = reaper.collect(pid) {
+                    return exit;
+                }
+                guard.clear_ready();
+            }
+            Err(_) => {
+                // Cannot poll the pidfd: fall back to a short poll loop.
+                if let Some(exit) = reaper.collect(pid) {
+                    return exit;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+}
+
+/// Supervises `child` until it and its whole tree are gone.
+pub async fn supervise(
+    child: Child,
+    args: &[u8],
+    cgroup: Option<&RunCgroup>,
+    reaper: &Reaper,
+    bounds: Bounds,
+    sink: &mut (dyn FnMut(&str) + Send),
+    cancel: impl Future<Output = ()>,
+) -> Supervised {
+    let Child { pid, pidfd, stdin, stdout, stderr } = child;
+    reaper.track(pid);
+    let start = Instant::now();
+    let deadline = start + bounds.timeout;
+    let hard_deadline = deadline + bounds.grace;
+    let kill_fd = pidfd.try_clone().ok();
+    let pidfd = match process::async_pidfd(pidfd) {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            tracing::warn!("pidfd not pollable: {e}");
+            None
+        }
+    };
+    let Some(pidfd) = pidfd else {
+        // Without a pollable pidfd nothing can be supervised: kill and reap.
+        let _ = kill_fd.as_ref().map(|fd| process::pidfd_signal(fd.as_fd(), libc::SIGKILL));
+        let exit = loop {
+            if let Some(e) = reaper.collect(pid) {
+                break e;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        return Supervised {
+            exit,
+            stop: Stop::Cancelled,
+            stdout: Vec::new(),
+            stderr: String::new(),
+            stderr_dropped: 0,
+        };
+    };
+    let tree = Tree { cgroup, pid, pidfd: pidfd.get_ref() };
+
+    let mut lines = StderrLines {
+        sink,
+        line: Vec::new(),
+        line_cut: false,
+        line_max: usize::try_from(bounds.stderr_line_bytes).unwrap_or(usize::MAX),
+        streamed: 0,
+        total_max: bounds.stderr_bytes,
+        tail: VecDeque::new(),
+        dropped: 0,
+    };
+    let (stop, exit, stdout_out) = {
+        let mut stdin_fut = pin!(write_stdin(stdin, args));
+        let mut stdout_fut = pin!(read_stdout(stdout, bounds.stdout_bytes));
+        let mut stderr_fut = pin!(read_stderr(stderr, &mut lines));
+        let mut cancel = pin!(cancel);
+
+        let mut stop = Stop::None;
+        let mut exit: Option<Exit> = None;
+        let mut stdout_out: Option<Vec<u8>> = None;
+        let (mut stdin_done, mut stderr_done, mut cancelled) = (false, false, false);
+        let mut kill_at: Option<Instant> = None;
+        let mut killed = false;
+        let mut drain_until = hard_deadline;
+
+        while exit.is_none() || stdout_out.is_none() || !stderr_done {
+            tokio::select! {
+                () = &mut stdin_fut, if !stdin_done => stdin_done = true,
+                r = &mut stdout_fut, if stdout_out.is_none() => {
+                    match r {
+                        Ok(out) => stdout_out = Some(out),
+                        Err(out) => {
+                            if stop == Stop::None {
+                                stop = Stop::OutputLimit;
+                            }
+                            tree.kill();
+                            killed = true;
+                            stdout_out = Some(out);
+                        }
+                    }
+                }
+                () = &mut stderr_fut, if !stderr_done => stderr_done = true,
+                e = wait_exit(&pidfd, reaper, pid), if exit.is_none() => {
+                    exit = Some(e);
+                    // Step 7: the main process is gone; its leftovers go now.
+                    tree.kill();
+                    killed = true;
+                    drain_until = (Instant::now() + DRAIN).min(hard_deadline.max(Instant::now()));
+                }
+                () = sleep_until(deadline), if stop == Stop::None && kill_at.is_none() && exit.is_none() => {
+                    stop = Stop::WallTime;
+                    tree.terminate();
+                    kill_at = Some(Instant::now() + bounds.grace);
+                }
+                () = sleep_until(kill_at.unwrap_or(hard_deadline)), if kill_at.is_some() && !killed => {
+                    tree.kill();
+                    killed = true;
+                }
+                () = &mut cancel, if !cancelled => {
+                    cancelled = true;
+                    if stop == Stop::None {
+                        stop = Stop::Cancelled;
+                    }
+                    tree.kill();
+                    killed = true;
+                }
+                () = sleep_until(drain_until), if exit.is_some() => break,
+            }
+        }
+        (stop, exit, stdout_out)
+    };
+    tree.kill();
+    let stderr = String::from_utf8_lossy(lines.tail.make_contiguous()).into_owned();
+    Supervised {
+        exit: exit.unwrap_or(Exit { code: None, signal: None, cpu_us: 0 }),
+        stop,
+        stdout: stdout_out.unwrap_or_default(),
+        stderr,
+        stderr_dropped: lines.dropped,
+    }
+}

@@ -1,0 +1,448 @@
+//! Spawning the skill: `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD)` and the
+//! child's allocation-free sequence of raw system calls up to `execve`.
+//!
+//! Why this shape (see the crate docs, "Spawn sequence"): a `CLONE_VM` child
+//! costs the same whatever the executor's size (no page tables are copied,
+//! unlike `fork`), and `CLONE_VFORK` suspends the calling thread until the
+//! child has exec'd or exited, so the child can report a failure by writing
+//! into the parent's memory. The child runs on a stack the parent allocated,
+//! uses only values the parent built ([`ChildSpec`]) and only raw
+//! `syscall(2)`s: never glibc's `setuid` family (which signals every thread
+//! of the shared address space), never the allocator.
+
+use std::ffi::{c_char, c_int, c_long, c_void, CStr};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+
+/// The child's steps, in order. A failure reports the step and the errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Step {
+    /// `clone` itself (in the parent).
+    Clone = 1,
+    /// `setsid`: new session, no controlling terminal.
+    Setsid,
+    /// Joining the run's cgroups (`cgroup.procs`).
+    Cgroup,
+    /// `dup3` of the pipes onto fds 0, 1, 2.
+    Stdio,
+    /// `close_range(3, ~0, CLOSE_RANGE_CLOEXEC)`.
+    CloseFds,
+    /// `chdir` into the per-run directory.
+    Chdir,
+    /// `prlimit64` of each resource limit.
+    Rlimits,
+    /// `PR_SET_NO_NEW_PRIVS`.
+    NoNewPrivs,
+    /// `setgroups(0, NULL)`.
+    Setgroups,
+    /// `PR_CAPBSET_DROP` of every capability not granted.
+    CapBounding,
+    /// `PR_SET_KEEPCAPS` (only when capabilities are granted).
+    KeepCaps,
+    /// `setresgid`.
+    Setresgid,
+    /// `setresuid`.
+    Setresuid,
+    /// `capset` to exactly the granted capabilities.
+    Capset,
+    /// Ambient capabilities: clear, then raise the granted ones.
+    Ambient,
+    /// `PR_SET_PDEATHSIG(SIGKILL)` and the parent check.
+    ParentDeath,
+    /// `landlock_restrict_self`.
+    Landlock,
+    /// `seccomp(SECCOMP_SET_MODE_FILTER)`.
+    Seccomp,
+    /// `execve` of the entry.
+    Exec,
+}
+
+impl Step {
+    const ALL: [Step; 19] = [
+        Step::Clone,
+        Step::Setsid,
+        Step::Cgroup,
+        Step::Stdio,
+        Step::CloseFds,
+        Step::Chdir,
+        Step::Rlimits,
+        Step::NoNewPrivs,
+        Step::Setgroups,
+        Step::CapBounding,
+        Step::KeepCaps,
+        Step::Setresgid,
+        Step::Setresuid,
+        Step::Capset,
+        Step::Ambient,
+        Step::ParentDeath,
+        Step::Landlock,
+        Step::Seccomp,
+        Step::Exec,
+    ];
+
+    fn from_u32(v: u32) -> Option<Step> {
+        Step::ALL.into_iter().find(|s| *s as u32 == v)
+    }
+
+    /// What the step does, for error messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Step::Clone => "clone",
+            Step::Setsid => "setsid",
+            Step::Cgroup => "join the run's cgroup",
+            Step::Stdio => "set up stdin/stdout/stderr",
+            Step::CloseFds => "close inherited file descriptors",
+            Step::Chdir => "enter the per-run directory",
+            Step::Rlimits => "set resource limits",
+            Step::NoNewPrivs => "set no_new_privs",
+            Step::Setgroups => "clear supplementary groups",
+            Step::CapBounding => "drop the capability bounding set",
+            Step::KeepCaps => "keep granted capabilities",
+            Step::Setresgid => "switch to the run-as group",
+            Step::Setresuid => "switch to the run-as user",
+            Step::Capset => "set capabilities",
+            Step::Ambient => "set ambient capabilities",
+            Step::ParentDeath => "set the parent-death signal",
+            Step::Landlock => "enforce the Landlock ruleset",
+            Step::Seccomp => "install the seccomp filter",
+            Step::Exec => "execute the entry",
+        }
+    }
+}
+
+/// The user and group the child switches to (the executor is root).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// Real, effective and saved uid.
+    pub uid: u32,
+    /// Real, effective and saved gid; supplementary groups are cleared.
+    pub gid: u32,
+}
+
+/// Everything the child needs, built by the parent before `clone`.
+///
+/// Pointers in `argv` and `envp` must point into `CString`s that outlive the
+/// [`spawn`] call; both arrays must end with a null pointer.
+#[derive(Debug)]
+pub struct ChildSpec<'a> {
+    /// Absolute path of the entry.
+    pub path: &'a CStr,
+    /// Null-terminated argv (`[entry, NULL]`: args never go into argv).
+    pub argv: &'a [*const c_char],
+    /// Null-terminated environment, exactly the allowed names.
+    pub envp: &'a [*const c_char],
+    /// Child ends of the stdin, stdout and stderr pipes; all must be >= 3.
+    pub stdio: [RawFd; 3],
+    /// The per-run directory.
+    pub cwd: &'a CStr,
+    /// Open `cgroup.procs` files the child writes "0" to.
+    pub cgroup_procs: &'a [RawFd],
+    /// `(RLIMIT_*, soft, hard)`.
+    pub rlimits: &'a [(u32, u64, u64)],
+    /// `Some` when the executor is root: switch user, clear the bounding set.
+    pub identity: Option<Identity>,
+    /// Bit mask of the capabilities to keep (bit n = capability n).
+    pub capabilities: u64,
+    /// Highest capability number the kernel knows.
+    pub cap_last: u32,
+    /// Landlock ruleset to enforce.
+    pub landlock: Option<RawFd>,
+    /// Classic BPF seccomp program; empty = none.
+    pub seccomp: &'a [libc::sock_filter],
+    /// The executor's pid, checked after `PR_SET_PDEATHSIG`.
+    pub parent: libc::pid_t,
+}
+
+/// A child that was created and has exec'd.
+#[derive(Debug)]
+pub struct Spawned {
+    /// Its pid (stays ours until reaped).
+    pub pid: libc::pid_t,
+    /// Its pidfd (`CLONE_PIDFD`, close-on-exec).
+    pub pidfd: OwnedFd,
+}
+
+/// Which step failed and why; nothing is left running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpawnFailure {
+    /// The failed step.
+    pub step: Step,
+    /// The errno it got.
+    pub errno: i32,
+}
+
+/// Memory shared with the `CLONE_VM` child.
+struct Shared<'s, 'a> {
+    spec: &'s ChildSpec<'a>,
+    fprog: libc::sock_fprog,
+    step: AtomicU32,
+    errno: AtomicI32,
+}
+
+/// The kernel's `struct sigaction` for `rt_sigaction` (x86_64 layout).
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CHILD_STACK_BYTES: usize = 256 << 10;
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+const SECCOMP_SET_MODE_FILTER: c_long = 1;
+const CLOSE_RANGE_CLOEXEC: c_long = 1 << 2;
+
+fn errno() -> i32 {
+    // SAFETY: __errno_location returns a valid pointer to the calling
+    // thread's errno (in the child: the suspended parent thread's, which is
+    // what posix_spawn relies on too).
+    unsafe { *libc::__errno_location() }
+}
+
+/// Checks a raw syscall result: -1 → the errno, tagged with `step`.
+fn check(ret: c_long, step: Step) -> Result<c_long, (Step, i32)> {
+    if ret == -1 {
+        Err((step, errno()))
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Creates the child and runs [`ChildSpec`] in it up to `execve`.
+///
+/// Blocks the calling thread until the child has exec'd or failed. Every
+/// signal is blocked around `clone` so no handler of the executor ever runs
+/// on the child's stack; the child resets all dispositions to default and
+/// unblocks everything before exec.
+///
+/// # Errors
+///
+/// [`SpawnFailure`] with the step and errno; the failed child is reaped.
+pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
+    let bad = SpawnFailure { step: Step::Clone, errno: libc::EINVAL };
+    if spec.argv.last().is_none_or(|p| !p.is_null())
+        || spec.envp.last().is_none_or(|p| !p.is_null())
+        || spec.stdio.iter().any(|fd| *fd < 3)
+        || spec.seccomp.len() > usize::from(u16::MAX)
+    {
+        return Err(bad);
+    }
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(spec.seccomp.len()).map_err(|_| bad)?,
+        filter: spec.seccomp.as_ptr().cast_mut(),
+    };
+    let shared = Shared { spec, fprog, step: AtomicU32::new(0), errno: AtomicI32::new(0) };
+    let mut stack = vec![0u8; CHILD_STACK_BYTES];
+    // The stack grows down: pass its 16-byte aligned top.
+    let top = {
+        let end = stack.as_mut_ptr_range().end as usize;
+        (end & !15) as *mut c_void
+    };
+    let mut pidfd: c_int = -1;
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
+
+    // SAFETY: sigfillset initialises the set it is given; pthread_sigmask
+    // only reads `all` and writes `old`, both valid locals.
+    let old = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        old
+    };
+    // SAFETY: `child_main` only reads `shared` (alive on this frame until
+    // clone returns, which CLONE_VFORK delays until the child exec'd or
+    // exited) and runs on `stack`, which outlives the child's use of it.
+    // With CLONE_PIDFD the kernel stores the pidfd through the parent_tid
+    // argument, a valid `c_int`.
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            top,
+            flags,
+            (&raw const shared).cast_mut().cast::<c_void>(),
+            &raw mut pidfd,
+        )
+    };
+    let clone_errno = errno();
+    // SAFETY: restores the mask saved above; `old` is a valid sigset_t.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+    drop(stack);
+    if pid == -1 {
+        return Err(SpawnFailure { step: Step::Clone, errno: clone_errno });
+    }
+    // SAFETY: on success the kernel stored a new pidfd that nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    let step = shared.step.load(Ordering::Acquire);
+    if step != 0 {
+        let errno = shared.errno.load(Ordering::Acquire);
+        let _ = super::process::wait(pid, false);
+        return Err(SpawnFailure { step: Step::from_u32(step).unwrap_or(Step::Exec), errno });
+    }
+    Ok(Spawned { pid, pidfd })
+}
+
+extern "C" fn child_main(arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the `&Shared` passed to clone by `spawn`, which is
+    // suspended (CLONE_VFORK) and keeps it alive while this runs.
+    let shared = unsafe { &*arg.cast::<Shared<'_, '_>>() };
+    if let Err((step, errno)) = run(shared) {
+        shared.errno.store(errno, Ordering::Release);
+        shared.step.store(step as u32, Ordering::Release);
+    }
+    // SAFETY: _exit ends only this child (exit_group of its own thread group)
+    // without running atexit handlers or touching the shared heap.
+    unsafe { libc::_exit(127) }
+}
+
+/// The child's sequence (crate docs, spawn sequence step 4 and 5). Returns
+/// only on failure.
+fn run(shared: &Shared<'_, '_>) -> Result<(), (Step, i32)> {
+    let spec = shared.spec;
+    // SAFETY: every call below is a raw syscall whose pointer arguments
+    // point to locals of this frame or to data the parent keeps alive
+    // (`spec`, `shared`) for the duration of the child; none allocates.
+    unsafe {
+        // Step 4a: default signal dispositions, empty mask.
+        let dfl = KernelSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 };
+        for sig in 1..=64 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::syscall(libc::SYS_rt_sigaction, sig, &raw const dfl, 0usize, 8usize);
+            }
+        }
+        let empty: u64 = 0;
+        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &raw const empty, 0usize, 8);
+        // Step 4b: new session, no controlling terminal.
+        check(libc::syscall(libc::SYS_setsid), Step::Setsid)?;
+        // Step 4c: cgroups (v2 leaf for the tree kill, v1 leaves for limits).
+        for fd in spec.cgroup_procs {
+            let n = libc::syscall(libc::SYS_write, *fd, c"0".as_ptr(), 1usize);
+            if n != 1 {
+                return Err((Step::Cgroup, errno()));
+            }
+        }
+        // Step 4d: stdio, then every other fd close-on-exec.
+        for (target, fd) in (0..).zip(spec.stdio) {
+            check(libc::syscall(libc::SYS_dup3, fd, target, 0), Step::Stdio)?;
+        }
+        check(
+            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC),
+            Step::CloseFds,
+        )?;
+        check(libc::syscall(libc::SYS_chdir, spec.cwd.as_ptr()), Step::Chdir)?;
+        // Step 4e: resource limits.
+        for (resource, soft, hard) in spec.rlimits {
+            let lim = libc::rlimit64 { rlim_cur: *soft, rlim_max: *hard };
+            check(
+                libc::syscall(libc::SYS_prlimit64, 0, *resource, &raw const lim, 0usize),
+                Step::Rlimits,
+            )?;
+        }
+        // Step 4f: no_new_privs.
+        check(
+            libc::syscall(libc::SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0),
+            Step::NoNewPrivs,
+        )?;
+        // Step 4g: the run-as user, and only the granted capabilities.
+        if let Some(id) = spec.identity {
+            check(libc::syscall(libc::SYS_setgroups, 0, 0usize), Step::Setgroups)?;
+            for cap in 0..=spec.cap_last.min(63) {
+                if spec.capabilities & (1u64 << cap) == 0 {
+                    check(
+                        libc::syscall(libc::SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0),
+                        Step::CapBounding,
+                    )?;
+                }
+            }
+            if spec.capabilities != 0 {
+                check(
+                    libc::syscall(libc::SYS_prctl, libc::PR_SET_KEEPCAPS, 1, 0, 0, 0),
+                    Step::KeepCaps,
+                )?;
+            }
+            check(libc::syscall(libc::SYS_setresgid, id.gid, id.gid, id.gid), Step::Setresgid)?;
+            check(libc::syscall(libc::SYS_setresuid, id.uid, id.uid, id.uid), Step::Setresuid)?;
+        }
+        let header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+        let lo = (spec.capabilities & 0xffff_ffff) as u32;
+        let hi = (spec.capabilities >> 32) as u32;
+        let data = [
+            CapData { effective: lo, permitted: lo, inheritable: lo },
+            CapData { effective: hi, permitted: hi, inheritable: hi },
+        ];
+        check(libc::syscall(libc::SYS_capset, &raw const header, data.as_ptr()), Step::Capset)?;
+        check(
+            libc::syscall(
+                libc::SYS_prctl,
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                0,
+                0,
+                0,
+            ),
+            Step::Ambient,
+        )?;
+        for cap in 0..64u32 {
+            if spec.capabilities & (1u64 << cap) != 0 {
+                check(
+                    libc::syscall(
+                        libc::SYS_prctl,
+                        libc::PR_CAP_AMBIENT,
+                        libc::PR_CAP_AMBIENT_RAISE,
+                        cap,
+                        0,
+                        0,
+                    ),
+                    Step::Ambient,
+                )?;
+            }
+        }
+        // Step 4h: die with the executor. Set after the uid change, which
+        // clears it; the parent check closes the race with an executor that
+        // died before.
+        check(
+            libc::syscall(libc::SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0),
+            Step::ParentDeath,
+        )?;
+        if libc::syscall(libc::SYS_getppid) != c_long::from(spec.parent) {
+            return Err((Step::ParentDeath, libc::ESRCH));
+        }
+        // Step 4i: Landlock, then seccomp last (it would deny nothing we
+        // still need, but keeping it last keeps the filter minimal).
+        if let Some(fd) = spec.landlock {
+            check(libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32), Step::Landlock)?;
+        }
+        if !spec.seccomp.is_empty() {
+            check(
+                libc::syscall(
+                    libc::SYS_seccomp,
+                    SECCOMP_SET_MODE_FILTER,
+                    0u32,
+                    &raw const shared.fprog,
+                ),
+                Step::Seccomp,
+            )?;
+        }
+        // Step 5: exec.
+        libc::syscall(libc::SYS_execve, spec.path.as_ptr(), spec.argv.as_ptr(), spec.envp.as_ptr());
+        Err((Step::Exec, errno()))
+    }
+}

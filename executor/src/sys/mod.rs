@@ -1,0 +1,19 @@
+//! The only unsafe code of the workspace: raw system calls.
+//!
+//! Every function here is a thin wrapper around one kernel interface, with a
+//! `// SAFETY:` comment on each unsafe block. Decisions (which rights, which
+//! syscalls, which user) are made by the safe modules above; this module only
+//! applies them.
+//!
+//! # Async-signal-safety
+//!
+//! [`child`] runs in a `CLONE_VM | CLONE_VFORK` child that shares the
+//! executor's memory. Code on that path only issues raw system calls on
+//! values the parent built beforehand: no allocation, no locks, no glibc
+//! wrappers that touch shared state (glibc's `setuid` would broadcast to the
+//! parent's threads), no panics.
+#![allow(unsafe_code)]
+
+pub mod child;
+pub mod landlock;
+pub mod process;

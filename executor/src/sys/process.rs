@@ -1,0 +1,113 @@
+//! Waiting for, signalling and reaping processes.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// How a process ended, as `wait4` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    /// Exit status when it exited.
+    pub code: Option<i32>,
+    /// Signal number when a signal killed it.
+    pub signal: Option<i32>,
+    /// User + system CPU time it used, microseconds.
+    pub cpu_us: u64,
+}
+
+fn cpu_us(tv: libc::timeval) -> u64 {
+    let secs = u64::try_from(tv.tv_sec).unwrap_or(0);
+    let micros = u64::try_from(tv.tv_usec).unwrap_or(0);
+    secs.saturating_mul(1_000_000).saturating_add(micros)
+}
+
+/// `wait4(pid)`: reaps `pid` (any child with -1). `Ok(None)` when `nohang`
+/// and nothing has exited yet.
+///
+/// # Errors
+///
+/// The errno of `wait4` (`ECHILD`: not our child, or already reaped).
+pub fn wait(pid: libc::pid_t, nohang: bool) -> io::Result<Option<(libc::pid_t, Exit)>> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: rusage is plain data; zeroed is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let flags = if nohang { libc::WNOHANG } else { 0 } | libc::__WALL;
+    loop {
+        // SAFETY: status and usage are valid, writable locals.
+        let got = unsafe { libc::wait4(pid, &raw mut status, flags, &raw mut usage) };
+        if got == -1 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if got == 0 {
+            return Ok(None);
+        }
+        let exit = Exit {
+            code: libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)),
+            signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+            cpu_us: cpu_us(usage.ru_utime).saturating_add(cpu_us(usage.ru_stime)),
+        };
+        return Ok(Some((got, exit)));
+    }
+}
+
+/// `pidfd_send_signal(pidfd, sig)`. ESRCH (already gone) counts as success.
+///
+/// # Errors
+///
+/// Any other errno.
+pub fn pidfd_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: a raw syscall on a valid fd with no pointer arguments.
+    let r =
+        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), sig, 0usize, 0u32) };
+    if r == -1 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ESRCH) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Makes this process the reaper of its orphaned descendants
+/// (`PR_SET_CHILD_SUBREAPER`), so a skill's daemonised leftovers become
+/// our children and are reaped by us, not left as zombies of a PID 1 that
+/// may not reap (this machine's does not).
+///
+/// # Errors
+///
+/// The errno of `prctl`.
+pub fn set_child_subreaper() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if r == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Highest capability number the kernel knows (`/proc/sys/kernel/cap_last_cap`).
+pub fn cap_last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40)
+}
+
+/// Registers a pidfd with the tokio reactor (readable = the process ended).
+///
+/// # Errors
+///
+/// The registration error.
+pub fn async_pidfd(
+    pidfd: std::os::fd::OwnedFd,
+) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    // SAFETY: an OwnedFd is a valid open fd, stays open while the AsyncFd
+    // owns it, and always returns the same raw fd.
+    unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
+    }
+    .map_err(|e| e.into_parts().1)
+}
