@@ -1,1 +1,37 @@
-//! Test support for the cross-process suites (filled in by the sandbox suite).
+//! Test support for the cross-process suites of ongrid-skills.
+//!
+//! # Layout
+//!
+//! - [`host`]: what the host offers (root, the run-as user, sysctls) and the
+//!   `SKIP:` convention for cases this host cannot check.
+//! - [`skill`]: [`SkillDir`], a throw-away skill folder (manifest + entry)
+//!   that the run-as user can traverse.
+//! - [`config`]: [`Config`], the `executor.toml` a run is given.
+//! - [`run`]: [`Run`], one `ongrid-executor run --json` invocation, with its
+//!   report, wall time and the executor's peak memory.
+//! - [`procs`]: `/proc` and cgroup scans proving nothing of a run survives it.
+//! - [`victim`]: [`Victim`], a process outside the sandbox, owned by the
+//!   run-as user, that sandboxed skills try to signal, trace or read.
+//! - [`lock`]: serialises the resource-heavy cases.
+//!
+//! # Test strategy
+//!
+//! Every sandbox case runs a real skill (usually the `attack` binary of this
+//! crate, which makes one escape attempt and prints what happened as JSON)
+//! under the real executor binary, then asserts the run's outcome, the
+//! attempt's result, and that no process of the run is left. An attempt
+//! reports `"succeeded": true` when the escape worked, so a missing sandbox
+//! layer fails the case instead of passing it vacuously.
+
+pub mod config;
+pub mod host;
+pub mod lock;
+pub mod procs;
+pub mod run;
+pub mod skill;
+pub mod victim;
+
+pub use config::Config;
+pub use run::Run;
+pub use skill::SkillDir;
+pub use victim::Victim;

@@ -1,0 +1,118 @@
+//! Network confinement (§(b) 22, 23): without the grant nothing leaves the
+//! box, not even to loopback listeners this test opens; with the grant TCP
+//! and UDP work.
+
+use std::io::ErrorKind;
+use std::net::{TcpListener, UdpSocket};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener};
+
+use ongrid_tests::{host, Config};
+use serde_json::json;
+
+use crate::{allowed, args, attack, blocked, blocked_with, no_leftovers, shared};
+
+fn nothing_accepted(l: &TcpListener) {
+    l.set_nonblocking(true).expect("nonblocking");
+    match l.accept() {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        other => panic!("the listener got a connection from the sandbox: {other:?}"),
+    }
+}
+
+fn nothing_received(s: &UdpSocket) {
+    s.set_nonblocking(true).expect("nonblocking");
+    let mut buf = [0u8; 64];
+    match s.recv_from(&mut buf) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        other => panic!("a datagram from the sandbox arrived: {other:?}"),
+    }
+}
+
+/// §(b) 22: TCP to a loopback listener fails without the grant (v4 and v6).
+#[test]
+fn tcp_to_loopback_fails_without_grant() {
+    let Some(g) = shared("tcp_to_loopback_fails_without_grant") else { return };
+    let skill = attack("tcp");
+    for bind in ["127.0.0.1:0", "[::1]:0"] {
+        let Ok(l) = TcpListener::bind(bind) else {
+            host::skip("tcp_to_loopback_fails_without_grant", &format!("cannot bind {bind}"));
+            continue;
+        };
+        let addr = l.local_addr().expect("addr").to_string();
+        let run = skill.run(&Config::new(), &args("tcp_connect", json!({"addr": addr})));
+        blocked(&run);
+        nothing_accepted(&l);
+    }
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 22: UDP to a loopback socket fails without the grant.
+#[test]
+fn udp_to_loopback_fails_without_grant() {
+    let Some(g) = shared("udp_to_loopback_fails_without_grant") else { return };
+    let skill = attack("udp");
+    let s = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+    let addr = s.local_addr().expect("addr").to_string();
+    let run = skill.run(&Config::new(), &args("udp_send", json!({"addr": addr})));
+    blocked(&run);
+    nothing_received(&s);
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 22: ICMP (ping socket and raw socket) fails without the grant.
+#[test]
+fn icmp_fails_without_grant() {
+    let Some(g) = shared("icmp_fails_without_grant") else { return };
+    let skill = attack("icmp");
+    for case in ["icmp", "raw_socket"] {
+        let run = skill.run(&Config::new(), &args(case, json!({"addr": "127.0.0.1"})));
+        blocked_with(&run, &[libc::EPERM, libc::EACCES, libc::EAFNOSUPPORT, libc::ENOSYS]);
+    }
+    no_leftovers(&skill, &g);
+}
+
+/// With `sandbox.network` granted, TCP and UDP to loopback work, and the
+/// report says so.
+#[test]
+fn granted_network_reaches_loopback() {
+    let Some(g) = shared("granted_network_reaches_loopback") else { return };
+    let skill = attack("net_granted").with("sandbox", json!({"network": true}));
+    let config = Config::new().grant(skill.name(), "network = true");
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind tcp");
+    let addr = l.local_addr().expect("addr").to_string();
+    let run = skill.run(&config, &args("tcp_connect", json!({"addr": addr})));
+    allowed(&run);
+    assert!(
+        run.report.sandbox.as_ref().is_some_and(|s| s.network),
+        "report: network not granted:\n{}",
+        run.dump()
+    );
+    l.set_nonblocking(true).expect("nonblocking");
+    assert!(l.accept().is_ok(), "granted TCP connect did not arrive");
+    let s = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+    let addr = s.local_addr().expect("addr").to_string();
+    let run = skill.run(&config, &args("udp_send", json!({"addr": addr})));
+    allowed(&run);
+    s.set_read_timeout(Some(std::time::Duration::from_secs(1))).expect("timeout");
+    let mut buf = [0u8; 64];
+    let (n, _) = s.recv_from(&mut buf).expect("granted datagram arrives");
+    assert_eq!(&buf[..n], b"ongrid-udp");
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 23: an abstract Unix socket outside the sandbox is unreachable
+/// (Landlock scope, ABI >= 6).
+#[test]
+fn abstract_unix_socket_is_unreachable() {
+    let Some(g) = shared("abstract_unix_socket_is_unreachable") else { return };
+    let skill = attack("abstract_unix");
+    let name = format!("ongrid-sbx-{}", skill.marker());
+    let l = UnixListener::bind_addr(&SocketAddr::from_abstract_name(&name).expect("name"))
+        .expect("bind abstract socket");
+    let run = skill.run(&Config::new(), &args("unix_abstract", json!({"name": name})));
+    blocked_with(&run, &[libc::EPERM, libc::EACCES]);
+    l.set_nonblocking(true).expect("nonblocking");
+    assert!(l.accept().is_err(), "the abstract socket got a connection from the sandbox");
+    no_leftovers(&skill, &g);
+}

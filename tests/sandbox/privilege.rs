@@ -1,0 +1,223 @@
+//! Privilege and kernel surface (§(b) 24-31): who the skill is, what it
+//! holds, and the syscalls and cross-process operations it is refused.
+
+use std::path::Path;
+
+use ongrid_tests::run::unsandboxed;
+use ongrid_tests::{host, Config, Victim};
+use serde_json::{json, Value};
+
+use crate::{args, attack, blocked, blocked_with, exclusive, no_leftovers, shared, syscall_denied};
+
+const CAPS: [&str; 5] = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"];
+
+fn assert_unprivileged(run: &ongrid_tests::Run, r: &Value) {
+    assert_eq!(r["status"]["NoNewPrivs"], json!("1"), "{}", run.dump());
+    for cap in CAPS {
+        assert_eq!(r["status"][cap], json!("0000000000000000"), "{cap} not empty:\n{}", run.dump());
+    }
+    let sb = run.report.sandbox.as_ref().expect("sandbox report");
+    assert!(sb.no_new_privs, "report: no_new_privs false:\n{}", run.dump());
+    assert!(sb.capabilities.is_empty(), "report: capabilities kept:\n{}", run.dump());
+}
+
+/// §(b) 29: the skill runs as `ongrid-skill` with no supplementary groups,
+/// and the report says so.
+#[test]
+fn runs_as_the_skill_user() {
+    let Some(g) = shared("runs_as_the_skill_user") else { return };
+    let (uid, gid) = host::skill_user();
+    let skill = attack("identity");
+    let run = skill.run(&Config::new(), &args("probe", json!({})));
+    let r = run.result();
+    for k in ["uid", "euid"] {
+        assert_eq!(r[k], json!(uid), "{k}:\n{}", run.dump());
+    }
+    for k in ["gid", "egid"] {
+        assert_eq!(r[k], json!(gid), "{k}:\n{}", run.dump());
+    }
+    assert_eq!(r["status"]["Groups"], json!(""), "supplementary groups kept:\n{}", run.dump());
+    let sb = run.report.sandbox.as_ref().expect("sandbox report");
+    assert_eq!((sb.uid, sb.gid), (uid, gid), "{}", run.dump());
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 29: NoNewPrivs 1 and every capability set empty.
+#[test]
+fn no_capabilities_and_no_new_privs() {
+    let Some(g) = shared("no_capabilities_and_no_new_privs") else { return };
+    let skill = attack("caps");
+    let run = skill.run(&Config::new(), &args("probe", json!({})));
+    assert_unprivileged(&run, run.result());
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 29: run as a granted root, every capability set is still empty.
+#[test]
+fn granted_root_has_no_capabilities() {
+    let Some(g) = shared("granted_root_has_no_capabilities") else { return };
+    let skill = attack("caps_root").with("sandbox", json!({"run_as": "root"}));
+    let config = Config::new().grant(skill.name(), "run_as = [\"root\"]");
+    let run = skill.run(&config, &args("probe", json!({})));
+    let r = run.result();
+    assert_eq!(r["uid"], json!(0), "{}", run.dump());
+    assert_unprivileged(&run, r);
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 28: only fds 0, 1 and 2 are open.
+#[test]
+fn only_standard_fds_are_open() {
+    let Some(g) = shared("only_standard_fds_are_open") else { return };
+    let skill = attack("fds");
+    let run = skill.run(&Config::new(), &args("probe", json!({})));
+    let fds: Vec<&String> = run.result()["fds"].as_object().expect("fds").keys().collect();
+    assert_eq!(fds, ["0", "1", "2"], "inherited fds:\n{}", run.dump());
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 26: no controlling terminal, own session.
+#[test]
+fn no_controlling_terminal_and_own_session() {
+    let Some(g) = shared("no_controlling_terminal_and_own_session") else { return };
+    let skill = attack("tty");
+    let run = skill.run(&Config::new(), &args("probe", json!({})));
+    let r = run.result();
+    assert_eq!(r["tty_nr"], json!(0), "controlling tty:\n{}", run.dump());
+    assert_eq!(r["session"], r["pid"], "not a session leader (no setsid):\n{}", run.dump());
+    no_leftovers(&skill, &g);
+}
+
+/// A seccomp filter is attached and reported.
+#[test]
+fn seccomp_filter_is_attached() {
+    let Some(g) = shared("seccomp_filter_is_attached") else { return };
+    let skill = attack("seccomp");
+    let run = skill.run(&Config::new(), &args("probe", json!({})));
+    assert_eq!(run.result()["status"]["Seccomp"], json!("2"), "{}", run.dump());
+    assert!(run.report.sandbox.as_ref().is_some_and(|s| s.seccomp), "{}", run.dump());
+    no_leftovers(&skill, &g);
+}
+
+/// One syscall the filter must deny. Where the attack works on this host
+/// outside the sandbox (as the same user), that is checked first, so the
+/// denial is the sandbox's doing.
+fn denied(name: &str, baseline: bool) {
+    let case = format!("syscall_{name}");
+    let Some(g) = shared(&case) else { return };
+    let a = args("syscall", json!({"name": name}));
+    if baseline {
+        let (uid, gid) = host::skill_user();
+        let base = unsandboxed(Path::new(crate::ATTACK), uid, gid, &a);
+        assert_eq!(
+            base["succeeded"],
+            json!(true),
+            "baseline: {name} fails even unsandboxed: {base}"
+        );
+    }
+    let skill = attack(&case);
+    let run = skill.run(&Config::new(), &a);
+    syscall_denied(&run);
+    no_leftovers(&skill, &g);
+}
+
+macro_rules! denied_syscalls {
+    ($($test:ident: $name:literal, $baseline:literal;)*) => {$(
+        #[doc = concat!("§(b) 24-30: seccomp denies `", $name, "`.")]
+        #[test]
+        fn $test() {
+            denied($name, $baseline);
+        }
+    )*};
+}
+
+denied_syscalls! {
+    seccomp_denies_io_uring_setup: "io_uring_setup", true;
+    seccomp_denies_keyctl: "keyctl", true;
+    seccomp_denies_add_key: "add_key", true;
+    seccomp_denies_unshare_newuser: "unshare_user", true;
+    seccomp_denies_clone_newns: "clone_newns", true;
+    seccomp_denies_clone3_newuser: "clone3_newuser", true;
+    seccomp_denies_int80_32bit_abi: "int80", true;
+    seccomp_denies_perf_event_open: "perf_event_open", true;
+    seccomp_denies_bpf: "bpf", false;
+    seccomp_denies_mount: "mount", false;
+    seccomp_denies_kexec_load: "kexec_load", false;
+    seccomp_denies_tiocsti: "tiocsti", false;
+    seccomp_denies_tiocsti_high_bits: "tiocsti_high", false;
+}
+
+fn victim() -> Victim {
+    let (uid, gid) = host::skill_user();
+    Victim::spawn(Path::new(crate::ATTACK), uid, gid)
+}
+
+/// §(b) 24: ptrace of a same-user process outside the sandbox fails (it
+/// works unsandboxed).
+#[test]
+fn ptrace_of_a_same_user_process_fails() {
+    let Some(g) = shared("ptrace_of_a_same_user_process_fails") else { return };
+    let mut v = victim();
+    let (uid, gid) = host::skill_user();
+    let a = args("ptrace", json!({"pid": v.pid}));
+    let base = unsandboxed(Path::new(crate::ATTACK), uid, gid, &a);
+    assert_eq!(base["succeeded"], json!(true), "baseline: ptrace fails unsandboxed: {base}");
+    let skill = attack("ptrace");
+    let run = skill.run(&Config::new(), &a);
+    blocked_with(&run, &[libc::EPERM, libc::EACCES, libc::ENOSYS]);
+    assert!(v.alive());
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 24: process_vm_readv of a same-user process outside the sandbox
+/// fails (it reads the secret unsandboxed).
+#[test]
+fn process_vm_readv_of_a_same_user_process_fails() {
+    let Some(g) = shared("process_vm_readv_of_a_same_user_process_fails") else { return };
+    let v = victim();
+    let (uid, gid) = host::skill_user();
+    let a = args("process_vm_readv", json!({"pid": v.pid, "addr": v.addr}));
+    let base = unsandboxed(Path::new(crate::ATTACK), uid, gid, &a);
+    assert_eq!(base["read"], json!("ONGRID-SECRET-01"), "baseline: read fails unsandboxed: {base}");
+    let skill = attack("vm_readv");
+    let run = skill.run(&Config::new(), &a);
+    blocked_with(&run, &[libc::EPERM, libc::EACCES, libc::ENOSYS]);
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 31: signalling a same-user process outside the sandbox fails.
+#[test]
+fn cannot_signal_a_same_user_process() {
+    let Some(g) = shared("cannot_signal_a_same_user_process") else { return };
+    let mut v = victim();
+    let skill = attack("signal");
+    let run = skill.run(&Config::new(), &args("kill", json!({"pid": v.pid})));
+    blocked_with(&run, &[libc::EPERM]);
+    assert!(v.alive(), "the victim was killed from inside the sandbox");
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 31: as granted root, signalling the executor side of the run fails.
+#[test]
+fn granted_root_cannot_signal_the_executor() {
+    let Some(g) = shared("granted_root_cannot_signal_the_executor") else { return };
+    let skill = attack("signal_executor").with("sandbox", json!({"run_as": "root"}));
+    let config = Config::new().grant(skill.name(), "run_as = [\"root\"]");
+    let run = skill.run(&config, &args("kill", json!({"pid": 0})));
+    blocked_with(&run, &[libc::EPERM]);
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 31: `kill(-1, SIGKILL)` reaches nothing outside the sandbox.
+#[test]
+fn kill_minus_one_spares_the_outside() {
+    let Some(g) = exclusive("kill_minus_one_spares_the_outside") else { return };
+    let mut v = victim();
+    let skill = attack("kill_all");
+    let run = skill.run(&Config::new(), &args("kill_all", json!({})));
+    blocked(&run);
+    assert!(v.alive(), "kill(-1) from the sandbox killed a process outside it");
+    let mut scope = g.scope();
+    scope.exclude.push(v.pid);
+    ongrid_tests::procs::assert_no_leftovers(&skill, &scope);
+}

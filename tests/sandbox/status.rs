@@ -1,0 +1,193 @@
+//! Outcome taxonomy and hostile bytes (§(b) 32-34).
+
+use std::os::unix::fs::PermissionsExt;
+
+use ongrid_tests::run::RunOptions;
+use ongrid_tests::{Config, SkillDir};
+use policy::Outcome;
+use serde_json::json;
+
+use crate::{args, attack, no_leftovers, shared};
+
+fn exit_case(case: &str, code: u64, stdout: &str, outcome: Outcome) -> Option<ongrid_tests::Run> {
+    let g = shared(case)?;
+    let skill = attack(case);
+    let run = skill.run(&Config::new(), &args("exit", json!({"code": code, "stdout": stdout})));
+    run.expect(outcome);
+    no_leftovers(&skill, &g);
+    Some(run)
+}
+
+/// §(b) 32: exit 0 with one JSON object = ok, result verbatim.
+#[test]
+fn exit_0_with_json_is_ok() {
+    let Some(run) = exit_case("exit_0", 0, r#"{"answer":42,"nested":{"a":[1,2]}}"#, Outcome::Ok)
+    else {
+        return;
+    };
+    assert_eq!(run.result(), &json!({"answer": 42, "nested": {"a": [1, 2]}}));
+    assert_eq!(run.report.exit_code, Some(0));
+}
+
+/// §(b) 32: a non-zero exit fails the run even with valid JSON on stdout.
+#[test]
+fn exit_1_is_exit_nonzero_even_with_json() {
+    let Some(run) = exit_case("exit_1", 1, "{}", Outcome::ExitNonzero) else { return };
+    assert_eq!(run.report.exit_code, Some(1), "{}", run.dump());
+    assert!(run.report.result.is_none(), "{}", run.dump());
+}
+
+/// §(b) 32: exit 255 is reported as 255.
+#[test]
+fn exit_255_is_exit_nonzero() {
+    let Some(run) = exit_case("exit_255", 255, "", Outcome::ExitNonzero) else { return };
+    assert_eq!(run.report.exit_code, Some(255), "{}", run.dump());
+}
+
+/// §(b) 32: SIGSEGV is `signaled` with signal 11.
+#[test]
+fn sigsegv_is_signaled_11() {
+    let Some(g) = shared("sigsegv") else { return };
+    let skill = attack("segv");
+    let run = skill.run(&Config::new(), &args("segv", json!({})));
+    run.expect(Outcome::Signaled);
+    assert_eq!(run.report.signal, Some(libc::SIGSEGV), "{}", run.dump());
+    assert_eq!(run.report.exit_code, None, "{}", run.dump());
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 32: a skill printing nothing, text, two JSON values, or invalid
+/// UTF-8 gives `invalid_result`.
+#[test]
+fn bad_stdout_is_invalid_result() {
+    for (case, stdout) in [
+        ("empty_stdout", ""),
+        ("text_stdout", "hello world"),
+        ("two_values", "{} {}"),
+        ("truncated_json", "{\"a\": [1, 2"),
+        ("bad_utf8", "{\"a\": \"\u{fffd}\"}"),
+    ] {
+        let Some(g) = shared(case) else { return };
+        let skill = if case == "bad_utf8" {
+            // Raw invalid UTF-8 bytes inside a JSON string.
+            SkillDir::script(case, "printf '{\"a\": \"\\377\\376\"}'")
+        } else {
+            attack(case)
+        };
+        let run = skill.run(&Config::new(), &args("exit", json!({"code": 0, "stdout": stdout})));
+        assert_eq!(run.outcome(), Outcome::InvalidResult, "{case}:\n{}", run.dump());
+        no_leftovers(&skill, &g);
+    }
+}
+
+/// §(b) 32: an entry without the execute bit never runs.
+#[test]
+fn non_executable_entry_does_not_run() {
+    let Some(g) = shared("non_executable_entry") else { return };
+    let skill = SkillDir::script("not_exec", "echo '{}'");
+    std::fs::set_permissions(skill.path().join("run.sh"), std::fs::Permissions::from_mode(0o644))
+        .expect("chmod");
+    let run = skill.run(&Config::new(), &json!({}));
+    assert!(matches!(run.outcome(), Outcome::Rejected | Outcome::SpawnFailed), "{}", run.dump());
+    assert!(run.report.error.is_some(), "{}", run.dump());
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 32: a missing entry never runs.
+#[test]
+fn missing_entry_does_not_run() {
+    let Some(g) = shared("missing_entry") else { return };
+    let skill = SkillDir::new("missing", "nope.sh");
+    let run = skill.run(&Config::new(), &json!({}));
+    assert!(matches!(run.outcome(), Outcome::Rejected | Outcome::SpawnFailed), "{}", run.dump());
+    no_leftovers(&skill, &g);
+}
+
+/// The entry must be root-owned and not group/world writable.
+#[test]
+fn writable_or_foreign_entry_is_rejected() {
+    let Some(g) = shared("writable_or_foreign_entry") else { return };
+    let skill = SkillDir::script("entry_writable", "echo '{}'");
+    std::fs::set_permissions(skill.path().join("run.sh"), std::fs::Permissions::from_mode(0o777))
+        .expect("chmod");
+    skill.run(&Config::new(), &json!({})).expect(Outcome::Rejected);
+    let skill = SkillDir::script("entry_foreign", "echo '{}'");
+    let (uid, gid) = ongrid_tests::host::skill_user();
+    std::os::unix::fs::chown(skill.path().join("run.sh"), Some(uid), Some(gid)).expect("chown");
+    skill.run(&Config::new(), &json!({})).expect(Outcome::Rejected);
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 33: a NUL inside a JSON string arrives intact.
+#[test]
+fn escaped_nul_in_args_arrives_intact() {
+    let Some(g) = shared("escaped_nul_in_args") else { return };
+    let skill = SkillDir::script("echo_nul", "exec /bin/cat");
+    let a = json!({"s": "a\u{0}b", "t": "é\u{1}"});
+    let run = skill.run(&Config::new(), &a);
+    assert_eq!(run.result(), &a, "{}", run.dump());
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 33: raw NUL bytes or non-JSON as args are `invalid_args`, and the
+/// skill never runs.
+#[test]
+fn hostile_args_bytes_are_invalid_args() {
+    let Some(g) = shared("hostile_args_bytes") else { return };
+    let skill = SkillDir::script("hostile_args", "exec /bin/cat");
+    for raw in [&b"{\"a\":\"x\0y\"}"[..], b"\0", b"{not json", b"\xff\xfe{}"] {
+        let run = skill.run_with(&Config::new(), RunOptions::raw(raw));
+        assert_eq!(run.outcome(), Outcome::InvalidArgs, "args {raw:?}:\n{}", run.dump());
+    }
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 33: 4 MiB of args streamed through a skill that writes while it
+/// reads (`cat`) do not deadlock stdin against stdout.
+#[test]
+fn large_args_echo_does_not_deadlock() {
+    let Some(g) = shared("large_args_echo") else { return };
+    let skill = SkillDir::script("echo_big", "exec /bin/cat").with("timeout_seconds", json!(10));
+    let a = json!({"blob": "z".repeat(4 << 20)});
+    let run = skill.run(&Config::new(), &a);
+    assert_eq!(run.result(), &a, "echo differs");
+    no_leftovers(&skill, &g);
+}
+
+/// A Python skill runs under the default sandbox.
+#[test]
+fn python_skill_runs() {
+    let Some(g) = shared("python_skill_runs") else { return };
+    let skill = SkillDir::new("python_ok", "run.py");
+    skill.write_file(
+        "run.py",
+        "#!/usr/bin/python3\nimport json, sys\nprint(json.dumps({'got': json.load(sys.stdin)}))\n",
+        0o755,
+    );
+    let run = skill.run(&Config::new(), &json!({"x": 1}));
+    assert_eq!(run.result(), &json!({"got": {"x": 1}}), "{}", run.dump());
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 34: parallel runs all succeed and leave nothing behind.
+#[test]
+fn parallel_runs_are_independent() {
+    let Some(g) = crate::exclusive("parallel_runs") else { return };
+    let before = ongrid_tests::procs::cgroup_dirs();
+    let skills: Vec<SkillDir> = (0..6).map(|i| attack(&format!("parallel_{i}"))).collect();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = skills
+            .iter()
+            .map(|sk| s.spawn(move || sk.run(&Config::new(), &args("sleep", json!({"ms": 300})))))
+            .collect();
+        for h in handles {
+            let run = h.join().expect("run thread");
+            assert_eq!(run.result()["slept_ms"], json!(300), "{}", run.dump());
+        }
+    });
+    for sk in &skills {
+        no_leftovers(sk, &g);
+    }
+    let leaked: Vec<_> = ongrid_tests::procs::cgroup_dirs().difference(&before).cloned().collect();
+    assert!(leaked.is_empty(), "cgroups leaked: {leaked:?}");
+}

@@ -1,0 +1,153 @@
+//! Deadlines and process trees (§(b) 6-12): every run ends by its deadline
+//! plus the kill grace, and takes its whole tree with it.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ongrid_tests::procs::leftovers;
+use ongrid_tests::run::executor_bin;
+use ongrid_tests::{Config, SkillDir};
+use policy::limits::KILL_GRACE;
+use policy::{LimitKind, Outcome};
+use serde_json::json;
+
+use crate::{args, attack, ended_within, exclusive, no_leftovers};
+
+const DEADLINE: Duration = Duration::from_secs(1);
+
+fn timed_out(case: &str, skill: &SkillDir) {
+    let Some(g) = exclusive(case) else { return };
+    let run = skill.run(&Config::new(), &json!({"case": case}));
+    run.expect(Outcome::Timeout);
+    assert_eq!(run.report.limit, Some(LimitKind::WallTime), "{}", run.dump());
+    assert!(
+        run.elapsed >= DEADLINE - Duration::from_millis(100),
+        "ended before the deadline:\n{}",
+        run.dump()
+    );
+    ended_within(&run, DEADLINE + KILL_GRACE);
+    no_leftovers(skill, &g);
+}
+
+fn timed_out_attack(case: &str) {
+    if ongrid_tests::host::is_root() {
+        timed_out(case, &attack(case).with("timeout_seconds", json!(1)));
+    } else {
+        ongrid_tests::host::skip(case, "needs root");
+    }
+}
+
+/// §(b) 6: sleeping forever uses no CPU; the wall deadline ends it.
+#[test]
+fn sleep_forever_hits_the_wall_deadline() {
+    timed_out_attack("sleep_forever");
+}
+
+/// §(b) 7: a SIGTERM ignorer is SIGKILLed after the grace.
+#[test]
+fn sigterm_ignorer_is_killed_after_the_grace() {
+    timed_out_attack("ignore_term");
+}
+
+/// §(b) 7: the same from a shell trap, with children inheriting the ignore.
+#[test]
+fn shell_sigterm_trap_is_killed_after_the_grace() {
+    if !ongrid_tests::host::is_root() {
+        return ongrid_tests::host::skip("shell_sigterm_trap", "needs root");
+    }
+    let skill = SkillDir::script("shell_trap", "trap '' TERM\nwhile :; do /bin/sleep 1; done")
+        .with("timeout_seconds", json!(1));
+    timed_out("shell_sigterm_trap", &skill);
+}
+
+/// §(b) 8: a self-stopped process (SIGTERM stays pending) is still killed.
+#[test]
+fn stopped_process_is_killed() {
+    timed_out_attack("sigstop");
+}
+
+/// §(b) 8: a stopped child of a SIGTERM-ignoring parent is still killed.
+#[test]
+fn stopped_child_is_killed() {
+    timed_out_attack("stopped_tree");
+}
+
+fn ends_at_main_exit(case: &str) {
+    let Some(g) = exclusive(case) else { return };
+    let skill = attack(case).with("timeout_seconds", json!(5));
+    let run = skill.run(&Config::new(), &args(case, json!({})));
+    run.expect(Outcome::Ok);
+    assert_eq!(run.result()["attempt"], json!(case), "{}", run.dump());
+    ended_within(&run, Duration::from_secs(2));
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 9: a background child does not outlive the main process.
+#[test]
+fn background_child_dies_with_the_run() {
+    ends_at_main_exit("bg_child");
+}
+
+/// §(b) 10: setsid plus double fork escapes process groups, not the run.
+#[test]
+fn setsid_double_fork_daemon_dies_with_the_run() {
+    ends_at_main_exit("daemon");
+}
+
+/// §(b) 11: a daemonised grandchild holding stdout and stderr open does not
+/// hold the run past main's exit.
+#[test]
+fn grandchild_holding_stdout_does_not_hold_the_run() {
+    let Some(g) = exclusive("grandchild_holding_stdout") else { return };
+    let skill = attack("hold_stdout").with("timeout_seconds", json!(3));
+    let run = skill.run(&Config::new(), &args("hold_stdout", json!({})));
+    run.expect(Outcome::Ok);
+    ended_within(&run, Duration::from_secs(3) + KILL_GRACE);
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 12: SIGKILL of the executor mid-run takes the skill with it.
+#[test]
+fn executor_killed_mid_run_takes_the_skill_with_it() {
+    let Some(g) = exclusive("executor_killed_mid_run") else { return };
+    let skill = attack("executor_killed").with("timeout_seconds", json!(30));
+    skill.write_manifest();
+    let cfg = tempfile::NamedTempFile::new().expect("config file");
+    std::fs::write(cfg.path(), Config::new().to_toml()).expect("write config");
+    let mut child = Command::new(executor_bin())
+        .args(["run", "--json", "--manifest"])
+        .arg(skill.manifest_path())
+        .args(["--args", r#"{"case":"stopped_tree"}"#, "--config"])
+        .arg(cfg.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn executor");
+    // Wait until the skill is running.
+    let started = Instant::now();
+    while leftovers(&skill, &Default::default()).is_empty()
+        && started.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!leftovers(&skill, &Default::default()).is_empty(), "the skill never started");
+    child.kill().expect("SIGKILL executor");
+    child.wait().expect("reap executor");
+    // No grace here beyond the kernel's: the tree must be gone within 1 s.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !leftovers(&skill, &g.scope()).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 35: `timeout_seconds: 0` means the 30 s default, not "kill at once".
+#[test]
+fn zero_timeout_means_the_default() {
+    let Some(g) = crate::shared("zero_timeout_means_the_default") else { return };
+    let skill = attack("zero_timeout").with("timeout_seconds", json!(0));
+    let run = skill.run(&Config::new(), &args("sleep", json!({"ms": 2500})));
+    assert_eq!(run.result()["slept_ms"], json!(2500), "{}", run.dump());
+    no_leftovers(&skill, &g);
+}

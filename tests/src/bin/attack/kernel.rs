@@ -1,0 +1,210 @@
+//! Kernel attack surface: syscalls the sandbox must deny, signals, ptrace
+//! and cross-process memory reads.
+
+use serde_json::{json, Value};
+
+use crate::{errno, num, outcome, param};
+
+fn ret(r: libc::c_long) -> Result<Value, i32> {
+    if r >= 0 {
+        Ok(json!({"ret": r}))
+    } else {
+        Err(errno())
+    }
+}
+
+/// Forks with raw `clone`/`clone3` flags; the child exits at once.
+fn clone_child(r: libc::c_long) -> Result<Value, i32> {
+    if r == 0 {
+        // SAFETY: in the child of a raw clone: leave without touching Rust state.
+        unsafe { libc::_exit(0) };
+    }
+    let res = ret(r);
+    if let Ok(pid) = i32::try_from(r) {
+        if pid > 0 {
+            // SAFETY: waiting for our own child; a null status pointer is allowed.
+            unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        }
+    }
+    res
+}
+
+/// `int 0x80` getpid: the 32-bit syscall ABI from a 64-bit process.
+fn int80_getpid() -> libc::c_long {
+    let r: i32;
+    // SAFETY: `int 0x80` with eax = 20 is the i386 getpid; it reads no
+    // memory and the kernel may clobber r8-r11, which are declared.
+    unsafe {
+        std::arch::asm!(
+            "int 0x80",
+            inlateout("eax") 20i32 => r,
+            out("r8") _, out("r9") _, out("r10") _, out("r11") _,
+            options(nostack)
+        );
+    }
+    libc::c_long::from(r)
+}
+
+fn syscall(name: &str) -> Result<Value, i32> {
+    // The 128-byte argument block of the calls that take a struct.
+    let mut buf = [0u64; 16];
+    match name {
+        // BPF_MAP_CREATE of a 1-entry array map.
+        "bpf" => {
+            buf[0] = 2 | (4 << 32);
+            buf[1] = 4 | (1 << 32);
+        }
+        // PERF_TYPE_SOFTWARE, size 64 (VER0), PERF_COUNT_SW_CPU_CLOCK,
+        // disabled | exclude_kernel | exclude_hv.
+        "perf_event_open" => {
+            buf[0] = 1 | (64 << 32);
+            buf[5] = 1 | (1 << 5) | (1 << 6);
+        }
+        // struct clone_args { flags = CLONE_NEWUSER, exit_signal = SIGCHLD }.
+        "clone3_newuser" => {
+            buf[0] = libc::CLONE_NEWUSER as u64;
+            buf[4] = libc::SIGCHLD as u64;
+        }
+        _ => {}
+    }
+    let p = buf.as_mut_ptr();
+    // SAFETY: every call below passes constants, or pointers to `buf` and
+    // C string literals that outlive the call and are large enough for what
+    // the kernel reads or writes (128 bytes); fds returned close at exit.
+    let r: libc::c_long = unsafe {
+        match name {
+            "keyctl" => libc::syscall(libc::SYS_keyctl, 0, -3, 1),
+            "add_key" => libc::syscall(
+                libc::SYS_add_key,
+                c"user".as_ptr(),
+                c"ongrid".as_ptr(),
+                c"x".as_ptr(),
+                1,
+                -2,
+            ),
+            "io_uring_setup" => libc::syscall(libc::SYS_io_uring_setup, 4, p),
+            "bpf" => libc::syscall(libc::SYS_bpf, 0, p, 128),
+            "perf_event_open" => libc::syscall(libc::SYS_perf_event_open, p, 0, -1, -1, 0),
+            "kexec_load" => libc::syscall(libc::SYS_kexec_load, 0, 0, std::ptr::null::<u8>(), 0),
+            "unshare_user" => libc::c_long::from(libc::unshare(libc::CLONE_NEWUSER)),
+            "clone_newns" => {
+                let flags = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::SIGCHLD;
+                return clone_child(libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0));
+            }
+            "clone3_newuser" => return clone_child(libc::syscall(libc::SYS_clone3, p, 88)),
+            "mount" => {
+                let _ = std::fs::create_dir("mnt");
+                libc::c_long::from(libc::mount(
+                    c"none".as_ptr(),
+                    c"mnt".as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                ))
+            }
+            "tiocsti" => {
+                let c = b'x';
+                libc::c_long::from(libc::ioctl(0, libc::TIOCSTI, &c))
+            }
+            "tiocsti_high" => {
+                let c = b'x';
+                let cmd = u64::from(u32::try_from(libc::TIOCSTI).unwrap_or(0)) | (1 << 32);
+                libc::syscall(libc::SYS_ioctl, 0, cmd, &c)
+            }
+            "int80" => {
+                let r = int80_getpid();
+                let pid = libc::c_long::from(libc::getpid());
+                return if r == pid {
+                    Ok(json!({"ret": r}))
+                } else if r < 0 {
+                    Err(i32::try_from(-r).unwrap_or(-1))
+                } else {
+                    Err(-1)
+                };
+            }
+            _ => return Err(-1),
+        }
+    };
+    ret(r)
+}
+
+fn scan_proc(needle: &str) -> Value {
+    let mut hits = Vec::new();
+    let mut readable = 0;
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if !e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        for file in ["cmdline", "environ"] {
+            if let Ok(b) = std::fs::read(e.path().join(file)) {
+                readable += 1;
+                if b.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                    hits.push(format!("{}/{file}", e.path().display()));
+                }
+            }
+        }
+    }
+    json!({"attempt": "cmdline_scan", "succeeded": !hits.is_empty(), "hits": hits,
+           "files_read": readable})
+}
+
+/// Runs one kernel-surface case.
+pub(crate) fn attempt(case: &str, args: &Value) -> Value {
+    // pid 0 stands for the parent (the executor side of the run).
+    let pid = match libc::pid_t::try_from(num(args, "pid", 0)).unwrap_or(0) {
+        // SAFETY: getppid cannot fail and touches no memory.
+        0 => unsafe { libc::getppid() },
+        p => p,
+    };
+    let r = match case {
+        "syscall" => {
+            let name = param(args, "name");
+            let mut v = outcome(case, syscall(name));
+            v["syscall"] = json!(name);
+            return v;
+        }
+        // SAFETY: kill(2) takes plain integers.
+        "kill" => ret(libc::c_long::from(unsafe { libc::kill(pid, libc::SIGKILL) })),
+        // SAFETY: kill(2) takes plain integers; -1 = every process we may signal.
+        "kill_all" => ret(libc::c_long::from(unsafe { libc::kill(-1, libc::SIGKILL) })),
+        "ptrace" => {
+            // SAFETY: PTRACE_ATTACH takes a pid and ignores addr/data.
+            let r = unsafe { libc::ptrace(libc::PTRACE_ATTACH, pid, 0, 0) };
+            if r == 0 {
+                // SAFETY: we are the tracer; wait for the stop and let go.
+                unsafe {
+                    libc::waitpid(pid, std::ptr::null_mut(), libc::__WALL);
+                    libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0);
+                }
+            }
+            ret(r)
+        }
+        "process_vm_readv" => {
+            let mut buf = [0u8; 16];
+            let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+            let addr = usize::try_from(num(args, "addr", 0)).unwrap_or(0);
+            let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+            // SAFETY: `local` points at `buf` (16 writable bytes); `remote` is
+            // only dereferenced by the kernel in the target process.
+            let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+            if n < 0 {
+                Err(errno())
+            } else {
+                Ok(json!({"read": String::from_utf8_lossy(&buf).into_owned()}))
+            }
+        }
+        "cmdline_scan" => return scan_proc(param(args, "needle")),
+        _ => Err(-1),
+    };
+    outcome(case, r)
+}
+
+/// Dies of SIGSEGV with the default action (Rust's own handler removed).
+pub(crate) fn segv() -> Value {
+    // SAFETY: resetting a handler to SIG_DFL and raising a signal at ourselves.
+    unsafe {
+        libc::signal(libc::SIGSEGV, libc::SIG_DFL);
+        libc::raise(libc::SIGSEGV);
+    }
+    json!({"attempt": "segv", "error": "survived SIGSEGV"})
+}

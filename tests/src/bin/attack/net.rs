@@ -1,0 +1,83 @@
+//! Network escapes: TCP, UDP and ICMP to loopback listeners the test
+//! opened, and Unix sockets outside the sandbox.
+
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::{errno, io_errno, outcome, param};
+
+fn icmp_echo(addr: &str, kind: libc::c_int) -> Result<Value, i32> {
+    let ip: std::net::Ipv4Addr = addr.parse().map_err(|_| libc::EINVAL)?;
+    // SAFETY: plain socket(2) call with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_INET, kind, libc::IPPROTO_ICMP) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // Echo request: type 8, code 0; ping sockets fill in id and checksum.
+    let mut pkt = [8u8, 0, 0, 0, 0, 0, 0, 1];
+    let sum = !(0x0800u16.wrapping_add(1));
+    pkt[2..4].copy_from_slice(&sum.to_be_bytes());
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `pkt` and `sa` are valid for the lengths passed; fd is ours.
+    let n = unsafe {
+        libc::sendto(
+            fd,
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            std::ptr::from_ref(&sa).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    let e = errno();
+    // SAFETY: fd is ours and closed once.
+    unsafe { libc::close(fd) };
+    if n < 0 {
+        Err(e)
+    } else {
+        Ok(json!({"sent": n}))
+    }
+}
+
+/// Runs one network case.
+pub(crate) fn attempt(case: &str, args: &Value) -> Value {
+    let addr = param(args, "addr");
+    let r = match case {
+        "tcp_connect" => match addr.parse::<SocketAddr>() {
+            Err(_) => Err(libc::EINVAL),
+            Ok(sa) => TcpStream::connect_timeout(&sa, Duration::from_secs(2))
+                .map(|_| json!({}))
+                .map_err(|e| io_errno(&e)),
+        },
+        "udp_send" => match addr.parse::<SocketAddr>() {
+            Err(_) => Err(libc::EINVAL),
+            Ok(sa) => {
+                let local = if sa.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+                UdpSocket::bind(local)
+                    .and_then(|s| s.send_to(b"ongrid-udp", sa))
+                    .map(|n| json!({"sent": n}))
+                    .map_err(|e| io_errno(&e))
+            }
+        },
+        "icmp" => icmp_echo(addr, libc::SOCK_DGRAM),
+        "raw_socket" => icmp_echo(addr, libc::SOCK_RAW),
+        "unix_abstract" => std::os::unix::net::SocketAddr::from_abstract_name(param(args, "name"))
+            .and_then(|sa| UnixStream::connect_addr(&sa))
+            .map(|_| json!({}))
+            .map_err(|e| io_errno(&e)),
+        "unix_path" => {
+            UnixStream::connect(param(args, "path")).map(|_| json!({})).map_err(|e| io_errno(&e))
+        }
+        _ => Err(-1),
+    };
+    outcome(case, r)
+}

@@ -1,0 +1,128 @@
+//! `/proc` and cgroup scans proving nothing of a run survives it.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::skill::SkillDir;
+
+/// One live process.
+#[derive(Debug, Clone)]
+pub struct Proc {
+    /// pid.
+    pub pid: i32,
+    /// Real uid.
+    pub uid: u32,
+    /// One-letter state (`R`, `S`, `T`, `Z`...).
+    pub state: char,
+    /// Target of `/proc/PID/exe`, when readable.
+    pub exe: Option<PathBuf>,
+    /// `/proc/PID/cmdline`, NULs as spaces.
+    pub cmdline: String,
+}
+
+/// Every process except this one, read from `/proc` (vanishing ones skipped).
+pub fn scan() -> Vec<Proc> {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if u32::try_from(pid) == Ok(me) {
+            continue;
+        }
+        let base = e.path();
+        let Ok(status) = std::fs::read_to_string(base.join("status")) else { continue };
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).unwrap_or("")
+        };
+        let uid = field("Uid:").split_whitespace().next().and_then(|u| u.parse().ok());
+        let state = field("State:").chars().next().unwrap_or('?');
+        let cmdline = std::fs::read(base.join("cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        let exe = std::fs::read_link(base.join("exe")).ok();
+        out.push(Proc { pid, uid: uid.unwrap_or(u32::MAX), state, exe, cmdline });
+    }
+    out
+}
+
+/// Which processes count as the run's.
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    /// Also every process of this uid (only sound when no other run is live).
+    pub uid: Option<u32>,
+    /// pids to ignore (helpers the test itself started).
+    pub exclude: Vec<i32>,
+}
+
+/// Live (non-zombie) processes belonging to the run of `skill`: executable
+/// under its folder, or its marker in the command line, or the scope's uid.
+pub fn leftovers(skill: &SkillDir, scope: &Scope) -> Vec<Proc> {
+    let marker = skill.marker();
+    scan()
+        .into_iter()
+        .filter(|p| !matches!(p.state, 'Z' | 'X') && !scope.exclude.contains(&p.pid))
+        .filter(|p| {
+            p.exe.as_deref().is_some_and(|e| e.starts_with(skill.path()))
+                || p.cmdline.contains(marker)
+                || scope.uid == Some(p.uid)
+        })
+        .collect()
+}
+
+/// Asserts no process of the run is alive. Dying processes get 250 ms to
+/// finish exiting (the report may race the kernel's reaping by a hair);
+/// anything alive after that leaked, and is killed so it cannot disturb the
+/// next case.
+///
+/// # Panics
+///
+/// When a process of the run survives.
+pub fn assert_no_leftovers(skill: &SkillDir, scope: &Scope) {
+    let deadline = Instant::now() + Duration::from_millis(250);
+    loop {
+        let left = leftovers(skill, scope);
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            for p in &left {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            panic!("processes of the run survived it (now killed): {left:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// Count of live processes of `uid`.
+pub fn count_uid(uid: u32) -> usize {
+    scan().iter().filter(|p| p.uid == uid && !matches!(p.state, 'Z' | 'X')).count()
+}
+
+/// Every cgroup directory (up to 4 levels) of the hierarchies a run may use.
+pub fn cgroup_dirs() -> BTreeSet<PathBuf> {
+    fn walk(dir: &Path, depth: u32, out: &mut BTreeSet<PathBuf>) {
+        if depth == 0 {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.insert(e.path());
+                walk(&e.path(), depth - 1, out);
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    for root in ["unified", "pids", "memory", "freezer"] {
+        walk(&Path::new("/sys/fs/cgroup").join(root), 4, &mut out);
+    }
+    out
+}
