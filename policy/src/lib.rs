@@ -11,7 +11,8 @@
 //! - [`limits`]: default resource limits and their bounds.
 //! - [`report`]: the [`RunReport`] every run ends with, and what the sandbox enforced.
 //! - [`path`]: pure, component-wise path rules (lexical containment, normal form).
-//! - [`wire`]: the executor wire (newline-delimited JSON-RPC 2.0, capped lines).
+//! - [`wire`]: the executor wire (newline-delimited JSON-RPC 2.0, capped lines):
+//!   `execute`, `ping` and `metrics` requests, and the replies the loader reads.
 //!
 //! # Trust model
 //!

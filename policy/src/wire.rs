@@ -65,6 +65,22 @@ pub enum Request {
         /// JSON-RPC id.
         id: Value,
     },
+    /// The executor's Prometheus exposition text, answered with
+    /// [`MetricsResult`] (`{"text":"..."}`). The loader appends it to its
+    /// own `/metrics`, so one scrape target carries both daemons: the
+    /// executor prefixes its metrics `ongrid_executor_`, and the loader
+    /// renames any `process_*` family to `ongrid_executor_process_*`.
+    Metrics {
+        /// JSON-RPC id.
+        id: Value,
+    },
+}
+
+/// The result of `metrics`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetricsResult {
+    /// Prometheus text exposition format 0.0.4.
+    pub text: String,
 }
 
 /// Why a line is not a request. Each maps to a JSON-RPC error code.
@@ -141,6 +157,7 @@ pub fn decode_line(line: &[u8]) -> Result<Request, (Value, WireError)> {
             Err(e) => Err((id, WireError::InvalidParams(e.to_string()))),
         },
         "ping" => Ok(Request::Ping { id }),
+        "metrics" => Ok(Request::Metrics { id }),
         other => {
             let shown: String = other.chars().take(64).collect();
             Err((id, WireError::MethodNotFound(shown)))
@@ -151,6 +168,96 @@ pub fn decode_line(line: &[u8]) -> Result<Request, (Value, WireError)> {
 /// Encodes a request line (with its `\n`).
 pub fn encode_execute(id: u64, params: &ExecuteParams) -> Vec<u8> {
     line(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "execute", "params": params}))
+}
+
+/// Encodes a `metrics` request line (with its `\n`).
+pub fn encode_metrics(id: u64) -> Vec<u8> {
+    line(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "metrics"}))
+}
+
+/// Encodes a successful response carrying any `result` (`ping`, `metrics`).
+pub fn encode_result(id: &Value, result: &Value) -> Vec<u8> {
+    line(&serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result}))
+}
+
+/// Encodes an error response with an explicit code, e.g. [`code::BUSY`].
+pub fn encode_error_code(id: &Value, code: i64, message: &str) -> Vec<u8> {
+    line(
+        &serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
+    )
+}
+
+/// One line the executor sends back, as the loader reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// A `stderr` notification: one line the run wrote on stderr.
+    Stderr {
+        /// The id of the run.
+        id: Value,
+        /// The line, without its newline.
+        line: String,
+    },
+    /// A successful response; for `execute`, `result` is a [`RunReport`].
+    Result {
+        /// The id of the request.
+        id: Value,
+        /// The result.
+        result: Value,
+    },
+    /// An error response (e.g. [`code::BUSY`]).
+    Error {
+        /// The id of the request (null when the executor could not read it).
+        id: Value,
+        /// The JSON-RPC error code.
+        code: i64,
+        /// The error message.
+        message: String,
+    },
+}
+
+/// Decodes one line (without its `\n`) the executor sent.
+///
+/// # Errors
+///
+/// [`WireError::Parse`] when it is not JSON, [`WireError::InvalidRequest`]
+/// when it is not a JSON-RPC 2.0 response or a `stderr` notification.
+pub fn decode_reply(line: &[u8]) -> Result<Reply, WireError> {
+    let v: Value = serde_json::from_slice(line).map_err(|e| WireError::Parse(e.to_string()))?;
+    let Value::Object(mut obj) = v else {
+        return Err(WireError::InvalidRequest("not an object".into()));
+    };
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(WireError::InvalidRequest("jsonrpc must be \"2.0\"".into()));
+    }
+    if let Some(method) = obj.get("method") {
+        if method.as_str() != Some("stderr") {
+            return Err(WireError::MethodNotFound(method.to_string().chars().take(64).collect()));
+        }
+        let mut params = match obj.remove("params") {
+            Some(Value::Object(p)) => p,
+            _ => return Err(WireError::InvalidParams("stderr params must be an object".into())),
+        };
+        let id = params.remove("id").unwrap_or(Value::Null);
+        return match params.remove("line") {
+            Some(Value::String(line)) => Ok(Reply::Stderr { id, line }),
+            _ => Err(WireError::InvalidParams("stderr line must be a string".into())),
+        };
+    }
+    let id = obj.remove("id").unwrap_or(Value::Null);
+    if let Some(result) = obj.remove("result") {
+        return Ok(Reply::Result { id, result });
+    }
+    match obj.remove("error") {
+        Some(Value::Object(mut e)) => {
+            let code = e.get("code").and_then(Value::as_i64).unwrap_or(code::INVALID_REQUEST);
+            let message = match e.remove("message") {
+                Some(Value::String(m)) => m,
+                _ => String::new(),
+            };
+            Ok(Reply::Error { id, code, message })
+        }
+        _ => Err(WireError::InvalidRequest("neither result nor error".into())),
+    }
 }
 
 /// Encodes a `stderr` notification for run `id`.
@@ -294,6 +401,53 @@ mod tests {
             decode_line(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#).unwrap(),
             Request::Ping { id: json!(1) }
         );
+    }
+
+    #[test]
+    fn metrics_request_and_replies_round_trip() {
+        let l = encode_metrics(3);
+        assert_eq!(decode_line(&l[..l.len() - 1]).unwrap(), Request::Metrics { id: json!(3) });
+
+        let text = json!(MetricsResult { text: "a 1\n".into() });
+        let l = encode_result(&json!(3), &text);
+        assert_eq!(
+            decode_reply(&l[..l.len() - 1]).unwrap(),
+            Reply::Result { id: json!(3), result: json!({"text": "a 1\n"}) }
+        );
+        let l = encode_stderr(&json!(1), "warn: x");
+        assert_eq!(
+            decode_reply(&l[..l.len() - 1]).unwrap(),
+            Reply::Stderr { id: json!(1), line: "warn: x".into() }
+        );
+        let l = encode_error_code(&json!(1), code::BUSY, "full");
+        assert_eq!(
+            decode_reply(&l[..l.len() - 1]).unwrap(),
+            Reply::Error { id: json!(1), code: code::BUSY, message: "full".into() }
+        );
+        let report = RunReport::not_run("x", crate::Outcome::Busy, "full");
+        let l = encode_report(&json!(1), &report);
+        match decode_reply(&l[..l.len() - 1]).unwrap() {
+            Reply::Result { result, .. } => {
+                assert_eq!(serde_json::from_value::<RunReport>(result).unwrap(), report);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_replies_are_errors() {
+        for line in [
+            &b""[..],
+            b"\xff",
+            b"[]",
+            br#"{"id":1,"result":{}}"#,
+            br#"{"jsonrpc":"2.0","id":1}"#,
+            br#"{"jsonrpc":"2.0","method":"exit","params":{}}"#,
+            br#"{"jsonrpc":"2.0","method":"stderr","params":{"id":1,"line":5}}"#,
+            br#"{"jsonrpc":"2.0","method":"stderr"}"#,
+        ] {
+            assert!(decode_reply(line).is_err(), "{:?}", String::from_utf8_lossy(line));
+        }
     }
 
     #[test]
