@@ -49,7 +49,7 @@ pub enum EngineError {
 pub struct Engine {
     config: Config,
     host: Host,
-    reaper: Reaper,
+    reaper: &'static Reaper,
 }
 
 impl Engine {
@@ -61,7 +61,7 @@ impl Engine {
     /// [`EngineError`].
     pub fn new(config: Config) -> Result<Self, EngineError> {
         sys::process::set_child_subreaper().map_err(EngineError::Subreaper)?;
-        Ok(Engine { config, host: Host::detect(), reaper: Reaper::default() })
+        Ok(Engine { config, host: Host::detect(), reaper: Reaper::global() })
     }
 
     /// The configuration.
@@ -143,7 +143,7 @@ impl Engine {
             child,
             &plan.args,
             prep.cgroup.as_ref(),
-            &self.reaper,
+            self.reaper,
             bounds,
             sink,
             cancel,
@@ -219,7 +219,7 @@ pub fn classify(
             Some(LimitKind::CpuTime),
             format!("CPU time limit of {} s reached", cpu_limit_us / 1_000_000),
         ),
-        Stop::None if oom => {
+        Stop::None if oom && exit.code != Some(0) => {
             let outcome =
                 if exit.signal.is_some() { Outcome::Signaled } else { Outcome::ExitNonzero };
             fail(

@@ -17,6 +17,13 @@ pub struct Reaper {
 }
 
 impl Reaper {
+    /// The process-wide reaper: reaping "any child" is process-wide, so
+    /// every engine of the process must share one.
+    pub fn global() -> &'static Reaper {
+        static GLOBAL: std::sync::OnceLock<Reaper> = std::sync::OnceLock::new();
+        GLOBAL.get_or_init(Reaper::default)
+    }
+
     /// Tracks `pid` as a run's main process.
     pub fn track(&self, pid: i32) {
         self.lock().insert(pid, None);

@@ -1,0 +1,224 @@
+//! End-to-end tests of the run engine on real scripts in temporary
+//! directories. As root the sandbox is checked from inside the skill; as
+//! another user the root-only checks print SKIP and return.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use executor::{Config, Engine, RunRequest};
+use policy::{LimitKind, Outcome, RunReport};
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// A skill folder (mode 0755 so the run-as user can enter it).
+fn skill(name: &str, timeout: u32, extra: &str, script: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let manifest = dir.path().join("skill.json");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"{{"name":"{name}","description":"t","entry":"run.sh","timeout_seconds":{timeout}{extra}}}"#
+        ),
+    )
+    .unwrap();
+    let entry = dir.path().join("run.sh");
+    std::fs::write(&entry, format!("#!/bin/sh\n{script}\n")).unwrap();
+    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (dir, manifest)
+}
+
+fn engine(config: Config) -> Option<Engine> {
+    if is_root() && nix::unistd::User::from_name(&config.run_as).ok().flatten().is_none() {
+        eprintln!("SKIP: run-as user {} missing (scripts/test creates it)", config.run_as);
+        return None;
+    }
+    Some(Engine::new(config).unwrap())
+}
+
+fn run(engine: &Engine, manifest: &Path, args: &str) -> (RunReport, Vec<String>) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut lines = Vec::new();
+    let mut sink = |l: &str| lines.push(l.to_owned());
+    let req = RunRequest { manifest_path: manifest.to_owned(), args: args.as_bytes().to_vec() };
+    let report = rt.block_on(engine.run(req, &mut sink, std::future::pending()));
+    (report, lines)
+}
+
+#[test]
+fn ok_run_passes_args_on_stdin_and_env_exactly() {
+    let Some(engine) = engine(Config::default()) else { return };
+    std::env::set_var("ONGRID_T_SET", "v");
+    std::env::set_var("ONGRID_T_EMPTY", "");
+    std::env::set_var("ONGRID_T_SECRET", "s");
+    let (_d, m) = skill(
+        "envcheck",
+        5,
+        r#","env_allow":["ONGRID_T_SET","ONGRID_T_EMPTY","ONGRID_T_UNSET"]"#,
+        r#"echo "line one" >&2
+env | sort >&2
+echo "argv=$#" >&2
+echo "fds=$(ls /proc/self/fd | wc -l)" >&2
+pwd >&2
+cat"#,
+    );
+    let (r, lines) = run(&engine, &m, r#"{"a": [1, 2]}"#);
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(r.result, Some(serde_json::json!({"a": [1, 2]})));
+    assert_eq!(lines.first().map(String::as_str), Some("line one"));
+    let env: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains('=') && !l.starts_with("argv") && !l.starts_with("fds"))
+        .collect();
+    // PWD is set by sh itself.
+    let names: Vec<&str> = env.iter().filter_map(|l| l.split('=').next()).collect();
+    assert_eq!(names, ["ONGRID_T_EMPTY", "ONGRID_T_SET", "PWD"], "{lines:?}");
+    assert!(lines.contains(&"argv=0".to_owned()));
+    // ls's own directory fd makes 4: 0, 1, 2 and the listing.
+    assert!(lines.contains(&"fds=4".to_owned()), "{lines:?}");
+    let cwd = lines.iter().find(|l| l.contains("/runs/")).expect("cwd under runs/");
+    assert!(!Path::new(cwd).exists(), "run directory removed");
+    let sb = r.sandbox.unwrap();
+    assert!(sb.no_new_privs && sb.seccomp);
+    assert!(r.setup_us > 0);
+}
+
+#[test]
+fn identity_and_capabilities_from_inside() {
+    if !is_root() {
+        eprintln!("SKIP: identity checks need root");
+        return;
+    }
+    let Some(engine) = engine(Config::default()) else { return };
+    let (_d, m) = skill(
+        "ident",
+        5,
+        "",
+        r#"grep -E '^(Uid|Cap|NoNewPrivs)' /proc/self/status >&2; cat /etc/shadow >/dev/null 2>&1 && echo shadow-read >&2; echo '{}'"#,
+    );
+    let (r, lines) = run(&engine, &m, "{}");
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let uid = nix::unistd::User::from_name("ongrid-skill").unwrap().unwrap().uid.as_raw();
+    assert!(lines.iter().any(|l| l.starts_with("Uid:") && l.contains(&uid.to_string())));
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(cap) && l.ends_with("0000000000000000")),
+            "{cap}: {lines:?}"
+        );
+    }
+    assert!(lines.iter().any(|l| l.starts_with("NoNewPrivs:") && l.ends_with('1')));
+    assert!(!lines.iter().any(|l| l == "shadow-read"));
+}
+
+#[test]
+fn timeout_kills_the_whole_tree() {
+    let Some(engine) = engine(Config::default()) else { return };
+    let (_d, m) = skill(
+        "sleeper",
+        1,
+        "",
+        r#"(setsid sh -c 'trap "" TERM; sleep 300' &) ; trap "" TERM; sleep 300"#,
+    );
+    let t = Instant::now();
+    let (r, _) = run(&engine, &m, "{}");
+    assert_eq!(r.outcome, Outcome::Timeout, "{r:?}");
+    assert_eq!(r.limit, Some(LimitKind::WallTime));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    if is_root() {
+        let left = std::process::Command::new("pgrep").args(["-f", "sleep 300"]).output().unwrap();
+        assert!(left.stdout.is_empty(), "leftovers: {}", String::from_utf8_lossy(&left.stdout));
+    }
+}
+
+#[test]
+fn output_limit_and_invalid_result_and_exit_codes() {
+    let mut config = Config::default();
+    config.limits.stdout_bytes = 1 << 20;
+    let Some(engine) = engine(config) else { return };
+    let (_d, m) = skill("flood", 10, "", "cat /dev/zero");
+    let (r, _) = run(&engine, &m, "{}");
+    assert_eq!((r.outcome, r.limit), (Outcome::OutputLimit, Some(LimitKind::Output)), "{r:?}");
+    let (_d, m) = skill("notjson", 5, "", "echo not json");
+    let (r, _) = run(&engine, &m, "{}");
+    assert_eq!(r.outcome, Outcome::InvalidResult);
+    assert!(r.error.unwrap().contains("not json"));
+    let (_d, m) = skill("fails", 5, "", "echo oops >&2; echo '{}'; exit 3");
+    let (r, _) = run(&engine, &m, "{}");
+    assert_eq!((r.outcome, r.exit_code), (Outcome::ExitNonzero, Some(3)));
+    assert_eq!(r.stderr, "oops\n");
+    let (_d, m) = skill("segv", 5, "", "kill -SEGV $$");
+    let (r, _) = run(&engine, &m, "{}");
+    assert_eq!((r.outcome, r.signal), (Outcome::Signaled, Some(libc::SIGSEGV)));
+}
+
+#[test]
+fn cpu_limit_is_not_a_wall_timeout() {
+    let mut config = Config::default();
+    config.limits.cpu_seconds = 1;
+    let Some(engine) = engine(config) else { return };
+    let (_d, m) = skill("spin", 10, "", "exec python3 -c 'while True: pass'");
+    let (r, _) = run(&engine, &m, "{}");
+    assert_eq!((r.outcome, r.limit), (Outcome::Timeout, Some(LimitKind::CpuTime)), "{r:?}");
+}
+
+#[test]
+fn sandbox_request_beyond_grant_is_rejected() {
+    let Some(engine) = engine(Config::default()) else { return };
+    let (_d, m) = skill("greedy", 5, r#","sandbox":{"network":true}"#, "echo '{}'");
+    let (r, _) = run(&engine, &m, "{}");
+    assert_eq!(r.outcome, Outcome::Rejected);
+    assert!(r.error.unwrap().contains("sandbox.network"));
+    let (r, _) = run(&engine, Path::new("/nonexistent/skill.json"), "{}");
+    assert_eq!(r.outcome, Outcome::Rejected);
+    let (_d, m) = skill("args", 5, "", "cat");
+    let (r, _) = run(&engine, &m, "[1]");
+    assert_eq!(r.outcome, Outcome::InvalidArgs);
+}
+
+/// Prints the sandbox's added cost over a bare `std::process` spawn of the
+/// same entry (stdin args, stdout read back).
+#[test]
+fn spawn_cost() {
+    let Some(engine) = engine(Config::default()) else { return };
+    let (_d, m) = skill("cost", 5, "", "exec cat");
+    let entry = m.with_file_name("run.sh");
+    let n = 40;
+    let p50 = |mut v: Vec<u128>| {
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
+    let mut bare = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        let mut c = std::process::Command::new(&entry)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        c.stdin.take().unwrap().write_all(b"{}").unwrap();
+        let out = c.wait_with_output().unwrap();
+        assert_eq!(out.stdout, b"{}");
+        bare.push(t.elapsed().as_micros());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (mut full, mut setup) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let t = Instant::now();
+        let req = RunRequest { manifest_path: m.clone(), args: b"{}".to_vec() };
+        let r = rt.block_on(engine.run(req, &mut |_| {}, std::future::pending()));
+        assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+        full.push(t.elapsed().as_micros());
+        setup.push(u128::from(r.setup_us));
+    }
+    let (b, f) = (p50(bare), p50(full));
+    eprintln!(
+        "spawn cost p50 over {n}: bare std::process {b} us, full sandboxed run {f} us \
+         (added {} us; validation->exec setup {} us)",
+        f.saturating_sub(b),
+        p50(setup)
+    );
+}
