@@ -90,8 +90,10 @@ fn world_readable_files_outside_the_box_are_unreadable() {
     let mut planted = Planted(vec![]);
     let skill = attack("read_outside");
     let secret = planted.file(outside(&skill, "/var/tmp", "secret"), "secret", 0o644);
+    let tmp_secret = planted.file(outside(&skill, "/tmp", "secret"), "secret", 0o644);
     for path in [
         secret.to_str().expect("utf-8"),
+        tmp_secret.to_str().expect("utf-8"),
         "/proc/{ppid}/environ",
         "/proc/1/environ",
         "/proc/1/root/etc/hostname",

@@ -116,3 +116,22 @@ fn abstract_unix_socket_is_unreachable() {
     assert!(l.accept().is_err(), "the abstract socket got a connection from the sandbox");
     no_leftovers(&skill, &g);
 }
+
+/// §(b) 23: a world-connectable pathname Unix socket outside the sandbox
+/// (a stand-in for the loader's client socket, D-Bus, docker.sock) is
+/// unreachable.
+#[test]
+fn pathname_unix_socket_outside_is_unreachable() {
+    let Some(g) = shared("pathname_unix_socket_outside_is_unreachable") else { return };
+    let skill = attack("path_unix");
+    let dir = tempfile::Builder::new().prefix("ongrid-sbx-sock-").tempdir().expect("dir");
+    ongrid_tests::skill::set_mode(dir.path(), 0o777);
+    let path = dir.path().join("s");
+    let l = UnixListener::bind(&path).expect("bind socket");
+    ongrid_tests::skill::set_mode(&path, 0o777);
+    let run = skill.run(&Config::new(), &args("unix_path", json!({"path": path})));
+    blocked(&run);
+    l.set_nonblocking(true).expect("nonblocking");
+    assert!(l.accept().is_err(), "the socket got a connection from the sandbox");
+    no_leftovers(&skill, &g);
+}

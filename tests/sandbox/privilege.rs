@@ -208,16 +208,51 @@ fn granted_root_cannot_signal_the_executor() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 31: `kill(-1, SIGKILL)` reaches nothing outside the sandbox.
+/// §(b) 31: `kill(-1, SIGKILL)` reaches nothing outside the sandbox (and
+/// does kill a same-user process when run unsandboxed).
 #[test]
 fn kill_minus_one_spares_the_outside() {
     let Some(g) = exclusive("kill_minus_one_spares_the_outside") else { return };
     let mut v = victim();
     let skill = attack("kill_all");
     let run = skill.run(&Config::new(), &args("kill_all", json!({})));
-    blocked(&run);
-    assert!(v.alive(), "kill(-1) from the sandbox killed a process outside it");
+    run.expect(policy::Outcome::Ok);
+    assert!(v.alive(), "kill(-1) from the sandbox killed a process outside it:\n{}", run.dump());
     let mut scope = g.scope();
     scope.exclude.push(v.pid);
     ongrid_tests::procs::assert_no_leftovers(&skill, &scope);
+    let (uid, gid) = host::skill_user();
+    unsandboxed(Path::new(crate::ATTACK), uid, gid, &args("kill_all", json!({})));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!v.alive(), "baseline: unsandboxed kill(-1) did not reach the victim");
+}
+
+/// A skill cannot loosen its cgroup limits or leave its cgroup, even as a
+/// granted root whose uid owns the cgroup files.
+#[test]
+fn cgroup_limits_and_membership_are_fixed() {
+    let Some(g) = shared("cgroup_limits_and_membership_are_fixed") else { return };
+    let skill = attack("cgroup_escape");
+    let run = skill.run(&Config::new(), &args("cgroup_escape", json!({})));
+    blocked(&run);
+    let skill = attack("cgroup_escape_root").with("sandbox", json!({"run_as": "root"}));
+    let config = Config::new().grant(skill.name(), "run_as = [\"root\"]");
+    let run = skill.run(&config, &args("cgroup_escape", json!({})));
+    assert_eq!(run.report.sandbox.as_ref().map(|s| s.uid), Some(0), "{}", run.dump());
+    blocked(&run);
+    no_leftovers(&skill, &g);
+}
+
+/// Granted root cannot write kernel tunables through /proc/sys (it writes
+/// the current hostname back, harmless should it get through).
+#[test]
+fn granted_root_cannot_write_proc_sys() {
+    let Some(g) = shared("granted_root_cannot_write_proc_sys") else { return };
+    let skill = attack("proc_sys").with("sandbox", json!({"run_as": "root"}));
+    let config = Config::new().grant(skill.name(), "run_as = [\"root\"]");
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    let a = json!({"path": "/proc/sys/kernel/hostname", "data": hostname.trim()});
+    let run = skill.run(&config, &args("write", a));
+    blocked_with(&run, &[libc::EACCES, libc::EPERM, libc::EROFS]);
+    no_leftovers(&skill, &g);
 }

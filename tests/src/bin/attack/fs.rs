@@ -13,13 +13,17 @@ fn cstr(s: &str) -> CString {
 }
 
 fn write_file(path: &str) -> Result<Value, i32> {
+    write_data(path, b"ongrid-pwned")
+}
+
+fn write_data(path: &str, data: &[u8]) -> Result<Value, i32> {
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .open(path)
         .map_err(|e| io_errno(&e))?;
-    f.write_all(b"ongrid-pwned").map_err(|e| io_errno(&e))?;
+    f.write_all(data).map_err(|e| io_errno(&e))?;
     Ok(json!({}))
 }
 
@@ -51,7 +55,10 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
             let n = f.read(&mut buf).map_err(|e| io_errno(&e))?;
             Ok(json!({"bytes": n}))
         }),
-        "write" => write_file(path),
+        "write" => match args["data"].as_str() {
+            Some(d) => write_data(path, d.as_bytes()),
+            None => write_file(path),
+        },
         "list" => std::fs::read_dir(path)
             .map_err(|e| io_errno(&e))
             .map(|d| json!({"entries": d.flatten().count()})),

@@ -165,8 +165,15 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
         }
         // SAFETY: kill(2) takes plain integers.
         "kill" => ret(libc::c_long::from(unsafe { libc::kill(pid, libc::SIGKILL) })),
-        // SAFETY: kill(2) takes plain integers; -1 = every process we may signal.
-        "kill_all" => ret(libc::c_long::from(unsafe { libc::kill(-1, libc::SIGKILL) })),
+        "kill_all" => {
+            // SAFETY: kill(2) takes plain integers; -1 = every process we may signal.
+            let r = unsafe { libc::kill(-1, libc::SIGKILL) };
+            let e = if r < 0 { errno() } else { 0 };
+            // kill(-1) returns 0 even when every target refused (EPERM), so
+            // only the test can tell whether anything outside died.
+            return json!({"attempt": case, "ret": r, "errno": e});
+        }
+        "cgroup_escape" => return cgroup_escape(),
         "ptrace" => {
             // SAFETY: PTRACE_ATTACH takes a pid and ignores addr/data.
             let r = unsafe { libc::ptrace(libc::PTRACE_ATTACH, pid, 0, 0) };
@@ -197,6 +204,41 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
         _ => Err(-1),
     };
     outcome(case, r)
+}
+
+/// Tries to loosen its own cgroup limits and to move itself to the root
+/// cgroup of every hierarchy it is in.
+fn cgroup_escape() -> Value {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut tries = Vec::new();
+    for line in own.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, ctrl, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or("/"));
+        let hier = match ctrl {
+            "" => "unified".to_owned(),
+            c => c.trim_start_matches("name=").to_owned(),
+        };
+        let base = format!("/sys/fs/cgroup/{hier}");
+        match ctrl {
+            "pids" => tries.push((format!("{base}{path}/pids.max"), "max")),
+            "memory" => tries.push((format!("{base}{path}/memory.limit_in_bytes"), "-1")),
+            "" => tries.push((format!("{base}{path}/memory.max"), "max")),
+            _ => {}
+        }
+        tries.push((format!("{base}/cgroup.procs"), "0"));
+    }
+    let mut done = Vec::new();
+    let mut errnos = serde_json::Map::new();
+    for (path, value) in tries {
+        match std::fs::write(&path, value) {
+            Ok(()) => done.push(path),
+            Err(e) => {
+                errnos.insert(path, json!(e.raw_os_error()));
+            }
+        }
+    }
+    json!({"attempt": "cgroup_escape", "succeeded": !done.is_empty(), "done": done,
+           "errnos": errnos, "cgroups": own})
 }
 
 /// Dies of SIGSEGV with the default action (Rust's own handler removed).

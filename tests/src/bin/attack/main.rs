@@ -101,9 +101,8 @@ fn main() {
         "tcp_connect" | "udp_send" | "icmp" | "raw_socket" | "unix_abstract" | "unix_path" => {
             net::attempt(&case, &args)
         }
-        "syscall" | "kill" | "kill_all" | "ptrace" | "process_vm_readv" | "cmdline_scan" => {
-            kernel::attempt(&case, &args)
-        }
+        "syscall" | "kill" | "kill_all" | "ptrace" | "process_vm_readv" | "cmdline_scan"
+        | "cgroup_escape" => kernel::attempt(&case, &args),
         "forkbomb" | "memhog" | "memsplit" | "cpu_spin" | "flood_stdout" | "flood_stderr"
         | "fsize" | "nofile" | "address_space" => limits::attempt(&case, &args),
         "sleep" | "sleep_forever" | "ignore_term" | "sigstop" | "stopped_tree" | "bg_child"
