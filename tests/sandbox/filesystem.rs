@@ -257,3 +257,23 @@ fn nothing_persists_between_runs() {
     );
     done(&skill, &g);
 }
+
+/// §(b) 19: cleaning a hostile run dir (2000-deep dirs, a FIFO, a mode-000
+/// subtree, symlinks to `/` and to a planted dir) removes exactly the run
+/// dir: nothing is followed out of it.
+#[test]
+fn hostile_run_dir_is_cleaned_without_following_links() {
+    let Some(g) = shared("hostile_run_dir_is_cleaned_without_following_links") else { return };
+    let mut planted = Planted(vec![]);
+    let skill = attack("messy_run_dir").with("timeout_seconds", json!(10));
+    let dir = planted.dir(outside(&skill, "/var/tmp", "keep"), 0o777);
+    let kept = planted.file(dir.join("kept"), "kept", 0o666);
+    let run =
+        skill.run(&Config::new(), &args("messy_run_dir", json!({"target": dir, "depth": 2000})));
+    let r = crate::allowed(&run);
+    let cwd = r["cwd"].as_str().expect("cwd");
+    assert!(!Path::new(cwd).exists(), "run dir {cwd} left behind");
+    assert!(kept.exists(), "cleanup followed a symlink out of the run dir");
+    assert!(Path::new("/etc/passwd").exists());
+    done(&skill, &g);
+}

@@ -191,3 +191,26 @@ fn parallel_runs_are_independent() {
     let leaked: Vec<_> = ongrid_tests::procs::cgroup_dirs().difference(&before).cloned().collect();
     assert!(leaked.is_empty(), "cgroups leaked: {leaked:?}");
 }
+
+/// The entry is judged by what it resolves to: a root-owned symlink to a
+/// file the skill user owns, or to a file outside the skill folder, is
+/// rejected.
+#[test]
+fn entry_symlink_to_foreign_or_outside_file_is_rejected() {
+    let Some(g) = shared("entry_symlink") else { return };
+    let (uid, gid) = ongrid_tests::host::skill_user();
+    let foreign_dir =
+        tempfile::Builder::new().prefix("ongrid-sbx-foreign-").tempdir().expect("dir");
+    ongrid_tests::skill::set_mode(foreign_dir.path(), 0o755);
+    let foreign = foreign_dir.path().join("run.sh");
+    std::fs::write(&foreign, "#!/bin/sh\necho '{}'\n").expect("write");
+    ongrid_tests::skill::set_mode(&foreign, 0o755);
+    std::os::unix::fs::chown(&foreign, Some(uid), Some(gid)).expect("chown");
+    let skill = SkillDir::new("entry_link_foreign", "run.sh");
+    std::os::unix::fs::symlink(&foreign, skill.path().join("run.sh")).expect("symlink");
+    skill.run(&Config::new(), &json!({})).expect(Outcome::Rejected);
+    let skill = SkillDir::new("entry_link_outside", "run.sh");
+    std::os::unix::fs::symlink("/usr/bin/true", skill.path().join("run.sh")).expect("symlink");
+    skill.run(&Config::new(), &json!({})).expect(Outcome::Rejected);
+    no_leftovers(&skill, &g);
+}

@@ -43,6 +43,28 @@ fn exec_setuid(path: &str) -> Result<Value, i32> {
     }
 }
 
+/// Leaves a run dir that is hard to clean: a deep chain of dirs, a FIFO,
+/// symlinks to `/` and to `target`, and a mode-000 subtree.
+fn messy_run_dir(args: &Value) -> Result<Value, i32> {
+    let cwd = std::env::current_dir().map_err(|e| io_errno(&e))?;
+    let _ = std::os::unix::fs::symlink("/", "root-link");
+    let _ = std::os::unix::fs::symlink(param(args, "target"), "target-link");
+    let fifo = cstr("fifo");
+    // SAFETY: `fifo` is a valid NUL-terminated string for the duration of the call.
+    unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) };
+    std::fs::create_dir("locked").map_err(|e| io_errno(&e))?;
+    std::fs::write("locked/file", b"x").map_err(|e| io_errno(&e))?;
+    let depth = crate::num(args, "depth", 2000);
+    for _ in 0..depth {
+        std::fs::create_dir("d").map_err(|e| io_errno(&e))?;
+        std::env::set_current_dir("d").map_err(|e| io_errno(&e))?;
+    }
+    std::env::set_current_dir(&cwd).map_err(|e| io_errno(&e))?;
+    std::fs::set_permissions("locked", std::os::unix::fs::PermissionsExt::from_mode(0o000))
+        .map_err(|e| io_errno(&e))?;
+    Ok(json!({"cwd": cwd.to_string_lossy(), "depth": depth}))
+}
+
 /// Runs one filesystem case.
 pub(crate) fn attempt(case: &str, args: &Value) -> Value {
     // `{ppid}` stands for the parent's pid (the executor side of the run).
@@ -114,6 +136,7 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
                            "errnos": results, "cwd": cwd, "cwd_writable": own});
             return v;
         }
+        "messy_run_dir" => messy_run_dir(args),
         "exists" => std::fs::symlink_metadata(path).map(|_| json!({})).map_err(|e| io_errno(&e)),
         _ => Err(-1),
     };

@@ -97,7 +97,9 @@ fn main() {
         }
         "segv" => kernel::segv(),
         "read" | "write" | "list" | "mkdir" | "symlink_write" | "link" | "rename" | "truncate"
-        | "mknod" | "exec_setuid" | "persist" | "exists" => fs::attempt(&case, &args),
+        | "mknod" | "exec_setuid" | "persist" | "exists" | "messy_run_dir" => {
+            fs::attempt(&case, &args)
+        }
         "tcp_connect" | "udp_send" | "icmp" | "raw_socket" | "unix_abstract" | "unix_path" => {
             net::attempt(&case, &args)
         }
