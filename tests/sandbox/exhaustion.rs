@@ -268,3 +268,20 @@ fn rlimits_inside_match_the_config() {
     assert_eq!(listed.get("RLIMIT_NOFILE"), Some(&64), "report rlimits: {listed:?}");
     no_leftovers(&skill, &g);
 }
+
+/// §(b) 13: the stdout cap is exact: a result of exactly the cap is kept,
+/// one byte more is `output_limit`.
+#[test]
+fn stdout_cap_is_exact() {
+    let Some(g) = shared("stdout_cap_is_exact") else { return };
+    let skill = SkillDir::script("stdout_cap", "exec /bin/cat");
+    let config = Config::new().limit("stdout_bytes", 65536);
+    let fill = |n: usize| json!({"s": "a".repeat(n - r#"{"s":""}"#.len())});
+    let exact = fill(65536);
+    assert_eq!(exact.to_string().len(), 65536);
+    let run = skill.run(&config, &exact);
+    assert_eq!(run.result(), &exact, "a result of exactly stdout_bytes was refused");
+    let run = skill.run(&config, &fill(65537));
+    run.expect(Outcome::OutputLimit);
+    no_leftovers(&skill, &g);
+}

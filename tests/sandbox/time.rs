@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ongrid_tests::procs::leftovers;
+use ongrid_tests::procs::{cgroup_dirs, leftovers};
 use ongrid_tests::run::executor_bin;
 use ongrid_tests::{Config, SkillDir};
 use policy::limits::KILL_GRACE;
@@ -106,10 +106,30 @@ fn grandchild_holding_stdout_does_not_hold_the_run() {
     no_leftovers(&skill, &g);
 }
 
+/// §(b) 11: the same with the grandchild stopped (SIGTERM cannot reach it).
+#[test]
+fn stopped_grandchild_holding_stdout_does_not_hold_the_run() {
+    let Some(g) = exclusive("stopped_grandchild_holding_stdout") else { return };
+    let skill = attack("hold_stdout_stopped").with("timeout_seconds", json!(3));
+    let run = skill.run(&Config::new(), &args("hold_stdout_stopped", json!({})));
+    run.expect(Outcome::Ok);
+    ended_within(&run, Duration::from_secs(3) + KILL_GRACE);
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 6: closing stdout and stderr (EOF on both pipes) does not end
+/// supervision: the deadline still fires.
+#[test]
+fn closed_stdio_does_not_end_supervision() {
+    timed_out_attack("close_stdio_sleep");
+}
+
 /// §(b) 12: SIGKILL of the executor mid-run takes the skill with it.
 #[test]
+#[ignore = "executor lacks die-with-executor for the whole tree: only the main process has PDEATHSIG, forked children and the run's cgroups survive (issue 3)"]
 fn executor_killed_mid_run_takes_the_skill_with_it() {
     let Some(g) = exclusive("executor_killed_mid_run") else { return };
+    let cgroups = cgroup_dirs();
     let skill = attack("executor_killed").with("timeout_seconds", json!(30));
     skill.write_manifest();
     let cfg = tempfile::NamedTempFile::new().expect("config file");
@@ -124,14 +144,13 @@ fn executor_killed_mid_run_takes_the_skill_with_it() {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn executor");
-    // Wait until the skill is running.
+    // Wait until the skill's main process and its stopped child both run.
     let started = Instant::now();
-    while leftovers(&skill, &Default::default()).is_empty()
-        && started.elapsed() < Duration::from_secs(5)
-    {
+    let running = || leftovers(&skill, &Default::default()).len();
+    while running() < 2 && started.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(!leftovers(&skill, &Default::default()).is_empty(), "the skill never started");
+    assert!(running() >= 2, "the skill's tree never started");
     child.kill().expect("SIGKILL executor");
     child.wait().expect("reap executor");
     // No grace here beyond the kernel's: the tree must be gone within 1 s.
@@ -139,7 +158,30 @@ fn executor_killed_mid_run_takes_the_skill_with_it() {
     while !leftovers(&skill, &g.scope()).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    no_leftovers(&skill, &g);
+    let mut failures = Vec::new();
+    let survivors = leftovers(&skill, &g.scope());
+    if !survivors.is_empty() {
+        failures.push(format!("processes of the run survived the executor: {survivors:#?}"));
+        for p in &survivors {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p.pid),
+                nix::sys::signal::SIGKILL,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The dead executor's cgroups are swept by the next executor at the latest.
+    attack("after_kill").run(&Config::new(), &args("sleep", json!({"ms": 0}))).expect(Outcome::Ok);
+    let mut leaked: Vec<_> = cgroup_dirs().difference(&cgroups).cloned().collect();
+    if !leaked.is_empty() {
+        failures.push(format!("the killed run's cgroups remain after the next run: {leaked:?}"));
+        // Deepest first, so the host is left clean for the next case.
+        leaked.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for dir in leaked {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// §(b) 35: `timeout_seconds: 0` means the 30 s default, not "kill at once".

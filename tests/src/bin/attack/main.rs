@@ -107,8 +107,16 @@ fn main() {
         | "cgroup_escape" => kernel::attempt(&case, &args),
         "forkbomb" | "memhog" | "memsplit" | "cpu_spin" | "flood_stdout" | "flood_stderr"
         | "fsize" | "nofile" | "address_space" => limits::attempt(&case, &args),
-        "sleep" | "sleep_forever" | "ignore_term" | "sigstop" | "stopped_tree" | "bg_child"
-        | "daemon" | "hold_stdout" => tree::attempt(&case, &args),
+        "sleep"
+        | "sleep_forever"
+        | "ignore_term"
+        | "sigstop"
+        | "stopped_tree"
+        | "bg_child"
+        | "daemon"
+        | "hold_stdout"
+        | "hold_stdout_stopped"
+        | "close_stdio_sleep" => tree::attempt(&case, &args),
         other => json!({"attempt": other, "error": "unknown case"}),
     };
     emit(&out);

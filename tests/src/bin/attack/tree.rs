@@ -30,7 +30,7 @@ fn fork() -> libc::pid_t {
 
 /// Double fork with `setsid` in between; the grandchild sleeps forever,
 /// holding the run's pipes unless `detach`.
-fn daemonize(detach: bool) {
+fn daemonize(detach: bool, stop: bool) {
     match fork() {
         0 => {
             // SAFETY: setsid takes no arguments; we are not a group leader.
@@ -40,6 +40,10 @@ fn daemonize(detach: bool) {
                 ignore(libc::SIGHUP);
                 if detach {
                     detach_stdio();
+                }
+                if stop {
+                    // SAFETY: raising a signal at ourselves.
+                    unsafe { libc::raise(libc::SIGSTOP) };
                 }
                 sleep_forever();
             }
@@ -89,12 +93,20 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
             json!({"attempt": case})
         }
         "daemon" => {
-            daemonize(true);
+            daemonize(true, false);
             json!({"attempt": case})
         }
         "hold_stdout" => {
-            daemonize(false);
+            daemonize(false, false);
             json!({"attempt": case})
+        }
+        "hold_stdout_stopped" => {
+            daemonize(false, true);
+            json!({"attempt": case})
+        }
+        "close_stdio_sleep" => {
+            detach_stdio();
+            sleep_forever()
         }
         _ => json!({"attempt": case, "error": "unknown"}),
     }
