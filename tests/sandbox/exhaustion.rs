@@ -8,7 +8,7 @@ use ongrid_tests::{host, Config, SkillDir};
 use policy::{LimitKind, Outcome};
 use serde_json::json;
 
-use crate::{args, attack, blocked_with, ended_within, exclusive, no_leftovers, shared};
+use crate::{args, attack, blocked, blocked_with, ended_within, exclusive, no_leftovers, shared};
 
 /// After a heavy case: no process of the run-as user, no new cgroup, and
 /// the executor still answers.
@@ -283,5 +283,22 @@ fn stdout_cap_is_exact() {
     assert_eq!(run.result(), &exact, "a result of exactly stdout_bytes was refused");
     let run = skill.run(&config, &fill(65537));
     run.expect(Outcome::OutputLimit);
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 14: many files each under RLIMIT_FSIZE cannot fill the host disk:
+/// the run dir's footprint is bounded (a sized per-run tmpfs, a quota, or
+/// the memory bound), well below 1 GiB when files are capped at 1 MiB and
+/// memory at 64 MiB.
+#[test]
+#[ignore = "executor lacks a per-run disk bound: the run dir is on the host disk, bounded only per file by RLIMIT_FSIZE (issue 3)"]
+fn many_files_cannot_fill_the_disk() {
+    let Some(g) = exclusive("many_files_cannot_fill_the_disk") else { return };
+    let skill = attack("disk_fill").with("timeout_seconds", json!(20));
+    let config = Config::new().limit("fsize_bytes", 1 << 20).limit("memory_bytes", 64 << 20);
+    let run = skill.run(&config, &args("disk_fill", json!({"file_mb": 1, "cap_mb": 1024})));
+    if run.outcome() == Outcome::Ok {
+        blocked(&run);
+    }
     no_leftovers(&skill, &g);
 }

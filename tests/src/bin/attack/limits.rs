@@ -187,6 +187,33 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
             }
             json!({"attempt": case, "succeeded": written >= total, "written": written, "errno": err})
         }
+        "disk_fill" => {
+            let file_mb = num(args, "file_mb", 1);
+            let cap_mb = num(args, "cap_mb", 1024);
+            let buf = vec![b'd'; 1 << 20];
+            let mut total = 0;
+            let mut err = Value::Null;
+            'files: for i in 0.. {
+                let mut f = match std::fs::File::create(format!("fill-{i}")) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        err = json!(io_errno(&e));
+                        break;
+                    }
+                };
+                for _ in 0..file_mb {
+                    if total >= cap_mb {
+                        break 'files;
+                    }
+                    if let Err(e) = f.write_all(&buf) {
+                        err = json!(io_errno(&e));
+                        break 'files;
+                    }
+                    total += 1;
+                }
+            }
+            json!({"attempt": case, "succeeded": total >= cap_mb, "mib": total, "errno": err})
+        }
         "nofile" => {
             let max = num(args, "max", 100_000);
             let mut opened = 0;

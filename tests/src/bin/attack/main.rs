@@ -106,7 +106,7 @@ fn main() {
         "syscall" | "kill" | "kill_all" | "ptrace" | "process_vm_readv" | "cmdline_scan"
         | "cgroup_escape" => kernel::attempt(&case, &args),
         "forkbomb" | "memhog" | "memsplit" | "cpu_spin" | "flood_stdout" | "flood_stderr"
-        | "fsize" | "nofile" | "address_space" => limits::attempt(&case, &args),
+        | "fsize" | "nofile" | "address_space" | "disk_fill" => limits::attempt(&case, &args),
         "sleep"
         | "sleep_forever"
         | "ignore_term"
