@@ -13,6 +13,13 @@ use serde_json::json;
 
 use crate::{args, attack, ended_within, exclusive, no_leftovers};
 
+/// Entries of the executor's per-run directory root.
+fn run_dirs() -> std::collections::BTreeSet<std::path::PathBuf> {
+    std::fs::read_dir("/run/ongrid/runs")
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
 const DEADLINE: Duration = Duration::from_secs(1);
 
 fn timed_out(case: &str, skill: &SkillDir) {
@@ -126,10 +133,11 @@ fn closed_stdio_does_not_end_supervision() {
 
 /// §(b) 12: SIGKILL of the executor mid-run takes the skill with it.
 #[test]
-#[ignore = "executor lacks die-with-executor for the whole tree: only the main process has PDEATHSIG, forked children and the run's cgroups survive (issue 3)"]
+#[ignore = "executor lacks die-with-executor for the whole tree: only the main process has PDEATHSIG; forked children, the run's cgroups and run dir survive (issue 3)"]
 fn executor_killed_mid_run_takes_the_skill_with_it() {
     let Some(g) = exclusive("executor_killed_mid_run") else { return };
     let cgroups = cgroup_dirs();
+    let dirs_before = run_dirs();
     let skill = attack("executor_killed").with("timeout_seconds", json!(30));
     skill.write_manifest();
     let cfg = tempfile::NamedTempFile::new().expect("config file");
@@ -179,6 +187,13 @@ fn executor_killed_mid_run_takes_the_skill_with_it() {
         leaked.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
         for dir in leaked {
             let _ = std::fs::remove_dir(dir);
+        }
+    }
+    let stale: Vec<_> = run_dirs().difference(&dirs_before).cloned().collect();
+    if !stale.is_empty() {
+        failures.push(format!("the killed run's dirs remain after the next run: {stale:?}"));
+        for dir in stale {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
