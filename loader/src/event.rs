@@ -149,6 +149,24 @@ impl ScanEvent {
         )
     }
 
+    /// A short stable name of the event's kind, used as a metric label:
+    /// `registered`, `duplicate`, `parse`, `build`, `not_regular`, `root`,
+    /// `root_repeated`, `walk`, `ignored_fields`, `timeout_clamped`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ScanEvent::Registered { .. } => "registered",
+            ScanEvent::Duplicate { .. } => "duplicate",
+            ScanEvent::Parse { .. } => "parse",
+            ScanEvent::Build { .. } => "build",
+            ScanEvent::NotRegular { .. } => "not_regular",
+            ScanEvent::Root { .. } => "root",
+            ScanEvent::RootRepeated { .. } => "root_repeated",
+            ScanEvent::Walk { .. } => "walk",
+            ScanEvent::IgnoredFields { .. } => "ignored_fields",
+            ScanEvent::TimeoutClamped { .. } => "timeout_clamped",
+        }
+    }
+
     /// The path the event is about: a manifest, a root or a walked path.
     pub fn path(&self) -> &Path {
         match self {

@@ -1,5 +1,5 @@
-//! The unprivileged side of ongrid-skills: the skill loader (and later the
-//! registry daemon `ongrid-skilld`) and the `ongrid-skill` CLI.
+//! The unprivileged side of ongrid-skills: the skill loader, the registry
+//! daemon `ongrid-skilld` and the `ongrid-skill` CLI.
 //!
 //! # Layout
 //!
@@ -9,7 +9,25 @@
 //! - [`entry`]: resolving a manifest's `entry` under its allow-list root.
 //! - [`event`]: [`ScanEvent`], one per decision; `Display` is the log line.
 //! - [`skill`]: [`RegisteredSkill`], a manifest plus its canonical paths.
-//! - [`cli`]: the `ongrid-skill` commands, one file each (`scan`, `validate`).
+//! - [`cli`]: the `ongrid-skill` commands, one file each (`scan`,
+//!   `validate`, `list`, `show`, `run`, `reload`).
+//!
+//! The daemon, `ongrid-skilld` (layered like mini-redis):
+//!
+//! - [`config`]: `skilld.toml` and command-line overrides → [`config::Settings`].
+//! - [`daemon`]: start-up (bind, first scan) and the serving loop, with the
+//!   shutdown signal passed in.
+//! - [`server`]: the Unix-socket listener: peer credentials
+//!   ([`server::Caller`]), connection cap, HTTP/1.1 per connection.
+//! - [`api`]: the client API routes, one file per resource, and `/metrics`.
+//! - [`app`]: [`app::App`], the state requests share; reload.
+//! - [`registry`]: the registry snapshot, swapped atomically, with each
+//!   skill's compiled args validator.
+//! - [`authz`]: the permission hook (every caller allowed until issue 5).
+//! - [`executor_client`]: the loader side of the executor wire, one
+//!   connection per run.
+//! - [`metrics`]: the Prometheus metrics in an injected registry.
+//! - [`client`]: the HTTP client the CLI talks to the daemon with.
 //!
 //! # Loader rules
 //!
@@ -50,12 +68,22 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod api;
+pub mod app;
+pub mod authz;
 pub mod cli;
+pub mod client;
+pub mod config;
+pub mod daemon;
 pub mod entry;
 pub mod event;
+pub mod executor_client;
 pub mod manifest_file;
+pub mod metrics;
+pub mod registry;
 pub mod roots;
 pub mod scan;
+pub mod server;
 pub mod skill;
 
 pub use event::{Level, ScanEvent};

@@ -1,0 +1,148 @@
+//! [`ApiError`]: every non-200 answer of the client API, as
+//! `{"error":{"code":"...","message":"..."}}` with the matching status.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use policy::RunReport;
+use serde_json::{json, Value};
+
+use crate::registry::Violation;
+
+/// An error answer of the client API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiError {
+    /// 400 `bad_request`: the body is not the JSON asked for.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 400 `invalid_args`: the args do not match the skill's schema.
+    #[error("args do not match the schema of skill \"{skill}\"")]
+    InvalidArgs {
+        /// The skill.
+        skill: String,
+        /// What does not match.
+        violations: Vec<Violation>,
+    },
+    /// 403 `denied`: the caller may not run the skill.
+    #[error("{0}")]
+    Denied(String),
+    /// 404 `not_found`: no such skill or route.
+    #[error("{0}")]
+    NotFound(String),
+    /// 405 `method_not_allowed`.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// 408 `request_timeout`: the body did not arrive in time.
+    #[error("request body not received in time")]
+    RequestTimeout,
+    /// 413 `payload_too_large`.
+    #[error("request body over {0} bytes")]
+    TooLarge(usize),
+    /// 500 `internal`.
+    #[error("{0}")]
+    Internal(String),
+    /// 503 `executor_unavailable`: the executor is down or failed.
+    #[error("{0}")]
+    ExecutorUnavailable(String),
+    /// 503 `busy`: no run slot, or the executor is at its cap. Carries the
+    /// report (outcome `busy`).
+    #[error("{}", .0.error.as_deref().unwrap_or("busy"))]
+    Busy(Box<RunReport>),
+}
+
+impl ApiError {
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) | ApiError::InvalidArgs { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Denied(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::ExecutorUnavailable(_) | ApiError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::InvalidArgs { .. } => "invalid_args",
+            ApiError::Denied(_) => "denied",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::RequestTimeout => "request_timeout",
+            ApiError::TooLarge(_) => "payload_too_large",
+            ApiError::Internal(_) => "internal",
+            ApiError::ExecutorUnavailable(_) => "executor_unavailable",
+            ApiError::Busy(_) => "busy",
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Value {
+        let mut error = json!({"code": self.code(), "message": self.to_string()});
+        let mut body = json!({});
+        match self {
+            ApiError::InvalidArgs { violations, .. } => error["violations"] = json!(violations),
+            ApiError::Busy(report) => body["report"] = json!(report),
+            _ => {}
+        }
+        body["error"] = error;
+        body
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), Json(self.body())).into_response();
+        if matches!(self, ApiError::MethodNotAllowed) {
+            // Every route of the API is either GET or POST.
+            response.headers_mut().insert(
+                axum::http::header::ALLOW,
+                axum::http::HeaderValue::from_static("GET, POST"),
+            );
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use policy::Outcome;
+
+    use super::*;
+
+    #[test]
+    fn bodies_have_code_and_message() {
+        let cases = [
+            (ApiError::BadRequest("x".into()), 400, "bad_request"),
+            (ApiError::Denied("d".into()), 403, "denied"),
+            (ApiError::NotFound("n".into()), 404, "not_found"),
+            (ApiError::TooLarge(1), 413, "payload_too_large"),
+            (ApiError::ExecutorUnavailable("down".into()), 503, "executor_unavailable"),
+        ];
+        for (e, status, code) in cases {
+            assert_eq!(e.status().as_u16(), status);
+            let b = e.body();
+            assert_eq!(b["error"]["code"], code);
+            assert!(b["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+        }
+    }
+
+    #[test]
+    fn invalid_args_lists_violations_and_busy_carries_a_report() {
+        let e = ApiError::InvalidArgs {
+            skill: "s".into(),
+            violations: vec![Violation { path: "/n".into(), message: "bad".into() }],
+        };
+        assert_eq!(e.body()["error"]["violations"][0]["path"], "/n");
+        let e = ApiError::Busy(Box::new(RunReport::not_run("s", Outcome::Busy, "full")));
+        assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.body()["report"]["outcome"], "busy");
+        assert_eq!(e.body()["error"]["message"], "full");
+    }
+}

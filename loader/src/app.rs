@@ -1,0 +1,155 @@
+//! [`App`]: the state every request shares: the registry, the executor
+//! client, the run slots and the metrics.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use policy::ValidateOptions;
+use serde::Serialize;
+use tokio::sync::{Mutex, Semaphore};
+
+use crate::config::Settings;
+use crate::event::Level;
+use crate::executor_client::ExecutorClient;
+use crate::metrics::Metrics;
+use crate::registry::{Registry, Snapshot};
+use crate::scan::Scanner;
+
+/// Limits applied to client requests.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request body in bytes (413 above).
+    pub max_body_bytes: usize,
+    /// How long a client may take to send its body (408 after).
+    pub body_timeout: Duration,
+    /// How long a run may wait for a slot (503 `busy` after).
+    pub queue_timeout: Duration,
+}
+
+/// What a reload did (`POST /v1/reload` answers this).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ReloadSummary {
+    /// Skills in the new registry.
+    pub registered: usize,
+    /// Manifests, files or roots skipped.
+    pub skipped: usize,
+}
+
+/// The shared state of the daemon.
+#[derive(Debug)]
+pub struct App {
+    roots: Vec<PathBuf>,
+    scanner: Scanner,
+    registry: Registry,
+    executor: ExecutorClient,
+    metrics: Metrics,
+    /// Caps runs forwarded to the executor; runs beyond wait, then `busy`.
+    run_slots: Arc<Semaphore>,
+    /// One scan at a time: a SIGHUP during a `POST /v1/reload` waits.
+    reload_lock: Mutex<()>,
+    limits: Limits,
+    prometheus: prometheus::Registry,
+}
+
+impl App {
+    /// An app with an empty registry; call [`App::reload`] to scan.
+    /// `prometheus` must be the registry `metrics` were registered in.
+    pub fn new(settings: &Settings, metrics: Metrics, prometheus: prometheus::Registry) -> Self {
+        Self {
+            roots: settings.skills_dirs.clone(),
+            scanner: Scanner::new(ValidateOptions::default()),
+            registry: Registry::default(),
+            executor: ExecutorClient::new(&settings.executor_socket),
+            metrics,
+            run_slots: Arc::new(Semaphore::new(settings.max_concurrent_runs)),
+            reload_lock: Mutex::new(()),
+            limits: Limits {
+                max_body_bytes: settings.max_body_bytes,
+                body_timeout: settings.request_timeout,
+                queue_timeout: settings.queue_timeout,
+            },
+            prometheus,
+        }
+    }
+
+    /// Scans the roots and swaps the registry. Runs in flight keep the
+    /// skill they started with. Every scan event is logged at its level.
+    pub async fn reload(self: &Arc<Self>) -> ReloadSummary {
+        let _one_at_a_time = self.reload_lock.lock().await;
+        let this = Arc::clone(self);
+        let scanned = tokio::task::spawn_blocking(move || {
+            let report = this.scanner.scan(&this.roots);
+            for event in &report.events {
+                match event.level() {
+                    Level::Debug => tracing::debug!("{event}"),
+                    Level::Info => tracing::info!("{event}"),
+                    Level::Warn => tracing::warn!("{event}"),
+                }
+                if event.is_skip() {
+                    this.metrics.manifest_errors_total.with_label_values(&[event.kind()]).inc();
+                }
+            }
+            let (snapshot, rejected) = Snapshot::build(report);
+            for r in &rejected {
+                tracing::warn!("{r}");
+                this.metrics.manifest_errors_total.with_label_values(&["schema"]).inc();
+            }
+            snapshot
+        })
+        .await;
+        let snapshot = match scanned {
+            Ok(s) => s,
+            Err(e) => {
+                // The scan does not panic on any input; if it ever does,
+                // keep serving the previous registry.
+                tracing::error!(error = %e, "scan task failed; registry unchanged");
+                let cur = self.registry.current();
+                return ReloadSummary { registered: cur.registered(), skipped: cur.skipped() };
+            }
+        };
+        let summary =
+            ReloadSummary { registered: snapshot.registered(), skipped: snapshot.skipped() };
+        self.registry.replace(snapshot);
+        self.metrics.reloads_total.inc();
+        self.metrics.skills_registered.set(i64::try_from(summary.registered).unwrap_or(i64::MAX));
+        tracing::info!(
+            registered = summary.registered,
+            skipped = summary.skipped,
+            "skill loader: {} skill{} registered",
+            summary.registered,
+            if summary.registered == 1 { "" } else { "s" }
+        );
+        summary
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The executor client.
+    pub fn executor(&self) -> &ExecutorClient {
+        &self.executor
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The run slots.
+    pub fn run_slots(&self) -> &Arc<Semaphore> {
+        &self.run_slots
+    }
+
+    /// Request limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The Prometheus registry the metrics live in.
+    pub fn prometheus(&self) -> &prometheus::Registry {
+        &self.prometheus
+    }
+}

@@ -1,0 +1,114 @@
+//! `ongrid-skilld`: the skill registry daemon. See [`loader::daemon`].
+//!
+//! Exit codes: 0 after SIGTERM/SIGINT, 1 on a start-up failure, 78
+//! (EX_CONFIG) when the configuration is invalid (`--check-config` too).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use loader::config::{FileConfig, Overrides};
+use loader::daemon::Daemon;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+
+/// The ongrid-skills registry daemon: scans the allow-listed skill
+/// directories, serves the client API on a Unix socket and forwards runs to
+/// ongrid-executor. SIGHUP rescans.
+#[derive(Debug, Parser)]
+#[command(name = "ongrid-skilld", version, about)]
+struct Args {
+    /// Configuration file [default: /etc/ongrid/skilld.toml if present].
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Client API socket (overrides `socket`).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Executor socket (overrides `executor_socket`).
+    #[arg(long, value_name = "PATH")]
+    executor_socket: Option<PathBuf>,
+    /// Metrics listener ADDR:PORT; "" disables it (overrides `metrics_listen`).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
+    /// Allow-list root, repeatable (replaces `skills_dirs`; the roots in
+    /// ONGRID_SKILLS_EXTERNAL_DIRS are still appended).
+    #[arg(long = "skills-dir", value_name = "DIR")]
+    skills_dirs: Vec<PathBuf>,
+    /// Check the configuration and exit: 0 if valid, 78 if not.
+    #[arg(long)]
+    check_config: bool,
+}
+
+const EX_CONFIG: u8 = 78;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let overrides = Overrides {
+        socket: args.socket,
+        executor_socket: args.executor_socket,
+        metrics_listen: args.metrics_listen,
+        skills_dirs: args.skills_dirs,
+    };
+    let settings = match FileConfig::load(args.config.as_deref())
+        .and_then(|f| f.resolve(overrides, loader::roots::from_env()))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ongrid-skilld: configuration: {e}");
+            return ExitCode::from(EX_CONFIG);
+        }
+    };
+    if args.check_config {
+        println!("{settings:#?}");
+        return ExitCode::SUCCESS;
+    }
+    match serve(settings) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ongrid-skilld: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(settings: loader::config::Settings) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async {
+        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+        let daemon = Daemon::start(&settings).await.context("starting")?;
+        let app = daemon.app.clone();
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = term.recv() => break,
+                    _ = int.recv() => break,
+                    _ = hup.recv() => {
+                        tracing::info!("SIGHUP: rescanning");
+                        app.reload().await;
+                    }
+                }
+            }
+            tracing::info!("shutting down");
+            stop.cancel();
+        });
+        daemon.run(shutdown).await;
+        let _ = std::fs::remove_file(&settings.socket);
+        Ok(())
+    })
+}

@@ -1,0 +1,104 @@
+//! `ongrid-skilld` as a library: start-up and the serving loop, with the
+//! shutdown signal and the reload trigger handed in by the caller (the
+//! binary passes SIGTERM/SIGINT and SIGHUP; tests pass their own).
+
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
+
+use crate::api;
+use crate::app::App;
+use crate::config::Settings;
+use crate::metrics::Metrics;
+use crate::server::{self, ServeOptions};
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// Registering the metrics failed.
+    #[error("cannot register metrics")]
+    Metrics(#[source] prometheus::Error),
+    /// The client socket could not be bound.
+    #[error(transparent)]
+    Bind(#[from] server::BindError),
+    /// The metrics listener could not be bound.
+    #[error("cannot listen on {addr} for metrics")]
+    MetricsListen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A started daemon: the state, the bound listeners, the serving options.
+#[derive(Debug)]
+pub struct Daemon {
+    /// The shared state (reload it on SIGHUP).
+    pub app: Arc<App>,
+    api: UnixListener,
+    metrics: Option<TcpListener>,
+    opts: ServeOptions,
+}
+
+impl Daemon {
+    /// Registers the metrics (and the process collector) in a fresh
+    /// registry, binds both listeners and does the first scan.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError`].
+    pub async fn start(settings: &Settings) -> Result<Self, StartError> {
+        let registry = prometheus::Registry::new();
+        registry
+            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+            .map_err(StartError::Metrics)?;
+        let metrics = Metrics::new(&registry).map_err(StartError::Metrics)?;
+        let app = Arc::new(App::new(settings, metrics, registry));
+        let api = server::bind(&settings.socket, settings.socket_mode).await?;
+        let metrics = match settings.metrics_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| StartError::MetricsListen { addr, source })?,
+            ),
+            None => None,
+        };
+        app.reload().await;
+        tracing::info!(
+            socket = %settings.socket.display(),
+            executor = %settings.executor_socket.display(),
+            metrics = ?settings.metrics_listen,
+            "ongrid-skilld listening"
+        );
+        let opts = ServeOptions {
+            max_connections: settings.max_connections,
+            header_timeout: settings.request_timeout,
+            drain: std::time::Duration::from_secs(10),
+        };
+        Ok(Self { app, api, metrics, opts })
+    }
+
+    /// Serves the client API and the metrics until `shutdown` is cancelled.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let metrics = self.metrics.map(|listener| {
+            let router = api::metrics_router(Arc::clone(&self.app));
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                let serve = axum::serve(listener, router)
+                    .with_graceful_shutdown(async move { stop.cancelled().await });
+                if let Err(e) = serve.await {
+                    tracing::error!(error = %e, "metrics listener failed");
+                }
+            })
+        });
+        server::serve(self.api, api::router(Arc::clone(&self.app)), self.opts, shutdown).await;
+        if let Some(task) = metrics {
+            let _ = task.await;
+        }
+        tracing::info!("ongrid-skilld stopped");
+    }
+}

@@ -1,0 +1,244 @@
+//! The daemon's Prometheus metrics, held in an injected registry.
+//!
+//! Names follow the Prometheus conventions (prefix `ongrid_`, base units,
+//! `_total` counters); the skill name is the only high-cardinality label,
+//! and only registered names ever reach it. One scrape target carries both
+//! daemons: [`merge_executor_text`] appends the executor's exposition, got
+//! over its socket with the `metrics` call.
+//!
+//! | Metric | Type | Labels |
+//! |---|---|---|
+//! | `ongrid_executions_total` | counter | `skill`, `outcome` |
+//! | `ongrid_run_duration_seconds` | histogram | `skill` |
+//! | `ongrid_run_queue_wait_seconds` | histogram | |
+//! | `ongrid_runs_in_flight` | gauge | |
+//! | `ongrid_skills_registered` | gauge | |
+//! | `ongrid_manifest_errors_total` | counter | `reason` |
+//! | `ongrid_reloads_total` | counter | |
+//! | `ongrid_http_requests_total` | counter | `route`, `code` |
+//! | `ongrid_executor_up` | gauge | |
+//! | `ongrid_build_info` | gauge | `version` |
+//! | `process_*` | process collector | |
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Buckets from 1 ms to 60 s (the longest default timeout is 30 s; a run
+/// killed at a 60 s timeout still lands in a finite bucket).
+pub const DURATION_BUCKETS: [f64; 15] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// The `Content-Type` of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Every metric the loader updates.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    /// Finished requests to run a registered skill, by skill and outcome
+    /// (`invalid_args`, `denied` and `busy` included).
+    pub executions_total: IntCounterVec,
+    /// Wall time of runs the executor reported on, by skill.
+    pub run_duration_seconds: HistogramVec,
+    /// Time a run waited for one of the `max_concurrent_runs` slots.
+    pub run_queue_wait_seconds: Histogram,
+    /// Runs forwarded to the executor and not finished.
+    pub runs_in_flight: IntGauge,
+    /// Skills in the current registry.
+    pub skills_registered: IntGauge,
+    /// Manifests, files and roots skipped by scans, by reason.
+    pub manifest_errors_total: IntCounterVec,
+    /// Scans done (start-up, SIGHUP, `POST /v1/reload`).
+    pub reloads_total: IntCounter,
+    /// Client API requests, by route template and status code.
+    pub http_requests_total: IntCounterVec,
+    /// 1 if the last `metrics` call reached the executor, else 0.
+    pub executor_up: IntGauge,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them, with
+    /// `ongrid_build_info{version}`, in `registry`.
+    ///
+    /// # Errors
+    ///
+    /// A registration error (a name already registered in `registry`).
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let buckets = DURATION_BUCKETS.to_vec();
+        let m = Self {
+            executions_total: IntCounterVec::new(
+                Opts::new("ongrid_executions_total", "Skill run requests finished, by outcome."),
+                &["skill", "outcome"],
+            )?,
+            run_duration_seconds: HistogramVec::new(
+                HistogramOpts::new("ongrid_run_duration_seconds", "Wall time of skill runs.")
+                    .buckets(buckets.clone()),
+                &["skill"],
+            )?,
+            run_queue_wait_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "ongrid_run_queue_wait_seconds",
+                    "Time runs waited for a run slot in the loader.",
+                )
+                .buckets(buckets),
+            )?,
+            runs_in_flight: IntGauge::new("ongrid_runs_in_flight", "Runs not finished yet.")?,
+            skills_registered: IntGauge::new(
+                "ongrid_skills_registered",
+                "Skills in the current registry.",
+            )?,
+            manifest_errors_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_manifest_errors_total",
+                    "Manifests, files or roots skipped by scans, by reason.",
+                ),
+                &["reason"],
+            )?,
+            reloads_total: IntCounter::new("ongrid_reloads_total", "Scans of the skill roots.")?,
+            http_requests_total: IntCounterVec::new(
+                Opts::new("ongrid_http_requests_total", "Client API requests, by route and code."),
+                &["route", "code"],
+            )?,
+            executor_up: IntGauge::new(
+                "ongrid_executor_up",
+                "1 if the executor answered the last metrics call.",
+            )?,
+        };
+        registry.register(Box::new(m.executions_total.clone()))?;
+        registry.register(Box::new(m.run_duration_seconds.clone()))?;
+        registry.register(Box::new(m.run_queue_wait_seconds.clone()))?;
+        registry.register(Box::new(m.runs_in_flight.clone()))?;
+        registry.register(Box::new(m.skills_registered.clone()))?;
+        registry.register(Box::new(m.manifest_errors_total.clone()))?;
+        registry.register(Box::new(m.reloads_total.clone()))?;
+        registry.register(Box::new(m.http_requests_total.clone()))?;
+        registry.register(Box::new(m.executor_up.clone()))?;
+        let build = IntGaugeVec::new(
+            Opts::new("ongrid_build_info", "Build of ongrid-skilld; always 1."),
+            &["version"],
+        )?;
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        registry.register(Box::new(build))?;
+        Ok(m)
+    }
+
+    /// A guard counting one run in flight until it is dropped.
+    pub fn run_in_flight(&self) -> InFlight {
+        self.runs_in_flight.inc();
+        InFlight(self.runs_in_flight.clone())
+    }
+}
+
+/// Decrements `ongrid_runs_in_flight` when dropped, however the run ends
+/// (including a client that goes away mid-run).
+#[derive(Debug)]
+pub struct InFlight(IntGauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Encodes `registry` in the text format.
+pub fn encode(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    // Encoding into a Vec fails only for metric families that cannot be
+    // written (none are ever registered here); an empty answer is the
+    // fallback.
+    if TextEncoder::new().encode(&registry.gather(), &mut buf).is_err() {
+        buf.clear();
+    }
+    String::from_utf8(buf).unwrap_or_default()
+}
+
+/// Appends the executor's exposition `text` to `out`, keeping the result
+/// a valid exposition: families named `process_*` are renamed
+/// `ongrid_executor_process_*` (they would collide with the loader's), and
+/// any family not named `ongrid_executor_*` after that is dropped, so the
+/// executor can never shadow or duplicate a loader family.
+pub fn merge_executor_text(out: &mut String, text: &str) {
+    for line in text.lines() {
+        let (prefix, rest) = if let Some(r) = line.strip_prefix("# HELP ") {
+            ("# HELP ", r)
+        } else if let Some(r) = line.strip_prefix("# TYPE ") {
+            ("# TYPE ", r)
+        } else if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        } else {
+            ("", line)
+        };
+        let name_len = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(rest.len());
+        let (name, tail) = rest.split_at(name_len);
+        let renamed;
+        let name = if name.starts_with("process_") {
+            renamed = format!("ongrid_executor_{name}");
+            renamed.as_str()
+        } else {
+            name
+        };
+        if !name.starts_with("ongrid_executor_") || name == "ongrid_executor_up" {
+            continue;
+        }
+        out.push_str(prefix);
+        out.push_str(name);
+        out.push_str(tail);
+        out.push('\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_build_info_are_exposed() {
+        let r = Registry::new();
+        let m = Metrics::new(&r).unwrap();
+        m.executions_total.with_label_values(&["disk", "ok"]).inc();
+        m.run_duration_seconds.with_label_values(&["disk"]).observe(0.2);
+        let text = encode(&r);
+        assert!(
+            text.contains("ongrid_executions_total{outcome=\"ok\",skill=\"disk\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("ongrid_build_info{version=\""), "{text}");
+        assert!(text.contains("ongrid_run_duration_seconds_bucket{skill=\"disk\",le=\"60\"} 1"));
+        assert!(Metrics::new(&r).is_err(), "registering twice must fail, not duplicate");
+    }
+
+    #[test]
+    fn in_flight_guard_decrements_on_drop() {
+        let m = Metrics::new(&Registry::new()).unwrap();
+        let a = m.run_in_flight();
+        let b = m.run_in_flight();
+        assert_eq!(m.runs_in_flight.get(), 2);
+        drop(a);
+        drop(b);
+        assert_eq!(m.runs_in_flight.get(), 0);
+    }
+
+    #[test]
+    fn executor_text_is_renamed_and_filtered() {
+        let text = "# HELP process_open_fds Open fds.\n# TYPE process_open_fds gauge\n\
+                    process_open_fds 7\n# HELP ongrid_executor_runs_total Runs.\n\
+                    # TYPE ongrid_executor_runs_total counter\n\
+                    ongrid_executor_runs_total{outcome=\"ok\"} 3\n\
+                    # TYPE ongrid_executions_total counter\nongrid_executions_total 9\n\
+                    # a comment\n\nnonsense{\n";
+        let mut out = String::new();
+        merge_executor_text(&mut out, text);
+        assert_eq!(
+            out,
+            "# HELP ongrid_executor_process_open_fds Open fds.\n\
+             # TYPE ongrid_executor_process_open_fds gauge\n\
+             ongrid_executor_process_open_fds 7\n\
+             # HELP ongrid_executor_runs_total Runs.\n\
+             # TYPE ongrid_executor_runs_total counter\n\
+             ongrid_executor_runs_total{outcome=\"ok\"} 3\n"
+        );
+    }
+}
