@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use policy::{Limits, SkillGrant};
+use policy::{Limits, SkillClass, SkillGrant};
 use serde::Deserialize;
 
 /// Default user skills run as when the executor is root.
@@ -17,6 +17,17 @@ pub const DEFAULT_RUN_AS: &str = "ongrid-skill";
 pub const DEFAULT_RUNTIME_DIR: &str = "/run/ongrid";
 /// Default system-wide configuration file.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/ongrid/executor.toml";
+/// Allow-list root `serve` uses when `roots` is empty (`run` uses the
+/// manifest's own folder instead).
+pub const DEFAULT_SERVE_ROOT: &str = "/etc/ongrid/skills";
+/// File name of the socket in the runtime directory.
+pub const SOCKET_NAME: &str = "executor.sock";
+/// User and group of the loader (`ongrid-skilld`), the expected peer.
+pub const LOADER_USER: &str = "ongrid";
+/// Longest accepted line when `max_line_bytes` is not set.
+pub const DEFAULT_MAX_LINE_BYTES: usize = policy::wire::MAX_LINE_BYTES;
+/// Shortest `max_line_bytes` (a request with a manifest path must fit).
+pub const MIN_MAX_LINE_BYTES: usize = 1024;
 
 /// Whether Landlock's ABI 1 filesystem rights are a hard requirement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -49,6 +60,47 @@ pub struct Config {
     pub limits: Limits,
     /// What each skill may ask for beyond the default box, by skill name.
     pub skills: BTreeMap<String, SkillGrant>,
+
+    // `serve` settings: the executor socket and who may use it.
+    /// Socket path; default `<runtime_dir>/executor.sock`.
+    pub socket: Option<PathBuf>,
+    /// User owning the socket node (name or number).
+    pub socket_owner: String,
+    /// Group of the socket node (name or number); default `ongrid` when that
+    /// group exists, else the socket stays root's group (with a log line).
+    pub socket_group: Option<String>,
+    /// Mode of the socket node, octal (`"0660"`).
+    pub socket_mode: String,
+    /// Peer uids (SO_PEERCRED) that may talk to the executor; default root,
+    /// the `ongrid` user if it exists, and the executor's own uid.
+    pub allowed_uids: Option<Vec<u32>>,
+    /// Peer primary gids that may talk to the executor; default the `ongrid`
+    /// group if it exists.
+    pub allowed_gids: Option<Vec<u32>>,
+    /// Skill classes a peer may run, by peer uid (defence in depth: the
+    /// loader decides, the executor re-checks with the class it read
+    /// itself). A peer without an entry may run every class.
+    pub peers: Vec<PeerClasses>,
+    /// Runs at once.
+    pub max_concurrent_runs: usize,
+    /// Runs waiting for a slot; beyond them an `execute` is answered `busy`.
+    pub max_queued_runs: usize,
+    /// Connections at once; further ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// Longest request line, bytes.
+    pub max_line_bytes: usize,
+}
+
+/// Which skill classes one peer may run (`[[peers]]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerClasses {
+    /// The peer's uid.
+    pub uid: Option<u32>,
+    /// The peer's user name (instead of `uid`).
+    pub user: Option<String>,
+    /// The classes it may run.
+    pub classes: Vec<SkillClass>,
 }
 
 impl Default for Config {
@@ -62,6 +114,17 @@ impl Default for Config {
             entry_owners: vec!["root".to_owned()],
             limits: Limits::default(),
             skills: BTreeMap::new(),
+            socket: None,
+            socket_owner: "root".to_owned(),
+            socket_group: None,
+            socket_mode: "0660".to_owned(),
+            allowed_uids: None,
+            allowed_gids: None,
+            peers: Vec::new(),
+            max_concurrent_runs: 16,
+            max_queued_runs: 64,
+            max_connections: 256,
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
         }
     }
 }
@@ -155,7 +218,77 @@ impl Config {
                 }
             }
         }
+        if let Some(socket) = &self.socket {
+            policy::path::absolute_normal(&socket.to_string_lossy())
+                .map_err(|e| invalid("socket", e.to_string()))?;
+        }
+        if self.socket_owner.is_empty() {
+            return Err(invalid("socket_owner", "empty user name".to_owned()));
+        }
+        if self.socket_group.as_deref() == Some("") {
+            return Err(invalid("socket_group", "empty group name".to_owned()));
+        }
+        parse_mode(&self.socket_mode).map_err(|reason| invalid("socket_mode", reason))?;
+        let mut seen = Vec::new();
+        for p in &self.peers {
+            let who = match (&p.uid, &p.user) {
+                (Some(uid), None) => uid.to_string(),
+                (None, Some(user)) if !user.is_empty() => user.clone(),
+                _ => {
+                    return Err(invalid(
+                        "peers",
+                        "each [[peers]] needs exactly one of uid or user".to_owned(),
+                    ))
+                }
+            };
+            if seen.contains(&who) {
+                return Err(invalid("peers", format!("peer {who} listed twice")));
+            }
+            seen.push(who);
+        }
+        if self.max_concurrent_runs == 0 {
+            return Err(invalid("max_concurrent_runs", "must be at least 1".to_owned()));
+        }
+        if self.max_connections == 0 {
+            return Err(invalid("max_connections", "must be at least 1".to_owned()));
+        }
+        // tokio's Semaphore holds at most usize::MAX >> 3 permits.
+        let cap = usize::MAX >> 4;
+        if self.max_concurrent_runs > cap
+            || self.max_queued_runs > cap
+            || self.max_connections > cap
+        {
+            return Err(invalid("max_concurrent_runs", "too large".to_owned()));
+        }
+        if self.max_line_bytes < MIN_MAX_LINE_BYTES {
+            return Err(invalid(
+                "max_line_bytes",
+                format!("must be at least {MIN_MAX_LINE_BYTES}"),
+            ));
+        }
         Ok(())
+    }
+
+    /// The socket `serve` listens on.
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket.clone().unwrap_or_else(|| self.runtime_dir().join(SOCKET_NAME))
+    }
+
+    /// The socket node's mode bits.
+    pub fn socket_mode_bits(&self) -> u32 {
+        // Validated at load; a hand-built Config with a bad mode gets 0600.
+        parse_mode(&self.socket_mode).unwrap_or(0o600)
+    }
+
+    /// The configuration `serve` runs with: `roots` defaults to
+    /// [`DEFAULT_SERVE_ROOT`], never "the manifest's folder", so a manifest
+    /// outside the roots is `rejected`.
+    #[must_use]
+    pub fn for_serve(mut self) -> Self {
+        if self.roots.is_empty() {
+            self.roots.push(PathBuf::from(DEFAULT_SERVE_ROOT));
+        }
+        self
     }
 
     /// Longest timeout a manifest may ask for.
@@ -177,6 +310,15 @@ impl Config {
             Some(x) if Path::new(&x).is_absolute() => Path::new(&x).join("ongrid"),
             _ => PathBuf::from(format!("/tmp/ongrid-{uid}")),
         }
+    }
+}
+
+/// Parses an octal permission string (`"0660"`, `"660"`).
+fn parse_mode(text: &str) -> Result<u32, String> {
+    let digits = text.strip_prefix("0o").unwrap_or(text);
+    match u32::from_str_radix(digits, 8) {
+        Ok(mode) if mode <= 0o777 && !digits.is_empty() => Ok(mode),
+        _ => Err(format!("{text:?} is not an octal mode between 0000 and 0777")),
     }
 }
 
@@ -214,6 +356,43 @@ mod tests {
     }
 
     #[test]
+    fn serve_settings_parse() {
+        let text = r#"
+            socket = "/run/x/executor.sock"
+            socket_owner = "root"
+            socket_group = "ongrid"
+            socket_mode = "0600"
+            allowed_uids = [0, 998]
+            allowed_gids = [997]
+            max_concurrent_runs = 2
+            max_queued_runs = 0
+            max_connections = 8
+            max_line_bytes = 65536
+            [[peers]]
+            uid = 998
+            classes = ["safe", "mutating"]
+            [[peers]]
+            user = "ops"
+            classes = ["dangerous"]
+        "#;
+        let c = Config::parse(text, Path::new("x.toml")).unwrap();
+        assert_eq!(c.socket_path(), PathBuf::from("/run/x/executor.sock"));
+        assert_eq!(c.socket_mode_bits(), 0o600);
+        assert_eq!(c.allowed_uids, Some(vec![0, 998]));
+        assert_eq!(c.peers[0].classes, [SkillClass::Safe, SkillClass::Mutating]);
+        assert_eq!(c.peers[1].user.as_deref(), Some("ops"));
+        assert_eq!(c.max_queued_runs, 0);
+
+        let d = Config::default();
+        assert_eq!(d.socket_mode_bits(), 0o660);
+        assert_eq!(d.max_line_bytes, policy::wire::MAX_LINE_BYTES);
+        assert_eq!(d.socket_path(), d.runtime_dir().join("executor.sock"));
+        assert!(d.clone().for_serve().roots == [PathBuf::from(DEFAULT_SERVE_ROOT)]);
+        let custom = Config { roots: vec!["/srv/s".into()], ..d };
+        assert_eq!(custom.for_serve().roots, [PathBuf::from("/srv/s")]);
+    }
+
+    #[test]
     fn unknown_and_bad_fields_are_errors() {
         for (text, needle) in [
             ("runas = \"x\"", "unknown field"),
@@ -223,6 +402,19 @@ mod tests {
             ("[skills.Bad-Name]", "skills"),
             ("[skills.x]\ncapabilities = [\"CAP_NOPE\"]", "CAP_NOPE"),
             ("landlock = \"maybe\"", "landlock"),
+            ("socket = \"rel.sock\"", "socket"),
+            ("socket_mode = \"0999\"", "socket_mode"),
+            ("socket_mode = \"4755\"", "socket_mode"),
+            ("socket_group = \"\"", "socket_group"),
+            ("max_concurrent_runs = 0", "max_concurrent_runs"),
+            ("max_connections = 0", "max_connections"),
+            ("max_line_bytes = 10", "max_line_bytes"),
+            ("allowed_uids = [-1]", "allowed_uids"),
+            ("[[peers]]\nclasses = [\"safe\"]", "peers"),
+            ("[[peers]]\nuid = 1\nuser = \"x\"\nclasses = []", "peers"),
+            ("[[peers]]\nuid = 1\nclasses = [\"root\"]", "classes"),
+            ("[[peers]]\nuid = 1\nclasses = []\n[[peers]]\nuid = 1\nclasses = []", "twice"),
+            ("[[peers]]\nuid = 1\nclass = []", "unknown field"),
         ] {
             let e = Config::parse(text, Path::new("x.toml")).unwrap_err().to_string();
             assert!(e.contains(needle), "{text}: {e}");

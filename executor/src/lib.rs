@@ -13,6 +13,10 @@
 //! - [`supervise`]: steps 6 and 7, I/O bounds, deadline, tree kill.
 //! - [`reaper`]: reaping main processes and orphans.
 //! - [`engine`]: [`Engine`], one request in, one [`policy::RunReport`] out.
+//! - [`server`]: `ongrid-executor serve`, the executor wire on a Unix
+//!   socket (peer check, admission and queue, cancellation, shutdown).
+//! - [`metrics`]: the executor's Prometheus metrics on an injected registry.
+//! - [`sweep`]: removing run directories and cgroups left by a crash.
 //! - `sys`: the only unsafe code (raw syscalls, the child's sequence).
 //!
 //! # Trust model
@@ -82,13 +86,17 @@ pub mod cgroup;
 pub mod config;
 pub mod engine;
 pub mod landlock;
+pub mod metrics;
 pub mod plan;
 pub mod reaper;
 pub mod rundir;
 pub mod seccomp;
+pub mod server;
 pub mod spawn;
 pub mod supervise;
+pub mod sweep;
 pub(crate) mod sys;
 
 pub use config::{Config, ConfigError, LandlockMode};
 pub use engine::{Engine, EngineError, RunRequest};
+pub use metrics::Metrics;

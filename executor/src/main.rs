@@ -1,8 +1,10 @@
-//! `ongrid-executor`: run one skill under the full sandbox.
+//! `ongrid-executor`: run one skill under the full sandbox (`run`), or serve
+//! the executor wire on a Unix socket (`serve`).
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -49,7 +51,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the executor wire (newline-delimited JSON-RPC 2.0) on the
+    /// configured Unix socket until SIGTERM or Ctrl-C, then drain.
+    #[command(after_help = SERVE_HELP)]
+    Serve {
+        /// executor.toml (default: /etc/ongrid/executor.toml if it exists).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
+
+const SERVE_HELP: &str = "\
+Socket: `socket` in executor.toml (default <runtime_dir>/executor.sock, i.e.
+/run/ongrid/executor.sock as root), owner/group/mode from socket_owner,
+socket_group, socket_mode. Peers are checked with SO_PEERCRED against
+allowed_uids/allowed_gids. Methods: execute, ping, metrics.
+SIGTERM or Ctrl-C: stop accepting, let runs finish within their deadlines,
+then exit 0. Exit 70: the configuration, socket or engine could not be set up.";
 
 fn exit_code(outcome: Outcome) -> u8 {
     match outcome {
@@ -111,6 +129,56 @@ fn run(manifest: PathBuf, args: String, config: Option<PathBuf>, json: bool) -> 
     print(&report, json)
 }
 
+fn serve(config: Option<PathBuf>) -> anyhow::Result<u8> {
+    let config = load_config(config).context("loading the configuration")?.for_serve();
+    // Runs are spawned from the runtime's worker threads, which live as long
+    // as the runtime (the children's parent-death signal is tied to the
+    // spawning thread; see `executor::server`). Runs also block a worker
+    // briefly during cgroup teardown, hence at least 4 workers.
+    let workers = std::thread::available_parallelism().map_or(4, |n| n.get().max(4));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name("ongrid-executor")
+        .enable_all()
+        .build()
+        .context("building the runtime")?;
+    rt.block_on(async {
+        let registry = prometheus::Registry::new();
+        // Unprefixed `process_*`: the loader renames them when it appends
+        // this text to its own /metrics.
+        registry
+            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+            .context("registering process metrics")?;
+        let metrics = Arc::new(executor::Metrics::new(&registry).context("registering metrics")?);
+        let engine = Arc::new(Engine::new(config).context("starting the engine")?);
+        let socket = engine.config().socket_path();
+        let listener = executor::server::bind(engine.config()).context("binding the socket")?;
+        eprintln!("ongrid-executor: serving on {}", socket.display());
+        executor::server::run(listener, engine, metrics, shutdown_signal()).await;
+        executor::server::socket::remove(&socket);
+        Ok(0)
+    })
+}
+
+/// Completes on the first SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("executor: SIGTERM"),
+                _ = int.recv() => tracing::info!("executor: SIGINT"),
+            }
+        }
+        _ => {
+            tracing::warn!("executor: cannot listen for signals; falling back to Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 fn print(report: &policy::RunReport, json: bool) -> anyhow::Result<u8> {
     let mut out = std::io::stdout().lock();
     if json {
@@ -141,6 +209,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Run { manifest, args, config, json } => run(manifest, args, config, json),
+        Command::Serve { config } => serve(config),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -1,0 +1,185 @@
+//! The executor's Prometheus metrics, registered on an injected
+//! [`Registry`] (no global registry, so tests build a fresh one and assert
+//! exact counts).
+//!
+//! Names follow the Prometheus conventions: the `ongrid_` prefix, base
+//! units, `_total` on counters. The skill name is the only high-cardinality
+//! label, and it is set only from a manifest the executor validated under
+//! its own roots (an unknown or refused manifest is counted with
+//! `skill=""`), so a caller cannot mint label values.
+//!
+//! The loader fetches [`Metrics::render`] through the `metrics` method of
+//! the executor wire and appends it to its own `/metrics`.
+
+use std::time::Duration;
+
+use policy::{Enforcement, RunReport};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// Run-duration buckets, 1 ms to 60 s (a run killed at a 60 s timeout
+/// lands in `le="60"` or `+Inf`).
+pub const DURATION_BUCKETS: [f64; 15] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// Sandbox-setup and queue-wait buckets: 100 µs to 60 s.
+pub const SHORT_BUCKETS: [f64; 18] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+];
+
+/// The executor's metrics.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    /// Where the metrics are registered (rendered by [`Metrics::render`]).
+    registry: Registry,
+    /// `ongrid_executor_runs_total{skill,outcome}`: every `execute` that got
+    /// an answer (report or `busy`).
+    pub runs_total: IntCounterVec,
+    /// `ongrid_executor_run_duration_seconds`: runs handed to the engine,
+    /// from its start to the report (queue wait excluded).
+    pub run_duration_seconds: Histogram,
+    /// `ongrid_sandbox_setup_seconds`: validation to exec, of runs that
+    /// spawned (the report's `setup_us`).
+    pub sandbox_setup_seconds: Histogram,
+    /// `ongrid_executor_queue_wait_seconds`: time admitted runs waited for a
+    /// slot.
+    pub queue_wait_seconds: Histogram,
+    /// `ongrid_executor_runs_in_flight`: runs holding a slot.
+    pub runs_in_flight: IntGauge,
+    /// `ongrid_landlock_enforcement_total{status}`: `full`, `partial` or
+    /// `none`, per run that built a sandbox.
+    pub landlock_enforcement_total: IntCounterVec,
+    /// `ongrid_executor_peer_rejected_total`: connections refused by the
+    /// SO_PEERCRED check.
+    pub peer_rejected_total: IntCounter,
+    /// `ongrid_executor_connections`: accepted connections open now.
+    pub connections: IntGauge,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them on `registry`.
+    ///
+    /// # Errors
+    ///
+    /// [`prometheus::Error`] when a name is already registered there.
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+        };
+        let m = Metrics {
+            registry: registry.clone(),
+            runs_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_executor_runs_total",
+                    "Executions answered, by skill and outcome.",
+                ),
+                &["skill", "outcome"],
+            )?,
+            run_duration_seconds: histogram(
+                "ongrid_executor_run_duration_seconds",
+                "Wall time of runs handed to the run engine.",
+                &DURATION_BUCKETS,
+            )?,
+            sandbox_setup_seconds: histogram(
+                "ongrid_sandbox_setup_seconds",
+                "Validation to exec of runs that spawned.",
+                &SHORT_BUCKETS,
+            )?,
+            queue_wait_seconds: histogram(
+                "ongrid_executor_queue_wait_seconds",
+                "Time admitted runs waited for a run slot.",
+                &SHORT_BUCKETS,
+            )?,
+            runs_in_flight: IntGauge::new(
+                "ongrid_executor_runs_in_flight",
+                "Runs holding a run slot now.",
+            )?,
+            landlock_enforcement_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_landlock_enforcement_total",
+                    "Runs by the Landlock enforcement they got (full, partial, none).",
+                ),
+                &["status"],
+            )?,
+            peer_rejected_total: IntCounter::new(
+                "ongrid_executor_peer_rejected_total",
+                "Connections refused by the peer-credential check.",
+            )?,
+            connections: IntGauge::new(
+                "ongrid_executor_connections",
+                "Accepted executor-socket connections open now.",
+            )?,
+        };
+        registry.register(Box::new(m.runs_total.clone()))?;
+        registry.register(Box::new(m.run_duration_seconds.clone()))?;
+        registry.register(Box::new(m.sandbox_setup_seconds.clone()))?;
+        registry.register(Box::new(m.queue_wait_seconds.clone()))?;
+        registry.register(Box::new(m.runs_in_flight.clone()))?;
+        registry.register(Box::new(m.landlock_enforcement_total.clone()))?;
+        registry.register(Box::new(m.peer_rejected_total.clone()))?;
+        registry.register(Box::new(m.connections.clone()))?;
+        Ok(m)
+    }
+
+    /// Counts an answered `execute` under `skill` (`""` when the manifest
+    /// was not validated).
+    pub fn count_outcome(&self, skill: &str, outcome: policy::Outcome) {
+        self.runs_total.with_label_values(&[skill, outcome.as_str()]).inc();
+    }
+
+    /// Records a report the engine produced after running for `elapsed`.
+    pub fn record_run(&self, skill: &str, report: &RunReport, elapsed: Duration) {
+        self.count_outcome(skill, report.outcome);
+        self.run_duration_seconds.observe(elapsed.as_secs_f64());
+        if let Some(sandbox) = &report.sandbox {
+            if report.setup_us > 0 {
+                self.sandbox_setup_seconds.observe(report.setup_us as f64 / 1e6);
+            }
+            let status = match sandbox.landlock.status {
+                Enforcement::Full => "full",
+                Enforcement::Partial => "partial",
+                Enforcement::None => "none",
+            };
+            self.landlock_enforcement_total.with_label_values(&[status]).inc();
+        }
+    }
+
+    /// The registry's text exposition (format 0.0.4).
+    pub fn render(&self) -> String {
+        TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_else(|e| {
+            // Encoding fails only on inconsistent families, which the typed
+            // metrics above cannot produce; say so in the text itself.
+            format!("# ongrid-executor: metrics encoding failed: {e}\n")
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use policy::Outcome;
+
+    use super::*;
+
+    #[test]
+    fn fresh_registry_counts_exactly() {
+        let registry = Registry::new();
+        let m = Metrics::new(&registry).unwrap();
+        assert!(Metrics::new(&registry).is_err(), "names are registered once");
+        m.count_outcome("x", Outcome::Busy);
+        let report = RunReport::not_run("x", Outcome::Rejected, "no");
+        m.record_run("", &report, Duration::from_millis(3));
+        let text = m.render();
+        assert!(
+            text.contains("ongrid_executor_runs_total{outcome=\"busy\",skill=\"x\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("ongrid_executor_runs_total{outcome=\"rejected\",skill=\"\"} 1"));
+        assert!(text.contains("ongrid_executor_run_duration_seconds_bucket{le=\"0.005\"} 1"));
+        assert!(text.contains("ongrid_executor_run_duration_seconds_count 1"));
+        assert!(text.contains("ongrid_sandbox_setup_seconds_count 0"));
+        assert!(text.contains("ongrid_executor_connections 0"));
+        assert!(text.contains("ongrid_executor_peer_rejected_total 0"));
+    }
+}

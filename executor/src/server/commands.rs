@@ -1,0 +1,147 @@
+//! One handler per method of the executor wire.
+
+use std::time::Instant;
+
+use policy::wire::{self, code, ExecuteParams, MetricsResult, Request, WireError};
+use policy::{Outcome, RunReport};
+use serde_json::{json, Value};
+
+use super::connection::{ConnCtx, GaugeGuard};
+use crate::engine::RunRequest;
+
+/// Longest session id quoted in logs.
+const SESSION_LOG_CHARS: usize = 64;
+
+/// Handles one line (or line error) read from the connection.
+pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
+    let line = match item {
+        Ok(line) => line,
+        Err(e) => {
+            tracing::debug!("executor: {}: {e}", ctx.peer);
+            ctx.send(wire::encode_error(&Value::Null, &e));
+            return;
+        }
+    };
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return;
+    }
+    match wire::decode_line(&line) {
+        Err((id, e)) => {
+            tracing::debug!("executor: {}: {e}", ctx.peer);
+            ctx.send(wire::encode_error(&id, &e));
+        }
+        Ok(Request::Ping { id }) => ctx.send(wire::encode_result(&id, &json!({"ok": true}))),
+        Ok(Request::Metrics { id }) => {
+            let text = ctx.shared.metrics.render();
+            ctx.send(wire::encode_result(&id, &json!(MetricsResult { text })));
+        }
+        Ok(Request::Execute { id, params }) => {
+            let run_ctx = ctx.clone();
+            ctx.runs.spawn(execute(run_ctx, id, params));
+        }
+    }
+}
+
+/// Answers `busy` (JSON-RPC error [`code::BUSY`]) and counts it.
+fn busy(ctx: &ConnCtx, id: &Value, skill: &str, why: &str) {
+    ctx.shared.metrics.count_outcome(skill, Outcome::Busy);
+    tracing::info!("executor: run {skill:?} busy: {why} (peer {})", ctx.peer);
+    ctx.send(wire::encode_error_code(id, code::BUSY, why));
+}
+
+/// Answers with a report for a run that never started, and counts it.
+fn refuse(ctx: &ConnCtx, id: &Value, skill: &str, report: &RunReport) {
+    ctx.shared.metrics.count_outcome(skill, report.outcome);
+    tracing::info!(
+        "executor: run {skill:?} {}: {} (peer {})",
+        report.outcome,
+        report.error.as_deref().unwrap_or(""),
+        ctx.peer
+    );
+    ctx.send(wire::encode_report(id, report));
+}
+
+/// `execute`: check, admit, queue, run, report.
+async fn execute(ctx: ConnCtx, id: Value, params: ExecuteParams) {
+    let shared = &ctx.shared;
+    let session: String =
+        params.session_id.as_deref().unwrap_or("-").chars().take(SESSION_LOG_CHARS).collect();
+    // The executor's own reading of the manifest: under its roots, valid.
+    let checked = match shared.manifests.check(&params.manifest) {
+        Ok(c) => c,
+        Err(report) => return refuse(&ctx, &id, "", &report),
+    };
+    let skill = checked.name.as_str();
+    if !shared.peers.may_run(ctx.peer.uid, checked.class) {
+        let why = format!("peer uid {} may not run {} skills", ctx.peer.uid, checked.class);
+        return refuse(&ctx, &id, skill, &RunReport::not_run(skill, Outcome::Denied, why));
+    }
+    if let Some(claimed) = params.class.filter(|c| *c != checked.class) {
+        let why = format!(
+            "the caller authorised class {claimed}, but the manifest declares {}",
+            checked.class
+        );
+        return refuse(&ctx, &id, skill, &RunReport::not_run(skill, Outcome::Denied, why));
+    }
+    if shared.stopping.is_cancelled() {
+        return busy(&ctx, &id, skill, "the executor is shutting down");
+    }
+    // Admission: a run slot or a queue place, else busy at once.
+    let Ok(admitted) = shared.admission.clone().try_acquire_owned() else {
+        let config = shared.engine.config();
+        let why = format!(
+            "the executor is at its cap ({} runs, {} queued)",
+            config.max_concurrent_runs, config.max_queued_runs
+        );
+        return busy(&ctx, &id, skill, &why);
+    };
+    let queued = Instant::now();
+    let slot = tokio::select! {
+        biased;
+        () = ctx.token.cancelled() => {
+            tracing::info!("executor: run {skill:?} cancelled while queued (peer {})", ctx.peer);
+            return;
+        }
+        () = shared.stopping.cancelled() => {
+            return busy(&ctx, &id, skill, "the executor is shutting down");
+        }
+        slot = shared.slots.clone().acquire_owned() => match slot {
+            Ok(slot) => slot,
+            // The semaphore is never closed.
+            Err(_) => return,
+        },
+    };
+    let metrics = &shared.metrics;
+    metrics.queue_wait_seconds.observe(queued.elapsed().as_secs_f64());
+    let in_flight = GaugeGuard::new(&metrics.runs_in_flight);
+    let tx = ctx.sender();
+    let stderr_id = id.clone();
+    let mut sink = move |line: &str| {
+        let _ = tx.send(wire::encode_stderr(&stderr_id, line));
+    };
+    // Serialising a Value cannot fail (every key is a string).
+    let args = serde_json::to_vec(&params.args).unwrap_or_default();
+    let started = Instant::now();
+    // Polled by this task, on a runtime thread (see the module docs of
+    // `server` on the parent-death signal).
+    let report = shared
+        .engine
+        .run(
+            RunRequest { manifest_path: checked.path.clone(), args },
+            &mut sink,
+            ctx.token.clone().cancelled_owned(),
+        )
+        .await;
+    let elapsed = started.elapsed();
+    drop(slot);
+    drop(admitted);
+    drop(in_flight);
+    metrics.record_run(skill, &report, elapsed);
+    tracing::info!(
+        "executor: run {skill:?} {} in {} ms (peer {}, session {session:?})",
+        report.outcome,
+        elapsed.as_millis(),
+        ctx.peer
+    );
+    ctx.send(wire::encode_report(&id, &report));
+}

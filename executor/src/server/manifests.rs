@@ -1,0 +1,187 @@
+//! The executor's own reading of the manifest named in an `execute`: under
+//! one of its roots, valid, and of which class. Used before admission so
+//! that a refused request never takes a run slot, and so that the class
+//! check and the metrics' `skill` label come from what the executor read,
+//! not from what the caller said.
+//!
+//! Parsed manifests are cached by the opened file's device, inode, size,
+//! mtime and ctime: a manifest that changes is read again. The engine
+//! re-reads and re-validates everything (manifest, entry, ownership,
+//! grants) for the run itself.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use policy::{Manifest, Outcome, RunReport, SkillClass, ValidateOptions, MAX_MANIFEST_BYTES};
+
+use crate::config::Config;
+
+/// Entries kept before the cache is cleared (manifests live in the
+/// operator's roots, so this bounds only a caller probing many paths).
+const MAX_ENTRIES: usize = 4096;
+
+/// A manifest that passed the check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    /// The manifest's canonical path (what the engine is asked to run).
+    pub path: PathBuf,
+    /// The skill's name.
+    pub name: String,
+    /// The skill's class as the manifest declares it.
+    pub class: SkillClass,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct ManifestCache {
+    roots: Vec<PathBuf>,
+    opts: ValidateOptions,
+    entries: Mutex<HashMap<PathBuf, (Key, Checked)>>,
+}
+
+impl ManifestCache {
+    /// A cache checking against `config.roots` (an empty list refuses
+    /// everything: `serve` runs with [`Config::for_serve`]).
+    pub fn new(config: &Config) -> Self {
+        ManifestCache {
+            roots: config.roots.clone(),
+            opts: ValidateOptions { max_timeout: config.max_timeout() },
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Checks the manifest at `path`.
+    ///
+    /// # Errors
+    ///
+    /// A `rejected` report (skill name empty) saying why.
+    pub fn check(&self, path: &str) -> Result<Checked, Box<RunReport>> {
+        let reject = |why: String| Box::new(RunReport::not_run("", Outcome::Rejected, why));
+        if !Path::new(path).is_absolute() {
+            return Err(reject(format!("manifest {path:?}: not an absolute path")));
+        }
+        let canonical = fs::canonicalize(path)
+            .map_err(|e| reject(format!("manifest {path}: cannot read: {e}")))?;
+        // Roots are resolved on each check: a root created after start-up
+        // counts, a root turned into a symlink is followed as the engine does.
+        let inside = self
+            .roots
+            .iter()
+            .filter_map(|r| fs::canonicalize(r).ok())
+            .any(|r| policy::path::is_within(&canonical, &r));
+        if !inside {
+            return Err(reject(format!(
+                "manifest {} is not under an allow-list root",
+                canonical.display()
+            )));
+        }
+        let read_err = |e: std::io::Error| {
+            reject(format!("manifest {}: cannot read: {e}", canonical.display()))
+        };
+        let file = fs::File::open(&canonical).map_err(read_err)?;
+        let meta = file.metadata().map_err(read_err)?;
+        if !meta.is_file() {
+            return Err(reject(format!("manifest {}: not a regular file", canonical.display())));
+        }
+        let key = Key {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        };
+        if let Some((k, checked)) = self.lock().get(&canonical) {
+            if *k == key {
+                return Ok(checked.clone());
+            }
+        }
+        let mut bytes = Vec::new();
+        file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes).map_err(read_err)?;
+        let manifest = Manifest::from_slice(&bytes, &self.opts)
+            .map_err(|e| reject(format!("manifest {}: {e}", canonical.display())))?;
+        let checked = Checked {
+            path: canonical.clone(),
+            name: manifest.name().to_string(),
+            class: manifest.class(),
+        };
+        let mut entries = self.lock();
+        if entries.len() >= MAX_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(canonical, (key, checked.clone()));
+        Ok(checked)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, (Key, Checked)>> {
+        // Every update is one insert or clear: a poisoned map is consistent.
+        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Manifests cached now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Returns true if and only if nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, class: &str) -> PathBuf {
+        let m = dir.join("skill.json");
+        fs::write(&m, format!(r#"{{"name":"c","description":"d","entry":"x","class":"{class}"}}"#))
+            .unwrap();
+        m
+    }
+
+    #[test]
+    fn roots_class_and_cache_by_file_identity() {
+        let root = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let config = Config { roots: vec![root.path().to_owned()], ..Config::default() };
+        let cache = ManifestCache::new(&config);
+        fs::create_dir(root.path().join("a")).unwrap();
+        let m = write(&root.path().join("a"), "mutating");
+        let c = cache.check(m.to_str().unwrap()).unwrap();
+        assert_eq!((c.name.as_str(), c.class), ("c", SkillClass::Mutating));
+        assert_eq!(cache.len(), 1);
+        // Rewritten (size or mtime or ctime change): read again.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        write(&root.path().join("a"), "safe");
+        assert_eq!(cache.check(m.to_str().unwrap()).unwrap().class, SkillClass::Safe);
+
+        for (path, needle) in [
+            (write(other.path(), "safe"), "not under an allow-list root"),
+            (root.path().join("missing/skill.json"), "cannot read"),
+            (PathBuf::from("rel/skill.json"), "not an absolute path"),
+        ] {
+            let r = cache.check(path.to_str().unwrap()).unwrap_err();
+            assert_eq!(r.outcome, Outcome::Rejected);
+            assert!(r.error.as_deref().unwrap().contains(needle), "{r:?}");
+        }
+        fs::write(root.path().join("a/skill.json"), "{").unwrap();
+        let r = cache.check(m.to_str().unwrap()).unwrap_err();
+        assert_eq!(r.outcome, Outcome::Rejected);
+
+        let none = ManifestCache::new(&Config::default());
+        assert!(none.check(m.to_str().unwrap()).is_err(), "no roots: nothing passes");
+    }
+}

@@ -1,0 +1,203 @@
+//! `ongrid-executor serve`: the executor wire on a Unix socket.
+//!
+//! Newline-delimited JSON-RPC 2.0 ([`policy::wire`]) with a line-length
+//! cap. Methods: `execute` (stream `stderr` notifications for the run, then
+//! one response whose result is the [`policy::RunReport`]), `ping`
+//! (`{"ok":true}`) and `metrics` (`{"text":"<Prometheus exposition>"}`).
+//!
+//! # Layout (mini-redis's layering)
+//!
+//! - [`socket`]: binding the socket node with its owner, group and mode.
+//! - [`peer`]: who may connect (SO_PEERCRED) and which classes each may run.
+//! - [`manifests`]: the executor's own reading of a manifest (roots, class),
+//!   cached by device, inode, size, mtime and ctime.
+//! - `connection`: one connection: capped line reads, a writer task,
+//!   client-gone detection.
+//! - `commands`: one handler per method; `execute` does admission, the
+//!   queue, the run and the metrics.
+//! - this module: [`run`], the accept loop and shutdown.
+//!
+//! # Limits
+//!
+//! `max_connections` connections at once (a [`Semaphore`] permit is taken
+//! before `accept`, so further clients wait in the backlog);
+//! `max_concurrent_runs` runs at once, and up to `max_queued_runs` more wait
+//! for a slot; beyond that an `execute` is answered with the JSON-RPC error
+//! [`policy::wire::code::BUSY`].
+//!
+//! # Cancellation and shutdown
+//!
+//! Ownership and tokens, never global flags. Every connection has a
+//! [`CancellationToken`] (a child of the server's `kill` token) that its run
+//! tasks pass to [`Engine::run`] as the cancel future: when the peer closes
+//! the connection (a read EOF and a hang-up on the socket, or a failed
+//! write), the token is cancelled and each of its runs' process trees is
+//! killed. A peer that only shuts down its write side keeps its runs.
+//!
+//! When the `shutdown` future completes (SIGTERM or Ctrl-C in `main`), the
+//! listener is dropped (no new connections), queued and new `execute`s are
+//! answered `busy`, and the runs in flight go on until they end, each
+//! bounded by its own deadline. A connection closes once it has no run left.
+//! If runs are still there after the longest possible run
+//! (`max_timeout_seconds` plus the kill grace and a margin), the `kill`
+//! token is cancelled, which kills them all. [`run`] returns when every
+//! connection task has ended (tracked by a [`TaskTracker`]).
+//!
+//! # Threads and the parent-death signal
+//!
+//! A skill's main process gets `PR_SET_PDEATHSIG(SIGKILL)`, which the kernel
+//! fires when the *thread* that created it exits. [`Engine::run`] creates
+//! the child from the thread that polls it, so runs are spawned as tokio
+//! tasks: on a multi-thread runtime they are polled by its worker threads,
+//! which live as long as the runtime; on a current-thread runtime by the
+//! thread in `block_on`. Nothing here uses `spawn_blocking` or
+//! `block_in_place` (a blocking-pool thread exits after 10 s idle and would
+//! take the runs it spawned with it). `executor/tests/serve.rs` runs a
+//! skill past a 100 ms blocking-pool keep-alive to guard this.
+
+pub mod manifests;
+pub mod peer;
+pub mod socket;
+
+mod commands;
+mod connection;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::engine::Engine;
+use crate::metrics::Metrics;
+
+pub use manifests::{Checked, ManifestCache};
+pub use peer::PeerPolicy;
+pub use socket::{bind, SocketError};
+
+/// Cgroups under `ongrid/` without a run directory are swept at start-up
+/// only when empty and at least this old.
+const SWEEP_MIN_AGE: Duration = Duration::from_secs(60);
+
+/// Margin added to the longest run before a drain kills what is left.
+const DRAIN_MARGIN: Duration = Duration::from_secs(5);
+
+/// Accept-error backoff bounds (EMFILE and the like must not spin).
+const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
+
+/// State shared by the accept loop, the connections and the runs.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// Runs the skills; its config is the server's config.
+    pub(crate) engine: Arc<Engine>,
+    /// Where every run and connection is counted.
+    pub(crate) metrics: Arc<Metrics>,
+    /// Who may connect and which classes each peer may run.
+    pub(crate) peers: PeerPolicy,
+    /// The executor's own reading of manifests.
+    pub(crate) manifests: ManifestCache,
+    /// Admission: `max_concurrent_runs + max_queued_runs` permits. A run
+    /// that cannot take one is answered `busy` at once.
+    pub(crate) admission: Arc<Semaphore>,
+    /// Run slots: `max_concurrent_runs` permits, awaited in the queue.
+    pub(crate) slots: Arc<Semaphore>,
+    /// Cancelled when shutdown starts: no new runs, connections close once
+    /// their runs are done.
+    pub(crate) stopping: CancellationToken,
+    /// Cancelled when the drain is over: every run is killed.
+    pub(crate) kill: CancellationToken,
+}
+
+/// Serves the executor wire on `listener` until `shutdown` completes and
+/// the runs in flight have ended (see the module docs).
+///
+/// First sweeps the run directories and cgroups a crashed executor left
+/// ([`crate::sweep`]). The settings (`max_*`, `allowed_*`, `peers`, roots)
+/// come from `engine.config()`; build it with [`crate::Config::for_serve`]
+/// so that an empty `roots` means the default root, not "anywhere".
+pub async fn run(
+    listener: UnixListener,
+    engine: Arc<Engine>,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future,
+) {
+    let config = engine.config().clone();
+    crate::sweep::sweep(&config.runtime_dir(), &engine.host().cgroups, SWEEP_MIN_AGE);
+    let shared = Arc::new(Shared {
+        peers: PeerPolicy::from_config(&config),
+        manifests: ManifestCache::new(&config),
+        admission: Arc::new(Semaphore::new(
+            config.max_concurrent_runs.saturating_add(config.max_queued_runs),
+        )),
+        slots: Arc::new(Semaphore::new(config.max_concurrent_runs)),
+        stopping: CancellationToken::new(),
+        kill: CancellationToken::new(),
+        engine,
+        metrics,
+    });
+    tracing::info!(
+        "executor: serving on {} (peers: {}; {} runs at once, {} queued)",
+        listener
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
+            .unwrap_or_default(),
+        shared.peers,
+        config.max_concurrent_runs,
+        config.max_queued_runs
+    );
+    let tracker = TaskTracker::new();
+    let connections = Arc::new(Semaphore::new(config.max_connections));
+    tokio::select! {
+        () = accept_loop(&listener, &shared, &tracker, &connections) => {}
+        _ = shutdown => {}
+    }
+    // Stop accepting: the socket refuses new connections from here on.
+    drop(listener);
+    shared.stopping.cancel();
+    tracker.close();
+    let drain = config.max_timeout() + policy::limits::KILL_GRACE + DRAIN_MARGIN;
+    tracing::info!(
+        "executor: shutting down; {} connections, {} runs in flight (killed after {} s)",
+        tracker.len(),
+        shared.metrics.runs_in_flight.get(),
+        drain.as_secs()
+    );
+    if tokio::time::timeout(drain, tracker.wait()).await.is_err() {
+        tracing::warn!("executor: runs still in flight after {} s; killing them", drain.as_secs());
+        shared.kill.cancel();
+        tracker.wait().await;
+    }
+    tracing::info!("executor: stopped");
+}
+
+async fn accept_loop(
+    listener: &UnixListener,
+    shared: &Arc<Shared>,
+    tracker: &TaskTracker,
+    connections: &Arc<Semaphore>,
+) {
+    let mut backoff = ACCEPT_BACKOFF.0;
+    loop {
+        // The semaphore is never closed, so acquiring only waits.
+        let Ok(permit) = connections.clone().acquire_owned().await else { return };
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                backoff = ACCEPT_BACKOFF.0;
+                let shared = Arc::clone(shared);
+                tracker.spawn(async move {
+                    connection::serve(stream, shared).await;
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                tracing::warn!("executor: accept: {e}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF.1);
+            }
+        }
+    }
+}

@@ -1,0 +1,802 @@
+//! `ongrid-executor serve` end to end: `server::run` in-process on a socket
+//! in a temporary directory (and once the real binary), driven by plain
+//! blocking clients. Every server runs on its own multi-thread runtime whose
+//! blocking-pool threads exit after 100 ms idle, so a run spawned from such
+//! a thread would be killed by its parent-death signal and fail the tests.
+//!
+//! Root only (the sandbox needs it); as another user each test prints SKIP.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use executor::config::PeerClasses;
+use executor::{Config, Engine, Metrics};
+use policy::wire::code;
+use policy::SkillClass;
+use serde_json::{json, Value};
+
+const RUN_AS: &str = "ongrid-skill";
+
+fn can_run() -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP: serve tests need root (the sandbox switches users)");
+        return false;
+    }
+    if nix::unistd::User::from_name(RUN_AS).ok().flatten().is_none() {
+        eprintln!("SKIP: run-as user {RUN_AS} missing (scripts/test creates it)");
+        return false;
+    }
+    true
+}
+
+fn dir_0755() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+/// Writes `<root>/<name>/{skill.json,run.sh}`; returns the manifest path.
+fn skill(root: &Path, name: &str, class: &str, timeout: u32, script: &str) -> PathBuf {
+    let dir = root.join(name);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let manifest = dir.join("skill.json");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"{{"name":"{name}","description":"t","entry":"run.sh","class":"{class}","timeout_seconds":{timeout}}}"#
+        ),
+    )
+    .unwrap();
+    let entry = dir.join("run.sh");
+    std::fs::write(&entry, format!("#!/bin/sh\n{script}\n")).unwrap();
+    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
+    manifest
+}
+
+/// A server on its own runtime; dropping it shuts it down.
+struct Server {
+    rt: tokio::runtime::Runtime,
+    socket: PathBuf,
+    root: PathBuf,
+    runtime_dir: PathBuf,
+    metrics: Arc<Metrics>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<()>>,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+impl Server {
+    fn start(edit: impl FnOnce(&mut Config)) -> Server {
+        let root = dir_0755();
+        let runtime = dir_0755();
+        let mut config = Config {
+            roots: vec![root.path().to_owned()],
+            runtime_dir: Some(runtime.path().to_owned()),
+            socket: Some(runtime.path().join("executor.sock")),
+            ..Config::default()
+        };
+        edit(&mut config);
+        let config = config.for_serve();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_keep_alive(Duration::from_millis(100))
+            .enable_all()
+            .build()
+            .unwrap();
+        let registry = prometheus::Registry::new();
+        let metrics = Arc::new(Metrics::new(&registry).unwrap());
+        let socket = config.socket_path();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let engine = Arc::new(Engine::new(config).unwrap());
+        let listener = rt.block_on(async { executor::server::bind(engine.config()) }).unwrap();
+        let m = Arc::clone(&metrics);
+        let done = rt.spawn(async move {
+            executor::server::run(listener, engine, m, async {
+                let _ = stopped.await;
+            })
+            .await;
+        });
+        Server {
+            rt,
+            socket,
+            root: root.path().to_owned(),
+            runtime_dir: runtime.path().to_owned(),
+            metrics,
+            stop: Some(stop),
+            done: Some(done),
+            _dirs: (root, runtime),
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket)
+    }
+
+    /// Sends the shutdown signal.
+    fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Waits up to `within` for `server::run` to return.
+    fn finished_within(&mut self, within: Duration) -> bool {
+        let done = self.done.take().unwrap();
+        self.rt.block_on(async { tokio::time::timeout(within, done).await.is_ok() })
+    }
+
+    fn metrics(&self) -> String {
+        self.metrics.render()
+    }
+
+    fn wait_in_flight(&self, n: i64) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while self.metrics.runs_in_flight.get() != n {
+            assert!(Instant::now() < until, "runs_in_flight never reached {n}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+        if let Some(done) = self.done.take() {
+            let _ = self
+                .rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(10), done).await });
+        }
+    }
+}
+
+/// A blocking line client.
+struct Client {
+    stream: UnixStream,
+    reader: BufReader<UnixStream>,
+}
+
+impl Client {
+    fn connect(socket: &Path) -> Client {
+        let stream = UnixStream::connect(socket).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let reader = BufReader::new(stream.try_clone().unwrap());
+        Client { stream, reader }
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    fn send(&mut self, v: &Value) {
+        let mut line = serde_json::to_vec(v).unwrap();
+        line.push(b'\n');
+        self.send_raw(&line);
+    }
+
+    fn execute(&mut self, id: u64, manifest: &Path, args: Value) {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": "execute",
+            "params": {"manifest": manifest, "args": args, "session_id": "t"}}));
+    }
+
+    /// The next line, or None at EOF.
+    fn recv_opt(&mut self) -> Option<Value> {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) => None,
+            Ok(_) => Some(serde_json::from_str(&line).unwrap()),
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+
+    fn recv(&mut self) -> Value {
+        self.recv_opt().expect("connection closed")
+    }
+
+    /// Reads the stderr notifications, then the report.
+    fn run_result(&mut self) -> (Vec<String>, Value) {
+        let mut stderr = Vec::new();
+        loop {
+            let v = self.recv();
+            if v["method"] == "stderr" {
+                stderr.push(v["params"]["line"].as_str().unwrap().to_owned());
+            } else {
+                return (stderr, v);
+            }
+        }
+    }
+}
+
+/// The value of the sample `name` (with its labels, as rendered).
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
+}
+
+fn runs_total(text: &str, skill: &str, outcome: &str) -> f64 {
+    sample(text, &format!("ongrid_executor_runs_total{{outcome=\"{outcome}\",skill=\"{skill}\"}}"))
+}
+
+/// Pids whose command line contains `needle`.
+fn pids_with(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let until = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A marker unique to this test process and call site.
+fn marker(n: u32) -> String {
+    format!("{}.{:06}{}", 700 + n, std::process::id() % 1_000_000, n)
+}
+
+/// `ping` and `metrics` answer on one connection; the connection gauge
+/// counts it.
+#[test]
+fn ping_and_metrics() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let mut c = server.client();
+    c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+    assert_eq!(c.recv(), json!({"jsonrpc": "2.0", "id": 1, "result": {"ok": true}}));
+    c.send(&json!({"jsonrpc": "2.0", "id": "m", "method": "metrics"}));
+    let v = c.recv();
+    assert_eq!(v["id"], "m");
+    let text = v["result"]["text"].as_str().unwrap();
+    assert_eq!(sample(text, "ongrid_executor_connections"), 1.0);
+    assert_eq!(sample(text, "ongrid_executor_runs_in_flight"), 0.0);
+    assert_eq!(sample(text, "ongrid_executor_peer_rejected_total"), 0.0);
+    drop(c);
+    wait_for("the connection gauge to drop", Duration::from_secs(5), || {
+        server.metrics.connections.get() == 0
+    });
+}
+
+/// A good `execute` streams stderr notifications in order, then the report;
+/// the metrics count exactly one run; the run directory is gone.
+#[test]
+fn execute_streams_stderr_then_report() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let m = skill(&server.root, "echo", "safe", 5, "echo first >&2\necho second >&2\ncat");
+    let mut c = server.client();
+    c.execute(7, &m, json!({"a": [1, 2]}));
+    let (stderr, reply) = c.run_result();
+    assert_eq!(stderr, ["first", "second"]);
+    assert_eq!(reply["id"], 7);
+    let report = &reply["result"];
+    assert_eq!(report["outcome"], "ok", "{report}");
+    assert_eq!(report["skill"], "echo");
+    assert_eq!(report["result"], json!({"a": [1, 2]}));
+    assert_eq!(
+        report["sandbox"]["uid"],
+        nix::unistd::User::from_name(RUN_AS).unwrap().unwrap().uid.as_raw()
+    );
+
+    // Twice more on the same connection (the manifest cache hits).
+    c.execute(8, &m, json!({}));
+    assert_eq!(c.run_result().1["result"]["outcome"], "ok");
+    c.execute(9, &m, json!([1]));
+    assert_eq!(c.run_result().1["result"]["outcome"], "invalid_args");
+
+    let text = server.metrics();
+    assert_eq!(runs_total(&text, "echo", "ok"), 2.0);
+    assert_eq!(runs_total(&text, "echo", "invalid_args"), 1.0);
+    assert_eq!(sample(&text, "ongrid_executor_run_duration_seconds_count"), 3.0);
+    assert_eq!(sample(&text, "ongrid_sandbox_setup_seconds_count"), 2.0);
+    assert_eq!(sample(&text, "ongrid_executor_queue_wait_seconds_count"), 3.0);
+    let landlock: f64 = ["full", "partial", "none"]
+        .iter()
+        .filter_map(|s| {
+            let name = format!("ongrid_landlock_enforcement_total{{status=\"{s}\"}}");
+            text.contains(&name).then(|| sample(&text, &name))
+        })
+        .sum();
+    assert_eq!(landlock, 2.0);
+    assert_eq!(sample(&text, "ongrid_executor_runs_in_flight"), 0.0);
+    let runs = server.runtime_dir.join("runs");
+    assert_eq!(std::fs::read_dir(runs).unwrap().count(), 0, "run directories removed");
+}
+
+/// Malformed lines get JSON-RPC errors (with the id when readable) and the
+/// connection keeps working; an oversized line is skipped up to its newline.
+#[test]
+fn malformed_lines_get_errors_and_the_connection_survives() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|c| c.max_line_bytes = 4096);
+    let m = skill(&server.root, "ok", "safe", 5, "cat");
+    let mut c = server.client();
+    let cases: Vec<(Vec<u8>, i64, Value)> = vec![
+        (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"pi".to_vec(), code::PARSE_ERROR, Value::Null),
+        (b"\xff\xfe{}".to_vec(), code::PARSE_ERROR, Value::Null),
+        (b"[1,2]".to_vec(), code::INVALID_REQUEST, Value::Null),
+        (br#"{"jsonrpc":"2.0","method":"ping"}"#.to_vec(), code::INVALID_REQUEST, Value::Null),
+        (br#"{"jsonrpc":"2.0","id":2,"method":"rm -rf"}"#.to_vec(), code::METHOD_NOT_FOUND, json!(2)),
+        (br#"{"jsonrpc":"2.0","id":3,"method":"execute","params":{"manifest":5,"args":{}}}"#.to_vec(), code::INVALID_PARAMS, json!(3)),
+        (br#"{"jsonrpc":"2.0","id":4,"method":"execute","params":{"manifest":"/x","args":{},"uid":0}}"#.to_vec(), code::INVALID_PARAMS, json!(4)),
+        (br#"{"jsonrpc":"2.0","id":5,"method":"execute","params":{"manifest":"/x","args":{},"class":"root"}}"#.to_vec(), code::INVALID_PARAMS, json!(5)),
+        (vec![b'x'; 10_000], code::LINE_TOO_LONG, Value::Null),
+    ];
+    for (line, want, id) in &cases {
+        let mut l = line.clone();
+        l.push(b'\n');
+        c.send_raw(&l);
+        let v = c.recv();
+        assert_eq!(v["error"]["code"], json!(want), "{:?}: {v}", String::from_utf8_lossy(line));
+        assert_eq!(&v["id"], id);
+    }
+    // An oversized line sent in pieces, then blank lines (ignored).
+    c.send_raw(&vec![b'{'; 3000]);
+    c.send_raw(&vec![b'"'; 3000]);
+    c.send_raw(b"\n\n \n");
+    assert_eq!(c.recv()["error"]["code"], json!(code::LINE_TOO_LONG));
+    c.send(&json!({"jsonrpc": "2.0", "id": 6, "method": "ping"}));
+    assert_eq!(c.recv()["result"]["ok"], true);
+    c.execute(7, &m, json!({"still": "working"}));
+    assert_eq!(c.run_result().1["result"]["result"], json!({"still": "working"}));
+    let text = server.metrics();
+    assert_eq!(runs_total(&text, "ok", "ok"), 1.0);
+    assert_eq!(sample(&text, "ongrid_executor_run_duration_seconds_count"), 1.0);
+}
+
+/// A manifest outside the roots, a relative path and a missing file are
+/// `rejected` before any slot is taken, counted with `skill=""`.
+#[test]
+fn manifests_outside_the_roots_are_rejected() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let elsewhere = dir_0755();
+    let outside = skill(elsewhere.path(), "outside", "safe", 5, "cat");
+    let mut c = server.client();
+    for (i, path) in [
+        outside.clone(),
+        PathBuf::from("outside/skill.json"),
+        server.root.join("nope/skill.json"),
+        server.root.join("../outside/skill.json"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        c.execute(i as u64, path, json!({}));
+        let (_, v) = c.run_result();
+        assert_eq!(v["result"]["outcome"], "rejected", "{path:?}: {v}");
+    }
+    let text = server.metrics();
+    assert_eq!(runs_total(&text, "", "rejected"), 4.0);
+    assert_eq!(sample(&text, "ongrid_executor_run_duration_seconds_count"), 0.0);
+}
+
+/// `[[peers]]` restricts the classes a peer uid may run, by the class the
+/// executor reads; a class claim that differs from the manifest is denied.
+#[test]
+fn classes_not_allowed_for_the_peer_are_denied() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|c| {
+        c.peers = vec![PeerClasses { uid: Some(0), user: None, classes: vec![SkillClass::Safe] }];
+    });
+    let mutating = skill(&server.root, "mut", "mutating", 5, "cat");
+    let safe = skill(&server.root, "safe", "safe", 5, "cat");
+    let mut c = server.client();
+    c.execute(1, &mutating, json!({}));
+    let (_, v) = c.run_result();
+    assert_eq!(v["result"]["outcome"], "denied", "{v}");
+    assert!(v["result"]["error"].as_str().unwrap().contains("may not run mutating"));
+    c.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "execute",
+        "params": {"manifest": safe, "args": {}, "class": "dangerous"}}));
+    let (_, v) = c.run_result();
+    assert_eq!(v["result"]["outcome"], "denied", "{v}");
+    c.send(&json!({"jsonrpc": "2.0", "id": 3, "method": "execute",
+        "params": {"manifest": safe, "args": {}, "class": "safe"}}));
+    assert_eq!(c.run_result().1["result"]["outcome"], "ok");
+    let text = server.metrics();
+    assert_eq!(runs_total(&text, "mut", "denied"), 1.0);
+    assert_eq!(runs_total(&text, "safe", "denied"), 1.0);
+    assert_eq!(runs_total(&text, "safe", "ok"), 1.0);
+}
+
+/// Beyond `max_concurrent_runs` + `max_queued_runs` an `execute` gets the
+/// BUSY error at once; a queued run starts when a slot frees up.
+#[test]
+fn busy_beyond_the_cap_and_the_queue() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|c| {
+        c.max_concurrent_runs = 1;
+        c.max_queued_runs = 1;
+    });
+    let mark = marker(1);
+    let slow = skill(&server.root, "slow", "safe", 30, &format!("exec sleep {mark}"));
+    let quick = skill(&server.root, "quick", "safe", 5, "echo '{\"q\":1}'");
+    let mut a = server.client();
+    a.execute(1, &slow, json!({}));
+    server.wait_in_flight(1);
+    let mut b = server.client();
+    b.execute(2, &quick, json!({}));
+    std::thread::sleep(Duration::from_millis(200));
+    let mut c = server.client();
+    c.execute(3, &quick, json!({}));
+    let v = c.recv();
+    assert_eq!(v["id"], 3);
+    assert_eq!(v["error"]["code"], json!(code::BUSY), "{v}");
+    // Closing A kills its run; B's queued run takes the slot.
+    drop(a);
+    let (_, v) = b.run_result();
+    assert_eq!(v["result"]["outcome"], "ok", "{v}");
+    assert!(pids_with(&mark).is_empty());
+    let text = server.metrics();
+    assert_eq!(runs_total(&text, "quick", "busy"), 1.0);
+    assert_eq!(runs_total(&text, "quick", "ok"), 1.0);
+    assert_eq!(runs_total(&text, "slow", "signaled"), 1.0);
+    assert_eq!(sample(&text, "ongrid_executor_queue_wait_seconds_count"), 2.0);
+    let waited = sample(&text, "ongrid_executor_queue_wait_seconds_sum");
+    assert!(waited >= 0.1, "B waited in the queue: {waited}");
+}
+
+/// Closing the connection mid-run kills the run's process tree.
+#[test]
+fn closing_the_connection_kills_its_run() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let mark = marker(2);
+    // A child of the skill, in the background: the whole tree must go.
+    let m = skill(
+        &server.root,
+        "sleeper",
+        "safe",
+        60,
+        &format!("echo started >&2\nsleep {mark} &\nexec sleep {mark}"),
+    );
+    let mut c = server.client();
+    c.execute(1, &m, json!({}));
+    assert_eq!(c.recv()["params"]["line"], "started");
+    wait_for("the marker processes", Duration::from_secs(5), || pids_with(&mark).len() == 2);
+    drop(c);
+    wait_for("the run to be killed", Duration::from_secs(5), || pids_with(&mark).is_empty());
+    server.wait_in_flight(0);
+    wait_for("the run to be counted", Duration::from_secs(5), || {
+        server.metrics().contains("outcome=\"signaled\",skill=\"sleeper\"} 1")
+    });
+}
+
+/// A client that shuts down only its write side still gets its report.
+#[test]
+fn half_closed_connection_keeps_its_run() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let m = skill(&server.root, "half", "safe", 10, "sleep 0.3\necho '{\"done\":true}'");
+    let mut c = server.client();
+    c.execute(1, &m, json!({}));
+    c.stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let (_, v) = c.run_result();
+    assert_eq!(v["result"]["outcome"], "ok", "{v}");
+    assert_eq!(c.recv_opt(), None, "the executor closes once the run is done");
+}
+
+/// A run longer than the blocking pool's keep-alive (100 ms here, 10 s by
+/// default) is not killed by its parent-death signal: runs are spawned from
+/// runtime worker threads, never from blocking-pool threads.
+#[test]
+fn runs_outlive_the_blocking_pool_keep_alive() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    // Give the blocking pool threads to retire while the run goes on.
+    server.rt.block_on(async {
+        for _ in 0..4 {
+            let _ = tokio::task::spawn_blocking(|| ()).await;
+        }
+    });
+    let m = skill(&server.root, "long", "safe", 10, "sleep 1.5\necho '{\"slept\":1.5}'");
+    let mut c = server.client();
+    c.execute(1, &m, json!({}));
+    let (_, v) = c.run_result();
+    assert_eq!(v["result"]["outcome"], "ok", "{v}");
+}
+
+fn python_client(socket: &Path) -> std::process::Output {
+    const SCRIPT: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+try:
+    s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n')
+except OSError:
+    pass
+s.settimeout(10)
+data = b""
+while True:
+    try:
+        d = s.recv(65536)
+    except OSError:
+        break
+    if not d:
+        break
+    data += d
+    if b"ok" in data:
+        break
+sys.stdout.write(data.decode())
+"#;
+    std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
+        .arg(SCRIPT)
+        .arg(socket)
+        .output()
+        .unwrap()
+}
+
+/// A peer whose uid and gid are not allowed gets FORBIDDEN and the
+/// connection closes; the same peer listed in allowed_uids is served.
+#[test]
+fn peers_not_allowed_are_refused() {
+    if !can_run() {
+        return;
+    }
+    if !Path::new("/usr/bin/python3").exists() {
+        eprintln!("SKIP: /usr/bin/python3 missing");
+        return;
+    }
+    let server = Server::start(|c| {
+        c.allowed_uids = Some(vec![0]);
+        c.allowed_gids = Some(vec![0]);
+        c.socket_mode = "0666".into();
+    });
+    let out = python_client(&server.socket);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("{e}: {text:?} {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(v["error"]["code"], json!(code::FORBIDDEN), "{v}");
+    assert_eq!(v["id"], Value::Null);
+    assert!(v["error"]["message"].as_str().unwrap().contains("uid 65534"));
+    let text = server.metrics();
+    assert_eq!(sample(&text, "ongrid_executor_peer_rejected_total"), 1.0);
+    assert_eq!(sample(&text, "ongrid_executor_connections"), 0.0);
+    // Root is still served.
+    let mut c = server.client();
+    c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+    assert_eq!(c.recv()["result"]["ok"], true);
+
+    let allowed = Server::start(|c| {
+        c.allowed_uids = Some(vec![65534]);
+        c.allowed_gids = Some(vec![]);
+        c.socket_mode = "0666".into();
+    });
+    let out = python_client(&allowed.socket);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["result"]["ok"], true, "{v}");
+    assert_eq!(sample(&allowed.metrics(), "ongrid_executor_peer_rejected_total"), 0.0);
+}
+
+/// Shutdown: the socket stops accepting, new and queued runs get BUSY,
+/// runs in flight finish (a slow one by its own deadline), then `run`
+/// returns.
+#[test]
+fn shutdown_drains_runs_then_returns() {
+    if !can_run() {
+        return;
+    }
+    let mut server = Server::start(|_| {});
+    let finishing = skill(&server.root, "finishing", "safe", 10, "sleep 0.7\necho '{\"f\":1}'");
+    let mark = marker(3);
+    let stuck = skill(&server.root, "stuck", "safe", 1, &format!("exec sleep {mark}"));
+    let mut a = server.client();
+    a.execute(1, &finishing, json!({}));
+    let mut b = server.client();
+    b.execute(2, &stuck, json!({}));
+    server.wait_in_flight(2);
+    let stopped_at = Instant::now();
+    server.shutdown();
+    wait_for("the socket to refuse connections", Duration::from_secs(2), || {
+        UnixStream::connect(&server.socket).is_err()
+    });
+    // The connection with a run in flight still answers, but runs no more.
+    a.send(&json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}));
+    assert_eq!(a.recv()["result"]["ok"], true);
+    a.execute(4, &finishing, json!({}));
+    let v = a.recv();
+    assert_eq!((v["id"].clone(), v["error"]["code"].clone()), (json!(4), json!(code::BUSY)));
+    let (_, v) = a.run_result();
+    assert_eq!((v["id"].clone(), v["result"]["outcome"].clone()), (json!(1), json!("ok")));
+    assert_eq!(a.recv_opt(), None, "closed once its runs are done");
+    let (_, v) = b.run_result();
+    assert_eq!(v["result"]["outcome"], "timeout", "{v}");
+    assert!(server.finished_within(Duration::from_secs(5)));
+    assert!(stopped_at.elapsed() < Duration::from_secs(6));
+    assert!(pids_with(&mark).is_empty());
+    let text = server.metrics();
+    assert_eq!(runs_total(&text, "finishing", "ok"), 1.0);
+    assert_eq!(runs_total(&text, "finishing", "busy"), 1.0);
+    assert_eq!(runs_total(&text, "stuck", "timeout"), 1.0);
+}
+
+/// On start the server removes run directories (without following
+/// symlinks) and kills and removes the cgroups a crash left.
+#[test]
+fn start_up_sweeps_crash_leftovers() {
+    if !can_run() {
+        return;
+    }
+    let runtime = dir_0755();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("keep"), "x").unwrap();
+    let id = format!("dead{:012x}", std::process::id());
+    let run_dir = runtime.path().join("runs").join(&id);
+    std::fs::create_dir_all(&run_dir).unwrap();
+    std::os::unix::fs::symlink(outside.path(), run_dir.join("link")).unwrap();
+    std::fs::write(run_dir.join("file"), "x").unwrap();
+
+    let (h, _) = executor::cgroup::Hierarchies::detect();
+    let mark = marker(4);
+    let mut orphan = std::process::Command::new("sleep").arg(&mark).spawn().unwrap();
+    let mut leaves = Vec::new();
+    for base in [&h.v2, &h.v1_pids, &h.v1_memory].into_iter().flatten() {
+        let leaf = base.join(&id);
+        std::fs::create_dir(&leaf).unwrap();
+        std::fs::write(leaf.join("cgroup.procs"), orphan.id().to_string()).unwrap();
+        leaves.push(leaf);
+    }
+    // An old, empty leaf without a run directory (a crash mid-setup).
+    let stale = h.v2.as_ref().map(|b| b.join(format!("{id}-stale")));
+    let mut stale_aged = false;
+    if let Some(stale) = &stale {
+        std::fs::create_dir(stale).unwrap();
+        let old = nix::sys::time::TimeVal::new(1_000_000_000, 0);
+        stale_aged = nix::sys::stat::utimes(stale, &old, &old).is_ok()
+            && std::fs::metadata(stale).unwrap().mtime() == 1_000_000_000;
+    }
+
+    let rt_path = runtime.path().to_owned();
+    let server = Server::start(|c| c.runtime_dir = Some(rt_path));
+    let mut c = server.client();
+    c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+    assert_eq!(c.recv()["result"]["ok"], true, "the sweep ran before serving");
+    let status = orphan.wait().unwrap();
+    if !leaves.is_empty() {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "the leftover process was killed");
+    } else {
+        let _ = orphan.kill();
+    }
+    for leaf in &leaves {
+        assert!(!leaf.exists(), "{} removed", leaf.display());
+    }
+    assert!(!run_dir.exists());
+    assert!(outside.path().join("keep").exists(), "symlink not followed");
+    if let Some(stale) = stale {
+        if stale_aged {
+            assert!(!stale.exists(), "old empty leaf removed");
+        } else {
+            eprintln!("note: cannot age a cgroup's mtime here; old-leaf sweep not checked");
+            let _ = std::fs::remove_dir(stale);
+        }
+    }
+}
+
+/// The socket node gets the configured mode and group; a stale socket is
+/// replaced, anything else at the path is left alone and refused.
+#[test]
+fn socket_node_mode_group_and_stale_files() {
+    if !can_run() {
+        return;
+    }
+    let dir = dir_0755();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let path = dir.path().join("sub/executor.sock");
+    let config =
+        Config { socket: Some(path.clone()), socket_mode: "0640".into(), ..Config::default() };
+    let listener = rt.block_on(async { executor::server::bind(&config) }).unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.mode() & 0o7777, 0o640);
+    assert_eq!(meta.uid(), 0);
+    let ongrid_gid = nix::unistd::Group::from_name("ongrid").unwrap().map_or(0, |g| g.gid.as_raw());
+    assert_eq!(meta.gid(), ongrid_gid);
+    assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().mode() & 0o777, 0o755);
+    // Rebinding over the stale node works (the listener is gone).
+    drop(listener);
+    let again = rt.block_on(async { executor::server::bind(&config) });
+    assert!(again.is_ok(), "{again:?}");
+    drop(again);
+
+    let file = dir.path().join("file.sock");
+    std::fs::write(&file, "precious").unwrap();
+    let config = Config { socket: Some(file.clone()), ..Config::default() };
+    let e = rt.block_on(async { executor::server::bind(&config) }).unwrap_err();
+    assert!(e.to_string().contains("not a socket"), "{e}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "precious");
+
+    let config = Config { socket_group: Some("no-such-group-x".into()), ..config };
+    let e = rt.block_on(async { executor::server::bind(&config) }).unwrap_err();
+    assert!(e.to_string().contains("no-such-group-x"), "{e}");
+}
+
+/// The real binary: `serve --config`, a ping and a metrics call (with the
+/// process collector), then SIGTERM: exit 0 and the socket node removed.
+#[test]
+fn binary_serves_until_sigterm() {
+    if !can_run() {
+        return;
+    }
+    let root = dir_0755();
+    let runtime = dir_0755();
+    let socket = runtime.path().join("x.sock");
+    let config = runtime.path().join("executor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "roots = [{:?}]\nruntime_dir = {:?}\nsocket = {:?}\n",
+            root.path(),
+            runtime.path(),
+            socket
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("ONGRID_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
+    let mut c = Client::connect(&socket);
+    c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+    assert_eq!(c.recv()["result"]["ok"], true);
+    c.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "metrics"}));
+    let text = c.recv()["result"]["text"].as_str().unwrap().to_owned();
+    assert!(text.contains("process_cpu_seconds_total"), "{text}");
+    assert_eq!(sample(&text, "ongrid_executor_connections"), 1.0);
+    drop(c);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "serve did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut log = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
+    assert!(status.success(), "{status:?}\n{log}");
+    assert!(log.contains("serving on"), "{log}");
+    assert!(!socket.exists(), "socket removed at exit");
+}
