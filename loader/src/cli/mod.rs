@@ -2,8 +2,15 @@
 //!
 //! Each command module has an `Args` struct (clap derive) and a `run`
 //! function writing to the given stdout and stderr, so commands can be
-//! tested without a process. Exit codes: 0 = success, 1 = the command ran
-//! and found problems (`validate`), 2 = usage error (clap).
+//! tested without a process. `scan` and `validate` work on files; `list`,
+//! `show`, `run` and `reload` talk to `ongrid-skilld` over its socket
+//! (`--socket`, env `ONGRID_SOCKET`) through [`remote`].
+//!
+//! Exit codes: 0 = success, 1 = the command ran and found problems
+//! (`validate`) or the skill failed (`run`), 2 = usage error, and for the
+//! daemon commands 3 = daemon unreachable, 4 = no such skill, 5 = refused
+//! (invalid args, bad request, denied), 6 = executor unavailable or busy
+//! ([`remote::exit`]).
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -11,13 +18,24 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod list;
+pub mod reload;
+pub mod remote;
+pub mod run;
 pub mod scan;
+pub mod show;
 pub mod table;
 pub mod validate;
 
 /// Runs, lists and checks subprocess skills.
 #[derive(Debug, Parser)]
-#[command(name = "ongrid-skill", version, about, propagate_version = true)]
+#[command(
+    name = "ongrid-skill",
+    version,
+    about,
+    propagate_version = true,
+    after_help = remote::EXIT_CODES_HELP
+)]
 pub struct Cli {
     /// The command to run.
     #[command(subcommand)]
@@ -32,6 +50,14 @@ pub enum Command {
     Scan(scan::Args),
     /// Lint manifests, packs or whole roots; exits non-zero if any fails.
     Validate(validate::Args),
+    /// List the skills registered in ongrid-skilld.
+    List(list::Args),
+    /// Show one registered skill.
+    Show(show::Args),
+    /// Run a skill through ongrid-skilld and print its result.
+    Run(run::Args),
+    /// Make ongrid-skilld rescan its skill directories.
+    Reload(reload::Args),
 }
 
 /// Runs `cli`, writing results to `out` and diagnostics to `err`.
@@ -43,6 +69,10 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<Exi
     match cli.command {
         Command::Scan(args) => scan::run(&args, out, err),
         Command::Validate(args) => validate::run(&args, out, err),
+        Command::List(args) => list::run(&args, out, err),
+        Command::Show(args) => show::run(&args, out, err),
+        Command::Run(args) => run::run(&args, out, err),
+        Command::Reload(args) => reload::run(&args, out, err),
     }
 }
 

@@ -1,0 +1,65 @@
+//! `ongrid-skill list [--category C] [--json]`: the daemon's registry.
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use super::remote::{self, DaemonArgs};
+use super::table::Table;
+use crate::client::encode_segment;
+
+/// Arguments of `list`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = remote::EXIT_CODES_HELP)]
+pub struct Args {
+    /// How to reach the daemon.
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+    /// Only skills of this category.
+    #[arg(long)]
+    pub category: Option<String>,
+    /// Print the answer (`{"items":[...],"total":N}`) as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Lists the registered skills.
+///
+/// # Errors
+///
+/// I/O errors writing the output.
+pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let path = match &args.category {
+        Some(c) => format!("/v1/skills?category={}", encode_segment(c)),
+        None => "/v1/skills".to_owned(),
+    };
+    let client = args.daemon.client();
+    let resp = match remote::block_on(client.get(&path))? {
+        Ok(r) => r,
+        Err(e) => return remote::client_error(&e, args.json, err),
+    };
+    if !resp.status.is_success() {
+        return remote::api_error(&resp, args.json, err);
+    }
+    if args.json {
+        remote::print_json(&resp.body, out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let items = resp.body["items"].as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        writeln!(err, "no skills registered")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = Table::with_header(&["NAME", "CLASS", "CATEGORY", "TIMEOUT", "DESCRIPTION"]);
+    for s in &items {
+        let text = |k: &str| s[k].as_str().unwrap_or_default().to_owned();
+        table.push(vec![
+            text("name"),
+            text("class"),
+            text("category"),
+            format!("{}s", s["timeout_seconds"].as_u64().unwrap_or_default()),
+            text("description"),
+        ]);
+    }
+    table.write(out)?;
+    Ok(ExitCode::SUCCESS)
+}

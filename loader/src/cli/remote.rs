@@ -1,0 +1,138 @@
+//! What the daemon commands (`list`, `show`, `run`, `reload`) share: the
+//! `--socket` option, the exit codes, and printing the daemon's errors.
+
+use std::future::Future;
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use hyper::StatusCode;
+use serde_json::Value;
+
+use crate::client::{ApiResponse, ClientError, DaemonClient};
+use crate::config::DEFAULT_SOCKET;
+
+/// Exit codes of the daemon commands (also in `--help`).
+pub mod exit {
+    /// Success.
+    pub const OK: u8 = 0;
+    /// The skill ran and failed (outcome other than `ok`), or the daemon
+    /// answered something unexpected.
+    pub const FAILED: u8 = 1;
+    /// Usage error (bad flags, `--args` not a JSON object).
+    pub const USAGE: u8 = 2;
+    /// The daemon is unreachable (socket missing, refused, no permission).
+    pub const UNREACHABLE: u8 = 3;
+    /// No such skill.
+    pub const NOT_FOUND: u8 = 4;
+    /// Refused: args do not match the schema, bad request, or denied.
+    pub const REFUSED: u8 = 5;
+    /// The executor is down or busy; retry later.
+    pub const UNAVAILABLE: u8 = 6;
+}
+
+/// The exit-code table printed by `--help`.
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  success
+  1  the skill ran and failed (outcome other than ok), or another error
+  2  usage error (bad flags, --args not a JSON object)
+  3  ongrid-skilld unreachable (socket missing, refused, permission)
+  4  no such skill
+  5  refused: args do not match the schema, bad request, or denied
+  6  executor unavailable or busy (retry later)";
+
+/// How to reach the daemon.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DaemonArgs {
+    /// The daemon's socket.
+    #[arg(long, env = "ONGRID_SOCKET", value_name = "PATH", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+}
+
+impl DaemonArgs {
+    /// A client of that socket.
+    pub fn client(&self) -> DaemonClient {
+        DaemonClient::new(&self.socket)
+    }
+}
+
+/// Runs `f` on a single-threaded runtime (the CLI does one thing at a time).
+///
+/// # Errors
+///
+/// The runtime could not be built.
+pub fn block_on<F: Future>(f: F) -> io::Result<F::Output> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    Ok(rt.block_on(f))
+}
+
+/// Prints a transport error and returns its exit code.
+///
+/// # Errors
+///
+/// I/O errors writing `err`.
+pub fn client_error(e: &ClientError, json: bool, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let (code, name) = match e {
+        ClientError::Connect { .. } => (exit::UNREACHABLE, "unreachable"),
+        _ => (exit::FAILED, "protocol"),
+    };
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        message.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    if json {
+        let body = serde_json::json!({"error": {"code": name, "message": message}});
+        writeln!(err, "{body}")?;
+    } else {
+        writeln!(err, "ongrid-skill: {message}")?;
+    }
+    Ok(ExitCode::from(code))
+}
+
+/// The exit code for an error answer of the daemon.
+pub fn status_exit_code(status: StatusCode) -> u8 {
+    match status.as_u16() {
+        404 => exit::NOT_FOUND,
+        400 | 403 | 413 => exit::REFUSED,
+        503 => exit::UNAVAILABLE,
+        _ => exit::FAILED,
+    }
+}
+
+/// Prints an error answer (`{"error":{code,message,violations?}}`) and
+/// returns its exit code.
+///
+/// # Errors
+///
+/// I/O errors writing `err`.
+pub fn api_error(resp: &ApiResponse, json: bool, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let code = status_exit_code(resp.status);
+    if json {
+        writeln!(err, "{}", resp.body)?;
+        return Ok(ExitCode::from(code));
+    }
+    let e = &resp.body["error"];
+    let name = e["code"].as_str().unwrap_or("error");
+    let message = e["message"].as_str().map_or_else(|| resp.body.to_string(), str::to_owned);
+    writeln!(err, "ongrid-skill: {name}: {message} ({})", resp.status)?;
+    if let Some(violations) = e["violations"].as_array() {
+        for v in violations {
+            let path = v["path"].as_str().filter(|p| !p.is_empty()).unwrap_or("(args)");
+            writeln!(err, "  {path}: {}", v["message"].as_str().unwrap_or_default())?;
+        }
+    }
+    Ok(ExitCode::from(code))
+}
+
+/// Writes `value` pretty-printed.
+///
+/// # Errors
+///
+/// I/O errors writing `out`.
+pub fn print_json(value: &Value, out: &mut dyn Write) -> io::Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
+    writeln!(out, "{text}")
+}

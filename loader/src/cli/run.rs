@@ -1,0 +1,174 @@
+//! `ongrid-skill run NAME [--args JSON|-] [--stream] [--json]`: run a skill
+//! through the daemon.
+//!
+//! Human output: the result JSON on stdout when the run is ok; otherwise
+//! the outcome, the error and the stderr tail on stderr, exit 1. `--json`
+//! prints the whole run report on stdout (exit 1 still marks a failed
+//! run). `--stream` prints the skill's stderr lines as they come (with
+//! `--json`: the NDJSON events, one per line, on stdout).
+
+use std::io::{self, Read, Write};
+use std::process::ExitCode;
+
+use serde_json::{json, Value};
+
+use super::remote::{self, exit, DaemonArgs};
+use crate::client::encode_segment;
+
+/// Arguments of `run`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = remote::EXIT_CODES_HELP)]
+pub struct Args {
+    /// How to reach the daemon.
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+    /// The skill's name.
+    pub name: String,
+    /// The args object as JSON, or `-` to read it from stdin [default: {}].
+    #[arg(long, value_name = "JSON|-")]
+    pub args: Option<String>,
+    /// Stream the skill's stderr lines while it runs.
+    #[arg(long)]
+    pub stream: bool,
+    /// Print the run report (with --stream: the NDJSON events) as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// A session id recorded with the run.
+    #[arg(long, value_name = "ID")]
+    pub session_id: Option<String>,
+    /// Confirm a `mutating` skill.
+    #[arg(long)]
+    pub confirm: bool,
+}
+
+/// Runs the skill.
+///
+/// # Errors
+///
+/// I/O errors reading stdin or writing the output.
+pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let text = match args.args.as_deref() {
+        None => "{}".to_owned(),
+        Some("-") => {
+            let mut s = String::new();
+            io::stdin().read_to_string(&mut s)?;
+            s
+        }
+        Some(s) => s.to_owned(),
+    };
+    let skill_args: Value = match serde_json::from_str(&text) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => {
+            writeln!(err, "ongrid-skill: --args must be a JSON object")?;
+            return Ok(ExitCode::from(exit::USAGE));
+        }
+        Err(e) => {
+            writeln!(err, "ongrid-skill: --args is not JSON: {e}")?;
+            return Ok(ExitCode::from(exit::USAGE));
+        }
+    };
+    let mut body = json!({"args": skill_args, "confirm": args.confirm});
+    if let Some(id) = &args.session_id {
+        body["session_id"] = json!(id);
+    }
+    let client = args.daemon.client();
+    let answer = if args.stream {
+        let mut report = None;
+        let mut write_error = None;
+        let json_out = args.json;
+        let answer = remote::block_on(client.execute_stream(&args.name, &body, |event| {
+            let r = if json_out {
+                writeln!(out, "{event}").and_then(|()| out.flush())
+            } else {
+                match event["event"].as_str() {
+                    Some("stderr") => writeln!(err, "{}", event["line"].as_str().unwrap_or("")),
+                    Some("error") => writeln!(
+                        err,
+                        "ongrid-skill: {}",
+                        event["error"]["message"].as_str().unwrap_or("stream failed")
+                    ),
+                    _ => Ok(()),
+                }
+            };
+            if let Err(e) = r {
+                write_error.get_or_insert(e);
+            }
+            if event["event"] == "report" {
+                report = Some(event["report"].clone());
+            }
+        }))?;
+        if let Some(e) = write_error {
+            return Err(e);
+        }
+        match answer {
+            Ok(resp) if resp.status.is_success() => {
+                return finish_stream(report, args.json, out, err);
+            }
+            other => other,
+        }
+    } else {
+        let path = format!("/v1/skills/{}/execute", encode_segment(&args.name));
+        remote::block_on(client.post(&path, &body))?
+    };
+    let resp = match answer {
+        Ok(r) => r,
+        Err(e) => return remote::client_error(&e, args.json, err),
+    };
+    if !resp.status.is_success() {
+        return remote::api_error(&resp, args.json, err);
+    }
+    print_report(&resp.body, args.json, out, err)
+}
+
+fn finish_stream(
+    report: Option<Value>,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> io::Result<ExitCode> {
+    let Some(report) = report else {
+        // The stream ended with an error event (already printed).
+        return Ok(ExitCode::from(exit::UNAVAILABLE));
+    };
+    if json {
+        // The events, report included, are already on stdout.
+        return Ok(exit_of(&report));
+    }
+    print_report(&report, false, out, err)
+}
+
+fn exit_of(report: &Value) -> ExitCode {
+    if report["outcome"] == "ok" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(exit::FAILED)
+    }
+}
+
+fn print_report(
+    report: &Value,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> io::Result<ExitCode> {
+    if json {
+        remote::print_json(report, out)?;
+        return Ok(exit_of(report));
+    }
+    if report["outcome"] == "ok" {
+        remote::print_json(&report["result"], out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let skill = report["skill"].as_str().unwrap_or("?");
+    let outcome = report["outcome"].as_str().unwrap_or("?");
+    let error = report["error"].as_str().unwrap_or("");
+    writeln!(err, "ongrid-skill: skill \"{skill}\" failed: {outcome}: {error}")?;
+    let stderr = report["stderr"].as_str().unwrap_or("");
+    if !stderr.is_empty() {
+        writeln!(err, "stderr (tail):")?;
+        for line in stderr.lines() {
+            writeln!(err, "  {line}")?;
+        }
+    }
+    Ok(ExitCode::from(exit::FAILED))
+}

@@ -1,0 +1,60 @@
+//! `ongrid-skill show NAME [--json]`: one skill of the daemon's registry.
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use super::remote::{self, DaemonArgs};
+use crate::client::encode_segment;
+
+/// Arguments of `show`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = remote::EXIT_CODES_HELP)]
+pub struct Args {
+    /// How to reach the daemon.
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+    /// The skill's name.
+    pub name: String,
+    /// Print the skill as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Shows one skill.
+///
+/// # Errors
+///
+/// I/O errors writing the output.
+pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let path = format!("/v1/skills/{}", encode_segment(&args.name));
+    let resp = match remote::block_on(args.daemon.client().get(&path))? {
+        Ok(r) => r,
+        Err(e) => return remote::client_error(&e, args.json, err),
+    };
+    if !resp.status.is_success() {
+        return remote::api_error(&resp, args.json, err);
+    }
+    let s = &resp.body;
+    if args.json {
+        remote::print_json(s, out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let text = |k: &str| s[k].as_str().unwrap_or_default().to_owned();
+    writeln!(out, "name:         {}", text("name"))?;
+    writeln!(out, "description:  {}", text("description"))?;
+    writeln!(out, "class:        {}", text("class"))?;
+    writeln!(out, "category:     {}", text("category"))?;
+    writeln!(out, "timeout:      {}s", s["timeout_seconds"].as_u64().unwrap_or_default())?;
+    let env: Vec<&str> = s["env_allow"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "env_allow:    {}",
+        if env.is_empty() { "(none)".into() } else { env.join(" ") }
+    )?;
+    writeln!(out, "schema:")?;
+    remote::print_json(&s["schema"], out)?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,147 @@
+//! A corpus of malformed HTTP never crashes or wedges the daemon.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use crate::setup_with;
+
+/// Sends `bytes` and reads until the status line, the end of the
+/// connection or 5 s. (No half-close: the daemon takes a client's EOF as
+/// "gone away" and cancels its request.)
+async fn exchange(socket: &std::path::Path, bytes: &[u8]) -> String {
+    let mut s = UnixStream::connect(socket).await.unwrap();
+    let _ = s.write_all(bytes).await;
+    let mut out = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        while !out.windows(2).any(|w| w == b"\r\n") {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn status_of(answer: &str) -> Option<u16> {
+    answer.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_never_crash_or_wedge() {
+    let (_env, ex, mut d) = setup_with("request_timeout_seconds = 2\nmax_connections = 64\n");
+    let big_header = format!("GET /v1/skills HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(200_000));
+    let long_path = format!("GET /v1/skills/{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(100_000));
+    let corpus: Vec<(&str, Vec<u8>, Option<u16>)> = vec![
+        ("empty", b"".to_vec(), None),
+        ("garbage", b"\x00\x01\x02\xff\xfe\r\n\r\n".to_vec(), Some(400)),
+        ("not http", b"hello world\r\n\r\n".to_vec(), Some(400)),
+        ("truncated request line", b"GET /v1/sk".to_vec(), None),
+        ("truncated headers", b"GET /v1/skills HTTP/1.1\r\nHost: x\r\n".to_vec(), None),
+        ("bad version", b"GET /v1/skills HTTP/9.9\r\n\r\n".to_vec(), None),
+        ("invalid utf-8 path", b"GET /v1/skills/\xff\xfe HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), Some(400)),
+        ("percent invalid utf-8", b"GET /v1/skills/%ff%fe HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), Some(400)),
+        // Decoded lossily: no such category.
+        ("invalid utf-8 query", b"GET /v1/skills?category=%ff HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), Some(200)),
+        ("huge header", big_header.into_bytes(), Some(431)),
+        ("huge path", long_path.into_bytes(), None),
+        (
+            "body shorter than content-length",
+            b"POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"args\":".to_vec(),
+            None,
+        ),
+        (
+            "bad content-length",
+            b"POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n{}".to_vec(),
+            Some(400),
+        ),
+        (
+            "two content-lengths",
+            b"POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}".to_vec(),
+            Some(400),
+        ),
+        (
+            "declared too large",
+            b"POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n".to_vec(),
+            Some(413),
+        ),
+        (
+            "bad chunked body",
+            b"POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n".to_vec(),
+            Some(400),
+        ),
+        (
+            "invalid utf-8 body",
+            b"POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n\xff\xfe\xfd\xfc".to_vec(),
+            Some(400),
+        ),
+        (
+            "wrong types",
+            b"POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Length: 14\r\n\r\n{\"args\":\"no\"}\n".to_vec(),
+            Some(400),
+        ),
+        (
+            "bad json",
+            b"POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n{\"args\":{".to_vec(),
+            Some(400),
+        ),
+        (
+            "deep nesting",
+            {
+                let body = format!("{{\"args\":{{\"a\":{}{}}}}}", "[".repeat(5000), "]".repeat(5000));
+                let mut r = format!(
+                    "POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                )
+                .into_bytes();
+                r.extend_from_slice(body.as_bytes());
+                r
+            },
+            Some(400),
+        ),
+        ("unknown method", b"BREW /v1/skills HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), Some(405)),
+        ("absolute-form uri", b"GET http://evil/v1/skills HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), Some(200)),
+        ("pipelined", b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/skills HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), Some(200)),
+    ];
+    // All at once: the incomplete ones each wait for the 2 s timeouts.
+    let mut tasks = Vec::new();
+    for (name, bytes, want) in corpus {
+        let socket = d.socket.clone();
+        tasks.push(tokio::spawn(async move { (name, want, exchange(&socket, &bytes).await) }));
+    }
+    for t in tasks {
+        let (name, want, answer) = t.await.unwrap();
+        if let Some(want) = want {
+            assert_eq!(status_of(&answer), Some(want), "{name}: {answer:.300}");
+        }
+    }
+    assert!(d.alive(), "the corpus killed the daemon:\n{}", d.log());
+
+    // Slow clients holding connections (fewer than max_connections) do not
+    // stop others, and are cut after the header timeout.
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let mut s = UnixStream::connect(&d.socket).await.unwrap();
+        s.write_all(b"GET /v1/skills HTTP/1.1\r\n").await.unwrap();
+        idle.push(s);
+    }
+    let r = d.client().get("/v1/health").await.unwrap();
+    assert_eq!(r.status, 200);
+    let mut s = idle.pop().unwrap();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    assert!(read.is_ok(), "a slow client was never cut off");
+
+    // Still serving, no run was started by any of it.
+    let r = d
+        .client()
+        .post("/v1/skills/echo/execute", &serde_json::json!({"args": {"n": 1}}))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(ex.stats.runs_started.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

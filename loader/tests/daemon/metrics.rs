@@ -1,0 +1,80 @@
+//! `GET /metrics`: the loader's metrics with the executor's appended.
+
+use std::process::Command;
+
+use serde_json::json;
+
+use crate::setup;
+
+/// Exact counts after known traffic; the executor's families are merged
+/// (`process_*` renamed); the text passes `promtool check metrics` when
+/// promtool is installed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_carry_both_daemons() {
+    let (env, ex, d) = setup();
+    let c = d.client();
+    c.post("/v1/skills/echo/execute", &json!({"args": {"n": 1}})).await.unwrap();
+    c.post("/v1/skills/echo/execute", &json!({"args": {"n": 2}})).await.unwrap();
+    c.post("/v1/skills/fail/execute", &json!({})).await.unwrap();
+    c.post("/v1/skills/echo/execute", &json!({"args": {"n": "x"}})).await.unwrap();
+    c.post("/v1/skills/nope/execute", &json!({})).await.unwrap();
+    std::fs::write(env.path("skills/broken/skill.json"), "{").unwrap_or_else(|_| {
+        std::fs::create_dir_all(env.path("skills/broken")).unwrap();
+        std::fs::write(env.path("skills/broken/skill.json"), "{").unwrap();
+    });
+    c.post("/v1/reload", &json!({})).await.unwrap();
+
+    let text = d.scrape();
+    for want in [
+        "ongrid_executions_total{outcome=\"ok\",skill=\"echo\"} 2\n",
+        "ongrid_executions_total{outcome=\"exit_nonzero\",skill=\"fail\"} 1\n",
+        "ongrid_executions_total{outcome=\"invalid_args\",skill=\"echo\"} 1\n",
+        "ongrid_run_duration_seconds_count{skill=\"echo\"} 2\n",
+        "ongrid_run_duration_seconds_bucket{skill=\"fail\",le=\"60\"} 1\n",
+        "ongrid_run_queue_wait_seconds_count 3\n",
+        "\nongrid_runs_in_flight 0\n",
+        "\nongrid_skills_registered 5\n",
+        "ongrid_manifest_errors_total{reason=\"parse\"} 1\n",
+        "\nongrid_reloads_total 2\n",
+        "ongrid_http_requests_total{code=\"404\",route=\"/v1/skills/{name}/execute\"} 1\n",
+        "ongrid_build_info{version=\"",
+        "\nongrid_executor_up 1\n",
+        "\nprocess_open_fds ",
+        "\nprocess_start_time_seconds ",
+        "\nongrid_executor_fake_runs_total 3\n",
+        "# TYPE ongrid_executor_process_open_fds gauge\nongrid_executor_process_open_fds 3\n",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+    assert!(!text.contains("skill=\"nope\""), "unknown names must not become labels");
+
+    match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .output()
+    {
+        Err(_) => eprintln!("SKIP promtool check: promtool not installed (apt package prometheus)"),
+        Ok(_) => {
+            let path = env.path("metrics.prom");
+            std::fs::write(&path, &text).unwrap();
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(format!("promtool check metrics < {}", path.display()))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "promtool: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    // The executor down: the loader's own metrics only.
+    ex.stop().await;
+    let text = d.scrape();
+    assert!(text.contains("\nongrid_executor_up 0\n"), "{text}");
+    assert!(!text.contains("ongrid_executor_fake_runs_total"));
+    assert!(text.contains("ongrid_executions_total{outcome=\"ok\",skill=\"echo\"} 2\n"));
+}

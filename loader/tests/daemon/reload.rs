@@ -1,0 +1,68 @@
+//! Reload: `POST /v1/reload` and SIGHUP rescan and swap the registry.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::skilld::{eventually, Env, Skilld};
+use crate::FakeExecutor;
+
+/// A new pack appears and a removed one disappears after a reload; a run
+/// started before the reload finishes with the skill it started with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_picks_up_new_packs_and_drops_removed_ones() {
+    let env = Env::new();
+    let skills = env.standard_skills();
+    let _ex = FakeExecutor::start(&env.executor_socket());
+    let d = Skilld::start(&env, &[&skills], "");
+    let c = d.client();
+
+    // A run in flight across the reload (sleeper is about to be removed).
+    let in_flight = {
+        let c = d.client();
+        tokio::spawn(async move { c.post("/v1/skills/slow/execute", &json!({})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    env.skill("skills", "fresh", "", "echo '{\"fresh\":true}'");
+    std::fs::remove_dir_all(skills.join("sleeper")).unwrap();
+    std::fs::remove_dir_all(skills.join("slow")).unwrap();
+    let r = c.post("/v1/reload", &json!({})).await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, json!({"registered": 4, "skipped": 0}));
+    assert_eq!(c.get("/v1/skills/sleeper").await.unwrap().status, 404);
+    let r = c.post("/v1/skills/fresh/execute", &json!({})).await.unwrap();
+    assert_eq!(r.body["result"], json!({"fresh": true}));
+
+    let r = in_flight.await.unwrap().unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["outcome"], "timeout", "the in-flight run was not disturbed");
+
+    // A broken manifest is skipped and counted, the rest stays.
+    std::fs::write(skills.join("fresh/skill.json"), "{not json").unwrap();
+    let r = c.post("/v1/reload", &json!({})).await.unwrap();
+    assert_eq!(r.body, json!({"registered": 3, "skipped": 1}));
+}
+
+/// SIGHUP rescans too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_rescans() {
+    let env = Env::new();
+    let skills = env.standard_skills();
+    let d = Skilld::start(&env, &[&skills], "");
+    env.skill("skills", "hup", "", "echo '{}'");
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let c = d.client();
+    let mut found = false;
+    for _ in 0..250 {
+        if c.get("/v1/skills/hup").await.unwrap().status == 200 {
+            found = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(found, "{}", d.log());
+    assert!(eventually(Duration::from_secs(1), || d.log().contains("SIGHUP")).await);
+    let status = d.stop();
+    assert!(status.success(), "{status}");
+}

@@ -1,0 +1,259 @@
+//! A fake `ongrid-executor serve` for the daemon tests: the same wire
+//! ([`policy::wire`]) on a Unix socket, no sandbox. It "runs" a skill by
+//! spawning its entry with stdin = args, streams stderr lines as `stderr`
+//! notifications, and answers with a [`RunReport`]. Like the real one, it
+//! kills the run (its whole process group) when the connection closes.
+//! It also answers `ping` and `metrics`, and can be switched to answer
+//! every `execute` with the busy error.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use policy::wire::{self, ExecuteParams, LineBuffer, MetricsResult, Request};
+use policy::{Manifest, Outcome, RunReport, ValidateOptions};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Counters the tests read.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Answer every `execute` with the busy error.
+    pub busy: AtomicBool,
+    /// Children spawned.
+    pub runs_started: AtomicUsize,
+    /// Runs killed because the loader closed the connection.
+    pub runs_cancelled: AtomicUsize,
+    /// `metrics` calls answered.
+    pub metrics_calls: AtomicUsize,
+}
+
+/// A running fake executor; [`FakeExecutor::stop`] ends it.
+pub struct FakeExecutor {
+    pub socket: PathBuf,
+    pub stats: Arc<Stats>,
+    token: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl FakeExecutor {
+    /// Binds `socket` (removing a stale file) and serves; call inside a
+    /// tokio runtime.
+    pub fn start(socket: &Path) -> Self {
+        Self::start_with(socket, Arc::new(Stats::default()))
+    }
+
+    /// Same, keeping counters across a restart.
+    pub fn start_with(socket: &Path, stats: Arc<Stats>) -> Self {
+        let _ = std::fs::remove_file(socket);
+        let listener = UnixListener::bind(socket).unwrap();
+        let token = CancellationToken::new();
+        let task = tokio::spawn(accept_loop(listener, stats.clone(), token.clone()));
+        FakeExecutor { socket: socket.to_path_buf(), stats, token, task }
+    }
+
+    /// Stops accepting, kills every run in flight, removes the socket.
+    pub async fn stop(self) -> Arc<Stats> {
+        self.token.cancel();
+        let _ = self.task.await;
+        let _ = std::fs::remove_file(&self.socket);
+        self.stats
+    }
+}
+
+async fn accept_loop(listener: UnixListener, stats: Arc<Stats>, token: CancellationToken) {
+    let tracker = tokio_util::task::TaskTracker::new();
+    loop {
+        tokio::select! {
+            r = listener.accept() => {
+                let Ok((stream, _)) = r else { continue };
+                let stats = stats.clone();
+                let token = token.clone();
+                tracker.spawn(async move {
+                    tokio::select! {
+                        () = connection(stream, stats) => {}
+                        () = token.cancelled() => {}
+                    }
+                });
+            }
+            () = token.cancelled() => break,
+        }
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+async fn connection(stream: UnixStream, stats: Arc<Stats>) {
+    let (mut rd, mut wr) = stream.into_split();
+    let mut lines = LineBuffer::new(wire::MAX_LINE_BYTES);
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match rd.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        for line in lines.push(&buf[..n]) {
+            let Ok(line) = line else { return };
+            let reply = match wire::decode_line(&line) {
+                Ok(Request::Ping { id }) => wire::encode_result(&id, &json!({"ok": true})),
+                Ok(Request::Metrics { id }) => {
+                    let n = stats.metrics_calls.fetch_add(1, Ordering::SeqCst);
+                    wire::encode_result(
+                        &id,
+                        &json!(MetricsResult { text: metrics_text(&stats, n) }),
+                    )
+                }
+                Ok(Request::Execute { id, params }) => {
+                    if stats.busy.load(Ordering::SeqCst) {
+                        wire::encode_error_code(&id, wire::code::BUSY, "fake executor is full")
+                    } else {
+                        match run(&id, params, &mut rd, &mut wr, &stats).await {
+                            Some(report) => wire::encode_report(&id, &report),
+                            None => return, // cancelled: the loader went away
+                        }
+                    }
+                }
+                Err((id, e)) => wire::encode_error(&id, &e),
+            };
+            if wr.write_all(&reply).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn metrics_text(stats: &Stats, _calls: usize) -> String {
+    format!(
+        "# HELP ongrid_executor_fake_runs_total Runs started by the fake executor.\n\
+         # TYPE ongrid_executor_fake_runs_total counter\n\
+         ongrid_executor_fake_runs_total {}\n\
+         # HELP process_open_fds Number of open file descriptors.\n\
+         # TYPE process_open_fds gauge\n\
+         process_open_fds 3\n",
+        stats.runs_started.load(Ordering::SeqCst)
+    )
+}
+
+fn kill_group(pgid: Option<u32>) {
+    if let Some(pgid) = pgid.and_then(|p| i32::try_from(p).ok()) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pgid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// Runs the skill; `None` when the connection closed first (run killed).
+async fn run(
+    id: &Value,
+    params: ExecuteParams,
+    rd: &mut OwnedReadHalf,
+    wr: &mut OwnedWriteHalf,
+    stats: &Stats,
+) -> Option<RunReport> {
+    let start = Instant::now();
+    let path = PathBuf::from(&params.manifest);
+    let manifest = match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| {
+        Manifest::from_slice(&b, &ValidateOptions::default()).map_err(|e| e.to_string())
+    }) {
+        Ok(m) => m,
+        Err(e) => return Some(RunReport::not_run("?", Outcome::Rejected, e)),
+    };
+    let name = manifest.name().as_str().to_owned();
+    let dir = path.parent().unwrap().to_path_buf();
+    let mut child = match tokio::process::Command::new(dir.join(manifest.entry()))
+        .current_dir(&dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => return Some(RunReport::not_run(name, Outcome::SpawnFailed, e.to_string())),
+    };
+    stats.runs_started.fetch_add(1, Ordering::SeqCst);
+    let pgid = child.id();
+    let args = serde_json::to_vec(&params.args).unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::spawn(async move {
+        let _ = stdin.write_all(&args).await;
+    });
+    let mut stdout = child.stdout.take().unwrap();
+    let out_task = tokio::spawn(async move {
+        let mut v = Vec::new();
+        let _ = stdout.read_to_end(&mut v).await;
+        v
+    });
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut tail = String::new();
+    let deadline = tokio::time::sleep(manifest.timeout());
+    tokio::pin!(deadline);
+    let mut stderr_open = true;
+    let mut probe = [0u8; 1];
+    let status = loop {
+        tokio::select! {
+            line = stderr.next_line(), if stderr_open => match line {
+                Ok(Some(l)) => {
+                    tail.push_str(&l);
+                    tail.push('\n');
+                    if wr.write_all(&wire::encode_stderr(id, &l)).await.is_err() {
+                        kill_group(pgid);
+                        stats.runs_cancelled.fetch_add(1, Ordering::SeqCst);
+                        return None;
+                    }
+                }
+                _ => stderr_open = false,
+            },
+            st = child.wait(), if !stderr_open => break st.ok(),
+            () = &mut deadline => {
+                kill_group(pgid);
+                let _ = child.wait().await;
+                break None;
+            }
+            n = rd.read(&mut probe) => {
+                if matches!(n, Ok(0) | Err(_)) {
+                    kill_group(pgid);
+                    let _ = child.wait().await;
+                    stats.runs_cancelled.fetch_add(1, Ordering::SeqCst);
+                    return None;
+                }
+            }
+        }
+    };
+    let stdout = out_task.await.unwrap_or_default();
+    let mut report = RunReport::not_run(name, Outcome::Ok, "");
+    report.error = None;
+    report.stderr = tail;
+    report.duration_ms = u64::try_from(start.elapsed().as_millis()).unwrap();
+    match status {
+        None => {
+            report.outcome = Outcome::Timeout;
+            report.error = Some(format!("timed out after {}s", manifest.timeout().as_secs()));
+            report.signal = Some(9);
+        }
+        Some(st) if st.success() => match serde_json::from_slice::<Value>(&stdout) {
+            Ok(v) => report.result = Some(v),
+            Err(e) => {
+                report.outcome = Outcome::InvalidResult;
+                report.error = Some(format!("stdout is not JSON: {e}"));
+            }
+        },
+        Some(st) => {
+            use std::os::unix::process::ExitStatusExt;
+            report.exit_code = st.code();
+            report.signal = st.signal();
+            report.outcome =
+                if st.code().is_some() { Outcome::ExitNonzero } else { Outcome::Signaled };
+            report.error = Some(format!("{st}"));
+        }
+    }
+    Some(report)
+}
