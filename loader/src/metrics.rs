@@ -4,7 +4,8 @@
 //! `_total` counters); the skill name is the only high-cardinality label,
 //! and only registered names ever reach it. One scrape target carries both
 //! daemons: [`merge_executor_text`] appends the executor's exposition, got
-//! over its socket with the `metrics` call.
+//! over its socket with the `metrics` call (its `process_*` renamed
+//! `ongrid_executor_process_*`; a family the loader already has is dropped).
 //!
 //! | Metric | Type | Labels |
 //! |---|---|---|
@@ -19,6 +20,8 @@
 //! | `ongrid_executor_up` | gauge | |
 //! | `ongrid_build_info` | gauge | `version` |
 //! | `process_*` | process collector | |
+
+use std::collections::HashSet;
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -153,12 +156,20 @@ pub fn encode(registry: &Registry) -> String {
     String::from_utf8(buf).unwrap_or_default()
 }
 
-/// Appends the executor's exposition `text` to `out`, keeping the result
-/// a valid exposition: families named `process_*` are renamed
-/// `ongrid_executor_process_*` (they would collide with the loader's), and
-/// any family not named `ongrid_executor_*` after that is dropped, so the
+/// Appends the executor's exposition `text` to `out` (the loader's own
+/// exposition), keeping the result valid: families named `process_*` are
+/// renamed `ongrid_executor_process_*` (both daemons have them), and any
+/// other family whose name the loader already exposes is dropped, so the
 /// executor can never shadow or duplicate a loader family.
 pub fn merge_executor_text(out: &mut String, text: &str) {
+    let own: HashSet<String> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|r| r.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    // The family of the last HELP/TYPE line, and whether it is kept.
+    let mut current: Option<(String, bool)> = None;
     for line in text.lines() {
         let (prefix, rest) = if let Some(r) = line.strip_prefix("# HELP ") {
             ("# HELP ", r)
@@ -173,21 +184,37 @@ pub fn merge_executor_text(out: &mut String, text: &str) {
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
             .unwrap_or(rest.len());
         let (name, tail) = rest.split_at(name_len);
-        let renamed;
-        let name = if name.starts_with("process_") {
-            renamed = format!("ongrid_executor_{name}");
-            renamed.as_str()
-        } else {
-            name
-        };
-        if !name.starts_with("ongrid_executor_") || name == "ongrid_executor_up" {
+        if name.is_empty() {
             continue;
         }
-        out.push_str(prefix);
-        out.push_str(name);
-        out.push_str(tail);
-        out.push('\n');
+        let name = if name.starts_with("process_") {
+            format!("ongrid_executor_{name}")
+        } else {
+            name.to_owned()
+        };
+        let keep = if !prefix.is_empty() {
+            let keep = !own.contains(&name);
+            current = Some((name.clone(), keep));
+            keep
+        } else {
+            match &current {
+                Some((family, keep)) if name.starts_with(family.as_str()) => *keep,
+                _ => !own.contains(family_of(&name)),
+            }
+        };
+        if keep {
+            out.push_str(prefix);
+            out.push_str(&name);
+            out.push_str(tail);
+            out.push('\n');
+        }
     }
+}
+
+/// The family a sample name belongs to (histogram and summary suffixes
+/// stripped).
+fn family_of(sample: &str) -> &str {
+    ["_bucket", "_sum", "_count"].iter().find_map(|s| sample.strip_suffix(s)).unwrap_or(sample)
 }
 
 #[cfg(test)]
@@ -223,22 +250,30 @@ mod tests {
 
     #[test]
     fn executor_text_is_renamed_and_filtered() {
+        let own = "# HELP ongrid_executions_total x\n# TYPE ongrid_executions_total counter\n\
+                   ongrid_executions_total 1\n# TYPE ongrid_run_duration_seconds histogram\n\
+                   ongrid_run_duration_seconds_count 0\n";
         let text = "# HELP process_open_fds Open fds.\n# TYPE process_open_fds gauge\n\
                     process_open_fds 7\n# HELP ongrid_executor_runs_total Runs.\n\
                     # TYPE ongrid_executor_runs_total counter\n\
                     ongrid_executor_runs_total{outcome=\"ok\"} 3\n\
                     # TYPE ongrid_executions_total counter\nongrid_executions_total 9\n\
-                    # a comment\n\nnonsense{\n";
-        let mut out = String::new();
+                    # TYPE ongrid_sandbox_setup_seconds histogram\n\
+                    ongrid_sandbox_setup_seconds_sum 0.5\n\
+                    ongrid_run_duration_seconds_sum 3\n\
+                    # a comment\n\n{nonsense\n";
+        let mut out = own.to_owned();
         merge_executor_text(&mut out, text);
         assert_eq!(
-            out,
+            out.strip_prefix(own).unwrap(),
             "# HELP ongrid_executor_process_open_fds Open fds.\n\
              # TYPE ongrid_executor_process_open_fds gauge\n\
              ongrid_executor_process_open_fds 7\n\
              # HELP ongrid_executor_runs_total Runs.\n\
              # TYPE ongrid_executor_runs_total counter\n\
-             ongrid_executor_runs_total{outcome=\"ok\"} 3\n"
+             ongrid_executor_runs_total{outcome=\"ok\"} 3\n\
+             # TYPE ongrid_sandbox_setup_seconds histogram\n\
+             ongrid_sandbox_setup_seconds_sum 0.5\n"
         );
     }
 }

@@ -68,8 +68,8 @@ pub enum Request {
     /// The executor's Prometheus exposition text, answered with
     /// [`MetricsResult`] (`{"text":"..."}`). The loader appends it to its
     /// own `/metrics`, so one scrape target carries both daemons: the
-    /// executor prefixes its metrics `ongrid_executor_`, and the loader
-    /// renames any `process_*` family to `ongrid_executor_process_*`.
+    /// loader renames any `process_*` family to `ongrid_executor_process_*`
+    /// and drops any family whose name it already exposes itself.
     Metrics {
         /// JSON-RPC id.
         id: Value,
