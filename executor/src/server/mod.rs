@@ -79,7 +79,9 @@ pub use peer::PeerPolicy;
 pub use socket::{bind, SocketError};
 
 /// Cgroups under `ongrid/` without a run directory are swept at start-up
-/// only when empty and at least this old.
+/// only when empty and at least this old. Longer than any executor keeps an
+/// empty leaf it means to use (the engine gives up a ready slot idle for
+/// 30 s), so another executor's live leaves are never taken.
 const SWEEP_MIN_AGE: Duration = Duration::from_secs(60);
 
 /// Margin added to the longest run before a drain kills what is left.
