@@ -77,6 +77,7 @@ pub struct RunConnection {
     stream: UnixStream,
     lines: LineBuffer,
     ready: VecDeque<Result<Vec<u8>, wire::WireError>>,
+    read_buf: Box<[u8]>,
     finished: bool,
 }
 
@@ -112,12 +113,7 @@ impl ExecutorClient {
     pub async fn execute(&self, params: &ExecuteParams) -> Result<RunConnection, ExecutorError> {
         let mut stream = self.connect().await?;
         stream.write_all(&wire::encode_execute(1, params)).await.map_err(ExecutorError::Io)?;
-        Ok(RunConnection {
-            stream,
-            lines: LineBuffer::new(MAX_LINE_BYTES),
-            ready: VecDeque::new(),
-            finished: false,
-        })
+        Ok(RunConnection::new(stream, MAX_LINE_BYTES))
     }
 
     /// The executor's Prometheus text (`metrics` call), within `timeout`.
@@ -129,12 +125,7 @@ impl ExecutorClient {
         let call = async {
             let mut stream = self.connect().await?;
             stream.write_all(&wire::encode_metrics(1)).await.map_err(ExecutorError::Io)?;
-            let mut conn = RunConnection {
-                stream,
-                lines: LineBuffer::new(MAX_LINE_BYTES),
-                ready: VecDeque::new(),
-                finished: false,
-            };
+            let mut conn = RunConnection::new(stream, MAX_LINE_BYTES);
             match conn.next_reply().await? {
                 Reply::Result { result, .. } => serde_json::from_value::<MetricsResult>(result)
                     .map(|m| m.text)
@@ -154,12 +145,7 @@ impl ExecutorClient {
             let mut stream = self.connect().await.ok()?;
             let req = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n";
             stream.write_all(req).await.ok()?;
-            let mut conn = RunConnection {
-                stream,
-                lines: LineBuffer::new(64 << 10),
-                ready: VecDeque::new(),
-                finished: false,
-            };
+            let mut conn = RunConnection::new(stream, 64 << 10);
             matches!(conn.next_reply().await, Ok(Reply::Result { .. })).then_some(())
         };
         matches!(tokio::time::timeout(timeout, call).await, Ok(Some(())))
@@ -178,6 +164,16 @@ fn reply_error(reply: Reply) -> ExecutorError {
 }
 
 impl RunConnection {
+    fn new(stream: UnixStream, max_line: usize) -> Self {
+        Self {
+            stream,
+            lines: LineBuffer::new(max_line),
+            ready: VecDeque::new(),
+            read_buf: vec![0u8; 16 << 10].into_boxed_slice(),
+            finished: false,
+        }
+    }
+
     /// The next event of the run: stderr lines, then the report.
     ///
     /// A report with outcome `busy` is returned as [`ExecutorError::Busy`].
@@ -222,18 +218,88 @@ impl RunConnection {
     }
 
     async fn next_reply(&mut self) -> Result<Reply, ExecutorError> {
-        let mut buf = vec![0u8; 64 << 10];
         loop {
             if let Some(line) = self.ready.pop_front() {
                 let line = line.map_err(|e| ExecutorError::Protocol(e.to_string()))?;
                 return wire::decode_reply(&line)
                     .map_err(|e| ExecutorError::Protocol(e.to_string()));
             }
-            let n = self.stream.read(&mut buf).await.map_err(ExecutorError::Io)?;
+            let n = self.stream.read(&mut self.read_buf).await.map_err(ExecutorError::Io)?;
             if n == 0 {
                 return Err(ExecutorError::Closed);
             }
-            self.ready.extend(self.lines.push(&buf[..n]));
+            self.ready.extend(self.lines.push(&self.read_buf[..n]));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use tokio::net::UnixListener;
+
+    use super::*;
+
+    /// An executor that answers the first request with `reply` verbatim.
+    async fn one_shot(reply: &'static [u8]) -> (tempfile::TempDir, ExecutorClient) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(reply).await;
+        });
+        (dir, ExecutorClient::new(path))
+    }
+
+    fn params() -> ExecuteParams {
+        ExecuteParams {
+            manifest: "/s/skill.json".into(),
+            args: json!({}),
+            session_id: None,
+            class: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn stderr_then_report() {
+        let report = RunReport::not_run("s", Outcome::Rejected, "no");
+        let mut reply = wire::encode_stderr(&json!(1), "a");
+        reply.extend(wire::encode_report(&json!(1), &report));
+        let reply: &'static [u8] = Box::leak(reply.into_boxed_slice());
+        let (_d, c) = one_shot(reply).await;
+        let mut conn = c.execute(&params()).await.unwrap();
+        assert_eq!(conn.next().await.unwrap(), RunEvent::Stderr("a".into()));
+        assert_eq!(conn.next().await.unwrap(), RunEvent::Report(Box::new(report)));
+        assert!(matches!(conn.next().await, Err(ExecutorError::Closed)));
+    }
+
+    type Case = (&'static [u8], fn(&ExecutorError) -> bool);
+
+    #[tokio::test]
+    async fn failures_are_typed() {
+        let cases: [Case; 5] = [
+            (b"", |e| matches!(e, ExecutorError::Closed)),
+            (b"not json\n", |e| matches!(e, ExecutorError::Protocol(_))),
+            (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"x\":1}}\n", |e| {
+                matches!(e, ExecutorError::Protocol(_))
+            }),
+            (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":-32002,\"message\":\"full\"}}\n", |e| {
+                matches!(e, ExecutorError::Busy(m) if m == "full")
+            }),
+            (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":-32001,\"message\":\"who\"}}\n", |e| {
+                matches!(e, ExecutorError::Remote { code: -32001, .. })
+            }),
+        ];
+        for (reply, want) in cases {
+            let (_d, c) = one_shot(reply).await;
+            let e = c.execute(&params()).await.unwrap().report().await.unwrap_err();
+            assert!(want(&e), "{:?}: {e:?}", String::from_utf8_lossy(reply));
+        }
+        let missing = ExecutorClient::new("/nonexistent/e.sock");
+        assert!(matches!(missing.execute(&params()).await, Err(ExecutorError::Connect { .. })));
+        assert!(!missing.ping(Duration::from_millis(100)).await);
     }
 }

@@ -18,6 +18,7 @@ mod malformed;
 mod metrics;
 mod reload;
 mod run;
+mod startup;
 
 use fake_executor::FakeExecutor;
 use skilld::{Env, Skilld};

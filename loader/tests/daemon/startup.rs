@@ -1,0 +1,67 @@
+//! Start-up and shutdown of the daemon process.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+use crate::skilld::{Env, Skilld, SKILLD};
+
+/// The socket gets the configured mode; a second daemon on the same socket
+/// refuses to start; SIGTERM exits 0 and removes the socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socket_mode_in_use_and_clean_exit() {
+    let env = Env::new();
+    let skills = env.standard_skills();
+    let d = Skilld::start(&env, &[&skills], "socket_mode = \"0600\"\n");
+    let mode = std::fs::metadata(&d.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    let out = Command::new(SKILLD)
+        .args(["--config", env.path("skilld.toml").to_str().unwrap(), "--metrics-listen", ""])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"), "{out:?}");
+    assert!(d.client().get("/v1/health").await.unwrap().status.is_success());
+
+    let socket = d.socket.clone();
+    assert!(d.stop().success());
+    assert!(!socket.exists(), "the socket is removed on exit");
+}
+
+/// A stale socket file (no daemon behind it) is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_socket_is_replaced() {
+    let env = Env::new();
+    let skills = env.standard_skills();
+    drop(std::os::unix::net::UnixListener::bind(env.path("skilld.sock")).unwrap());
+    assert!(env.path("skilld.sock").exists());
+    let d = Skilld::start(&env, &[&skills], "");
+    assert!(d.client().get("/v1/health").await.unwrap().status.is_success());
+}
+
+/// Bad configuration exits 78 (EX_CONFIG), `--check-config` too.
+#[test]
+fn bad_config_exits_78() {
+    let env = Env::new();
+    let cfg = env.path("bad.toml");
+    for text in ["sokcet = \"/x\"", "max_body_bytes = 0", "metrics_listen = \"nowhere\""] {
+        std::fs::write(&cfg, text).unwrap();
+        for extra in [&[][..], &["--check-config"][..]] {
+            let out = Command::new(SKILLD)
+                .args(["--config", cfg.to_str().unwrap()])
+                .args(extra)
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(78), "{text}: {out:?}");
+        }
+    }
+    std::fs::write(&cfg, "socket = \"/tmp/x.sock\"\n").unwrap();
+    let out = Command::new(SKILLD)
+        .args(["--config", cfg.to_str().unwrap(), "--check-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let missing = env.path("missing.toml");
+    let out = Command::new(SKILLD).args(["--config", missing.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(78));
+}
