@@ -151,6 +151,12 @@ pub async fn run(
         config.max_concurrent_runs,
         config.max_queued_runs
     );
+    for root in config.roots.iter().filter(|r| !r.is_dir()) {
+        tracing::warn!(
+            "executor: allow-list root {} is not a directory (yet); its skills are rejected",
+            root.display()
+        );
+    }
     let tracker = TaskTracker::new();
     let connections = Arc::new(Semaphore::new(config.max_connections));
     tokio::select! {
