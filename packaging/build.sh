@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds the ongrid-skills .deb and .rpm from a clean checkout.
+#
+#   packaging/build.sh            -> target/debian/ongrid-skills_<ver>-1_<arch>.deb
+#                                    target/generate-rpm/ongrid-skills-<ver>-1.<arch>.rpm
+#
+# Installs the packaging tools when missing: cargo-deb and cargo-generate-rpm
+# pinned with --locked (about 4 min of compiling the first time), help2man
+# from apt (man pages from each binary's clap --help).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CARGO_DEB_VERSION=3.8.0
+CARGO_GENERATE_RPM_VERSION=0.21.1
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+
+have_tool() { # crate version: is exactly this version installed?
+    cargo install --list 2>/dev/null | grep -qx "$1 v$2:"
+}
+tools=()
+have_tool cargo-deb "$CARGO_DEB_VERSION" || tools+=("cargo-deb@$CARGO_DEB_VERSION")
+have_tool cargo-generate-rpm "$CARGO_GENERATE_RPM_VERSION" ||
+    tools+=("cargo-generate-rpm@$CARGO_GENERATE_RPM_VERSION")
+if ((${#tools[@]})); then
+    echo "== cargo install --locked ${tools[*]}"
+    cargo install --locked "${tools[@]}"
+fi
+if ! command -v help2man >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "== apt-get install help2man"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends help2man
+    else
+        echo "build.sh: help2man is missing (apt install help2man / dnf install help2man)" >&2
+        exit 1
+    fi
+fi
+
+echo "== cargo build --release (ongrid-loader, ongrid-executor)"
+# Only the packaged crates: the tests and benches members are not shipped.
+cargo build --release --locked -p ongrid-loader -p ongrid-executor
+
+release=target/release
+echo "== man pages (help2man over clap --help)"
+mkdir -p "$release/man"
+man_page() { # binary, one-line description
+    help2man --no-info --section=1 --source="ongrid-skills" --name="$2" \
+        --output="$release/man/$1.1" "$release/$1"
+    gzip -9nf "$release/man/$1.1"
+}
+man_page ongrid-executor "sandboxing executor of ongrid-skills (root daemon and one-shot runs)"
+man_page ongrid-skilld "registry daemon of ongrid-skills (client API and metrics)"
+man_page ongrid-skill "command-line client and pack linter of ongrid-skills"
+
+echo "== cargo deb"
+rm -f target/debian/ongrid-skills_*.deb target/generate-rpm/ongrid-skills-*.rpm
+cargo deb -p ongrid-skills --no-build --locked
+echo "== cargo generate-rpm"
+cargo generate-rpm -p packaging
+
+ls -l target/debian/ongrid-skills_*.deb target/generate-rpm/ongrid-skills-*.rpm
