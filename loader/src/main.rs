@@ -9,8 +9,9 @@ use loader::cli::Cli;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let mut out = io::stdout().lock();
-    let mut err = io::stderr().lock();
+    // Not locked: `up` logs from other threads while the command runs.
+    let mut out = io::stdout();
+    let mut err = io::stderr();
     let result =
         loader::cli::run(cli, &mut out, &mut err).and_then(|code| out.flush().map(|()| code));
     match result.context("writing output") {

@@ -4,7 +4,8 @@
 //! function writing to the given stdout and stderr, so commands can be
 //! tested without a process. `scan` and `validate` work on files; `list`,
 //! `show`, `run` and `reload` talk to `ongrid-skilld` over its socket
-//! (`--socket`, env `ONGRID_SOCKET`) through [`remote`].
+//! (`--socket`, env `ONGRID_SOCKET`) through [`remote`]; `up` starts both
+//! daemons in the foreground ([`up`]).
 //!
 //! Exit codes: 0 = success, 1 = the command ran and found problems
 //! (`validate`) or the skill failed (`run`), 2 = usage error, and for the
@@ -25,6 +26,7 @@ pub mod run;
 pub mod scan;
 pub mod show;
 pub mod table;
+pub mod up;
 pub mod validate;
 
 /// Runs, lists and checks subprocess skills.
@@ -58,6 +60,9 @@ pub enum Command {
     Run(run::Args),
     /// Make ongrid-skilld rescan its skill directories.
     Reload(reload::Args),
+    /// Start ongrid-executor and ongrid-skilld in the foreground on local
+    /// sockets with the example skills: the one-command demo.
+    Up(up::Args),
 }
 
 /// Runs `cli`, writing results to `out` and diagnostics to `err`.
@@ -73,6 +78,7 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<Exi
         Command::Show(args) => show::run(&args, out, err),
         Command::Run(args) => run::run(&args, out, err),
         Command::Reload(args) => reload::run(&args, out, err),
+        Command::Up(args) => up::run(&args, out, err),
     }
 }
 
