@@ -1,0 +1,106 @@
+//! The client API against the real executor: list, show, every outcome a
+//! client sees, the stream, unknown skills.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::harness::Stack;
+
+#[test]
+fn list_show_and_run_outcomes() {
+    let s = Stack::start();
+
+    let r = s.get("/v1/skills");
+    assert_eq!(r.status, 200);
+    let list = r.json();
+    let mut names: Vec<&str> =
+        list["items"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["echo", "fail", "finisher", "sleeper", "slow", "strict"]);
+    assert_eq!(list["total"], 6);
+    let r = s.get("/v1/skills?category=test");
+    assert_eq!(r.json()["total"], 1);
+    let r = s.get("/v1/skills/echo");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["name"], "echo");
+    assert_eq!(r.json()["schema"]["properties"]["n"]["type"], "integer");
+
+    // ok: the result is the args, the report says what was enforced.
+    let r = s.execute("echo", &json!({"n": 7}));
+    assert_eq!(r.status, 200, "{}", s.logs());
+    let report = r.json();
+    assert_eq!(report["outcome"], "ok", "{report}");
+    assert_eq!(report["result"], json!({"n": 7}));
+    assert_eq!(report["exit_code"], 0);
+    assert!(report["stderr"].as_str().unwrap().contains("echo: starting"));
+    assert!(report["sandbox"]["no_new_privs"].as_bool().unwrap());
+    assert!(report["sandbox"]["degraded"].is_array());
+    if nix::unistd::geteuid().is_root() {
+        let (uid, _) = ongrid_tests::host::skill_user();
+        assert_eq!(report["sandbox"]["uid"], uid);
+    }
+
+    // A failing skill is a finished run: 200 with the outcome.
+    let r = s.execute("fail", &json!({}));
+    assert_eq!(r.status, 200);
+    let report = r.json();
+    assert_eq!(report["outcome"], "exit_nonzero", "{report}");
+    assert_eq!(report["exit_code"], 3);
+    assert!(report["stderr"].as_str().unwrap().contains("boom"));
+
+    // Timing out: killed after 1 s (+2 s grace at most).
+    let t = Instant::now();
+    let r = s.execute("slow", &json!({}));
+    let took = t.elapsed();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["outcome"], "timeout", "{}", r.json());
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(8), "{took:?}");
+
+    // Schema-rejected: 400 listing the violations, nothing runs.
+    let r = s.execute("strict", &json!({"depth": -1, "extra": true}));
+    assert_eq!(r.status, 400);
+    let body = r.json();
+    assert_eq!(body["error"]["code"], "invalid_args", "{body}");
+    let text = body.to_string();
+    assert!(text.contains("path") && text.contains("depth"), "{text}");
+    let r = s.execute("strict", &json!({"path": "/tmp", "depth": 2}));
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["result"], json!({"path": "/tmp", "depth": 2}));
+
+    // Bad JSON body.
+    let r = crate::harness::http(
+        &s.socket,
+        "POST",
+        "/v1/skills/echo/execute",
+        "application/json",
+        Some(b"{\"args\":"),
+    );
+    assert_eq!(r.status, 400);
+
+    // Unknown skill: 404 for show and execute.
+    let r = s.get("/v1/skills/nope");
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["code"], "not_found", "{}", r.json());
+    let r = s.execute("nope", &json!({}));
+    assert_eq!(r.status, 404);
+
+    // The NDJSON stream: stderr lines, then the report.
+    let r = s.stream("echo", &json!({"n": 1}));
+    assert_eq!(r.status, 200);
+    assert!(r.header("content-type").unwrap().starts_with("application/x-ndjson"));
+    let events = r.events();
+    assert_eq!(events[0], json!({"event": "stderr", "line": "echo: starting"}), "{events:?}");
+    let last = events.last().unwrap();
+    assert_eq!(last["event"], "report");
+    assert_eq!(last["report"]["result"], json!({"n": 1}));
+
+    let health = s.get("/v1/health").json();
+    assert_eq!(health["executor"], "up", "{health}");
+    assert_eq!(health["skills"], 6);
+
+    // One scrape target with both daemons' metrics.
+    let text = s.scrape();
+    assert!(text.contains("ongrid_"), "{text}");
+    assert!(text.contains("skill=\"echo\""), "{text}");
+}

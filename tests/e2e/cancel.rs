@@ -1,0 +1,108 @@
+//! A client that goes away mid-run: the run is killed (the skill process
+//! is gone from /proc) and both daemons carry on.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::harness::{eventually, process_alive, Stack};
+
+/// Starts `skill` with the NDJSON stream, reads until its `pid=N` stderr
+/// line and sends N through `pid`, then reads to the end of the answer
+/// and returns those bytes.
+pub fn stream_with_pid(socket: &Path, skill: &str, pid: &std::sync::mpsc::Sender<i32>) -> String {
+    let mut s = open_stream(socket, skill);
+    let _ = pid.send(read_pid(&mut s));
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    String::from_utf8_lossy(&rest).into_owned()
+}
+
+fn open_stream(socket: &Path, skill: &str) -> UnixStream {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let body = json!({"args": {}}).to_string();
+    let req = format!(
+        "POST /v1/skills/{skill}/execute HTTP/1.1\r\nHost: localhost\r\n\
+         Accept: application/x-ndjson\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    s
+}
+
+fn read_pid(s: &mut UnixStream) -> i32 {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "stream ended before the pid: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&seen);
+        if let Some(at) = text.find("pid=") {
+            let digits: String = text[at + 4..].chars().take_while(char::is_ascii_digit).collect();
+            if !digits.is_empty() && text[at + 4 + digits.len()..].contains('"') {
+                return digits.parse().unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn client_disconnecting_mid_run_kills_the_run() {
+    let mut s = Stack::start();
+    for mode in ["stream", "json"] {
+        let mut conn = if mode == "stream" {
+            open_stream(&s.socket, "sleeper")
+        } else {
+            let mut c = UnixStream::connect(&s.socket).unwrap();
+            let body = json!({"args": {}}).to_string();
+            let req = format!(
+                "POST /v1/skills/sleeper/execute HTTP/1.1\r\nHost: localhost\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            c.write_all(req.as_bytes()).unwrap();
+            c
+        };
+        let pid = if mode == "stream" {
+            read_pid(&mut conn)
+        } else {
+            // No stream to read the pid from: find the sleeper in /proc.
+            let mut found = None;
+            assert!(
+                eventually(Duration::from_secs(10), || {
+                    found = sleeper_pids(&s).first().copied();
+                    found.is_some()
+                }),
+                "sleeper never started\n{}",
+                s.logs()
+            );
+            found.unwrap()
+        };
+        assert!(process_alive(pid, "sleep"), "{mode}: sleeper {pid} running");
+        drop(conn);
+        assert!(
+            eventually(Duration::from_secs(5), || !process_alive(pid, "sleep")),
+            "{mode}: sleeper {pid} still running after the client left\n{}",
+            s.logs()
+        );
+    }
+    assert!(s.both_alive());
+    let r = s.execute("echo", &json!({"n": 5}));
+    assert_eq!(r.json()["result"], json!({"n": 5}));
+}
+
+/// Live `sleep` processes started from this stack's skills directory.
+fn sleeper_pids(s: &Stack) -> Vec<i32> {
+    crate::harness::processes_with("/bin/sleep")
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(&s.base))
+        })
+        .collect()
+}

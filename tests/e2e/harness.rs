@@ -1,0 +1,461 @@
+//! Both real daemons as real processes on temp sockets, a blocking HTTP/1.1
+//! client over the Unix socket, and `/proc` checks.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// A binary of the workspace, next to the test binary's directory
+/// (`<target>/<profile>/`), built by `cargo build --workspace --bins`.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>");
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} missing: run `cargo build --workspace --bins` first",
+        path.display()
+    );
+    path
+}
+
+/// A free loopback port (bound then released).
+pub fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// A temp dir the run-as user can traverse (0755), canonical.
+pub fn temp_dir(prefix: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let base = fs::canonicalize(tmp.path()).unwrap();
+    fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
+    (tmp, base)
+}
+
+/// Writes a pack `root/name/` with `skill.json` (name, description, entry
+/// `run`, plus `extra` fields, JSON text starting with `,`) and an
+/// executable `/bin/sh` entry holding `script`. Skills run with no
+/// environment: tools by absolute path.
+pub fn write_skill(root: &Path, name: &str, extra: &str, script: &str) -> PathBuf {
+    let dir = root.join(name);
+    fs::create_dir_all(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let run = dir.join("run");
+    fs::write(&run, format!("#!/bin/sh\n{script}\n")).unwrap();
+    fs::set_permissions(&run, fs::Permissions::from_mode(0o755)).unwrap();
+    let manifest =
+        format!(r#"{{"name":"{name}","description":"{name} e2e skill","entry":"run"{extra}}}"#);
+    fs::write(dir.join("skill.json"), manifest).unwrap();
+    fs::set_permissions(dir.join("skill.json"), fs::Permissions::from_mode(0o644)).unwrap();
+    dir
+}
+
+/// The standard skills of the suite, under `root`.
+pub fn standard_skills(root: &Path) {
+    fs::create_dir_all(root).unwrap();
+    fs::set_permissions(root, fs::Permissions::from_mode(0o755)).unwrap();
+    write_skill(
+        root,
+        "echo",
+        r#","category":"test","schema":{"type":"object","properties":{"n":{"type":"integer"}}}"#,
+        "echo 'echo: starting' >&2\nexec /bin/cat",
+    );
+    write_skill(root, "fail", "", "echo boom >&2\necho '{\"partial\":true}'\nexit 3");
+    write_skill(root, "slow", r#","timeout_seconds":1"#, "exec /bin/sleep 30");
+    write_skill(
+        root,
+        "strict",
+        r#","schema":{"type":"object","properties":{"path":{"type":"string"},"depth":{"type":"integer","minimum":0}},"required":["path"],"additionalProperties":false}"#,
+        "exec /bin/cat",
+    );
+    // Prints its pid on stderr (streamed), then sleeps: the cancel cases
+    // look for that process in /proc.
+    write_skill(
+        root,
+        "sleeper",
+        r#","timeout_seconds":60"#,
+        "echo \"pid=$$\" >&2\nexec /bin/sleep 30",
+    );
+    write_skill(
+        root,
+        "finisher",
+        r#","timeout_seconds":20"#,
+        "echo started >&2\n/bin/sleep 1\necho '{\"done\":true}'",
+    );
+}
+
+/// An answer: status, lower-case headers, body (de-chunked).
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "{} body is not JSON ({e}): {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The NDJSON lines of a stream answer.
+    pub fn events(&self) -> Vec<Value> {
+        self.body
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect()
+    }
+}
+
+/// One request, `Connection: close`, read to the end (60 s at most).
+pub fn http(socket: &Path, method: &str, path: &str, accept: &str, body: Option<&[u8]>) -> Resp {
+    let mut s =
+        UnixStream::connect(socket).unwrap_or_else(|e| panic!("connect {}: {e}", socket.display()));
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: {accept}\r\nConnection: close\r\n"
+    )
+    .into_bytes();
+    if let Some(b) = body {
+        req.extend_from_slice(
+            format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()).as_bytes(),
+        );
+    }
+    req.extend_from_slice(b"\r\n");
+    if let Some(b) = body {
+        req.extend_from_slice(b);
+    }
+    s.write_all(&req).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap_or_else(|e| panic!("{method} {path}: reading: {e}"));
+    parse_response(&raw).unwrap_or_else(|| {
+        panic!("{method} {path}: not an HTTP answer: {:?}", String::from_utf8_lossy(&raw))
+    })
+}
+
+/// Parses a whole HTTP/1.1 answer.
+pub fn parse_response(raw: &[u8]) -> Option<Resp> {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let rest = &raw[end + 4..];
+    let chunked =
+        headers.iter().any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+    let body = if chunked { dechunk(rest)? } else { rest.to_vec() };
+    Some(Resp { status, headers, body })
+}
+
+fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let eol = data.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = std::str::from_utf8(&data[..eol]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        data = &data[eol + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(data.get(..size)?);
+        data = data.get(size + 2..)?;
+    }
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    f()
+}
+
+/// Returns true if and only if `pid` is a live (not zombie) process whose
+/// command line contains `needle`.
+pub fn process_alive(pid: i32, needle: &str) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
+    if state == Some('Z') {
+        return false;
+    }
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&cmdline).contains(needle)
+}
+
+/// Pids of live processes whose command line contains `needle`.
+pub fn processes_with(needle: &str) -> Vec<i32> {
+    let me = std::process::id();
+    let mut pids = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if u32::try_from(pid).ok() == Some(me) {
+            continue;
+        }
+        if process_alive(pid, needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn signal(child: &Child, sig: Signal) {
+    let pid = Pid::from_raw(i32::try_from(child.id()).unwrap());
+    let _ = kill(pid, sig);
+}
+
+fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_socket(child: &mut Child, socket: &Path, what: &str, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("{what} exited {st}:\n{}", fs::read_to_string(log).unwrap_or_default());
+        }
+        if UnixStream::connect(socket).is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not ready:\n{}",
+            fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `ongrid-executor serve` and `ongrid-skilld` on temp sockets, serving
+/// [`standard_skills`] from `<base>/skills`.
+pub struct Stack {
+    _tmp: tempfile::TempDir,
+    pub base: PathBuf,
+    pub skills: PathBuf,
+    pub executor_socket: PathBuf,
+    pub socket: PathBuf,
+    pub metrics: SocketAddr,
+    executor: Option<Child>,
+    skilld: Child,
+    executor_starts: usize,
+}
+
+impl Stack {
+    pub fn start() -> Self {
+        if nix::unistd::geteuid().is_root() {
+            ongrid_tests::host::skill_user();
+        }
+        let (tmp, base) = temp_dir("ongrid-e2e-");
+        let skills = base.join("skills");
+        standard_skills(&skills);
+        let executor_socket = base.join("executor.sock");
+        let socket = base.join("skilld.sock");
+        let uid = nix::unistd::geteuid().as_raw();
+        let gid = nix::unistd::getegid().as_raw();
+        let q = |p: &Path| serde_json::Value::String(p.display().to_string()).to_string();
+        fs::write(
+            base.join("executor.toml"),
+            format!(
+                "roots = [{skills}]\nruntime_dir = {run}\nsocket = {sock}\n\
+                 socket_owner = \"{uid}\"\nsocket_group = \"{gid}\"\nsocket_mode = \"0600\"\n\
+                 allowed_uids = [{uid}]\nallowed_gids = []\nlandlock = \"best-effort\"\n\
+                 max_line_bytes = 65536\nmax_concurrent_runs = 16\n",
+                skills = q(&skills),
+                run = q(&base.join("run")),
+                sock = q(&executor_socket),
+            ),
+        )
+        .unwrap();
+        let metrics = free_port();
+        fs::write(
+            base.join("skilld.toml"),
+            format!(
+                "socket = {sock}\nexecutor_socket = {ex}\nskills_dirs = [{skills}]\n\
+                 metrics_listen = \"{metrics}\"\nrequest_timeout_seconds = 3\nmax_connections = 128\n",
+                sock = q(&socket),
+                ex = q(&executor_socket),
+                skills = q(&skills),
+            ),
+        )
+        .unwrap();
+        let mut stack = Stack {
+            _tmp: tmp,
+            base,
+            skills,
+            executor_socket,
+            socket,
+            metrics,
+            executor: None,
+            skilld: Command::new("true").spawn().unwrap(),
+            executor_starts: 0,
+        };
+        stack.start_executor();
+        let log = stack.base.join("skilld.log");
+        stack.skilld = Command::new(bin("ongrid-skilld"))
+            .arg("--config")
+            .arg(stack.base.join("skilld.toml"))
+            .env_remove("ONGRID_SKILLS_EXTERNAL_DIRS")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let socket = stack.socket.clone();
+        wait_socket(&mut stack.skilld, &socket, "ongrid-skilld", &log);
+        stack
+    }
+
+    /// Starts (or restarts) the executor and waits for its socket.
+    pub fn start_executor(&mut self) {
+        assert!(self.executor.is_none(), "executor already running");
+        self.executor_starts += 1;
+        let log = self.base.join(format!("executor.{}.log", self.executor_starts));
+        let mut child = Command::new(bin("ongrid-executor"))
+            .arg("serve")
+            .arg("--config")
+            .arg(self.base.join("executor.toml"))
+            .env("ONGRID_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        wait_socket(&mut child, &self.executor_socket, "ongrid-executor", &log);
+        self.executor = Some(child);
+    }
+
+    /// Sends `sig` to the executor and waits for it to exit.
+    pub fn stop_executor(&mut self, sig: Signal) -> ExitStatus {
+        let mut child = self.executor.take().expect("executor running");
+        signal(&child, sig);
+        wait_exit(&mut child, Duration::from_secs(30)).unwrap_or_else(|| {
+            let _ = child.kill();
+            panic!("ongrid-executor did not exit after {sig}:\n{}", self.logs())
+        })
+    }
+
+    /// Signals the executor without waiting.
+    pub fn signal_executor(&self, sig: Signal) {
+        signal(self.executor.as_ref().expect("executor running"), sig);
+    }
+
+    /// Waits for the signalled executor to exit.
+    pub fn wait_executor(&mut self) -> ExitStatus {
+        let mut child = self.executor.take().expect("executor running");
+        wait_exit(&mut child, Duration::from_secs(30)).expect("executor exits")
+    }
+
+    /// Both daemons still running (the executor counts only if started).
+    pub fn both_alive(&mut self) -> bool {
+        let skilld = self.skilld.try_wait().unwrap().is_none();
+        let executor = self.executor.as_mut().is_some_and(|c| c.try_wait().unwrap().is_none());
+        skilld && executor
+    }
+
+    /// Both daemons' logs, for assertion messages.
+    pub fn logs(&self) -> String {
+        let mut text = String::new();
+        let mut names: Vec<PathBuf> = fs::read_dir(&self.base)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+            .collect();
+        names.sort();
+        for p in names {
+            text.push_str(&format!(
+                "== {}\n{}\n",
+                p.display(),
+                fs::read_to_string(&p).unwrap_or_default()
+            ));
+        }
+        text
+    }
+
+    pub fn get(&self, path: &str) -> Resp {
+        http(&self.socket, "GET", path, "application/json", None)
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> Resp {
+        http(&self.socket, "POST", path, "application/json", Some(body.to_string().as_bytes()))
+    }
+
+    pub fn execute(&self, skill: &str, args: &Value) -> Resp {
+        self.post(&format!("/v1/skills/{skill}/execute"), &serde_json::json!({ "args": args }))
+    }
+
+    pub fn stream(&self, skill: &str, args: &Value) -> Resp {
+        let body = serde_json::json!({ "args": args }).to_string();
+        http(
+            &self.socket,
+            "POST",
+            &format!("/v1/skills/{skill}/execute"),
+            "application/x-ndjson",
+            Some(body.as_bytes()),
+        )
+    }
+
+    /// `GET /metrics` on the metrics listener.
+    pub fn scrape(&self) -> String {
+        let mut s = TcpStream::connect(self.metrics).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        let r = parse_response(&raw).unwrap();
+        assert_eq!(r.status, 200);
+        String::from_utf8(r.body).unwrap()
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.executor.take() {
+            signal(&c, Signal::SIGTERM);
+            if wait_exit(&mut c, Duration::from_secs(10)).is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        let _ = self.skilld.kill();
+        let _ = self.skilld.wait();
+    }
+}

@@ -1,0 +1,21 @@
+//! End-to-end suite: both real daemons as real processes on temp sockets
+//! (`ongrid-executor serve` + `ongrid-skilld`, or `ongrid-skill up`), real
+//! skills under the real sandbox, a plain HTTP/1.1 client on the Unix
+//! socket. Needs `cargo build --workspace --bins` first (scripts/test does
+//! it). Works as root (skills run as `ongrid-skill`) and as another user
+//! (skills keep that uid, no cgroup).
+//!
+//! Cases: [`api`] list/show/run outcomes, [`reload`], [`restart`] of the
+//! executor, [`cancel`] on client disconnect, [`load`] (200 runs from 20
+//! clients), [`malformed`] HTTP and JSON-RPC corpora, [`up`] (the demo
+//! command and the README's curl examples).
+
+mod harness;
+
+mod api;
+mod cancel;
+mod load;
+mod malformed;
+mod reload;
+mod restart;
+mod up;

@@ -1,0 +1,90 @@
+//! The executor going away and coming back: 503 while it is down, runs
+//! work again once it is back, without restarting ongrid-skilld.
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::json;
+
+use crate::harness::{eventually, process_alive, Stack};
+
+fn assert_unavailable(s: &Stack) {
+    let r = s.execute("echo", &json!({"n": 1}));
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["error"]["code"], "executor_unavailable");
+    assert_eq!(s.get("/v1/health").json()["executor"], "down");
+    // The registry still answers.
+    assert_eq!(s.get("/v1/skills").status, 200);
+}
+
+fn assert_runs(s: &Stack, n: i64) {
+    let r = s.execute("echo", &json!({"n": n}));
+    assert_eq!(r.status, 200, "{}\n{}", String::from_utf8_lossy(&r.body), s.logs());
+    assert_eq!(r.json()["result"], json!({"n": n}));
+}
+
+#[test]
+fn executor_restart_while_idle() {
+    let mut s = Stack::start();
+    assert_runs(&s, 1);
+    let st = s.stop_executor(Signal::SIGTERM);
+    assert!(st.success(), "executor exit after SIGTERM: {st}\n{}", s.logs());
+    assert!(!s.executor_socket.exists(), "the executor removes its socket");
+    assert_unavailable(&s);
+    s.start_executor();
+    assert_runs(&s, 2);
+    assert_eq!(s.get("/v1/health").json()["executor"], "up");
+}
+
+/// SIGTERM during a run: the executor stops accepting but lets the run
+/// finish, then exits 0; after a restart runs work.
+#[test]
+fn executor_sigterm_during_a_run_lets_it_finish() {
+    let mut s = Stack::start();
+    let socket = s.socket.clone();
+    let run = std::thread::spawn(move || {
+        let body = json!({"args": {}}).to_string();
+        crate::harness::http(
+            &socket,
+            "POST",
+            "/v1/skills/finisher/execute",
+            "application/json",
+            Some(body.as_bytes()),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(400));
+    s.signal_executor(Signal::SIGTERM);
+    let r = run.join().unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["outcome"], "ok", "{}\n{}", r.json(), s.logs());
+    assert_eq!(r.json()["result"], json!({"done": true}));
+    let st = s.wait_executor();
+    assert!(st.success(), "{st}");
+    assert_unavailable(&s);
+    s.start_executor();
+    assert_runs(&s, 3);
+}
+
+/// The executor killed (SIGKILL) mid-run: the client gets a 503, the
+/// skill's process does not outlive the executor's restart, runs work.
+#[test]
+fn executor_killed_during_a_run() {
+    let mut s = Stack::start();
+    let socket = s.socket.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let run = std::thread::spawn(move || crate::cancel::stream_with_pid(&socket, "sleeper", &tx));
+    let pid = rx.recv_timeout(Duration::from_secs(20)).expect("sleeper started");
+    assert!(process_alive(pid, "sleep"), "sleeper {pid} running");
+    s.stop_executor(Signal::SIGKILL);
+    let rest = run.join().unwrap();
+    assert!(rest.contains("\"event\":\"error\""), "the stream ends with an error: {rest}");
+    assert_unavailable(&s);
+    s.start_executor();
+    // Gone by now: killed with its executor, or swept by the new one.
+    assert!(
+        eventually(Duration::from_secs(10), || !process_alive(pid, "sleep")),
+        "sleeper {pid} survived the executor's death and restart\n{}",
+        s.logs()
+    );
+    assert_runs(&s, 4);
+}

@@ -1,0 +1,274 @@
+//! `ongrid-skill up`: starts both daemons, answers `curl`, stops cleanly on
+//! SIGTERM and SIGINT with no process or socket left; and the README's
+//! "API examples" run exactly as written against it.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+use crate::harness::{bin, free_port, processes_with, temp_dir, write_skill};
+
+/// A running `ongrid-skill up` and what it printed until ready.
+struct Up {
+    child: Child,
+    runtime: PathBuf,
+    metrics: SocketAddr,
+    printed: Vec<String>,
+    log: PathBuf,
+}
+
+impl Up {
+    fn start(base: &Path, extra: &[&Path]) -> Self {
+        if nix::unistd::geteuid().is_root() {
+            ongrid_tests::host::skill_user();
+        }
+        let runtime = base.join("run");
+        let metrics = free_port();
+        let log = base.join("up.log");
+        let mut cmd = Command::new(bin("ongrid-skill"));
+        cmd.arg("up").arg("--runtime-dir").arg(&runtime);
+        cmd.arg("--metrics-listen").arg(metrics.to_string());
+        for dir in extra {
+            cmd.arg("--skills").arg(dir);
+        }
+        let mut child = cmd
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut printed = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    let done = line.contains("Ctrl-C stops both daemons");
+                    printed.push(line);
+                    if done {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!(
+                        "`ongrid-skill up` not ready; printed:\n{}\nlog:\n{}",
+                        printed.join("\n"),
+                        fs::read_to_string(&log).unwrap_or_default()
+                    );
+                }
+            }
+        }
+        Up { child, runtime, metrics, printed, log }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.runtime.join("skilld.sock")
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The executor's pid, from the ready lines.
+    fn executor_pid(&self) -> i32 {
+        let line = self.printed.iter().find(|l| l.trim_start().starts_with("executor")).unwrap();
+        let digits: String =
+            line.split("pid ").nth(1).unwrap().chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().unwrap()
+    }
+
+    /// Sends `sig`, waits for the exit, checks nothing is left.
+    fn stop(mut self, sig: Signal) {
+        let executor = self.executor_pid();
+        kill(Pid::from_raw(i32::try_from(self.child.id()).unwrap()), sig).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(Instant::now() < deadline, "`up` did not stop on {sig}:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "`up` exit after {sig}: {status}\n{}", self.log());
+        assert!(!Path::new(&format!("/proc/{executor}")).exists(), "executor {executor} left");
+        let runtime = self.runtime.display().to_string();
+        assert_eq!(processes_with(&runtime), Vec::<i32>::new(), "processes left in {runtime}");
+        for name in ["skilld.sock", "executor.sock", "executor.toml"] {
+            assert!(!self.runtime.join(name).exists(), "{name} left behind");
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn bash(script: &str) -> (bool, String, String) {
+    let out = Command::new("bash").arg("-c").arg(script).output().expect("run bash");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn have_curl() -> bool {
+    Command::new("curl").arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn up_starts_answers_curl_and_stops_cleanly_on_sigterm() {
+    let (_tmp, base) = temp_dir("ongrid-e2e-up-");
+    let extra = base.join("extra");
+    fs::create_dir_all(&extra).unwrap();
+    write_skill(&extra, "extra_pack", "", "echo '{\"extra\":true}'");
+    let up = Up::start(&base, &[&extra]);
+    let text = up.printed.join("\n");
+    let sock = up.socket().display().to_string();
+    let curl_line = format!("curl --unix-socket {sock} http://localhost/v1/skills");
+    assert!(up.printed.iter().any(|l| l.trim() == curl_line), "{text}");
+    assert!(text.contains(&format!("list --socket {sock}")), "{text}");
+    assert!(text.contains("run host_load --socket"), "{text}");
+
+    let list = if have_curl() {
+        let (ok, out, err) = bash(&curl_line);
+        assert!(ok, "{curl_line}: {err}");
+        serde_json::from_str::<Value>(&out).unwrap()
+    } else {
+        println!("SKIP: curl is not installed; the list is fetched without it");
+        crate::harness::http(&up.socket(), "GET", "/v1/skills", "application/json", None).json()
+    };
+    let names: Vec<&str> =
+        list["items"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+    for want in ["echo", "host_load", "disk_usage", "extra_pack"] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+
+    // The CLI lines it printed work too.
+    let cli = bin("ongrid-skill");
+    let out = Command::new(&cli)
+        .args(["run", "extra_pack", "--json", "--socket"])
+        .arg(up.socket())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["result"]["extra"], true, "{report}");
+    let out = Command::new(&cli)
+        .args(["run", "host_load", "--socket"])
+        .arg(up.socket())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), up.log());
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(result["load1"].is_number(), "{result}");
+
+    up.stop(Signal::SIGTERM);
+}
+
+/// The fenced `sh` block of README.md's "API examples" section.
+fn readme_examples() -> Vec<String> {
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let text = fs::read_to_string(&readme).unwrap();
+    let section = text.split("\n## API examples").nth(1).expect("README has ## API examples");
+    let block =
+        section.split("```sh\n").nth(1).expect("a ```sh block").split("\n```").next().unwrap();
+    block.lines().map(str::to_owned).collect()
+}
+
+/// Checks one example's output by the URL it asks for.
+fn check_example(line: &str, out: &str) {
+    let json = || -> Value {
+        serde_json::from_str(out).unwrap_or_else(|e| panic!("{line}: not JSON ({e}): {out}"))
+    };
+    if line.contains("/metrics") {
+        assert!(out.contains("# TYPE ongrid_executions_total counter"), "{line}: {out}");
+        assert!(out.contains("ongrid_build_info"), "{line}");
+    } else if line.contains("x-ndjson") {
+        let events: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let last = events.last().unwrap_or_else(|| panic!("{line}: no events"));
+        assert_eq!(last["event"], "report", "{line}: {out}");
+        assert_eq!(last["report"]["outcome"], "ok", "{line}: {out}");
+    } else if line.contains("/execute") {
+        let v = json();
+        assert_eq!(v["outcome"], "ok", "{line}: {v}");
+        assert!(v["result"].is_object(), "{line}: {v}");
+        assert!(v["sandbox"].is_object(), "{line}: {v}");
+    } else if line.contains("/v1/reload") {
+        assert!(json()["registered"].as_u64().unwrap() >= 3, "{line}: {out}");
+    } else if line.contains("/v1/health") {
+        let v = json();
+        assert_eq!(v["status"], "ok", "{line}: {v}");
+        assert_eq!(v["executor"], "up", "{line}: {v}");
+    } else if line.contains("/v1/tools") {
+        let v = json();
+        assert!(!v["tools"].as_array().unwrap().is_empty(), "{line}: {v}");
+    } else if line.contains("/v1/skills/") {
+        assert!(json()["name"].is_string(), "{line}: {out}");
+    } else if line.contains("/v1/skills") {
+        let v = json();
+        let items = v["items"].as_array().unwrap_or_else(|| panic!("{line}: {v}"));
+        assert!(!items.is_empty(), "{line}: {v}");
+        assert_eq!(v["total"].as_u64(), Some(items.len() as u64), "{line}: {v}");
+    } else {
+        panic!("README example with no check here: {line}");
+    }
+}
+
+#[test]
+fn readme_curl_examples_run_as_written() {
+    let lines = readme_examples();
+    assert!(lines.iter().any(|l| l.starts_with("SOCK=")), "the block defines SOCK: {lines:?}");
+    let examples: Vec<&String> = lines.iter().filter(|l| l.starts_with("curl ")).collect();
+    assert!(examples.len() >= 7, "{examples:?}");
+    assert!(examples.iter().any(|l| l.contains("--unix-socket")));
+    if !have_curl() {
+        println!("SKIP: readme_curl_examples_run_as_written: curl is not installed");
+        return;
+    }
+    let (_tmp, base) = temp_dir("ongrid-e2e-readme-");
+    let up = Up::start(&base, &[]);
+    // The variable lines are this test's values; every other line runs
+    // exactly as the README writes it.
+    let mut prelude = String::new();
+    for l in &lines {
+        if let Some((var, _)) = l.split_once('=').filter(|(v, _)| !v.contains(' ') && !v.is_empty())
+        {
+            let value = match var {
+                "SOCK" => up.socket().display().to_string(),
+                "METRICS" => up.metrics.to_string(),
+                other => panic!("README example variable {other} unknown to the test"),
+            };
+            prelude.push_str(&format!("{var}={value}\n"));
+        }
+    }
+    for line in &examples {
+        let (ok, out, err) = bash(&format!("set -eu\n{prelude}{line}"));
+        assert!(ok, "{line}: exit non-zero: {err}\n{}", up.log());
+        check_example(line, &out);
+    }
+    up.stop(Signal::SIGINT);
+}
