@@ -118,6 +118,15 @@ pub struct RunCgroup {
     pids: Option<PathBuf>,
     memory: Option<PathBuf>,
     procs: Vec<OwnedFd>,
+    /// `cgroup.kill` of the v2 leaf, opened with the leaf (a run kills its
+    /// tree at least twice).
+    kill_file: Option<fs::File>,
+    /// The v2 leaf carries the bounds.
+    v2_limits: bool,
+    /// The v1 memory leaf has `memory.memsw.limit_in_bytes`.
+    memsw: bool,
+    /// `(memory_bytes, max_pids)` as last written.
+    limits: Option<(u64, u32)>,
     /// For the run report.
     pub report: CgroupReport,
 }
@@ -147,6 +156,10 @@ impl RunCgroup {
             pids: None,
             memory: None,
             procs: Vec::new(),
+            kill_file: None,
+            v2_limits: false,
+            memsw: false,
+            limits: None,
             report: CgroupReport::default(),
         };
         let made = cg.make(h, id, memory_bytes, max_pids);
@@ -177,31 +190,26 @@ impl RunCgroup {
         if let Some(base) = &h.v2 {
             let dir = mkdir(base)?;
             self.v2 = Some(dir.clone());
+            self.kill_file = fs::OpenOptions::new().write(true).open(dir.join("cgroup.kill")).ok();
             self.report.kill = Some("v2".into());
             if h.v2_limits {
-                write_file(&dir.join("pids.max"), &max_pids.to_string())?;
-                write_file(&dir.join("memory.max"), &memory_bytes.to_string())?;
+                self.v2_limits = true;
                 let _ = fs::write(dir.join("memory.swap.max"), "0");
                 self.report.pids = Some("v2".into());
                 self.report.memory = Some("v2".into());
             }
         }
         if let Some(base) = &h.v1_pids {
-            let dir = mkdir(base)?;
-            self.pids = Some(dir.clone());
-            write_file(&dir.join("pids.max"), &max_pids.to_string())?;
+            self.pids = Some(mkdir(base)?);
             self.report.pids = Some("v1".into());
         }
         if let Some(base) = &h.v1_memory {
             let dir = mkdir(base)?;
-            self.memory = Some(dir.clone());
-            write_file(&dir.join("memory.limit_in_bytes"), &memory_bytes.to_string())?;
-            let memsw = dir.join("memory.memsw.limit_in_bytes");
-            if memsw.exists() {
-                write_file(&memsw, &memory_bytes.to_string())?;
-            }
+            self.memsw = dir.join("memory.memsw.limit_in_bytes").exists();
+            self.memory = Some(dir);
             self.report.memory = Some("v1".into());
         }
+        self.set_limits(memory_bytes, max_pids)?;
         for dir in self.leaves() {
             let path = dir.join("cgroup.procs");
             let f = fs::OpenOptions::new()
@@ -210,6 +218,35 @@ impl RunCgroup {
                 .map_err(|source| CgroupError { path, what: "open", source })?;
             self.procs.push(OwnedFd::from(f));
         }
+        Ok(())
+    }
+
+    /// Sets the pids and memory bounds (before any process joins); writes
+    /// only what differs from the bounds already set.
+    ///
+    /// # Errors
+    ///
+    /// [`CgroupError`] naming the file.
+    pub fn set_limits(&mut self, memory_bytes: u64, max_pids: u32) -> Result<(), CgroupError> {
+        if self.limits == Some((memory_bytes, max_pids)) {
+            return Ok(());
+        }
+        self.limits = None;
+        let (mem, pids) = (memory_bytes.to_string(), max_pids.to_string());
+        if let Some(dir) = self.v2.as_ref().filter(|_| self.v2_limits) {
+            write_file(&dir.join("pids.max"), &pids)?;
+            write_file(&dir.join("memory.max"), &mem)?;
+        }
+        if let Some(dir) = &self.pids {
+            write_file(&dir.join("pids.max"), &pids)?;
+        }
+        if let Some(dir) = &self.memory {
+            write_file(&dir.join("memory.limit_in_bytes"), &mem)?;
+            if self.memsw {
+                write_file(&dir.join("memory.memsw.limit_in_bytes"), &mem)?;
+            }
+        }
+        self.limits = Some((memory_bytes, max_pids));
         Ok(())
     }
 
@@ -255,6 +292,11 @@ impl RunCgroup {
     /// Kills every process of the run: `cgroup.kill` on v2, else repeated
     /// `SIGKILL` of the listed processes (bounded by pids.max).
     pub fn kill(&self) {
+        if let Some(mut f) = self.kill_file.as_ref() {
+            if f.write_all(b"1").is_ok() {
+                return;
+            }
+        }
         if let Some(dir) = &self.v2 {
             if fs::OpenOptions::new()
                 .write(true)
@@ -315,6 +357,7 @@ impl RunCgroup {
     /// Removes the leaves (retrying while the kernel finishes teardown).
     pub fn remove(&mut self) {
         self.procs.clear();
+        self.kill_file = None;
         for dir in self.leaves() {
             for attempt in 0..200 {
                 match fs::remove_dir(&dir) {

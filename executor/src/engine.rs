@@ -4,16 +4,20 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use policy::limits::KILL_GRACE;
 use policy::{LimitKind, Outcome, RunReport};
 
+use crate::cgroup::RunCgroup;
 use crate::config::Config;
 use crate::plan::Plan;
 use crate::reaper::Reaper;
-use crate::rundir::random_id;
-use crate::spawn::{self, Host};
+use crate::rundir::RunDir;
+use crate::spawn::{self, Host, Slot};
 use crate::supervise::{self, Bounds, Stop, Supervised};
 use crate::sys;
 
@@ -50,6 +54,8 @@ pub struct Engine {
     config: Config,
     host: Host,
     reaper: &'static Reaper,
+    janitor: Janitor,
+    runs: AtomicU64,
 }
 
 impl Engine {
@@ -61,7 +67,13 @@ impl Engine {
     /// [`EngineError`].
     pub fn new(config: Config) -> Result<Self, EngineError> {
         sys::process::set_child_subreaper().map_err(EngineError::Subreaper)?;
-        Ok(Engine { config, host: Host::detect(), reaper: Reaper::global() })
+        Ok(Engine {
+            config,
+            host: Host::detect(),
+            reaper: Reaper::global(),
+            janitor: Janitor::default(),
+            runs: AtomicU64::new(0),
+        })
     }
 
     /// The configuration.
@@ -109,17 +121,22 @@ impl Engine {
                 Err(e) => return RunReport::not_run(fallback_name, e.outcome(), e.to_string()),
             };
         let skill = plan.manifest.name().to_string();
-        let run_id = match random_id() {
-            Ok(id) => id,
-            Err(e) => {
-                return RunReport::not_run(skill, Outcome::SandboxFailed, format!("run id: {e}"))
+        // Step 2: prepare everything in the parent, in a fresh slot (run
+        // directory and cgroup leaves) made ahead of time when one is ready.
+        let warm = self.runs.fetch_add(1, Ordering::Relaxed) > 0;
+        let slot = match self.janitor.take(warm, &self.config, &self.host) {
+            Some(slot) => Ok(slot),
+            None => {
+                let l = &plan.granted.limits;
+                let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
+                Slot::create(&self.config, &self.host, l.memory_bytes, l.max_pids, owner)
             }
         };
-        // Step 2: prepare everything in the parent.
-        let mut prep = match spawn::prepare(&self.config, &self.host, &plan, &run_id) {
-            Ok(p) => p,
-            Err(e) => return RunReport::not_run(skill, e.outcome(), e.to_string()),
-        };
+        let mut prep =
+            match slot.and_then(|slot| spawn::prepare(&self.config, &self.host, &plan, slot)) {
+                Ok(p) => p,
+                Err(e) => return RunReport::not_run(skill, e.outcome(), e.to_string()),
+            };
         // Steps 3-5: spawn (the child applies the sandbox and execs).
         let child = match spawn::spawn(&prep, &plan.entry) {
             Ok(c) => c,
@@ -155,14 +172,14 @@ impl Engine {
                     cg.kill();
                     cg.wait_empty(Duration::from_secs(1));
                 }
-                let oom = cg.oom_killed();
-                cg.remove();
-                oom
+                cg.oom_killed()
             }
             None => false,
         };
         self.reaper.reap_orphans();
-        prep.run_dir.remove();
+        // The run is over (its tree is gone): its cgroups and directory are
+        // removed after the report, by the janitor once it runs.
+        self.janitor.discard(prep.cgroup.take(), &mut prep.run_dir, warm);
         // Step 8: report.
         let cpu_limit_us = limits.cpu_seconds_for(bounds.timeout).saturating_mul(1_000_000);
         let mut report = classify(&skill, sup, oom, cpu_limit_us, bounds.stdout_bytes);
@@ -170,6 +187,165 @@ impl Engine {
         report.sandbox = Some(prep.report.clone());
         report
     }
+}
+
+/// Fresh slots kept ready once the engine serves more than one run.
+const POOL_DEPTH: usize = 4;
+/// A ready slot older than this is removed rather than used.
+const MAX_IDLE: Duration = Duration::from_secs(30);
+/// Finished runs waiting for removal beyond which a run removes its own.
+const MAX_TRASH: usize = 64;
+
+/// The engine's background work, off the runs' critical path: removing
+/// finished runs' cgroups and directories (after their report), and keeping
+/// [`POOL_DEPTH`] fresh slots ready (made with the configured default
+/// bounds, adjusted by [`spawn::prepare`] when a skill's differ).
+///
+/// Started by the second run, so a one-shot `ongrid-executor run` makes and
+/// removes its slot inline exactly as before. Dropping the engine stops it
+/// after it removed every pending and ready slot.
+#[derive(Debug, Default)]
+struct Janitor {
+    shared: Arc<JanitorShared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Debug, Default)]
+struct JanitorShared {
+    state: Mutex<JanitorState>,
+    wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct JanitorState {
+    trash: Vec<(Option<RunCgroup>, RunDir)>,
+    /// Ready slots and when they were made.
+    ready: Vec<(Instant, Slot)>,
+    /// The janitor thread runs (refills wanted).
+    started: bool,
+    stop: bool,
+}
+
+fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl JanitorShared {
+    fn run(&self, config: &Config, host: &Host) {
+        let mut state = relock(&self.state);
+        loop {
+            if !state.trash.is_empty() {
+                let trash = std::mem::take(&mut state.trash);
+                drop(state);
+                trash.into_iter().for_each(remove);
+                state = relock(&self.state);
+                continue;
+            }
+            if state.stop {
+                let ready = std::mem::take(&mut state.ready);
+                drop(state);
+                ready.into_iter().for_each(|(_, slot)| remove((slot.cgroup, slot.run_dir)));
+                return;
+            }
+            if state.ready.len() < POOL_DEPTH {
+                drop(state);
+                let l = &config.limits;
+                let made = Slot::create(config, host, l.memory_bytes, l.max_pids, None);
+                state = relock(&self.state);
+                match made {
+                    Ok(slot) => state.ready.push((Instant::now(), slot)),
+                    Err(e) => {
+                        tracing::warn!("janitor: cannot make a run slot ahead: {e}");
+                        drop(state);
+                        std::thread::sleep(Duration::from_millis(100));
+                        state = relock(&self.state);
+                    }
+                }
+                continue;
+            }
+            state = self.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+impl Janitor {
+    /// A ready slot, if any. `warm`: the engine serves more than one run,
+    /// so the janitor is started (it refills in the background).
+    fn take(&self, warm: bool, config: &Config, host: &Host) -> Option<Slot> {
+        if warm {
+            self.start(config, host);
+        }
+        let mut state = relock(&self.shared.state);
+        // A slot idle for long is given up (an executor starting on this
+        // runtime directory sweeps what it finds there).
+        while let Some((made, slot)) = state.ready.pop() {
+            self.shared.wake.notify_one();
+            if made.elapsed() < MAX_IDLE {
+                return Some(slot);
+            }
+            state.trash.push((slot.cgroup, slot.run_dir));
+        }
+        None
+    }
+
+    fn start(&self, config: &Config, host: &Host) {
+        let mut thread = relock(&self.thread);
+        if thread.is_some() {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        let (config, host) = (config.clone(), host.clone());
+        let spawned = std::thread::Builder::new()
+            .name("ongrid-janitor".into())
+            .spawn(move || shared.run(&config, &host));
+        match spawned {
+            Ok(handle) => {
+                relock(&self.shared.state).started = true;
+                *thread = Some(handle);
+            }
+            Err(e) => tracing::warn!("janitor: cannot start: {e}; cleaning up inline"),
+        }
+    }
+
+    /// Hands a finished run's cgroups and directory over for removal; done
+    /// inline when the janitor is not running or is far behind.
+    fn discard(&self, cgroup: Option<RunCgroup>, run_dir: &mut RunDir, warm: bool) {
+        let mut state = relock(&self.shared.state);
+        if warm && state.started && !state.stop && state.trash.len() < MAX_TRASH {
+            let dir = std::mem::replace(run_dir, RunDir::detached());
+            state.trash.push((cgroup, dir));
+            self.shared.wake.notify_one();
+            return;
+        }
+        drop(state);
+        remove((cgroup, std::mem::replace(run_dir, RunDir::detached())));
+    }
+}
+
+impl Drop for Janitor {
+    fn drop(&mut self) {
+        relock(&self.shared.state).stop = true;
+        self.shared.wake.notify_one();
+        if let Some(handle) = relock(&self.thread).take() {
+            let _ = handle.join();
+        }
+        // Not started, or it failed: remove whatever is left here.
+        let mut state = relock(&self.shared.state);
+        let trash = std::mem::take(&mut state.trash);
+        let ready = std::mem::take(&mut state.ready);
+        drop(state);
+        trash.into_iter().for_each(remove);
+        ready.into_iter().for_each(|(_, slot)| remove((slot.cgroup, slot.run_dir)));
+    }
+}
+
+/// Removes a run's leaves, then its directory (the order the start-up
+/// sweep relies on).
+fn remove((cgroup, mut run_dir): (Option<RunCgroup>, RunDir)) {
+    if let Some(mut cg) = cgroup {
+        cg.remove();
+    }
+    run_dir.remove();
 }
 
 /// Turns what supervision saw into the report's outcome (step 8).
@@ -262,4 +438,63 @@ pub fn classify(
         },
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// Runs made from the janitor's ready slots work, and dropping the
+    /// engine removes every run directory and cgroup leaf it made.
+    #[test]
+    fn pooled_slots_serve_runs_and_nothing_outlives_the_engine() {
+        let root = nix::unistd::geteuid().is_root();
+        if root
+            && nix::unistd::User::from_name(crate::config::DEFAULT_RUN_AS).ok().flatten().is_none()
+        {
+            eprintln!("SKIP: run-as user missing (scripts/test creates it)");
+            return;
+        }
+        let runtime = tempfile::tempdir().unwrap();
+        let skill = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(skill.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let manifest = skill.path().join("skill.json");
+        std::fs::write(
+            &manifest,
+            r#"{"name":"pool","description":"t","entry":"run.sh","timeout_seconds":5}"#,
+        )
+        .unwrap();
+        let entry = skill.path().join("run.sh");
+        std::fs::write(&entry, "#!/bin/sh\nexec cat\n").unwrap();
+        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
+        let engine = Engine::new(config).unwrap();
+        let leaves = engine.host().cgroups.clone();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let runs = runtime.path().join("runs");
+        let mut seen = BTreeSet::new();
+        for i in 0..12 {
+            let args = format!(r#"{{"i":{i}}}"#).into_bytes();
+            let req = RunRequest { manifest_path: manifest.clone(), args };
+            let r = rt.block_on(engine.run(req, &mut |_| {}, std::future::pending()));
+            assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+            assert_eq!(r.result, Some(serde_json::json!({ "i": i })));
+            for e in std::fs::read_dir(&runs).unwrap() {
+                seen.insert(e.unwrap().file_name());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(seen.len() > 1, "{seen:?}");
+        drop(engine);
+        let left: Vec<_> = std::fs::read_dir(&runs).unwrap().collect();
+        assert!(left.is_empty(), "run directories left: {left:?}");
+        for base in [&leaves.v2, &leaves.v1_pids, &leaves.v1_memory].into_iter().flatten() {
+            for id in &seen {
+                assert!(!base.join(id).exists(), "cgroup {} left", base.join(id).display());
+            }
+        }
+    }
 }

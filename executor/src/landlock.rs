@@ -9,9 +9,11 @@
 //! directory, so `/etc/shadow` stays unreadable even to a skill running as
 //! root.
 
+use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use policy::report::LandlockReport;
 use policy::Enforcement;
@@ -205,6 +207,97 @@ impl FsPolicy {
     }
 }
 
+/// A path opened `O_PATH` for a rule.
+#[derive(Debug)]
+struct Opened {
+    fd: OwnedFd,
+    is_dir: bool,
+}
+
+fn open_path(path: &Path) -> std::io::Result<Opened> {
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(path)?;
+    let is_dir = file.metadata().map(|m| m.is_dir()).unwrap_or(false);
+    Ok(Opened { fd: file.into(), is_dir })
+}
+
+/// What identifies a directory's entries: any entry created, removed,
+/// renamed over or replaced changes the directory's mtime (or the
+/// directory itself is another inode).
+type Stamp = (u64, u64, i64, i64, i64, i64);
+
+fn stamp(dir: &Path) -> Option<Stamp> {
+    std::fs::metadata(dir)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()))
+}
+
+/// The system paths of every ruleset (`SYSTEM_READ_EXEC`, `ETC_READ`,
+/// `DEV_READ`, `/proc`, `/dev/null`), opened `O_PATH` once per process
+/// instead of once per run (about 40 opens, stats and closes per spawn).
+///
+/// Landlock rules follow inodes, so a cached fd must still be the file the
+/// path names: the snapshot records a stamp of the parent directory of each
+/// path (as written and as resolved through symlinks, e.g.
+/// `/etc/resolv.conf` into `/run/...`) and is reopened from scratch as soon
+/// as any of those directories changed (a package upgrade renaming a new
+/// `/etc/ld.so.cache` into place, a new `resolv.conf`, a path that appears).
+/// A check is a handful of `statx` calls per run.
+#[derive(Debug)]
+struct SystemPaths {
+    paths: HashMap<PathBuf, Option<Opened>>,
+    stamps: Vec<(PathBuf, Option<Stamp>)>,
+}
+
+fn system_paths() -> impl Iterator<Item = &'static str> {
+    SYSTEM_READ_EXEC.iter().chain(ETC_READ).chain(DEV_READ).copied().chain(["/proc", "/dev/null"])
+}
+
+impl SystemPaths {
+    fn open() -> Self {
+        let mut dirs = BTreeSet::new();
+        let mut paths = HashMap::new();
+        for p in system_paths() {
+            let path = Path::new(p);
+            dirs.extend(path.parent().map(Path::to_path_buf));
+            if let Ok(real) = std::fs::canonicalize(path) {
+                dirs.extend(real.parent().map(Path::to_path_buf));
+            }
+            paths.insert(path.to_path_buf(), open_path(path).ok());
+        }
+        // Stamps taken after the opens: a change in between shows next time.
+        let stamps = dirs.into_iter().map(|d| (d.clone(), stamp(&d))).collect();
+        SystemPaths { paths, stamps }
+    }
+
+    fn fresh(&self) -> bool {
+        self.stamps.iter().all(|(dir, s)| stamp(dir) == *s)
+    }
+
+    /// The process-wide snapshot, reopened when stale.
+    fn current() -> Arc<SystemPaths> {
+        static CACHE: Mutex<Option<Arc<SystemPaths>>> = Mutex::new(None);
+        let cached = CACHE.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(c) = cached.filter(|c| c.fresh()) {
+            return c;
+        }
+        let opened = Arc::new(SystemPaths::open());
+        *CACHE.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&opened));
+        opened
+    }
+
+    /// `Some(None)`: a system path missing on this host; `None`: not a
+    /// system path (opened per run).
+    fn get(&self, rule: &Rule) -> Option<Option<&Opened>> {
+        if rule.explicit {
+            return None;
+        }
+        self.paths.get(&rule.path).map(Option::as_ref)
+    }
+}
+
 /// A Landlock restriction that is required and cannot be put in place.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -263,22 +356,28 @@ pub fn prepare(abi: u32, mode: LandlockMode, policy: &FsPolicy) -> Result<Prepar
     let built = (|| {
         let ruleset =
             sys::landlock::create_ruleset(handled, net, scoped).map_err(LandlockError::Create)?;
+        let system = SystemPaths::current();
         for rule in &policy.rules {
-            let file = match std::fs::File::options()
-                .read(true)
-                .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
-                .open(&rule.path)
-            {
-                Ok(f) => f,
-                Err(e) => {
-                    if rule.explicit {
-                        degraded
-                            .push(format!("landlock: {} not granted: {e}", rule.path.display()));
+            let opened;
+            let (fd, is_dir) = match system.get(rule) {
+                Some(Some(cached)) => (cached.fd.as_fd(), cached.is_dir),
+                Some(None) => continue, // a system path this host lacks
+                None => match open_path(&rule.path) {
+                    Ok(o) => {
+                        opened = o;
+                        (opened.fd.as_fd(), opened.is_dir)
                     }
-                    continue;
-                }
+                    Err(e) => {
+                        if rule.explicit {
+                            degraded.push(format!(
+                                "landlock: {} not granted: {e}",
+                                rule.path.display()
+                            ));
+                        }
+                        continue;
+                    }
+                },
             };
-            let is_dir = file.metadata().map(|m| m.is_dir()).unwrap_or(false);
             let mut access = rule.access & handled;
             if !is_dir {
                 access &= fs::FILE;
@@ -286,7 +385,7 @@ pub fn prepare(abi: u32, mode: LandlockMode, policy: &FsPolicy) -> Result<Prepar
             if access == 0 {
                 continue;
             }
-            sys::landlock::add_path_beneath(ruleset.as_fd(), file.as_fd(), access)
+            sys::landlock::add_path_beneath(ruleset.as_fd(), fd, access)
                 .map_err(|source| LandlockError::AddRule { path: rule.path.clone(), source })?;
         }
         Ok::<_, LandlockError>(ruleset)
@@ -361,6 +460,25 @@ mod tests {
             p.rules.iter().filter(|r| r.access & fs::WRITE_FILE != 0).map(|r| &r.path).collect();
         assert_eq!(writable, [Path::new("/dev/null"), Path::new("/run/ongrid/runs/1")]);
         assert!(!ETC_READ.contains(&"/etc/shadow"));
+    }
+
+    #[test]
+    fn system_paths_are_opened_once_and_reopened_when_a_parent_changes() {
+        let a = SystemPaths::current();
+        let b = SystemPaths::current();
+        assert!(Arc::ptr_eq(&a, &b), "reopened although nothing changed");
+        let usr = Rule { path: "/usr".into(), access: fs::READ_EXEC, explicit: false };
+        assert!(a.get(&usr).is_some_and(|o| o.is_some_and(|o| o.is_dir)));
+        let mine = Rule { path: "/usr".into(), access: fs::READ_EXEC, explicit: true };
+        assert!(a.get(&mine).is_none(), "explicit paths are opened per run");
+        assert!(a.stamps.iter().any(|(d, _)| d == Path::new("/etc")));
+        // A directory's stamp changes with any entry made or renamed over.
+        let dir = tempfile::tempdir().unwrap();
+        let before = stamp(dir.path());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::write(dir.path().join("new"), "x").unwrap();
+        std::fs::rename(dir.path().join("new"), dir.path().join("other")).unwrap();
+        assert_ne!(before, stamp(dir.path()));
     }
 
     #[test]

@@ -2,11 +2,14 @@
 //! configuration, trusting nothing the caller says beyond "run the skill
 //! whose manifest is at P with these args".
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use policy::{
     GrantError, GrantedSandbox, Manifest, ManifestError, Outcome, ValidateOptions,
@@ -137,8 +140,45 @@ fn read_manifest(path: &Path) -> Result<Vec<u8>, PlanError> {
     Ok(bytes)
 }
 
+/// `(uid, primary gid)` of the user `name`, through NSS.
+///
+/// Looked up once and kept while `/etc/passwd` stays the same file with the
+/// same mtime and size, for at most [`USER_CACHE_TTL`] (other NSS sources),
+/// instead of a `getpwnam` (open, read and parse `/etc/passwd`) or two per
+/// run. A missing user is looked up again every time.
+fn user(name: &str) -> Option<(u32, u32)> {
+    type Entry = (Instant, Option<PasswdStamp>, (u32, u32));
+    static CACHE: Mutex<BTreeMap<String, Entry>> = Mutex::new(BTreeMap::new());
+    let now = Instant::now();
+    let stamp = passwd_stamp();
+    let lock = || CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((at, s, ids)) = lock().get(name) {
+        if stamp.is_some() && *s == stamp && now.duration_since(*at) < USER_CACHE_TTL {
+            return Some(*ids);
+        }
+    }
+    let found =
+        nix::unistd::User::from_name(name).ok().flatten().map(|u| (u.uid.as_raw(), u.gid.as_raw()));
+    match found {
+        Some(ids) => lock().insert(name.to_owned(), (now, stamp, ids)),
+        None => lock().remove(name),
+    };
+    found
+}
+
+/// How long a user lookup is reused at most.
+pub const USER_CACHE_TTL: Duration = Duration::from_secs(10);
+
+type PasswdStamp = (u64, u64, i64, i64, u64);
+
+fn passwd_stamp() -> Option<PasswdStamp> {
+    fs::metadata("/etc/passwd")
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
+}
+
 fn uid_of(name: &str) -> Option<u32> {
-    nix::unistd::User::from_name(name).ok().flatten().map(|u| u.uid.as_raw())
+    user(name).map(|(uid, _)| uid)
 }
 
 impl Plan {
@@ -263,10 +303,8 @@ impl Plan {
             return Ok(RunAs { name, uid: euid.as_raw(), gid, switch: false });
         }
         let name = granted.run_as.clone().unwrap_or_else(|| config.run_as.clone());
-        let user = nix::unistd::User::from_name(&name)
-            .ok()
-            .flatten()
-            .ok_or_else(|| PlanError::UnknownUser { user: name.clone() })?;
-        Ok(RunAs { name, uid: user.uid.as_raw(), gid: user.gid.as_raw(), switch: true })
+        let (uid, gid) =
+            user(&name).ok_or_else(|| PlanError::UnknownUser { user: name.clone() })?;
+        Ok(RunAs { name, uid, gid, switch: true })
     }
 }

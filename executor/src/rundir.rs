@@ -22,6 +22,8 @@ pub struct RunDirError {
 #[derive(Debug)]
 pub struct RunDir {
     path: PathBuf,
+    /// Who it was handed to (`None`: the executor's own user).
+    owner: Option<(u32, u32)>,
 }
 
 /// A random run id: 16 hex digits from the kernel's CSPRNG.
@@ -53,21 +55,53 @@ impl RunDir {
         ) -> impl FnOnce(io::Error) -> RunDirError + 'p {
             move |source| RunDirError { path: path.to_owned(), what, source }
         }
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o711)
-            .create(&runs)
-            .map_err(err(&runs, "create"))?;
         let path = runs.join(id);
-        fs::DirBuilder::new().mode(0o700).create(&path).map_err(err(&path, "create"))?;
-        let dir = RunDir { path };
+        let mkdir = || fs::DirBuilder::new().mode(0o700).create(&path);
+        match mkdir() {
+            Ok(()) => {}
+            // First run: make `runs` (and the runtime directory) once.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o711)
+                    .create(&runs)
+                    .map_err(err(&runs, "create"))?;
+                mkdir().map_err(err(&path, "create"))?;
+            }
+            Err(e) => return Err(err(&path, "create")(e)),
+        }
+        let mut dir = RunDir { path, owner: None };
         fs::set_permissions(&dir.path, fs::Permissions::from_mode(0o700))
             .map_err(err(&dir.path, "chmod"))?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(&dir.path, Some(uid), Some(gid))
-                .map_err(err(&dir.path, "chown"))?;
-        }
+        dir.chown(owner)?;
         Ok(dir)
+    }
+
+    /// Hands the directory to `owner` = `(uid, gid)`; `None` gives it back
+    /// to the executor's user. Nothing is done when it already belongs to
+    /// `owner`.
+    ///
+    /// # Errors
+    ///
+    /// [`RunDirError`] naming the path.
+    pub fn chown(&mut self, owner: Option<(u32, u32)>) -> Result<(), RunDirError> {
+        if owner == self.owner {
+            return Ok(());
+        }
+        let (uid, gid) = match owner {
+            Some(ids) => ids,
+            None => (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw()),
+        };
+        std::os::unix::fs::chown(&self.path, Some(uid), Some(gid))
+            .map_err(|source| RunDirError { path: self.path.clone(), what: "chown", source })?;
+        self.owner = owner;
+        Ok(())
+    }
+
+    /// A `RunDir` that owns nothing (what is left behind once the
+    /// directory was handed over for removal).
+    pub fn detached() -> Self {
+        RunDir { path: PathBuf::new(), owner: None }
     }
 
     /// The directory.

@@ -111,7 +111,7 @@ pub struct Prepared {
     /// What the sandbox enforces, for the report.
     pub report: SandboxReport,
     landlock: Option<OwnedFd>,
-    seccomp: Vec<seccomp::Insn>,
+    seccomp: &'static [seccomp::Insn],
     rlimits: Vec<(u32, u64, u64)>,
     identity: Option<Identity>,
     capabilities: u64,
@@ -168,7 +168,49 @@ fn rlimit_table(plan: &Plan, root: bool) -> Vec<(&'static str, Resource, u64, u6
         .collect()
 }
 
-/// Spawn sequence step 2: prepare the sandbox in the parent.
+/// A run's fresh directory and cgroup leaves, named after one random id.
+/// Made for the run on the spot, or ahead of it by the engine's janitor
+/// (fresh all the same: a slot serves one run, then it is removed).
+#[derive(Debug)]
+pub struct Slot {
+    /// The id naming the directory and the leaves.
+    pub id: String,
+    /// The per-run directory.
+    pub run_dir: RunDir,
+    /// The leaves; `None` without cgroups.
+    pub cgroup: Option<RunCgroup>,
+}
+
+impl Slot {
+    /// Makes a slot: the directory first, then the leaves (the order the
+    /// start-up sweep relies on), with these bounds and owner.
+    ///
+    /// # Errors
+    ///
+    /// [`SpawnError`]; what was made is removed.
+    pub fn create(
+        config: &Config,
+        host: &Host,
+        memory_bytes: u64,
+        max_pids: u32,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Slot, SpawnError> {
+        let id = crate::rundir::random_id().map_err(|e| SpawnError::Prepare {
+            skill: String::new(),
+            reason: format!("run id: {e}"),
+        })?;
+        let run_dir = RunDir::create(&config.runtime_dir(), &id, owner)?;
+        let cgroup = if host.cgroups == Hierarchies::default() {
+            None
+        } else {
+            Some(RunCgroup::create(&host.cgroups, &id, memory_bytes, max_pids)?)
+        };
+        Ok(Slot { id, run_dir, cgroup })
+    }
+}
+
+/// Spawn sequence step 2: prepare the sandbox in the parent, in `slot`
+/// (made with [`Slot::create`]; its owner and bounds are set to the plan's).
 ///
 /// # Errors
 ///
@@ -177,20 +219,18 @@ pub fn prepare(
     config: &Config,
     host: &Host,
     plan: &Plan,
-    run_id: &str,
+    slot: Slot,
 ) -> Result<Prepared, SpawnError> {
     let skill = plan.manifest.name().to_string();
     let root = nix::unistd::geteuid().is_root();
     let mut degraded = host.notes.clone();
     let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
-    let run_dir = RunDir::create(&config.runtime_dir(), run_id, owner)?;
-
-    let cgroup = if host.cgroups == Hierarchies::default() {
-        None
-    } else {
+    let Slot { id: _, mut run_dir, mut cgroup } = slot;
+    run_dir.chown(owner)?;
+    if let Some(cg) = cgroup.as_mut() {
         let l = &plan.granted.limits;
-        Some(RunCgroup::create(&host.cgroups, run_id, l.memory_bytes, l.max_pids)?)
-    };
+        cg.set_limits(l.memory_bytes, l.max_pids)?;
+    }
 
     let fs = FsPolicy::new(
         &plan.skill_dir,
@@ -320,7 +360,7 @@ pub fn spawn(prep: &Prepared, entry: &Path) -> Result<Child, SpawnError> {
         capabilities: prep.capabilities,
         cap_last: prep.cap_last,
         landlock: prep.landlock.as_ref().map(AsRawFd::as_raw_fd),
-        seccomp: &prep.seccomp,
+        seccomp: prep.seccomp,
         parent: nix::unistd::getpid().as_raw(),
     };
     // Steps 3-5 (in the child): see sys::child.

@@ -24,6 +24,8 @@ use crate::sys::process::{self, Exit};
 /// was killed (a process we could not kill still holding them).
 const DRAIN: Duration = Duration::from_secs(2);
 const READ_CHUNK: usize = 64 << 10;
+const READ_MIN: usize = 4 << 10;
+const STDERR_CHUNK: usize = 16 << 10;
 
 /// Why supervision stopped the run, if it did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,19 +109,23 @@ async fn write_stdin(fd: OwnedFd, args: &[u8]) {
 }
 
 /// Reads stdout up to `cap`; `Err` with what was read once it goes over.
+/// Reads straight into the growing output (no zeroed bounce buffer).
 async fn read_stdout(fd: OwnedFd, cap: u64) -> Result<Vec<u8>, Vec<u8>> {
     let mut out = Vec::new();
     let Ok(mut rx) = pipe::Receiver::from_owned_fd(fd) else { return Ok(out) };
     let cap = usize::try_from(cap).unwrap_or(usize::MAX);
-    let mut buf = vec![0u8; READ_CHUNK];
     loop {
-        match rx.read(&mut buf).await {
+        if out.capacity() - out.len() < READ_MIN {
+            out.reserve(READ_MIN.max(out.len()).min(READ_CHUNK));
+        }
+        let before = out.len();
+        match rx.read_buf(&mut out).await {
             Ok(0) | Err(_) => return Ok(out),
-            Ok(n) => {
-                if out.len() + n > cap {
+            Ok(_) => {
+                if out.len() > cap {
+                    out.truncate(before);
                     return Err(out);
                 }
-                out.extend_from_slice(buf.get(..n).unwrap_or_default());
             }
         }
     }
@@ -184,7 +190,7 @@ impl StderrLines<'_> {
 
 async fn read_stderr(fd: OwnedFd, lines: &mut StderrLines<'_>) {
     let Ok(mut rx) = pipe::Receiver::from_owned_fd(fd) else { return };
-    let mut buf = vec![0u8; READ_CHUNK];
+    let mut buf = vec![0u8; STDERR_CHUNK];
     loop {
         match rx.read(&mut buf).await {
             Ok(0) | Err(_) => break,

@@ -1,0 +1,464 @@
+//! `spawnbench`: what the full sandbox costs over a bare spawn of the same
+//! skill, measured side by side in one process.
+//!
+//! Variants, interleaved (A B C D, B C D A, ...) so the noise of a shared
+//! machine falls on all of them alike:
+//!
+//! - `bare`: `std::process::Command` (glibc `posix_spawn`), piped stdio, the
+//!   args written to stdin, stdout read to the end, reaped.
+//! - `fork`: the same, forced onto `fork` + `exec` (uid and gid set, which
+//!   std cannot do through `posix_spawn`), as any `pre_exec` sandbox is; the
+//!   contrast for `--ballast-mb`.
+//! - `engine`: `executor::Engine::run` in this process: validation, the
+//!   full sandbox, supervision, teardown, the report.
+//! - `cli`: `ongrid-executor run` as a process (its start-up included).
+//!
+//! Skills: `sh-cat` (`#!/bin/sh` + `exec cat`) and `bin-cat` (a copy of
+//! `/bin/cat` as the entry: one exec, no shell). Both echo the args JSON.
+//!
+//! ```sh
+//! cargo build --release -p ongrid-executor -p ongrid-benches
+//! sudo target/release/spawnbench --iters 2000
+//! sudo target/release/spawnbench --iters 300 --conc 8
+//! sudo target/release/spawnbench --iters 500 --ballast-mb 2048 --variants bare,fork,engine
+//! ```
+//!
+//! Prints p50/p90/p99 latency, runs/s, CPU per run (sequential only), the
+//! engine's `setup_us` (validation to exec), and each variant's ratio to
+//! `bare`, plus the median of the per-iteration (engine - bare) pairs.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use executor::{Config, Engine, RunRequest};
+use nix::sys::resource::{getrusage, UsageWho};
+use policy::Outcome;
+
+const ARGS: &[u8] = br#"{"bench":1,"text":"hello"}"#;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Bare,
+    Fork,
+    Engine,
+    Cli,
+}
+
+impl Variant {
+    fn parse(s: &str) -> Option<Variant> {
+        Some(match s {
+            "bare" => Variant::Bare,
+            "fork" => Variant::Fork,
+            "engine" => Variant::Engine,
+            "cli" => Variant::Cli,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Bare => "bare",
+            Variant::Fork => "fork",
+            Variant::Engine => "engine",
+            Variant::Cli => "cli",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Opts {
+    iters: usize,
+    warmup: usize,
+    conc: usize,
+    ballast_mb: usize,
+    skills: Vec<String>,
+    variants: Vec<Variant>,
+    executor: PathBuf,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: spawnbench [--iters N] [--warmup N] [--conc C] [--ballast-mb M] \
+         [--skills sh-cat,bin-cat] [--variants bare,fork,engine,cli] [--executor PATH]"
+    );
+    std::process::exit(2)
+}
+
+fn parse_opts() -> Opts {
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_default();
+    let mut o = Opts {
+        iters: 1000,
+        warmup: 50,
+        conc: 1,
+        ballast_mb: 0,
+        skills: vec!["sh-cat".into(), "bin-cat".into()],
+        variants: vec![Variant::Bare, Variant::Fork, Variant::Engine, Variant::Cli],
+        executor: exe_dir.join("ongrid-executor"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().unwrap_or_else(|| usage());
+        let num = |s: String| s.parse::<usize>().unwrap_or_else(|_| usage());
+        match a.as_str() {
+            "--iters" => o.iters = num(val()),
+            "--warmup" => o.warmup = num(val()),
+            "--conc" => o.conc = num(val()).max(1),
+            "--ballast-mb" => o.ballast_mb = num(val()),
+            "--skills" => o.skills = val().split(',').map(str::to_owned).collect(),
+            "--variants" => {
+                o.variants = val()
+                    .split(',')
+                    .map(|v| Variant::parse(v).unwrap_or_else(|| usage()))
+                    .collect();
+            }
+            "--executor" => o.executor = PathBuf::from(val()),
+            _ => usage(),
+        }
+    }
+    o
+}
+
+/// A skill folder: mode 0755, owned by us (root), entry executable.
+fn make_skill(base: &Path, kind: &str) -> PathBuf {
+    let dir = base.join(kind);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let entry = dir.join("run");
+    match kind {
+        "sh-cat" => std::fs::write(&entry, "#!/bin/sh\nexec cat\n").unwrap(),
+        "bin-cat" => {
+            std::fs::copy("/bin/cat", &entry).unwrap();
+        }
+        other => panic!("unknown skill {other} (sh-cat, bin-cat)"),
+    }
+    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let name = format!("bench_{}", kind.replace('-', "_"));
+    std::fs::write(
+        dir.join("skill.json"),
+        format!(
+            r#"{{"name":"{name}","description":"spawn bench","entry":"run","timeout_seconds":10}}"#
+        ),
+    )
+    .unwrap();
+    dir.join("skill.json")
+}
+
+fn cpu_now() -> Duration {
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(u64::try_from(t.tv_sec()).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec()).unwrap_or(0))
+    };
+    let mut d = Duration::ZERO;
+    for who in [UsageWho::RUSAGE_SELF, UsageWho::RUSAGE_CHILDREN] {
+        if let Ok(u) = getrusage(who) {
+            d += tv(u.user_time()) + tv(u.system_time());
+        }
+    }
+    d
+}
+
+struct Ctx<'a> {
+    engine: &'a Engine,
+    executor: &'a Path,
+    config: &'a Path,
+}
+
+/// One run of `v`; returns the engine's `setup_us` when there is one.
+fn run_one(
+    v: Variant,
+    ctx: &Ctx<'_>,
+    rt: &tokio::runtime::Runtime,
+    manifest: &Path,
+) -> Option<u64> {
+    let entry = manifest.with_file_name("run");
+    match v {
+        Variant::Bare | Variant::Fork => {
+            let mut cmd = Command::new(&entry);
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            if v == Variant::Fork {
+                cmd.uid(nix::unistd::geteuid().as_raw()).gid(nix::unistd::getegid().as_raw());
+            }
+            let mut c = cmd.spawn().expect("spawn");
+            c.stdin.take().expect("stdin").write_all(ARGS).expect("write args");
+            let out = c.wait_with_output().expect("wait");
+            assert!(out.status.success() && out.stdout == ARGS, "bare run: {out:?}");
+            None
+        }
+        Variant::Engine => {
+            let req = RunRequest { manifest_path: manifest.to_owned(), args: ARGS.to_vec() };
+            let r = rt.block_on(ctx.engine.run(req, &mut |_| {}, std::future::pending()));
+            assert_eq!(r.outcome, Outcome::Ok, "engine run: {r:?}");
+            Some(r.setup_us)
+        }
+        Variant::Cli => {
+            let mut c = Command::new(ctx.executor)
+                .arg("run")
+                .arg("--manifest")
+                .arg(manifest)
+                .arg("--config")
+                .arg(ctx.config)
+                .arg("--args")
+                .arg(std::str::from_utf8(ARGS).unwrap_or("{}"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn ongrid-executor");
+            let mut out = Vec::new();
+            c.stdout.take().expect("stdout").read_to_end(&mut out).expect("read");
+            let st = c.wait().expect("wait");
+            assert!(st.success() && out.trim_ascii_end() == ARGS, "cli run: {st} {out:?}");
+            None
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Samples {
+    lat_us: Vec<f64>,
+    cpu_us: Vec<f64>,
+    setup_us: Vec<f64>,
+    runs: usize,
+    wall: Duration,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn sorted(v: &[f64]) -> Vec<f64> {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s
+}
+
+/// Sequential: every iteration runs each variant once, in a rotating order.
+fn sequential(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut out: Vec<Samples> = o.variants.iter().map(|_| Samples::default()).collect();
+    let n = o.variants.len();
+    for i in 0..o.warmup + o.iters {
+        for k in 0..n {
+            let idx = (i + k) % n;
+            let (c0, t0) = (cpu_now(), Instant::now());
+            let setup = run_one(o.variants[idx], ctx, &rt, manifest);
+            let (el, cpu) = (t0.elapsed(), cpu_now().saturating_sub(c0));
+            if i >= o.warmup {
+                let s = &mut out[idx];
+                s.lat_us.push(el.as_secs_f64() * 1e6);
+                s.cpu_us.push(cpu.as_secs_f64() * 1e6);
+                s.setup_us.extend(setup.map(|u| u as f64));
+                s.runs += 1;
+                s.wall += el;
+            }
+        }
+    }
+    out
+}
+
+/// `conc` threads (one current-thread runtime each) run one variant at a
+/// time, `per` runs each; variants alternate round by round.
+fn concurrent(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
+    let mut out: Vec<Samples> = o.variants.iter().map(|_| Samples::default()).collect();
+    let per = 10usize;
+    let rounds = (o.iters / per).max(1);
+    let warm_rounds = (o.warmup / per).max(1);
+    let n = o.variants.len();
+    for round in 0..warm_rounds + rounds {
+        for k in 0..n {
+            let idx = (round + k) % n;
+            let v = o.variants[idx];
+            let barrier = Barrier::new(o.conc + 1);
+            let (wall, results) = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..o.conc)
+                    .map(|_| {
+                        s.spawn(|| {
+                            let rt = tokio::runtime::Builder::new_current_thread()
+                                .enable_all()
+                                .build()
+                                .unwrap();
+                            barrier.wait();
+                            (0..per)
+                                .map(|_| {
+                                    let t0 = Instant::now();
+                                    let setup = run_one(v, ctx, &rt, manifest);
+                                    (t0.elapsed(), setup)
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                barrier.wait();
+                let t0 = Instant::now();
+                let results: Vec<_> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+                (t0.elapsed(), results)
+            });
+            if round >= warm_rounds {
+                let s = &mut out[idx];
+                s.wall += wall;
+                s.runs += results.len();
+                for (el, setup) in results {
+                    s.lat_us.push(el.as_secs_f64() * 1e6);
+                    s.setup_us.extend(setup.map(|u| u as f64));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn ballast(mb: usize) -> Vec<u8> {
+    let mut v = vec![0u8; mb << 20];
+    for i in (0..v.len()).step_by(4096) {
+        v[i] = 1;
+    }
+    std::hint::black_box(&mut v);
+    v
+}
+
+fn status_field(name: &str) -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(name))
+        .map(|l| l.trim_start_matches(name).trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn first_line(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_default().lines().next().unwrap_or("").to_owned()
+}
+
+fn main() {
+    let o = parse_opts();
+    let uname = nix::sys::utsname::uname().ok();
+    println!(
+        "spawnbench: {} | kernel {} | {} CPUs | euid {} | iters {} warmup {} conc {} ballast {} MiB",
+        std::env::args().collect::<Vec<_>>().join(" "),
+        uname.as_ref().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        nix::unistd::geteuid(),
+        o.iters,
+        o.warmup,
+        o.conc,
+        o.ballast_mb,
+    );
+    println!("loadavg at start: {}", first_line("/proc/loadavg"));
+    let _ballast = (o.ballast_mb > 0).then(|| ballast(o.ballast_mb));
+    println!("VmRSS {} | VmSize {}", status_field("VmRSS:"), status_field("VmSize:"));
+    if o.variants.contains(&Variant::Cli) && !o.executor.exists() {
+        eprintln!(
+            "{} missing: cargo build --release -p ongrid-executor (or --executor PATH)",
+            o.executor.display()
+        );
+        std::process::exit(2);
+    }
+
+    let tmp = tempfile::Builder::new().prefix("spawnbench").tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config_path = tmp.path().join("executor.toml");
+    std::fs::write(&config_path, "").unwrap();
+    let engine = Engine::new(Config::default()).expect("engine");
+    let ctx = Ctx { engine: &engine, executor: &o.executor, config: &config_path };
+
+    for kind in &o.skills {
+        let manifest = make_skill(tmp.path(), kind);
+        let t0 = Instant::now();
+        let samples = if o.conc > 1 {
+            concurrent(&o, &ctx, &manifest)
+        } else {
+            sequential(&o, &ctx, &manifest)
+        };
+        println!("\nskill {kind} ({} s):", t0.elapsed().as_secs());
+        println!(
+            "{:<8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>10}",
+            "variant",
+            "n",
+            "p50 us",
+            "p90 us",
+            "p99 us",
+            "mean us",
+            "runs/s",
+            "cpu p50 us",
+            "x bare",
+            "+p50 us"
+        );
+        let bare_p50 = o
+            .variants
+            .iter()
+            .position(|v| *v == Variant::Bare)
+            .map(|i| pct(&sorted(&samples[i].lat_us), 0.5));
+        for (v, s) in o.variants.iter().zip(&samples) {
+            let l = sorted(&s.lat_us);
+            let p50 = pct(&l, 0.5);
+            let mean = l.iter().sum::<f64>() / l.len().max(1) as f64;
+            let rps = s.runs as f64 / s.wall.as_secs_f64().max(1e-9);
+            let cpu = pct(&sorted(&s.cpu_us), 0.5);
+            let (ratio, added) = match bare_p50 {
+                Some(b) => (format!("{:.2}", p50 / b), format!("{:+.0}", p50 - b)),
+                None => ("-".into(), "-".into()),
+            };
+            println!(
+                "{:<8} {:>6} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>8} {:>10}",
+                v.name(),
+                l.len(),
+                p50,
+                pct(&l, 0.9),
+                pct(&l, 0.99),
+                mean,
+                rps,
+                cpu,
+                ratio,
+                added
+            );
+        }
+        for (v, s) in o.variants.iter().zip(&samples) {
+            if !s.setup_us.is_empty() {
+                let st = sorted(&s.setup_us);
+                println!(
+                    "{} setup_us (validation to exec): p50 {:.0} p90 {:.0} p99 {:.0}",
+                    v.name(),
+                    pct(&st, 0.5),
+                    pct(&st, 0.9),
+                    pct(&st, 0.99)
+                );
+            }
+        }
+        if o.conc == 1 {
+            if let Some(b) = o.variants.iter().position(|v| *v == Variant::Bare) {
+                for (i, v) in o.variants.iter().enumerate() {
+                    if i == b {
+                        continue;
+                    }
+                    let d: Vec<f64> = samples[i]
+                        .lat_us
+                        .iter()
+                        .zip(&samples[b].lat_us)
+                        .map(|(x, y)| x - y)
+                        .collect();
+                    let d = sorted(&d);
+                    println!(
+                        "paired {} - bare, same iteration: p25 {:+.0} p50 {:+.0} p75 {:+.0} us",
+                        v.name(),
+                        pct(&d, 0.25),
+                        pct(&d, 0.5),
+                        pct(&d, 0.75)
+                    );
+                }
+            }
+        }
+    }
+    println!("\nloadavg at end: {}", first_line("/proc/loadavg"));
+}
