@@ -186,6 +186,30 @@ fn up_starts_answers_curl_and_stops_cleanly_on_sigterm() {
     let result: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(result["load1"].is_number(), "{result}");
 
+    // A second `up` on the same runtime dir refuses without disturbing
+    // the first; a world-writable runtime dir is refused (usage, 2).
+    let second = Command::new(&cli)
+        .args(["up", "--no-examples", "--metrics-listen", "", "--skills"])
+        .arg(&extra)
+        .arg("--runtime-dir")
+        .arg(&up.runtime)
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1), "{}", String::from_utf8_lossy(&second.stderr));
+    assert!(String::from_utf8_lossy(&second.stderr).contains("another"));
+    let unsafe_dir = Command::new(&cli)
+        .args(["up", "--metrics-listen", "", "--runtime-dir", "/tmp"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        unsafe_dir.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&unsafe_dir.stderr)
+    );
+    let r = crate::harness::http(&up.socket(), "GET", "/v1/health", "application/json", None);
+    assert_eq!(r.json()["executor"], "up");
+
     up.stop(Signal::SIGTERM);
 }
 
