@@ -157,7 +157,8 @@ fn cpu_now() -> Duration {
             + Duration::from_micros(u64::try_from(t.tv_usec()).unwrap_or(0))
     };
     let mut d = Duration::ZERO;
-    for who in [UsageWho::RUSAGE_SELF, UsageWho::RUSAGE_CHILDREN] {
+    // This thread (not the engine's janitor) and every reaped descendant.
+    for who in [UsageWho::RUSAGE_THREAD, UsageWho::RUSAGE_CHILDREN] {
         if let Ok(u) = getrusage(who) {
             d += tv(u.user_time()) + tv(u.system_time());
         }
