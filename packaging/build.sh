@@ -40,13 +40,21 @@ echo "== cargo build --release (ongrid-loader, ongrid-executor)"
 # Only the packaged crates: the tests and benches members are not shipped.
 cargo build --release --locked -p ongrid-loader -p ongrid-executor
 
-release=target/release
+# Packaged copies: stripped (the release profile keeps line tables for
+# backtraces in development builds), plus the man pages.
+pkg=target/release/package
+rm -rf "$pkg"
+mkdir -p "$pkg"
+echo "== strip into $pkg"
+for bin in ongrid-executor ongrid-skilld ongrid-skill; do
+    strip --strip-unneeded --remove-section=.comment --remove-section=.note \
+        -o "$pkg/$bin" "target/release/$bin"
+done
 echo "== man pages (help2man over clap --help)"
-mkdir -p "$release/man"
 man_page() { # binary, one-line description
     help2man --no-info --section=1 --source="ongrid-skills" --name="$2" \
-        --output="$release/man/$1.1" "$release/$1"
-    gzip -9nf "$release/man/$1.1"
+        --output="$pkg/$1.1" "$pkg/$1"
+    gzip -9nf "$pkg/$1.1"
 }
 man_page ongrid-executor "sandboxing executor of ongrid-skills (root daemon and one-shot runs)"
 man_page ongrid-skilld "registry daemon of ongrid-skills (client API and metrics)"
@@ -54,7 +62,7 @@ man_page ongrid-skill "command-line client and pack linter of ongrid-skills"
 
 echo "== cargo deb"
 rm -f target/debian/ongrid-skills_*.deb target/generate-rpm/ongrid-skills-*.rpm
-cargo deb -p ongrid-skills --no-build --locked
+cargo deb -p ongrid-skills --no-build
 echo "== cargo generate-rpm"
 cargo generate-rpm -p packaging
 

@@ -1,6 +1,8 @@
 # %post of ongrid-skills: accounts and directories, then %systemd_post.
 systemd-sysusers /usr/lib/sysusers.d/ongrid-skills.conf >/dev/null 2>&1 || :
 systemd-tmpfiles --create /usr/lib/tmpfiles.d/ongrid-skills.conf >/dev/null 2>&1 || :
+# The allow-list root for operator packs, shipped empty.
+[ -d /etc/ongrid/skills ] || install -d -m 0755 -o root -g root /etc/ongrid/skills
 if [ -d /run/systemd/system ]; then
     systemctl daemon-reload >/dev/null 2>&1 || :
 fi
