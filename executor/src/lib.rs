@@ -65,7 +65,9 @@
 //!    SIGKILL), cancellation.
 //! 7. On any end, kill the whole tree (`cgroup.kill`; SIGCONT with SIGTERM
 //!    so stopped processes see it), reap (the executor is a child subreaper,
-//!    so orphans are reaped too), remove the cgroups and the run directory.
+//!    so orphans are reaped too), remove the cgroups and the run directory
+//!    (from the engine's second run on, a janitor thread removes them right
+//!    after the report and keeps fresh ones ready: [`engine`]).
 //! 8. Report ([`engine::classify`]): outcome, limit, result, stderr tail,
 //!    and what the sandbox enforced.
 //!
