@@ -11,6 +11,11 @@
 //! - [`limits`]: default resource limits and their bounds.
 //! - [`report`]: the [`RunReport`] every run ends with, and what the sandbox enforced.
 //! - [`path`]: pure, component-wise path rules (lexical containment, normal form).
+//! - [`permission`]: [`PermissionMode`] (`read-only`, `mutating-with-confirm`,
+//!   `dual-sign-required`), the class [`permission::gate`] and the
+//!   [`DenyReason`] codes.
+//! - [`approval`]: dual-sign approvals: the canonical digest of a request,
+//!   Ed25519 signing and verification, key ids.
 //! - [`wire`]: the executor wire (newline-delimited JSON-RPC 2.0, capped lines):
 //!   `execute`, `ping` and `metrics` requests, and the replies the loader reads.
 //!
@@ -21,12 +26,14 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod approval;
 pub mod class;
 pub mod env;
 pub mod limits;
 pub mod manifest;
 pub mod name;
 pub mod path;
+pub mod permission;
 pub mod report;
 pub mod sandbox;
 pub mod wire;
@@ -36,5 +43,6 @@ pub use env::EnvName;
 pub use limits::Limits;
 pub use manifest::{Manifest, ManifestError, ValidateOptions, MAX_MANIFEST_BYTES};
 pub use name::SkillName;
+pub use permission::{DenyReason, PermissionMode};
 pub use report::{Enforcement, LimitKind, Outcome, RunReport, SandboxReport};
 pub use sandbox::{GrantError, GrantedSandbox, SandboxRequest, SkillGrant};
