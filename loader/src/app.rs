@@ -1,5 +1,6 @@
 //! [`App`]: the state every request shares: the registry, the executor
-//! client, the run slots and the metrics.
+//! client, the run slots, the permission rules, the audit trail and the
+//! metrics.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,6 +10,8 @@ use policy::ValidateOptions;
 use serde::Serialize;
 use tokio::sync::{Mutex, Semaphore};
 
+use crate::audit::Audit;
+use crate::authz::Authz;
 use crate::config::Settings;
 use crate::event::Level;
 use crate::executor_client::ExecutorClient;
@@ -50,13 +53,27 @@ pub struct App {
     reload_lock: Mutex<()>,
     limits: Limits,
     prometheus: prometheus::Registry,
+    authz: Authz,
+    audit: Audit,
 }
 
 impl App {
-    /// An app with an empty registry; call [`App::reload`] to scan.
-    /// `prometheus` must be the registry `metrics` were registered in.
-    pub fn new(settings: &Settings, metrics: Metrics, prometheus: prometheus::Registry) -> Self {
-        Self {
+    /// An app with an empty registry; call [`App::reload`] to scan, and
+    /// [`App::preload_approvals`]. `prometheus` must be the registry
+    /// `metrics` were registered in. Starts the audit thread.
+    ///
+    /// # Errors
+    ///
+    /// The audit thread could not be spawned.
+    pub fn new(
+        settings: &Settings,
+        metrics: Metrics,
+        prometheus: prometheus::Registry,
+    ) -> std::io::Result<Self> {
+        let audit = Audit::start(&settings.audit, metrics.audit_write_errors_total.clone())?;
+        Ok(Self {
+            authz: Authz::new(settings),
+            audit,
             roots: settings.skills_dirs.clone(),
             scanner: Scanner::new(ValidateOptions::default()),
             registry: Registry::default(),
@@ -70,7 +87,32 @@ impl App {
                 queue_timeout: settings.queue_timeout,
             },
             prometheus,
+        })
+    }
+
+    /// Loads the approvals already used (and not expired) from the audit
+    /// database into the replay store, so that a restart does not re-open
+    /// their window. If the database is unavailable now, its unique key
+    /// still refuses a replay once it is back.
+    pub async fn preload_approvals(&self) {
+        match self.audit.used_approvals().await {
+            Ok(used) => {
+                let n = used.len();
+                self.authz.replay().preload(used);
+                tracing::debug!(approvals = n, "audit: used approvals loaded");
+            }
+            Err(e) => tracing::error!(error = %e, "audit: cannot load the used approvals"),
         }
+    }
+
+    /// The permission rules.
+    pub fn authz(&self) -> &Authz {
+        &self.authz
+    }
+
+    /// The audit trail.
+    pub fn audit(&self) -> &Audit {
+        &self.audit
     }
 
     /// Scans the roots and swaps the registry. Runs in flight keep the

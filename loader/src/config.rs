@@ -16,12 +16,35 @@
 //! max_concurrent_runs = 64
 //! queue_timeout_seconds = 10
 //! request_timeout_seconds = 30
+//! socket_group = "ongrid"             # who may connect at all (with socket_mode 0660)
+//! approval_max_ttl_seconds = 900
+//! audit_db = "/var/lib/ongrid/audit.db"
+//! audit_required = true                # false: run unaudited when the DB fails
+//! audit_max_rows = 1000000             # 0 = no row cap
+//! audit_max_age_days = 90              # 0 = keep forever
+//!
+//! [[callers]]                          # exactly one of uid, user, gid, group
+//! user = "alice"
+//! role = "operator"
+//! mode = "dual-sign-required"          # read-only | mutating-with-confirm | dual-sign-required
+//! audit = true                         # may read GET /v1/audit
+//!
+//! [[approvers]]
+//! name = "bob"
+//! public_key = "<base64 of the 32-byte Ed25519 public key>"
 //! ```
+//!
+//! Callers: a `uid`/`user` entry matches the peer's uid; a `gid`/`group`
+//! entry its primary gid or (read from `/proc`, see [`crate::authz`]) a
+//! supplementary group. Names are resolved once, here; an unknown name is a
+//! configuration error.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use policy::approval::{Approver, DEFAULT_MAX_TTL_SECONDS};
+use policy::PermissionMode;
 use serde::Deserialize;
 
 /// Where the daemon looks for its file when `--config` is not given.
@@ -36,6 +59,80 @@ pub const DEFAULT_SKILLS_DIR: &str = "/etc/ongrid/skills";
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
 /// Largest request body accepted (DESIGN.md §5: over 1 MiB is 413).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+/// The audit database.
+pub const DEFAULT_AUDIT_DB: &str = "/var/lib/ongrid/audit.db";
+/// Default of `audit_max_rows`.
+pub const DEFAULT_AUDIT_MAX_ROWS: u64 = 1_000_000;
+/// Default of `audit_max_age_days`.
+pub const DEFAULT_AUDIT_MAX_AGE_DAYS: u64 = 90;
+/// Longest `approval_max_ttl_seconds` accepted (one day).
+pub const MAX_APPROVAL_TTL_SECONDS: u64 = 86_400;
+
+/// One `[[callers]]` entry as written.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallerEntry {
+    /// A uid.
+    pub uid: Option<u32>,
+    /// A user name (resolved at start-up).
+    pub user: Option<String>,
+    /// A gid.
+    pub gid: Option<u32>,
+    /// A group name (resolved at start-up).
+    pub group: Option<String>,
+    /// A label recorded in the audit trail.
+    pub role: String,
+    /// The permission mode.
+    pub mode: PermissionMode,
+    /// May read the audit trail (`GET /v1/audit`).
+    #[serde(default)]
+    pub audit: bool,
+}
+
+/// One `[[approvers]]` entry as written.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApproverEntry {
+    /// The approver's name.
+    pub name: String,
+    /// Base64 of the 32-byte Ed25519 public key.
+    pub public_key: String,
+}
+
+/// Whom a caller rule matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Principal {
+    /// The peer's uid.
+    Uid(u32),
+    /// The peer's primary or a supplementary gid.
+    Gid(u32),
+}
+
+/// A resolved `[[callers]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerRule {
+    /// Whom it matches.
+    pub who: Principal,
+    /// The role label.
+    pub role: String,
+    /// The permission mode.
+    pub mode: PermissionMode,
+    /// May read the audit trail.
+    pub audit: bool,
+}
+
+/// The audit trail's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditSettings {
+    /// The SQLite file.
+    pub db: PathBuf,
+    /// Refuse runs (503 `audit_unavailable`) when a row cannot be written.
+    pub required: bool,
+    /// Keep at most this many rows (0 = no cap).
+    pub max_rows: u64,
+    /// Drop rows older than this many days (0 = keep forever).
+    pub max_age_days: u64,
+}
 
 /// The file as written, every key optional.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
@@ -61,6 +158,23 @@ pub struct FileConfig {
     pub queue_timeout_seconds: Option<u64>,
     /// How long a client may take to send its request head and body.
     pub request_timeout_seconds: Option<u64>,
+    /// Group of the client socket (name or number): with `socket_mode`
+    /// 0660, who may connect at all.
+    pub socket_group: Option<String>,
+    /// `[[callers]]`: uids and groups mapped to a role and a mode.
+    pub callers: Option<Vec<CallerEntry>>,
+    /// `[[approvers]]`: the keys whose approvals count.
+    pub approvers: Option<Vec<ApproverEntry>>,
+    /// How far ahead an approval may expire.
+    pub approval_max_ttl_seconds: Option<u64>,
+    /// The audit database.
+    pub audit_db: Option<PathBuf>,
+    /// Refuse runs when the audit cannot be written (default true).
+    pub audit_required: Option<bool>,
+    /// Row cap of the audit trail (0 = none).
+    pub audit_max_rows: Option<u64>,
+    /// Age cap of the audit trail in days (0 = none).
+    pub audit_max_age_days: Option<u64>,
 }
 
 /// Command-line overrides, `None` when the flag was not given.
@@ -74,6 +188,8 @@ pub struct Overrides {
     pub metrics_listen: Option<String>,
     /// `--skills-dir`, repeatable: replaces the file's `skills_dirs`.
     pub skills_dirs: Vec<PathBuf>,
+    /// The audit database (`up` puts it in its runtime dir).
+    pub audit_db: Option<PathBuf>,
 }
 
 /// The resolved configuration the daemon runs with.
@@ -99,6 +215,16 @@ pub struct Settings {
     pub queue_timeout: Duration,
     /// How long a client may take to send its request.
     pub request_timeout: Duration,
+    /// Group of the client socket, `None` to leave the daemon's.
+    pub socket_group: Option<u32>,
+    /// Caller rules, in file order.
+    pub callers: Vec<CallerRule>,
+    /// The approvers.
+    pub approvers: Vec<Approver>,
+    /// How far ahead an approval may expire, in seconds.
+    pub approval_max_ttl: u64,
+    /// The audit trail.
+    pub audit: AuditSettings,
 }
 
 /// Why the configuration is not usable. The daemon exits 78 (EX_CONFIG).
@@ -210,7 +336,60 @@ impl FileConfig {
             Some(n) => Ok(Duration::from_secs(n)),
             None => Ok(Duration::from_secs(default)),
         };
+        let approval_max_ttl = match self.approval_max_ttl_seconds {
+            None => DEFAULT_MAX_TTL_SECONDS,
+            Some(n) if (1..=MAX_APPROVAL_TTL_SECONDS).contains(&n) => n,
+            Some(n) => {
+                return Err(ConfigError::Value {
+                    key: "approval_max_ttl_seconds",
+                    message: format!("{n} is not within 1..={MAX_APPROVAL_TTL_SECONDS}"),
+                })
+            }
+        };
+        let socket_group = self.socket_group.as_deref().map(resolve_group).transpose()?;
+        let callers = self
+            .callers
+            .unwrap_or_default()
+            .into_iter()
+            .map(CallerEntry::resolve)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut approvers: Vec<Approver> = Vec::new();
+        for a in self.approvers.unwrap_or_default() {
+            let approver =
+                Approver::new(&a.name, &a.public_key).map_err(|e| ConfigError::Value {
+                    key: "approvers",
+                    message: format!("approver {:?}: public_key: {e}", a.name),
+                })?;
+            if let Some(dup) = approvers
+                .iter()
+                .find(|p| p.key_id() == approver.key_id() || p.name() == approver.name())
+            {
+                return Err(ConfigError::Value {
+                    key: "approvers",
+                    message: format!(
+                        "approvers {:?} and {:?} share a name or a key: each approver needs its own",
+                        dup.name(),
+                        a.name
+                    ),
+                });
+            }
+            approvers.push(approver);
+        }
+        let audit = AuditSettings {
+            db: overrides
+                .audit_db
+                .or(self.audit_db)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_AUDIT_DB)),
+            required: self.audit_required.unwrap_or(true),
+            max_rows: self.audit_max_rows.unwrap_or(DEFAULT_AUDIT_MAX_ROWS),
+            max_age_days: self.audit_max_age_days.unwrap_or(DEFAULT_AUDIT_MAX_AGE_DAYS),
+        };
         Ok(Settings {
+            socket_group,
+            callers,
+            approvers,
+            approval_max_ttl,
+            audit,
             socket: overrides.socket.or(self.socket).unwrap_or_else(|| DEFAULT_SOCKET.into()),
             socket_mode,
             executor_socket: overrides
@@ -229,6 +408,63 @@ impl FileConfig {
             queue_timeout: seconds("queue_timeout_seconds", self.queue_timeout_seconds, 10)?,
             request_timeout: seconds("request_timeout_seconds", self.request_timeout_seconds, 30)?,
         })
+    }
+}
+
+impl CallerEntry {
+    /// Resolves the user or group name.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Value`] unless exactly one of `uid`, `user`, `gid`,
+    /// `group` is given, or when a name does not exist.
+    pub fn resolve(self) -> Result<CallerRule, ConfigError> {
+        let who = match (self.uid, self.user.as_deref(), self.gid, self.group.as_deref()) {
+            (Some(uid), None, None, None) => Principal::Uid(uid),
+            (None, Some(user), None, None) => Principal::Uid(resolve_user(user)?),
+            (None, None, Some(gid), None) => Principal::Gid(gid),
+            (None, None, None, Some(group)) => Principal::Gid(resolve_group(group)?),
+            _ => {
+                return Err(ConfigError::Value {
+                    key: "callers",
+                    message: format!(
+                        "caller with role {:?}: give exactly one of uid, user, gid, group",
+                        self.role
+                    ),
+                })
+            }
+        };
+        Ok(CallerRule { who, role: self.role, mode: self.mode, audit: self.audit })
+    }
+}
+
+fn resolve_user(name: &str) -> Result<u32, ConfigError> {
+    match nix::unistd::User::from_name(name) {
+        Ok(Some(u)) => Ok(u.uid.as_raw()),
+        Ok(None) => {
+            Err(ConfigError::Value { key: "callers", message: format!("no user named {name:?}") })
+        }
+        Err(e) => Err(ConfigError::Value {
+            key: "callers",
+            message: format!("looking up user {name:?}: {e}"),
+        }),
+    }
+}
+
+/// A group name or number.
+fn resolve_group(name: &str) -> Result<u32, ConfigError> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(name) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => {
+            Err(ConfigError::Value { key: "group", message: format!("no group named {name:?}") })
+        }
+        Err(e) => Err(ConfigError::Value {
+            key: "group",
+            message: format!("looking up group {name:?}: {e}"),
+        }),
     }
 }
 
@@ -279,12 +515,92 @@ mod tests {
             executor_socket: Some("/f.sock".into()),
             metrics_listen: Some(String::new()),
             skills_dirs: vec!["/cli".into()],
+            audit_db: Some("/up/audit.db".into()),
         };
         let s = f.resolve(o, vec![]).unwrap();
         assert_eq!(s.socket, PathBuf::from("/b.sock"));
         assert_eq!(s.executor_socket, PathBuf::from("/f.sock"));
         assert_eq!(s.metrics_listen, None);
         assert_eq!(s.skills_dirs, [PathBuf::from("/cli")]);
+        assert_eq!(s.audit.db, PathBuf::from("/up/audit.db"));
+    }
+
+    #[test]
+    fn permissions_and_audit_keys() {
+        let key = policy::approval::SecretKey::from_seed([7; 32]).public_key();
+        let other = policy::approval::SecretKey::from_seed([8; 32]).public_key();
+        let text = format!(
+            r#"socket_group = "0"
+               approval_max_ttl_seconds = 60
+               audit_db = "/a.db"
+               audit_required = false
+               audit_max_rows = 10
+               audit_max_age_days = 0
+               [[callers]]
+               uid = 1000
+               role = "operator"
+               mode = "dual-sign-required"
+               audit = true
+               [[callers]]
+               group = "root"
+               role = "admins"
+               mode = "mutating-with-confirm"
+               [[callers]]
+               user = "root"
+               role = "root"
+               mode = "read-only"
+               [[approvers]]
+               name = "alice"
+               public_key = "{key}"
+               [[approvers]]
+               name = "bob"
+               public_key = "{other}""#
+        );
+        let s = parse(&text).unwrap().resolve(Overrides::default(), vec![]).unwrap();
+        assert_eq!(s.socket_group, Some(0));
+        assert_eq!(s.approval_max_ttl, 60);
+        assert_eq!(
+            s.audit,
+            AuditSettings { db: "/a.db".into(), required: false, max_rows: 10, max_age_days: 0 }
+        );
+        assert_eq!(s.callers.len(), 3);
+        assert_eq!(s.callers[0].who, Principal::Uid(1000));
+        assert!(s.callers[0].audit);
+        assert_eq!(s.callers[1].who, Principal::Gid(0));
+        assert_eq!(s.callers[1].mode, PermissionMode::MutatingWithConfirm);
+        assert_eq!(s.callers[2].who, Principal::Uid(0));
+        assert!(!s.callers[2].audit);
+        assert_eq!(s.approvers[1].name(), "bob");
+
+        let d = parse("").unwrap().resolve(Overrides::default(), vec![]).unwrap();
+        assert_eq!(d.approval_max_ttl, 900);
+        assert_eq!(d.audit.db, PathBuf::from(DEFAULT_AUDIT_DB));
+        assert!(d.audit.required);
+        assert!(d.callers.is_empty() && d.approvers.is_empty() && d.socket_group.is_none());
+
+        let dup = format!(
+            "[[approvers]]\nname = \"a\"\npublic_key = \"{key}\"\n\
+             [[approvers]]\nname = \"b\"\npublic_key = \"{key}\""
+        );
+        for text in [
+            "approval_max_ttl_seconds = 0",
+            "approval_max_ttl_seconds = 86401",
+            "socket_group = \"no-such-group-here\"",
+            "[[callers]]\nrole = \"x\"\nmode = \"read-only\"",
+            "[[callers]]\nuid = 1\ngid = 1\nrole = \"x\"\nmode = \"read-only\"",
+            "[[callers]]\nuser = \"no-such-user-here\"\nrole = \"x\"\nmode = \"read-only\"",
+            "[[approvers]]\nname = \"a\"\npublic_key = \"AAAA\"",
+            dup.as_str(),
+        ] {
+            let r = parse(text).unwrap().resolve(Overrides::default(), vec![]);
+            assert!(matches!(r, Err(ConfigError::Value { .. })), "{text}");
+        }
+        for text in [
+            "[[callers]]\nuid = 1\nrole = \"x\"\nmode = \"admin\"",
+            "[[callers]]\nuid = 1\nrole = \"x\"\nmode = \"read-only\"\nextra = 1",
+        ] {
+            assert!(matches!(parse(text), Err(ConfigError::Parse { .. })), "{text}");
+        }
     }
 
     #[test]

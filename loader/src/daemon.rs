@@ -23,6 +23,20 @@ pub enum StartError {
     /// The client socket could not be bound.
     #[error(transparent)]
     Bind(#[from] server::BindError),
+    /// The audit thread could not be started.
+    #[error("cannot start the audit thread")]
+    Audit(#[source] std::io::Error),
+    /// The client socket's group could not be set.
+    #[error("cannot set the group of {path} to {gid}")]
+    SocketGroup {
+        /// The socket.
+        path: std::path::PathBuf,
+        /// The group.
+        gid: u32,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// The metrics listener could not be bound.
     #[error("cannot listen on {addr} for metrics")]
     MetricsListen {
@@ -57,8 +71,16 @@ impl Daemon {
             .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
             .map_err(StartError::Metrics)?;
         let metrics = Metrics::new(&registry).map_err(StartError::Metrics)?;
-        let app = Arc::new(App::new(settings, metrics, registry));
+        let app = Arc::new(App::new(settings, metrics, registry).map_err(StartError::Audit)?);
         let api = server::bind(&settings.socket, settings.socket_mode).await?;
+        if let Some(gid) = settings.socket_group {
+            // With mode 0660 the group decides who may connect at all. The
+            // daemon must be root or a member of the group to set it.
+            std::os::unix::fs::chown(&settings.socket, None, Some(gid)).map_err(|source| {
+                StartError::SocketGroup { path: settings.socket.clone(), gid, source }
+            })?;
+        }
+        app.preload_approvals().await;
         let metrics = match settings.metrics_listen {
             Some(addr) => Some(
                 TcpListener::bind(addr)

@@ -10,7 +10,8 @@
 //! - [`event`]: [`ScanEvent`], one per decision; `Display` is the log line.
 //! - [`skill`]: [`RegisteredSkill`], a manifest plus its canonical paths.
 //! - [`cli`]: the `ongrid-skill` commands, one file each (`scan`,
-//!   `validate`, `list`, `show`, `run`, `reload`).
+//!   `validate`, `list`, `show`, `run`, `reload`, `up`, `keygen`, `approve`,
+//!   `audit`).
 //!
 //! The daemon, `ongrid-skilld` (layered like mini-redis):
 //!
@@ -23,7 +24,11 @@
 //! - [`app`]: [`app::App`], the state requests share; reload.
 //! - [`registry`]: the registry snapshot, swapped atomically, with each
 //!   skill's compiled args validator.
-//! - [`authz`]: the permission hook (every caller allowed until issue 5).
+//! - [`authz`]: who may run what: callers mapped to a role and a
+//!   permission mode, the class gate, dual-sign approvals.
+//! - [`replay`]: approvals are accepted once.
+//! - [`audit`]: the SQLite audit trail, one row per decision and run, on
+//!   its own thread.
 //! - [`executor_client`]: the loader side of the executor wire, one
 //!   connection per run.
 //! - [`metrics`]: the Prometheus metrics in an injected registry.
@@ -70,6 +75,7 @@
 
 pub mod api;
 pub mod app;
+pub mod audit;
 pub mod authz;
 pub mod cli;
 pub mod client;
@@ -81,6 +87,7 @@ pub mod executor_client;
 pub mod manifest_file;
 pub mod metrics;
 pub mod registry;
+pub mod replay;
 pub mod roots;
 pub mod scan;
 pub mod server;

@@ -18,6 +18,8 @@
 //! | `ongrid_reloads_total` | counter | |
 //! | `ongrid_http_requests_total` | counter | `route`, `code` |
 //! | `ongrid_executor_up` | gauge | |
+//! | `ongrid_authz_decisions_total` | counter | `decision`, `reason` |
+//! | `ongrid_audit_write_errors_total` | counter | |
 //! | `ongrid_build_info` | gauge | `version` |
 //! | `process_*` | process collector | |
 
@@ -58,6 +60,12 @@ pub struct Metrics {
     pub http_requests_total: IntCounterVec,
     /// 1 if the last `metrics` call reached the executor, else 0.
     pub executor_up: IntGauge,
+    /// Permission decisions on run requests, by decision (`allow`,
+    /// `deny`) and reason (`safe`, `confirmed`, `dual_signed`, or a deny
+    /// reason code).
+    pub authz_decisions_total: IntCounterVec,
+    /// Audit rows that could not be written.
+    pub audit_write_errors_total: IntCounter,
 }
 
 impl Metrics {
@@ -107,6 +115,17 @@ impl Metrics {
                 "ongrid_executor_up",
                 "1 if the executor answered the last metrics call.",
             )?,
+            authz_decisions_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_authz_decisions_total",
+                    "Permission decisions on run requests, by decision and reason.",
+                ),
+                &["decision", "reason"],
+            )?,
+            audit_write_errors_total: IntCounter::new(
+                "ongrid_audit_write_errors_total",
+                "Audit rows that could not be written.",
+            )?,
         };
         registry.register(Box::new(m.executions_total.clone()))?;
         registry.register(Box::new(m.run_duration_seconds.clone()))?;
@@ -117,6 +136,8 @@ impl Metrics {
         registry.register(Box::new(m.reloads_total.clone()))?;
         registry.register(Box::new(m.http_requests_total.clone()))?;
         registry.register(Box::new(m.executor_up.clone()))?;
+        registry.register(Box::new(m.authz_decisions_total.clone()))?;
+        registry.register(Box::new(m.audit_write_errors_total.clone()))?;
         let build = IntGaugeVec::new(
             Opts::new("ongrid_build_info", "Build of ongrid-skilld; always 1."),
             &["version"],

@@ -307,10 +307,12 @@ impl Stack {
             base.join("skilld.toml"),
             format!(
                 "socket = {sock}\nexecutor_socket = {ex}\nskills_dirs = [{skills}]\n\
-                 metrics_listen = \"{metrics}\"\nrequest_timeout_seconds = 3\nmax_connections = 128\n",
+                 metrics_listen = \"{metrics}\"\nrequest_timeout_seconds = 3\nmax_connections = 128\n\
+                 audit_db = {audit}\n",
                 sock = q(&socket),
                 ex = q(&executor_socket),
                 skills = q(&skills),
+                audit = q(&base.join("audit.db")),
             ),
         )
         .unwrap();

@@ -24,9 +24,18 @@ pub enum ApiError {
         /// What does not match.
         violations: Vec<Violation>,
     },
-    /// 403 `denied`: the caller may not run the skill.
+    /// 403 `denied`: the caller may not run the skill; `reason` is the
+    /// stable code ([`policy::DenyReason`]) and is also in the body.
+    #[error("{message}")]
+    Denied {
+        /// The reason code.
+        reason: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// 403 `forbidden`: the caller may not use this route (the audit trail).
     #[error("{0}")]
-    Denied(String),
+    Forbidden(String),
     /// 404 `not_found`: no such skill or route.
     #[error("{0}")]
     NotFound(String),
@@ -45,6 +54,10 @@ pub enum ApiError {
     /// 503 `executor_unavailable`: the executor is down or failed.
     #[error("{0}")]
     ExecutorUnavailable(String),
+    /// 503 `audit_unavailable`: the decision could not be recorded, so the
+    /// run is refused (`audit_required`).
+    #[error("the run is refused because it cannot be audited: {0}")]
+    AuditUnavailable(String),
     /// 503 `busy`: no run slot, or the executor is at its cap. Carries the
     /// report (outcome `busy`).
     #[error("{}", .0.error.as_deref().unwrap_or("busy"))]
@@ -56,13 +69,15 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) | ApiError::InvalidArgs { .. } => StatusCode::BAD_REQUEST,
-            ApiError::Denied(_) => StatusCode::FORBIDDEN,
+            ApiError::Denied { .. } | ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::ExecutorUnavailable(_) | ApiError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ExecutorUnavailable(_)
+            | ApiError::Busy(_)
+            | ApiError::AuditUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -71,7 +86,9 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::InvalidArgs { .. } => "invalid_args",
-            ApiError::Denied(_) => "denied",
+            ApiError::Denied { .. } => "denied",
+            ApiError::Forbidden(_) => "forbidden",
+            ApiError::AuditUnavailable(_) => "audit_unavailable",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::RequestTimeout => "request_timeout",
@@ -89,6 +106,7 @@ impl ApiError {
         match self {
             ApiError::InvalidArgs { violations, .. } => error["violations"] = json!(violations),
             ApiError::Busy(report) => body["report"] = json!(report),
+            ApiError::Denied { reason, .. } => error["reason"] = json!(reason),
             _ => {}
         }
         body["error"] = error;
@@ -120,7 +138,9 @@ mod tests {
     fn bodies_have_code_and_message() {
         let cases = [
             (ApiError::BadRequest("x".into()), 400, "bad_request"),
-            (ApiError::Denied("d".into()), 403, "denied"),
+            (ApiError::Denied { reason: "confirm_required", message: "d".into() }, 403, "denied"),
+            (ApiError::Forbidden("f".into()), 403, "forbidden"),
+            (ApiError::AuditUnavailable("db".into()), 503, "audit_unavailable"),
             (ApiError::NotFound("n".into()), 404, "not_found"),
             (ApiError::TooLarge(1), 413, "payload_too_large"),
             (ApiError::ExecutorUnavailable("down".into()), 503, "executor_unavailable"),
@@ -144,5 +164,7 @@ mod tests {
         assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.body()["report"]["outcome"], "busy");
         assert_eq!(e.body()["error"]["message"], "full");
+        let e = ApiError::Denied { reason: "approval_expired", message: "late".into() };
+        assert_eq!(e.body()["error"]["reason"], "approval_expired");
     }
 }

@@ -3,9 +3,16 @@
 //!
 //! Order of checks: unknown skill (404), body size and time (413, 408), JSON
 //! shape (400 `bad_request`), args against the schema (400 `invalid_args`),
-//! permission (403), a run slot (503 `busy`), the executor (503). Nothing
-//! reaches the executor before all of them pass. Any run the executor
-//! finishes, ok or failed, is a 200 with its report.
+//! permission (403 `denied` with a `reason`, [`crate::authz`]), the audit
+//! row of the decision (503 `audit_unavailable` when it cannot be written
+//! and `audit_required`), a run slot (503 `busy`), the executor (503).
+//! Nothing reaches the executor before all of them pass. Any run the
+//! executor finishes, ok or failed, is a 200 with its report.
+//!
+//! Audit ([`crate::audit`]): an `invalid_args` or `denied` answer has its
+//! row (`reject`/`deny`) committed before it is sent; an allowed run's row
+//! is committed before the run starts and completed (outcome, result,
+//! exit code, duration) before the report is sent, in both modes.
 //!
 //! The executor connection belongs to the request: if the client goes
 //! away, hyper drops the handler future (or the stream body), the
@@ -23,14 +30,15 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use http_body_util::BodyExt;
 use policy::wire::ExecuteParams;
-use policy::{Outcome, RunReport};
+use policy::{DenyReason, Outcome, RunReport};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::ApiError;
 use crate::app::{App, Limits};
-use crate::authz::{self, RunRequest};
+use crate::audit::{AuditError, Finish, Record, RunRow};
+use crate::authz::{Denied, RunRequest};
 use crate::executor_client::{ExecutorError, RunConnection, RunEvent};
 use crate::metrics::InFlight;
 use crate::registry::Skill;
@@ -90,23 +98,89 @@ pub async fn execute(
     let count = |outcome: Outcome| {
         app.metrics().executions_total.with_label_values(&[skill.name(), outcome.as_str()]).inc();
     };
+    let manifest = skill.registered().manifest();
+    let who = app.authz().identify(&caller);
+    let base = Record {
+        session_id: req.session_id.clone(),
+        skill: skill.name().to_owned(),
+        class: manifest.class().as_str().to_owned(),
+        caller_uid: who.uid,
+        caller_pid: who.pid,
+        role: who.role.clone(),
+        mode: who.mode.as_str().to_owned(),
+        args: Some(req.args.clone()),
+        ..Record::default()
+    };
     if let Err(violations) = skill.check_args(&req.args) {
         count(Outcome::InvalidArgs);
         tracing::info!(skill = skill.name(), violations = violations.len(), "args rejected");
-        return Err(ApiError::InvalidArgs { skill: name, violations });
+        let e = ApiError::InvalidArgs { skill: name, violations };
+        record_refusal(&app, base, "reject", "invalid_args", Outcome::InvalidArgs, &e).await;
+        return Err(e);
     }
-    let manifest = skill.registered().manifest();
     let run = RunRequest {
         skill: skill.name(),
         class: manifest.class(),
+        args: &req.args,
+        session_id: req.session_id.as_deref(),
         confirm: req.confirm,
-        approvals: req.approvals.len(),
+        approvals: &req.approvals,
     };
-    if let Err(denied) = authz::authorize(&caller, &run) {
-        count(Outcome::Denied);
-        tracing::info!(skill = skill.name(), uid = caller.uid, "run denied");
-        return Err(ApiError::Denied(denied.to_string()));
-    }
+    let grant = match app.authz().decide(&who, &run, unix_now()) {
+        Ok(g) => g,
+        Err(denied) => return Err(deny(&app, base, denied).await),
+    };
+    app.metrics().authz_decisions_total.with_label_values(&["allow", grant.reason]).inc();
+    let record = Record {
+        decision: "allow",
+        reason: grant.reason.to_owned(),
+        approvers: grant.approvals.iter().map(|v| v.key_id.clone()).collect(),
+        approvals_used: grant.approvals.iter().map(|v| (v.replay_key(), v.expires_at)).collect(),
+        ..base.clone()
+    };
+    // The decision is committed before anything runs.
+    let row_id = match app.audit().record(record).await {
+        Ok(id) => {
+            grant.keep();
+            Some(id)
+        }
+        Err(AuditError::Replayed(key_id)) => {
+            drop(grant);
+            let denied = Denied {
+                uid: who.uid,
+                mode: who.mode,
+                skill: skill.name().to_owned(),
+                reason: DenyReason::ApprovalReplayed,
+                message: format!(
+                    "the approval of key {key_id} was already used; approvals count once"
+                ),
+            };
+            return Err(deny(&app, base, denied).await);
+        }
+        Err(e) if app.audit().required() => {
+            drop(grant);
+            tracing::error!(skill = skill.name(), error = %e, "run refused: no audit trail");
+            return Err(ApiError::AuditUnavailable(e.to_string()));
+        }
+        Err(e) => {
+            grant.keep();
+            tracing::warn!(
+                skill = skill.name(),
+                error = %e,
+                "running unaudited (audit_required = false)"
+            );
+            None
+        }
+    };
+    let row = RunRow::new(app.audit().clone(), row_id);
+    tracing::info!(
+        skill = skill.name(),
+        uid = who.uid,
+        role = %who.role,
+        mode = %who.mode,
+        reason = run_reason(&row_id),
+        "run allowed"
+    );
 
     let queued = Instant::now();
     let slot = tokio::time::timeout(
@@ -117,13 +191,17 @@ pub async fn execute(
     app.metrics().run_queue_wait_seconds.observe(queued.elapsed().as_secs_f64());
     let Ok(Ok(permit)) = slot else {
         count(Outcome::Busy);
-        return Err(busy(skill.name(), "no run slot free in time"));
+        let why = "no run slot free in time";
+        row.finish(not_run(Outcome::Busy.as_str(), why)).await;
+        return Err(busy(skill.name(), why));
     };
     let in_flight = app.metrics().run_in_flight();
 
-    let manifest_path = skill.registered().manifest_path().to_str().ok_or_else(|| {
-        ApiError::Internal("the manifest path is not UTF-8; the executor wire needs UTF-8".into())
-    })?;
+    let Some(manifest_path) = skill.registered().manifest_path().to_str() else {
+        let why = "the manifest path is not UTF-8; the executor wire needs UTF-8";
+        row.finish(not_run("rejected", why)).await;
+        return Err(ApiError::Internal(why.into()));
+    };
     let params = ExecuteParams {
         manifest: manifest_path.to_owned(),
         args: req.args,
@@ -132,18 +210,26 @@ pub async fn execute(
     };
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + manifest.timeout() + REPORT_SLACK;
+    let conn = match app.executor().execute(&params).await {
+        Ok(c) => c,
+        Err(e) => return Err(executor_error(&app, &name, e, row).await),
+    };
     let mut run = Run {
         app: Arc::clone(&app),
         skill,
-        conn: app.executor().execute(&params).await.map_err(|e| executor_error(&app, &name, e))?,
+        conn,
         deadline,
         started,
+        row: Some(row),
         _permit: permit,
         _in_flight: in_flight,
     };
     // Wait for the first event before choosing the status, so that a busy
     // or failing executor is a 503 in both modes.
-    let first = run.next().await.map_err(|e| executor_error(&app, &name, e))?;
+    let first = match run.next().await {
+        Ok(ev) => ev,
+        Err(e) => return Err(run.fail(&name, e).await),
+    };
 
     if wants_ndjson(&headers) {
         let mut response = Body::from_stream(ndjson(run, first)).into_response();
@@ -153,22 +239,84 @@ pub async fn execute(
     let mut event = first;
     loop {
         if let RunEvent::Report(report) = event {
-            run.finish(&report);
+            run.finish(&report).await;
             return Ok(Json(*report).into_response());
         }
-        event = run.next().await.map_err(|e| executor_error(&app, &name, e))?;
+        event = match run.next().await {
+            Ok(ev) => ev,
+            Err(e) => return Err(run.fail(&name, e).await),
+        };
     }
 }
 
+fn run_reason(row: &Option<i64>) -> &'static str {
+    if row.is_some() {
+        "audited"
+    } else {
+        "unaudited"
+    }
+}
+
+fn unix_now() -> u64 {
+    u64::try_from(crate::audit::now_ms() / 1000).unwrap_or(0)
+}
+
+fn not_run(outcome: &str, why: &str) -> Finish {
+    Finish { outcome: outcome.to_owned(), error: Some(why.to_owned()), ..Finish::default() }
+}
+
+/// Counts, logs and records a denial; returns the 403.
+async fn deny(app: &App, base: Record, denied: Denied) -> ApiError {
+    let reason = denied.reason.as_str();
+    app.metrics().authz_decisions_total.with_label_values(&["deny", reason]).inc();
+    app.metrics()
+        .executions_total
+        .with_label_values(&[&base.skill, Outcome::Denied.as_str()])
+        .inc();
+    tracing::info!(
+        skill = %base.skill,
+        uid = denied.uid,
+        role = %base.role,
+        mode = %denied.mode,
+        reason,
+        "run denied"
+    );
+    let e = ApiError::Denied { reason, message: denied.to_string() };
+    record_refusal(app, base, "deny", reason, Outcome::Denied, &e).await;
+    e
+}
+
+/// Writes the row of a refused request. The refusal stands either way; a
+/// failed write is logged and counted by the audit thread.
+async fn record_refusal(
+    app: &App,
+    base: Record,
+    decision: &'static str,
+    reason: &str,
+    outcome: Outcome,
+    e: &ApiError,
+) {
+    let record = Record {
+        decision,
+        reason: reason.to_owned(),
+        outcome: Some(outcome.as_str().to_owned()),
+        error: Some(e.to_string()),
+        ..base
+    };
+    let _ = app.audit().record(record).await;
+}
+
 /// A run forwarded to the executor. Holding it holds the run slot, the
-/// in-flight count and the executor connection; dropping it releases all
-/// three and cancels the run if it has not finished.
+/// in-flight count, the executor connection and the audit row; dropping
+/// it releases all of them, cancels the run if it has not finished and
+/// completes the row as `cancelled`.
 struct Run {
     app: Arc<App>,
     skill: Arc<Skill>,
     conn: RunConnection,
     deadline: tokio::time::Instant,
     started: Instant,
+    row: Option<RunRow>,
     _permit: OwnedSemaphorePermit,
     _in_flight: InFlight,
 }
@@ -184,7 +332,17 @@ impl Run {
         }
     }
 
-    fn finish(&self, report: &RunReport) {
+    /// The executor failed: completes the row, returns the 503.
+    async fn fail(&mut self, name: &str, e: ExecutorError) -> ApiError {
+        match self.row.take() {
+            Some(row) => executor_error(&self.app, name, e, row).await,
+            None => ApiError::ExecutorUnavailable(chain(&e)),
+        }
+    }
+
+    /// Counts and logs the report, and completes the audit row (committed
+    /// before the caller answers).
+    async fn finish(&mut self, report: &RunReport) {
         let name = self.skill.name();
         let elapsed = self.started.elapsed();
         let m = self.app.metrics();
@@ -198,6 +356,16 @@ impl Run {
             duration_ms = report.duration_ms,
             "run finished"
         );
+        if let Some(row) = self.row.take() {
+            row.finish(Finish {
+                outcome: report.outcome.as_str().to_owned(),
+                error: report.error.clone(),
+                exit_code: report.exit_code,
+                result: report.result.clone(),
+                duration_ms: Some(report.duration_ms),
+            })
+            .await;
+        }
     }
 }
 
@@ -219,7 +387,7 @@ fn ndjson(
         let (value, done) = match event {
             Ok(RunEvent::Stderr(line)) => (json!({"event": "stderr", "line": line}), false),
             Ok(RunEvent::Report(report)) => {
-                run.finish(&report);
+                run.finish(&report).await;
                 (json!({"event": "report", "report": report}), true)
             }
             Err(e) => {
@@ -229,7 +397,11 @@ fn ndjson(
                 } else {
                     "executor_unavailable"
                 };
-                (json!({"event": "error", "error": {"code": code, "message": chain(&e)}}), true)
+                let message = chain(&e);
+                if let Some(row) = run.row.take() {
+                    row.finish(not_run(code, &message)).await;
+                }
+                (json!({"event": "error", "error": {"code": code, "message": message}}), true)
             }
         };
         let mut line = value.to_string().into_bytes();
@@ -290,15 +462,18 @@ fn busy(skill: &str, why: &str) -> ApiError {
     ApiError::Busy(Box::new(RunReport::not_run(skill, Outcome::Busy, why)))
 }
 
-fn executor_error(app: &App, skill: &str, e: ExecutorError) -> ApiError {
+/// The executor did not run the skill: completes the row, returns the 503.
+async fn executor_error(app: &App, skill: &str, e: ExecutorError, row: RunRow) -> ApiError {
     tracing::warn!(skill, error = %chain(&e), "executor did not run the skill");
-    match e {
+    let (e, outcome) = match e {
         ExecutorError::Busy(why) => {
             app.metrics().executions_total.with_label_values(&[skill, "busy"]).inc();
-            busy(skill, &format!("executor busy: {why}"))
+            (busy(skill, &format!("executor busy: {why}")), Outcome::Busy.as_str())
         }
-        other => ApiError::ExecutorUnavailable(chain(&other)),
-    }
+        other => (ApiError::ExecutorUnavailable(chain(&other)), "executor_unavailable"),
+    };
+    row.finish(not_run(outcome, &e.to_string())).await;
+    e
 }
 
 /// The error and its causes, `a: b: c`.

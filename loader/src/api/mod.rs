@@ -2,8 +2,10 @@
 //! resource.
 //!
 //! - [`skills`]: `GET /v1/skills[?category=]`, `GET /v1/skills/{name}`,
-//!   `GET /v1/tools?format=openai|mcp`.
+//!   `GET /v1/tools?format=openai|mcp|anthropic`, showing only what the
+//!   caller may run.
 //! - [`execute`]: `POST /v1/skills/{name}/execute` (JSON or NDJSON stream).
+//! - [`audit`]: `GET /v1/audit` (root and `audit = true` callers only).
 //! - [`admin`]: `POST /v1/reload`, `GET /v1/health`, and `GET /metrics` on
 //!   the separate loopback listener ([`metrics_router`]).
 //! - [`error`]: [`ApiError`], the `{"error":{...}}` answers.
@@ -24,6 +26,7 @@ use crate::app::App;
 use crate::server::Caller;
 
 pub mod admin;
+pub mod audit;
 pub mod error;
 pub mod execute;
 pub mod skills;
@@ -37,6 +40,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/skills/{name}", get(skills::show))
         .route("/v1/skills/{name}/execute", post(execute::execute))
         .route("/v1/tools", get(skills::tools))
+        .route("/v1/audit", get(audit::list))
         .route("/v1/reload", post(admin::reload))
         .route("/v1/health", get(admin::health))
         .fallback(not_found)

@@ -1,5 +1,11 @@
 //! Reading the registry: `GET /v1/skills`, `GET /v1/skills/{name}` and
 //! `GET /v1/tools`.
+//!
+//! Each shows only the skills this caller may run ([`Authz::may_list`]):
+//! `safe` for everyone, `mutating` for `mutating-with-confirm` and up,
+//! `dangerous` for `dual-sign-required` when two approvers are
+//! configured. A skill the caller may not run is a 404 here (it can still
+//! be asked for by name: execute answers 403 with the reason, audited).
 
 use std::sync::Arc;
 
@@ -11,8 +17,13 @@ use serde_json::{json, Value};
 
 use super::ApiError;
 use crate::app::App;
-use crate::authz;
+use crate::authz::{Authz, Identity};
+use crate::registry::Skill;
 use crate::server::Caller;
+
+fn visible(authz: &Authz, who: &Identity, skill: &Skill) -> bool {
+    authz.may_list(who, skill.registered().manifest().class())
+}
 
 /// Query of `GET /v1/skills`.
 #[derive(Debug, Deserialize)]
@@ -24,12 +35,15 @@ pub struct ListQuery {
 /// `GET /v1/skills[?category=]` → `{"items":[...],"total":N}`.
 pub async fn list(
     State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let who = app.authz().identify(&caller);
     let snapshot = app.registry().current();
     let items: Vec<Value> = snapshot
         .iter()
+        .filter(|s| visible(app.authz(), &who, s))
         .filter(|s| {
             query.category.as_deref().is_none_or(|c| s.registered().manifest().category() == c)
         })
@@ -41,12 +55,15 @@ pub async fn list(
 /// `GET /v1/skills/{name}`.
 pub async fn show(
     State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Path(name) = name.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let who = app.authz().identify(&caller);
     let snapshot = app.registry().current();
     snapshot
         .get(&name)
+        .filter(|s| visible(app.authz(), &who, s))
         .map(|s| Json(s.to_api_json()))
         .ok_or_else(|| ApiError::NotFound(format!("no skill named {name:?}")))
 }
@@ -54,43 +71,59 @@ pub async fn show(
 /// Query of `GET /v1/tools`.
 #[derive(Debug, Deserialize)]
 pub struct ToolsQuery {
-    /// `openai` (default) or `mcp`.
+    /// `openai` (default), `mcp` or `anthropic`.
     pub format: Option<String>,
 }
 
-/// `GET /v1/tools?format=openai|mcp`: tool definitions for an LLM, only
-/// the skills the caller may run.
+/// The tool formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    OpenAi,
+    Mcp,
+    Anthropic,
+}
+
+/// `GET /v1/tools?format=openai|mcp|anthropic`: tool definitions for an
+/// LLM, only the skills the caller may run.
 ///
 /// - `openai`: `{"tools":[{"type":"function","function":{"name",
 ///   "description","parameters"}}]}`
 /// - `mcp`: `{"tools":[{"name","description","inputSchema"}]}`
+/// - `anthropic`: `{"tools":[{"name","description","input_schema"}]}`
 pub async fn tools(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
     query: Result<Query<ToolsQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let mcp = match query.format.as_deref() {
-        None | Some("openai") => false,
-        Some("mcp") => true,
+    let format = match query.format.as_deref() {
+        None | Some("openai") => Format::OpenAi,
+        Some("mcp") => Format::Mcp,
+        Some("anthropic") => Format::Anthropic,
         Some(other) => {
             let shown: String = other.chars().take(32).collect();
             return Err(ApiError::BadRequest(format!(
-                "format {shown:?} is not one of \"openai\", \"mcp\""
+                "format {shown:?} is not one of \"openai\", \"mcp\", \"anthropic\""
             )));
         }
     };
+    let who = app.authz().identify(&caller);
     let snapshot = app.registry().current();
     let tools: Vec<Value> = snapshot
         .iter()
-        .filter(|s| authz::may_list(&caller, s.name(), s.registered().manifest().class()))
+        .filter(|s| visible(app.authz(), &who, s))
         .map(|s| {
             let m = s.registered().manifest();
-            if mcp {
-                json!({"name": m.name(), "description": m.description(), "inputSchema": m.schema()})
-            } else {
-                json!({"type": "function", "function": {
-                    "name": m.name(), "description": m.description(), "parameters": m.schema()}})
+            let (name, description, schema) = (m.name(), m.description(), m.schema());
+            match format {
+                Format::OpenAi => json!({"type": "function", "function": {
+                    "name": name, "description": description, "parameters": schema}}),
+                Format::Mcp => {
+                    json!({"name": name, "description": description, "inputSchema": schema})
+                }
+                Format::Anthropic => {
+                    json!({"name": name, "description": description, "input_schema": schema})
+                }
             }
         })
         .collect();

@@ -57,6 +57,7 @@ fn main() -> ExitCode {
         executor_socket: args.executor_socket,
         metrics_listen: args.metrics_listen,
         skills_dirs: args.skills_dirs,
+        ..Overrides::default()
     };
     let settings = match FileConfig::load(args.config.as_deref())
         .and_then(|f| f.resolve(overrides, loader::roots::from_env()))

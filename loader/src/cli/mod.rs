@@ -3,9 +3,10 @@
 //! Each command module has an `Args` struct (clap derive) and a `run`
 //! function writing to the given stdout and stderr, so commands can be
 //! tested without a process. `scan` and `validate` work on files; `list`,
-//! `show`, `run` and `reload` talk to `ongrid-skilld` over its socket
-//! (`--socket`, env `ONGRID_SOCKET`) through [`remote`]; `up` starts both
-//! daemons in the foreground ([`up`]).
+//! `show`, `run`, `reload` and `audit` talk to `ongrid-skilld` over its
+//! socket (`--socket`, env `ONGRID_SOCKET`) through [`remote`]; `up` starts
+//! both daemons in the foreground ([`up`]); `keygen` and `approve` make
+//! approver keys and approvals for `dangerous` skills, offline.
 //!
 //! Exit codes: 0 = success, 1 = the command ran and found problems
 //! (`validate`) or the skill failed (`run`), 2 = usage error, and for the
@@ -19,6 +20,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod approve;
+pub mod audit;
+pub mod keygen;
 pub mod list;
 pub mod reload;
 pub mod remote;
@@ -63,6 +67,12 @@ pub enum Command {
     /// Start ongrid-executor and ongrid-skilld in the foreground on local
     /// sockets with the example skills: the one-command demo.
     Up(up::Args),
+    /// Read ongrid-skilld's audit trail (root and audit readers only).
+    Audit(audit::Args),
+    /// Make an approver key (Ed25519) and print its [[approvers]] entry.
+    Keygen(keygen::Args),
+    /// Sign an approval of one request to a dangerous skill.
+    Approve(approve::Args),
 }
 
 /// Runs `cli`, writing results to `out` and diagnostics to `err`.
@@ -79,6 +89,9 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<Exi
         Command::Run(args) => run::run(&args, out, err),
         Command::Reload(args) => reload::run(&args, out, err),
         Command::Up(args) => up::run(&args, out, err),
+        Command::Audit(args) => audit::run(&args, out, err),
+        Command::Keygen(args) => keygen::run(&args, out, err),
+        Command::Approve(args) => approve::run(&args, out, err),
     }
 }
 

@@ -39,6 +39,10 @@ pub struct Args {
     /// Confirm a `mutating` skill.
     #[arg(long)]
     pub confirm: bool,
+    /// An approval for a `dangerous` skill (from `ongrid-skill approve`): a
+    /// file holding its JSON, or the JSON itself; repeatable.
+    #[arg(long, value_name = "FILE|JSON")]
+    pub approval: Vec<String>,
 }
 
 /// Runs the skill.
@@ -67,7 +71,31 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
             return Ok(ExitCode::from(exit::USAGE));
         }
     };
+    let mut approvals = Vec::with_capacity(args.approval.len());
+    for a in &args.approval {
+        let text = if a.trim_start().starts_with('{') {
+            a.clone()
+        } else {
+            match std::fs::read_to_string(a) {
+                Ok(t) => t,
+                Err(e) => {
+                    writeln!(err, "ongrid-skill: --approval {a}: {e}")?;
+                    return Ok(ExitCode::from(exit::USAGE));
+                }
+            }
+        };
+        match serde_json::from_str::<Value>(&text) {
+            Ok(v @ Value::Object(_)) => approvals.push(v),
+            _ => {
+                writeln!(err, "ongrid-skill: --approval {a}: not a JSON object")?;
+                return Ok(ExitCode::from(exit::USAGE));
+            }
+        }
+    }
     let mut body = json!({"args": skill_args, "confirm": args.confirm});
+    if !approvals.is_empty() {
+        body["approvals"] = Value::Array(approvals);
+    }
     if let Some(id) = &args.session_id {
         body["session_id"] = json!(id);
     }

@@ -35,6 +35,16 @@
 //! another user they run as that user, without a cgroup or an identity
 //! change, and each report's `sandbox.degraded` says so.
 //!
+//! # Permissions and audit
+//!
+//! `--config FILE` reads a `skilld.toml` for its permission and audit keys
+//! (`[[callers]]`, `[[approvers]]`, `approval_max_ttl_seconds`,
+//! `audit_*`, ...); the sockets, the skill roots, the metrics listener
+//! and `audit_db` (`<runtime-dir>/audit.db`) are always `up`'s. With no
+//! `[[callers]]` (or no `--config`), the user running `up` is the one
+//! caller: role `owner`, mode `dual-sign-required`, may read the audit
+//! (dangerous skills still need two configured approvers).
+//!
 //! # Exit codes
 //!
 //! 0 after Ctrl-C or SIGTERM (both daemons stopped, sockets removed), 1 if
@@ -53,13 +63,16 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{FileConfig, Overrides, Settings, DEFAULT_METRICS_LISTEN};
+use crate::config::{CallerEntry, FileConfig, Overrides, Settings, DEFAULT_METRICS_LISTEN};
 use crate::daemon::Daemon;
+use policy::PermissionMode;
 
 /// Name of the generated executor configuration in the runtime dir.
 pub const EXECUTOR_CONFIG: &str = "executor.toml";
 /// Name of the executor socket in the runtime dir.
 pub const EXECUTOR_SOCKET: &str = "executor.sock";
+/// Name of the audit database in the runtime dir.
+pub const AUDIT_DB: &str = "audit.db";
 /// Name of the client API socket in the runtime dir.
 pub const SKILLD_SOCKET: &str = "skilld.sock";
 /// Default runtime dir as root.
@@ -97,6 +110,10 @@ pub struct Args {
     /// Leave out the bundled example skills.
     #[arg(long)]
     pub no_examples: bool,
+    /// A skilld.toml whose permission and audit keys ([[callers]],
+    /// [[approvers]], approval_max_ttl_seconds, audit_*) apply.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 /// A start-up failure: the message, and whether it is a usage error.
@@ -204,13 +221,31 @@ impl Plan {
             )
         })?;
         let run_as = run_as_user(err);
-        let settings = FileConfig::default()
+        let mut file = match &args.config {
+            Some(path) => FileConfig::load(Some(path)).map_err(|e| {
+                Failure::usage(format!("--config {}: {}", path.display(), chain(&e)))
+            })?,
+            None => FileConfig::default(),
+        };
+        if file.callers.is_none() {
+            file.callers = Some(vec![CallerEntry {
+                uid: Some(nix_uid()),
+                user: None,
+                gid: None,
+                group: None,
+                role: "owner".into(),
+                mode: PermissionMode::DualSignRequired,
+                audit: true,
+            }]);
+        }
+        let settings = file
             .resolve(
                 Overrides {
                     socket: Some(runtime_dir.join(SKILLD_SOCKET)),
                     executor_socket: Some(runtime_dir.join(EXECUTOR_SOCKET)),
                     metrics_listen: Some(args.metrics_listen.clone()),
                     skills_dirs: roots.clone(),
+                    audit_db: Some(runtime_dir.join(AUDIT_DB)),
                 },
                 Vec::new(),
             )
@@ -400,6 +435,20 @@ impl Plan {
             writeln!(out, "  skills     {}", root.display())?;
         }
         writeln!(out, "  runtime    {}", self.runtime_dir.display())?;
+        writeln!(out, "  audit      {}", self.settings.audit.db.display())?;
+        let me_caller = app.authz().identify(&crate::server::Caller {
+            uid: nix_uid(),
+            gid: nix::unistd::getgid().as_raw(),
+            pid: None,
+        });
+        writeln!(
+            out,
+            "  you        uid {}: role {}, {} ({} approvers configured)",
+            me_caller.uid,
+            me_caller.role,
+            me_caller.mode,
+            app.authz().approvers().len()
+        )?;
         if let Some(m) = self.metrics {
             writeln!(out, "  metrics    http://{m}/metrics")?;
         }

@@ -71,7 +71,9 @@ async fn schema_rejected_args_never_reach_the_executor() {
     let r = c.post("/v1/skills/echo/execute", &json!({"args": {"n": "seven"}})).await.unwrap();
     assert_eq!(r.status, 400);
     assert_eq!(ex.stats.runs_started.load(Ordering::SeqCst), 0);
-    let r = c.post("/v1/skills/strict/execute", &json!({"args": {"path": "/"}})).await.unwrap();
+    // strict is mutating: the test caller (mutating-with-confirm) confirms.
+    let body = json!({"args": {"path": "/"}, "confirm": true});
+    let r = c.post("/v1/skills/strict/execute", &body).await.unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.body["result"], json!({"path": "/"}));
     // The arg values never reach the info-level log.

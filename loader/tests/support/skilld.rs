@@ -36,6 +36,10 @@ impl Env {
         self.path("executor.sock")
     }
 
+    pub fn audit_db(&self) -> PathBuf {
+        self.path("audit.db")
+    }
+
     /// A skill pack `root/name/` with `skill.json` and an executable `run`
     /// holding `script` (a shell body).
     pub fn skill(&self, root: &str, name: &str, extra: &str, script: &str) -> PathBuf {
@@ -94,17 +98,30 @@ pub struct Skilld {
 impl Skilld {
     /// Starts the daemon with `config` (TOML) plus the socket, executor
     /// socket, metrics address and roots, and waits until it answers.
+    /// Unless `config` says otherwise, the audit database is
+    /// `<env>/audit.db` and the test's uid is a `mutating-with-confirm`
+    /// caller (role `tester`).
     pub fn start(env: &Env, roots: &[&Path], config: &str) -> Self {
         let socket = env.path("skilld.sock");
         let metrics = free_port();
         let dirs: Vec<String> =
             roots.iter().map(|r| format!("{:?}", r.display().to_string())).collect();
-        let text = format!(
-            "socket = {:?}\nexecutor_socket = {:?}\nmetrics_listen = \"{metrics}\"\nskills_dirs = [{}]\n{config}",
+        let mut text = format!(
+            "socket = {:?}\nexecutor_socket = {:?}\nmetrics_listen = \"{metrics}\"\nskills_dirs = [{}]\n",
             socket.display().to_string(),
             env.executor_socket().display().to_string(),
             dirs.join(", "),
         );
+        if !config.contains("audit_db") {
+            text.push_str(&format!("audit_db = {:?}\n", env.audit_db().display().to_string()));
+        }
+        text.push_str(config);
+        if !config.contains("[[callers]]") {
+            text.push_str(&format!(
+                "\n[[callers]]\nuid = {}\nrole = \"tester\"\nmode = \"mutating-with-confirm\"\n",
+                nix::unistd::geteuid().as_raw()
+            ));
+        }
         let cfg = env.path("skilld.toml");
         fs::write(&cfg, text).unwrap();
         let log = env.path("skilld.log");

@@ -1,0 +1,87 @@
+//! `GET /v1/audit[?skill=&outcome=&decision=&since=&limit=]`: the audit
+//! trail, newest first, for root and the `[[callers]]` with `audit = true`
+//! (others: 403 `forbidden`). The trail holds every caller's args, so it is
+//! not for every client of the socket.
+//!
+//! `since` is a duration back from now (`90s`, `10m`, `2h`, `7days`:
+//! humantime's syntax); `limit` defaults to 100, at most 1000. Answer:
+//! `{"items":[row...],"total":N}` with the rows of [`crate::audit::Entry`]
+//! (times in unix milliseconds).
+
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::ApiError;
+use crate::app::App;
+use crate::audit::{self, MAX_QUERY_ROWS};
+use crate::server::Caller;
+
+/// Default number of rows.
+pub const DEFAULT_LIMIT: u32 = 100;
+
+/// The query string.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// Only this skill.
+    pub skill: Option<String>,
+    /// Only this outcome (`ok`, `denied`, `invalid_args`, `cancelled`...).
+    pub outcome: Option<String>,
+    /// Only this decision (`allow`, `deny`, `reject`).
+    pub decision: Option<String>,
+    /// Only rows newer than this duration.
+    pub since: Option<String>,
+    /// At most this many rows.
+    pub limit: Option<u32>,
+}
+
+/// The handler.
+pub async fn list(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    query: Result<Query<AuditQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let who = app.authz().identify(&caller);
+    if !app.authz().may_read_audit(&who) {
+        return Err(ApiError::Forbidden(format!(
+            "uid {} (role {}) may not read the audit trail: only root and callers with \
+             `audit = true` in skilld.toml may",
+            who.uid, who.role
+        )));
+    }
+    let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let since_ms = match q.since.as_deref() {
+        None => None,
+        Some(text) => {
+            let d = humantime::parse_duration(text).map_err(|e| {
+                let shown: String = text.chars().take(32).collect();
+                ApiError::BadRequest(format!(
+                    "since {shown:?}: {e} (want e.g. 90s, 10m, 2h, 7days)"
+                ))
+            })?;
+            let back = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+            Some(audit::now_ms().saturating_sub(back))
+        }
+    };
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_QUERY_ROWS).contains(&limit) {
+        return Err(ApiError::BadRequest(format!("limit must be within 1..={MAX_QUERY_ROWS}")));
+    }
+    let rows = app
+        .audit()
+        .query(audit::Query {
+            skill: q.skill,
+            outcome: q.outcome,
+            decision: q.decision,
+            since_ms,
+            limit,
+        })
+        .await
+        .map_err(|e| ApiError::AuditUnavailable(e.to_string()))?;
+    Ok(Json(json!({"total": rows.len(), "items": rows})))
+}

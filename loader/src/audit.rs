@@ -1,0 +1,794 @@
+//! The audit trail (DESIGN.md §3, issue 5): one SQLite row per decision
+//! and run, in WAL mode, at `audit_db` (`/var/lib/ongrid/audit.db`).
+//!
+//! # Rows
+//!
+//! A row is written when the decision is made ([`Audit::record`]):
+//! `allow` (reason `safe`, `confirmed` or `dual_signed`, with the approver
+//! key ids), `deny` (reason = the 403's code) or `reject` (`invalid_args`).
+//! An allowed run's row is completed when the run ends
+//! ([`RunRow::finish`]): outcome, error, exit code, result, finished_at,
+//! duration_ms. Both writes are committed (`synchronous = FULL`) before
+//! the client gets its answer, so a daemon killed right after answering
+//! has the row. A run whose client went away is completed as `cancelled`
+//! without waiting. Args and result are stored as JSON text of at most
+//! [`FIELD_MAX_BYTES`] (cut on a character boundary and marked
+//! `*_truncated`); error texts at most [`ERROR_MAX_BYTES`].
+//!
+//! The approvals a run uses are written in the same transaction as its row,
+//! in `used_approvals` under a unique key: the replay store's disk half
+//! ([`crate::replay`]).
+//!
+//! # Failures
+//!
+//! SQLite calls block: they run on one dedicated thread (`ongrid-audit`)
+//! that owns the connection; requests reach it over a channel and wait on a
+//! oneshot. A failed write counts in `ongrid_audit_write_errors_total`, is
+//! logged at error level and returns [`AuditError::Unavailable`]; the
+//! handler then refuses the run (503 `audit_unavailable`) unless
+//! `audit_required = false`. The thread opens the database lazily and again
+//! after a failure, so fixing the file or its directory needs no restart.
+//!
+//! # Retention
+//!
+//! At open and every [`PRUNE_EVERY`] inserts: rows beyond `audit_max_rows`
+//! (oldest first) and rows older than `audit_max_age_days` are deleted, and
+//! so are used approvals past their expiry.
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use prometheus::IntCounter;
+use rusqlite::{params, Connection};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::config::AuditSettings;
+
+/// Largest args or result JSON text stored.
+pub const FIELD_MAX_BYTES: usize = 64 << 10;
+/// Largest error or reason text stored.
+pub const ERROR_MAX_BYTES: usize = 4 << 10;
+/// Retention runs every this many inserts.
+pub const PRUNE_EVERY: u64 = 100;
+/// Most rows one query returns.
+pub const MAX_QUERY_ROWS: u32 = 1000;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT,
+    skill TEXT NOT NULL,
+    class TEXT NOT NULL,
+    caller_uid INTEGER NOT NULL,
+    caller_pid INTEGER,
+    role TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    decision TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    approvers TEXT NOT NULL,
+    args TEXT,
+    args_truncated INTEGER NOT NULL DEFAULT 0,
+    result TEXT,
+    result_truncated INTEGER NOT NULL DEFAULT 0,
+    outcome TEXT,
+    error TEXT,
+    exit_code INTEGER,
+    started_at INTEGER NOT NULL,
+    finished_at INTEGER,
+    duration_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS audit_started ON audit (started_at);
+CREATE INDEX IF NOT EXISTS audit_skill ON audit (skill, id);
+CREATE TABLE IF NOT EXISTS used_approvals (
+    approval TEXT PRIMARY KEY,
+    key_id TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    audit_id INTEGER NOT NULL
+);
+PRAGMA user_version = 1;
+";
+
+/// Why the audit trail could not be read or written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuditError {
+    /// The database could not be opened or written.
+    #[error("audit database {path} unavailable: {message}")]
+    Unavailable {
+        /// The database file.
+        path: PathBuf,
+        /// SQLite's message.
+        message: String,
+    },
+    /// An approval was already used (the database's unique key).
+    #[error("approval {0} was already used")]
+    Replayed(String),
+    /// The audit thread is gone.
+    #[error("the audit thread stopped")]
+    Closed,
+}
+
+/// A decision, as written when it is made.
+#[derive(Debug, Clone, Default)]
+pub struct Record {
+    /// The request's session id.
+    pub session_id: Option<String>,
+    /// The skill.
+    pub skill: String,
+    /// Its class.
+    pub class: String,
+    /// The caller's uid.
+    pub caller_uid: u32,
+    /// The caller's pid.
+    pub caller_pid: Option<i32>,
+    /// The caller's role.
+    pub role: String,
+    /// The caller's permission mode.
+    pub mode: String,
+    /// `allow`, `deny` or `reject`.
+    pub decision: &'static str,
+    /// Why.
+    pub reason: String,
+    /// Key ids of the approvals the run uses.
+    pub approvers: Vec<String>,
+    /// The approvals used: replay key and expiry (unix seconds).
+    pub approvals_used: Vec<(String, u64)>,
+    /// The args.
+    pub args: Option<Value>,
+    /// For a refusal: the outcome (`denied`, `invalid_args`) ...
+    pub outcome: Option<String>,
+    /// ... and the message.
+    pub error: Option<String>,
+}
+
+/// How an allowed run ended.
+#[derive(Debug, Clone, Default)]
+pub struct Finish {
+    /// The report's outcome, or `cancelled`, `executor_unavailable`.
+    pub outcome: String,
+    /// The error text.
+    pub error: Option<String>,
+    /// The exit code.
+    pub exit_code: Option<i32>,
+    /// The result JSON.
+    pub result: Option<Value>,
+    /// The run's duration (the report's, else the time since the decision).
+    pub duration_ms: Option<u64>,
+}
+
+/// A row as read back (`GET /v1/audit`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Entry {
+    /// Row id.
+    pub id: i64,
+    /// Session id.
+    pub session_id: Option<String>,
+    /// Skill.
+    pub skill: String,
+    /// Class.
+    pub class: String,
+    /// Caller uid.
+    pub caller_uid: u32,
+    /// Caller pid.
+    pub caller_pid: Option<i32>,
+    /// Role.
+    pub role: String,
+    /// Permission mode.
+    pub mode: String,
+    /// `allow`, `deny` or `reject`.
+    pub decision: String,
+    /// Reason code.
+    pub reason: String,
+    /// Approver key ids.
+    pub approvers: Vec<String>,
+    /// Args JSON (a string when truncated).
+    pub args: Value,
+    /// Args were cut.
+    pub args_truncated: bool,
+    /// Result JSON (a string when truncated).
+    pub result: Value,
+    /// Result was cut.
+    pub result_truncated: bool,
+    /// Outcome.
+    pub outcome: Option<String>,
+    /// Error.
+    pub error: Option<String>,
+    /// Exit code.
+    pub exit_code: Option<i32>,
+    /// Decision time, unix milliseconds.
+    pub started_at: i64,
+    /// End of the run, unix milliseconds.
+    pub finished_at: Option<i64>,
+    /// Duration of the run.
+    pub duration_ms: Option<i64>,
+}
+
+/// Filters of a query; newest first.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    /// Only this skill.
+    pub skill: Option<String>,
+    /// Only this outcome.
+    pub outcome: Option<String>,
+    /// Only this decision.
+    pub decision: Option<String>,
+    /// Only rows decided at or after this time (unix milliseconds).
+    pub since_ms: Option<i64>,
+    /// At most this many rows.
+    pub limit: u32,
+}
+
+enum Job {
+    Record(Box<Record>, oneshot::Sender<Result<i64, AuditError>>),
+    Finish(i64, Box<Finish>, Option<oneshot::Sender<Result<(), AuditError>>>),
+    Query(Query, oneshot::Sender<Result<Vec<Entry>, AuditError>>),
+    UsedApprovals(oneshot::Sender<Result<Vec<(String, u64)>, AuditError>>),
+    Count(oneshot::Sender<Result<i64, AuditError>>),
+}
+
+/// The handle requests share; the thread stops when the last is dropped.
+#[derive(Debug, Clone)]
+pub struct Audit {
+    tx: mpsc::Sender<Job>,
+    required: bool,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Job")
+    }
+}
+
+impl Audit {
+    /// Starts the audit thread for `settings`; `errors` is
+    /// `ongrid_audit_write_errors_total`. The database is opened on first
+    /// use.
+    ///
+    /// # Errors
+    ///
+    /// The thread could not be spawned.
+    pub fn start(settings: &AuditSettings, errors: IntCounter) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel();
+        let worker = Worker { settings: settings.clone(), db: None, errors, inserts: 0 };
+        std::thread::Builder::new().name("ongrid-audit".into()).spawn(move || worker.run(rx))?;
+        Ok(Self { tx, required: settings.required })
+    }
+
+    /// Whether runs are refused when the audit cannot be written.
+    pub fn required(&self) -> bool {
+        self.required
+    }
+
+    async fn ask<T>(
+        &self,
+        job: impl FnOnce(oneshot::Sender<Result<T, AuditError>>) -> Job,
+    ) -> Result<T, AuditError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(job(tx)).map_err(|_| AuditError::Closed)?;
+        rx.await.map_err(|_| AuditError::Closed)?
+    }
+
+    /// Writes a decision; returns the row id once committed.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`]; [`AuditError::Replayed`] when one of
+    /// `record.approvals_used` is already in the database.
+    pub async fn record(&self, record: Record) -> Result<i64, AuditError> {
+        self.ask(|tx| Job::Record(Box::new(record), tx)).await
+    }
+
+    /// Completes row `id`; returns once committed.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`].
+    pub async fn finish(&self, id: i64, finish: Finish) -> Result<(), AuditError> {
+        self.ask(|tx| Job::Finish(id, Box::new(finish), Some(tx))).await
+    }
+
+    /// Completes row `id` without waiting.
+    pub fn finish_detached(&self, id: i64, finish: Finish) {
+        let _ = self.tx.send(Job::Finish(id, Box::new(finish), None));
+    }
+
+    /// Reads rows, newest first.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`].
+    pub async fn query(&self, query: Query) -> Result<Vec<Entry>, AuditError> {
+        self.ask(|tx| Job::Query(query, tx)).await
+    }
+
+    /// The approvals used that have not expired: replay key and expiry.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`].
+    pub async fn used_approvals(&self) -> Result<Vec<(String, u64)>, AuditError> {
+        self.ask(Job::UsedApprovals).await
+    }
+
+    /// The number of rows.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`].
+    pub async fn count(&self) -> Result<i64, AuditError> {
+        self.ask(Job::Count).await
+    }
+}
+
+/// An allowed run's row, completed by [`RunRow::finish`]; dropped
+/// unfinished (the client went away), it is completed as `cancelled`.
+#[derive(Debug)]
+pub struct RunRow {
+    audit: Audit,
+    id: Option<i64>,
+    started: std::time::Instant,
+}
+
+impl RunRow {
+    /// The row `id` (`None` when it could not be written and the audit is
+    /// not required).
+    pub fn new(audit: Audit, id: Option<i64>) -> Self {
+        Self { audit, id, started: std::time::Instant::now() }
+    }
+
+    /// Completes the row and waits for the commit. A failure is logged and
+    /// counted by the thread; the run already happened, so the answer goes
+    /// out anyway.
+    pub async fn finish(mut self, mut finish: Finish) {
+        let Some(id) = self.id.take() else { return };
+        finish.duration_ms.get_or_insert_with(|| elapsed_ms(self.started));
+        let _ = self.audit.finish(id, finish).await;
+    }
+}
+
+impl Drop for RunRow {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.audit.finish_detached(
+                id,
+                Finish {
+                    outcome: "cancelled".into(),
+                    error: Some("the client went away before the run ended".into()),
+                    duration_ms: Some(elapsed_ms(self.started)),
+                    ..Finish::default()
+                },
+            );
+        }
+    }
+}
+
+fn elapsed_ms(since: std::time::Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Now, unix milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, and whether
+/// it was cut.
+fn bounded(text: String, max: usize) -> (String, bool) {
+    if text.len() <= max {
+        return (text, false);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    (text[..end].to_owned(), true)
+}
+
+fn json_field(v: Option<&Value>) -> (Option<String>, bool) {
+    match v {
+        None => (None, false),
+        Some(v) => {
+            let (text, cut) = bounded(v.to_string(), FIELD_MAX_BYTES);
+            (Some(text), cut)
+        }
+    }
+}
+
+fn short_text(v: Option<&str>) -> Option<String> {
+    v.map(|s| bounded(s.to_owned(), ERROR_MAX_BYTES).0)
+}
+
+/// The thread's state.
+struct Worker {
+    settings: AuditSettings,
+    db: Option<Connection>,
+    errors: IntCounter,
+    inserts: u64,
+}
+
+impl Worker {
+    fn run(mut self, rx: mpsc::Receiver<Job>) {
+        for job in rx {
+            match job {
+                Job::Record(record, reply) => {
+                    let r = self.write(|db, s| insert(db, &record, s));
+                    let _ = reply.send(r);
+                }
+                Job::Finish(id, finish, reply) => {
+                    let r = self.write(|db, _| update(db, id, &finish));
+                    if let Some(reply) = reply {
+                        let _ = reply.send(r);
+                    }
+                }
+                Job::Query(q, reply) => {
+                    let _ = reply.send(self.read(|db| select(db, &q)));
+                }
+                Job::UsedApprovals(reply) => {
+                    let _ = reply.send(self.read(used_approvals));
+                }
+                Job::Count(reply) => {
+                    let _ =
+                        reply.send(self.read(|db| {
+                            db.query_row("SELECT count(*) FROM audit", [], |r| r.get(0))
+                        }));
+                }
+            }
+        }
+    }
+
+    fn unavailable(&self, e: &rusqlite::Error) -> AuditError {
+        AuditError::Unavailable { path: self.settings.db.clone(), message: e.to_string() }
+    }
+
+    fn connection(&mut self) -> Result<&mut Connection, AuditError> {
+        if self.db.is_none() {
+            let db = open(&self.settings).map_err(|e| self.unavailable(&e))?;
+            self.db = Some(db);
+        }
+        self.db.as_mut().ok_or(AuditError::Closed)
+    }
+
+    fn write<T>(
+        &mut self,
+        f: impl FnOnce(&mut Connection, &AuditSettings) -> Result<T, WriteError>,
+    ) -> Result<T, AuditError> {
+        let settings = self.settings.clone();
+        let r = match self.connection() {
+            Ok(db) => f(db, &settings).map_err(|e| match e {
+                WriteError::Replayed(k) => AuditError::Replayed(k),
+                WriteError::Sql(e) => self.unavailable(&e),
+            }),
+            Err(e) => Err(e),
+        };
+        match &r {
+            Err(e @ AuditError::Unavailable { .. }) => {
+                self.errors.inc();
+                tracing::error!(error = %e, "audit: cannot write the audit trail");
+                // Reopen on the next write: the file or its directory may
+                // have been fixed, or replaced.
+                self.db = None;
+            }
+            Ok(_) => {
+                self.inserts += 1;
+                if self.inserts % PRUNE_EVERY == 0 {
+                    self.prune();
+                }
+            }
+            Err(_) => {}
+        }
+        r
+    }
+
+    fn read<T>(
+        &mut self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, AuditError> {
+        let r = {
+            let db = self.connection()?;
+            f(db)
+        };
+        r.map_err(|e| {
+            let e = self.unavailable(&e);
+            self.db = None;
+            e
+        })
+    }
+
+    fn prune(&mut self) {
+        let settings = self.settings.clone();
+        if let Some(db) = self.db.as_mut() {
+            if let Err(e) = prune(db, &settings) {
+                tracing::warn!(error = %e, "audit: retention failed");
+            }
+        }
+    }
+}
+
+enum WriteError {
+    Replayed(String),
+    Sql(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for WriteError {
+    fn from(e: rusqlite::Error) -> Self {
+        WriteError::Sql(e)
+    }
+}
+
+fn open(settings: &AuditSettings) -> rusqlite::Result<Connection> {
+    let mut db = Connection::open(&settings.db)?;
+    db.busy_timeout(std::time::Duration::from_secs(5))?;
+    // WAL: readers (ongrid-skill audit --db, sqlite3) never block the
+    // daemon; FULL: a commit survives a crash of the daemon or the host.
+    let mode: String = db.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        tracing::warn!(mode, "audit: the database is not in WAL mode");
+    }
+    db.pragma_update(None, "synchronous", "FULL")?;
+    db.execute_batch(SCHEMA)?;
+    prune(&mut db, settings)?;
+    tracing::info!(path = %settings.db.display(), "audit: database open");
+    Ok(db)
+}
+
+fn prune(db: &mut Connection, settings: &AuditSettings) -> rusqlite::Result<()> {
+    let tx = db.transaction()?;
+    if settings.max_rows > 0 {
+        let keep = i64::try_from(settings.max_rows).unwrap_or(i64::MAX);
+        tx.execute(
+            "DELETE FROM audit WHERE id <= (SELECT max(id) FROM audit) - ?1",
+            params![keep],
+        )?;
+    }
+    if settings.max_age_days > 0 {
+        let age_ms =
+            i64::try_from(settings.max_age_days.saturating_mul(86_400_000)).unwrap_or(i64::MAX);
+        tx.execute(
+            "DELETE FROM audit WHERE started_at < ?1",
+            params![now_ms().saturating_sub(age_ms)],
+        )?;
+    }
+    tx.execute("DELETE FROM used_approvals WHERE expires_at < ?1", params![now_ms() / 1000])?;
+    tx.commit()
+}
+
+fn insert(db: &mut Connection, r: &Record, _: &AuditSettings) -> Result<i64, WriteError> {
+    let tx = db.transaction()?;
+    let (args, args_cut) = json_field(r.args.as_ref());
+    let approvers = Value::from(r.approvers.clone()).to_string();
+    tx.execute(
+        "INSERT INTO audit (session_id, skill, class, caller_uid, caller_pid, role, mode,
+             decision, reason, approvers, args, args_truncated, outcome, error, started_at,
+             finished_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+        params![
+            r.session_id,
+            r.skill,
+            r.class,
+            r.caller_uid,
+            r.caller_pid,
+            r.role,
+            r.mode,
+            r.decision,
+            short_text(Some(&r.reason)),
+            approvers,
+            args,
+            args_cut,
+            r.outcome,
+            short_text(r.error.as_deref()),
+            now_ms(),
+            // A refusal is finished when decided.
+            r.outcome.as_ref().map(|_| now_ms()),
+        ],
+    )?;
+    let id = tx.last_insert_rowid();
+    for (key, expires_at) in &r.approvals_used {
+        let key_id = key.split(':').next().unwrap_or_default();
+        let expires = i64::try_from(*expires_at).unwrap_or(i64::MAX);
+        let n = tx.execute(
+            "INSERT OR IGNORE INTO used_approvals (approval, key_id, expires_at, audit_id)
+             VALUES (?1, ?2, ?3, ?4)",
+            params![key, key_id, expires, id],
+        )?;
+        if n == 0 {
+            // Dropping `tx` rolls the row back.
+            return Err(WriteError::Replayed(key_id.to_owned()));
+        }
+    }
+    tx.commit()?;
+    Ok(id)
+}
+
+fn update(db: &mut Connection, id: i64, f: &Finish) -> Result<(), WriteError> {
+    let (result, result_cut) = json_field(f.result.as_ref());
+    db.execute(
+        "UPDATE audit SET outcome = ?2, error = ?3, exit_code = ?4, result = ?5,
+             result_truncated = ?6, finished_at = ?7, duration_ms = COALESCE(?8, ?7 - started_at)
+         WHERE id = ?1",
+        params![
+            id,
+            f.outcome,
+            short_text(f.error.as_deref()),
+            f.exit_code,
+            result,
+            result_cut,
+            now_ms(),
+            f.duration_ms.map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
+        ],
+    )?;
+    Ok(())
+}
+
+fn used_approvals(db: &Connection) -> rusqlite::Result<Vec<(String, u64)>> {
+    let mut stmt =
+        db.prepare("SELECT approval, expires_at FROM used_approvals WHERE expires_at >= ?1")?;
+    let rows = stmt.query_map(params![now_ms() / 1000], |r| {
+        Ok((r.get::<_, String>(0)?, u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0)))
+    })?;
+    rows.collect()
+}
+
+fn select(db: &Connection, q: &Query) -> rusqlite::Result<Vec<Entry>> {
+    let mut stmt = db.prepare(
+        "SELECT id, session_id, skill, class, caller_uid, caller_pid, role, mode, decision,
+                reason, approvers, args, args_truncated, result, result_truncated, outcome,
+                error, exit_code, started_at, finished_at, duration_ms
+         FROM audit
+         WHERE (?1 IS NULL OR skill = ?1) AND (?2 IS NULL OR outcome = ?2)
+           AND (?3 IS NULL OR decision = ?3) AND (?4 IS NULL OR started_at >= ?4)
+         ORDER BY id DESC LIMIT ?5",
+    )?;
+    let limit = q.limit.clamp(1, MAX_QUERY_ROWS);
+    let rows = stmt.query_map(params![q.skill, q.outcome, q.decision, q.since_ms, limit], |r| {
+        let approvers: String = r.get(10)?;
+        Ok(Entry {
+            id: r.get(0)?,
+            session_id: r.get(1)?,
+            skill: r.get(2)?,
+            class: r.get(3)?,
+            caller_uid: r.get(4)?,
+            caller_pid: r.get(5)?,
+            role: r.get(6)?,
+            mode: r.get(7)?,
+            decision: r.get(8)?,
+            reason: r.get(9)?,
+            approvers: serde_json::from_str(&approvers).unwrap_or_default(),
+            args: stored_json(r.get(11)?),
+            args_truncated: r.get(12)?,
+            result: stored_json(r.get(13)?),
+            result_truncated: r.get(14)?,
+            outcome: r.get(15)?,
+            error: r.get(16)?,
+            exit_code: r.get(17)?,
+            started_at: r.get(18)?,
+            finished_at: r.get(19)?,
+            duration_ms: r.get(20)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Stored JSON text back as JSON; a cut text stays a string.
+fn stored_json(text: Option<String>) -> Value {
+    match text {
+        None => Value::Null,
+        Some(t) => serde_json::from_str(&t).unwrap_or(Value::String(t)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn settings(dir: &std::path::Path, max_rows: u64) -> AuditSettings {
+        AuditSettings { db: dir.join("audit.db"), required: true, max_rows, max_age_days: 0 }
+    }
+
+    fn record(skill: &str, used: &[(&str, u64)]) -> Record {
+        Record {
+            skill: skill.into(),
+            class: "dangerous".into(),
+            caller_uid: 1000,
+            role: "ops".into(),
+            mode: "dual-sign-required".into(),
+            decision: "allow",
+            reason: "dual_signed".into(),
+            approvers: used.iter().map(|(k, _)| k.split(':').next().unwrap().to_owned()).collect(),
+            approvals_used: used.iter().map(|(k, e)| ((*k).to_owned(), *e)).collect(),
+            args: Some(json!({"n": 1})),
+            ..Record::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn rows_are_written_completed_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let errors = IntCounter::new("e", "e").unwrap();
+        let audit = Audit::start(&settings(dir.path(), 0), errors.clone()).unwrap();
+        let far = u64::try_from(now_ms() / 1000).unwrap() + 600;
+        let id = audit.record(record("rm", &[("aa:d1", far), ("bb:d1", far)])).await.unwrap();
+        let big = "é".repeat(FIELD_MAX_BYTES);
+        audit
+            .finish(
+                id,
+                Finish {
+                    outcome: "ok".into(),
+                    exit_code: Some(0),
+                    result: Some(json!({"big": big})),
+                    ..Finish::default()
+                },
+            )
+            .await
+            .unwrap();
+        // The same approval again: refused, and no row is left behind.
+        let again = audit.record(record("rm", &[("cc:d2", far), ("bb:d1", far)])).await;
+        assert_eq!(again, Err(AuditError::Replayed("bb".into())));
+        assert_eq!(audit.count().await.unwrap(), 1);
+        let mut used = audit.used_approvals().await.unwrap();
+        used.sort();
+        assert_eq!(used, [("aa:d1".to_owned(), far), ("bb:d1".to_owned(), far)]);
+
+        let rows = audit.query(Query { limit: 10, ..Query::default() }).await.unwrap();
+        assert_eq!(rows.len(), 1);
+        let e = &rows[0];
+        assert_eq!((e.decision.as_str(), e.reason.as_str()), ("allow", "dual_signed"));
+        assert_eq!(e.approvers, ["aa", "bb"]);
+        assert_eq!(e.args, json!({"n": 1}));
+        assert!(e.result_truncated && !e.args_truncated);
+        assert!(e.result.as_str().unwrap().len() <= FIELD_MAX_BYTES);
+        assert_eq!(e.exit_code, Some(0));
+        assert!(e.finished_at.is_some() && e.duration_ms.is_some());
+        let none = Query { skill: Some("other".into()), limit: 10, ..Query::default() };
+        assert!(audit.query(none).await.unwrap().is_empty());
+        let future = Query { since_ms: Some(now_ms() + 60_000), limit: 10, ..Query::default() };
+        assert!(audit.query(future).await.unwrap().is_empty());
+        assert_eq!(errors.get(), 0);
+
+        // A restarted daemon sees the used approvals.
+        drop(audit);
+        let audit = Audit::start(&settings(dir.path(), 0), errors.clone()).unwrap();
+        assert_eq!(audit.used_approvals().await.unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn retention_keeps_the_newest_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let errors = IntCounter::new("e", "e").unwrap();
+        let audit = Audit::start(&settings(dir.path(), 10), errors).unwrap();
+        for i in 0..PRUNE_EVERY + 5 {
+            audit.record(record(&format!("s{i}"), &[])).await.unwrap();
+        }
+        assert_eq!(audit.count().await.unwrap(), 15);
+        let newest = audit.query(Query { limit: 1, ..Query::default() }).await.unwrap();
+        assert_eq!(newest[0].skill, format!("s{}", PRUNE_EVERY + 4));
+    }
+
+    #[tokio::test]
+    async fn an_unwritable_database_is_an_error_and_a_metric_then_recovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        let errors = IntCounter::new("e", "e").unwrap();
+        let audit = Audit::start(&settings(&missing, 0), errors.clone()).unwrap();
+        let e = audit.record(record("rm", &[])).await.unwrap_err();
+        assert!(matches!(e, AuditError::Unavailable { .. }), "{e}");
+        assert!(e.to_string().contains("missing/audit.db"), "{e}");
+        assert!(audit.finish(1, Finish::default()).await.is_err());
+        assert_eq!(errors.get(), 2);
+        std::fs::create_dir(&missing).unwrap();
+        assert_eq!(audit.record(record("rm", &[])).await, Ok(1));
+        assert_eq!(errors.get(), 2);
+    }
+
+    #[test]
+    fn bounded_cuts_on_a_character_boundary() {
+        assert_eq!(bounded("abc".into(), 3), ("abc".into(), false));
+        assert_eq!(bounded("aé".into(), 2), ("a".into(), true));
+    }
+}

@@ -1,0 +1,113 @@
+//! `ongrid-skill audit [--skill S] [--since DURATION] [--outcome O]
+//! [--decision D] [--limit N] [--json]`: the daemon's audit trail, newest
+//! first, through `GET /v1/audit` (root and callers with `audit = true`
+//! only: the trail holds every caller's args).
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+use std::time::{Duration, UNIX_EPOCH};
+
+use super::remote::{self, DaemonArgs};
+use super::table::Table;
+use crate::client::encode_segment;
+
+/// Arguments of `audit`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = remote::EXIT_CODES_HELP)]
+pub struct Args {
+    /// How to reach the daemon.
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+    /// Only this skill.
+    #[arg(long)]
+    pub skill: Option<String>,
+    /// Only rows newer than this (90s, 10m, 2h, 7days).
+    #[arg(long, value_name = "DURATION")]
+    pub since: Option<String>,
+    /// Only this outcome (ok, denied, invalid_args, exit_nonzero, cancelled...).
+    #[arg(long)]
+    pub outcome: Option<String>,
+    /// Only this decision (allow, deny, reject).
+    #[arg(long)]
+    pub decision: Option<String>,
+    /// At most this many rows (1..=1000).
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+    /// Print the answer (`{"items":[...],"total":N}`) as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Prints the audit trail.
+///
+/// # Errors
+///
+/// I/O errors writing the output.
+pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let mut query = vec![format!("limit={}", args.limit)];
+    for (key, value) in [
+        ("skill", &args.skill),
+        ("since", &args.since),
+        ("outcome", &args.outcome),
+        ("decision", &args.decision),
+    ] {
+        if let Some(v) = value {
+            query.push(format!("{key}={}", encode_segment(v)));
+        }
+    }
+    let path = format!("/v1/audit?{}", query.join("&"));
+    let resp = match remote::block_on(args.daemon.client().get(&path))? {
+        Ok(r) => r,
+        Err(e) => return remote::client_error(&e, args.json, err),
+    };
+    if !resp.status.is_success() {
+        return remote::api_error(&resp, args.json, err);
+    }
+    if args.json {
+        remote::print_json(&resp.body, out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let items = resp.body["items"].as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        writeln!(err, "no audit rows")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = Table::with_header(&[
+        "ID",
+        "TIME",
+        "SKILL",
+        "UID",
+        "ROLE",
+        "DECISION",
+        "REASON",
+        "OUTCOME",
+        "MS",
+        "APPROVERS",
+    ]);
+    for r in &items {
+        let text = |k: &str| r[k].as_str().unwrap_or("-").to_owned();
+        let num = |k: &str| r[k].as_i64().map_or_else(|| "-".to_owned(), |n| n.to_string());
+        let time = r["started_at"]
+            .as_u64()
+            .map(|ms| humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)))
+            .map_or_else(|| "-".to_owned(), |t| t.to_string());
+        let approvers: Vec<&str> = r["approvers"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        table.push(vec![
+            num("id"),
+            time,
+            text("skill"),
+            num("caller_uid"),
+            text("role"),
+            text("decision"),
+            text("reason"),
+            text("outcome"),
+            num("duration_ms"),
+            if approvers.is_empty() { "-".to_owned() } else { approvers.join(",") },
+        ]);
+    }
+    table.write(out)?;
+    Ok(ExitCode::SUCCESS)
+}
