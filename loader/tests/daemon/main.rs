@@ -10,12 +10,14 @@ mod fake_executor;
 mod skilld;
 
 mod api;
+mod audit;
 mod cancel;
 mod cli;
 mod executor;
 mod load;
 mod malformed;
 mod metrics;
+mod permissions;
 mod reload;
 mod run;
 mod startup;

@@ -240,7 +240,11 @@ async fn run(
             report.signal = Some(9);
         }
         Some(st) if st.success() => match serde_json::from_slice::<Value>(&stdout) {
-            Ok(v) => report.result = Some(v),
+            Ok(v) => {
+                // As the real executor reports it.
+                report.exit_code = Some(0);
+                report.result = Some(v);
+            }
             Err(e) => {
                 report.outcome = Outcome::InvalidResult;
                 report.error = Some(format!("stdout is not JSON: {e}"));
