@@ -98,6 +98,48 @@ impl Hierarchies {
     }
 }
 
+impl Hierarchies {
+    /// Makes the instance parent `<base>/<instance>` in each hierarchy
+    /// (passing the v2 controllers down) and returns the hierarchies with
+    /// those parents as bases: one `cgroup.kill` there ends every run of
+    /// the instance.
+    ///
+    /// # Errors
+    ///
+    /// [`CgroupError`]; parents already made are removed.
+    pub fn scoped(&self, instance: &str) -> Result<Hierarchies, CgroupError> {
+        let mut made: Vec<PathBuf> = Vec::new();
+        let mut make = |base: &Option<PathBuf>, controllers: bool| -> Result<_, CgroupError> {
+            let Some(base) = base else { return Ok(None) };
+            let dir = base.join(instance);
+            fs::create_dir(&dir).map_err(|source| CgroupError {
+                path: dir.clone(),
+                what: "create",
+                source,
+            })?;
+            made.push(dir.clone());
+            if controllers {
+                write_file(&dir.join("cgroup.subtree_control"), "+pids +memory")?;
+            }
+            Ok(Some(dir))
+        };
+        let scoped = (|| {
+            Ok(Hierarchies {
+                v2: make(&self.v2, self.v2_limits)?,
+                v2_limits: self.v2_limits,
+                v1_pids: make(&self.v1_pids, false)?,
+                v1_memory: make(&self.v1_memory, false)?,
+            })
+        })();
+        if scoped.is_err() {
+            for dir in made.iter().rev() {
+                let _ = fs::remove_dir(dir);
+            }
+        }
+        scoped
+    }
+}
+
 /// A cgroup step failed.
 #[derive(Debug, thiserror::Error)]
 #[error("cgroup {path}: cannot {what}")]

@@ -26,6 +26,10 @@ pub const SOCKET_NAME: &str = "executor.sock";
 pub const LOADER_USER: &str = "ongrid";
 /// Longest accepted line when `max_line_bytes` is not set.
 pub const DEFAULT_MAX_LINE_BYTES: usize = policy::wire::MAX_LINE_BYTES;
+/// Smallest `runs_tmpfs_bytes` (1 MiB).
+pub const MIN_RUNS_TMPFS_BYTES: u64 = 1 << 20;
+/// Largest default size of the runs tmpfs (1 GiB).
+pub const DEFAULT_RUNS_TMPFS_BYTES: u64 = 1 << 30;
 /// Shortest `max_line_bytes` (a request with a manifest path must fit).
 pub const MIN_MAX_LINE_BYTES: usize = 1024;
 
@@ -50,6 +54,12 @@ pub struct Config {
     pub roots: Vec<PathBuf>,
     /// Per-run directories live under `<runtime_dir>/runs/`.
     pub runtime_dir: Option<PathBuf>,
+    /// Size of the tmpfs the executor (as root) mounts on
+    /// `<runtime_dir>/runs` unless a tmpfs is mounted there already: the
+    /// bound on all runs' files together (each run's own files are also
+    /// charged to its memory cgroup). Default: 1 GiB or a quarter of RAM,
+    /// whichever is less.
+    pub runs_tmpfs_bytes: Option<u64>,
     /// Landlock requirement.
     pub landlock: LandlockMode,
     /// Longest timeout a manifest may ask for (longer ones are clamped).
@@ -109,6 +119,7 @@ impl Default for Config {
             run_as: DEFAULT_RUN_AS.to_owned(),
             roots: Vec::new(),
             runtime_dir: None,
+            runs_tmpfs_bytes: None,
             landlock: LandlockMode::Required,
             max_timeout_seconds: policy::limits::DEFAULT_MAX_TIMEOUT.as_secs(),
             entry_owners: vec!["root".to_owned()],
@@ -200,6 +211,12 @@ impl Config {
         if let Some(dir) = &self.runtime_dir {
             policy::path::absolute_normal(&dir.to_string_lossy())
                 .map_err(|e| invalid("runtime_dir", e.to_string()))?;
+        }
+        if self.runs_tmpfs_bytes.is_some_and(|b| b < MIN_RUNS_TMPFS_BYTES) {
+            return Err(invalid(
+                "runs_tmpfs_bytes",
+                format!("must be at least {MIN_RUNS_TMPFS_BYTES}"),
+            ));
         }
         if self.max_timeout_seconds == 0 {
             return Err(invalid("max_timeout_seconds", "must be at least 1".to_owned()));
@@ -294,6 +311,16 @@ impl Config {
     /// Longest timeout a manifest may ask for.
     pub fn max_timeout(&self) -> Duration {
         Duration::from_secs(self.max_timeout_seconds)
+    }
+
+    /// Size of the runs tmpfs: `runs_tmpfs_bytes`, else the lesser of
+    /// [`DEFAULT_RUNS_TMPFS_BYTES`] and a quarter of RAM.
+    pub fn runs_tmpfs_bytes(&self) -> u64 {
+        if let Some(b) = self.runs_tmpfs_bytes {
+            return b;
+        }
+        let ram = nix::sys::sysinfo::sysinfo().map(|i| i.ram_total()).unwrap_or(u64::MAX);
+        (ram / 4).clamp(MIN_RUNS_TMPFS_BYTES, DEFAULT_RUNS_TMPFS_BYTES)
     }
 
     /// The runtime directory: the configured one, else `/run/ongrid` as

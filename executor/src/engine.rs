@@ -14,6 +14,7 @@ use policy::{LimitKind, Outcome, RunReport};
 
 use crate::cgroup::RunCgroup;
 use crate::config::Config;
+use crate::instance::{Instance, InstanceError};
 use crate::plan::Plan;
 use crate::reaper::Reaper;
 use crate::rundir::RunDir;
@@ -40,6 +41,9 @@ pub enum EngineError {
     /// `PR_SET_CHILD_SUBREAPER` failed.
     #[error("cannot become the reaper of skill processes")]
     Subreaper(#[source] std::io::Error),
+    /// The instance (runtime directory, cgroup parents) could not be set up.
+    #[error(transparent)]
+    Instance(#[from] InstanceError),
 }
 
 /// Runs skills under the configured sandbox.
@@ -56,24 +60,40 @@ pub struct Engine {
     reaper: &'static Reaper,
     janitor: Janitor,
     runs: AtomicU64,
+    /// Dropped after the janitor (its slots are removed first).
+    instance: Instance,
 }
 
 impl Engine {
     /// Builds an engine from a validated configuration, probing the host
-    /// (Landlock ABI, cgroup hierarchies) once.
+    /// (Landlock ABI, cgroup hierarchies) once, and starts its instance
+    /// ([`crate::instance`]): sweeps what dead executors left in the
+    /// runtime directory, mounts the runs tmpfs when needed, starts the
+    /// watchdog that takes the runs with it if this process dies.
     ///
     /// # Errors
     ///
     /// [`EngineError`].
     pub fn new(config: Config) -> Result<Self, EngineError> {
         sys::process::set_child_subreaper().map_err(EngineError::Subreaper)?;
+        let mut host = Host::detect();
+        let instance = Instance::start(&config, &host.cgroups)?;
+        host.cgroups = instance.cgroups().clone();
+        host.runs_dir = instance.dir().to_owned();
+        host.notes.extend(instance.notes().iter().cloned());
         Ok(Engine {
             config,
-            host: Host::detect(),
+            host,
             reaper: Reaper::global(),
             janitor: Janitor::default(),
             runs: AtomicU64::new(0),
+            instance,
         })
+    }
+
+    /// The instance this engine runs as.
+    pub fn instance(&self) -> &Instance {
+        &self.instance
     }
 
     /// The configuration.
@@ -147,6 +167,8 @@ impl Engine {
             }
         };
         let setup_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        // Without a cgroup the watchdog kills the run's process group.
+        let _pgid = prep.cgroup.is_none().then(|| self.instance.record_pgid(child.pid)).flatten();
         let limits = &plan.granted.limits;
         let bounds = Bounds {
             timeout: plan.manifest.timeout(),
@@ -474,7 +496,8 @@ mod tests {
         let engine = Engine::new(config).unwrap();
         let leaves = engine.host().cgroups.clone();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let runs = runtime.path().join("runs");
+        let runs = engine.host().runs_dir.clone();
+        assert!(runs.starts_with(runtime.path().join("runs")), "{}", runs.display());
         let mut seen = BTreeSet::new();
         for i in 0..12 {
             let args = format!(r#"{{"i":{i}}}"#).into_bytes();
@@ -487,14 +510,14 @@ mod tests {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+        seen.remove(std::ffi::OsStr::new(crate::sweep::GUARD));
         assert!(seen.len() > 1, "{seen:?}");
         drop(engine);
-        let left: Vec<_> = std::fs::read_dir(&runs).unwrap().collect();
+        assert!(!runs.exists(), "instance directory left: {}", runs.display());
+        let left: Vec<_> = std::fs::read_dir(runtime.path().join("runs")).unwrap().collect();
         assert!(left.is_empty(), "run directories left: {left:?}");
         for base in [&leaves.v2, &leaves.v1_pids, &leaves.v1_memory].into_iter().flatten() {
-            for id in &seen {
-                assert!(!base.join(id).exists(), "cgroup {} left", base.join(id).display());
-            }
+            assert!(!base.exists(), "instance cgroup {} left", base.display());
         }
     }
 }

@@ -87,6 +87,7 @@
 pub mod cgroup;
 pub mod config;
 pub mod engine;
+pub mod instance;
 pub mod landlock;
 pub mod metrics;
 pub mod plan;

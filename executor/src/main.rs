@@ -199,6 +199,13 @@ fn print(report: &policy::RunReport, json: bool) -> anyhow::Result<u8> {
 }
 
 fn main() -> ExitCode {
+    // The hidden watchdog of an engine instance (see executor::instance).
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == executor::instance::WATCHDOG_COMMAND) {
+        return ExitCode::from(executor::instance::watchdog_main(
+            argv.get(2..).unwrap_or_default(),
+        ));
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -18,7 +18,8 @@ pub struct RunDirError {
     pub source: io::Error,
 }
 
-/// `<runtime_dir>/runs/<id>`, mode 0700, owned by the run-as user.
+/// `<runtime_dir>/runs/<instance>/<id>`, mode 0700, owned by the run-as
+/// user.
 #[derive(Debug)]
 pub struct RunDir {
     path: PathBuf,
@@ -38,17 +39,13 @@ pub fn random_id() -> io::Result<String> {
 }
 
 impl RunDir {
-    /// Creates the directory; `owner` = `(uid, gid)` to chown it to.
+    /// Creates `<runs>/<id>` (and `runs`, mode 0711, if missing); `owner` =
+    /// `(uid, gid)` to chown it to.
     ///
     /// # Errors
     ///
     /// [`RunDirError`] naming the path.
-    pub fn create(
-        runtime: &Path,
-        id: &str,
-        owner: Option<(u32, u32)>,
-    ) -> Result<Self, RunDirError> {
-        let runs = runtime.join("runs");
+    pub fn create(runs: &Path, id: &str, owner: Option<(u32, u32)>) -> Result<Self, RunDirError> {
         fn err<'p>(
             path: &'p Path,
             what: &'static str,
@@ -59,13 +56,12 @@ impl RunDir {
         let mkdir = || fs::DirBuilder::new().mode(0o700).create(&path);
         match mkdir() {
             Ok(()) => {}
-            // First run: make `runs` (and the runtime directory) once.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 fs::DirBuilder::new()
                     .recursive(true)
                     .mode(0o711)
-                    .create(&runs)
-                    .map_err(err(&runs, "create"))?;
+                    .create(runs)
+                    .map_err(err(runs, "create"))?;
                 mkdir().map_err(err(&path, "create"))?;
             }
             Err(e) => return Err(err(&path, "create")(e)),
@@ -142,7 +138,7 @@ mod tests {
         std::fs::write(outside.path().join("keep"), "x").unwrap();
         let id = random_id().unwrap();
         assert_eq!(id.len(), 16);
-        let mut d = RunDir::create(rt.path(), &id, None).unwrap();
+        let mut d = RunDir::create(&rt.path().join("runs"), &id, None).unwrap();
         let mode = std::fs::metadata(d.path()).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
         std::os::unix::fs::symlink(outside.path(), d.path().join("link")).unwrap();

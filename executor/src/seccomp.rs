@@ -1,5 +1,12 @@
 //! The seccomp filter of a run: a deny-list compiled to classic BPF.
 //!
+//! Without the network grant `socket(2)` fails with `EPERM` for every
+//! family, `AF_UNIX` included: a pathname Unix socket outside the sandbox
+//! (D-Bus, a lax `docker.sock`, the loader's socket) would otherwise be
+//! reachable, since Landlock cannot restrict `connect` to one before ABI 9
+//! (and ABI 6 scopes only abstract sockets). `socketpair(2)` stays allowed
+//! (in-process IPC, no name to reach anything).
+//!
 //! Denied calls fail with `EPERM` (`clone3` with `ENOSYS`, so libc falls back
 //! to `clone`, whose flags the filter can inspect); a non-native
 //! architecture kills the process, and x32 syscall numbers (bit 30) fail.
@@ -123,8 +130,6 @@ enum Special {
     Ioctl,
     /// `personality`: only the query and `PER_LINUX`.
     Personality,
-    /// `socket`: `AF_UNIX` only (without the network grant).
-    Socket,
 }
 
 /// The instructions that decide a `Special` syscall; each path ends in a
@@ -153,12 +158,6 @@ fn special_block(s: Special) -> Vec<Insn> {
             jump(JEQ_K, 0, 1, 0),
             stmt(RET_K, eperm),
             stmt(RET_K, RET_ALLOW),
-        ],
-        Special::Socket => vec![
-            stmt(LD_W_ABS, off_arg_lo(0)),
-            jump(JEQ_K, u32::try_from(libc::AF_UNIX).unwrap_or(1), 0, 1),
-            stmt(RET_K, RET_ALLOW),
-            stmt(RET_K, eperm),
         ],
     }
 }
@@ -200,8 +199,10 @@ fn search(table: &[(u32, Special)]) -> Vec<Insn> {
     out
 }
 
-/// Builds the filter. `network` = true allows every socket family; false
-/// allows only `AF_UNIX` (TCP, UDP, ICMP, netlink, vsock... fail).
+/// Builds the filter. `network` = true allows `socket(2)` for every
+/// family; false denies it for every family, `AF_UNIX` included (TCP, UDP,
+/// ICMP, netlink, vsock, pathname and abstract Unix sockets); `socketpair`
+/// is allowed either way.
 ///
 /// The syscall number is looked up by binary search (about 7 comparisons),
 /// not a linear scan of the ~45 special numbers: the kernel runs the filter
@@ -235,7 +236,7 @@ fn build(network: bool) -> Vec<Insn> {
     table.push((nr(libc::SYS_ioctl), Special::Ioctl));
     table.push((nr(libc::SYS_personality), Special::Personality));
     if !network {
-        table.push((nr(libc::SYS_socket), Special::Socket));
+        table.push((nr(libc::SYS_socket), Special::Deny));
     }
     table.sort_unstable_by_key(|(n, _)| *n);
     table.dedup_by_key(|(n, _)| *n);
@@ -301,7 +302,7 @@ mod tests {
             p.push(jump(JGE_K, X32_SYSCALL_BIT, 0, 1));
             p.push(stmt(RET_K, eperm));
         }
-        for &n in DENIED {
+        for &n in DENIED.iter().chain((!network).then_some(&libc::SYS_socket)) {
             p.push(jump(JEQ_K, nr(n), 0, 1));
             p.push(stmt(RET_K, eperm));
         }
@@ -311,10 +312,7 @@ mod tests {
             (libc::SYS_clone, Special::Clone),
             (libc::SYS_ioctl, Special::Ioctl),
             (libc::SYS_personality, Special::Personality),
-        ]
-        .into_iter()
-        .chain((!network).then_some((libc::SYS_socket, Special::Socket)))
-        {
+        ] {
             let block = special_block(s);
             p.push(jump(JEQ_K, nr(n), 0, u8::try_from(block.len()).unwrap()));
             p.extend(block);
@@ -393,11 +391,15 @@ mod tests {
         assert_eq!(call(&p, libc::SYS_ioctl, [0, 0x541C, 0, 0, 0, 0]), eperm);
         assert_eq!(call(&p, libc::SYS_personality, [0xffff_ffff, 0, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(call(&p, libc::SYS_personality, [0x0040_0000, 0, 0, 0, 0, 0]), eperm);
-        assert_eq!(call(&p, libc::SYS_socket, [1, 1, 0, 0, 0, 0]), RET_ALLOW, "AF_UNIX");
+        assert_eq!(call(&p, libc::SYS_socket, [1, 1, 0, 0, 0, 0]), eperm, "AF_UNIX");
         assert_eq!(call(&p, libc::SYS_socket, [2, 1, 0, 0, 0, 0]), eperm, "AF_INET");
         assert_eq!(call(&p, libc::SYS_socket, [10, 2, 0, 0, 0, 0]), eperm, "AF_INET6");
+        assert_eq!(call(&p, libc::SYS_socket, [16, 3, 0, 0, 0, 0]), eperm, "AF_NETLINK");
+        assert_eq!(call(&p, libc::SYS_socketpair, [1, 1, 0, 0, 0, 0]), RET_ALLOW, "socketpair");
         let open = program(true);
         assert_eq!(call(open, libc::SYS_socket, [2, 1, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(call(open, libc::SYS_socket, [1, 1, 0, 0, 0, 0]), RET_ALLOW, "AF_UNIX");
+        assert_eq!(call(open, libc::SYS_socketpair, [1, 1, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(call(open, libc::SYS_ptrace, z), eperm);
     }
 }

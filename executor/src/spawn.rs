@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ffi::{c_char, CString};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
 use nix::sys::resource::{getrlimit, Resource};
@@ -82,8 +82,12 @@ pub struct Host {
     pub landlock_abi: u32,
     /// Highest capability number.
     pub cap_last: u32,
-    /// cgroup hierarchies.
+    /// cgroup hierarchies (once the engine started: with its instance's
+    /// parents as bases).
     pub cgroups: Hierarchies,
+    /// Where run directories are made (once the engine started: its
+    /// instance's directory); empty = `<runtime_dir>/runs`.
+    pub runs_dir: PathBuf,
     /// Shortfalls found at start-up, repeated in every report.
     pub notes: Vec<String>,
 }
@@ -96,6 +100,7 @@ impl Host {
             landlock_abi: sys::landlock::abi(),
             cap_last: sys::process::cap_last_cap(),
             cgroups,
+            runs_dir: PathBuf::new(),
             notes,
         }
     }
@@ -199,7 +204,12 @@ impl Slot {
             skill: String::new(),
             reason: format!("run id: {e}"),
         })?;
-        let run_dir = RunDir::create(&config.runtime_dir(), &id, owner)?;
+        let runs = if host.runs_dir.as_os_str().is_empty() {
+            config.runtime_dir().join("runs")
+        } else {
+            host.runs_dir.clone()
+        };
+        let run_dir = RunDir::create(&runs, &id, owner)?;
         let cgroup = if host.cgroups == Hierarchies::default() {
             None
         } else {

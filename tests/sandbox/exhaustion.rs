@@ -291,7 +291,6 @@ fn stdout_cap_is_exact() {
 /// the memory bound), well below 1 GiB when files are capped at 1 MiB and
 /// memory at 64 MiB.
 #[test]
-#[ignore = "executor lacks a per-run disk bound: the run dir is on the host disk, bounded only per file by RLIMIT_FSIZE (issue 3)"]
 fn many_files_cannot_fill_the_disk() {
     let Some(g) = exclusive("many_files_cannot_fill_the_disk") else { return };
     let skill = attack("disk_fill").with("timeout_seconds", json!(20));

@@ -121,7 +121,6 @@ fn abstract_unix_socket_is_unreachable() {
 /// (a stand-in for the loader's client socket, D-Bus, docker.sock) is
 /// unreachable.
 #[test]
-#[ignore = "executor lacks pathname Unix socket confinement: Landlock ABI < 9 cannot, and seccomp allows AF_UNIX connect (issue 3)"]
 fn pathname_unix_socket_outside_is_unreachable() {
     let Some(g) = shared("pathname_unix_socket_outside_is_unreachable") else { return };
     let skill = attack("path_unix");

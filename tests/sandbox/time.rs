@@ -133,7 +133,6 @@ fn closed_stdio_does_not_end_supervision() {
 
 /// §(b) 12: SIGKILL of the executor mid-run takes the skill with it.
 #[test]
-#[ignore = "executor lacks die-with-executor for the whole tree: only the main process has PDEATHSIG; forked children, the run's cgroups and run dir survive (issue 3)"]
 fn executor_killed_mid_run_takes_the_skill_with_it() {
     let Some(g) = exclusive("executor_killed_mid_run") else { return };
     let cgroups = cgroup_dirs();

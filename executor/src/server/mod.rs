@@ -78,12 +78,6 @@ pub use manifests::{Checked, ManifestCache};
 pub use peer::PeerPolicy;
 pub use socket::{bind, SocketError};
 
-/// Cgroups under `ongrid/` without a run directory are swept at start-up
-/// only when empty and at least this old. Longer than any executor keeps an
-/// empty leaf it means to use (the engine gives up a ready slot idle for
-/// 30 s), so another executor's live leaves are never taken.
-const SWEEP_MIN_AGE: Duration = Duration::from_secs(60);
-
 /// Margin added to the longest run before a drain kills what is left.
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 
@@ -116,7 +110,7 @@ pub(crate) struct Shared {
 /// Serves the executor wire on `listener` until `shutdown` completes and
 /// the runs in flight have ended (see the module docs).
 ///
-/// First sweeps the run directories and cgroups a crashed executor left
+/// What a crashed executor left was swept when the engine started
 /// ([`crate::sweep`]). The settings (`max_*`, `allowed_*`, `peers`, roots)
 /// come from `engine.config()`; build it with [`crate::Config::for_serve`]
 /// so that an empty `roots` means the default root, not "anywhere".
@@ -127,7 +121,6 @@ pub async fn run(
     shutdown: impl Future,
 ) {
     let config = engine.config().clone();
-    crate::sweep::sweep(&config.runtime_dir(), &engine.host().cgroups, SWEEP_MIN_AGE);
     let shared = Arc::new(Shared {
         peers: PeerPolicy::from_config(&config),
         manifests: ManifestCache::new(&config),

@@ -16,4 +16,5 @@
 
 pub mod child;
 pub mod landlock;
+pub mod mount;
 pub mod process;
