@@ -13,10 +13,14 @@
 //! - [`supervise`]: steps 6 and 7, I/O bounds, deadline, tree kill.
 //! - [`reaper`]: reaping main processes and orphans.
 //! - [`engine`]: [`Engine`], one request in, one [`policy::RunReport`] out.
+//! - [`instance`]: one engine's share of the host (cgroup parent, runs
+//!   directory, the runs tmpfs) and the watchdog that kills and removes its
+//!   runs when the executor dies.
 //! - [`server`]: `ongrid-executor serve`, the executor wire on a Unix
 //!   socket (peer check, admission and queue, cancellation, shutdown).
 //! - [`metrics`]: the executor's Prometheus metrics on an injected registry.
-//! - [`sweep`]: removing run directories and cgroups left by a crash.
+//! - [`sweep`]: removing what a dead executor left (by the watchdog, and
+//!   by every executor at start).
 //! - `sys`: the only unsafe code (raw syscalls, the child's sequence).
 //!
 //! # Trust model
@@ -30,7 +34,12 @@
 //! `executor.toml` grants that skill by name. The skill is hostile: it runs
 //! as an unprivileged user with no capabilities, `no_new_privs`, Landlock,
 //! seccomp, rlimits and its own cgroup, and everything it writes back is
-//! bounded.
+//! bounded: its files too (its directory is on a tmpfs whose pages are
+//! charged to its memory cgroup). The skill's processes never outlive the
+//! executor: a watchdog that holds nothing but a pipe from the executor
+//! kills the instance's whole cgroup when that pipe closes. Nothing the
+//! skill wrote steers a cleanup (the sweep trusts only files owned by the
+//! executor's user, in directories the skill cannot write).
 //!
 //! # Spawn sequence
 //!
@@ -40,7 +49,10 @@
 //! 2. Prepare everything in the parent ([`spawn::prepare`]): the
 //!    environment (exactly `env_allow`), argv, rlimit values, the Landlock
 //!    ruleset fd, the seccomp program, the cgroup leaves with their
-//!    `cgroup.procs` opened, the per-run directory.
+//!    `cgroup.procs` opened, the per-run directory. Leaves and directory
+//!    belong to the engine's instance ([`instance`], set up once by
+//!    [`Engine::new`]: `.../ongrid/<instance>/<run>` in each hierarchy,
+//!    `<runtime_dir>/runs/<instance>/<run>` on the runs tmpfs).
 //! 3. Create the child with `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD)`
 //!    on a parent-allocated stack, the way `posix_spawn` does: the cost does
 //!    not grow with the executor's memory (no page tables copied, unlike
@@ -56,7 +68,8 @@
 //!    directory; rlimits (CORE 0, NOFILE, FSIZE, CPU, AS); `no_new_privs`;
 //!    clear supplementary groups, drop the bounding set, switch to the
 //!    run-as user and set exactly the granted capabilities (ambient too);
-//!    `PR_SET_PDEATHSIG(SIGKILL)`; Landlock; seccomp.
+//!    `PR_SET_PDEATHSIG(SIGKILL)`; Landlock; seccomp (without the network
+//!    grant `socket(2)` fails for every family, `AF_UNIX` included).
 //! 5. `execve` the entry with argv = `[entry]` and the prepared environment.
 //!    A failing step writes (step, errno) into the parent's memory and
 //!    exits; the parent reports `sandbox_failed` or `spawn_failed`.
@@ -67,7 +80,10 @@
 //!    so stopped processes see it), reap (the executor is a child subreaper,
 //!    so orphans are reaped too), remove the cgroups and the run directory
 //!    (from the engine's second run on, a janitor thread removes them right
-//!    after the report and keeps fresh ones ready: [`engine`]).
+//!    after the report and keeps fresh ones ready: [`engine`]). If the
+//!    executor itself dies mid-run, the main process gets its parent-death
+//!    signal and the instance's watchdog does this step for every run
+//!    (`cgroup.kill` of the instance parent, then removal).
 //! 8. Report ([`engine::classify`]): outcome, limit, result, stderr tail,
 //!    and what the sandbox enforced.
 //!

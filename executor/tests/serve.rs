@@ -825,3 +825,142 @@ fn connections_beyond_the_cap_wait() {
     b.stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     assert_eq!(b.recv()["result"]["ok"], true);
 }
+
+fn mounted(path: &Path) -> bool {
+    let Ok(path) = std::fs::canonicalize(path) else { return false };
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == path.to_str())
+}
+
+/// SIGKILL of the real `serve` mid-run: the watchdog kills the run's whole
+/// tree (a stopped child too), removes its cgroups and directory, and
+/// unmounts the runs tmpfs it no longer needs.
+#[test]
+fn killed_binary_takes_its_runs_with_it() {
+    if !can_run() {
+        return;
+    }
+    let root = dir_0755();
+    let runtime = dir_0755();
+    let socket = runtime.path().join("x.sock");
+    let config = runtime.path().join("executor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "roots = [{:?}]\nruntime_dir = {:?}\nsocket = {:?}\n",
+            root.path(),
+            runtime.path(),
+            socket
+        ),
+    )
+    .unwrap();
+    let mark = marker(9);
+    let m = skill(
+        root.path(),
+        "stubborn",
+        "safe",
+        60,
+        &format!(
+            "trap '' TERM\necho started >&2\n/bin/sh -c 'kill -STOP $$; exec sleep 1' {mark} &\n\
+             exec sleep {mark}"
+        ),
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
+    let runs = runtime.path().join("runs");
+    assert!(mounted(&runs), "no tmpfs on {}", runs.display());
+    let (h, _) = executor::cgroup::Hierarchies::detect();
+    let instance = std::fs::read_dir(&runs)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .find(|n| n.to_string_lossy().starts_with("ex-"))
+        .expect("an instance directory");
+    let parents: Vec<PathBuf> = [&h.v2, &h.v1_pids, &h.v1_memory]
+        .into_iter()
+        .flatten()
+        .map(|b| b.join(&instance))
+        .collect();
+    assert!(parents.iter().all(|p| p.is_dir()), "{parents:?}");
+    let mut c = Client::connect(&socket);
+    c.execute(1, &m, json!({}));
+    assert_eq!(c.recv()["params"]["line"], "started");
+    wait_for("both processes", Duration::from_secs(5), || pids_with(&mark).len() == 2);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_for("the run's tree to die", Duration::from_secs(1), || pids_with(&mark).is_empty());
+    wait_for("the instance to be removed", Duration::from_secs(5), || {
+        !mounted(&runs) && std::fs::read_dir(&runs).is_ok_and(|mut d| d.next().is_none())
+    });
+    let left: Vec<_> = parents.iter().filter(|p| p.exists()).collect();
+    assert!(left.is_empty(), "instance cgroups left: {left:?}");
+}
+
+/// An instance whose guard is dead (its watchdog was killed too) is swept
+/// by the next engine: its processes killed, cgroups and directory removed;
+/// a live instance's are left alone.
+#[test]
+fn next_engine_sweeps_dead_instances_only() {
+    if !can_run() {
+        return;
+    }
+    let runtime = dir_0755();
+    let runs = runtime.path().join("runs");
+    let (h, _) = executor::cgroup::Hierarchies::detect();
+    let mark = marker(10);
+    let mut orphan = std::process::Command::new("sleep").arg(&mark).spawn().unwrap();
+    let dead = format!("ex-dead{:08x}", std::process::id());
+    let live = format!("ex-live{:08x}", std::process::id());
+    let me = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let start = me[me.rfind(')').unwrap() + 1..].split_whitespace().nth(19).unwrap().to_owned();
+    for (name, guard) in
+        [(&dead, "999999999 1".to_owned()), (&live, format!("{} {start}", std::process::id()))]
+    {
+        let dir = runs.join(name);
+        std::fs::create_dir_all(dir.join("0123456789abcdef")).unwrap();
+        std::fs::write(dir.join(".guard"), guard).unwrap();
+    }
+    let mut leaves = Vec::new();
+    for base in [&h.v2, &h.v1_pids, &h.v1_memory].into_iter().flatten() {
+        for name in [&dead, &live] {
+            let leaf = base.join(name).join("r1");
+            std::fs::create_dir_all(&leaf).unwrap();
+            if name == &dead {
+                std::fs::write(leaf.join("cgroup.procs"), orphan.id().to_string()).unwrap();
+            }
+            leaves.push(leaf);
+        }
+    }
+    let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
+    let engine = Engine::new(config).unwrap();
+    // (Another test's engine in this process may reap the orphan first.)
+    if !leaves.is_empty() {
+        wait_for("the dead instance's process to die", Duration::from_secs(2), || {
+            pids_with(&mark).is_empty()
+        });
+    }
+    let _ = orphan.kill();
+    let _ = orphan.wait();
+    // (The runs tmpfs now hides the directories; they are checked below.)
+    for leaf in &leaves {
+        let is_dead = leaf.parent().unwrap().ends_with(&dead);
+        assert_eq!(leaf.exists(), !is_dead, "{}", leaf.display());
+        assert_eq!(leaf.parent().unwrap().exists(), !is_dead, "{}", leaf.display());
+    }
+    drop(engine);
+    assert!(!mounted(&runs), "runs tmpfs left mounted");
+    assert!(!runs.join(&dead).exists(), "dead instance directory left");
+    assert!(runs.join(&live).join("0123456789abcdef").exists(), "live instance swept");
+    for leaf in &leaves {
+        let _ = std::fs::remove_dir(leaf);
+        let _ = std::fs::remove_dir(leaf.parent().unwrap());
+    }
+    let _ = std::fs::remove_dir_all(runs.join(&live));
+}
