@@ -8,14 +8,18 @@
 //! Cases: [`api`] list/show/run outcomes, [`reload`], [`restart`] of the
 //! executor, [`cancel`] on client disconnect, [`load`] (200 runs from 20
 //! clients), [`malformed`] HTTP and JSON-RPC corpora, [`up`] (the demo
-//! command and the README's curl examples).
+//! command and the README's curl examples), [`rogue`] (a client skipping
+//! ongrid-skilld cannot exceed `[[peers]]`), [`approvals`] (the README's
+//! permissions and approvals walk-through, run as written).
 
 mod harness;
 
 mod api;
+mod approvals;
 mod cancel;
 mod load;
 mod malformed;
 mod reload;
 mod restart;
+mod rogue;
 mod up;
