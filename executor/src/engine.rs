@@ -115,8 +115,20 @@ impl Engine {
         stderr_sink: &mut (dyn FnMut(&str) + Send),
         cancel: impl Future<Output = ()>,
     ) -> RunReport {
+        self.run_tool(req, None, stderr_sink, cancel).await
+    }
+
+    /// [`Engine::run`] for one `tool` of a `SKILL.md` manifest (`None`:
+    /// a `skill.json`).
+    pub async fn run_tool(
+        &self,
+        req: RunRequest,
+        tool: Option<&str>,
+        stderr_sink: &mut (dyn FnMut(&str) + Send),
+        cancel: impl Future<Output = ()>,
+    ) -> RunReport {
         let started = Instant::now();
-        let mut report = self.run_inner(req, stderr_sink, cancel, started).await;
+        let mut report = self.run_inner(req, tool, stderr_sink, cancel, started).await;
         report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         report
     }
@@ -124,6 +136,7 @@ impl Engine {
     async fn run_inner(
         &self,
         req: RunRequest,
+        tool: Option<&str>,
         sink: &mut (dyn FnMut(&str) + Send),
         cancel: impl Future<Output = ()>,
         started: Instant,
@@ -135,11 +148,16 @@ impl Engine {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         // Step 1: validate against our own configuration.
-        let plan =
-            match Plan::build(&self.config, &req.manifest_path, req.args, std::env::vars_os()) {
-                Ok(plan) => plan,
-                Err(e) => return RunReport::not_run(fallback_name, e.outcome(), e.to_string()),
-            };
+        let plan = match Plan::build_tool(
+            &self.config,
+            &req.manifest_path,
+            tool,
+            req.args,
+            std::env::vars_os(),
+        ) {
+            Ok(plan) => plan,
+            Err(e) => return RunReport::not_run(fallback_name, e.outcome(), e.to_string()),
+        };
         let skill = plan.manifest.name().to_string();
         // Step 2: prepare everything in the parent, in a fresh slot (run
         // directory and cgroup leaves) made ahead of time when one is ready.

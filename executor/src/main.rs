@@ -38,9 +38,12 @@ enum Command {
     /// Run one skill under the full sandbox and print its result.
     #[command(after_help = EXIT_CODES)]
     Run {
-        /// The skill's skill.json.
+        /// The skill's skill.json (or SKILL.md, with --tool).
         #[arg(long)]
         manifest: PathBuf,
+        /// For a SKILL.md: the tool to run (as written or as registered).
+        #[arg(long)]
+        tool: Option<String>,
         /// The args JSON object, or `-` to read it from stdin.
         #[arg(long, default_value = "{}")]
         args: String,
@@ -100,7 +103,13 @@ fn load_config(path: Option<PathBuf>) -> Result<Config, executor::ConfigError> {
     }
 }
 
-fn run(manifest: PathBuf, args: String, config: Option<PathBuf>, json: bool) -> anyhow::Result<u8> {
+fn run(
+    manifest: PathBuf,
+    tool: Option<String>,
+    args: String,
+    config: Option<PathBuf>,
+    json: bool,
+) -> anyhow::Result<u8> {
     let args = if args == "-" {
         let mut buf = Vec::new();
         std::io::stdin().read_to_end(&mut buf).context("reading args from stdin")?;
@@ -121,8 +130,9 @@ fn run(manifest: PathBuf, args: String, config: Option<PathBuf>, json: bool) -> 
         .build()
         .context("building the runtime")?;
     let mut sink = |line: &str| eprintln!("{line}");
-    let report = rt.block_on(engine.run(
+    let report = rt.block_on(engine.run_tool(
         RunRequest { manifest_path: manifest, args },
+        tool.as_deref(),
         &mut sink,
         std::future::pending(),
     ));
@@ -215,7 +225,9 @@ fn main() -> ExitCode {
         )
         .init();
     let result = match cli.command {
-        Command::Run { manifest, args, config, json } => run(manifest, args, config, json),
+        Command::Run { manifest, tool, args, config, json } => {
+            run(manifest, tool, args, config, json)
+        }
         Command::Serve { config } => serve(config),
     };
     match result {

@@ -12,8 +12,8 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use policy::{
-    GrantError, GrantedSandbox, Manifest, ManifestError, Outcome, ValidateOptions,
-    MAX_MANIFEST_BYTES,
+    GrantError, GrantedSandbox, Manifest, ManifestError, Outcome, SkillMd, SkillMdError,
+    ValidateOptions, MAX_MANIFEST_BYTES, SKILL_MD_FILE_NAME,
 };
 
 use crate::config::Config;
@@ -39,6 +39,23 @@ pub enum PlanError {
         /// The cause.
         #[source]
         source: ManifestError,
+    },
+    /// The `SKILL.md` is invalid, or the tool asked for is not in it.
+    #[error("manifest {path}: {source}")]
+    SkillMd {
+        /// The SKILL.md.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: SkillMdError,
+    },
+    /// A `tool` was given for a `skill.json`, or none for a `SKILL.md`.
+    #[error("manifest {path}: {reason}")]
+    Tool {
+        /// The manifest.
+        path: PathBuf,
+        /// What is wrong.
+        reason: &'static str,
     },
     /// The manifest is not under any configured root.
     #[error("manifest {path} is not under an allow-list root")]
@@ -132,6 +149,38 @@ pub struct Plan {
     pub run_as: RunAs,
 }
 
+/// The manifest of a run, from the bytes of the file at `path`: a
+/// `skill.json`, or one `tool` of a `SKILL.md` (by file name). Shared by
+/// the plan and the server's pre-admission check.
+///
+/// # Errors
+///
+/// [`PlanError::Manifest`], [`PlanError::SkillMd`] or [`PlanError::Tool`].
+pub fn parse_manifest(
+    path: &Path,
+    bytes: &[u8],
+    tool: Option<&str>,
+    opts: &ValidateOptions,
+) -> Result<Manifest, PlanError> {
+    let is_skill_md = path.file_name().is_some_and(|n| n == SKILL_MD_FILE_NAME);
+    match (is_skill_md, tool) {
+        (false, None) => Manifest::from_slice(bytes, opts)
+            .map_err(|source| PlanError::Manifest { path: path.to_owned(), source }),
+        (true, Some(tool)) => {
+            let skill_md_err = |source| PlanError::SkillMd { path: path.to_owned(), source };
+            let skill = SkillMd::from_slice(bytes, opts).map_err(skill_md_err)?;
+            Ok(skill.tool(tool).map_err(skill_md_err)?.manifest().clone())
+        }
+        (false, Some(_)) => Err(PlanError::Tool {
+            path: path.to_owned(),
+            reason: "a tool is only meaningful for a SKILL.md",
+        }),
+        (true, None) => {
+            Err(PlanError::Tool { path: path.to_owned(), reason: "a SKILL.md needs a tool" })
+        }
+    }
+}
+
 fn read_manifest(path: &Path) -> Result<Vec<u8>, PlanError> {
     let err = |source| PlanError::Read { path: path.to_owned(), source };
     let f = fs::File::open(path).map_err(err)?;
@@ -193,6 +242,22 @@ impl Plan {
         args: Vec<u8>,
         env: impl IntoIterator<Item = (OsString, OsString)>,
     ) -> Result<Plan, PlanError> {
+        Self::build_tool(config, manifest_path, None, args, env)
+    }
+
+    /// Validates the request for one `tool` of a `SKILL.md` (or, with
+    /// `None`, a `skill.json`): see [`parse_manifest`].
+    ///
+    /// # Errors
+    ///
+    /// [`PlanError`]; see [`PlanError::outcome`].
+    pub fn build_tool(
+        config: &Config,
+        manifest_path: &Path,
+        tool: Option<&str>,
+        args: Vec<u8>,
+        env: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Result<Plan, PlanError> {
         let read_err = |source| PlanError::Read { path: manifest_path.to_owned(), source };
         let canonical = fs::canonicalize(manifest_path).map_err(read_err)?;
         let skill_dir = canonical.parent().map(Path::to_path_buf).unwrap_or_else(|| "/".into());
@@ -207,8 +272,7 @@ impl Plan {
         };
         let bytes = read_manifest(&canonical)?;
         let opts = ValidateOptions { max_timeout: config.max_timeout() };
-        let manifest = Manifest::from_slice(&bytes, &opts)
-            .map_err(|source| PlanError::Manifest { path: canonical.clone(), source })?;
+        let manifest = parse_manifest(&canonical, &bytes, tool, &opts)?;
         let skill = manifest.name().to_string();
         let entry_err = |path: &Path, reason: String| PlanError::Entry {
             skill: skill.clone(),

@@ -114,6 +114,22 @@ pub enum ScanEvent {
         /// The ignored field names.
         fields: Vec<String>,
     },
+    /// A SKILL.md whose requirement is not met on this host: not registered.
+    RequirementNotMet {
+        /// The skill's name as the SKILL.md writes it.
+        name: String,
+        /// The SKILL.md.
+        manifest: PathBuf,
+        /// The first unmet requirement (`bin "jq" not found on PATH`).
+        reason: String,
+    },
+    /// A SKILL.md without tools (instructions only): nothing to run.
+    NoTools {
+        /// The skill's name as the SKILL.md writes it.
+        name: String,
+        /// The SKILL.md.
+        manifest: PathBuf,
+    },
     /// A registered manifest asked for a timeout over the operator maximum.
     TimeoutClamped {
         /// The skill's name.
@@ -133,6 +149,7 @@ impl ScanEvent {
         match self {
             ScanEvent::Registered { .. } => Level::Info,
             ScanEvent::IgnoredFields { .. } => Level::Debug,
+            ScanEvent::NoTools { .. } => Level::Info,
             _ => Level::Warn,
         }
     }
@@ -146,12 +163,14 @@ impl ScanEvent {
             ScanEvent::Registered { .. }
                 | ScanEvent::IgnoredFields { .. }
                 | ScanEvent::TimeoutClamped { .. }
+                | ScanEvent::NoTools { .. }
         )
     }
 
     /// A short stable name of the event's kind, used as a metric label:
     /// `registered`, `duplicate`, `parse`, `build`, `not_regular`, `root`,
-    /// `root_repeated`, `walk`, `ignored_fields`, `timeout_clamped`.
+    /// `root_repeated`, `walk`, `ignored_fields`, `timeout_clamped`,
+    /// `requirement`, `no_tools`.
     pub fn kind(&self) -> &'static str {
         match self {
             ScanEvent::Registered { .. } => "registered",
@@ -164,6 +183,8 @@ impl ScanEvent {
             ScanEvent::Walk { .. } => "walk",
             ScanEvent::IgnoredFields { .. } => "ignored_fields",
             ScanEvent::TimeoutClamped { .. } => "timeout_clamped",
+            ScanEvent::RequirementNotMet { .. } => "requirement",
+            ScanEvent::NoTools { .. } => "no_tools",
         }
     }
 
@@ -175,7 +196,9 @@ impl ScanEvent {
             | ScanEvent::Parse { manifest, .. }
             | ScanEvent::Build { manifest, .. }
             | ScanEvent::IgnoredFields { manifest, .. }
-            | ScanEvent::TimeoutClamped { manifest, .. } => manifest,
+            | ScanEvent::TimeoutClamped { manifest, .. }
+            | ScanEvent::RequirementNotMet { manifest, .. }
+            | ScanEvent::NoTools { manifest, .. } => manifest,
             ScanEvent::NotRegular { path, .. } | ScanEvent::Walk { path, .. } => path,
             ScanEvent::Root { root, .. } | ScanEvent::RootRepeated { root, .. } => root,
         }
@@ -202,6 +225,12 @@ impl ScanEvent {
             }
             ScanEvent::TimeoutClamped { name, requested, granted, .. } => {
                 format!("skill \"{name}\": timeout_seconds {requested} clamped to {granted}")
+            }
+            ScanEvent::RequirementNotMet { name, reason, .. } => {
+                format!("skill \"{name}\": requirement not met: {reason}")
+            }
+            ScanEvent::NoTools { name, .. } => {
+                format!("skill \"{name}\": no tools, nothing to register")
             }
         }
     }
@@ -249,6 +278,16 @@ impl fmt::Display for ScanEvent {
                 "skill \"{name}\" from {}: timeout_seconds {requested} clamped to {granted}",
                 manifest.display()
             ),
+            ScanEvent::RequirementNotMet { name, manifest, reason } => write!(
+                f,
+                "skill \"{name}\" from {}: requirement not met: {reason}",
+                manifest.display()
+            ),
+            ScanEvent::NoTools { name, manifest } => write!(
+                f,
+                "skill \"{name}\" from {}: no tools, nothing to register",
+                manifest.display()
+            ),
         }
     }
 }
@@ -264,7 +303,7 @@ mod tests {
     #[test]
     fn design_lines_byte_for_byte() {
         let m = PathBuf::from("/skills/disk/skill.json");
-        let cases: Vec<(ScanEvent, &str)> = vec![
+        let mut cases: Vec<(ScanEvent, &str)> = vec![
             (
                 ScanEvent::Registered { name: name("disk_usage"), manifest: m.clone() },
                 "skill loader: registered subprocess skill \"disk_usage\" from /skills/disk/skill.json",
@@ -329,6 +368,14 @@ mod tests {
                 "skill loader: skill \"disk_usage\" from /skills/disk/skill.json: timeout_seconds 9999 clamped to 600",
             ),
         ];
+        cases.push((
+            ScanEvent::RequirementNotMet {
+                name: "jq-tools".into(),
+                manifest: PathBuf::from("/skills/jq/SKILL.md"),
+                reason: "bin \"jq\" not found on PATH".into(),
+            },
+            "skill loader: skill \"jq-tools\" from /skills/jq/SKILL.md: requirement not met: bin \"jq\" not found on PATH",
+        ));
         for (event, want) in cases {
             assert_eq!(event.to_string(), want);
         }

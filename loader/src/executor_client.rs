@@ -260,6 +260,7 @@ mod tests {
             args: json!({}),
             session_id: None,
             class: None,
+            tool: None,
         }
     }
 

@@ -8,7 +8,10 @@
 //! - [`manifest_file`]: bounded, non-blocking reading of one `skill.json`.
 //! - [`entry`]: resolving a manifest's `entry` under its allow-list root.
 //! - [`event`]: [`ScanEvent`], one per decision; `Display` is the log line.
-//! - [`skill`]: [`RegisteredSkill`], a manifest plus its canonical paths.
+//! - [`skill`]: [`RegisteredSkill`], a manifest plus its canonical paths
+//!   (and, for a SKILL.md tool, the tool's name: `source` `skill.md`).
+//! - [`requirements`]: a SKILL.md's `metadata.os` and `requires`
+//!   (bins on the loader's `PATH`, config files, env) checked on this host.
 //! - [`cli`]: the `ongrid-skill` commands, one file each (`scan`,
 //!   `validate`, `list`, `show`, `run`, `reload`, `up`, `keygen`, `approve`,
 //!   `audit`).
@@ -88,6 +91,7 @@ pub mod manifest_file;
 pub mod metrics;
 pub mod registry;
 pub mod replay;
+pub mod requirements;
 pub mod roots;
 pub mod scan;
 pub mod server;

@@ -27,6 +27,9 @@ pub enum ParseError {
     /// The content is not a valid manifest (including one that is too large).
     #[error(transparent)]
     Manifest(#[from] ManifestError),
+    /// The content is not a valid `SKILL.md`.
+    #[error(transparent)]
+    SkillMd(#[from] policy::SkillMdError),
 }
 
 /// Reads at most [`MAX_MANIFEST_BYTES`] + 1 bytes of the regular file at
@@ -63,6 +66,16 @@ fn read_capped(file: File, hint: u64) -> Result<Vec<u8>, ParseError> {
         return Err(ManifestError::TooLarge { size: len }.into());
     }
     Ok(bytes)
+}
+
+/// Reads and validates the `SKILL.md` at `path` (bounded as a manifest).
+///
+/// # Errors
+///
+/// [`ParseError`] from [`read_bounded`] or from validation.
+pub fn load_skill_md(path: &Path, opts: &ValidateOptions) -> Result<policy::SkillMd, ParseError> {
+    let bytes = read_bounded(path)?;
+    Ok(policy::SkillMd::from_slice(&bytes, opts)?)
 }
 
 /// Reads and validates the manifest at `path`.

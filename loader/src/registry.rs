@@ -99,7 +99,7 @@ impl Skill {
             "schema": m.schema(),
             "timeout_seconds": m.timeout().as_secs(),
             "env_allow": m.env_allow(),
-            "source": "skill.json",
+            "source": self.registered.source(),
         })
     }
 }
@@ -261,6 +261,7 @@ mod tests {
                 skill("bad_regex", r#"{"type":"object","properties":{"a":{"pattern":"("}}}"#),
             ],
             events: vec![],
+            ..ScanReport::default()
         };
         let (snap, rejected) = Snapshot::build(report);
         assert_eq!(snap.registered(), 1);
@@ -287,6 +288,7 @@ mod tests {
         let (snap, _) = Snapshot::build(ScanReport {
             skills: vec![skill("a", r#"{"type":"object"}"#)],
             events: vec![],
+            ..ScanReport::default()
         });
         let reg = Registry::new(snap);
         let old = reg.current();

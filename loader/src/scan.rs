@@ -1,5 +1,12 @@
 //! The scan: walks the allow-list roots and registers every valid skill.
 //!
+//! Every regular file named `SKILL.md` is read too ([`policy::skillmd`]):
+//! its requirements are checked ([`crate::requirements`]; an unmet one
+//! skips the whole skill with a log line naming it) and each of its tools
+//! is registered as its own skill, entry = the tool's `impl`, resolved
+//! under the root like a `skill.json` entry. Every checked SKILL.md has a
+//! [`RequirementReport`] (for `ongrid-skill check`).
+//!
 //! Walk rules (DESIGN.md §2): each root is resolved to its canonical
 //! directory (a root that is a symlink is followed once, here), then walked
 //! recursively in lexical order without following symlinks, so a symlink
@@ -17,17 +24,38 @@ use std::fs::FileType;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
-use policy::{SkillName, ValidateOptions};
+use policy::{Manifest, SkillName, ValidateOptions};
 use walkdir::WalkDir;
 
 use crate::entry::{self, EntryScope};
 use crate::event::{ScanEvent, WalkError};
 use crate::manifest_file;
+use crate::requirements::{self, Check, ProcessEnv};
 use crate::roots::{self, RootError};
 use crate::skill::RegisteredSkill;
 
 /// The file name of a manifest.
 pub const MANIFEST_FILE_NAME: &str = "skill.json";
+/// The file name of a SKILL.md skill.
+pub use policy::SKILL_MD_FILE_NAME;
+
+/// The requirement checks of one SKILL.md (every check, met or not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequirementReport {
+    /// The skill's name as written.
+    pub name: String,
+    /// The SKILL.md.
+    pub manifest: PathBuf,
+    /// Every requirement in order (`os`, `bins`, `config`, `env`).
+    pub checks: Vec<Check>,
+}
+
+impl RequirementReport {
+    /// All met.
+    pub fn met(&self) -> bool {
+        self.checks.iter().all(|c| c.met)
+    }
+}
 
 /// What to scan.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +74,8 @@ pub struct ScanReport {
     pub skills: Vec<RegisteredSkill>,
     /// What happened, in order; each `Display`s as its log line.
     pub events: Vec<ScanEvent>,
+    /// The requirement checks of every valid SKILL.md, in scan order.
+    pub requirements: Vec<RequirementReport>,
 }
 
 impl ScanReport {
@@ -163,7 +193,11 @@ impl Session<'_> {
                     let path = e.path().unwrap_or(root).to_path_buf();
                     self.report.events.push(ScanEvent::Walk { path, error: WalkError(e) });
                 }
-                Ok(de) if de.depth() > 0 && de.file_name() == MANIFEST_FILE_NAME => {
+                Ok(de)
+                    if de.depth() > 0
+                        && (de.file_name() == MANIFEST_FILE_NAME
+                            || de.file_name() == SKILL_MD_FILE_NAME) =>
+                {
                     let file_type = de.file_type();
                     self.visit(root, de.into_path(), Some(file_type));
                 }
@@ -195,6 +229,9 @@ impl Session<'_> {
     }
 
     fn load(&mut self, root: &Path, path: PathBuf) {
+        if path.file_name().is_some_and(|n| n == SKILL_MD_FILE_NAME) {
+            return self.load_skill_md(root, path);
+        }
         let events = &mut self.report.events;
         let manifest = match manifest_file::load(&path, self.opts) {
             Ok(m) => m,
@@ -203,6 +240,49 @@ impl Session<'_> {
                 return;
             }
         };
+        self.register(root, path, manifest, None);
+    }
+
+    /// Reads a SKILL.md, checks its requirements and registers its tools.
+    fn load_skill_md(&mut self, root: &Path, path: PathBuf) {
+        let skill = match manifest_file::load_skill_md(&path, self.opts) {
+            Ok(s) => s,
+            Err(error) => {
+                self.report.events.push(ScanEvent::Parse { manifest: path, error });
+                return;
+            }
+        };
+        let dir = path.parent().unwrap_or(root).to_path_buf();
+        let checks = requirements::check(skill.requirements(), &dir, &ProcessEnv);
+        let unmet = checks.iter().find(|c| !c.met).map(ToString::to_string);
+        self.report.requirements.push(RequirementReport {
+            name: skill.name().to_owned(),
+            manifest: path.clone(),
+            checks,
+        });
+        if let Some(reason) = unmet {
+            self.report.events.push(ScanEvent::RequirementNotMet {
+                name: skill.name().to_owned(),
+                manifest: path,
+                reason,
+            });
+            return;
+        }
+        if skill.tools().is_empty() {
+            let name = skill.name().to_owned();
+            self.report.events.push(ScanEvent::NoTools { name, manifest: path });
+            return;
+        }
+        for tool in skill.tools() {
+            let manifest = tool.manifest().clone();
+            self.register(root, path.clone(), manifest, Some(tool.name()));
+        }
+    }
+
+    /// Registers a valid manifest (of a `skill.json`, or of one `tool` of
+    /// a SKILL.md) unless its name is taken or its entry is refused.
+    fn register(&mut self, root: &Path, path: PathBuf, manifest: Manifest, tool: Option<&str>) {
+        let events = &mut self.report.events;
         let name = manifest.name().clone();
         if let Some(first) = self.first_seen.get(&name) {
             events.push(ScanEvent::Duplicate { name, manifest: path, first: first.clone() });
@@ -236,7 +316,11 @@ impl Session<'_> {
             });
         }
         self.first_seen.insert(name, path.clone());
-        self.report.skills.push(RegisteredSkill::new(manifest, entry, path, root.to_path_buf()));
+        let skill = RegisteredSkill::new(manifest, entry, path, root.to_path_buf());
+        self.report.skills.push(match tool {
+            Some(t) => skill.with_tool(t),
+            None => skill,
+        });
     }
 }
 

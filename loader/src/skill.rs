@@ -12,12 +12,36 @@ pub struct RegisteredSkill {
     entry: PathBuf,
     manifest_path: PathBuf,
     root: PathBuf,
+    tool: Option<String>,
 }
 
 impl RegisteredSkill {
     /// Bundles a manifest with its resolved entry, its file and its root.
     pub fn new(manifest: Manifest, entry: PathBuf, manifest_path: PathBuf, root: PathBuf) -> Self {
-        Self { manifest, entry, manifest_path, root }
+        Self { manifest, entry, manifest_path, root, tool: None }
+    }
+
+    /// The same skill, as the tool `tool` (its name as written) of the
+    /// `SKILL.md` at [`RegisteredSkill::manifest_path`].
+    #[must_use]
+    pub fn with_tool(mut self, tool: impl Into<String>) -> Self {
+        self.tool = Some(tool.into());
+        self
+    }
+
+    /// For a SKILL.md skill: the tool's name as written (what the executor
+    /// is asked to run); `None` for a `skill.json`.
+    pub fn tool(&self) -> Option<&str> {
+        self.tool.as_deref()
+    }
+
+    /// Where the skill was declared: `"skill.json"` or `"skill.md"`.
+    pub fn source(&self) -> &'static str {
+        if self.tool.is_some() {
+            "skill.md"
+        } else {
+            "skill.json"
+        }
     }
 
     /// The skill's name.
@@ -43,10 +67,11 @@ impl RegisteredSkill {
 
     /// The skill as `ongrid-skill scan --json` prints it: `name`,
     /// `description`, `class`, `category`, `schema`, `timeout_seconds`,
-    /// `env_allow`, `entry`, `manifest` and `root`.
+    /// `env_allow`, `entry`, `manifest`, `root` and `source` (plus `tool`
+    /// for a SKILL.md skill).
     pub fn to_json(&self) -> Value {
         let m = &self.manifest;
-        json!({
+        let mut v = json!({
             "name": m.name(),
             "description": m.description(),
             "class": m.class(),
@@ -57,7 +82,12 @@ impl RegisteredSkill {
             "entry": self.entry.to_string_lossy(),
             "manifest": self.manifest_path.to_string_lossy(),
             "root": self.root.to_string_lossy(),
-        })
+            "source": self.source(),
+        });
+        if let (Some(tool), Some(obj)) = (&self.tool, v.as_object_mut()) {
+            obj.insert("tool".into(), json!(tool));
+        }
+        v
     }
 }
 
@@ -91,6 +121,7 @@ mod tests {
             "entry": "/s/d/run",
             "manifest": "/s/d/skill.json",
             "root": "/s",
+            "source": "skill.json",
         });
         assert_eq!(skill.to_json(), want);
         assert_eq!(skill.name().as_str(), "disk_usage");

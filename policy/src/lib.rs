@@ -16,6 +16,10 @@
 //!   [`DenyReason`] codes.
 //! - [`approval`]: dual-sign approvals: the canonical digest of a request,
 //!   Ed25519 signing and verification, key ids.
+//! - [`skillmd`]: `SKILL.md` frontmatter ([`SkillMd`]): requirements and one
+//!   [`Manifest`] per tool, shared by the loader and the executor.
+//! - [`yaml`]: bounded YAML → JSON (no anchors, aliases or tags; depth,
+//!   node and size limits) for that frontmatter.
 //! - [`wire`]: the executor wire (newline-delimited JSON-RPC 2.0, capped lines):
 //!   `execute`, `ping` and `metrics` requests, and the replies the loader reads.
 //!
@@ -36,7 +40,9 @@ pub mod path;
 pub mod permission;
 pub mod report;
 pub mod sandbox;
+pub mod skillmd;
 pub mod wire;
+pub mod yaml;
 
 pub use class::SkillClass;
 pub use env::EnvName;
@@ -46,3 +52,4 @@ pub use name::SkillName;
 pub use permission::{DenyReason, PermissionMode};
 pub use report::{Enforcement, LimitKind, Outcome, RunReport, SandboxReport};
 pub use sandbox::{GrantError, GrantedSandbox, SandboxRequest, SkillGrant};
+pub use skillmd::{SkillMd, SkillMdError, SKILL_MD_FILE_NAME};

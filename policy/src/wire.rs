@@ -48,6 +48,10 @@ pub struct ExecuteParams {
     /// The skill class the loader authorised (the executor re-checks it).
     #[serde(default)]
     pub class: Option<crate::class::SkillClass>,
+    /// For a `SKILL.md` manifest: which of its tools to run (its name as
+    /// written or as registered). Absent for `skill.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
 }
 
 /// A request the executor understands.
@@ -357,6 +361,7 @@ mod tests {
             args: json!({"a": 1}),
             session_id: None,
             class: None,
+            tool: None,
         };
         let l = encode_execute(7, &p);
         assert_eq!(l.last(), Some(&b'\n'));

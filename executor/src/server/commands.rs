@@ -67,7 +67,7 @@ async fn execute(ctx: ConnCtx, id: Value, params: ExecuteParams) {
     let session: String =
         params.session_id.as_deref().unwrap_or("-").chars().take(SESSION_LOG_CHARS).collect();
     // The executor's own reading of the manifest: under its roots, valid.
-    let checked = match shared.manifests.check(&params.manifest) {
+    let checked = match shared.manifests.check_tool(&params.manifest, params.tool.as_deref()) {
         Ok(c) => c,
         Err(report) => return refuse(&ctx, &id, "", &report),
     };
@@ -126,8 +126,9 @@ async fn execute(ctx: ConnCtx, id: Value, params: ExecuteParams) {
     // `server` on the parent-death signal).
     let report = shared
         .engine
-        .run(
+        .run_tool(
             RunRequest { manifest_path: checked.path.clone(), args },
+            params.tool.as_deref(),
             &mut sink,
             ctx.token.clone().cancelled_owned(),
         )

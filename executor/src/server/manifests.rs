@@ -16,7 +16,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use policy::{Manifest, Outcome, RunReport, SkillClass, ValidateOptions, MAX_MANIFEST_BYTES};
+use policy::{Outcome, RunReport, SkillClass, ValidateOptions, MAX_MANIFEST_BYTES};
 
 use crate::config::Config;
 
@@ -49,8 +49,11 @@ struct Key {
 pub struct ManifestCache {
     roots: Vec<PathBuf>,
     opts: ValidateOptions,
-    entries: Mutex<HashMap<PathBuf, (Key, Checked)>>,
+    entries: Mutex<Entries>,
 }
+
+/// Checked manifests by canonical path and tool (for a SKILL.md).
+type Entries = HashMap<(PathBuf, Option<String>), (Key, Checked)>;
 
 impl ManifestCache {
     /// A cache checking against `config.roots` (an empty list refuses
@@ -69,6 +72,16 @@ impl ManifestCache {
     ///
     /// A `rejected` report (skill name empty) saying why.
     pub fn check(&self, path: &str) -> Result<Checked, Box<RunReport>> {
+        self.check_tool(path, None)
+    }
+
+    /// Checks one `tool` of the `SKILL.md` at `path` (`None`: a
+    /// `skill.json`), as [`crate::plan::parse_manifest`] reads it.
+    ///
+    /// # Errors
+    ///
+    /// A `rejected` report (skill name empty) saying why.
+    pub fn check_tool(&self, path: &str, tool: Option<&str>) -> Result<Checked, Box<RunReport>> {
         let reject = |why: String| Box::new(RunReport::not_run("", Outcome::Rejected, why));
         if !Path::new(path).is_absolute() {
             return Err(reject(format!("manifest {path:?}: not an absolute path")));
@@ -103,15 +116,16 @@ impl ManifestCache {
             mtime: (meta.mtime(), meta.mtime_nsec()),
             ctime: (meta.ctime(), meta.ctime_nsec()),
         };
-        if let Some((k, checked)) = self.lock().get(&canonical) {
+        let cache_key = (canonical.clone(), tool.map(str::to_owned));
+        if let Some((k, checked)) = self.lock().get(&cache_key) {
             if *k == key {
                 return Ok(checked.clone());
             }
         }
         let mut bytes = Vec::new();
         file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes).map_err(read_err)?;
-        let manifest = Manifest::from_slice(&bytes, &self.opts)
-            .map_err(|e| reject(format!("manifest {}: {e}", canonical.display())))?;
+        let manifest = crate::plan::parse_manifest(&canonical, &bytes, tool, &self.opts)
+            .map_err(|e| reject(e.to_string()))?;
         let checked = Checked {
             path: canonical.clone(),
             name: manifest.name().to_string(),
@@ -121,11 +135,11 @@ impl ManifestCache {
         if entries.len() >= MAX_ENTRIES {
             entries.clear();
         }
-        entries.insert(canonical, (key, checked.clone()));
+        entries.insert(cache_key, (key, checked.clone()));
         Ok(checked)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, (Key, Checked)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         // Every update is one insert or clear: a poisoned map is consistent.
         self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }

@@ -207,6 +207,7 @@ pub async fn execute(
         args: req.args,
         session_id: req.session_id,
         class: Some(manifest.class()),
+        tool: skill.registered().tool().map(str::to_owned),
     };
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + manifest.timeout() + REPORT_SLACK;

@@ -2,9 +2,10 @@
 //!
 //! Each command module has an `Args` struct (clap derive) and a `run`
 //! function writing to the given stdout and stderr, so commands can be
-//! tested without a process. `scan` and `validate` work on files; `list`,
+//! tested without a process. `scan`, `validate` and `check` work on files; `list`,
 //! `show`, `run`, `reload` and `audit` talk to `ongrid-skilld` over its
-//! socket (`--socket`, env `ONGRID_SOCKET`) through [`remote`]; `up` starts
+//! socket (`--socket`, env `ONGRID_SOCKET`) through [`remote`]; `mcp`
+//! serves the daemon's skills as MCP tools on stdin/stdout; `up` starts
 //! both daemons in the foreground ([`up`]); `keygen` and `approve` make
 //! approver keys and approvals for `dangerous` skills, offline.
 //!
@@ -22,8 +23,10 @@ use clap::{Parser, Subcommand};
 
 pub mod approve;
 pub mod audit;
+pub mod check;
 pub mod keygen;
 pub mod list;
+pub mod mcp;
 pub mod reload;
 pub mod remote;
 pub mod run;
@@ -56,6 +59,12 @@ pub enum Command {
     Scan(scan::Args),
     /// Lint manifests, packs or whole roots; exits non-zero if any fails.
     Validate(validate::Args),
+    /// Print every skill's requirement status (SKILL.md os, bins, config,
+    /// env) on this host; exits 1 if any is unmet.
+    Check(check::Args),
+    /// Serve the caller's skills as MCP tools on stdin/stdout (Model
+    /// Context Protocol, stdio transport), through ongrid-skilld.
+    Mcp(mcp::Args),
     /// List the skills registered in ongrid-skilld.
     List(list::Args),
     /// Show one registered skill.
@@ -84,6 +93,8 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<Exi
     match cli.command {
         Command::Scan(args) => scan::run(&args, out, err),
         Command::Validate(args) => validate::run(&args, out, err),
+        Command::Check(args) => check::run(&args, out, err),
+        Command::Mcp(args) => mcp::run(&args, out, err),
         Command::List(args) => list::run(&args, out, err),
         Command::Show(args) => show::run(&args, out, err),
         Command::Run(args) => run::run(&args, out, err),

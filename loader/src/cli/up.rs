@@ -652,8 +652,17 @@ fn executor_config(runtime_dir: &Path, roots: &[PathBuf], run_as: Option<&str>) 
     if let Some(user) = run_as {
         text.push_str(&format!("run_as = {}\n", toml_str(user)));
     }
+    text.push_str(EXAMPLE_GRANTS);
     text
 }
+
+/// What the bundled example packs ask for in their `sandbox` object, and
+/// nothing more (as in `packaging/executor.toml`'s commented examples).
+const EXAMPLE_GRANTS: &str = "\n# The example packs' sandbox requests.\n\
+    [skills.probe_tcp]\nnetwork = true\n\
+    [skills.probe_http]\nnetwork = true\n\
+    [skills.probe_dns]\nnetwork = true\n\
+    [skills.tail_file]\nfs_read = [\"/var/log\"]\n";
 
 /// Quotes `s` for a POSIX shell when it needs it.
 fn shell_quote(s: &str) -> String {
@@ -688,6 +697,9 @@ mod tests {
         assert_eq!(v["runtime_dir"].as_str(), Some("/run/x y"));
         assert_eq!(v["run_as"].as_str(), Some("nobody"));
         assert_eq!(v["allowed_uids"][0].as_integer(), Some(i64::from(nix_uid())));
+        assert_eq!(v["skills"]["probe_tcp"]["network"].as_bool(), Some(true));
+        assert_eq!(v["skills"]["tail_file"]["fs_read"][0].as_str(), Some("/var/log"));
+        assert!(v["skills"]["tail_file"].get("network").is_none());
     }
 
     #[test]

@@ -1,0 +1,117 @@
+//! `ongrid-skill check [--json] [DIR...]`: every skill's requirement
+//! status on this host.
+//!
+//! Scans the roots like `scan` (same loader, same `PATH` and environment)
+//! and prints one block per skill: `skill.json` skills have no
+//! requirements; each SKILL.md lists its `os`, `bins`, `config` and `env`
+//! checks, met or not, and the tools it registers (none while a
+//! requirement is unmet). Exits 1 when any requirement is unmet.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use policy::ValidateOptions;
+use serde_json::{json, Value};
+
+use crate::roots::{self, ENV_VAR};
+use crate::scan::Scanner;
+
+/// Arguments of `check`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Print the statuses as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Allow-list roots to check. Default: the roots in
+    /// ONGRID_SKILLS_EXTERNAL_DIRS.
+    #[arg(value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+}
+
+/// Checks and prints; see the module docs.
+///
+/// # Errors
+///
+/// I/O errors writing the output.
+pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let dirs: Vec<PathBuf> = if args.dirs.is_empty() {
+        roots::from_env()
+    } else {
+        args.dirs.iter().map(|d| super::absolute(d)).collect()
+    };
+    if dirs.is_empty() {
+        writeln!(err, "skill loader: no roots given and {ENV_VAR} is empty or unset")?;
+    }
+    let report = Scanner::new(ValidateOptions::default()).scan(&dirs);
+    let mut items: Vec<Value> = Vec::new();
+    for s in report.skills.iter().filter(|s| s.tool().is_none()) {
+        items.push(json!({
+            "name": s.name(),
+            "source": "skill.json",
+            "manifest": s.manifest_path().to_string_lossy(),
+            "met": true,
+            "checks": [],
+            "tools": [s.name()],
+        }));
+    }
+    for r in &report.requirements {
+        let tools: Vec<&str> = report
+            .skills
+            .iter()
+            .filter(|s| s.manifest_path() == r.manifest)
+            .map(|s| s.name().as_str())
+            .collect();
+        let checks: Vec<Value> = r
+            .checks
+            .iter()
+            .map(|c| {
+                let mut v = serde_json::to_value(c).unwrap_or(Value::Null);
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("message".into(), json!(c.to_string()));
+                }
+                v
+            })
+            .collect();
+        items.push(json!({
+            "name": r.name,
+            "source": "skill.md",
+            "manifest": r.manifest.to_string_lossy(),
+            "met": r.met(),
+            "checks": checks,
+            "tools": tools,
+        }));
+    }
+    let unmet = items.iter().filter(|i| i["met"] == false).count();
+    if args.json {
+        let doc = json!({"ok": unmet == 0, "unmet": unmet, "skills": items});
+        let text = serde_json::to_string_pretty(&doc).map_err(io::Error::other)?;
+        writeln!(out, "{text}")?;
+    } else {
+        for i in &items {
+            let status = if i["met"] == true { "ok" } else { "unmet" };
+            let name = i["name"].as_str().unwrap_or_default();
+            let source = i["source"].as_str().unwrap_or_default();
+            let manifest = i["manifest"].as_str().unwrap_or_default();
+            writeln!(out, "{status:<6}{name} ({source}, {manifest})")?;
+            let checks = i["checks"].as_array().map(Vec::as_slice).unwrap_or_default();
+            if checks.is_empty() {
+                writeln!(out, "      no requirements")?;
+            }
+            for c in checks {
+                let mark = if c["met"] == true { "ok   " } else { "MISSING" };
+                writeln!(out, "      {mark:<8}{}", c["message"].as_str().unwrap_or_default())?;
+            }
+            let tools: Vec<&str> = i["tools"]
+                .as_array()
+                .map(|t| t.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if source == "skill.md" {
+                let shown = if tools.is_empty() { "none".to_owned() } else { tools.join(", ") };
+                writeln!(out, "      tools: {shown}")?;
+            }
+        }
+        writeln!(out, "{} skill(s), {unmet} with unmet requirements", items.len())?;
+    }
+    Ok(if unmet == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
