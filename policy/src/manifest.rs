@@ -5,7 +5,7 @@
 //! (required), `schema` (JSON Schema of the args object; absent =
 //! `{"type":"object","properties":{}}`), `entry` (required), `env_allow`
 //! (absent or empty = no environment at all), `timeout_seconds` (0 or absent
-//! = 30 s, clamped to the operator maximum), `class` (`safe` default,
+//! = 30 s; either way at most the operator maximum), `class` (`safe` default,
 //! `mutating`, `dangerous`; case-sensitive), `category` (default
 //! `external`), and our optional `sandbox` object. Unknown top-level fields
 //! are ignored and listed in [`Manifest::ignored_fields`] so the caller can
@@ -232,10 +232,13 @@ impl Manifest {
             }
         }
 
+        // The default obeys the operator maximum too (an executor with
+        // `max_timeout_seconds` under 30 must not run a skill for 30 s).
+        let default_timeout = DEFAULT_TIMEOUT.min(opts.max_timeout);
         let (timeout, timeout_clamped_from) = match get(&obj, "timeout_seconds") {
-            None => (DEFAULT_TIMEOUT, None),
+            None => (default_timeout, None),
             Some(v) => match unsigned(v, "timeout_seconds")? {
-                0 => (DEFAULT_TIMEOUT, None),
+                0 => (default_timeout, None),
                 s if Duration::from_secs(s) > opts.max_timeout => (opts.max_timeout, Some(s)),
                 s => (Duration::from_secs(s), None),
             },

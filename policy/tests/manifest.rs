@@ -329,6 +329,25 @@ fn timeouts() {
     assert_eq!(t(json!(5)).timeout_clamped_from(), None);
 }
 
+/// Found by `fuzz/fuzz_targets/manifest.rs` (seed below, verbatim): with an
+/// operator maximum under 30 s, the 30 s default was not clamped, so a
+/// manifest without `timeout_seconds` ran longer than the executor allows.
+#[test]
+fn default_timeout_obeys_a_small_maximum() {
+    let seed = br#"{"name":"a","description":"d","entry":"run"}"#;
+    for max in [1, 29] {
+        let opts = ValidateOptions { max_timeout: Duration::from_secs(max) };
+        let m = Manifest::from_slice(seed, &opts).unwrap();
+        assert_eq!(m.timeout(), Duration::from_secs(max));
+        assert_eq!(m.timeout_clamped_from(), None, "the manifest asked for nothing");
+        let zero = with("timeout_seconds", json!(0)).to_string();
+        assert_eq!(
+            Manifest::from_slice(zero.as_bytes(), &opts).unwrap().timeout(),
+            Duration::from_secs(max)
+        );
+    }
+}
+
 #[test]
 fn classes() {
     for (s, c) in [
