@@ -1,0 +1,1112 @@
+//! `loadbench`: one trivial JSON skill run every way we care about, side by
+//! side in one invocation (issue 7).
+//!
+//! Variants (each iteration runs every variant once, in a rotating order, so
+//! the noise of a shared machine falls on all of them alike):
+//!
+//! - `bare`: `std::process::Command` (glibc `posix_spawn`), piped stdio, the
+//!   args written to stdin, stdout read to the end, reaped. The baseline (a).
+//! - `cli`: `ongrid-executor run` as a process, start-up included (b).
+//! - `daemon`: the full path (c): an in-process HTTP/1.1 client (one
+//!   keep-alive connection per client thread) → `ongrid-skilld` (Unix
+//!   socket) → `ongrid-executor serve` (Unix socket) → the skill. Both
+//!   daemons are real processes started here on temp sockets, as the e2e
+//!   suite starts them.
+//! - `daemon10k`: the same against a second pair of daemons whose registry
+//!   also holds `--loaded-skills` generated packs (default 10,000).
+//! - `daemon-shm`: the same as `daemon` with the audit database on
+//!   `/dev/shm` (tmpfs: its fsyncs cost nothing), to show what the audit
+//!   trail's two synchronous commits per run cost. Not in the default set.
+//! - `engine`, `engine1g`: `executor::Engine::run` in a worker process (this
+//!   binary, `--engine-worker MB`) holding 0 MiB and `--ballast-mb` MiB of
+//!   touched ballast; the time is taken inside the worker around
+//!   `Engine::run` (sequential only).
+//! - `bwrap`: `bwrap --unshare-all --die-with-parent` with the system dirs,
+//!   the skill folder, `/proc` and `/dev` (d).
+//! - `firejail`: `firejail --quiet --noprofile` (e).
+//!
+//! `bwrap` and `firejail` are skipped (with a note) when not installed;
+//! `benches/run.sh` installs them.
+//!
+//! Prints p50/p90/p99 latency, runs/s and the ratio of each to `bare`, the
+//! daemons' VmRSS (idle, after the scan, after the load), and the
+//! executor's `ongrid_sandbox_setup_seconds` histogram (scraped from
+//! skilld's `/metrics` before and after each phase, so only the measured
+//! runs count) next to the `setup_us` of the same runs' reports.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use executor::{Config, Engine, RunRequest};
+use policy::Outcome;
+use serde_json::Value;
+
+const ARGS: &[u8] = br#"{"bench":1,"text":"hello"}"#;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Bare,
+    Cli,
+    Daemon,
+    Daemon10k,
+    DaemonShm,
+    Engine,
+    Engine1g,
+    Bwrap,
+    Firejail,
+}
+
+const ALL: [Variant; 9] = [
+    Variant::Bare,
+    Variant::Cli,
+    Variant::Daemon,
+    Variant::Daemon10k,
+    Variant::DaemonShm,
+    Variant::Engine,
+    Variant::Engine1g,
+    Variant::Bwrap,
+    Variant::Firejail,
+];
+
+impl Variant {
+    fn parse(s: &str) -> Option<Variant> {
+        ALL.into_iter().find(|v| v.name() == s)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Bare => "bare",
+            Variant::Cli => "cli",
+            Variant::Daemon => "daemon",
+            Variant::Daemon10k => "daemon10k",
+            Variant::DaemonShm => "daemon-shm",
+            Variant::Engine => "engine",
+            Variant::Engine1g => "engine1g",
+            Variant::Bwrap => "bwrap",
+            Variant::Firejail => "firejail",
+        }
+    }
+
+    /// Runs inside a single worker process: sequential only.
+    fn sequential_only(self) -> bool {
+        matches!(self, Variant::Engine | Variant::Engine1g)
+    }
+}
+
+#[derive(Debug)]
+struct Opts {
+    iters: usize,
+    warmup: usize,
+    conc: Vec<usize>,
+    ballast_mb: usize,
+    loaded_skills: usize,
+    skills: Vec<String>,
+    variants: Vec<Variant>,
+    bin_dir: PathBuf,
+    audit_dir: Option<PathBuf>,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
+         [--loaded-skills N] [--skills sh-cat,bin-cat] \
+         [--variants bare,cli,daemon,daemon10k,daemon-shm,engine,engine1g,bwrap,firejail] \
+         [--bin-dir DIR] [--audit-dir DIR]\n       loadbench --engine-worker MB"
+    );
+    std::process::exit(2)
+}
+
+fn parse_opts() -> Opts {
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_default();
+    let mut o = Opts {
+        iters: 500,
+        warmup: 30,
+        conc: vec![1, 8],
+        ballast_mb: 1024,
+        loaded_skills: 10_000,
+        skills: vec!["bin-cat".into(), "sh-cat".into()],
+        variants: ALL.into_iter().filter(|v| *v != Variant::DaemonShm).collect(),
+        bin_dir: exe_dir,
+        audit_dir: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().unwrap_or_else(|| usage());
+        let num = |s: String| s.parse::<usize>().unwrap_or_else(|_| usage());
+        match a.as_str() {
+            "--engine-worker" => engine_worker(num(val())),
+            "--iters" => o.iters = num(val()),
+            "--warmup" => o.warmup = num(val()),
+            "--conc" => o.conc = val().split(',').map(|c| num(c.to_owned()).max(1)).collect(),
+            "--ballast-mb" => o.ballast_mb = num(val()),
+            "--loaded-skills" => o.loaded_skills = num(val()),
+            "--skills" => o.skills = val().split(',').map(str::to_owned).collect(),
+            "--variants" => {
+                o.variants = val()
+                    .split(',')
+                    .map(|v| Variant::parse(v).unwrap_or_else(|| usage()))
+                    .collect();
+            }
+            "--bin-dir" => o.bin_dir = PathBuf::from(val()),
+            "--audit-dir" => o.audit_dir = Some(PathBuf::from(val())),
+            _ => usage(),
+        }
+    }
+    o
+}
+
+// ---------------------------------------------------------------- skills
+
+/// A skill pack: folder 0755 owned by us (root), entry executable, class
+/// `safe` (any caller may run it). Returns the manifest path.
+fn make_skill(base: &Path, kind: &str) -> PathBuf {
+    let dir = base.join(kind);
+    fs::create_dir_all(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let entry = dir.join("run");
+    match kind {
+        "sh-cat" => fs::write(&entry, "#!/bin/sh\nexec cat\n").unwrap(),
+        "bin-cat" => {
+            fs::copy("/bin/cat", &entry).unwrap();
+        }
+        other => panic!("unknown skill {other} (sh-cat, bin-cat)"),
+    }
+    fs::set_permissions(&entry, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(
+        dir.join("skill.json"),
+        format!(
+            r#"{{"name":"{}","description":"load bench","entry":"run","class":"safe","timeout_seconds":10,"schema":{{"type":"object","properties":{{"bench":{{"type":"integer"}},"text":{{"type":"string"}}}}}}}}"#,
+            skill_name(kind)
+        ),
+    )
+    .unwrap();
+    dir.join("skill.json")
+}
+
+fn skill_name(kind: &str) -> String {
+    format!("bench_{}", kind.replace('-', "_"))
+}
+
+/// `n` valid packs under `root` (100 per folder), as the scan bench makes.
+fn make_many(root: &Path, n: usize) {
+    for i in 0..n {
+        let dir = root.join(format!("group{:03}/pack{i:05}", i / 100));
+        fs::create_dir_all(&dir).unwrap();
+        let manifest = serde_json::json!({
+            "name": format!("skill_{i:05}"),
+            "description": "Reports disk usage of a path, with a realistic description length.",
+            "entry": "run.sh",
+            "class": "safe",
+            "category": "storage",
+            "timeout_seconds": 10,
+            "env_allow": ["LANG"],
+            "schema": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "depth": {"type": "integer"}},
+                "required": ["path"]
+            }
+        });
+        fs::write(dir.join("skill.json"), manifest.to_string()).unwrap();
+        let entry = dir.join("run.sh");
+        fs::write(&entry, "#!/bin/sh\necho '{}'\n").unwrap();
+        fs::set_permissions(&entry, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for d in walk_dirs(root) {
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+fn walk_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut out = vec![root.to_owned()];
+    let mut i = 0;
+    while i < out.len() {
+        if let Ok(rd) = fs::read_dir(&out[i]) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    out.push(e.path());
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+// ---------------------------------------------------------------- daemons
+
+fn toml_str(p: &Path) -> String {
+    Value::String(p.display().to_string()).to_string()
+}
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// `ongrid-executor serve` + `ongrid-skilld` on sockets under `base`, as
+/// the e2e harness starts them (audit on, as packaged).
+#[derive(Debug)]
+struct Stack {
+    name: &'static str,
+    socket: PathBuf,
+    metrics: SocketAddr,
+    executor: Child,
+    skilld: Child,
+    rss_idle_kb: (u64, u64),
+}
+
+impl Stack {
+    fn start(
+        name: &'static str,
+        o: &Opts,
+        base: &Path,
+        roots: &[PathBuf],
+        audit_dir: &Path,
+        expected: usize,
+    ) -> Stack {
+        fs::create_dir_all(base).unwrap();
+        fs::set_permissions(base, fs::Permissions::from_mode(0o755)).unwrap();
+        let ex_sock = base.join("executor.sock");
+        let socket = base.join("skilld.sock");
+        let uid = nix::unistd::geteuid().as_raw();
+        let gid = nix::unistd::getegid().as_raw();
+        let roots_toml: Vec<String> = roots.iter().map(|r| toml_str(r)).collect();
+        let roots_toml = roots_toml.join(", ");
+        fs::write(
+            base.join("executor.toml"),
+            format!(
+                "roots = [{roots_toml}]\nruntime_dir = {run}\nsocket = {sock}\n\
+                 socket_owner = \"{uid}\"\nsocket_group = \"{gid}\"\nsocket_mode = \"0600\"\n\
+                 allowed_uids = [{uid}]\nallowed_gids = []\nlandlock = \"best-effort\"\n",
+                run = toml_str(&base.join("run")),
+                sock = toml_str(&ex_sock),
+            ),
+        )
+        .unwrap();
+        let metrics = free_port();
+        fs::create_dir_all(audit_dir).unwrap();
+        fs::write(
+            base.join("skilld.toml"),
+            format!(
+                "socket = {sock}\nexecutor_socket = {ex}\nskills_dirs = [{roots_toml}]\n\
+                 metrics_listen = \"{metrics}\"\nmax_connections = 128\naudit_db = {audit}\n",
+                sock = toml_str(&socket),
+                ex = toml_str(&ex_sock),
+                audit = toml_str(&audit_dir.join(format!("{name}-audit.db"))),
+            ),
+        )
+        .unwrap();
+        let mut executor = Command::new(o.bin_dir.join("ongrid-executor"))
+            .arg("serve")
+            .arg("--config")
+            .arg(base.join("executor.toml"))
+            .env("ONGRID_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(base.join("executor.log")).unwrap())
+            .spawn()
+            .expect("start ongrid-executor (cargo build --release --workspace --bins)");
+        wait_socket(&mut executor, &ex_sock, &base.join("executor.log"));
+        let mut skilld = Command::new(o.bin_dir.join("ongrid-skilld"))
+            .arg("--config")
+            .arg(base.join("skilld.toml"))
+            .env_remove("ONGRID_SKILLS_EXTERNAL_DIRS")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(base.join("skilld.log")).unwrap())
+            .spawn()
+            .expect("start ongrid-skilld");
+        wait_socket(&mut skilld, &socket, &base.join("skilld.log"));
+        let mut stack = Stack { name, socket, metrics, executor, skilld, rss_idle_kb: (0, 0) };
+        // skilld binds, then scans: idle means the first scan is done.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while stack.registered().is_nan() || stack.registered() < expected as f64 {
+            assert!(Instant::now() < deadline, "{name}: registry never reached {expected}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        stack.rss_idle_kb = stack.rss_kb();
+        stack
+    }
+
+    fn registered(&self) -> f64 {
+        gauge(&self.scrape(), "ongrid_skills_registered")
+    }
+
+    /// CPU seconds so far: (skilld, executor itself, executor's reaped
+    /// children, i.e. the skills).
+    fn cpu(&self) -> [f64; 3] {
+        let (d, e) = (proc_cpu(self.skilld.id()), proc_cpu(self.executor.id()));
+        [d[0], e[0], e[1]]
+    }
+
+    fn rss_kb(&self) -> (u64, u64) {
+        (vm_rss_kb(self.executor.id()), vm_rss_kb(self.skilld.id()))
+    }
+
+    fn scrape(&self) -> String {
+        let mut s = TcpStream::connect(self.metrics).expect("metrics listener");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default()
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for c in [&mut self.skilld, &mut self.executor] {
+            if let Ok(pid) = i32::try_from(c.id()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn wait_socket(child: &mut Child, socket: &Path, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("daemon exited {st}:\n{}", fs::read_to_string(log).unwrap_or_default());
+        }
+        if UnixStream::connect(socket).is_ok() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{} not ready", socket.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// (own, reaped children) CPU seconds of process `pid`, from
+/// `/proc/PID/stat` (all threads).
+fn proc_cpu(pid: u32) -> [f64; 2] {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let f: Vec<f64> = stat
+        .rsplit_once(") ")
+        .map(|(_, r)| r.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect())
+        .unwrap_or_default();
+    let tck = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100.0, |t| t as f64);
+    let at = |i: usize| f.get(i).copied().unwrap_or(0.0) / tck;
+    [at(11) + at(12), at(13) + at(14)]
+}
+
+/// The value of an unlabelled sample in a Prometheus text exposition.
+fn gauge(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .next()
+        .unwrap_or(f64::NAN)
+}
+
+fn vm_rss_kb(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A keep-alive HTTP/1.1 client over a Unix socket.
+#[derive(Debug)]
+struct Http {
+    r: BufReader<UnixStream>,
+}
+
+impl Http {
+    fn connect(socket: &Path) -> Http {
+        let s = UnixStream::connect(socket).expect("connect skilld");
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        Http { r: BufReader::with_capacity(64 << 10, s) }
+    }
+
+    fn post(&mut self, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+        let mut req = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(body);
+        self.r.get_mut().write_all(&req).expect("write request");
+        let mut line = String::new();
+        self.r.read_line(&mut line).expect("status line");
+        let status: u16 = line.get(9..12).and_then(|s| s.parse().ok()).expect("HTTP status");
+        let (mut len, mut chunked) = (None, false);
+        loop {
+            line.clear();
+            self.r.read_line(&mut line).expect("header");
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+                if k == "content-length" {
+                    len = v.parse::<usize>().ok();
+                } else if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
+                    chunked = true;
+                }
+            }
+        }
+        let mut body = Vec::new();
+        if chunked {
+            loop {
+                line.clear();
+                self.r.read_line(&mut line).expect("chunk size");
+                let n = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                    .expect("chunk size");
+                let start = body.len();
+                body.resize(start + n + 2, 0);
+                self.r.read_exact(&mut body[start..]).expect("chunk");
+                body.truncate(start + n);
+                if n == 0 {
+                    break;
+                }
+            }
+        } else {
+            body.resize(len.expect("content-length"), 0);
+            self.r.read_exact(&mut body).expect("body");
+        }
+        (status, body)
+    }
+}
+
+// ---------------------------------------------------------------- engine worker
+
+/// `--engine-worker MB`: holds MB of touched ballast and an `Engine`; for
+/// each manifest path read on stdin, runs it once and prints
+/// `<latency ns> <setup_us>`. The first line is `ready <VmRSS kB>`.
+fn engine_worker(mb: usize) -> ! {
+    let mut ballast = vec![0u8; mb << 20];
+    for i in (0..ballast.len()).step_by(4096) {
+        ballast[i] = 1;
+    }
+    std::hint::black_box(&mut ballast);
+    let engine = Engine::new(Config::default()).expect("engine");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready {}", vm_rss_kb(std::process::id())).unwrap();
+    out.flush().unwrap();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let req = RunRequest { manifest_path: PathBuf::from(line.trim()), args: ARGS.to_vec() };
+        let t0 = Instant::now();
+        let r = rt.block_on(engine.run(req, &mut |_| {}, std::future::pending()));
+        let ns = t0.elapsed().as_nanos();
+        assert_eq!(r.outcome, Outcome::Ok, "engine run: {r:?}");
+        writeln!(out, "{ns} {}", r.setup_us).unwrap();
+        out.flush().unwrap();
+    }
+    std::process::exit(0)
+}
+
+#[derive(Debug)]
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    rss_kb: u64,
+}
+
+impl Worker {
+    fn start(mb: usize) -> Worker {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .arg("--engine-worker")
+            .arg(mb.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("engine worker");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let rss_kb = line.trim().strip_prefix("ready ").and_then(|s| s.parse().ok()).unwrap_or(0);
+        Worker { child, stdin, stdout, rss_kb }
+    }
+
+    fn run(&mut self, manifest: &Path) -> (Duration, u64) {
+        writeln!(self.stdin, "{}", manifest.display()).unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        let mut it = line.split_whitespace().map(|s| s.parse::<u64>().unwrap());
+        let ns = it.next().expect("worker answer");
+        (Duration::from_nanos(ns), it.next().unwrap_or(0))
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------- one run
+
+struct Ctx<'a> {
+    o: &'a Opts,
+    config: PathBuf,
+    stacks: BTreeMap<&'static str, Stack>,
+    workers: Mutex<BTreeMap<&'static str, Worker>>,
+}
+
+/// Per client thread: its keep-alive connections.
+#[derive(Default)]
+struct Client {
+    conns: BTreeMap<&'static str, Http>,
+}
+
+/// One run of `v`: its latency and, when there is one, the report's
+/// `setup_us`.
+fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Duration, Option<u64>) {
+    let dir = manifest.parent().unwrap();
+    let entry = dir.join("run");
+    let spawn_echo = |cmd: &mut Command| {
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut c = cmd.spawn().expect("spawn");
+        c.stdin.take().expect("stdin").write_all(ARGS).expect("write args");
+        let out = c.wait_with_output().expect("wait");
+        assert!(
+            out.status.success() && out.stdout.trim_ascii_end() == ARGS,
+            "{}: {out:?}",
+            v.name()
+        );
+    };
+    let t0 = Instant::now();
+    let setup = match v {
+        Variant::Bare => {
+            spawn_echo(&mut Command::new(&entry));
+            None
+        }
+        Variant::Bwrap => {
+            let mut cmd = Command::new("bwrap");
+            cmd.args(["--unshare-all", "--die-with-parent"]);
+            for sys in ["/usr", "/bin", "/lib", "/lib64"] {
+                match fs::read_link(sys) {
+                    // Merged /usr (Debian 12): mirror the host's symlinks.
+                    Ok(target) => cmd.arg("--symlink").arg(target).arg(sys),
+                    Err(_) => cmd.arg("--ro-bind").arg(sys).arg(sys),
+                };
+            }
+            cmd.arg("--ro-bind").arg(dir).arg(dir);
+            cmd.args(["--proc", "/proc", "--dev", "/dev"]).arg(&entry);
+            spawn_echo(&mut cmd);
+            None
+        }
+        Variant::Firejail => {
+            spawn_echo(Command::new("firejail").args(["--quiet", "--noprofile"]).arg(&entry));
+            None
+        }
+        Variant::Cli => {
+            let out = Command::new(ctx.o.bin_dir.join("ongrid-executor"))
+                .arg("run")
+                .arg("--manifest")
+                .arg(manifest)
+                .arg("--config")
+                .arg(&ctx.config)
+                .arg("--args")
+                .arg(std::str::from_utf8(ARGS).unwrap_or("{}"))
+                .stdin(Stdio::null())
+                .output()
+                .expect("spawn ongrid-executor");
+            assert!(
+                out.status.success() && out.stdout.trim_ascii_end() == ARGS,
+                "cli run: {out:?}"
+            );
+            None
+        }
+        Variant::Daemon | Variant::Daemon10k | Variant::DaemonShm => {
+            let stack = &ctx.stacks[v.name()];
+            let conn = cl.conns.entry(stack.name).or_insert_with(|| Http::connect(&stack.socket));
+            let name = skill_name(dir.file_name().unwrap().to_str().unwrap());
+            let mut body = br#"{"args":"#.to_vec();
+            body.extend_from_slice(ARGS);
+            body.push(b'}');
+            let (status, resp) = conn.post(&format!("/v1/skills/{name}/execute"), &body);
+            let report: Value = serde_json::from_slice(&resp).expect("report JSON");
+            let want: Value = serde_json::from_slice(ARGS).unwrap();
+            assert!(
+                status == 200 && report["outcome"] == "ok" && report["result"] == want,
+                "daemon run: {status} {report}"
+            );
+            report["setup_us"].as_u64()
+        }
+        Variant::Engine | Variant::Engine1g => {
+            let mut workers = ctx.workers.lock().unwrap();
+            let (el, setup) = workers.get_mut(v.name()).expect("worker").run(manifest);
+            return (el, Some(setup));
+        }
+    };
+    (t0.elapsed(), setup)
+}
+
+// ---------------------------------------------------------------- phases
+
+#[derive(Debug, Default, Clone)]
+struct Samples {
+    lat_us: Vec<f64>,
+    setup_us: Vec<f64>,
+    runs: usize,
+    wall: Duration,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn sorted(v: &[f64]) -> Vec<f64> {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// Sequential: every iteration runs each variant once, rotating the order.
+/// Throughput is runs / summed latency.
+fn sequential(ctx: &Ctx<'_>, variants: &[Variant], manifest: &Path) -> (Vec<Samples>, Mark) {
+    let o = ctx.o;
+    let mut cl = Client::default();
+    let mut out = vec![Samples::default(); variants.len()];
+    let n = variants.len();
+    let mut mark = None;
+    for i in 0..o.warmup + o.iters {
+        if i == o.warmup {
+            mark = Some(Mark::take(ctx));
+        }
+        for k in 0..n {
+            let idx = (i + k) % n;
+            let (el, setup) = run_one(variants[idx], ctx, &mut cl, manifest);
+            if i >= o.warmup {
+                let s = &mut out[idx];
+                s.lat_us.push(el.as_secs_f64() * 1e6);
+                s.setup_us.extend(setup.map(|u| u as f64));
+                s.runs += 1;
+                s.wall += el;
+            }
+        }
+    }
+    (out, mark.unwrap_or_else(|| Mark::take(ctx)))
+}
+
+/// `conc` client threads (each with its own keep-alive connection) run one
+/// variant at a time, `per` runs each; variants alternate round by round.
+/// Throughput is runs / wall time of the rounds.
+fn concurrent(
+    ctx: &Ctx<'_>,
+    variants: &[Variant],
+    manifest: &Path,
+    conc: usize,
+) -> (Vec<Samples>, Mark) {
+    let o = ctx.o;
+    let per = 10usize;
+    let rounds = (o.iters / per).max(1);
+    let warm_rounds = (o.warmup / per).max(1);
+    let n = variants.len();
+    let mut out = vec![Samples::default(); n];
+    let clients: Vec<Mutex<Client>> = (0..conc).map(|_| Mutex::new(Client::default())).collect();
+    let mut mark = None;
+    for round in 0..warm_rounds + rounds {
+        if round == warm_rounds {
+            mark = Some(Mark::take(ctx));
+        }
+        for k in 0..n {
+            let idx = (round + k) % n;
+            let v = variants[idx];
+            let barrier = Barrier::new(conc + 1);
+            let (wall, results) = std::thread::scope(|s| {
+                let handles: Vec<_> = clients
+                    .iter()
+                    .map(|cl| {
+                        let barrier = &barrier;
+                        s.spawn(move || {
+                            let mut cl = cl.lock().unwrap();
+                            barrier.wait();
+                            (0..per).map(|_| run_one(v, ctx, &mut cl, manifest)).collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                barrier.wait();
+                let t0 = Instant::now();
+                let results: Vec<_> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+                (t0.elapsed(), results)
+            });
+            if round >= warm_rounds {
+                let s = &mut out[idx];
+                s.wall += wall;
+                s.runs += results.len();
+                for (el, setup) in results {
+                    s.lat_us.push(el.as_secs_f64() * 1e6);
+                    s.setup_us.extend(setup.map(|u| u as f64));
+                }
+            }
+        }
+    }
+    (out, mark.unwrap_or_else(|| Mark::take(ctx)))
+}
+
+/// The daemons' histograms and CPU when the measured runs start.
+#[derive(Debug)]
+struct Mark {
+    hist: Vec<Hist>,
+    cpu: Vec<[f64; 3]>,
+}
+
+impl Mark {
+    fn take(ctx: &Ctx<'_>) -> Mark {
+        Mark { hist: scrape_all(ctx), cpu: ctx.stacks.values().map(Stack::cpu).collect() }
+    }
+}
+
+// ---------------------------------------------------------------- metrics
+
+/// `ongrid_sandbox_setup_seconds` as scraped: cumulative buckets, sum, count.
+#[derive(Debug, Default, Clone)]
+struct Hist {
+    buckets: Vec<(f64, f64)>,
+    sum: f64,
+    count: f64,
+}
+
+fn parse_hist(text: &str, name: &str) -> Hist {
+    let mut h = Hist::default();
+    for line in text.lines() {
+        let Some((key, val)) = line.rsplit_once(' ') else { continue };
+        let Ok(val) = val.parse::<f64>() else { continue };
+        if let Some(rest) = key.strip_prefix(&format!("{name}_bucket{{")) {
+            let le = rest.split("le=\"").nth(1).and_then(|s| s.split('"').next()).unwrap_or("");
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::NAN) };
+            h.buckets.push((le, val));
+        } else if key == format!("{name}_sum") {
+            h.sum = val;
+        } else if key == format!("{name}_count") {
+            h.count = val;
+        }
+    }
+    h.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    h
+}
+
+fn hist_delta(after: &Hist, before: &Hist) -> Hist {
+    let buckets = after
+        .buckets
+        .iter()
+        .map(|&(le, c)| {
+            let b = before.buckets.iter().find(|x| x.0 == le).map_or(0.0, |x| x.1);
+            (le, c - b)
+        })
+        .collect();
+    Hist { buckets, sum: after.sum - before.sum, count: after.count - before.count }
+}
+
+/// `histogram_quantile`: linear interpolation inside the bucket.
+fn hist_quantile(h: &Hist, q: f64) -> f64 {
+    let rank = q * h.count;
+    let mut prev = (0.0, 0.0);
+    for &(le, c) in &h.buckets {
+        if c >= rank {
+            if le.is_infinite() {
+                return prev.0;
+            }
+            let inside = c - prev.1;
+            let frac = if inside > 0.0 { (rank - prev.1) / inside } else { 1.0 };
+            return prev.0 + (le - prev.0) * frac;
+        }
+        prev = (le, c);
+    }
+    f64::NAN
+}
+
+// ---------------------------------------------------------------- report
+
+fn first_line(path: &str) -> String {
+    fs::read_to_string(path).unwrap_or_default().lines().next().unwrap_or("").to_owned()
+}
+
+fn print_table(variants: &[Variant], samples: &[Samples]) {
+    println!(
+        "{:<10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>10}",
+        "variant",
+        "n",
+        "p50 us",
+        "p90 us",
+        "p99 us",
+        "mean us",
+        "runs/s",
+        "x bare p50",
+        "bare/x p50",
+        "x bare run/s"
+    );
+    let bare = variants.iter().position(|v| *v == Variant::Bare);
+    let stats = |s: &Samples| {
+        let l = sorted(&s.lat_us);
+        (pct(&l, 0.5), s.runs as f64 / s.wall.as_secs_f64().max(1e-9))
+    };
+    let (bare_p50, bare_rps) = bare.map_or((f64::NAN, f64::NAN), |b| stats(&samples[b]));
+    for (v, s) in variants.iter().zip(samples) {
+        let l = sorted(&s.lat_us);
+        let (p50, rps) = stats(s);
+        println!(
+            "{:<10} {:>6} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>8.0} {:>9.2} {:>9.2} {:>10.2}",
+            v.name(),
+            l.len(),
+            p50,
+            pct(&l, 0.9),
+            pct(&l, 0.99),
+            mean(&l),
+            rps,
+            p50 / bare_p50,
+            bare_p50 / p50,
+            rps / bare_rps
+        );
+    }
+    for (v, s) in variants.iter().zip(samples) {
+        if !s.setup_us.is_empty() {
+            let st = sorted(&s.setup_us);
+            println!(
+                "{:<10} report setup_us: mean {:.0} p50 {:.0} p90 {:.0} p99 {:.0}",
+                v.name(),
+                mean(&st),
+                pct(&st, 0.5),
+                pct(&st, 0.9),
+                pct(&st, 0.99)
+            );
+        }
+    }
+    // Ratios between sandboxes, from the same run.
+    let p50_of = |want: Variant| {
+        variants.iter().position(|v| *v == want).map(|i| pct(&sorted(&samples[i].lat_us), 0.5))
+    };
+    for ours in [Variant::Engine, Variant::Daemon] {
+        for theirs in [Variant::Bwrap, Variant::Firejail] {
+            if let (Some(a), Some(b)) = (p50_of(ours), p50_of(theirs)) {
+                println!("{} p50 / {} p50 = {:.1}x faster", theirs.name(), ours.name(), b / a);
+            }
+        }
+    }
+    if let (Some(a), Some(b)) = (p50_of(Variant::Engine1g), p50_of(Variant::Engine)) {
+        println!("engine1g p50 / engine p50 = {:.3}", a / b);
+    }
+    if let (Some(a), Some(b)) = (p50_of(Variant::Daemon10k), p50_of(Variant::Daemon)) {
+        println!("daemon10k p50 / daemon p50 = {:.3}", a / b);
+    }
+}
+
+fn print_metrics(ctx: &Ctx<'_>, variants: &[Variant], samples: &[Samples], mark: &Mark) {
+    const NAME: &str = "ongrid_sandbox_setup_seconds";
+    for (((name, stack), before), cpu0) in ctx.stacks.iter().zip(&mark.hist).zip(&mark.cpu) {
+        let h = hist_delta(&parse_hist(&stack.scrape(), NAME), before);
+        let i = variants.iter().position(|v| v.name() == *name);
+        let bench = i.map(|i| sorted(&samples[i].setup_us)).unwrap_or_default();
+        let runs = i.map_or(0, |i| samples[i].runs).max(1) as f64;
+        let cpu = stack.cpu();
+        println!(
+            "{name}: CPU per run: skilld {:.0} us, executor {:.0} us, skill (executor's \
+             children) {:.0} us",
+            (cpu[0] - cpu0[0]) / runs * 1e6,
+            (cpu[1] - cpu0[1]) / runs * 1e6,
+            (cpu[2] - cpu0[2]) / runs * 1e6,
+        );
+        println!(
+            "{name}: {NAME} over the measured runs: count {:.0} mean {:.0} us, p50 ~{:.0} us, \
+             p90 ~{:.0} us (bucket interpolation) | reports' setup_us: n {} mean {:.0} p50 {:.0} \
+             p90 {:.0} us",
+            h.count,
+            h.sum / h.count.max(1.0) * 1e6,
+            hist_quantile(&h, 0.5) * 1e6,
+            hist_quantile(&h, 0.9) * 1e6,
+            bench.len(),
+            mean(&bench),
+            pct(&bench, 0.5),
+            pct(&bench, 0.9),
+        );
+    }
+}
+
+fn scrape_all(ctx: &Ctx<'_>) -> Vec<Hist> {
+    ctx.stacks.values().map(|s| parse_hist(&s.scrape(), "ongrid_sandbox_setup_seconds")).collect()
+}
+
+fn print_rss(ctx: &Ctx<'_>, when: &str) {
+    for (name, s) in &ctx.stacks {
+        let (e, d) = s.rss_kb();
+        println!(
+            "VmRSS {when:<12} {name:<10} executor {:>6.1} MiB  skilld {:>6.1} MiB",
+            e as f64 / 1024.0,
+            d as f64 / 1024.0
+        );
+    }
+}
+
+fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn main() {
+    let mut o = parse_opts();
+    let uname = nix::sys::utsname::uname().ok();
+    println!(
+        "loadbench: {} | kernel {} | {} CPUs | euid {} | iters {} warmup {} conc {:?}",
+        std::env::args().collect::<Vec<_>>().join(" "),
+        uname.as_ref().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        nix::unistd::geteuid(),
+        o.iters,
+        o.warmup,
+        o.conc,
+    );
+    println!("loadavg at start: {}", first_line("/proc/loadavg"));
+    for tool in ["bwrap", "firejail"] {
+        let v = Variant::parse(tool).unwrap();
+        if o.variants.contains(&v) && !have(tool) {
+            println!("note: {tool} not installed, variant skipped (benches/run.sh installs it)");
+            o.variants.retain(|x| *x != v);
+        }
+    }
+    for bin in ["ongrid-executor", "ongrid-skilld"] {
+        if !o.bin_dir.join(bin).exists() {
+            eprintln!("{} missing: cargo build --release --workspace --bins", bin);
+            std::process::exit(2);
+        }
+    }
+
+    let tmp = tempfile::Builder::new().prefix("loadbench").tempdir().unwrap();
+    let base = fs::canonicalize(tmp.path()).unwrap();
+    fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
+    let skills_root = base.join("skills");
+    fs::create_dir_all(&skills_root).unwrap();
+    fs::set_permissions(&skills_root, fs::Permissions::from_mode(0o755)).unwrap();
+    let manifests: Vec<(String, PathBuf)> =
+        o.skills.iter().map(|k| (k.clone(), make_skill(&skills_root, k))).collect();
+    let config = base.join("executor.toml");
+    fs::write(&config, "").unwrap();
+    let audit_dir = o.audit_dir.clone().unwrap_or_else(|| base.join("audit"));
+
+    let mut stacks = BTreeMap::new();
+    let mut shm_dirs = Vec::new();
+    if o.variants.contains(&Variant::Daemon) {
+        let s = Stack::start(
+            "daemon",
+            &o,
+            &base.join("stack"),
+            std::slice::from_ref(&skills_root),
+            &audit_dir,
+            manifests.len(),
+        );
+        stacks.insert("daemon", s);
+    }
+    if o.variants.contains(&Variant::DaemonShm) {
+        let shm =
+            tempfile::Builder::new().prefix("loadbench-audit").tempdir_in("/dev/shm").unwrap();
+        let s = Stack::start(
+            "daemon-shm",
+            &o,
+            &base.join("stack-shm"),
+            std::slice::from_ref(&skills_root),
+            shm.path(),
+            manifests.len(),
+        );
+        stacks.insert("daemon-shm", s);
+        shm_dirs.push(shm);
+    }
+    if o.variants.contains(&Variant::Daemon10k) {
+        let many = base.join("many");
+        let t0 = Instant::now();
+        make_many(&many, o.loaded_skills);
+        println!("generated {} packs in {:.1} s", o.loaded_skills, t0.elapsed().as_secs_f64());
+        let s = Stack::start(
+            "daemon10k",
+            &o,
+            &base.join("stack10k"),
+            &[skills_root.clone(), many],
+            &audit_dir,
+            manifests.len() + o.loaded_skills,
+        );
+        stacks.insert("daemon10k", s);
+    }
+    for s in stacks.values() {
+        println!(
+            "VmRSS {:<12} {:<10} executor {:>6.1} MiB  skilld {:>6.1} MiB",
+            "idle",
+            s.name,
+            s.rss_idle_kb.0 as f64 / 1024.0,
+            s.rss_idle_kb.1 as f64 / 1024.0
+        );
+    }
+    let mut workers = BTreeMap::new();
+    if o.variants.contains(&Variant::Engine) {
+        workers.insert("engine", Worker::start(0));
+    }
+    if o.variants.contains(&Variant::Engine1g) {
+        workers.insert("engine1g", Worker::start(o.ballast_mb));
+    }
+    for (name, w) in &workers {
+        println!("worker {name}: VmRSS {:.1} MiB", w.rss_kb as f64 / 1024.0);
+    }
+    let ctx = Ctx { o: &o, config, stacks, workers: Mutex::new(workers) };
+
+    for (kind, manifest) in &manifests {
+        for &conc in &o.conc {
+            let variants: Vec<Variant> =
+                o.variants.iter().copied().filter(|v| conc == 1 || !v.sequential_only()).collect();
+            let t0 = Instant::now();
+            let (samples, mark) = if conc == 1 {
+                sequential(&ctx, &variants, manifest)
+            } else {
+                concurrent(&ctx, &variants, manifest, conc)
+            };
+            println!(
+                "\nskill {kind}, {} ({} s, loadavg {}):",
+                if conc == 1 { "sequential".to_owned() } else { format!("{conc} clients") },
+                t0.elapsed().as_secs(),
+                first_line("/proc/loadavg")
+            );
+            print_table(&variants, &samples);
+            print_metrics(&ctx, &variants, &samples, &mark);
+            print_rss(&ctx, &format!("after c={conc}"));
+        }
+    }
+    println!("\nloadavg at end: {}", first_line("/proc/loadavg"));
+    drop(ctx);
+    drop(shm_dirs);
+}
