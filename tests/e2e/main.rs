@@ -10,7 +10,10 @@
 //! clients), [`malformed`] HTTP and JSON-RPC corpora, [`up`] (the demo
 //! command and the README's curl examples), [`rogue`] (a client skipping
 //! ongrid-skilld cannot exceed `[[peers]]`), [`approvals`] (the README's
-//! permissions and approvals walk-through, run as written).
+//! permissions and approvals walk-through, run as written), [`mcp`]
+//! (`ongrid-skill mcp`: a real MCP session over stdio, SKILL.md tools),
+//! [`packs`] (the example packs in the real sandbox against loopback
+//! listeners).
 
 mod harness;
 
@@ -19,6 +22,8 @@ mod approvals;
 mod cancel;
 mod load;
 mod malformed;
+mod mcp;
+mod packs;
 mod reload;
 mod restart;
 mod rogue;

@@ -9,6 +9,7 @@ mod entries;
 mod manifests;
 mod output;
 mod roots;
+mod skillmd;
 mod usage;
 mod validate;
 mod walk;

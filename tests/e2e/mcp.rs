@@ -1,0 +1,155 @@
+//! `ongrid-skill mcp` against both real daemons: a real MCP handshake over
+//! the process's stdin/stdout (initialize, tools/list, tools/call ok, a
+//! failing call, refused args, an unknown tool), a SKILL.md tool listed
+//! with `source: "skill.md"` and run through the same sandbox.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::harness::{bin, Stack};
+
+struct Mcp {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Mcp {
+    fn start(socket: &std::path::Path) -> Self {
+        let mut child = Command::new(bin("ongrid-skill"))
+            .arg("mcp")
+            .arg("--socket")
+            .arg(socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        Mcp { child, stdin, lines }
+    }
+
+    fn send(&mut self, msg: &Value) {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{msg}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn recv(&self) -> Value {
+        let line = self.lines.recv_timeout(Duration::from_secs(30)).expect("an MCP answer");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON on stdout ({e}): {line}"))
+    }
+
+    fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let answer = self.recv();
+        assert_eq!(answer["jsonrpc"], "2.0");
+        assert_eq!(answer["id"], id, "{answer}");
+        answer
+    }
+
+    fn call(&mut self, id: u64, name: &str, arguments: Value) -> Value {
+        self.request(id, "tools/call", json!({"name": name, "arguments": arguments}))
+    }
+}
+
+/// A SKILL.md pack with one tool in the stack's skills root.
+fn skill_md_pack(s: &Stack) {
+    let dir = s.skills.join("greeter");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        dir.join("SKILL.md"),
+        "---\nname: greeter\ndescription: Greets\nmetadata:\n  os: linux\n  requires:\n    bins: [sh]\n\
+         tools:\n  - name: hello\n    impl: hello.sh\n    description: Says hello\n    \
+         schema: {type: object, properties: {who: {type: string}}, required: [who]}\n---\n# Greeter\n",
+    )
+    .unwrap();
+    let script = dir.join("hello.sh");
+    std::fs::write(&script, "#!/bin/sh\necho '{\"hello\":true}'\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(dir.join("SKILL.md"), std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+#[test]
+fn mcp_handshake_list_and_calls_against_both_daemons() {
+    let s = Stack::start();
+    skill_md_pack(&s);
+    let r = s.post("/v1/reload", &json!({}));
+    assert_eq!(r.status, 200, "{}", s.logs());
+    let listed = s.get("/v1/skills/greeter_hello").json();
+    assert_eq!(listed["source"], "skill.md", "{listed}");
+
+    let mut mcp = Mcp::start(&s.socket);
+    let init = mcp.request(
+        1,
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {},
+               "clientInfo": {"name": "e2e", "version": "1"}}),
+    );
+    assert_eq!(init["result"]["protocolVersion"], "2025-06-18");
+    assert!(init["result"]["capabilities"]["tools"].is_object());
+    assert_eq!(init["result"]["serverInfo"]["name"], "ongrid-skill");
+    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    assert_eq!(mcp.request(2, "ping", json!({}))["result"], json!({}));
+
+    let list = mcp.request(3, "tools/list", json!({}));
+    let tools = list["result"]["tools"].as_array().unwrap();
+    let echo = tools.iter().find(|t| t["name"] == "echo").expect("echo listed");
+    assert_eq!(echo["inputSchema"]["properties"]["n"]["type"], "integer");
+    assert!(echo["description"].is_string());
+    let hello = tools.iter().find(|t| t["name"] == "greeter_hello").expect("SKILL.md tool listed");
+    assert_eq!(hello["description"], "Says hello");
+    assert_eq!(hello["inputSchema"]["required"], json!(["who"]));
+
+    // ok: structured content and the same JSON as text.
+    let ok = mcp.call(4, "echo", json!({"n": 7}));
+    assert_eq!(ok["result"]["isError"], false, "{ok}");
+    assert_eq!(ok["result"]["structuredContent"], json!({"n": 7}));
+    let text = ok["result"]["content"][0]["text"].as_str().unwrap();
+    assert_eq!(serde_json::from_str::<Value>(text).unwrap(), json!({"n": 7}));
+
+    // A failing run: isError with the outcome and the stderr tail.
+    let failed = mcp.call(5, "fail", json!({}));
+    let result = &failed["result"];
+    assert_eq!(result["isError"], true, "{failed}");
+    assert_eq!(result["structuredContent"]["outcome"], "exit_nonzero");
+    assert_eq!(result["structuredContent"]["exit_code"], 3);
+    let text = result["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("exit_nonzero") && text.contains("boom"), "{text}");
+
+    // Args not matching the schema: isError with the reason, nothing ran.
+    let refused = mcp.call(6, "strict", json!({"depth": -1}));
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    let text = refused["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("path"), "{text}");
+
+    // An unknown tool is a protocol error.
+    let unknown = mcp.call(7, "no_such_tool", json!({}));
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+
+    // The SKILL.md tool runs through the executor like any skill.
+    let hello = mcp.call(8, "greeter_hello", json!({"who": "e2e"}));
+    assert_eq!(hello["result"]["structuredContent"], json!({"hello": true}), "{hello}");
+
+    // Unknown method; then stdin closes and the server exits cleanly.
+    assert_eq!(mcp.request(9, "prompts/list", json!({}))["error"]["code"], -32601);
+    drop(mcp.stdin.take());
+    let status = mcp.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
