@@ -30,6 +30,8 @@ pub const DEFAULT_MAX_LINE_BYTES: usize = policy::wire::MAX_LINE_BYTES;
 pub const MIN_RUNS_TMPFS_BYTES: u64 = 1 << 20;
 /// Largest default size of the runs tmpfs (1 GiB).
 pub const DEFAULT_RUNS_TMPFS_BYTES: u64 = 1 << 30;
+/// Default `idle_timeout_seconds`.
+pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u64 = 60;
 /// Shortest `max_line_bytes` (a request with a manifest path must fit).
 pub const MIN_MAX_LINE_BYTES: usize = 1024;
 
@@ -99,6 +101,9 @@ pub struct Config {
     pub max_connections: usize,
     /// Longest request line, bytes.
     pub max_line_bytes: usize,
+    /// A connection without a run in flight and without a complete request
+    /// line for this long is closed (0 = never).
+    pub idle_timeout_seconds: u64,
 }
 
 /// Which skill classes one peer may run (`[[peers]]`).
@@ -136,6 +141,7 @@ impl Default for Config {
             max_queued_runs: 64,
             max_connections: 256,
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
         }
     }
 }
@@ -395,6 +401,7 @@ mod tests {
             max_queued_runs = 0
             max_connections = 8
             max_line_bytes = 65536
+            idle_timeout_seconds = 5
             [[peers]]
             uid = 998
             classes = ["safe", "mutating"]
@@ -405,6 +412,7 @@ mod tests {
         let c = Config::parse(text, Path::new("x.toml")).unwrap();
         assert_eq!(c.socket_path(), PathBuf::from("/run/x/executor.sock"));
         assert_eq!(c.socket_mode_bits(), 0o600);
+        assert_eq!(c.idle_timeout_seconds, 5);
         assert_eq!(c.allowed_uids, Some(vec![0, 998]));
         assert_eq!(c.peers[0].classes, [SkillClass::Safe, SkillClass::Mutating]);
         assert_eq!(c.peers[1].user.as_deref(), Some("ops"));

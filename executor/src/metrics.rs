@@ -56,6 +56,9 @@ pub struct Metrics {
     pub peer_rejected_total: IntCounter,
     /// `ongrid_executor_connections`: accepted connections open now.
     pub connections: IntGauge,
+    /// `ongrid_executor_idle_closed_total`: connections closed for sending
+    /// no request for `idle_timeout_seconds` with no run in flight.
+    pub idle_closed_total: IntCounter,
 }
 
 impl Metrics {
@@ -111,6 +114,10 @@ impl Metrics {
                 "ongrid_executor_connections",
                 "Accepted executor-socket connections open now.",
             )?,
+            idle_closed_total: IntCounter::new(
+                "ongrid_executor_idle_closed_total",
+                "Connections closed after idle_timeout_seconds without a request or a run.",
+            )?,
         };
         registry.register(Box::new(m.runs_total.clone()))?;
         registry.register(Box::new(m.run_duration_seconds.clone()))?;
@@ -120,6 +127,7 @@ impl Metrics {
         registry.register(Box::new(m.landlock_enforcement_total.clone()))?;
         registry.register(Box::new(m.peer_rejected_total.clone()))?;
         registry.register(Box::new(m.connections.clone()))?;
+        registry.register(Box::new(m.idle_closed_total.clone()))?;
         Ok(m)
     }
 

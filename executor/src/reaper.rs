@@ -4,16 +4,31 @@
 //! reparented to it (this machine's PID 1 does not reap). Reaping "any
 //! child" could take a main process's status from under its run; such a
 //! status is parked here and handed to its run.
+//!
+//! A main process is tracked only once `clone` has returned its pid, and a
+//! skill that exits at once (`exit 3`) can be gone before that: another
+//! run's [`Reaper::reap_orphans`] may reap it first. So the status of every
+//! untracked child reaped here is kept for [`UNCLAIMED_TTL`] too, and
+//! [`Reaper::collect`] takes it from there when its own `waitpid` finds no
+//! child (the soak of issue 9 saw 12 runs in 1932 reported `signaled`,
+//! "the process vanished", before this).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::sys::process::{self, Exit};
 
-/// Parked exit statuses of the main processes being supervised.
+/// How long the status of an untracked child is kept for a run that has
+/// not tracked its main process yet.
+pub const UNCLAIMED_TTL: Duration = Duration::from_secs(30);
+
+/// Parked exit statuses of the main processes being supervised, and of
+/// recently reaped untracked children.
 #[derive(Debug, Default)]
 pub struct Reaper {
     mains: Mutex<HashMap<i32, Option<Exit>>>,
+    unclaimed: Mutex<HashMap<i32, (Exit, Instant)>>,
 }
 
 impl Reaper {
@@ -45,13 +60,16 @@ impl Reaper {
         match process::wait(pid, true) {
             Ok(Some((_, exit))) => {
                 mains.remove(&pid);
+                self.unclaimed().remove(&pid);
                 Some(exit)
             }
             Ok(None) => None,
             Err(_) => {
-                // Not our child any more: nothing to wait for.
+                // Not our child any more: reaped as an orphan before it was
+                // tracked, else nothing to wait for.
                 mains.remove(&pid);
-                Some(Exit { code: None, signal: None, cpu_us: 0 })
+                let early = self.unclaimed().remove(&pid).map(|(exit, _)| exit);
+                Some(early.unwrap_or(Exit { code: None, signal: None, cpu_us: 0 }))
             }
         }
     }
@@ -60,10 +78,50 @@ impl Reaper {
     /// status is parked instead).
     pub fn reap_orphans(&self) {
         let mut mains = self.lock();
+        let now = Instant::now();
+        let mut unclaimed = self.unclaimed();
         while let Ok(Some((pid, exit))) = process::wait(-1, true) {
             if let Some(slot) = mains.get_mut(&pid) {
                 *slot = Some(exit);
+            } else {
+                unclaimed.insert(pid, (exit, now));
             }
         }
+        unclaimed.retain(|_, (_, at)| now.duration_since(*at) < UNCLAIMED_TTL);
+    }
+
+    fn unclaimed(&self) -> std::sync::MutexGuard<'_, HashMap<i32, (Exit, Instant)>> {
+        // Always taken after `mains` (lock order), and consistent when poisoned.
+        self.unclaimed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A main process reaped as an orphan before its run tracked it keeps
+    /// its exit status.
+    #[test]
+    fn a_main_reaped_before_it_was_tracked_keeps_its_status() {
+        let reaper = Reaper::default();
+        let child = std::process::Command::new("/bin/sh").args(["-c", "exit 3"]).spawn().unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        // Wait until it is a zombie, then let "another run" reap it.
+        let zombie = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !zombie() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        reaper.reap_orphans();
+        reaper.track(pid);
+        let exit = reaper.collect(pid).expect("an exit");
+        assert_eq!(exit.code, Some(3), "{exit:?}");
+        // Claimed once.
+        assert!(reaper.unclaimed().is_empty());
+        drop(child);
     }
 }

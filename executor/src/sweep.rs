@@ -181,12 +181,18 @@ fn recorded_pgids(dir: &Path) -> Vec<i32> {
         .unwrap_or_default()
 }
 
-/// Start time (clock ticks since boot) of `pid`, field 22 of its stat.
+/// Start time (clock ticks since boot) of `pid`, field 22 of its stat;
+/// `None` when it is gone or a zombie (a killed watchdog whose parent died
+/// too stays a zombie where PID 1 does not reap, with its start time).
 pub fn start_time(pid: i32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     // Fields from 3 (state) on; start time is field 22.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = rest.split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// True when the instance directory `dir` has a guard naming a live
@@ -310,4 +316,29 @@ pub fn sweep(runtime_dir: &Path, bases: &[PathBuf], min_age: Duration) -> Swept 
         );
     }
     swept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A zombie has no start time: a guard naming one is dead.
+    #[test]
+    fn a_zombie_has_no_start_time() {
+        let me = i32::try_from(std::process::id()).unwrap();
+        assert!(start_time(me).is_some());
+        let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let zombie = || {
+            fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+        };
+        let until = Instant::now() + Duration::from_secs(10);
+        while !zombie() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(zombie(), "{pid} did not become a zombie");
+        assert_eq!(start_time(pid), None);
+        let _ = child.wait();
+    }
 }

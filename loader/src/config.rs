@@ -16,6 +16,8 @@
 //! max_concurrent_runs = 64
 //! queue_timeout_seconds = 10
 //! request_timeout_seconds = 30
+//! header_timeout_seconds = 10         # a request head must arrive within this
+//! idle_timeout_seconds = 60           # a connection with no request in progress is closed after
 //! socket_group = "ongrid"             # who may connect at all (with socket_mode 0660)
 //! approval_max_ttl_seconds = 900
 //! audit_db = "/var/lib/ongrid/audit.db"
@@ -156,8 +158,13 @@ pub struct FileConfig {
     pub max_concurrent_runs: Option<usize>,
     /// How long a run may queue for a slot before it is answered `busy`.
     pub queue_timeout_seconds: Option<u64>,
-    /// How long a client may take to send its request head and body.
+    /// How long a client may take to send its request body.
     pub request_timeout_seconds: Option<u64>,
+    /// How long a client may take to send its request head.
+    pub header_timeout_seconds: Option<u64>,
+    /// How long a connection may stay idle (no request in progress, no
+    /// byte moved) before it is closed.
+    pub idle_timeout_seconds: Option<u64>,
     /// Group of the client socket (name or number): with `socket_mode`
     /// 0660, who may connect at all.
     pub socket_group: Option<String>,
@@ -213,8 +220,12 @@ pub struct Settings {
     pub max_concurrent_runs: usize,
     /// How long a run may wait for a slot.
     pub queue_timeout: Duration,
-    /// How long a client may take to send its request.
+    /// How long a client may take to send its request body.
     pub request_timeout: Duration,
+    /// How long a client may take to send its request head.
+    pub header_timeout: Duration,
+    /// How long an idle connection is kept.
+    pub idle_timeout: Duration,
     /// Group of the client socket, `None` to leave the daemon's.
     pub socket_group: Option<u32>,
     /// Caller rules, in file order.
@@ -407,6 +418,8 @@ impl FileConfig {
             max_concurrent_runs: positive("max_concurrent_runs", self.max_concurrent_runs, 64)?,
             queue_timeout: seconds("queue_timeout_seconds", self.queue_timeout_seconds, 10)?,
             request_timeout: seconds("request_timeout_seconds", self.request_timeout_seconds, 30)?,
+            header_timeout: seconds("header_timeout_seconds", self.header_timeout_seconds, 10)?,
+            idle_timeout: seconds("idle_timeout_seconds", self.idle_timeout_seconds, 60)?,
         })
     }
 }
@@ -486,6 +499,8 @@ mod tests {
         assert_eq!(s.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(s.max_body_bytes, 1 << 20);
         assert_eq!(s.max_connections, 256);
+        assert_eq!(s.header_timeout, Duration::from_secs(10));
+        assert_eq!(s.idle_timeout, Duration::from_secs(60));
     }
 
     #[test]
@@ -500,7 +515,9 @@ mod tests {
                max_connections = 2
                max_concurrent_runs = 3
                queue_timeout_seconds = 4
-               request_timeout_seconds = 5"#,
+               request_timeout_seconds = 5
+               header_timeout_seconds = 6
+               idle_timeout_seconds = 7"#,
         )
         .unwrap();
         let s = f.clone().resolve(Overrides::default(), vec![PathBuf::from("/env")]).unwrap();
@@ -510,6 +527,8 @@ mod tests {
         assert_eq!(s.max_concurrent_runs, 3);
         assert_eq!(s.queue_timeout, Duration::from_secs(4));
         assert_eq!(s.request_timeout, Duration::from_secs(5));
+        assert_eq!(s.header_timeout, Duration::from_secs(6));
+        assert_eq!(s.idle_timeout, Duration::from_secs(7));
         let o = Overrides {
             socket: Some("/b.sock".into()),
             executor_socket: Some("/f.sock".into()),
@@ -614,6 +633,8 @@ mod tests {
             "metrics_listen = \"localhost\"",
             "max_body_bytes = 0",
             "queue_timeout_seconds = 0",
+            "header_timeout_seconds = 0",
+            "idle_timeout_seconds = 0",
         ] {
             let r = parse(text).unwrap().resolve(Overrides::default(), vec![]);
             assert!(matches!(r, Err(ConfigError::Value { .. })), "{text}");

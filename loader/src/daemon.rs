@@ -98,7 +98,8 @@ impl Daemon {
         );
         let opts = ServeOptions {
             max_connections: settings.max_connections,
-            header_timeout: settings.request_timeout,
+            header_timeout: settings.header_timeout,
+            idle_timeout: settings.idle_timeout,
             drain: std::time::Duration::from_secs(10),
         };
         Ok(Self { app, api, metrics, opts })

@@ -9,19 +9,41 @@
 //! finish its current request and close, and [`serve`] returns once the
 //! last connection task is gone (tracked by a [`TaskTracker`]) or `drain`
 //! has passed, whichever is first.
+//!
+//! # Slow and idle clients
+//!
+//! A client cannot hold one of the `max_connections` slots for ever:
+//!
+//! - the request head must arrive within `header_timeout` (hyper's
+//!   header read timeout; a slow-loris sending one byte a second is cut);
+//! - a connection with no request in progress and no byte read or written
+//!   for `idle_timeout` is closed: one that never sends anything, or sits
+//!   idle on keep-alive after its answers;
+//! - an answer whose writes have been blocked (the client does not read)
+//!   for `idle_timeout` ends the connection;
+//! - a request body must arrive within the request timeout (408, in the
+//!   handlers).
+//!
+//! A request in progress is never cut for being quiet: a run in JSON mode
+//! writes nothing until its report.
 
 use std::convert::Infallible;
 use std::fs;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::Router;
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -62,6 +84,10 @@ pub struct ServeOptions {
     pub max_connections: usize,
     /// How long a client may take to send a request head.
     pub header_timeout: Duration,
+    /// How long a connection may stay without a request in progress and
+    /// without reading or writing a byte (and how long an answer's writes
+    /// may stay blocked) before it is closed.
+    pub idle_timeout: Duration,
     /// How long [`serve`] waits for requests in progress after shutdown.
     pub drain: Duration,
 }
@@ -157,10 +183,10 @@ pub async fn serve(
         };
         let router = router.clone();
         let shutdown = shutdown.clone();
-        let header_timeout = opts.header_timeout;
+        let timeouts = (opts.header_timeout, opts.idle_timeout);
         tracker.spawn(async move {
             let _permit = permit;
-            serve_connection(stream, caller, router, header_timeout, shutdown).await;
+            serve_connection(stream, caller, router, timeouts, shutdown).await;
         });
     }
     tracker.close();
@@ -173,26 +199,209 @@ async fn serve_connection(
     stream: UnixStream,
     caller: Caller,
     router: Router,
-    header_timeout: Duration,
+    (header_timeout, idle_timeout): (Duration, Duration),
     shutdown: CancellationToken,
 ) {
+    let activity = Arc::new(Activity::new());
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&in_flight);
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(caller);
         let router = router.clone();
-        async move { Ok::<_, Infallible>(router.oneshot(req).await.unwrap_or_else(|e| match e {})) }
+        // Counted from the head until the answer's body is dropped (fully
+        // written, or the connection gone).
+        let guard = InFlight::new(&counter);
+        async move {
+            let response = router.oneshot(req).await.unwrap_or_else(|e| match e {});
+            Ok::<_, Infallible>(response.map(|body| Body::new(Guarded { body, _guard: guard })))
+        }
     });
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).max_buf_size(64 << 10);
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    let io = Tracked { inner: stream, activity: Arc::clone(&activity) };
+    let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        () = shutdown.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    let tick = (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut idle_check = tokio::time::interval(tick);
+    let result = loop {
+        tokio::select! {
+            r = conn.as_mut() => break r,
+            () = shutdown.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                break conn.await;
+            }
+            _ = idle_check.tick() => {
+                let why = if in_flight.load(Ordering::Acquire) == 0 {
+                    activity.quiet_for(idle_timeout).then_some("idle")
+                } else {
+                    activity.write_blocked_for(idle_timeout).then_some("client not reading")
+                };
+                if let Some(why) = why {
+                    tracing::debug!(uid = caller.uid, timeout = ?idle_timeout, "closing the connection: {why}");
+                    return;
+                }
+            }
         }
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, uid = caller.uid, "connection ended with an error");
+    }
+}
+
+/// When a connection last moved a byte, and since when its writes block
+/// (milliseconds since `start`; 0 = not blocked).
+#[derive(Debug)]
+struct Activity {
+    start: std::time::Instant,
+    last_io: AtomicU64,
+    blocked_since: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            start: std::time::Instant::now(),
+            last_io: AtomicU64::new(0),
+            blocked_since: AtomicU64::new(0),
+        }
+    }
+
+    /// Milliseconds since `start`, at least 1.
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX).max(1)
+    }
+
+    fn moved(&self) {
+        self.last_io.store(self.now(), Ordering::Release);
+    }
+
+    fn quiet_for(&self, d: Duration) -> bool {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.now().saturating_sub(self.last_io.load(Ordering::Acquire)) >= ms
+    }
+
+    fn write_blocked_for(&self, d: Duration) -> bool {
+        let since = self.blocked_since.load(Ordering::Acquire);
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        since != 0 && self.now().saturating_sub(since) >= ms
+    }
+}
+
+/// The socket, recording its reads and writes in an [`Activity`].
+#[derive(Debug)]
+struct Tracked {
+    inner: UnixStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.moved();
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.note_write(&r);
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.note_write(&r);
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl Tracked {
+    fn note_write(&self, r: &Poll<io::Result<usize>>) {
+        match r {
+            Poll::Pending => {
+                let _ = self.activity.blocked_since.compare_exchange(
+                    0,
+                    self.activity.now(),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            }
+            Poll::Ready(_) => {
+                self.activity.blocked_since.store(0, Ordering::Release);
+                self.activity.moved();
+            }
+        }
+    }
+}
+
+/// One request in progress on a connection (decremented when dropped).
+#[derive(Debug)]
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(counter: &Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(counter))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An answer's body that holds its request's [`InFlight`] until dropped.
+#[derive(Debug)]
+struct Guarded {
+    body: Body,
+    _guard: InFlight,
+}
+
+impl hyper::body::Body for Guarded {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }

@@ -276,8 +276,31 @@ pub struct Stack {
     executor_starts: usize,
 }
 
+/// `text` with the `key = value` lines of `extra` set: a line of `text`
+/// with the same key is replaced, other keys are appended.
+fn with_keys(text: &str, extra: &str) -> String {
+    let key = |l: &str| l.split_once('=').map(|(k, _)| k.trim().to_owned());
+    let extra_keys: Vec<String> = extra.lines().filter_map(key).collect();
+    let mut out: String = text
+        .lines()
+        .filter(|l| key(l).is_none_or(|k| !extra_keys.contains(&k)))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    out.push_str(extra);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out
+}
+
 impl Stack {
     pub fn start() -> Self {
+        Self::start_with("", "")
+    }
+
+    /// [`Stack::start`] with keys of `executor.toml` and `skilld.toml`
+    /// set (`key = value` lines replacing the suite's own).
+    pub fn start_with(executor_extra: &str, skilld_extra: &str) -> Self {
         if nix::unistd::geteuid().is_root() {
             ongrid_tests::host::skill_user();
         }
@@ -289,9 +312,8 @@ impl Stack {
         let uid = nix::unistd::geteuid().as_raw();
         let gid = nix::unistd::getegid().as_raw();
         let q = |p: &Path| serde_json::Value::String(p.display().to_string()).to_string();
-        fs::write(
-            base.join("executor.toml"),
-            format!(
+        let executor_toml = with_keys(
+            &format!(
                 "roots = [{skills}]\nruntime_dir = {run}\nsocket = {sock}\n\
                  socket_owner = \"{uid}\"\nsocket_group = \"{gid}\"\nsocket_mode = \"0600\"\n\
                  allowed_uids = [{uid}]\nallowed_gids = []\nlandlock = \"best-effort\"\n\
@@ -300,12 +322,12 @@ impl Stack {
                 run = q(&base.join("run")),
                 sock = q(&executor_socket),
             ),
-        )
-        .unwrap();
+            executor_extra,
+        );
+        fs::write(base.join("executor.toml"), executor_toml).unwrap();
         let metrics = free_port();
-        fs::write(
-            base.join("skilld.toml"),
-            format!(
+        let skilld_toml = with_keys(
+            &format!(
                 "socket = {sock}\nexecutor_socket = {ex}\nskills_dirs = [{skills}]\n\
                  metrics_listen = \"{metrics}\"\nrequest_timeout_seconds = 3\nmax_connections = 128\n\
                  audit_db = {audit}\n",
@@ -314,8 +336,9 @@ impl Stack {
                 skills = q(&skills),
                 audit = q(&base.join("audit.db")),
             ),
-        )
-        .unwrap();
+            skilld_extra,
+        );
+        fs::write(base.join("skilld.toml"), skilld_toml).unwrap();
         let mut stack = Stack {
             _tmp: tmp,
             base,
@@ -371,6 +394,23 @@ impl Stack {
             let _ = child.kill();
             panic!("ongrid-executor did not exit after {sig}:\n{}", self.logs())
         })
+    }
+
+    /// The executor's pid, if it runs.
+    pub fn executor_pid(&self) -> Option<u32> {
+        self.executor.as_ref().map(Child::id)
+    }
+
+    /// SIGKILLs ongrid-skilld and waits for it (it is not restarted).
+    pub fn kill_skilld(&mut self) {
+        let _ = self.skilld.kill();
+        let _ = self.skilld.wait();
+    }
+
+    /// Forgets the executor (after it was killed from outside) and reaps it.
+    pub fn reap_executor(&mut self) -> Option<ExitStatus> {
+        let mut child = self.executor.take()?;
+        wait_exit(&mut child, Duration::from_secs(30))
     }
 
     /// Signals the executor without waiting.

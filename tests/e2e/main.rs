@@ -13,13 +13,17 @@
 //! permissions and approvals walk-through, run as written), [`mcp`]
 //! (`ongrid-skill mcp`: a real MCP session over stdio, SKILL.md tools),
 //! [`packs`] (the example packs in the real sandbox against loopback
-//! listeners).
+//! listeners), [`faults`] (daemons SIGKILLed mid-run, the audit database on
+//! a full or read-only file system, the executor socket gone, packs changed
+//! after the scan), [`bounds`] (connection caps, header and idle timeouts).
 
 mod harness;
 
 mod api;
 mod approvals;
+mod bounds;
 mod cancel;
+mod faults;
 mod load;
 mod malformed;
 mod mcp;

@@ -1,5 +1,11 @@
 //! One connection: the peer check, capped line reads, a writer task, and
 //! telling a closed connection (cancel its runs) from a half-closed one.
+//!
+//! Idle connections: a connection with no run in flight that has not sent
+//! a complete request line for `idle_timeout_seconds` is closed (one that
+//! sends nothing, or a partial line a byte at a time, cannot keep one of
+//! the `max_connections` slots). A connection with a run in flight is
+//! never cut for being quiet: it ends with its runs.
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -118,12 +124,18 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
     let mut reading = true;
     let mut stopping = shared.stopping.is_cancelled();
     let mut hup = tokio::time::interval(HUP_POLL);
+    let idle_timeout = Duration::from_secs(shared.engine.config().idle_timeout_seconds);
+    let mut idle_check = tokio::time::interval(
+        (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1)),
+    );
+    let mut last_request = tokio::time::Instant::now();
     loop {
         tokio::select! {
             r = rd.read(&mut buf), if reading => match r {
                 Ok(0) => reading = false,
                 Ok(n) => {
                     for item in lines.push(buf.get(..n).unwrap_or_default()) {
+                        last_request = tokio::time::Instant::now();
                         commands::dispatch(&ctx, item);
                     }
                 }
@@ -137,6 +149,18 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
                 if hung_up(rd.as_ref()) {
                     tracing::debug!("executor: {peer} closed the connection; cancelling its runs");
                     token.cancel();
+                }
+            }
+            _ = idle_check.tick(), if reading && !idle_timeout.is_zero() => {
+                if !ctx.runs.is_empty() {
+                    last_request = tokio::time::Instant::now();
+                } else if last_request.elapsed() >= idle_timeout {
+                    tracing::debug!(
+                        "executor: closing the connection of {peer}: no request for {} s",
+                        idle_timeout.as_secs()
+                    );
+                    shared.metrics.idle_closed_total.inc();
+                    break;
                 }
             }
             () = shared.stopping.cancelled(), if !stopping => stopping = true,

@@ -1,0 +1,196 @@
+//! Resource bounds (issue 9 item 4) with short configured limits: each
+//! daemon serves at most `max_connections` connections; a client that
+//! sends nothing, a slow-loris head, an idle keep-alive connection and an
+//! idle or byte-at-a-time executor connection are closed after their
+//! timeouts, so they cannot hold a slot for ever; a request in flight is
+//! never cut for being quiet. (Body and line size caps: `malformed`.)
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::harness::{write_skill, Stack};
+
+const EXECUTOR: &str = "max_connections = 3\nidle_timeout_seconds = 1\n";
+const SKILLD: &str = "max_connections = 3\nheader_timeout_seconds = 1\nidle_timeout_seconds = 1\n";
+
+/// Waits until the server closes `c` (EOF or reset); returns how long it
+/// took, or `None` after `limit`. Whatever the server sent is discarded.
+fn closed_within(c: &mut UnixStream, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    c.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < limit {
+        match c.read(&mut buf) {
+            Ok(0) => return Some(start.elapsed()),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return Some(start.elapsed()),
+        }
+    }
+    None
+}
+
+/// True once the server answered (a 408) or closed `c`; never blocks.
+fn server_done(c: &mut UnixStream) -> bool {
+    c.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 512];
+    let done = match c.read(&mut buf) {
+        Ok(_) => true,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    c.set_nonblocking(false).unwrap();
+    done
+}
+
+/// A GET on a fresh connection; the status, or `None` if no answer came
+/// within `wait`.
+fn get_within(socket: &Path, path: &str, wait: Duration) -> Option<u16> {
+    let mut c = UnixStream::connect(socket).unwrap();
+    c.set_read_timeout(Some(wait)).unwrap();
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut head = [0u8; 12];
+    c.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// A `ping` on a fresh executor connection: true if answered within `wait`.
+fn ping_within(socket: &Path, wait: Duration) -> bool {
+    let mut c = UnixStream::connect(socket).unwrap();
+    c.set_read_timeout(Some(wait)).unwrap();
+    let _ = c.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"ping\"}\n");
+    let mut buf = [0u8; 256];
+    matches!(c.read(&mut buf), Ok(n) if n > 0 && String::from_utf8_lossy(&buf[..n]).contains("\"id\":7"))
+}
+
+#[test]
+fn skilld_connections_are_capped_and_slow_or_idle_clients_are_cut() {
+    let s = Stack::start_with(EXECUTOR, SKILLD);
+
+    // Three silent clients take every slot: a fourth waits (its connect
+    // succeeds into the backlog) until the idle timeout frees them.
+    let mut silent: Vec<UnixStream> =
+        (0..3).map(|_| UnixStream::connect(&s.socket).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    assert_eq!(get_within(&s.socket, "/v1/health", Duration::from_secs(10)), Some(200));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_secs(4),
+        "the fourth client waited {waited:?} (idle timeout 1 s)"
+    );
+    for c in &mut silent {
+        assert!(
+            closed_within(c, Duration::from_secs(3)).is_some(),
+            "a silent client kept its slot"
+        );
+    }
+
+    // Slow-loris: a head one byte every 100 ms is cut by the 1 s header
+    // timeout, although bytes keep coming.
+    let mut c = UnixStream::connect(&s.socket).unwrap();
+    c.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
+    let started = Instant::now();
+    let head = format!("GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: {}", "a".repeat(100));
+    let mut cut = None;
+    for b in head.bytes() {
+        if c.write_all(&[b]).is_err() {
+            cut = Some(started.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        if server_done(&mut c) {
+            cut = Some(started.elapsed());
+            break;
+        }
+    }
+    let cut = cut.expect("a byte-a-second head was never cut");
+    assert!(cut < Duration::from_secs(4), "slow-loris cut after {cut:?}");
+
+    // Keep-alive: after an answer, an idle connection is closed.
+    let mut c = UnixStream::connect(&s.socket).unwrap();
+    c.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 4096];
+    let n = c.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&buf[..n]));
+    let idle = closed_within(&mut c, Duration::from_secs(5)).expect("idle keep-alive kept open");
+    assert!(idle >= Duration::from_millis(500), "closed too early: {idle:?}");
+
+    // A run quieter than both idle timeouts (3 s, JSON mode: no byte until
+    // the report) is not cut, neither by skilld nor by the executor.
+    write_skill(&s.skills, "quiet", r#","timeout_seconds":20"#, "/bin/sleep 3\necho '{\"q\":1}'");
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
+    let r = s.execute("quiet", &json!({}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["outcome"], "ok", "{}", r.json());
+    assert_eq!(r.json()["result"], json!({"q": 1}));
+}
+
+#[test]
+fn executor_connections_are_capped_and_idle_ones_are_cut() {
+    let s = Stack::start_with(EXECUTOR, SKILLD);
+    let sock = &s.executor_socket;
+
+    // Three busy clients (a ping every 200 ms) hold every slot: a fourth
+    // is not answered while they stay.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let holders: Vec<_> = (0..3)
+        .map(|_| {
+            let mut c = UnixStream::connect(sock).unwrap();
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    if c.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n").is_err()
+                    {
+                        return false;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                true
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!ping_within(sock, Duration::from_millis(1500)), "a fourth connection was served");
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for h in holders {
+        assert!(h.join().unwrap(), "a busy connection was cut");
+    }
+    assert!(ping_within(sock, Duration::from_secs(5)), "no slot came free");
+
+    // A silent connection and one sending a partial line a byte at a time
+    // are closed after the idle timeout (no complete request).
+    let mut silent = UnixStream::connect(sock).unwrap();
+    let t = closed_within(&mut silent, Duration::from_secs(5)).expect("silent connection kept");
+    assert!(t >= Duration::from_millis(500), "closed too early: {t:?}");
+    let mut slow = UnixStream::connect(sock).unwrap();
+    let started = Instant::now();
+    let mut cut = false;
+    for b in b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"x\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+        if slow.write_all(&[*b]).is_err() {
+            cut = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        if started.elapsed() > Duration::from_secs(2) {
+            cut = closed_within(&mut slow, Duration::from_secs(2)).is_some();
+            break;
+        }
+    }
+    assert!(cut, "a byte-at-a-time line kept its connection");
+    let text = s.scrape();
+    let closed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ongrid_executor_idle_closed_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(closed.is_some_and(|n| n >= 2), "ongrid_executor_idle_closed_total: {closed:?}");
+}

@@ -1,0 +1,359 @@
+//! Faults (issue 9 item 3), beyond `restart` and `cancel`: the executor
+//! SIGKILLed mid-run (its watchdog kills the runs; with the watchdog gone
+//! too, the next executor sweeps what was left), ongrid-skilld SIGKILLed
+//! mid-run, the audit database on a full and on a read-only file system,
+//! the executor's socket removed or replaced, and a pack changed between
+//! the scan and the run.
+
+use std::fs;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::json;
+
+use crate::cancel::stream_with_pid;
+use crate::harness::{eventually, process_alive, temp_dir, write_skill, Stack};
+
+fn root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// A skill that prints its pid and the pid of a background child (a
+/// grandchild of the executor that no parent-death signal reaches), then
+/// sleeps: `pid=<main> child=<bg>`.
+fn write_forker(s: &Stack) {
+    write_skill(
+        &s.skills,
+        "forker",
+        r#","timeout_seconds":60"#,
+        "/bin/sleep 40 &\necho \"child=$! pid=$$\" >&2\nexec /bin/sleep 30",
+    );
+    let r = s.post("/v1/reload", &json!({}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}
+
+/// Starts `forker` as a stream and returns (main pid, background pid,
+/// the thread reading the rest of the answer).
+fn start_forker(s: &Stack) -> (i32, i32, std::thread::JoinHandle<String>) {
+    let socket = s.socket.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let run = std::thread::spawn(move || stream_with_pid(&socket, "forker", &tx));
+    let main = rx.recv_timeout(Duration::from_secs(20)).expect("forker started");
+    // The background sleep is the main process's child.
+    let mut bg = None;
+    assert!(eventually(Duration::from_secs(5), || {
+        bg = children_of(main).split_whitespace().filter_map(|p| p.parse().ok()).next();
+        bg.is_some()
+    }));
+    (main, bg.unwrap(), run)
+}
+
+fn children_of(pid: i32) -> String {
+    let mut out = String::new();
+    for t in fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        out.push_str(&fs::read_to_string(t.path().join("children")).unwrap_or_default());
+        out.push(' ');
+    }
+    out
+}
+
+/// The executor instance directories under the stack's runs dir.
+fn instances(s: &Stack) -> Vec<PathBuf> {
+    fs::read_dir(s.base.join("run/runs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("ex-")))
+        .collect()
+}
+
+/// cgroup directories of instance `name` in every hierarchy.
+fn cgroups(name: &str) -> Vec<PathBuf> {
+    fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|h| h.path().join("ongrid").join(name))
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+fn assert_executor_503(s: &Stack, started: Instant) -> String {
+    let r = s.execute("echo", &json!({"n": 1}));
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    let body = r.json();
+    assert_eq!(body["error"]["code"], "executor_unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        message.contains(&s.executor_socket.display().to_string()),
+        "the message names the socket: {message}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5), "503 took {:?}", started.elapsed());
+    message
+}
+
+/// SIGKILL of the executor alone: its watchdog kills every process of its
+/// runs (the background grandchild too) and removes the instance's
+/// directory and cgroups before any new executor starts; skilld answers
+/// 503 naming the socket, then runs again once a new executor is up.
+#[test]
+fn executor_sigkill_the_watchdog_kills_the_runs() {
+    if !root() {
+        eprintln!("SKIP executor_sigkill_the_watchdog_kills_the_runs: needs root (cgroups)");
+        return;
+    }
+    let mut s = Stack::start();
+    write_forker(&s);
+    let (main, bg, run) = start_forker(&s);
+    let instance = instances(&s).pop().expect("instance dir");
+    let name = instance.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(!cgroups(&name).is_empty(), "instance cgroups exist");
+    s.stop_executor(Signal::SIGKILL);
+    for pid in [main, bg] {
+        assert!(
+            eventually(Duration::from_secs(5), || !process_alive(pid, "sleep")),
+            "{pid} outlived the executor (no restart yet)\n{}",
+            s.logs()
+        );
+    }
+    let rest = run.join().unwrap();
+    assert!(rest.contains("\"event\":\"error\""), "the stream ends with an error: {rest}");
+    assert!(rest.contains("executor"), "{rest}");
+    assert!(
+        eventually(Duration::from_secs(5), || !instance.exists() && cgroups(&name).is_empty()),
+        "the watchdog left {} or cgroups {:?}",
+        instance.display(),
+        cgroups(&name)
+    );
+    let message = assert_executor_503(&s, Instant::now());
+    assert!(message.contains("unreachable"), "{message}");
+    s.start_executor();
+    let r = s.execute("echo", &json!({"n": 2}));
+    assert_eq!(r.status, 200, "skilld reconnects: {}", String::from_utf8_lossy(&r.body));
+}
+
+/// SIGKILL of the executor and of its watchdog together: the runs' main
+/// processes die with the executor (parent-death signal), the background
+/// grandchild and the instance's directory and cgroups stay until the next
+/// executor starts and sweeps them. (The killed watchdog stays a zombie
+/// here, where PID 1 does not reap: the sweep must not take it for alive.)
+#[test]
+fn executor_and_watchdog_sigkill_the_next_executor_sweeps() {
+    if !root() {
+        eprintln!("SKIP executor_and_watchdog_sigkill_the_next_executor_sweeps: needs root");
+        return;
+    }
+    let mut s = Stack::start();
+    write_forker(&s);
+    let (main, bg, run) = start_forker(&s);
+    let instance = instances(&s).pop().expect("instance dir");
+    let name = instance.file_name().unwrap().to_string_lossy().into_owned();
+    let executor = i32::try_from(s.executor_pid().unwrap()).unwrap();
+    let watchdog: Vec<i32> = children_of(executor)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .filter(|p| process_alive(*p, "watchdog"))
+        .collect();
+    assert_eq!(watchdog.len(), 1, "one watchdog child of {executor}: {watchdog:?}");
+    let _ = kill(Pid::from_raw(watchdog[0]), Signal::SIGKILL);
+    let _ = kill(Pid::from_raw(executor), Signal::SIGKILL);
+    s.reap_executor();
+    assert!(
+        eventually(Duration::from_secs(5), || !process_alive(main, "sleep")),
+        "main process {main} survived its executor (parent-death signal)"
+    );
+    let _ = run.join();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(process_alive(bg, "sleep"), "the grandchild {bg} is left for the sweep");
+    assert!(instance.exists(), "nobody cleaned {} yet", instance.display());
+    assert!(!cgroups(&name).is_empty());
+    assert_executor_503(&s, Instant::now());
+    s.start_executor();
+    assert!(
+        eventually(Duration::from_secs(10), || !process_alive(bg, "sleep")),
+        "the new executor's sweep did not kill {bg}\n{}",
+        s.logs()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || !instance.exists() && cgroups(&name).is_empty()),
+        "the sweep left {} or cgroups {:?}",
+        instance.display(),
+        cgroups(&name)
+    );
+    let r = s.execute("echo", &json!({"n": 3}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}
+
+/// SIGKILL of ongrid-skilld mid-run: the executor sees the connection
+/// close and kills the run; the executor carries on.
+#[test]
+fn skilld_sigkill_the_executor_kills_its_runs() {
+    let mut s = Stack::start();
+    let socket = s.socket.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let run = std::thread::spawn(move || stream_with_pid(&socket, "sleeper", &tx));
+    let pid = rx.recv_timeout(Duration::from_secs(20)).expect("sleeper started");
+    assert!(process_alive(pid, "sleep"));
+    s.kill_skilld();
+    let _ = run.join();
+    assert!(
+        eventually(Duration::from_secs(5), || !process_alive(pid, "sleep")),
+        "sleeper {pid} outlived ongrid-skilld\n{}",
+        s.logs()
+    );
+    let executor = s.executor_pid().unwrap();
+    assert!(process_alive(i32::try_from(executor).unwrap(), "ongrid-executor"));
+}
+
+/// A tmpfs mounted for one test, unmounted (lazily) when dropped.
+struct Tmpfs(PathBuf, #[allow(dead_code)] tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(options: &str) -> Self {
+        let (tmp, dir) = temp_dir("ongrid-e2e-fs-");
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "ongrid-e2e"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs {options}");
+        Tmpfs(dir, tmp)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn audit_errors(s: &Stack) -> u64 {
+    let text = s.scrape();
+    text.lines()
+        .find_map(|l| l.strip_prefix("ongrid_audit_write_errors_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn assert_audit_503(s: &Stack, what: &str) {
+    let r = s.execute("echo", &json!({"n": 1}));
+    assert_eq!(r.status, 503, "{what}: {}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["error"]["code"], "audit_unavailable", "{what}");
+    let message = r.json()["error"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains("audit"), "{what}: {message}");
+}
+
+/// The audit database on a file system that fills up while the daemon
+/// runs, then on one mounted read-only: runs are refused with 503
+/// `audit_unavailable` and every failed write counts in
+/// `ongrid_audit_write_errors_total`; once space is back, runs work.
+#[test]
+fn audit_on_a_full_or_read_only_file_system_refuses_runs() {
+    if !root() {
+        eprintln!("SKIP audit_on_a_full_or_read_only_file_system_refuses_runs: needs root (mount)");
+        return;
+    }
+    let fs_full = Tmpfs::mount("size=2m,mode=0755");
+    let db = fs_full.0.join("audit.db");
+    let q = |p: &Path| serde_json::Value::String(p.display().to_string()).to_string();
+    let s = Stack::start_with("", &format!("audit_db = {}\n", q(&db)));
+    let r = s.execute("echo", &json!({"n": 1}));
+    assert_eq!(r.status, 200, "audit on the tmpfs works: {}", String::from_utf8_lossy(&r.body));
+    let before = audit_errors(&s);
+    // Fill the file system.
+    let fill = fs_full.0.join("fill");
+    let _ = Command::new("dd")
+        .args(["if=/dev/zero", "bs=64k", "count=100"])
+        .arg(format!("of={}", fill.display()))
+        .stderr(std::process::Stdio::null())
+        .status();
+    // A few runs: the first ones may still fit in pages the WAL holds.
+    let mut refused = false;
+    for _ in 0..20 {
+        let r = s.execute("echo", &json!({"n": 2}));
+        if r.status == 503 {
+            assert_eq!(r.json()["error"]["code"], "audit_unavailable");
+            refused = true;
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    assert!(refused, "runs go on with a full audit file system\n{}", s.logs());
+    assert_audit_503(&s, "full");
+    assert!(audit_errors(&s) > before, "ongrid_audit_write_errors_total did not grow");
+    fs::remove_file(&fill).unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || s.execute("echo", &json!({"n": 3})).status == 200),
+        "runs do not come back once space is free\n{}",
+        s.logs()
+    );
+    drop(s);
+
+    let fs_ro = Tmpfs::mount("size=1m,mode=0755,ro");
+    let s = Stack::start_with("", &format!("audit_db = {}\n", q(&fs_ro.0.join("audit.db"))));
+    assert_audit_503(&s, "read-only");
+    assert_audit_503(&s, "read-only");
+    assert!(audit_errors(&s) >= 2, "ongrid_audit_write_errors_total");
+    assert!(s.logs().contains("audit"), "{}", s.logs());
+}
+
+/// The executor's socket removed, replaced by a regular file, or by a
+/// socket nobody listens on: each run gets a 503 naming the socket at
+/// once; after the executor is restarted runs work.
+#[test]
+fn executor_socket_removed_or_replaced_is_a_quick_503() {
+    let mut s = Stack::start();
+    let sock = s.executor_socket.clone();
+    fs::remove_file(&sock).unwrap();
+    let m = assert_executor_503(&s, Instant::now());
+    assert!(m.contains("No such file"), "removed: {m}");
+    fs::write(&sock, b"not a socket").unwrap();
+    let m = assert_executor_503(&s, Instant::now());
+    assert!(m.contains("refused"), "regular file: {m}");
+    fs::remove_file(&sock).unwrap();
+    // A socket node whose listener is gone.
+    drop(UnixListener::bind(&sock).unwrap());
+    let m = assert_executor_503(&s, Instant::now());
+    assert!(m.contains("refused"), "dead socket: {m}");
+    assert_eq!(s.get("/v1/health").json()["executor"], "down");
+    s.stop_executor(Signal::SIGTERM);
+    s.start_executor();
+    let r = s.execute("echo", &json!({"n": 4}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}
+
+/// A pack changed after the scan: its entry swapped for a symlink, or its
+/// folder deleted. The run is refused (`rejected`), nothing crashes.
+#[test]
+fn pack_changed_between_scan_and_run_is_rejected() {
+    let mut s = Stack::start();
+    let (_outside_tmp, outside) = temp_dir("ongrid-e2e-outside-");
+    write_skill(&outside, "evil", "", "echo '{\"escaped\":true}'");
+    write_skill(&s.skills, "swapped", "", "echo '{\"fine\":true}'");
+    write_skill(&s.skills, "deleted", "", "echo '{\"fine\":true}'");
+    let r = s.post("/v1/reload", &json!({}));
+    assert_eq!(r.status, 200);
+    for name in ["swapped", "deleted"] {
+        let r = s.execute(name, &json!({}));
+        assert_eq!(r.json()["outcome"], "ok", "{name} before the change: {}", r.json());
+    }
+    let entry = s.skills.join("swapped/run");
+    fs::remove_file(&entry).unwrap();
+    std::os::unix::fs::symlink(outside.join("evil/run"), &entry).unwrap();
+    fs::remove_dir_all(s.skills.join("deleted")).unwrap();
+    for name in ["swapped", "deleted"] {
+        let r = s.execute(name, &json!({}));
+        let body = r.json();
+        assert_eq!(body["outcome"], "rejected", "{name}: HTTP {} {body}", r.status);
+        assert!(body["error"].as_str().is_some_and(|e| !e.is_empty()), "{name}: {body}");
+        assert!(body["result"].is_null(), "{name}: {body}");
+    }
+    assert!(s.both_alive(), "{}", s.logs());
+    let r = s.execute("echo", &json!({"n": 5}));
+    assert_eq!(r.status, 200);
+}
