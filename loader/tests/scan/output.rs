@@ -30,6 +30,7 @@ fn json_output_has_every_field() {
             "entry": entry.to_str().unwrap(),
             "manifest": m.to_str().unwrap(),
             "root": root.to_str().unwrap(),
+            "source": "skill.json",
         }])
     );
 }
