@@ -1,0 +1,160 @@
+//! The executor's side of the wire: a byte stream cut by `LineBuffer` in
+//! arbitrary chunks, each line decoded by `decode_line`.
+//!
+//! Checked: the buffer never holds more than its cap; its output equals a
+//! plain model (split on `\n`, one `LineTooLong` per oversized line, however
+//! the stream was chunked); each error carries the code of its kind and the
+//! id the line had; what decodes re-encodes to the same request; every
+//! error re-encodes to a response the loader reads back unchanged.
+#![no_main]
+
+use arbitrary::{Arbitrary, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use policy::wire::{self, code, decode_line, LineBuffer, Reply, Request, WireError};
+use serde_json::{json, Value};
+
+#[derive(Debug, PartialEq)]
+enum Out {
+    Line(Vec<u8>),
+    TooLong,
+}
+
+/// What `LineBuffer` must produce for `data` pushed in any chunks, and the
+/// bytes it may hold at the end.
+fn model(data: &[u8], cap: usize) -> (Vec<Out>, usize) {
+    let mut out = Vec::new();
+    let mut parts: Vec<&[u8]> = data.split(|&b| b == b'\n').collect();
+    let tail = parts.pop().unwrap_or_default();
+    for p in parts {
+        out.push(if p.len() > cap { Out::TooLong } else { Out::Line(p.to_vec()) });
+    }
+    if tail.len() > cap {
+        out.push(Out::TooLong);
+        (out, 0)
+    } else {
+        (out, tail.len())
+    }
+}
+
+fn expected_code(e: &WireError) -> i64 {
+    match e {
+        WireError::Parse(_) => code::PARSE_ERROR,
+        WireError::InvalidRequest(_) => code::INVALID_REQUEST,
+        WireError::MethodNotFound(_) => code::METHOD_NOT_FOUND,
+        WireError::InvalidParams(_) => code::INVALID_PARAMS,
+        WireError::LineTooLong(_) => code::LINE_TOO_LONG,
+    }
+}
+
+fn strip(mut l: Vec<u8>) -> Vec<u8> {
+    assert_eq!(l.pop(), Some(b'\n'), "encoded line without its newline");
+    assert!(!l.contains(&b'\n'), "encoded line with an inner newline");
+    l
+}
+
+fn check_line(line: &[u8]) {
+    let parsed = serde_json::from_slice::<Value>(line);
+    match decode_line(line) {
+        Ok(req) => {
+            let v = parsed.expect("decoded a line that is not JSON");
+            assert_eq!(v["jsonrpc"], "2.0");
+            let (id, method, params) = match &req {
+                Request::Execute { id, params } => (id, "execute", json!(params)),
+                Request::Ping { id } => (id, "ping", Value::Null),
+                Request::Metrics { id } => (id, "metrics", Value::Null),
+            };
+            assert_eq!(&v["id"], id, "request id");
+            assert_eq!(v["method"], method);
+            // Re-encoded, it decodes to the same request.
+            let mut enc = json!({"jsonrpc": "2.0", "id": id, "method": method});
+            if !params.is_null() {
+                enc["params"] = params;
+            }
+            let again = decode_line(&serde_json::to_vec(&enc).unwrap()).expect("re-encoded");
+            assert_eq!(again, req);
+            if let (Request::Execute { params, .. }, Some(n)) = (&req, id.as_u64()) {
+                let l = strip(wire::encode_execute(n, params));
+                assert_eq!(decode_line(&l).expect("encode_execute"), req);
+            }
+        }
+        Err((id, e)) => {
+            assert_eq!(e.code(), expected_code(&e));
+            assert!(!matches!(e, WireError::LineTooLong(_)), "decode_line never sees long lines");
+            match &parsed {
+                Err(_) => {
+                    assert!(matches!(e, WireError::Parse(_)), "not JSON but {e:?}");
+                    assert!(id.is_null());
+                }
+                Ok(v) => {
+                    assert!(!matches!(e, WireError::Parse(_)), "JSON but a parse error");
+                    match v.get("id") {
+                        Some(i @ (Value::Number(_) | Value::String(_))) => assert_eq!(&id, i),
+                        _ => {
+                            assert!(id.is_null());
+                            assert!(matches!(e, WireError::InvalidRequest(_)));
+                        }
+                    }
+                }
+            }
+            // The error response the executor would send reads back as is.
+            let enc = strip(wire::encode_error(&id, &e));
+            match wire::decode_reply(&enc).expect("encode_error output") {
+                Reply::Error { id: rid, code: c, message } => {
+                    assert_eq!(rid, id);
+                    assert_eq!(c, e.code());
+                    assert_eq!(message, e.to_string());
+                }
+                other => panic!("error response read as {other:?}"),
+            }
+        }
+    }
+}
+
+fn run(mut u: Unstructured<'_>) -> arbitrary::Result<()> {
+    let cap = usize::from(u.int_in_range(0u16..=512)?);
+    let chunk_lens: Vec<u8> = Arbitrary::arbitrary(&mut u)?;
+    let data = u.take_rest();
+
+    // Each chunk is decoded like the executor does.
+    check_line(data);
+
+    let mut buf = LineBuffer::new(cap);
+    let mut got = Vec::new();
+    let mut rest = data;
+    let mut lens = chunk_lens.iter().copied().cycle();
+    while !rest.is_empty() {
+        let n = match lens.next() {
+            Some(n) => usize::from(n).clamp(1, rest.len()),
+            None => rest.len(),
+        };
+        let (chunk, r) = rest.split_at(n);
+        rest = r;
+        for item in buf.push(chunk) {
+            got.push(match item {
+                Ok(line) => {
+                    assert!(line.len() <= cap, "line of {} bytes over cap {cap}", line.len());
+                    Out::Line(line)
+                }
+                Err(e) => {
+                    assert!(matches!(e, WireError::LineTooLong(c) if c == cap), "{e:?}");
+                    assert_eq!(e.code(), code::LINE_TOO_LONG);
+                    Out::TooLong
+                }
+            });
+        }
+        assert!(buf.pending() <= cap, "buffer holds {} bytes, cap {cap}", buf.pending());
+    }
+    let (want, pending) = model(data, cap);
+    assert_eq!(got, want, "cap {cap}, chunks {chunk_lens:?}");
+    assert_eq!(buf.pending(), pending);
+    for o in &got {
+        if let Out::Line(l) = o {
+            check_line(l);
+        }
+    }
+    Ok(())
+}
+
+fuzz_target!(|data: &[u8]| {
+    let _ = run(Unstructured::new(data));
+});
