@@ -1,8 +1,8 @@
 //! Resource bounds (issue 9 item 4) with short configured limits: each
 //! daemon serves at most `max_connections` connections; a client that
 //! sends nothing, a slow-loris head, an idle keep-alive connection and an
-//! idle or byte-at-a-time executor connection are closed after their
-//! timeouts, so they cannot hold a slot for ever; a request in flight is
+//! idle or byte-at-a-time executor connection, and a client that does
+//! not read its answer are closed after their timeouts, so they cannot hold a slot for ever; a request in flight is
 //! never cut for being quiet. (Body and line size caps: `malformed`.)
 
 use std::io::{Read, Write};
@@ -124,6 +124,31 @@ fn skilld_connections_are_capped_and_slow_or_idle_clients_are_cut() {
     assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&buf[..n]));
     let idle = closed_within(&mut c, Duration::from_secs(5)).expect("idle keep-alive kept open");
     assert!(idle >= Duration::from_millis(500), "closed too early: {idle:?}");
+
+    // A client that asks for a large answer and does not read it: once
+    // the writes have been blocked for the idle timeout, skilld drops the
+    // connection (the client later finds a truncated body).
+    let big = "a".repeat(900_000);
+    let body = json!({"args": {"s": big}}).to_string();
+    let mut c = UnixStream::connect(&s.socket).unwrap();
+    c.write_all(
+        format!(
+            "POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = Vec::new();
+    let _ = c.read_to_end(&mut got);
+    assert!(
+        got.len() < 900_000,
+        "a client that does not read kept its connection ({} bytes came)",
+        got.len()
+    );
 
     // A run quieter than both idle timeouts (3 s, JSON mode: no byte until
     // the report) is not cut, neither by skilld nor by the executor.
