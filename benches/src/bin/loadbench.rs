@@ -17,6 +17,9 @@
 //! - `daemon-shm`: the same as `daemon` with the audit database on
 //!   `/dev/shm` (tmpfs: its fsyncs cost nothing), to show what the audit
 //!   trail's two synchronous commits per run cost. Not in the default set.
+//! - `executor-rpc`: `execute` sent straight to the `daemon` stack's
+//!   executor socket (JSON-RPC, one connection per run as skilld does):
+//!   the executor daemon without skilld. Not in the default set.
 //! - `engine`, `engine1g`: `executor::Engine::run` in a worker process (this
 //!   binary, `--engine-worker MB`) holding 0 MiB and `--ballast-mb` MiB of
 //!   touched ballast; the time is taken inside the worker around
@@ -58,18 +61,20 @@ enum Variant {
     Daemon,
     Daemon10k,
     DaemonShm,
+    ExecutorRpc,
     Engine,
     Engine1g,
     Bwrap,
     Firejail,
 }
 
-const ALL: [Variant; 9] = [
+const ALL: [Variant; 10] = [
     Variant::Bare,
     Variant::Cli,
     Variant::Daemon,
     Variant::Daemon10k,
     Variant::DaemonShm,
+    Variant::ExecutorRpc,
     Variant::Engine,
     Variant::Engine1g,
     Variant::Bwrap,
@@ -88,6 +93,7 @@ impl Variant {
             Variant::Daemon => "daemon",
             Variant::Daemon10k => "daemon10k",
             Variant::DaemonShm => "daemon-shm",
+            Variant::ExecutorRpc => "executor-rpc",
             Variant::Engine => "engine",
             Variant::Engine1g => "engine1g",
             Variant::Bwrap => "bwrap",
@@ -118,7 +124,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
          [--loaded-skills N] [--skills sh-cat,bin-cat] \
-         [--variants bare,cli,daemon,daemon10k,daemon-shm,engine,engine1g,bwrap,firejail] \
+         [--variants bare,cli,daemon,daemon10k,daemon-shm,executor-rpc,engine,engine1g,bwrap,firejail] \
          [--bin-dir DIR] [--audit-dir DIR]\n       loadbench --engine-worker MB"
     );
     std::process::exit(2)
@@ -136,7 +142,10 @@ fn parse_opts() -> Opts {
         ballast_mb: 1024,
         loaded_skills: 10_000,
         skills: vec!["bin-cat".into(), "sh-cat".into()],
-        variants: ALL.into_iter().filter(|v| *v != Variant::DaemonShm).collect(),
+        variants: ALL
+            .into_iter()
+            .filter(|v| !matches!(v, Variant::DaemonShm | Variant::ExecutorRpc))
+            .collect(),
         bin_dir: exe_dir,
         audit_dir: None,
     };
@@ -259,6 +268,7 @@ fn free_port() -> SocketAddr {
 struct Stack {
     name: &'static str,
     socket: PathBuf,
+    executor_socket: PathBuf,
     metrics: SocketAddr,
     executor: Child,
     skilld: Child,
@@ -328,7 +338,15 @@ impl Stack {
             .spawn()
             .expect("start ongrid-skilld");
         wait_socket(&mut skilld, &socket, &base.join("skilld.log"));
-        let mut stack = Stack { name, socket, metrics, executor, skilld, rss_idle_kb: (0, 0) };
+        let mut stack = Stack {
+            name,
+            socket,
+            executor_socket: ex_sock,
+            metrics,
+            executor,
+            skilld,
+            rss_idle_kb: (0, 0),
+        };
         // skilld binds, then scans: idle means the first scan is done.
         let deadline = Instant::now() + Duration::from_secs(120);
         while stack.registered().is_nan() || stack.registered() < expected as f64 {
@@ -341,6 +359,10 @@ impl Stack {
     }
 
     fn registered(&self) -> f64 {
+        // The metrics listener is bound after the API socket.
+        if TcpStream::connect(self.metrics).is_err() {
+            return f64::NAN;
+        }
         gauge(&self.scrape(), "ongrid_skills_registered")
     }
 
@@ -660,6 +682,30 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
             );
             report["setup_us"].as_u64()
         }
+        Variant::ExecutorRpc => {
+            let stack = &ctx.stacks["daemon"];
+            let params: policy::wire::ExecuteParams = serde_json::from_value(serde_json::json!({
+                "manifest": manifest.display().to_string(),
+                "args": serde_json::from_slice::<Value>(ARGS).unwrap(),
+                "class": "safe",
+            }))
+            .unwrap();
+            let mut s = BufReader::new(UnixStream::connect(&stack.executor_socket).unwrap());
+            s.get_mut().write_all(&policy::wire::encode_execute(1, &params)).unwrap();
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                s.read_until(b'\n', &mut line).unwrap();
+                match policy::wire::decode_reply(line.trim_ascii_end()).expect("reply") {
+                    policy::wire::Reply::Stderr { .. } => {}
+                    policy::wire::Reply::Result { result, .. } => {
+                        assert_eq!(result["outcome"], "ok", "executor-rpc run: {result}");
+                        break result["setup_us"].as_u64();
+                    }
+                    policy::wire::Reply::Error { message, .. } => panic!("executor-rpc: {message}"),
+                }
+            }
+        }
         Variant::Engine | Variant::Engine1g => {
             let mut workers = ctx.workers.lock().unwrap();
             let (el, setup) = workers.get_mut(v.name()).expect("worker").run(manifest);
@@ -931,14 +977,28 @@ fn print_metrics(ctx: &Ctx<'_>, variants: &[Variant], samples: &[Samples], mark:
     const NAME: &str = "ongrid_sandbox_setup_seconds";
     for (((name, stack), before), cpu0) in ctx.stacks.iter().zip(&mark.hist).zip(&mark.cpu) {
         let h = hist_delta(&parse_hist(&stack.scrape(), NAME), before);
-        let i = variants.iter().position(|v| v.name() == *name);
-        let bench = i.map(|i| sorted(&samples[i].setup_us)).unwrap_or_default();
-        let runs = i.map_or(0, |i| samples[i].runs).max(1) as f64;
+        // The runs this stack's executor served (`executor-rpc` uses the
+        // `daemon` stack's executor, but not its skilld).
+        let on_stack =
+            |v: &Variant| v.name() == *name || (*name == "daemon" && *v == Variant::ExecutorRpc);
+        let mut bench = Vec::new();
+        let (mut runs, mut skilld_runs) = (0usize, 0usize);
+        for (v, s) in variants.iter().zip(samples) {
+            if on_stack(v) {
+                bench.extend_from_slice(&s.setup_us);
+                runs += s.runs;
+                if v.name() == *name {
+                    skilld_runs += s.runs;
+                }
+            }
+        }
+        let bench = sorted(&bench);
+        let (runs, skilld_runs) = (runs.max(1) as f64, skilld_runs.max(1) as f64);
         let cpu = stack.cpu();
         println!(
             "{name}: CPU per run: skilld {:.0} us, executor {:.0} us, skill (executor's \
              children) {:.0} us",
-            (cpu[0] - cpu0[0]) / runs * 1e6,
+            (cpu[0] - cpu0[0]) / skilld_runs * 1e6,
             (cpu[1] - cpu0[1]) / runs * 1e6,
             (cpu[2] - cpu0[2]) / runs * 1e6,
         );
@@ -1024,6 +1084,9 @@ fn main() {
 
     let mut stacks = BTreeMap::new();
     let mut shm_dirs = Vec::new();
+    if o.variants.contains(&Variant::ExecutorRpc) && !o.variants.contains(&Variant::Daemon) {
+        o.variants.push(Variant::Daemon);
+    }
     if o.variants.contains(&Variant::Daemon) {
         let s = Stack::start(
             "daemon",

@@ -1,0 +1,55 @@
+#!/bin/sh
+# The issue 7 measurements, as BENCHMARKS.md ("Load: one skill every way")
+# records them. Run as root on an otherwise quiet machine.
+#
+#   benches/run.sh            # loadbench (both skills, sequential and 8 clients)
+#   benches/run.sh --micro    # also the criterion micro benches and the scan bench
+#   ITERS=200 benches/run.sh  # shorter
+#
+# Installs bubblewrap and firejail with apt when missing (Debian/Ubuntu).
+# The binaries are copied to a private directory first, so that a rebuild
+# of the workspace during the run cannot swap them underneath.
+set -eu
+
+cd "$(dirname "$0")/.."
+ITERS=${ITERS:-1000}
+WARMUP=${WARMUP:-50}
+OUT=${OUT:-target/loadbench-$(date +%Y%m%d-%H%M%S).txt}
+
+if [ "$(id -u)" != 0 ]; then
+    echo "run.sh: run as root (the executor's sandbox needs it)" >&2
+    exit 2
+fi
+missing=""
+command -v bwrap >/dev/null 2>&1 || missing="$missing bubblewrap"
+command -v firejail >/dev/null 2>&1 || missing="$missing firejail"
+if [ -n "$missing" ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
+fi
+
+cargo build --release --workspace --bins
+BIN=$(mktemp -d /tmp/loadbench-bin.XXXXXX)
+trap 'rm -rf "$BIN"' EXIT
+cp target/release/ongrid-executor target/release/ongrid-skilld target/release/loadbench "$BIN"/
+
+CHRT=""
+command -v chrt >/dev/null 2>&1 && CHRT="chrt -f 10"
+{
+    echo "== $(uname -a)"
+    echo "== $(nproc) CPUs, $(grep MemTotal /proc/meminfo), $(rustc --version)"
+    echo "== bwrap $(bwrap --version 2>/dev/null || echo missing), $(firejail --version 2>/dev/null | head -1 || echo firejail missing)"
+    # shellcheck disable=SC2086
+    $CHRT "$BIN"/loadbench --iters "$ITERS" --warmup "$WARMUP" --bin-dir "$BIN"
+    # The latency decomposition of the daemon path (not in the default set).
+    # shellcheck disable=SC2086
+    $CHRT "$BIN"/loadbench --iters "$ITERS" --warmup "$WARMUP" --bin-dir "$BIN" --conc 1 \
+        --skills bin-cat --variants bare,engine,executor-rpc,daemon-shm,daemon
+} 2>&1 | tee "$OUT"
+
+if [ "${1:-}" = "--micro" ]; then
+    cargo bench -p ongrid-benches --bench micro 2>&1 | tee -a "$OUT"
+    cargo bench -p ongrid-benches --bench scan 2>&1 | tee -a "$OUT"
+fi
+echo "run.sh: written to $OUT"
