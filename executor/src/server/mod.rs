@@ -23,7 +23,11 @@
 //! before `accept`, so further clients wait in the backlog);
 //! `max_concurrent_runs` runs at once, and up to `max_queued_runs` more wait
 //! for a slot; beyond that an `execute` is answered with the JSON-RPC error
-//! [`policy::wire::code::BUSY`].
+//! [`policy::wire::code::BUSY`]. A connection with no run in flight that
+//! sends no complete request line for `idle_timeout_seconds` is closed
+//! (counted in `ongrid_executor_idle_closed_total`), so silent or
+//! byte-at-a-time clients cannot keep the `max_connections` slots; a
+//! connection with a run in flight is never cut for being quiet.
 //!
 //! # Cancellation and shutdown
 //!
