@@ -48,7 +48,7 @@ for t in "${targets[@]}"; do
     else
         status=FAILED
         failed+=("$t")
-        grep -E "ERROR: libFuzzer|panicked at|deadly signal|Test unit written|out-of-memory|timeout" "$log" | head -20 || true
+        grep -E -A2 "ERROR: libFuzzer|panicked at|Test unit written|Base64:" "$log" | head -40 || true
     fi
     took=$(($(date +%s) - start))
     stat() { grep -m1 "^stat::$1:" "$log" | awk '{print $2}'; }
