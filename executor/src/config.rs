@@ -86,8 +86,8 @@ pub struct Config {
     /// Peer uids (SO_PEERCRED) that may talk to the executor; default root,
     /// the `ongrid` user if it exists, and the executor's own uid.
     pub allowed_uids: Option<Vec<u32>>,
-    /// Peer primary gids that may talk to the executor; default the `ongrid`
-    /// group if it exists.
+    /// Peer primary gids that may talk to the executor; default none (the
+    /// `ongrid` group is the API clients' group, so it must not be one).
     pub allowed_gids: Option<Vec<u32>>,
     /// Skill classes a peer may run, by peer uid (defence in depth: the
     /// loader decides, the executor re-checks with the class it read

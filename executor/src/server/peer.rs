@@ -51,10 +51,6 @@ fn loader_user() -> Option<nix::unistd::User> {
     nix::unistd::User::from_name(LOADER_USER).ok().flatten()
 }
 
-fn loader_group() -> Option<nix::unistd::Group> {
-    nix::unistd::Group::from_name(LOADER_USER).ok().flatten()
-}
-
 impl PeerPolicy {
     /// Resolves `allowed_uids`, `allowed_gids` and `[[peers]]` (a `user`
     /// that does not exist is logged and matches nobody).
@@ -66,10 +62,10 @@ impl PeerPolicy {
             uids.dedup();
             uids
         });
-        let gids = config
-            .allowed_gids
-            .clone()
-            .unwrap_or_else(|| loader_group().map(|g| g.gid.as_raw()).into_iter().collect());
+        // No group is allowed by default: `ongrid` is also the API clients'
+        // group, and a client whose primary group it is must not reach the
+        // executor around skilld's permission checks.
+        let gids = config.allowed_gids.clone().unwrap_or_default();
         let mut classes = BTreeMap::new();
         for p in &config.peers {
             let uid = match (p.uid, &p.user) {
