@@ -725,19 +725,7 @@ struct Samples {
     wall: Duration,
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn sorted(v: &[f64]) -> Vec<f64> {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s
-}
+use ongrid_benches::{pct, sorted};
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64

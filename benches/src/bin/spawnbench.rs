@@ -231,19 +231,7 @@ struct Samples {
     wall: Duration,
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn sorted(v: &[f64]) -> Vec<f64> {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s
-}
+use ongrid_benches::{pct, sorted};
 
 /// Sequential: every iteration runs each variant once, in a rotating order.
 fn sequential(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
