@@ -322,13 +322,22 @@ pub fn sweep(runtime_dir: &Path, bases: &[PathBuf], min_age: Duration) -> Swept 
 mod tests {
     use super::*;
 
-    /// A zombie has no start time: a guard naming one is dead.
+    /// A zombie has no start time: a guard naming one is dead. The zombie's
+    /// parent is a `sleep` that never waits, so other tests of this binary
+    /// reaping "any child" cannot take it away before it is looked at.
     #[test]
     fn a_zombie_has_no_start_time() {
+        use std::io::BufRead;
         let me = i32::try_from(std::process::id()).unwrap();
         assert!(start_time(me).is_some());
-        let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
-        let pid = i32::try_from(child.id()).unwrap();
+        let mut child = std::process::Command::new("/bin/sh")
+            .args(["-c", "/bin/true & echo $!; exec sleep 20"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let pid: i32 = line.trim().parse().unwrap();
         let zombie = || {
             fs::read_to_string(format!("/proc/{pid}/stat"))
                 .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
@@ -339,6 +348,7 @@ mod tests {
         }
         assert!(zombie(), "{pid} did not become a zombie");
         assert_eq!(start_time(pid), None);
+        let _ = child.kill();
         let _ = child.wait();
     }
 }
