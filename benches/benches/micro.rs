@@ -149,7 +149,7 @@ fn jsonrpc(c: &mut Criterion) {
             else {
                 unreachable!()
             };
-            serde_json::from_value::<RunReport>(result).expect("a report")
+            serde_json::from_str::<RunReport>(result.get()).expect("a report")
         });
     });
     // One whole answer stream (a stderr line then the report), cut into

@@ -453,7 +453,7 @@ pub fn classify(
                     .unwrap_or_else(|_| sig.to_string());
                 fail(&mut r, Outcome::Signaled, limit, format!("killed by signal {name}"));
             }
-            (Some(0), None) => match serde_json::from_slice::<serde_json::Value>(&stdout) {
+            (Some(0), None) => match policy::RawJson::from_slice(&stdout) {
                 Ok(v) => r.result = Some(v),
                 Err(e) => {
                     let cut = stdout.len().min(EXCERPT_BYTES);
@@ -522,7 +522,7 @@ mod tests {
             let req = RunRequest { manifest_path: manifest.clone(), args };
             let r = rt.block_on(engine.run(req, &mut |_| {}, std::future::pending()));
             assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
-            assert_eq!(r.result, Some(serde_json::json!({ "i": i })));
+            assert_eq!(r.result.map(|v| v.to_value()), Some(serde_json::json!({ "i": i })));
             for e in std::fs::read_dir(&runs).unwrap() {
                 seen.insert(e.unwrap().file_name());
             }

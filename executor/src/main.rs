@@ -195,8 +195,8 @@ fn print(report: &policy::RunReport, json: bool) -> anyhow::Result<u8> {
         serde_json::to_writer(&mut out, report).context("writing the report")?;
         writeln!(out).context("writing the report")?;
     } else if let Some(result) = &report.result {
-        serde_json::to_writer(&mut out, result).context("writing the result")?;
-        writeln!(out).context("writing the result")?;
+        // Verbatim: the skill's JSON as it printed it.
+        writeln!(out, "{result}").context("writing the result")?;
     } else {
         eprintln!(
             "ongrid-executor: {} {}: {}",

@@ -67,7 +67,7 @@ cat"#,
     );
     let (r, lines) = run(&engine, &m, r#"{"a": [1, 2]}"#);
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
-    assert_eq!(r.result, Some(serde_json::json!({"a": [1, 2]})));
+    assert_eq!(r.result.map(|v| v.to_value()), Some(serde_json::json!({"a": [1, 2]})));
     assert_eq!(lines.first().map(String::as_str), Some("line one"));
     let env: Vec<&String> = lines
         .iter()

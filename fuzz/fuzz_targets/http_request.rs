@@ -112,7 +112,7 @@ fn answer(stream: std::os::unix::net::UnixStream, mode: ExecutorMode) {
             let mut ok = RunReport::not_run(&skill, Outcome::Ok, "");
             ok.error = None;
             ok.exit_code = Some(0);
-            ok.result = Some(params.args.clone());
+            ok.result = Some(policy::RawJson::from_value(&params.args));
             match mode {
                 ExecutorMode::Report => wire::encode_report(&id, &ok),
                 ExecutorMode::StderrThenReport => {

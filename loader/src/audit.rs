@@ -153,8 +153,8 @@ pub struct Finish {
     pub error: Option<String>,
     /// The exit code.
     pub exit_code: Option<i32>,
-    /// The result JSON.
-    pub result: Option<Value>,
+    /// The result JSON, as the skill printed it.
+    pub result: Option<policy::RawJson>,
     /// The run's duration (the report's, else the time since the decision).
     pub duration_ms: Option<u64>,
 }
@@ -605,7 +605,13 @@ fn insert(db: &mut Connection, r: &Record, _: &AuditSettings) -> Result<i64, Wri
 }
 
 fn update(db: &mut Connection, id: i64, f: &Finish) -> Result<(), WriteError> {
-    let (result, result_cut) = json_field(f.result.as_ref());
+    let (result, result_cut) = match &f.result {
+        None => (None, false),
+        Some(r) => {
+            let (text, cut) = bounded(r.get().to_owned(), FIELD_MAX_BYTES);
+            (Some(text), cut)
+        }
+    };
     db.execute(
         "UPDATE audit SET outcome = ?2, error = ?3, exit_code = ?4, result = ?5,
              result_truncated = ?6, finished_at = ?7, duration_ms = COALESCE(?8, ?7 - started_at)
@@ -721,7 +727,7 @@ mod tests {
                 Finish {
                     outcome: "ok".into(),
                     exit_code: Some(0),
-                    result: Some(json!({"big": big})),
+                    result: Some(policy::RawJson::from_value(&json!({"big": big}))),
                     ..Finish::default()
                 },
             )

@@ -9,6 +9,8 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{ACCEPT, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use policy::RawJson;
+use serde::Deserialize;
 use serde_json::Value;
 use tokio::net::UnixStream;
 
@@ -45,6 +47,35 @@ pub struct ApiResponse {
     pub status: StatusCode,
     /// The body (`null` when empty).
     pub body: Value,
+    /// The body as received.
+    pub raw: Bytes,
+}
+
+impl ApiResponse {
+    /// The `result` of the run report in this answer, as the skill printed
+    /// it (key order, number spelling and escapes kept), when there is one.
+    pub fn report_result(&self) -> Option<RawJson> {
+        report_result(&self.raw)
+    }
+}
+
+/// The `result` of a run report given as JSON text: an execute answer or
+/// a stream's `{"event":"report","report":{...}}` line.
+pub fn report_result(text: &[u8]) -> Option<RawJson> {
+    #[derive(Deserialize)]
+    struct Report {
+        #[serde(default)]
+        result: Option<RawJson>,
+    }
+    #[derive(Deserialize)]
+    struct Body {
+        #[serde(default)]
+        result: Option<RawJson>,
+        #[serde(default)]
+        report: Option<Report>,
+    }
+    let body: Body = serde_json::from_slice(text).ok()?;
+    body.report.map_or(body.result, |r| r.result)
 }
 
 /// A client of `ongrid-skilld`.
@@ -122,7 +153,7 @@ impl DaemonClient {
     }
 
     /// `POST /v1/skills/{name}/execute` asking for the NDJSON stream; calls
-    /// `on_event` for each event line. Returns the status and, when the
+    /// `on_event` for each event line (parsed, and as received). Returns the status and, when the
     /// answer is not a stream (an error), its JSON body.
     ///
     /// # Errors
@@ -132,7 +163,7 @@ impl DaemonClient {
         &self,
         name: &str,
         body: &Value,
-        mut on_event: impl FnMut(Value),
+        mut on_event: impl FnMut(Value, &[u8]),
     ) -> Result<ApiResponse, ClientError> {
         let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let path = format!("/v1/skills/{}/execute", encode_segment(name));
@@ -156,13 +187,13 @@ impl DaemonClient {
                 let line: Vec<u8> = pending.drain(..=i).collect();
                 let event = serde_json::from_slice(&line[..i])
                     .map_err(|e| ClientError::Protocol(format!("stream line: {e}")))?;
-                on_event(event);
+                on_event(event, &line[..i]);
             }
             if pending.len() > MAX_RESPONSE_BYTES {
                 return Err(ClientError::Protocol("stream line too long".into()));
             }
         }
-        Ok(ApiResponse { status, body: Value::Null })
+        Ok(ApiResponse { status, body: Value::Null, raw: Bytes::new() })
     }
 }
 
@@ -179,13 +210,14 @@ pub async fn read_json(response: Response<Incoming>) -> Result<ApiResponse, Clie
         .await
         .map_err(|e| ClientError::Protocol(format!("reading the answer: {e}")))?
         .to_bytes();
-    let body = if body.is_empty() {
+    let raw = body;
+    let body = if raw.is_empty() {
         Value::Null
     } else {
-        serde_json::from_slice(&body)
+        serde_json::from_slice(&raw)
             .map_err(|e| ClientError::Protocol(format!("answer is not JSON ({status}): {e}")))?
     };
-    Ok(ApiResponse { status, body })
+    Ok(ApiResponse { status, body, raw })
 }
 
 /// Percent-encodes one path segment (everything but `[A-Za-z0-9_.-]`).

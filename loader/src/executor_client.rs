@@ -127,7 +127,7 @@ impl ExecutorClient {
             stream.write_all(&wire::encode_metrics(1)).await.map_err(ExecutorError::Io)?;
             let mut conn = RunConnection::new(stream, MAX_LINE_BYTES);
             match conn.next_reply().await? {
-                Reply::Result { result, .. } => serde_json::from_value::<MetricsResult>(result)
+                Reply::Result { result, .. } => serde_json::from_str::<MetricsResult>(result.get())
                     .map(|m| m.text)
                     .map_err(|e| ExecutorError::Protocol(format!("metrics result: {e}"))),
                 other => Err(reply_error(other)),
@@ -190,7 +190,7 @@ impl RunConnection {
             Reply::Stderr { line, .. } => Ok(RunEvent::Stderr(line)),
             Reply::Result { result, .. } => {
                 self.finished = true;
-                let report: RunReport = serde_json::from_value(result)
+                let report: RunReport = serde_json::from_str(result.get())
                     .map_err(|e| ExecutorError::Protocol(format!("run report: {e}")))?;
                 if report.outcome == Outcome::Busy {
                     return Err(ExecutorError::Busy(report.error.unwrap_or_default()));

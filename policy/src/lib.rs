@@ -10,6 +10,8 @@
 //!   [`SkillGrant`], and the [`GrantedSandbox`] a run gets.
 //! - [`limits`]: default resource limits and their bounds.
 //! - [`report`]: the [`RunReport`] every run ends with, and what the sandbox enforced.
+//! - [`raw_json`]: [`RawJson`], a JSON value kept as the text it arrived as
+//!   (a skill's result is returned verbatim).
 //! - [`path`]: pure, component-wise path rules (lexical containment, normal form).
 //! - [`permission`]: [`PermissionMode`] (`read-only`, `mutating-with-confirm`,
 //!   `dual-sign-required`), the class [`permission::gate`] and the
@@ -38,6 +40,7 @@ pub mod manifest;
 pub mod name;
 pub mod path;
 pub mod permission;
+pub mod raw_json;
 pub mod report;
 pub mod sandbox;
 pub mod skillmd;
@@ -50,6 +53,7 @@ pub use limits::Limits;
 pub use manifest::{Manifest, ManifestError, ValidateOptions, MAX_MANIFEST_BYTES};
 pub use name::SkillName;
 pub use permission::{DenyReason, PermissionMode};
+pub use raw_json::RawJson;
 pub use report::{Enforcement, LimitKind, Outcome, RunReport, SandboxReport};
 pub use sandbox::{GrantError, GrantedSandbox, SandboxRequest, SkillGrant};
 pub use skillmd::{SkillMd, SkillMdError, SKILL_MD_FILE_NAME};

@@ -161,8 +161,8 @@ pub struct RunReport {
     pub skill: String,
     /// How the run ended.
     pub outcome: Outcome,
-    /// The result JSON on `ok`, else null.
-    pub result: Option<serde_json::Value>,
+    /// The result JSON on `ok`, else null: the skill's stdout verbatim.
+    pub result: Option<crate::RawJson>,
     /// What went wrong, or null on `ok`.
     pub error: Option<String>,
     /// Exit status when the process exited.

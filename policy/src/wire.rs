@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::report::RunReport;
+use crate::RawJson;
 
 /// Longest line accepted on the executor socket, in bytes (args are bounded
 /// at 1 MiB by the loader; reports carry bounded stderr and the result).
@@ -180,8 +181,17 @@ pub fn encode_metrics(id: u64) -> Vec<u8> {
 }
 
 /// Encodes a successful response carrying any `result` (`ping`, `metrics`).
-pub fn encode_result(id: &Value, result: &Value) -> Vec<u8> {
-    line(&serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result}))
+pub fn encode_result<T: Serialize + ?Sized>(id: &Value, result: &T) -> Vec<u8> {
+    line(&ResultLine { jsonrpc: "2.0", id, result })
+}
+
+/// A response line, serialised field by field so a [`RawJson`] inside the
+/// result (a run report's `result`) is written as received.
+#[derive(Serialize)]
+struct ResultLine<'a, T: Serialize + ?Sized> {
+    jsonrpc: &'static str,
+    id: &'a Value,
+    result: &'a T,
 }
 
 /// Encodes an error response with an explicit code, e.g. [`code::BUSY`].
@@ -205,8 +215,8 @@ pub enum Reply {
     Result {
         /// The id of the request.
         id: Value,
-        /// The result.
-        result: Value,
+        /// The result, as the text the executor sent.
+        result: RawJson,
     },
     /// An error response (e.g. [`code::BUSY`]).
     Error {
@@ -226,18 +236,25 @@ pub enum Reply {
 /// [`WireError::Parse`] when it is not JSON, [`WireError::InvalidRequest`]
 /// when it is not a JSON-RPC 2.0 response or a `stderr` notification.
 pub fn decode_reply(line: &[u8]) -> Result<Reply, WireError> {
-    let v: Value = serde_json::from_slice(line).map_err(|e| WireError::Parse(e.to_string()))?;
-    let Value::Object(mut obj) = v else {
+    if line.trim_ascii_start().first() != Some(&b'{') {
+        // Not JSON is a parse error, as for any other line.
+        serde_json::from_slice::<serde::de::IgnoredAny>(line)
+            .map_err(|e| WireError::Parse(e.to_string()))?;
         return Err(WireError::InvalidRequest("not an object".into()));
-    };
-    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+    }
+    let r: ReplyLine = serde_json::from_slice(line).map_err(|e| match e.classify() {
+        // JSON, but not a reply (a member given twice).
+        serde_json::error::Category::Data => WireError::InvalidRequest(e.to_string()),
+        _ => WireError::Parse(e.to_string()),
+    })?;
+    if r.jsonrpc.as_ref().and_then(Value::as_str) != Some("2.0") {
         return Err(WireError::InvalidRequest("jsonrpc must be \"2.0\"".into()));
     }
-    if let Some(method) = obj.get("method") {
+    if let Some(method) = r.method {
         if method.as_str() != Some("stderr") {
             return Err(WireError::MethodNotFound(method.to_string().chars().take(64).collect()));
         }
-        let mut params = match obj.remove("params") {
+        let mut params = match r.params {
             Some(Value::Object(p)) => p,
             _ => return Err(WireError::InvalidParams("stderr params must be an object".into())),
         };
@@ -247,11 +264,11 @@ pub fn decode_reply(line: &[u8]) -> Result<Reply, WireError> {
             _ => Err(WireError::InvalidParams("stderr line must be a string".into())),
         };
     }
-    let id = obj.remove("id").unwrap_or(Value::Null);
-    if let Some(result) = obj.remove("result") {
+    let id = r.id.unwrap_or(Value::Null);
+    if let Some(result) = r.result {
         return Ok(Reply::Result { id, result });
     }
-    match obj.remove("error") {
+    match r.error {
         Some(Value::Object(mut e)) => {
             let code = e.get("code").and_then(Value::as_i64).unwrap_or(code::INVALID_REQUEST);
             let message = match e.remove("message") {
@@ -264,6 +281,29 @@ pub fn decode_reply(line: &[u8]) -> Result<Reply, WireError> {
     }
 }
 
+/// One reply line as read: `result` is kept as text so a run report's
+/// `result` (the skill's stdout) reaches the client verbatim.
+#[derive(Deserialize)]
+struct ReplyLine {
+    #[serde(default)]
+    jsonrpc: Option<Value>,
+    #[serde(default)]
+    method: Option<Value>,
+    #[serde(default)]
+    params: Option<Value>,
+    #[serde(default)]
+    id: Option<Value>,
+    /// Present (even `null`) means a result.
+    #[serde(default, deserialize_with = "present")]
+    result: Option<RawJson>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<RawJson>, D::Error> {
+    RawJson::deserialize(d).map(Some)
+}
+
 /// Encodes a `stderr` notification for run `id`.
 pub fn encode_stderr(id: &Value, text: &str) -> Vec<u8> {
     line(
@@ -273,7 +313,7 @@ pub fn encode_stderr(id: &Value, text: &str) -> Vec<u8> {
 
 /// Encodes the final response of a run.
 pub fn encode_report(id: &Value, report: &RunReport) -> Vec<u8> {
-    line(&serde_json::json!({"jsonrpc": "2.0", "id": id, "result": report}))
+    encode_result(id, report)
 }
 
 /// Encodes an error response.
@@ -283,8 +323,8 @@ pub fn encode_error(id: &Value, err: &WireError) -> Vec<u8> {
     )
 }
 
-fn line(v: &Value) -> Vec<u8> {
-    // Serialising a Value cannot fail: all keys are strings.
+fn line<T: Serialize + ?Sized>(v: &T) -> Vec<u8> {
+    // Serialising cannot fail: every map key is a string.
     let mut out = serde_json::to_vec(v).unwrap_or_default();
     out.push(b'\n');
     out
@@ -417,7 +457,7 @@ mod tests {
         let l = encode_result(&json!(3), &text);
         assert_eq!(
             decode_reply(&l[..l.len() - 1]).unwrap(),
-            Reply::Result { id: json!(3), result: json!({"text": "a 1\n"}) }
+            Reply::Result { id: json!(3), result: RawJson::from_value(&json!({"text": "a 1\n"})) }
         );
         let l = encode_stderr(&json!(1), "warn: x");
         assert_eq!(
@@ -433,10 +473,30 @@ mod tests {
         let l = encode_report(&json!(1), &report);
         match decode_reply(&l[..l.len() - 1]).unwrap() {
             Reply::Result { result, .. } => {
-                assert_eq!(serde_json::from_value::<RunReport>(result).unwrap(), report);
+                assert_eq!(serde_json::from_str::<RunReport>(result.get()).unwrap(), report);
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_report_result_crosses_the_wire_verbatim() {
+        let mut report = RunReport::not_run("x", crate::Outcome::Ok, "");
+        let text = r#"{"zeta":1.50,"alpha":"\u00e9","n":[1E3]}"#;
+        report.result = Some(RawJson::from_slice(text.as_bytes()).unwrap());
+        let l = encode_report(&json!(7), &report);
+        assert!(l.windows(text.len()).any(|w| w == text.as_bytes()));
+        let Reply::Result { id, result } = decode_reply(&l[..l.len() - 1]).unwrap() else {
+            panic!("not a result");
+        };
+        assert_eq!(id, json!(7));
+        let back: RunReport = serde_json::from_str(result.get()).unwrap();
+        assert_eq!(back.result.unwrap().get(), text);
+        // A null result is still a result.
+        assert!(matches!(
+            decode_reply(br#"{"jsonrpc":"2.0","id":1,"result":null}"#),
+            Ok(Reply::Result { .. })
+        ));
     }
 
     #[test]
@@ -450,6 +510,7 @@ mod tests {
             br#"{"jsonrpc":"2.0","method":"exit","params":{}}"#,
             br#"{"jsonrpc":"2.0","method":"stderr","params":{"id":1,"line":5}}"#,
             br#"{"jsonrpc":"2.0","method":"stderr"}"#,
+            br#"{"jsonrpc":"2.0","id":1,"result":{},"result":{}}"#,
         ] {
             assert!(decode_reply(line).is_err(), "{:?}", String::from_utf8_lossy(line));
         }

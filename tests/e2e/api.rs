@@ -104,3 +104,36 @@ fn list_show_and_run_outcomes() {
     assert!(text.contains("ongrid_"), "{text}");
     assert!(text.contains("skill=\"echo\""), "{text}");
 }
+
+/// The result reaches every client as the skill printed it: the API answer,
+/// the NDJSON stream and `ongrid-skill run` keep key order, number spelling
+/// and escapes (DESIGN.md §2: stdout is returned verbatim).
+#[test]
+fn the_result_is_returned_verbatim() {
+    let s = Stack::start();
+    let printed =
+        r#"{"zeta": 1.50, "alpha": "\u00e9\/", "n": [1E3, 123456789012345678901234567890]}"#;
+    crate::harness::write_skill(&s.skills, "verbatim", "", &format!("echo '{printed}'"));
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
+
+    let r = s.execute("verbatim", &json!({}));
+    assert_eq!(r.status, 200, "{}", s.logs());
+    let body = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(body.contains(&format!(r#""result":{printed}"#)), "{body}");
+
+    let r = s.stream("verbatim", &json!({}));
+    let last = String::from_utf8_lossy(&r.body).lines().last().unwrap_or_default().to_owned();
+    assert!(last.starts_with(r#"{"event":"report""#), "{last}");
+    assert!(last.contains(&format!(r#""result":{printed}"#)), "{last}");
+
+    for stream in [false, true] {
+        let mut cli = std::process::Command::new(crate::harness::bin("ongrid-skill"));
+        cli.args(["run", "verbatim", "--socket"]).arg(&s.socket);
+        if stream {
+            cli.arg("--stream");
+        }
+        let out = cli.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{printed}\n"), "stream {stream}");
+    }
+}

@@ -280,7 +280,7 @@ fn stdout_cap_is_exact() {
     let exact = fill(65536);
     assert_eq!(exact.to_string().len(), 65536);
     let run = skill.run(&config, &exact);
-    assert_eq!(run.result(), &exact, "a result of exactly stdout_bytes was refused");
+    assert_eq!(&run.result(), &exact, "a result of exactly stdout_bytes was refused");
     let run = skill.run(&config, &fill(65537));
     run.expect(Outcome::OutputLimit);
     no_leftovers(&skill, &g);

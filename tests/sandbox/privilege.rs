@@ -48,7 +48,7 @@ fn no_capabilities_and_no_new_privs() {
     let Some(g) = shared("no_capabilities_and_no_new_privs") else { return };
     let skill = attack("caps");
     let run = skill.run(&Config::new(), &args("probe", json!({})));
-    assert_unprivileged(&run, run.result());
+    assert_unprivileged(&run, &run.result());
     no_leftovers(&skill, &g);
 }
 
@@ -61,7 +61,7 @@ fn granted_root_has_no_capabilities() {
     let run = skill.run(&config, &args("probe", json!({})));
     let r = run.result();
     assert_eq!(r["uid"], json!(0), "{}", run.dump());
-    assert_unprivileged(&run, r);
+    assert_unprivileged(&run, &r);
     no_leftovers(&skill, &g);
 }
 
@@ -71,7 +71,8 @@ fn only_standard_fds_are_open() {
     let Some(g) = shared("only_standard_fds_are_open") else { return };
     let skill = attack("fds");
     let run = skill.run(&Config::new(), &args("probe", json!({})));
-    let fds: Vec<&String> = run.result()["fds"].as_object().expect("fds").keys().collect();
+    let result = run.result();
+    let fds: Vec<&String> = result["fds"].as_object().expect("fds").keys().collect();
     assert_eq!(fds, ["0", "1", "2"], "inherited fds:\n{}", run.dump());
     no_leftovers(&skill, &g);
 }

@@ -25,8 +25,45 @@ fn exit_0_with_json_is_ok() {
     else {
         return;
     };
-    assert_eq!(run.result(), &json!({"answer": 42, "nested": {"a": [1, 2]}}));
+    assert_eq!(&run.result(), &json!({"answer": 42, "nested": {"a": [1, 2]}}));
     assert_eq!(run.report.exit_code, Some(0));
+}
+
+/// §(b) 32: the result is the skill's stdout verbatim: key order, number
+/// spelling and escapes as printed, whitespace around the value dropped.
+#[test]
+fn result_is_stdout_verbatim() {
+    let printed =
+        r#"{"zeta": 1.50, "alpha": "\u00e9\/", "n": [1E3, -0.0, 123456789012345678901234567890]}"#;
+    let Some(run) = exit_case("verbatim", 0, &format!("  {printed}\n\n"), Outcome::Ok) else {
+        return;
+    };
+    assert_eq!(run.result_text().get(), printed, "{}", run.dump());
+
+    // Without --json, `ongrid-executor run` prints the result itself.
+    let skill = attack("verbatim_cli");
+    skill.write_manifest();
+    let cfg = tempfile::NamedTempFile::new().expect("config file");
+    std::fs::write(cfg.path(), Config::new().to_toml()).expect("write config");
+    let args = args("exit", json!({"code": 0, "stdout": format!("{printed}\n")}));
+    let out = std::process::Command::new(ongrid_tests::run::executor_bin())
+        .args(["run", "--manifest"])
+        .arg(skill.manifest_path())
+        .args(["--args", &args.to_string(), "--config"])
+        .arg(cfg.path())
+        .output()
+        .expect("run ongrid-executor");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{printed}\n"));
+}
+
+/// A result printed across lines comes back on one line (the executor wire
+/// and NDJSON carry one document per line); strings are untouched.
+#[test]
+fn multi_line_result_is_compacted_not_reordered() {
+    let printed = "{\n  \"b\": \"x  y\",\n  \"a\": [1,\n 2.0]\n}\n";
+    let Some(run) = exit_case("multi_line", 0, printed, Outcome::Ok) else { return };
+    assert_eq!(run.result_text().get(), r#"{"b":"x  y","a":[1,2.0]}"#, "{}", run.dump());
 }
 
 /// §(b) 32: a non-zero exit fails the run even with valid JSON on stdout.
@@ -125,7 +162,7 @@ fn escaped_nul_in_args_arrives_intact() {
     let skill = SkillDir::script("echo_nul", "exec /bin/cat");
     let a = json!({"s": "a\u{0}b", "t": "é\u{1}"});
     let run = skill.run(&Config::new(), &a);
-    assert_eq!(run.result(), &a, "{}", run.dump());
+    assert_eq!(&run.result(), &a, "{}", run.dump());
     no_leftovers(&skill, &g);
 }
 
@@ -150,7 +187,7 @@ fn large_args_echo_does_not_deadlock() {
     let skill = SkillDir::script("echo_big", "exec /bin/cat").with("timeout_seconds", json!(10));
     let a = json!({"blob": "z".repeat(4 << 20)});
     let run = skill.run(&Config::new(), &a);
-    assert_eq!(run.result(), &a, "echo differs");
+    assert_eq!(&run.result(), &a, "echo differs");
     no_leftovers(&skill, &g);
 }
 
@@ -165,7 +202,7 @@ fn python_skill_runs() {
         0o755,
     );
     let run = skill.run(&Config::new(), &json!({"x": 1}));
-    assert_eq!(run.result(), &json!({"got": {"x": 1}}), "{}", run.dump());
+    assert_eq!(&run.result(), &json!({"got": {"x": 1}}), "{}", run.dump());
     no_leftovers(&skill, &g);
 }
 

@@ -78,12 +78,21 @@ impl Run {
         self.report.outcome
     }
 
-    /// The result of an `ok` run.
+    /// The result of an `ok` run, parsed.
     ///
     /// # Panics
     ///
     /// When the run did not end `ok`.
-    pub fn result(&self) -> &Value {
+    pub fn result(&self) -> Value {
+        self.result_text().to_value()
+    }
+
+    /// The result of an `ok` run as the skill printed it.
+    ///
+    /// # Panics
+    ///
+    /// When the run did not end `ok`.
+    pub fn result_text(&self) -> &policy::RawJson {
         assert_eq!(self.report.outcome, Outcome::Ok, "run not ok:\n{}", self.dump());
         self.report.result.as_ref().expect("ok run has a result")
     }
@@ -213,7 +222,8 @@ pub fn run(manifest: &Path, config: &Config, opts: RunOptions, timeout_s: u64) -
             String::from_utf8_lossy(&out)
         )
     });
-    let report: RunReport = serde_json::from_value(raw.clone()).unwrap_or_else(|e| {
+    // From the text, not the Value: `result` is kept as the skill printed it.
+    let report: RunReport = serde_json::from_slice(&out).unwrap_or_else(|e| {
         panic!(
             "report does not match policy::RunReport ({e}):\n{raw:#}\nstderr:\n{executor_stderr}"
         )

@@ -699,6 +699,7 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
                 match policy::wire::decode_reply(line.trim_ascii_end()).expect("reply") {
                     policy::wire::Reply::Stderr { .. } => {}
                     policy::wire::Reply::Result { result, .. } => {
+                        let result = result.to_value();
                         assert_eq!(result["outcome"], "ok", "executor-rpc run: {result}");
                         break result["setup_us"].as_u64();
                     }

@@ -385,11 +385,16 @@ fn ndjson(
             Some(e) => Ok(e),
             None => run.next().await,
         };
-        let (value, done) = match event {
-            Ok(RunEvent::Stderr(line)) => (json!({"event": "stderr", "line": line}), false),
+        let (mut line, done) = match event {
+            Ok(RunEvent::Stderr(line)) => {
+                (json!({"event": "stderr", "line": line}).to_string(), false)
+            }
             Ok(RunEvent::Report(report)) => {
                 run.finish(&report).await;
-                (json!({"event": "report", "report": report}), true)
+                // Serialised as a struct, not through a Value, so the
+                // report's `result` goes out as the skill printed it.
+                let event = ReportEvent { event: "report", report: &report };
+                (serde_json::to_string(&event).unwrap_or_default(), true)
             }
             Err(e) => {
                 tracing::warn!(skill = run.skill.name(), error = %chain(&e), "run stream ended");
@@ -402,13 +407,20 @@ fn ndjson(
                 if let Some(row) = run.row.take() {
                     row.finish(not_run(code, &message)).await;
                 }
-                (json!({"event": "error", "error": {"code": code, "message": message}}), true)
+                let event = json!({"event": "error", "error": {"code": code, "message": message}});
+                (event.to_string(), true)
             }
         };
-        let mut line = value.to_string().into_bytes();
-        line.push(b'\n');
+        line.push('\n');
         Some((Ok(Bytes::from(line)), (run, None, done)))
     })
+}
+
+/// The last line of a stream.
+#[derive(serde::Serialize)]
+struct ReportEvent<'a> {
+    event: &'static str,
+    report: &'a RunReport,
 }
 
 fn wants_ndjson(headers: &HeaderMap) -> bool {

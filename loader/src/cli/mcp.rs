@@ -32,6 +32,7 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use policy::RawJson;
 use serde_json::{json, Map, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -201,7 +202,7 @@ impl Server {
             }
         };
         match r.status.as_u16() {
-            200 => response(id, report_result(&r.body)),
+            200 => response(id, report_result(&r.body, r.report_result())),
             404 => error(id, code::INVALID_PARAMS, format!("Unknown tool: {name}")),
             _ => {
                 let structured = r.body.clone();
@@ -229,12 +230,16 @@ fn initialize(params: &Value) -> Value {
     })
 }
 
-/// A run report (200) as a `tools/call` result.
-fn report_result(report: &Value) -> Value {
+/// A run report (200) as a `tools/call` result; the text content is the
+/// result as the skill printed it (`raw`, from the answer's text).
+fn report_result(report: &Value, raw: Option<RawJson>) -> Value {
     let outcome = report["outcome"].as_str().unwrap_or("unknown");
     if outcome == "ok" {
         let result = report.get("result").cloned().unwrap_or(Value::Null);
-        let text = serde_json::to_string(&result).unwrap_or_default();
+        let text = match raw {
+            Some(raw) => raw.get().to_owned(),
+            None => serde_json::to_string(&result).unwrap_or_default(),
+        };
         let structured = match result {
             Value::Object(_) => result,
             other => json!({"result": other}),
@@ -443,15 +448,28 @@ mod tests {
         assert_eq!(answers.len(), 8);
     }
 
+    fn report_result_of(report: &Value) -> Value {
+        report_result(report, None)
+    }
+
+    #[test]
+    fn an_ok_result_text_is_what_the_skill_printed() {
+        let printed = r#"{"zeta":1.50,"alpha":"\u00e9"}"#;
+        let report = json!({"skill": "s", "outcome": "ok", "result": {"zeta": 1.5, "alpha": "é"}});
+        let r = report_result(&report, RawJson::from_slice(printed.as_bytes()).ok());
+        assert_eq!(r["content"][0]["text"], printed);
+        assert_eq!(r["structuredContent"], json!({"zeta": 1.5, "alpha": "é"}));
+    }
+
     #[test]
     fn reports_become_results() {
-        let ok = report_result(&json!({"skill": "s", "outcome": "ok", "result": {"a": 1}}));
+        let ok = report_result_of(&json!({"skill": "s", "outcome": "ok", "result": {"a": 1}}));
         assert_eq!(ok["structuredContent"], json!({"a": 1}));
         assert_eq!(ok["content"][0]["text"], r#"{"a":1}"#);
         assert_eq!(ok["isError"], false);
-        let scalar = report_result(&json!({"skill": "s", "outcome": "ok", "result": [1]}));
+        let scalar = report_result_of(&json!({"skill": "s", "outcome": "ok", "result": [1]}));
         assert_eq!(scalar["structuredContent"], json!({"result": [1]}));
-        let failed = report_result(&json!({"skill": "s", "outcome": "exit_nonzero",
+        let failed = report_result_of(&json!({"skill": "s", "outcome": "exit_nonzero",
             "exit_code": 3, "error": "exit status 3", "stderr": "boom\n", "result": null}));
         assert_eq!(failed["isError"], true);
         assert_eq!(failed["structuredContent"]["outcome"], "exit_nonzero");

@@ -10,6 +10,7 @@
 use std::io::{self, Read, Write};
 use std::process::ExitCode;
 
+use policy::RawJson;
 use serde_json::{json, Value};
 
 use super::remote::{self, exit, DaemonArgs};
@@ -104,7 +105,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         let mut report = None;
         let mut write_error = None;
         let json_out = args.json;
-        let answer = remote::block_on(client.execute_stream(&args.name, &body, |event| {
+        let answer = remote::block_on(client.execute_stream(&args.name, &body, |event, line| {
             let r = if json_out {
                 writeln!(out, "{event}").and_then(|()| out.flush())
             } else {
@@ -122,7 +123,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
                 write_error.get_or_insert(e);
             }
             if event["event"] == "report" {
-                report = Some(event["report"].clone());
+                report = Some((event["report"].clone(), crate::client::report_result(line)));
             }
         }))?;
         if let Some(e) = write_error {
@@ -145,16 +146,16 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
     if !resp.status.is_success() {
         return remote::api_error(&resp, args.json, err);
     }
-    print_report(&resp.body, args.json, out, err)
+    print_report(&resp.body, resp.report_result(), args.json, out, err)
 }
 
 fn finish_stream(
-    report: Option<Value>,
+    report: Option<(Value, Option<RawJson>)>,
     json: bool,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> io::Result<ExitCode> {
-    let Some(report) = report else {
+    let Some((report, result)) = report else {
         // The stream ended with an error event (already printed).
         return Ok(ExitCode::from(exit::UNAVAILABLE));
     };
@@ -162,7 +163,7 @@ fn finish_stream(
         // The events, report included, are already on stdout.
         return Ok(exit_of(&report));
     }
-    print_report(&report, false, out, err)
+    print_report(&report, result, false, out, err)
 }
 
 fn exit_of(report: &Value) -> ExitCode {
@@ -173,8 +174,11 @@ fn exit_of(report: &Value) -> ExitCode {
     }
 }
 
+/// Prints the report (`--json`), else the result as the skill printed it
+/// (`result`, from the answer's text) or the failure on stderr.
 fn print_report(
     report: &Value,
+    result: Option<RawJson>,
     json: bool,
     out: &mut dyn Write,
     err: &mut dyn Write,
@@ -184,7 +188,10 @@ fn print_report(
         return Ok(exit_of(report));
     }
     if report["outcome"] == "ok" {
-        remote::print_json(&report["result"], out)?;
+        match result {
+            Some(raw) => writeln!(out, "{raw}")?,
+            None => remote::print_json(&report["result"], out)?,
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let skill = report["skill"].as_str().unwrap_or("?");

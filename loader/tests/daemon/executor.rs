@@ -45,7 +45,7 @@ async fn executor_dying_mid_run() {
     let c = d.client();
     let stream = tokio::spawn(async move {
         let mut events = Vec::new();
-        let r = c.execute_stream("sleeper", &json!({}), |e| events.push(e)).await;
+        let r = c.execute_stream("sleeper", &json!({}), |e, _| events.push(e)).await;
         (r, events)
     });
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;

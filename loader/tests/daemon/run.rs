@@ -121,7 +121,7 @@ async fn ndjson_stream() {
     let mut events = Vec::new();
     let r = d
         .client()
-        .execute_stream("echo", &json!({"args": {"n": 1}}), |e| events.push(e))
+        .execute_stream("echo", &json!({"args": {"n": 1}}), |e, _| events.push(e))
         .await
         .unwrap();
     assert_eq!(r.status, 200);
@@ -137,7 +137,7 @@ async fn ndjson_stream() {
     assert_eq!(events[2]["report"]["result"], json!({"n": 1}));
 
     // Errors before the run are plain JSON answers, even when streaming.
-    let r = d.client().execute_stream("strict", &json!({"args": {}}), |_| {}).await.unwrap();
+    let r = d.client().execute_stream("strict", &json!({"args": {}}), |_, _| {}).await.unwrap();
     assert_eq!(r.status, 400);
     assert_eq!(r.body["error"]["code"], "invalid_args");
 }

@@ -239,7 +239,7 @@ async fn run(
             report.error = Some(format!("timed out after {}s", manifest.timeout().as_secs()));
             report.signal = Some(9);
         }
-        Some(st) if st.success() => match serde_json::from_slice::<Value>(&stdout) {
+        Some(st) if st.success() => match policy::RawJson::from_slice(&stdout) {
             Ok(v) => {
                 // As the real executor reports it.
                 report.exit_code = Some(0);
