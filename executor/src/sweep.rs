@@ -323,15 +323,18 @@ mod tests {
     use super::*;
 
     /// A zombie has no start time: a guard naming one is dead. The zombie's
-    /// parent is a `sleep` that never waits, so other tests of this binary
-    /// reaping "any child" cannot take it away before it is looked at.
+    /// parent is a `sleep` that never waits (the shell has exec'd it by the
+    /// time the child exits), so neither the shell nor other tests of this
+    /// binary reaping "any child" can take it away before it is looked at.
     #[test]
     fn a_zombie_has_no_start_time() {
         use std::io::BufRead;
         let me = i32::try_from(std::process::id()).unwrap();
         assert!(start_time(me).is_some());
         let mut child = std::process::Command::new("/bin/sh")
-            .args(["-c", "/bin/true & echo $!; exec sleep 20"])
+            // The child outlives the shell's exec by seconds: a shell that
+            // reaps finished jobs before exec (under load) cannot take it.
+            .args(["-c", "/bin/sleep 2 & echo $!; exec sleep 20"])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
