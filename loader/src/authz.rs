@@ -187,6 +187,14 @@ impl Authz {
         who.uid == 0 || who.audit
     }
 
+    /// Returns true if and only if `who` may make the daemon rescan its
+    /// roots (`POST /v1/reload`): root, the daemon's own user, or a caller
+    /// whose mode goes beyond `read-only`. Read-only and unmapped callers
+    /// may not make the daemon do a full scan on demand.
+    pub fn may_reload(&self, who: &Identity, daemon_uid: u32) -> bool {
+        who.uid == 0 || who.uid == daemon_uid || who.mode != PermissionMode::ReadOnly
+    }
+
     /// Decides whether `who` may run `request` at `now` (unix seconds).
     /// Approvals of an allowed `dangerous` run are reserved in the replay
     /// store (see [`Grant`]).

@@ -7,18 +7,35 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
+use axum::Extension;
 use axum::Json;
 use serde_json::{json, Value};
 
+use super::ApiError;
 use crate::app::{App, ReloadSummary};
 use crate::metrics;
+use crate::server::Caller;
 
 /// How long `/metrics` waits for the executor's part.
 const EXECUTOR_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// `POST /v1/reload` → `{"registered":N,"skipped":M}`.
-pub async fn reload(State(app): State<Arc<App>>) -> Json<ReloadSummary> {
-    Json(app.reload().await)
+/// `POST /v1/reload` → `{"registered":N,"skipped":M}`; 403 for callers
+/// that may not ([`crate::authz::Authz::may_reload`]).
+pub async fn reload(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<ReloadSummary>, ApiError> {
+    let who = app.authz().identify(&caller);
+    if !app.authz().may_reload(&who, nix::unistd::geteuid().as_raw()) {
+        tracing::info!(uid = who.uid, role = %who.role, "reload refused");
+        return Err(ApiError::Forbidden(format!(
+            "uid {} (role {}, {}) may not reload: only root, the daemon's user and callers \
+             with a mode beyond read-only may",
+            who.uid, who.role, who.mode
+        )));
+    }
+    tracing::info!(uid = who.uid, role = %who.role, "reload requested");
+    Ok(Json(app.reload().await))
 }
 
 /// `GET /v1/health` → `{"status":"ok","version":..,"skills":N,"executor":"up"|"down"}`.

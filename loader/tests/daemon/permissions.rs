@@ -381,7 +381,7 @@ async fn a_restart_does_not_reopen_the_replay_window() {
 }
 
 /// Another uid, through the CLI: unmapped, it is read-only, sees the safe
-/// skills, and may not read the audit trail; mapped through a
+/// skills, may not read the audit trail nor reload; mapped through a
 /// supplementary group (read from /proc), it gets that entry's mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_uid_through_the_cli_and_supplementary_groups() {
@@ -418,6 +418,13 @@ async fn another_uid_through_the_cli_and_supplementary_groups() {
     let (code, _, err) = as_nobody("65534", &["audit"]);
     assert_eq!(code, Some(5), "{err}");
     assert!(err.contains("forbidden"), "{err}");
+    // Read-only callers may not make the daemon rescan; a mode beyond
+    // read-only may.
+    let (code, _, err) = as_nobody("65534", &["reload"]);
+    assert_eq!(code, Some(5), "{err}");
+    assert!(err.contains("may not reload"), "{err}");
+    let (code, _, err) = as_nobody("65534,4242", &["reload"]);
+    assert_eq!(code, Some(0), "{err}");
 
     let (code, out, err) =
         as_nobody("65534,4242", &["run", "strict", "--confirm", "--args", r#"{"path":"/"}"#]);
