@@ -56,22 +56,10 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         }
     }
     let path = format!("/v1/audit?{}", query.join("&"));
-    let resp = match remote::block_on(args.daemon.client().get(&path))? {
-        Ok(r) => r,
-        Err(e) => return remote::client_error(&e, args.json, err),
+    let items = match remote::get_items(&args.daemon, &path, args.json, "audit rows", out, err)? {
+        Ok(items) => items,
+        Err(done) => return Ok(done),
     };
-    if !resp.status.is_success() {
-        return remote::api_error(&resp, args.json, err);
-    }
-    if args.json {
-        remote::print_json(&resp.body, out)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let items = resp.body["items"].as_array().cloned().unwrap_or_default();
-    if items.is_empty() {
-        writeln!(err, "no audit rows")?;
-        return Ok(ExitCode::SUCCESS);
-    }
     let mut table = Table::with_header(&[
         "ID",
         "TIME",

@@ -11,11 +11,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use policy::ValidateOptions;
 use serde_json::{json, Value};
-
-use crate::roots::{self, ENV_VAR};
-use crate::scan::Scanner;
 
 /// Arguments of `check`.
 #[derive(Debug, clap::Args)]
@@ -35,15 +31,7 @@ pub struct Args {
 ///
 /// I/O errors writing the output.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
-    let dirs: Vec<PathBuf> = if args.dirs.is_empty() {
-        roots::from_env()
-    } else {
-        args.dirs.iter().map(|d| super::absolute(d)).collect()
-    };
-    if dirs.is_empty() {
-        writeln!(err, "skill loader: no roots given and {ENV_VAR} is empty or unset")?;
-    }
-    let report = Scanner::new(ValidateOptions::default()).scan(&dirs);
+    let report = super::scan_roots(&args.dirs, err)?;
     let mut items: Vec<Value> = Vec::new();
     for s in report.skills.iter().filter(|s| s.tool().is_none()) {
         items.push(json!({

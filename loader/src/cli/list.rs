@@ -32,23 +32,11 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         Some(c) => format!("/v1/skills?category={}", encode_segment(c)),
         None => "/v1/skills".to_owned(),
     };
-    let client = args.daemon.client();
-    let resp = match remote::block_on(client.get(&path))? {
-        Ok(r) => r,
-        Err(e) => return remote::client_error(&e, args.json, err),
-    };
-    if !resp.status.is_success() {
-        return remote::api_error(&resp, args.json, err);
-    }
-    if args.json {
-        remote::print_json(&resp.body, out)?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let items = resp.body["items"].as_array().cloned().unwrap_or_default();
-    if items.is_empty() {
-        writeln!(err, "no skills registered")?;
-        return Ok(ExitCode::SUCCESS);
-    }
+    let items =
+        match remote::get_items(&args.daemon, &path, args.json, "skills registered", out, err)? {
+            Ok(items) => items,
+            Err(done) => return Ok(done),
+        };
     let mut table = Table::with_header(&["NAME", "CLASS", "CATEGORY", "TIMEOUT", "DESCRIPTION"]);
     for s in &items {
         let text = |k: &str| s[k].as_str().unwrap_or_default().to_owned();

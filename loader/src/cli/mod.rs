@@ -21,6 +21,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::scan::ScanReport;
+
 pub mod approve;
 pub mod audit;
 pub mod check;
@@ -110,4 +112,27 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<Exi
 /// (without resolving symlinks: the scan does that).
 fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Scans the command-line `dirs` (made absolute), or the roots of
+/// `ONGRID_SKILLS_EXTERNAL_DIRS` when none are given, as the daemon would
+/// (`scan` and `check`). Says on `err` when there is no root at all.
+///
+/// # Errors
+///
+/// I/O errors writing to `err`.
+fn scan_roots(dirs: &[PathBuf], err: &mut dyn Write) -> io::Result<ScanReport> {
+    let dirs: Vec<PathBuf> = if dirs.is_empty() {
+        crate::roots::from_env()
+    } else {
+        dirs.iter().map(|d| absolute(d)).collect()
+    };
+    if dirs.is_empty() {
+        writeln!(
+            err,
+            "skill loader: no roots given and {} is empty or unset",
+            crate::roots::ENV_VAR
+        )?;
+    }
+    Ok(crate::scan::Scanner::new(policy::ValidateOptions::default()).scan(&dirs))
 }

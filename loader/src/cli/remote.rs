@@ -127,6 +127,41 @@ pub fn api_error(resp: &ApiResponse, json: bool, err: &mut dyn Write) -> io::Res
     Ok(ExitCode::from(code))
 }
 
+/// `GET path` for a listing (`{"items":[...]}`): with `json` the answer is
+/// printed as it is and the command is done; else the items come back
+/// (`Ok(Err(code))`: done, with that exit code; `what` names an empty list
+/// on `err`).
+///
+/// # Errors
+///
+/// I/O errors writing the output.
+pub fn get_items(
+    daemon: &DaemonArgs,
+    path: &str,
+    json: bool,
+    what: &str,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> io::Result<Result<Vec<Value>, ExitCode>> {
+    let resp = match block_on(daemon.client().get(path))? {
+        Ok(r) => r,
+        Err(e) => return client_error(&e, json, err).map(Err),
+    };
+    if !resp.status.is_success() {
+        return api_error(&resp, json, err).map(Err);
+    }
+    if json {
+        print_json(&resp.body, out)?;
+        return Ok(Err(ExitCode::SUCCESS));
+    }
+    let items = resp.body["items"].as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        writeln!(err, "no {what}")?;
+        return Ok(Err(ExitCode::SUCCESS));
+    }
+    Ok(Ok(items))
+}
+
 /// Writes `value` pretty-printed.
 ///
 /// # Errors
