@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -49,9 +50,22 @@ pub fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-/// The router of the metrics listener: `GET /metrics` only.
+/// The router of the metrics listener: `GET /metrics` only; anything else
+/// gets a plain-text 404 or 405 that says so (scrapers and humans read it).
 pub fn metrics_router(app: Arc<App>) -> Router {
-    Router::new().route("/metrics", get(admin::metrics)).with_state(app)
+    Router::new()
+        .route("/metrics", get(admin::metrics))
+        .fallback(|| async {
+            (StatusCode::NOT_FOUND, "not found: this listener serves GET /metrics only\n")
+        })
+        .method_not_allowed_fallback(|| async {
+            (
+                StatusCode::METHOD_NOT_ALLOWED,
+                [(header::ALLOW, "GET, HEAD")],
+                "method not allowed: this listener serves GET /metrics only\n",
+            )
+        })
+        .with_state(app)
 }
 
 async fn not_found() -> ApiError {

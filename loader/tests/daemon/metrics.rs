@@ -78,3 +78,34 @@ async fn metrics_carry_both_daemons() {
     assert!(!text.contains("ongrid_executor_fake_runs_total"));
     assert!(text.contains("ongrid_executions_total{outcome=\"ok\",skill=\"echo\"} 2\n"));
 }
+
+/// The metrics listener serves `GET /metrics` only and says so: other
+/// paths get a plain-text 404, other methods a 405 with `Allow`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_listener_explains_what_it_serves() {
+    use std::io::{Read, Write};
+    let (_env, _ex, d) = setup();
+    let ask = |request: &str| {
+        // The listener may come up just after the API socket.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut s = loop {
+            match std::net::TcpStream::connect(d.metrics) {
+                Ok(s) => break s,
+                Err(e) if std::time::Instant::now() > until => panic!("metrics listener: {e}"),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            }
+        };
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text.to_ascii_lowercase()
+    };
+    let r = ask("GET /v1/skills HTTP/1.0\r\nHost: localhost\r\n\r\n");
+    assert!(r.starts_with("http/1.0 404"), "{r}");
+    assert!(r.ends_with("this listener serves get /metrics only\n"), "{r}");
+    let r = ask("POST /metrics HTTP/1.0\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n");
+    assert!(r.starts_with("http/1.0 405"), "{r}");
+    assert!(r.contains("\r\nallow: get, head\r\n"), "{r}");
+    assert!(r.ends_with("this listener serves get /metrics only\n"), "{r}");
+}
