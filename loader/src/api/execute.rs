@@ -11,8 +11,9 @@
 //!
 //! Audit ([`crate::audit`]): an `invalid_args` or `denied` answer has its
 //! row (`reject`/`deny`) committed before it is sent; an allowed run's row
-//! is committed before the run starts and completed (outcome, result,
-//! exit code, duration) before the report is sent, in both modes.
+//! is written before the run starts and completed (outcome, result, exit
+//! code, duration); the commit covering both comes before the report is
+//! sent, in both modes.
 //!
 //! The executor connection belongs to the request: if the client goes
 //! away, hyper drops the handler future (or the stream body), the
@@ -138,8 +139,9 @@ pub async fn execute(
         approvals_used: grant.approvals.iter().map(|v| (v.replay_key(), v.expires_at)).collect(),
         ..base.clone()
     };
-    // The decision is committed before anything runs.
-    let row_id = match app.audit().record(record).await {
+    // The decision is written before anything runs; its commit is the
+    // one the completion waits for (`Audit::record_before_run`).
+    let row_id = match app.audit().record_before_run(record).await {
         Ok(id) => {
             grant.keep();
             Some(id)
