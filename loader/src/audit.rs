@@ -8,7 +8,8 @@
 //! key ids), `deny` (reason = the 403's code) or `reject` (`invalid_args`).
 //! An allowed run's row is completed when the run ends
 //! ([`RunRow::finish`]): outcome, error, exit code, result, finished_at,
-//! duration_ms. Both writes are committed (`synchronous = FULL`) before
+//! duration_ms. Both writes are committed (`synchronous = FULL` unless
+//! `audit_synchronous = "normal"`, [`crate::config::AuditSync`]) before
 //! the client gets its answer, so a daemon killed right after answering
 //! has the row. A run whose client went away is completed as `cancelled`
 //! without waiting.
@@ -696,12 +697,13 @@ fn open(settings: &AuditSettings) -> rusqlite::Result<Connection> {
     let mut db = Connection::open(&settings.db)?;
     db.busy_timeout(std::time::Duration::from_secs(5))?;
     // WAL: readers (ongrid-skill audit --db, sqlite3) never block the
-    // daemon; FULL: a commit survives a crash of the daemon or the host.
+    // daemon; FULL (default): a commit survives a crash of the daemon or
+    // the host; NORMAL (`audit_synchronous = "normal"`): of the daemon only.
     let mode: String = db.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         tracing::warn!(mode, "audit: the database is not in WAL mode");
     }
-    db.pragma_update(None, "synchronous", "FULL")?;
+    db.pragma_update(None, "synchronous", settings.synchronous.pragma())?;
     db.execute_batch(SCHEMA)?;
     prune(&mut db, settings)?;
     tracing::info!(path = %settings.db.display(), "audit: database open");
@@ -884,7 +886,13 @@ mod tests {
     use super::*;
 
     fn settings(dir: &std::path::Path, max_rows: u64) -> AuditSettings {
-        AuditSettings { db: dir.join("audit.db"), required: true, max_rows, max_age_days: 0 }
+        AuditSettings {
+            db: dir.join("audit.db"),
+            required: true,
+            max_rows,
+            max_age_days: 0,
+            synchronous: crate::config::AuditSync::Full,
+        }
     }
 
     fn record(skill: &str, used: &[(&str, u64)]) -> Record {
