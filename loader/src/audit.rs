@@ -373,13 +373,18 @@ impl RunRow {
         Self { audit, id, started: std::time::Instant::now() }
     }
 
-    /// Completes the row and waits for the commit. A failure is logged and
-    /// counted by the thread; the run already happened, so the answer goes
-    /// out anyway.
-    pub async fn finish(mut self, mut finish: Finish) {
-        let Some(id) = self.id.take() else { return };
+    /// Completes the row and waits for the commit (which covers the
+    /// decision's row too, see [`Audit::record_before_run`]). A failure is
+    /// logged and counted by the thread, and returned: the run happened,
+    /// but its rows may not be on disk.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`] when the commit failed.
+    pub async fn finish(mut self, mut finish: Finish) -> Result<(), AuditError> {
+        let Some(id) = self.id.take() else { return Ok(()) };
         finish.duration_ms.get_or_insert_with(|| elapsed_ms(self.started));
-        let _ = self.audit.finish(id, finish).await;
+        self.audit.finish(id, finish).await
     }
 }
 
