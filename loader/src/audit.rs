@@ -540,6 +540,7 @@ impl Worker {
         f: impl FnOnce(&Connection) -> Result<T, WriteError>,
     ) -> Result<T, AuditError> {
         let open = group.open;
+        let mut lost = false;
         let r = match self.connection() {
             Err(e) => Err(e),
             Ok(db) => {
@@ -553,18 +554,30 @@ impl Worker {
                 }
                 .map_err(|e| match e {
                     WriteError::Replayed(k) => AuditError::Replayed(k),
-                    WriteError::Lost(id) => AuditError::Unavailable {
-                        path: self.settings.db.clone(),
-                        message: format!("row {id} is missing (its transaction failed)"),
-                    },
+                    WriteError::Lost(id) => {
+                        lost = true;
+                        AuditError::Unavailable {
+                            path: self.settings.db.clone(),
+                            message: format!("row {id} is missing (its transaction failed)"),
+                        }
+                    }
                     WriteError::Sql(e) => self.unavailable(&e),
                 })
             }
         };
-        if let Err(e @ AuditError::Unavailable { .. }) = &r {
-            self.fail(e);
-            let e = e.clone();
-            self.abort(group, &e);
+        match &r {
+            // Only this job failed: the transaction and the connection are
+            // fine, the rest of the batch goes on.
+            Err(e) if lost => {
+                self.errors.inc();
+                tracing::error!(error = %e, "audit: cannot write the audit trail");
+            }
+            Err(e @ AuditError::Unavailable { .. }) => {
+                self.fail(e);
+                let e = e.clone();
+                self.abort(group, &e);
+            }
+            _ => {}
         }
         r
     }
@@ -1007,8 +1020,15 @@ mod tests {
             .filter(|e| e.skill != "first")
             .all(|e| e.outcome.as_deref() == Some("ok")));
         assert_eq!(errors.get(), 0);
-        // Completing a row that is not there is an error, not a silent no-op.
-        assert!(audit.finish(9999, Finish::default()).await.is_err());
+        // Completing a row that is not there is an error, not a silent
+        // no-op, and fails only itself, not the rows written with it.
+        let a = audit.clone();
+        let lost = tokio::spawn(async move { a.finish(9999, Finish::default()).await });
+        let id = audit.record_before_run(record("after", &[])).await.unwrap();
+        assert!(lost.await.unwrap().is_err());
+        audit.finish(id, Finish { outcome: "ok".into(), ..Finish::default() }).await.unwrap();
+        assert_eq!(audit.count().await.unwrap(), 41);
+        assert_eq!(errors.get(), 1);
     }
 
     #[tokio::test]
