@@ -88,7 +88,7 @@ fn manifest(c: &mut Criterion) {
 
 fn args_validation(c: &mut Criterion) {
     let m = Manifest::from_slice(&manifest_bytes(), &ValidateOptions::default()).unwrap();
-    let schema = m.schema().clone();
+    let schema = m.schema().to_value();
     let reg = RegisteredSkill::new(
         m,
         PathBuf::from("/s/disk/run.sh"),

@@ -100,6 +100,7 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod attach_lock;
 pub mod cgroup;
 pub mod config;
 pub mod engine;

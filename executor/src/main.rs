@@ -110,6 +110,9 @@ fn run(
     config: Option<PathBuf>,
     json: bool,
 ) -> anyhow::Result<u8> {
+    // The child's cgroup join would otherwise wait for an RCU grace period
+    // on the critical path; start that wait now, in the background.
+    executor::attach_lock::warm_up();
     let args = if args == "-" {
         let mut buf = Vec::new();
         std::io::stdin().read_to_end(&mut buf).context("reading args from stdin")?;

@@ -34,7 +34,8 @@ pub fn check_manifest(m: &Manifest, max: Duration) {
 
     assert!(!m.entry().is_empty() && !m.entry().contains('\0'));
 
-    let Value::Object(schema) = m.schema() else {
+    let schema = m.schema().to_value();
+    let Value::Object(schema) = &schema else {
         panic!("schema {:?} is not an object", m.schema())
     };
     if let Some(t) = schema.get("type") {

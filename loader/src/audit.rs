@@ -8,10 +8,27 @@
 //! key ids), `deny` (reason = the 403's code) or `reject` (`invalid_args`).
 //! An allowed run's row is completed when the run ends
 //! ([`RunRow::finish`]): outcome, error, exit code, result, finished_at,
-//! duration_ms. Both writes are committed (`synchronous = FULL`) before
+//! duration_ms. Both writes are committed (`synchronous = FULL` unless
+//! `audit_synchronous = "normal"`, [`crate::config::AuditSync`]) before
 //! the client gets its answer, so a daemon killed right after answering
 //! has the row. A run whose client went away is completed as `cancelled`
-//! without waiting. Args and result are stored as JSON text of at most
+//! without waiting.
+//!
+//! # Group commit
+//!
+//! One thread writes. It takes every job waiting on its channel at once
+//! and writes them in one transaction, so one commit (one `fsync`) covers
+//! all the rows of that batch; each caller waits for the commit of its own
+//! batch only. Statements are prepared once per connection
+//! (`prepare_cached`). An allowed run's first row
+//! ([`Audit::record_before_run`]) is answered as soon as it is inserted,
+//! before its commit: the run's answer waits for the commit of its
+//! completion ([`RunRow::finish`]), which comes after the insert on the
+//! same connection (FIFO), so it covers both. A refusal's row
+//! ([`Audit::record`]) is answered once committed, since the answer
+//! follows it directly. If a commit fails, every row of its batch is lost;
+//! the completion of a run whose first row was lost finds no row and fails
+//! (logged, counted in `ongrid_audit_write_errors_total`). Args and result are stored as JSON text of at most
 //! [`FIELD_MAX_BYTES`] (cut on a character boundary and marked
 //! `*_truncated`); error texts at most [`ERROR_MAX_BYTES`].
 //!
@@ -221,8 +238,12 @@ pub struct Query {
     pub limit: u32,
 }
 
+/// Most jobs written in one transaction.
+const MAX_BATCH: usize = 256;
+
 enum Job {
-    Record(Box<Record>, oneshot::Sender<Result<i64, AuditError>>),
+    /// A row; `early`: answered once inserted, before the commit.
+    Record(Box<Record>, oneshot::Sender<Result<i64, AuditError>>, bool),
     Finish(i64, Box<Finish>, Option<oneshot::Sender<Result<(), AuditError>>>),
     Query(Query, oneshot::Sender<Result<Vec<Entry>, AuditError>>),
     UsedApprovals(oneshot::Sender<Result<Vec<(String, u64)>, AuditError>>),
@@ -278,7 +299,20 @@ impl Audit {
     /// [`AuditError`]; [`AuditError::Replayed`] when one of
     /// `record.approvals_used` is already in the database.
     pub async fn record(&self, record: Record) -> Result<i64, AuditError> {
-        self.ask(|tx| Job::Record(Box::new(record), tx)).await
+        self.ask(|tx| Job::Record(Box::new(record), tx, false)).await
+    }
+
+    /// Writes the decision of a run that is about to start; returns the
+    /// row id once inserted, before its transaction commits. The commit
+    /// that [`Audit::finish`] of this id waits for covers this row too
+    /// (one writer, FIFO), so a run's answer still follows both rows'
+    /// commit. Use [`Audit::record`] when the answer follows directly.
+    ///
+    /// # Errors
+    ///
+    /// As [`Audit::record`].
+    pub async fn record_before_run(&self, record: Record) -> Result<i64, AuditError> {
+        self.ask(|tx| Job::Record(Box::new(record), tx, true)).await
     }
 
     /// Completes row `id`; returns once committed.
@@ -339,13 +373,18 @@ impl RunRow {
         Self { audit, id, started: std::time::Instant::now() }
     }
 
-    /// Completes the row and waits for the commit. A failure is logged and
-    /// counted by the thread; the run already happened, so the answer goes
-    /// out anyway.
-    pub async fn finish(mut self, mut finish: Finish) {
-        let Some(id) = self.id.take() else { return };
+    /// Completes the row and waits for the commit (which covers the
+    /// decision's row too, see [`Audit::record_before_run`]). A failure is
+    /// logged and counted by the thread, and returned: the run happened,
+    /// but its rows may not be on disk.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`] when the commit failed.
+    pub async fn finish(mut self, mut finish: Finish) -> Result<(), AuditError> {
+        let Some(id) = self.id.take() else { return Ok(()) };
         finish.duration_ms.get_or_insert_with(|| elapsed_ms(self.started));
-        let _ = self.audit.finish(id, finish).await;
+        self.audit.finish(id, finish).await
     }
 }
 
@@ -413,25 +452,63 @@ struct Worker {
 
 impl Worker {
     fn run(mut self, rx: mpsc::Receiver<Job>) {
-        for job in rx {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.run_batch(batch);
+        }
+    }
+
+    /// Writes the batch's rows in one transaction, in order; a read first
+    /// commits what is written before it, so it sees it.
+    fn run_batch(&mut self, batch: Vec<Job>) {
+        let mut group = Group::default();
+        for job in batch {
             match job {
-                Job::Record(record, reply) => {
-                    let r = self.write(|db, s| insert(db, &record, s));
-                    let _ = reply.send(r);
+                Job::Record(record, reply, early) => {
+                    let r = self.stage(&mut group, |db| insert(db, &record));
+                    match r {
+                        Ok(id) if early => {
+                            group.written += 1;
+                            let _ = reply.send(Ok(id));
+                        }
+                        Ok(id) => {
+                            group.written += 1;
+                            group.waiters.push(Waiter::Record(id, reply));
+                        }
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                        }
+                    }
                 }
                 Job::Finish(id, finish, reply) => {
-                    let r = self.write(|db, _| update(db, id, &finish));
-                    if let Some(reply) = reply {
-                        let _ = reply.send(r);
+                    match self.stage(&mut group, |db| update(db, id, &finish)) {
+                        Ok(()) => {
+                            group.written += 1;
+                            group.waiters.push(Waiter::Finish(reply));
+                        }
+                        Err(e) => {
+                            if let Some(reply) = reply {
+                                let _ = reply.send(Err(e));
+                            }
+                        }
                     }
                 }
                 Job::Query(q, reply) => {
+                    self.commit(&mut group);
                     let _ = reply.send(self.read(|db| select(db, &q)));
                 }
                 Job::UsedApprovals(reply) => {
+                    self.commit(&mut group);
                     let _ = reply.send(self.read(used_approvals));
                 }
                 Job::Count(reply) => {
+                    self.commit(&mut group);
                     let _ =
                         reply.send(self.read(|db| {
                             db.query_row("SELECT count(*) FROM audit", [], |r| r.get(0))
@@ -439,6 +516,7 @@ impl Worker {
                 }
             }
         }
+        self.commit(&mut group);
     }
 
     fn unavailable(&self, e: &rusqlite::Error) -> AuditError {
@@ -453,35 +531,110 @@ impl Worker {
         self.db.as_mut().ok_or(AuditError::Closed)
     }
 
-    fn write<T>(
+    /// Runs one write inside the group's transaction (begun on the first
+    /// write). A job refused as a replay leaves the transaction as it was;
+    /// an SQL error fails the job and the whole group.
+    fn stage<T>(
         &mut self,
-        f: impl FnOnce(&mut Connection, &AuditSettings) -> Result<T, WriteError>,
+        group: &mut Group,
+        f: impl FnOnce(&Connection) -> Result<T, WriteError>,
     ) -> Result<T, AuditError> {
-        let settings = self.settings.clone();
+        let open = group.open;
+        let mut lost = false;
         let r = match self.connection() {
-            Ok(db) => f(db, &settings).map_err(|e| match e {
-                WriteError::Replayed(k) => AuditError::Replayed(k),
-                WriteError::Sql(e) => self.unavailable(&e),
-            }),
             Err(e) => Err(e),
+            Ok(db) => {
+                let begun = if open { Ok(()) } else { run_cached(db, "BEGIN") };
+                match begun {
+                    Err(e) => Err(WriteError::Sql(e)),
+                    Ok(()) => {
+                        group.open = true;
+                        f(db)
+                    }
+                }
+                .map_err(|e| match e {
+                    WriteError::Replayed(k) => AuditError::Replayed(k),
+                    WriteError::Lost(id) => {
+                        lost = true;
+                        AuditError::Unavailable {
+                            path: self.settings.db.clone(),
+                            message: format!("row {id} is missing (its transaction failed)"),
+                        }
+                    }
+                    WriteError::Sql(e) => self.unavailable(&e),
+                })
+            }
         };
         match &r {
-            Err(e @ AuditError::Unavailable { .. }) => {
+            // Only this job failed: the transaction and the connection are
+            // fine, the rest of the batch goes on.
+            Err(e) if lost => {
                 self.errors.inc();
                 tracing::error!(error = %e, "audit: cannot write the audit trail");
-                // Reopen on the next write: the file or its directory may
-                // have been fixed, or replaced.
-                self.db = None;
             }
-            Ok(_) => {
-                self.inserts += 1;
-                if self.inserts % PRUNE_EVERY == 0 {
+            Err(e @ AuditError::Unavailable { .. }) => {
+                self.fail(e);
+                let e = e.clone();
+                self.abort(group, &e);
+            }
+            _ => {}
+        }
+        r
+    }
+
+    /// Counts and logs a failed write, and drops the connection: the file
+    /// or its directory may have been fixed, or replaced, by the next one.
+    fn fail(&mut self, e: &AuditError) {
+        self.errors.inc();
+        tracing::error!(error = %e, "audit: cannot write the audit trail");
+        self.db = None;
+    }
+
+    /// The group's transaction failed: every job of it fails with `e`.
+    fn abort(&mut self, group: &mut Group, e: &AuditError) {
+        if group.open {
+            if let Some(db) = self.db.as_ref() {
+                let _ = db.execute_batch("ROLLBACK");
+            }
+            self.db = None;
+        }
+        let lost = group.written.saturating_sub(group.waiters.len());
+        for _ in 0..lost {
+            self.errors.inc();
+        }
+        for w in group.waiters.drain(..) {
+            self.errors.inc();
+            w.send(Err(e.clone()));
+        }
+        *group = Group::default();
+    }
+
+    /// Commits the group's transaction and answers its waiters.
+    fn commit(&mut self, group: &mut Group) {
+        if !group.open {
+            return;
+        }
+        let r = match self.db.as_ref() {
+            Some(db) => run_cached(db, "COMMIT").map_err(|e| self.unavailable(&e)),
+            None => Err(AuditError::Closed),
+        };
+        match r {
+            Ok(()) => {
+                let before = self.inserts;
+                self.inserts += group.written as u64;
+                for w in group.waiters.drain(..) {
+                    w.send(Ok(()));
+                }
+                *group = Group::default();
+                if self.inserts / PRUNE_EVERY != before / PRUNE_EVERY {
                     self.prune();
                 }
             }
-            Err(_) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "audit: cannot write the audit trail");
+                self.abort(group, &e);
+            }
         }
-        r
     }
 
     fn read<T>(
@@ -509,8 +662,46 @@ impl Worker {
     }
 }
 
+/// The writes of one transaction not yet committed.
+#[derive(Default)]
+struct Group {
+    /// `BEGIN` was run.
+    open: bool,
+    /// Rows written in it (early-answered ones included).
+    written: usize,
+    /// Who waits for the commit.
+    waiters: Vec<Waiter>,
+}
+
+/// A caller waiting for its batch's commit.
+enum Waiter {
+    Record(i64, oneshot::Sender<Result<i64, AuditError>>),
+    Finish(Option<oneshot::Sender<Result<(), AuditError>>>),
+}
+
+impl Waiter {
+    fn send(self, r: Result<(), AuditError>) {
+        match self {
+            Waiter::Record(id, tx) => {
+                let _ = tx.send(r.map(|()| id));
+            }
+            Waiter::Finish(Some(tx)) => {
+                let _ = tx.send(r);
+            }
+            Waiter::Finish(None) => {}
+        }
+    }
+}
+
+/// Runs a statement without parameters, prepared once per connection.
+fn run_cached(db: &Connection, sql: &str) -> rusqlite::Result<()> {
+    db.prepare_cached(sql)?.execute([]).map(drop)
+}
+
 enum WriteError {
     Replayed(String),
+    /// The row to complete is not there.
+    Lost(i64),
     Sql(rusqlite::Error),
 }
 
@@ -524,12 +715,13 @@ fn open(settings: &AuditSettings) -> rusqlite::Result<Connection> {
     let mut db = Connection::open(&settings.db)?;
     db.busy_timeout(std::time::Duration::from_secs(5))?;
     // WAL: readers (ongrid-skill audit --db, sqlite3) never block the
-    // daemon; FULL: a commit survives a crash of the daemon or the host.
+    // daemon; FULL (default): a commit survives a crash of the daemon or
+    // the host; NORMAL (`audit_synchronous = "normal"`): of the daemon only.
     let mode: String = db.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         tracing::warn!(mode, "audit: the database is not in WAL mode");
     }
-    db.pragma_update(None, "synchronous", "FULL")?;
+    db.pragma_update(None, "synchronous", settings.synchronous.pragma())?;
     db.execute_batch(SCHEMA)?;
     prune(&mut db, settings)?;
     tracing::info!(path = %settings.db.display(), "audit: database open");
@@ -557,54 +749,73 @@ fn prune(db: &mut Connection, settings: &AuditSettings) -> rusqlite::Result<()> 
     tx.commit()
 }
 
-fn insert(db: &mut Connection, r: &Record, _: &AuditSettings) -> Result<i64, WriteError> {
-    let tx = db.transaction()?;
+/// Inserts a decision's row. With approvals, inside a savepoint, so that a
+/// replayed approval rolls back this row only, not the rest of the batch.
+fn insert(db: &Connection, r: &Record) -> Result<i64, WriteError> {
+    if r.approvals_used.is_empty() {
+        return insert_row(db, r);
+    }
+    run_cached(db, "SAVEPOINT job")?;
+    match insert_row(db, r) {
+        Ok(id) => {
+            run_cached(db, "RELEASE job")?;
+            Ok(id)
+        }
+        Err(e) => {
+            run_cached(db, "ROLLBACK TO job")?;
+            run_cached(db, "RELEASE job")?;
+            Err(e)
+        }
+    }
+}
+
+fn insert_row(db: &Connection, r: &Record) -> Result<i64, WriteError> {
     let (args, args_cut) = json_field(r.args.as_ref());
     let approvers = Value::from(r.approvers.clone()).to_string();
-    tx.execute(
+    db.prepare_cached(
         "INSERT INTO audit (session_id, skill, class, caller_uid, caller_pid, role, mode,
              decision, reason, approvers, args, args_truncated, outcome, error, started_at,
              finished_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-        params![
-            r.session_id,
-            r.skill,
-            r.class,
-            r.caller_uid,
-            r.caller_pid,
-            r.role,
-            r.mode,
-            r.decision,
-            short_text(Some(&r.reason)),
-            approvers,
-            args,
-            args_cut,
-            r.outcome,
-            short_text(r.error.as_deref()),
-            now_ms(),
-            // A refusal is finished when decided.
-            r.outcome.as_ref().map(|_| now_ms()),
-        ],
-    )?;
-    let id = tx.last_insert_rowid();
+    )?
+    .execute(params![
+        r.session_id,
+        r.skill,
+        r.class,
+        r.caller_uid,
+        r.caller_pid,
+        r.role,
+        r.mode,
+        r.decision,
+        short_text(Some(&r.reason)),
+        approvers,
+        args,
+        args_cut,
+        r.outcome,
+        short_text(r.error.as_deref()),
+        now_ms(),
+        // A refusal is finished when decided.
+        r.outcome.as_ref().map(|_| now_ms()),
+    ])?;
+    let id = db.last_insert_rowid();
     for (key, expires_at) in &r.approvals_used {
         let key_id = key.split(':').next().unwrap_or_default();
         let expires = i64::try_from(*expires_at).unwrap_or(i64::MAX);
-        let n = tx.execute(
-            "INSERT OR IGNORE INTO used_approvals (approval, key_id, expires_at, audit_id)
-             VALUES (?1, ?2, ?3, ?4)",
-            params![key, key_id, expires, id],
-        )?;
+        let n = db
+            .prepare_cached(
+                "INSERT OR IGNORE INTO used_approvals (approval, key_id, expires_at, audit_id)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![key, key_id, expires, id])?;
         if n == 0 {
-            // Dropping `tx` rolls the row back.
+            // The caller's savepoint rolls the row back.
             return Err(WriteError::Replayed(key_id.to_owned()));
         }
     }
-    tx.commit()?;
     Ok(id)
 }
 
-fn update(db: &mut Connection, id: i64, f: &Finish) -> Result<(), WriteError> {
+fn update(db: &Connection, id: i64, f: &Finish) -> Result<(), WriteError> {
     let (result, result_cut) = match &f.result {
         None => (None, false),
         Some(r) => {
@@ -612,11 +823,14 @@ fn update(db: &mut Connection, id: i64, f: &Finish) -> Result<(), WriteError> {
             (Some(text), cut)
         }
     };
-    db.execute(
-        "UPDATE audit SET outcome = ?2, error = ?3, exit_code = ?4, result = ?5,
-             result_truncated = ?6, finished_at = ?7, duration_ms = COALESCE(?8, ?7 - started_at)
-         WHERE id = ?1",
-        params![
+    let n = db
+        .prepare_cached(
+            "UPDATE audit SET outcome = ?2, error = ?3, exit_code = ?4, result = ?5,
+                 result_truncated = ?6, finished_at = ?7,
+                 duration_ms = COALESCE(?8, ?7 - started_at)
+             WHERE id = ?1",
+        )?
+        .execute(params![
             id,
             f.outcome,
             short_text(f.error.as_deref()),
@@ -625,8 +839,10 @@ fn update(db: &mut Connection, id: i64, f: &Finish) -> Result<(), WriteError> {
             result_cut,
             now_ms(),
             f.duration_ms.map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
-        ],
-    )?;
+        ])?;
+    if n == 0 {
+        return Err(WriteError::Lost(id));
+    }
     Ok(())
 }
 
@@ -694,7 +910,13 @@ mod tests {
     use super::*;
 
     fn settings(dir: &std::path::Path, max_rows: u64) -> AuditSettings {
-        AuditSettings { db: dir.join("audit.db"), required: true, max_rows, max_age_days: 0 }
+        AuditSettings {
+            db: dir.join("audit.db"),
+            required: true,
+            max_rows,
+            max_age_days: 0,
+            synchronous: crate::config::AuditSync::Full,
+        }
     }
 
     fn record(skill: &str, used: &[(&str, u64)]) -> Record {
@@ -761,6 +983,58 @@ mod tests {
         drop(audit);
         let audit = Audit::start(&settings(dir.path(), 0), errors.clone()).unwrap();
         assert_eq!(audit.used_approvals().await.unwrap().len(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_rows_share_commits_and_a_replay_rolls_back_only_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let errors = IntCounter::new("e", "e").unwrap();
+        let audit = Audit::start(&settings(dir.path(), 0), errors.clone()).unwrap();
+        let far = u64::try_from(now_ms() / 1000).unwrap() + 600;
+        audit.record(record("first", &[("aa:d1", far)])).await.unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..40 {
+            let audit = audit.clone();
+            tasks.push(tokio::spawn(async move {
+                let used = if i == 17 { vec![("aa:d1", far)] } else { vec![] };
+                let r = record(&format!("s{i}"), &used);
+                let id = if i % 2 == 0 {
+                    audit.record_before_run(r).await?
+                } else {
+                    audit.record(r).await?
+                };
+                audit.finish(id, Finish { outcome: "ok".into(), ..Finish::default() }).await?;
+                Ok::<_, AuditError>(id)
+            }));
+        }
+        let mut replayed = 0;
+        for (i, t) in tasks.into_iter().enumerate() {
+            match t.await.unwrap() {
+                Ok(_) => {}
+                Err(AuditError::Replayed(k)) if i == 17 => {
+                    assert_eq!(k, "aa");
+                    replayed += 1;
+                }
+                Err(e) => panic!("{i}: {e}"),
+            }
+        }
+        assert_eq!(replayed, 1);
+        assert_eq!(audit.count().await.unwrap(), 40);
+        let rows = audit.query(Query { limit: 100, ..Query::default() }).await.unwrap();
+        assert!(rows
+            .iter()
+            .filter(|e| e.skill != "first")
+            .all(|e| e.outcome.as_deref() == Some("ok")));
+        assert_eq!(errors.get(), 0);
+        // Completing a row that is not there is an error, not a silent
+        // no-op, and fails only itself, not the rows written with it.
+        let a = audit.clone();
+        let lost = tokio::spawn(async move { a.finish(9999, Finish::default()).await });
+        let id = audit.record_before_run(record("after", &[])).await.unwrap();
+        assert!(lost.await.unwrap().is_err());
+        audit.finish(id, Finish { outcome: "ok".into(), ..Finish::default() }).await.unwrap();
+        assert_eq!(audit.count().await.unwrap(), 41);
+        assert_eq!(errors.get(), 1);
     }
 
     #[tokio::test]

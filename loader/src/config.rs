@@ -24,6 +24,7 @@
 //! audit_required = true                # false: run unaudited when the DB fails
 //! audit_max_rows = 1000000             # 0 = no row cap
 //! audit_max_age_days = 90              # 0 = keep forever
+//! audit_synchronous = "full"           # "normal": no fsync per commit (see below)
 //!
 //! [[callers]]                          # exactly one of uid, user, gid, group
 //! user = "alice"
@@ -123,6 +124,32 @@ pub struct CallerRule {
     pub audit: bool,
 }
 
+/// When an audit commit reaches the disk (SQLite's `synchronous` in WAL
+/// mode).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditSync {
+    /// Every commit is `fsync`ed before the answer: the row survives a
+    /// crash of the daemon and a power loss of the host. The default.
+    #[default]
+    Full,
+    /// Commits are written to the WAL without `fsync` (checkpoints still
+    /// sync): the row survives a crash or SIGKILL of the daemon, but the
+    /// last commits can be lost if the host loses power or the kernel
+    /// crashes. Saves one `fsync` per batch of rows.
+    Normal,
+}
+
+impl AuditSync {
+    /// The value of SQLite's `PRAGMA synchronous`.
+    pub fn pragma(self) -> &'static str {
+        match self {
+            AuditSync::Full => "FULL",
+            AuditSync::Normal => "NORMAL",
+        }
+    }
+}
+
 /// The audit trail's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditSettings {
@@ -134,6 +161,8 @@ pub struct AuditSettings {
     pub max_rows: u64,
     /// Drop rows older than this many days (0 = keep forever).
     pub max_age_days: u64,
+    /// When a commit reaches the disk.
+    pub synchronous: AuditSync,
 }
 
 /// The file as written, every key optional.
@@ -182,6 +211,8 @@ pub struct FileConfig {
     pub audit_max_rows: Option<u64>,
     /// Age cap of the audit trail in days (0 = none).
     pub audit_max_age_days: Option<u64>,
+    /// `full` (default) or `normal`.
+    pub audit_synchronous: Option<AuditSync>,
 }
 
 /// Command-line overrides, `None` when the flag was not given.
@@ -394,6 +425,7 @@ impl FileConfig {
             required: self.audit_required.unwrap_or(true),
             max_rows: self.audit_max_rows.unwrap_or(DEFAULT_AUDIT_MAX_ROWS),
             max_age_days: self.audit_max_age_days.unwrap_or(DEFAULT_AUDIT_MAX_AGE_DAYS),
+            synchronous: self.audit_synchronous.unwrap_or_default(),
         };
         Ok(Settings {
             socket_group,
@@ -555,6 +587,7 @@ mod tests {
                audit_required = false
                audit_max_rows = 10
                audit_max_age_days = 0
+               audit_synchronous = "normal"
                [[callers]]
                uid = 1000
                role = "operator"
@@ -580,7 +613,13 @@ mod tests {
         assert_eq!(s.approval_max_ttl, 60);
         assert_eq!(
             s.audit,
-            AuditSettings { db: "/a.db".into(), required: false, max_rows: 10, max_age_days: 0 }
+            AuditSettings {
+                db: "/a.db".into(),
+                required: false,
+                max_rows: 10,
+                max_age_days: 0,
+                synchronous: AuditSync::Normal,
+            }
         );
         assert_eq!(s.callers.len(), 3);
         assert_eq!(s.callers[0].who, Principal::Uid(1000));
@@ -595,6 +634,7 @@ mod tests {
         assert_eq!(d.approval_max_ttl, 900);
         assert_eq!(d.audit.db, PathBuf::from(DEFAULT_AUDIT_DB));
         assert!(d.audit.required);
+        assert_eq!(d.audit.synchronous, AuditSync::Full);
         assert!(d.callers.is_empty() && d.approvers.is_empty() && d.socket_group.is_none());
 
         let dup = format!(

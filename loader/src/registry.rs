@@ -1,5 +1,8 @@
-//! The daemon's registry: the skills of the last scan, each with its
-//! compiled args validator, swapped atomically on reload.
+//! The daemon's registry: the skills of the last scan, swapped atomically
+//! on reload. Every schema is compiled once at scan time (a skill whose
+//! schema does not compile is not registered); the compiled validators are
+//! then kept in a bounded cache per snapshot ([`crate::validators`]) and
+//! compiled again on a request when they were dropped.
 //!
 //! A [`Snapshot`] is immutable. [`Registry::current`] hands out an
 //! `Arc<Snapshot>`, and a run holds an `Arc<Skill>` from it, so a reload
@@ -15,15 +18,17 @@ use serde_json::{json, Value};
 
 use crate::scan::ScanReport;
 use crate::skill::RegisteredSkill;
+use crate::validators::{self, ValidatorCache};
 
 /// At most this many violations are listed in a 400 answer.
 pub const MAX_VIOLATIONS: usize = 32;
 
-/// A registered skill ready to serve: the scan's result plus the compiled
-/// validator of its `schema` (compiled once per scan, not per request).
+/// A registered skill ready to serve: the scan's result plus its place in
+/// its snapshot's cache of compiled validators.
 pub struct Skill {
     registered: RegisteredSkill,
-    validator: jsonschema::Validator,
+    slot: usize,
+    validators: Arc<ValidatorCache>,
 }
 
 impl fmt::Debug for Skill {
@@ -49,11 +54,18 @@ impl Skill {
     /// The validator's message when the schema does not compile (an
     /// unknown `$ref`, a bad regex, a keyword of the wrong type).
     pub fn new(registered: RegisteredSkill) -> Result<Self, String> {
-        // Default features are off: no `$ref` is ever fetched from the
-        // network or the file system.
-        let validator =
-            jsonschema::validator_for(registered.manifest().schema()).map_err(|e| e.to_string())?;
-        Ok(Self { registered, validator })
+        Self::in_cache(registered, 0, Arc::new(ValidatorCache::new(1)))
+    }
+
+    /// Compiles the schema of `registered` into `validators` as `slot`.
+    fn in_cache(
+        registered: RegisteredSkill,
+        slot: usize,
+        validators: Arc<ValidatorCache>,
+    ) -> Result<Self, String> {
+        let compiled = validators::compile(registered.manifest().schema())?;
+        validators.insert(slot, compiled);
+        Ok(Self { registered, slot, validators })
     }
 
     /// The scan's view of the skill.
@@ -73,8 +85,13 @@ impl Skill {
     ///
     /// The list of violations (never empty).
     pub fn check_args(&self, args: &Value) -> Result<(), Vec<Violation>> {
-        let violations: Vec<Violation> = self
-            .validator
+        let schema = self.registered.manifest().schema();
+        let validator = self
+            .validators
+            .get_or_compile(self.slot, || validators::compile(schema))
+            // It compiled at scan time, and the text has not changed since.
+            .map_err(|e| vec![Violation { path: String::new(), message: e }])?;
+        let violations: Vec<Violation> = validator
             .iter_errors(args)
             .take(MAX_VIOLATIONS)
             .map(|e| Violation { path: e.instance_path().to_string(), message: e.to_string() })
@@ -139,13 +156,19 @@ impl Snapshot {
     /// Builds a snapshot from a scan, compiling every schema. Skills whose
     /// schema does not compile are left out and returned.
     pub fn build(report: ScanReport) -> (Self, Vec<SchemaRejected>) {
+        Self::build_with(report, validators::DEFAULT_CAPACITY)
+    }
+
+    /// [`Snapshot::build`], keeping at most `cached` compiled validators.
+    pub fn build_with(report: ScanReport, cached: usize) -> (Self, Vec<SchemaRejected>) {
         let mut skipped = report.events.iter().filter(|e| e.is_skip()).count();
         let mut skills = BTreeMap::new();
         let mut rejected = Vec::new();
-        for registered in report.skills {
+        let cache = Arc::new(ValidatorCache::new(cached));
+        for (slot, registered) in report.skills.into_iter().enumerate() {
             let name = registered.name().as_str().to_owned();
             let manifest = registered.manifest_path().to_path_buf();
-            match Skill::new(registered) {
+            match Skill::in_cache(registered, slot, Arc::clone(&cache)) {
                 Ok(skill) => {
                     skills.insert(name, Arc::new(skill));
                 }
@@ -250,6 +273,26 @@ mod tests {
             (0..100).map(|i| (format!("k{i}"), json!(i))).collect();
         let v = s.check_args(&Value::Object(args)).unwrap_err();
         assert!(!v.is_empty() && v.len() <= MAX_VIOLATIONS);
+    }
+
+    #[test]
+    fn validators_are_bounded_and_compiled_again_when_dropped() {
+        let report = ScanReport {
+            skills: (0..5)
+                .map(|i| skill(&format!("s{i}"), r#"{"type":"object","required":["a"]}"#))
+                .collect(),
+            events: vec![],
+            ..ScanReport::default()
+        };
+        let (snap, rejected) = Snapshot::build_with(report, 2);
+        assert!(rejected.is_empty());
+        assert_eq!(snap.registered(), 5);
+        let s0 = snap.get("s0").unwrap();
+        assert!(!s0.validators.contains(s0.slot), "dropped: only the last 2 are held");
+        assert_eq!(s0.check_args(&json!({"a": 1})), Ok(()));
+        assert!(s0.check_args(&json!({})).is_err());
+        assert!(s0.validators.contains(s0.slot));
+        assert_eq!(s0.validators.len(), 2);
     }
 
     #[test]

@@ -17,7 +17,16 @@ pub struct RegisteredSkill {
 
 impl RegisteredSkill {
     /// Bundles a manifest with its resolved entry, its file and its root.
-    pub fn new(manifest: Manifest, entry: PathBuf, manifest_path: PathBuf, root: PathBuf) -> Self {
+    pub fn new(
+        manifest: Manifest,
+        mut entry: PathBuf,
+        mut manifest_path: PathBuf,
+        mut root: PathBuf,
+    ) -> Self {
+        // A registry holds 10,000 of these: no spare capacity from the walk.
+        entry.shrink_to_fit();
+        manifest_path.shrink_to_fit();
+        root.shrink_to_fit();
         Self { manifest, entry, manifest_path, root, tool: None }
     }
 

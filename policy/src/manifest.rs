@@ -22,6 +22,7 @@ use crate::limits::{DEFAULT_MAX_TIMEOUT, DEFAULT_TIMEOUT};
 use crate::name::SkillName;
 use crate::path::absolute_normal;
 use crate::sandbox::{capability_number, SandboxRequest};
+use crate::schema::Schema;
 
 /// Largest `skill.json` accepted, in bytes.
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
@@ -89,7 +90,7 @@ pub enum ManifestError {
 pub struct Manifest {
     name: SkillName,
     description: String,
-    schema: Value,
+    schema: Schema,
     entry: String,
     env_allow: Vec<EnvName>,
     timeout: Duration,
@@ -204,7 +205,7 @@ impl Manifest {
         }
 
         let schema = match get(&obj, "schema") {
-            None => serde_json::json!({"type": "object", "properties": {}}),
+            None => Schema::from_value(&serde_json::json!({"type": "object", "properties": {}})),
             Some(Value::Object(s)) => {
                 if let Some(t) = s.get("type") {
                     if t != "object" {
@@ -216,10 +217,11 @@ impl Manifest {
                         ));
                     }
                 }
-                Value::Object(s.clone())
+                Schema::from_value(&Value::Object(s.clone()))
             }
             Some(v) => return Err(wrong("schema", "an object (a JSON Schema)", v)),
-        };
+        }
+        .map_err(|e| invalid("schema", e.to_string()))?;
 
         let mut env_allow: Vec<EnvName> = Vec::new();
         if let Some(v) = get(&obj, "env_allow") {
@@ -304,8 +306,8 @@ impl Manifest {
     pub fn description(&self) -> &str {
         &self.description
     }
-    /// JSON Schema of the args object (always a JSON object).
-    pub fn schema(&self) -> &Value {
+    /// JSON Schema of the args object (always a JSON object), as text.
+    pub fn schema(&self) -> &Schema {
         &self.schema
     }
     /// The entry as written: relative to the manifest's folder, or absolute.

@@ -485,7 +485,7 @@ mod tests {
         assert_eq!(tcp.manifest().entry(), "tcp.py");
         assert_eq!(tcp.manifest().description(), "Connect");
         assert!(tcp.manifest().sandbox().network);
-        assert_eq!(tcp.manifest().schema()["properties"]["port"]["maximum"], 65535);
+        assert_eq!(tcp.manifest().schema().to_value()["properties"]["port"]["maximum"], 65535);
         let same = s.tool("net_probe").unwrap();
         assert_eq!(same.manifest().name().as_str(), "net_probe");
         assert_eq!(same.manifest().description(), "Network probes");

@@ -282,7 +282,7 @@ fn defaults() {
     assert_eq!(m.name().as_str(), "disk_usage");
     assert_eq!(m.description(), "Disk usage per mount");
     assert_eq!(m.entry(), "run.sh");
-    assert_eq!(m.schema(), &json!({"type": "object", "properties": {}}));
+    assert_eq!(m.schema().to_value(), json!({"type": "object", "properties": {}}));
     assert!(m.env_allow().is_empty(), "absent env_allow must mean no environment");
     assert_eq!(m.timeout(), Duration::from_secs(30));
     assert_eq!(m.class(), SkillClass::Safe);
@@ -369,9 +369,9 @@ fn category_given_or_empty() {
 fn schema_object_kept_verbatim() {
     let s =
         json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]});
-    assert_eq!(parse(with("schema", s.clone())).unwrap().schema(), &s);
+    assert_eq!(parse(with("schema", s.clone())).unwrap().schema().to_value(), s);
     let untyped = json!({"properties": {}});
-    assert_eq!(parse(with("schema", untyped.clone())).unwrap().schema(), &untyped);
+    assert_eq!(parse(with("schema", untyped.clone())).unwrap().schema().to_value(), untyped);
 }
 
 #[test]

@@ -17,6 +17,9 @@
 //! - `daemon-shm`: the same as `daemon` with the audit database on
 //!   `/dev/shm` (tmpfs: its fsyncs cost nothing), to show what the audit
 //!   trail's two synchronous commits per run cost. Not in the default set.
+//! - `daemon-normal`: the same as `daemon` (audit on the same disk) with
+//!   `audit_synchronous = "normal"` (no fsync per commit). Not in the
+//!   default set.
 //! - `executor-rpc`: `execute` sent straight to the `daemon` stack's
 //!   executor socket (JSON-RPC, one connection per run as skilld does):
 //!   the executor daemon without skilld. Not in the default set.
@@ -61,6 +64,7 @@ enum Variant {
     Daemon,
     Daemon10k,
     DaemonShm,
+    DaemonNormal,
     ExecutorRpc,
     Engine,
     Engine1g,
@@ -68,12 +72,13 @@ enum Variant {
     Firejail,
 }
 
-const ALL: [Variant; 10] = [
+const ALL: [Variant; 11] = [
     Variant::Bare,
     Variant::Cli,
     Variant::Daemon,
     Variant::Daemon10k,
     Variant::DaemonShm,
+    Variant::DaemonNormal,
     Variant::ExecutorRpc,
     Variant::Engine,
     Variant::Engine1g,
@@ -93,6 +98,7 @@ impl Variant {
             Variant::Daemon => "daemon",
             Variant::Daemon10k => "daemon10k",
             Variant::DaemonShm => "daemon-shm",
+            Variant::DaemonNormal => "daemon-normal",
             Variant::ExecutorRpc => "executor-rpc",
             Variant::Engine => "engine",
             Variant::Engine1g => "engine1g",
@@ -124,7 +130,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
          [--loaded-skills N] [--skills sh-cat,bin-cat] \
-         [--variants bare,cli,daemon,daemon10k,daemon-shm,executor-rpc,engine,engine1g,bwrap,firejail] \
+         [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,executor-rpc,engine,engine1g,bwrap,firejail] \
          [--bin-dir DIR] [--audit-dir DIR]\n       loadbench --engine-worker MB"
     );
     std::process::exit(2)
@@ -144,7 +150,9 @@ fn parse_opts() -> Opts {
         skills: vec!["bin-cat".into(), "sh-cat".into()],
         variants: ALL
             .into_iter()
-            .filter(|v| !matches!(v, Variant::DaemonShm | Variant::ExecutorRpc))
+            .filter(|v| {
+                !matches!(v, Variant::DaemonShm | Variant::DaemonNormal | Variant::ExecutorRpc)
+            })
             .collect(),
         bin_dir: exe_dir,
         audit_dir: None,
@@ -309,7 +317,9 @@ impl Stack {
             base.join("skilld.toml"),
             format!(
                 "socket = {sock}\nexecutor_socket = {ex}\nskills_dirs = [{roots_toml}]\n\
-                 metrics_listen = \"{metrics}\"\nmax_connections = 128\naudit_db = {audit}\n",
+                 metrics_listen = \"{metrics}\"\nmax_connections = 128\naudit_db = {audit}\n\
+                 audit_synchronous = \"{sync}\"\n",
+                sync = if name == "daemon-normal" { "normal" } else { "full" },
                 sock = toml_str(&socket),
                 ex = toml_str(&ex_sock),
                 audit = toml_str(&audit_dir.join(format!("{name}-audit.db"))),
@@ -666,7 +676,7 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
             );
             None
         }
-        Variant::Daemon | Variant::Daemon10k | Variant::DaemonShm => {
+        Variant::Daemon | Variant::Daemon10k | Variant::DaemonShm | Variant::DaemonNormal => {
             let stack = &ctx.stacks[v.name()];
             let conn = cl.conns.entry(stack.name).or_insert_with(|| Http::connect(&stack.socket));
             let name = skill_name(dir.file_name().unwrap().to_str().unwrap());
@@ -1100,6 +1110,17 @@ fn main() {
         );
         stacks.insert("daemon-shm", s);
         shm_dirs.push(shm);
+    }
+    if o.variants.contains(&Variant::DaemonNormal) {
+        let s = Stack::start(
+            "daemon-normal",
+            &o,
+            &base.join("stack-normal"),
+            std::slice::from_ref(&skills_root),
+            &audit_dir,
+            manifests.len(),
+        );
+        stacks.insert("daemon-normal", s);
     }
     if o.variants.contains(&Variant::Daemon10k) {
         let many = base.join("many");

@@ -11,8 +11,9 @@
 //!
 //! Audit ([`crate::audit`]): an `invalid_args` or `denied` answer has its
 //! row (`reject`/`deny`) committed before it is sent; an allowed run's row
-//! is committed before the run starts and completed (outcome, result,
-//! exit code, duration) before the report is sent, in both modes.
+//! is written before the run starts and completed (outcome, result, exit
+//! code, duration); the commit covering both comes before the report is
+//! sent, in both modes.
 //!
 //! The executor connection belongs to the request: if the client goes
 //! away, hyper drops the handler future (or the stream body), the
@@ -138,8 +139,9 @@ pub async fn execute(
         approvals_used: grant.approvals.iter().map(|v| (v.replay_key(), v.expires_at)).collect(),
         ..base.clone()
     };
-    // The decision is committed before anything runs.
-    let row_id = match app.audit().record(record).await {
+    // The decision is written before anything runs; its commit is the
+    // one the completion waits for (`Audit::record_before_run`).
+    let row_id = match app.audit().record_before_run(record).await {
         Ok(id) => {
             grant.keep();
             Some(id)
@@ -192,14 +194,14 @@ pub async fn execute(
     let Ok(Ok(permit)) = slot else {
         count(Outcome::Busy);
         let why = "no run slot free in time";
-        row.finish(not_run(Outcome::Busy.as_str(), why)).await;
+        let _ = row.finish(not_run(Outcome::Busy.as_str(), why)).await;
         return Err(busy(skill.name(), why));
     };
     let in_flight = app.metrics().run_in_flight();
 
     let Some(manifest_path) = skill.registered().manifest_path().to_str() else {
         let why = "the manifest path is not UTF-8; the executor wire needs UTF-8";
-        row.finish(not_run("rejected", why)).await;
+        let _ = row.finish(not_run("rejected", why)).await;
         return Err(ApiError::Internal(why.into()));
     };
     let params = ExecuteParams {
@@ -240,7 +242,7 @@ pub async fn execute(
     let mut event = first;
     loop {
         if let RunEvent::Report(report) = event {
-            run.finish(&report).await;
+            run.finish(&report).await?;
             return Ok(Json(*report).into_response());
         }
         event = match run.next().await {
@@ -343,7 +345,12 @@ impl Run {
 
     /// Counts and logs the report, and completes the audit row (committed
     /// before the caller answers).
-    async fn finish(&mut self, report: &RunReport) {
+    ///
+    /// # Errors
+    ///
+    /// 503 `audit_unavailable` when the rows could not be committed and
+    /// `audit_required`: the report is not sent without its audit trail.
+    async fn finish(&mut self, report: &RunReport) -> Result<(), ApiError> {
         let name = self.skill.name();
         let elapsed = self.started.elapsed();
         let m = self.app.metrics();
@@ -358,15 +365,24 @@ impl Run {
             "run finished"
         );
         if let Some(row) = self.row.take() {
-            row.finish(Finish {
+            let finished = row.finish(Finish {
                 outcome: report.outcome.as_str().to_owned(),
                 error: report.error.clone(),
                 exit_code: report.exit_code,
                 result: report.result.clone(),
                 duration_ms: Some(report.duration_ms),
-            })
-            .await;
+            });
+            if let Err(e) = finished.await {
+                if self.app.audit().required() {
+                    tracing::error!(skill = name, error = %e, "run report withheld: no audit trail");
+                    return Err(ApiError::AuditUnavailable(format!(
+                        "the run ended ({}) but its audit rows could not be committed: {e}",
+                        report.outcome
+                    )));
+                }
+            }
         }
+        Ok(())
     }
 }
 
@@ -389,13 +405,15 @@ fn ndjson(
             Ok(RunEvent::Stderr(line)) => {
                 (json!({"event": "stderr", "line": line}).to_string(), false)
             }
-            Ok(RunEvent::Report(report)) => {
-                run.finish(&report).await;
+            Ok(RunEvent::Report(report)) => match run.finish(&report).await {
                 // Serialised as a struct, not through a Value, so the
                 // report's `result` goes out as the skill printed it.
-                let event = ReportEvent { event: "report", report: &report };
-                (serde_json::to_string(&event).unwrap_or_default(), true)
-            }
+                Ok(()) => {
+                    let event = ReportEvent { event: "report", report: &report };
+                    (serde_json::to_string(&event).unwrap_or_default(), true)
+                }
+                Err(e) => (json!({"event": "error", "error": e.body()["error"]}).to_string(), true),
+            },
             Err(e) => {
                 tracing::warn!(skill = run.skill.name(), error = %chain(&e), "run stream ended");
                 let code = if matches!(e, ExecutorError::Busy(_)) {
@@ -405,7 +423,7 @@ fn ndjson(
                 };
                 let message = chain(&e);
                 if let Some(row) = run.row.take() {
-                    row.finish(not_run(code, &message)).await;
+                    let _ = row.finish(not_run(code, &message)).await;
                 }
                 let event = json!({"event": "error", "error": {"code": code, "message": message}});
                 (event.to_string(), true)
@@ -485,7 +503,7 @@ async fn executor_error(app: &App, skill: &str, e: ExecutorError, row: RunRow) -
         }
         other => (ApiError::ExecutorUnavailable(chain(&other)), "executor_unavailable"),
     };
-    row.finish(not_run(outcome, &e.to_string())).await;
+    let _ = row.finish(not_run(outcome, &e.to_string())).await;
     e
 }
 
