@@ -96,6 +96,7 @@ pub mod roots;
 pub mod scan;
 pub mod server;
 pub mod skill;
+pub mod systemd;
 
 pub use event::{Level, ScanEvent};
 pub use scan::{ScanReport, ScanTarget, Scanner};

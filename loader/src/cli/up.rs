@@ -296,7 +296,7 @@ impl Plan {
             self.cleanup();
             return fail(&f, err);
         }
-        let daemon = match Daemon::start(&self.settings).await {
+        let daemon = match Daemon::start(&self.settings, None).await {
             Ok(d) => d,
             Err(e) => {
                 stop_executor(&mut executor).await;
