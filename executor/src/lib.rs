@@ -101,6 +101,7 @@
 #![deny(missing_docs)]
 
 pub mod cgroup;
+pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod instance;
@@ -115,6 +116,7 @@ pub mod spawn;
 pub mod supervise;
 pub mod sweep;
 pub(crate) mod sys;
+pub mod systemd;
 
 pub use config::{Config, ConfigError, LandlockMode};
 pub use engine::{Engine, EngineError, RunRequest};
