@@ -103,6 +103,7 @@
 pub mod cgroup;
 pub mod cli;
 pub mod config;
+pub mod delegation;
 pub mod engine;
 pub mod instance;
 pub mod landlock;

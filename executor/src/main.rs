@@ -84,6 +84,18 @@ fn serve(config: Option<PathBuf>) -> anyhow::Result<u8> {
     // inherited socket close-on-exec (the watchdog must not hold it).
     let inherited = executor::systemd::take_listener().context("socket activation")?;
     let config = load_config(config).context("loading the configuration")?.for_serve();
+    // A delegated cgroup v2 subtree (systemd Delegate=yes): move into
+    // <own>/supervisor so the run cgroups below get pids and memory.
+    match executor::delegation::take_own() {
+        Ok(executor::delegation::Delegation::Taken { root, enabled }) => eprintln!(
+            "ongrid-executor: cgroup {} delegated: moved into {}/, enabled {} for the runs",
+            root.display(),
+            executor::delegation::SUPERVISOR,
+            enabled.join(" ")
+        ),
+        Ok(other) => tracing::info!("executor: cgroup delegation: {other:?}"),
+        Err(e) => eprintln!("ongrid-executor: {e:#}; runs get what the cgroup offers as it is"),
+    }
     // Runs are spawned from the runtime's worker threads, which live as long
     // as the runtime (the children's parent-death signal is tied to the
     // spawning thread; see `executor::server`). Runs also block a worker
