@@ -84,6 +84,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod daemon_cli;
 pub mod entry;
 pub mod event;
 pub mod executor_client;

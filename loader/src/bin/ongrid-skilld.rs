@@ -9,42 +9,15 @@
 //! client socket is the one systemd passes (`LISTEN_FDS`); it is left in
 //! place at exit.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
 use loader::config::{FileConfig, Overrides};
 use loader::daemon::Daemon;
+use loader::daemon_cli::Args;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
-
-/// The ongrid-skills registry daemon: scans the allow-listed skill
-/// directories, serves the client API on a Unix socket and forwards runs to
-/// ongrid-executor. SIGHUP rescans.
-#[derive(Debug, Parser)]
-#[command(name = "ongrid-skilld", version, about)]
-struct Args {
-    /// Configuration file [default: /etc/ongrid/skilld.toml if present].
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Client API socket (overrides `socket`).
-    #[arg(long, value_name = "PATH")]
-    socket: Option<PathBuf>,
-    /// Executor socket (overrides `executor_socket`).
-    #[arg(long, value_name = "PATH")]
-    executor_socket: Option<PathBuf>,
-    /// Metrics listener ADDR:PORT; "" disables it (overrides `metrics_listen`).
-    #[arg(long, value_name = "ADDR")]
-    metrics_listen: Option<String>,
-    /// Allow-list root, repeatable (replaces `skills_dirs`; the roots in
-    /// ONGRID_SKILLS_EXTERNAL_DIRS are still appended).
-    #[arg(long = "skills-dir", value_name = "DIR")]
-    skills_dirs: Vec<PathBuf>,
-    /// Check the configuration and exit: 0 if valid, 78 if not.
-    #[arg(long)]
-    check_config: bool,
-}
 
 const EX_CONFIG: u8 = 78;
 
