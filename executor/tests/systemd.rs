@@ -64,6 +64,16 @@ fn ping(socket: &Path) -> bool {
     BufReader::new(s).read_line(&mut line).is_ok() && line.contains("\"ok\":true")
 }
 
+/// Kills the server if the test fails before it stops it.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn term_and_wait(child: &mut Child) -> std::process::ExitStatus {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
@@ -88,20 +98,22 @@ fn ready_after_the_socket_answers_and_stopping_on_sigterm() {
         return;
     }
     let s = setup();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
+    let child = Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
         .args(["serve", "--config"])
         .arg(&s.config)
         .env("NOTIFY_SOCKET", s.dir.path().join("notify.sock"))
         .env_remove("LISTEN_FDS")
         .env_remove("LISTEN_PID")
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let mut child = KillOnDrop(child);
     let ready = recv(&s.notify);
     // At once, no retry: READY=1 must not come before the socket serves.
     assert!(ping(&s.socket), "READY=1 before the socket answers");
     assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
-    let status = term_and_wait(&mut child);
+    let status = term_and_wait(&mut child.0);
     let stopping = recv(&s.notify);
     assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
     assert!(status.success(), "{status:?}");
@@ -126,16 +138,18 @@ fn serves_an_inherited_socket_and_leaves_it_in_place() {
         .unwrap();
     // bash (fd numbers over 9) moves the socket to fd 3 and sets LISTEN_PID
     // to its own pid, which `exec` hands to the executor.
-    let mut child = Command::new("/bin/bash")
+    let child = Command::new("/bin/bash")
         .arg("-c")
         .arg(format!("LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\" 3<&{fd} {fd}<&-"))
         .arg(env!("CARGO_BIN_EXE_ongrid-executor"))
         .args(["serve", "--config"])
         .arg(&s.config)
         .env("NOTIFY_SOCKET", s.dir.path().join("notify.sock"))
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut child = KillOnDrop(child);
     drop(listener);
     let ready = recv(&s.notify);
     assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
@@ -143,9 +157,9 @@ fn serves_an_inherited_socket_and_leaves_it_in_place() {
     let mode = std::fs::metadata(&activated).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o640, "the executor changed the mode of the socket systemd owns");
     assert!(!s.socket.exists(), "bound the configured socket too");
-    let status = term_and_wait(&mut child);
+    let status = term_and_wait(&mut child.0);
     let mut log = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
+    std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut log).unwrap();
     assert!(status.success(), "{status:?}\n{log}");
     assert!(log.contains("serving on the socket passed by systemd"), "{log}");
     let meta = std::fs::symlink_metadata(&activated).expect("the socket file was removed");
