@@ -112,8 +112,13 @@ impl Daemon {
             None => None,
         };
         app.reload().await;
+        let socket = api
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
+            .unwrap_or_default();
         tracing::info!(
-            socket = %settings.socket.display(),
+            socket = %socket,
             executor = %settings.executor_socket.display(),
             metrics = ?settings.metrics_listen,
             socket_activation = socket_inherited,
