@@ -5,8 +5,9 @@
 #                                    target/generate-rpm/ongrid-skills-<ver>-1.<arch>.rpm
 #
 # Installs the packaging tools when missing: cargo-deb and cargo-generate-rpm
-# pinned with --locked (about 4 min of compiling the first time), help2man
-# from apt (man pages from each binary's clap --help).
+# pinned with --locked (about 4 min of compiling the first time). Man pages
+# and shell completions come from the clap definitions (ongrid-gen-docs, a
+# bin of the packaging crate), so no help2man.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,18 +26,7 @@ if ((${#tools[@]})); then
     echo "== cargo install --locked ${tools[*]}"
     cargo install --locked "${tools[@]}"
 fi
-if ! command -v help2man >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "== apt-get install help2man"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends help2man
-    else
-        echo "build.sh: help2man is missing (apt install help2man / dnf install help2man)" >&2
-        exit 1
-    fi
-fi
-
-echo "== cargo build --release (ongrid-loader, ongrid-executor)"
+echo "== cargo build --release (ongrid-loader, ongrid-executor, ongrid-gen-docs)"
 if [ "${ONGRID_PACKAGE_QUICK:-0}" = 1 ]; then
     # CI only (.ci/package): the same code without LTO and debug info builds
     # in about half the time; release packages use the profile as written.
@@ -45,10 +35,10 @@ if [ "${ONGRID_PACKAGE_QUICK:-0}" = 1 ]; then
         CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16
 fi
 # Only the packaged crates: the tests and benches members are not shipped.
-cargo build --release --locked -p ongrid-loader -p ongrid-executor
+cargo build --release --locked -p ongrid-loader -p ongrid-executor -p ongrid-skills
 
 # Packaged copies: stripped (the release profile keeps line tables for
-# backtraces in development builds), plus the man pages.
+# backtraces in development builds), plus the man pages and completions.
 pkg=target/release/package
 rm -rf "$pkg"
 mkdir -p "$pkg"
@@ -57,15 +47,10 @@ for bin in ongrid-executor ongrid-skilld ongrid-skill; do
     strip --strip-unneeded --remove-section=.comment --remove-section=.note \
         -o "$pkg/$bin" "target/release/$bin"
 done
-echo "== man pages (help2man over clap --help)"
-man_page() { # binary, one-line description
-    help2man --no-info --section=1 --source="ongrid-skills" --name="$2" \
-        --output="$pkg/$1.1" "$pkg/$1"
-    gzip -9nf "$pkg/$1.1"
-}
-man_page ongrid-executor "sandboxing executor of ongrid-skills (root daemon and one-shot runs)"
-man_page ongrid-skilld "registry daemon of ongrid-skills (client API and metrics)"
-man_page ongrid-skill "command-line client and pack linter of ongrid-skills"
+echo "== man pages and completions (ongrid-gen-docs)"
+target/release/ongrid-gen-docs "$pkg"
+gzip -9n "$pkg"/man/*.1
+ls "$pkg"/man "$pkg"/completions/*
 
 echo "== cargo deb"
 rm -f target/debian/ongrid-skills_*.deb target/generate-rpm/ongrid-skills-*.rpm

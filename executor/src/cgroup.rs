@@ -29,18 +29,33 @@ pub struct Hierarchies {
     pub v1_memory: Option<PathBuf>,
 }
 
-fn is_cgroup2(path: &Path) -> bool {
+pub(crate) fn is_cgroup2(path: &Path) -> bool {
     nix::sys::statfs::statfs(path)
         .map(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
         .unwrap_or(false)
 }
 
 /// This process's path in the v2 hierarchy (`0::/path` of /proc/self/cgroup).
-fn own_v2_path() -> String {
+pub(crate) fn raw_own_v2_path() -> String {
     fs::read_to_string("/proc/self/cgroup")
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("0::").map(str::to_owned)))
         .unwrap_or_else(|| "/".to_owned())
+}
+
+/// The v2 cgroup this process's runs go under: its own, or, when `serve`
+/// moved itself into `<own>/supervisor` ([`crate::delegation`]), `<own>`.
+fn own_v2_path() -> String {
+    crate::delegation::runs_parent(&raw_own_v2_path())
+}
+
+/// The mounted v2 hierarchy (pure v2 at /sys/fs/cgroup, or hybrid's
+/// /sys/fs/cgroup/unified), if any.
+pub(crate) fn v2_mount() -> Option<PathBuf> {
+    [Path::new(CGROUP_ROOT), &Path::new(CGROUP_ROOT).join("unified")]
+        .into_iter()
+        .find(|p| is_cgroup2(p))
+        .map(Path::to_path_buf)
 }
 
 impl Hierarchies {
@@ -56,11 +71,7 @@ impl Hierarchies {
             );
             return (h, notes);
         }
-        let v2_mount = [Path::new(CGROUP_ROOT), &Path::new(CGROUP_ROOT).join("unified")]
-            .into_iter()
-            .find(|p| is_cgroup2(p))
-            .map(Path::to_path_buf);
-        if let Some(mount) = v2_mount {
+        if let Some(mount) = v2_mount() {
             let own = own_v2_path();
             let base = mount.join(own.trim_start_matches('/')).join("ongrid");
             if fs::create_dir_all(&base).is_ok() {

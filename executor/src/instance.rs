@@ -20,7 +20,9 @@
 //!   start time): an instance whose guard is dead is swept by the next
 //!   executor to start ([`crate::sweep::sweep`]);
 //! - the runs tmpfs: as root, unless a tmpfs is mounted on
-//!   `<runtime_dir>/runs` already, the first instance mounts one
+//!   `<runtime_dir>/runs` already (an earlier instance's, or the one
+//!   ongrid-executor.service provides with `TemporaryFileSystem=`, as the
+//!   hardened unit keeps no `CAP_SYS_ADMIN`), the first instance mounts one
 //!   (`ongrid-runs`, `runs_tmpfs_bytes`, nosuid, nodev, noexec). Files a
 //!   run writes there are charged to the run's memory cgroup (memcg charges
 //!   tmpfs pages to the cgroup of the task that faults them in, v1 and v2),
@@ -126,12 +128,22 @@ fn mount_at(path: &Path) -> Option<(String, String)> {
         .next_back()
 }
 
+/// True if a tmpfs is mounted on `runs` itself (mountinfo names the path as
+/// a mount point, and `statfs` says tmpfs): the executor's own from an
+/// earlier instance, or one the service manager provides
+/// (`TemporaryFileSystem=` in ongrid-executor.service, which mounts it
+/// without the executor needing `CAP_SYS_ADMIN`).
+fn tmpfs_mounted_on(runs: &Path) -> bool {
+    let point = mount_at(runs).is_some_and(|(fstype, _)| fstype == "tmpfs");
+    let magic = nix::sys::statfs::statfs(runs)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+    point && magic
+}
+
 /// Where a run's files go and what bounds them; `Err` is a degraded note.
 fn runs_tmpfs(runs: &Path, bytes: u64) -> Result<(), String> {
-    if let Some((fstype, _)) = mount_at(runs) {
-        if fstype == "tmpfs" {
-            return Ok(());
-        }
+    if tmpfs_mounted_on(runs) {
+        return Ok(());
     }
     sys::mount::mount_tmpfs(runs, bytes).map_err(|e| {
         format!(

@@ -102,7 +102,9 @@
 
 pub mod attach_lock;
 pub mod cgroup;
+pub mod cli;
 pub mod config;
+pub mod delegation;
 pub mod engine;
 pub mod instance;
 pub mod landlock;
@@ -116,6 +118,7 @@ pub mod spawn;
 pub mod supervise;
 pub mod sweep;
 pub(crate) mod sys;
+pub mod systemd;
 
 pub use config::{Config, ConfigError, LandlockMode};
 pub use engine::{Engine, EngineError, RunRequest};

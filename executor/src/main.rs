@@ -7,70 +7,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use executor::cli::{Cli, Command};
 use executor::{Config, Engine, RunRequest};
 use policy::Outcome;
-
-const EXIT_CODES: &str = "\
-Exit codes of `run`:
-   0  ok              the skill exited 0 and printed one JSON value
-   1  exit_nonzero    the skill exited with a non-zero status
-   2  usage           bad command line
-   3  timeout         wall-clock or CPU-time limit (see `limit` in --json)
-   4  output_limit    stdout over its cap; the run was killed
-   5  rejected        bad manifest, entry, config or sandbox grant
-   6  sandbox_failed  a required restriction could not be put in place
-   7  signaled        the skill was killed by a signal
-   8  invalid_result  exit 0 but stdout is not one JSON value
-   9  spawn_failed    the entry could not be executed
-  10  invalid_args    --args is not one JSON object
-  70  internal error  the executor itself failed";
-
-#[derive(Debug, Parser)]
-#[command(name = "ongrid-executor", version, about = "The sandboxing executor of ongrid-skills")]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Run one skill under the full sandbox and print its result.
-    #[command(after_help = EXIT_CODES)]
-    Run {
-        /// The skill's skill.json (or SKILL.md, with --tool).
-        #[arg(long)]
-        manifest: PathBuf,
-        /// For a SKILL.md: the tool to run (as written or as registered).
-        #[arg(long)]
-        tool: Option<String>,
-        /// The args JSON object, or `-` to read it from stdin.
-        #[arg(long, default_value = "{}")]
-        args: String,
-        /// executor.toml (default: /etc/ongrid/executor.toml if it exists).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Print the run report (JSON) instead of the result.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Serve the executor wire (newline-delimited JSON-RPC 2.0) on the
-    /// configured Unix socket until SIGTERM or Ctrl-C, then drain.
-    #[command(after_help = SERVE_HELP)]
-    Serve {
-        /// executor.toml (default: /etc/ongrid/executor.toml if it exists).
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
-}
-
-const SERVE_HELP: &str = "\
-Socket: `socket` in executor.toml (default <runtime_dir>/executor.sock, i.e.
-/run/ongrid/executor.sock as root), owner/group/mode from socket_owner,
-socket_group, socket_mode. Peers are checked with SO_PEERCRED against
-allowed_uids/allowed_gids. Methods: execute, ping, metrics.
-SIGTERM or Ctrl-C: stop accepting, let runs finish within their deadlines,
-then exit 0. Exit 70: the configuration, socket or engine could not be set up.";
 
 fn exit_code(outcome: Outcome) -> u8 {
     match outcome {
@@ -143,7 +83,22 @@ fn run(
 }
 
 fn serve(config: Option<PathBuf>) -> anyhow::Result<u8> {
+    // Before any thread or child: this edits the environment and marks the
+    // inherited socket close-on-exec (the watchdog must not hold it).
+    let inherited = executor::systemd::take_listener().context("socket activation")?;
     let config = load_config(config).context("loading the configuration")?.for_serve();
+    // A delegated cgroup v2 subtree (systemd Delegate=yes): move into
+    // <own>/supervisor so the run cgroups below get pids and memory.
+    match executor::delegation::take_own() {
+        Ok(executor::delegation::Delegation::Taken { root, enabled }) => eprintln!(
+            "ongrid-executor: cgroup {} delegated: moved into {}/, enabled {} for the runs",
+            root.display(),
+            executor::delegation::SUPERVISOR,
+            enabled.join(" ")
+        ),
+        Ok(other) => tracing::info!("executor: cgroup delegation: {other:?}"),
+        Err(e) => eprintln!("ongrid-executor: {e:#}; runs get what the cgroup offers as it is"),
+    }
     // Runs are spawned from the runtime's worker threads, which live as long
     // as the runtime (the children's parent-death signal is tied to the
     // spawning thread; see `executor::server`). Runs also block a worker
@@ -165,10 +120,32 @@ fn serve(config: Option<PathBuf>) -> anyhow::Result<u8> {
         let metrics = Arc::new(executor::Metrics::new(&registry).context("registering metrics")?);
         let engine = Arc::new(Engine::new(config).context("starting the engine")?);
         let socket = engine.config().socket_path();
-        let listener = executor::server::bind(engine.config()).context("binding the socket")?;
-        eprintln!("ongrid-executor: serving on {}", socket.display());
-        executor::server::run(listener, engine, metrics, shutdown_signal()).await;
-        executor::server::socket::remove(&socket);
+        let socket_inherited = inherited.is_some();
+        let listener = match inherited {
+            Some(listener) => {
+                listener.set_nonblocking(true).context("the socket passed by systemd")?;
+                let listener = tokio::net::UnixListener::from_std(listener)
+                    .context("the socket passed by systemd")?;
+                eprintln!("ongrid-executor: serving on the socket passed by systemd");
+                listener
+            }
+            None => {
+                let listener =
+                    executor::server::bind(engine.config()).context("binding the socket")?;
+                eprintln!("ongrid-executor: serving on {}", socket.display());
+                listener
+            }
+        };
+        // The socket accepts and the engine is up: runs are served from here.
+        executor::systemd::ready("serving");
+        let shutdown = async {
+            shutdown_signal().await;
+            executor::systemd::stopping();
+        };
+        executor::server::run(listener, engine, metrics, shutdown).await;
+        if !socket_inherited {
+            executor::server::socket::remove(&socket);
+        }
         Ok(0)
     })
 }

@@ -170,6 +170,13 @@ impl App {
         &self.registry
     }
 
+    /// A one-line state for the service manager's `STATUS=`:
+    /// `serving N skills (M skipped)`.
+    pub fn status_line(&self) -> String {
+        let cur = self.registry.current();
+        format!("serving {} skills ({} skipped)", cur.registered(), cur.skipped())
+    }
+
     /// The executor client.
     pub fn executor(&self) -> &ExecutorClient {
         &self.executor

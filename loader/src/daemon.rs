@@ -37,6 +37,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// The client socket passed by socket activation could not be used.
+    #[error("cannot serve on the socket passed by systemd")]
+    Inherited(#[source] std::io::Error),
     /// The metrics listener could not be bound.
     #[error("cannot listen on {addr} for metrics")]
     MetricsListen {
@@ -54,6 +57,9 @@ pub struct Daemon {
     /// The shared state (reload it on SIGHUP).
     pub app: Arc<App>,
     api: UnixListener,
+    /// The client socket came from socket activation: systemd owns the
+    /// node (never unlinked or rebound here).
+    pub socket_inherited: bool,
     metrics: Option<TcpListener>,
     opts: ServeOptions,
 }
@@ -62,18 +68,34 @@ impl Daemon {
     /// Registers the metrics (and the process collector) in a fresh
     /// registry, binds both listeners and does the first scan.
     ///
+    /// `inherited` is a listening socket passed by socket activation
+    /// ([`crate::systemd::take_listener`]): it is served as it is (its
+    /// owner, group and mode are the socket unit's), and `settings.socket`
+    /// is neither removed nor bound. Without it the socket is bound at
+    /// `settings.socket` with `socket_mode` and `socket_group`.
+    ///
     /// # Errors
     ///
     /// [`StartError`].
-    pub async fn start(settings: &Settings) -> Result<Self, StartError> {
+    pub async fn start(
+        settings: &Settings,
+        inherited: Option<std::os::unix::net::UnixListener>,
+    ) -> Result<Self, StartError> {
         let registry = prometheus::Registry::new();
         registry
             .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
             .map_err(StartError::Metrics)?;
         let metrics = Metrics::new(&registry).map_err(StartError::Metrics)?;
         let app = Arc::new(App::new(settings, metrics, registry).map_err(StartError::Audit)?);
-        let api = server::bind(&settings.socket, settings.socket_mode).await?;
-        if let Some(gid) = settings.socket_group {
+        let socket_inherited = inherited.is_some();
+        let api = match inherited {
+            Some(listener) => {
+                listener.set_nonblocking(true).map_err(StartError::Inherited)?;
+                UnixListener::from_std(listener).map_err(StartError::Inherited)?
+            }
+            None => server::bind(&settings.socket, settings.socket_mode).await?,
+        };
+        if let (Some(gid), false) = (settings.socket_group, socket_inherited) {
             // With mode 0660 the group decides who may connect at all. The
             // daemon must be root or a member of the group to set it.
             std::os::unix::fs::chown(&settings.socket, None, Some(gid)).map_err(|source| {
@@ -90,10 +112,16 @@ impl Daemon {
             None => None,
         };
         app.reload().await;
+        let socket = api
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
+            .unwrap_or_default();
         tracing::info!(
-            socket = %settings.socket.display(),
+            socket = %socket,
             executor = %settings.executor_socket.display(),
             metrics = ?settings.metrics_listen,
+            socket_activation = socket_inherited,
             "ongrid-skilld listening"
         );
         let opts = ServeOptions {
@@ -102,7 +130,7 @@ impl Daemon {
             idle_timeout: settings.idle_timeout,
             drain: std::time::Duration::from_secs(10),
         };
-        Ok(Self { app, api, metrics, opts })
+        Ok(Self { app, api, socket_inherited, metrics, opts })
     }
 
     /// Serves the client API and the metrics until `shutdown` is cancelled.

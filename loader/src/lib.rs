@@ -19,14 +19,19 @@
 //! The daemon, `ongrid-skilld` (layered like mini-redis):
 //!
 //! - [`config`]: `skilld.toml` and command-line overrides → [`config::Settings`].
+//! - [`daemon_cli`]: the `ongrid-skilld` command line (clap), shared with
+//!   the man page and completion generator.
 //! - [`daemon`]: start-up (bind, first scan) and the serving loop, with the
 //!   shutdown signal passed in.
+//! - [`systemd`]: readiness notifications and the socket-activated listener.
 //! - [`server`]: the Unix-socket listener: peer credentials
 //!   ([`server::Caller`]), connection cap, HTTP/1.1 per connection.
 //! - [`api`]: the client API routes, one file per resource, and `/metrics`.
 //! - [`app`]: [`app::App`], the state requests share; reload.
-//! - [`registry`]: the registry snapshot, swapped atomically, with each
-//!   skill's compiled args validator.
+//! - [`registry`]: the registry snapshot, swapped atomically; each skill's
+//!   schema kept as text.
+//! - [`validators`]: compiled args validators, the most recently used kept
+//!   (LRU), compiled again when dropped.
 //! - [`authz`]: who may run what: callers mapped to a role and a
 //!   permission mode, the class gate, dual-sign approvals.
 //! - [`replay`]: approvals are accepted once.
@@ -84,6 +89,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod daemon_cli;
 pub mod entry;
 pub mod event;
 pub mod executor_client;
@@ -96,6 +102,7 @@ pub mod roots;
 pub mod scan;
 pub mod server;
 pub mod skill;
+pub mod systemd;
 pub mod validators;
 
 pub use event::{Level, ScanEvent};

@@ -8,7 +8,7 @@ if [ -d /run/systemd/system ]; then
 fi
 if [ "$1" -eq 1 ]; then
     # Enabled only where a preset says so (Fedora/RHEL default: disabled);
-    # otherwise: systemctl enable --now ongrid-executor ongrid-skilld
-    systemctl --no-reload preset ongrid-executor.service ongrid-skilld.service >/dev/null 2>&1 || :
+    # otherwise: systemctl enable --now ongrid-executor.socket ongrid-skilld.socket ongrid-executor ongrid-skilld
+    systemctl --no-reload preset ongrid-executor.socket ongrid-skilld.socket ongrid-executor.service ongrid-skilld.service >/dev/null 2>&1 || :
 fi
 exit 0

@@ -2,43 +2,22 @@
 //!
 //! Exit codes: 0 after SIGTERM/SIGINT, 1 on a start-up failure, 78
 //! (EX_CONFIG) when the configuration is invalid (`--check-config` too).
+//!
+//! Under systemd (`Type=notify`): `READY=1` once the client socket accepts,
+//! the metrics listener is bound and the first scan is done; `STOPPING=1`
+//! when SIGTERM/SIGINT starts the drain. With `ongrid-skilld.socket` the
+//! client socket is the one systemd passes (`LISTEN_FDS`); it is left in
+//! place at exit.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
 use loader::config::{FileConfig, Overrides};
 use loader::daemon::Daemon;
+use loader::daemon_cli::Args;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
-
-/// The ongrid-skills registry daemon: scans the allow-listed skill
-/// directories, serves the client API on a Unix socket and forwards runs to
-/// ongrid-executor. SIGHUP rescans.
-#[derive(Debug, Parser)]
-#[command(name = "ongrid-skilld", version, about)]
-struct Args {
-    /// Configuration file [default: /etc/ongrid/skilld.toml if present].
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Client API socket (overrides `socket`).
-    #[arg(long, value_name = "PATH")]
-    socket: Option<PathBuf>,
-    /// Executor socket (overrides `executor_socket`).
-    #[arg(long, value_name = "PATH")]
-    executor_socket: Option<PathBuf>,
-    /// Metrics listener ADDR:PORT; "" disables it (overrides `metrics_listen`).
-    #[arg(long, value_name = "ADDR")]
-    metrics_listen: Option<String>,
-    /// Allow-list root, repeatable (replaces `skills_dirs`; the roots in
-    /// ONGRID_SKILLS_EXTERNAL_DIRS are still appended).
-    #[arg(long = "skills-dir", value_name = "DIR")]
-    skills_dirs: Vec<PathBuf>,
-    /// Check the configuration and exit: 0 if valid, 78 if not.
-    #[arg(long)]
-    check_config: bool,
-}
 
 const EX_CONFIG: u8 = 78;
 
@@ -72,7 +51,15 @@ fn main() -> ExitCode {
         println!("{settings:#?}");
         return ExitCode::SUCCESS;
     }
-    match serve(settings) {
+    // Before the runtime starts any thread: this edits the environment.
+    let inherited = match loader::systemd::take_listener() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("ongrid-skilld: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match serve(settings, inherited) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ongrid-skilld: {e:#}");
@@ -81,7 +68,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(settings: loader::config::Settings) -> anyhow::Result<()> {
+fn serve(
+    settings: loader::config::Settings,
+    inherited: Option<std::os::unix::net::UnixListener>,
+) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -90,7 +80,8 @@ fn serve(settings: loader::config::Settings) -> anyhow::Result<()> {
         let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
         let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
         let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-        let daemon = Daemon::start(&settings).await.context("starting")?;
+        let daemon = Daemon::start(&settings, inherited).await.context("starting")?;
+        let socket_inherited = daemon.socket_inherited;
         let app = daemon.app.clone();
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
@@ -101,15 +92,22 @@ fn serve(settings: loader::config::Settings) -> anyhow::Result<()> {
                     _ = int.recv() => break,
                     _ = hup.recv() => {
                         tracing::info!("SIGHUP: rescanning");
+                        loader::systemd::status("rescanning");
                         app.reload().await;
+                        loader::systemd::status(&app.status_line());
                     }
                 }
             }
             tracing::info!("shutting down");
+            loader::systemd::stopping();
             stop.cancel();
         });
+        // Bound, listening and scanned: clients are answered from here on.
+        loader::systemd::ready(&daemon.app.status_line());
         daemon.run(shutdown).await;
-        let _ = std::fs::remove_file(&settings.socket);
+        if !socket_inherited {
+            let _ = std::fs::remove_file(&settings.socket);
+        }
         Ok(())
     })
 }

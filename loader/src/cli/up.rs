@@ -272,6 +272,12 @@ impl Plan {
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
+            // Its own socket, not one passed to `up`; and only `up` itself
+            // may talk to a service manager it runs under.
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("LISTEN_FDS")
+            .env_remove("LISTEN_PID")
+            .env_remove("LISTEN_FDNAMES")
             .stdin(Stdio::null())
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
@@ -296,7 +302,7 @@ impl Plan {
             self.cleanup();
             return fail(&f, err);
         }
-        let daemon = match Daemon::start(&self.settings).await {
+        let daemon = match Daemon::start(&self.settings, None).await {
             Ok(d) => d,
             Err(e) => {
                 stop_executor(&mut executor).await;

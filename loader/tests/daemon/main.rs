@@ -21,6 +21,7 @@ mod permissions;
 mod reload;
 mod run;
 mod startup;
+mod systemd;
 
 use fake_executor::FakeExecutor;
 use skilld::{Env, Skilld};

@@ -102,6 +102,19 @@ impl Skilld {
     /// `<env>/audit.db` and the test's uid is a `mutating-with-confirm`
     /// caller (role `tester`).
     pub fn start(env: &Env, roots: &[&Path], config: &str) -> Self {
+        let mut d = Self::spawn(env, roots, config, |_| {});
+        d.wait_ready();
+        d
+    }
+
+    /// As [`Skilld::start`], with `prepare` applied to the command (extra
+    /// environment, a wrapper), without waiting for the socket.
+    pub fn spawn(
+        env: &Env,
+        roots: &[&Path],
+        config: &str,
+        prepare: impl FnOnce(&mut Command),
+    ) -> Self {
         let socket = env.path("skilld.sock");
         let metrics = free_port();
         let dirs: Vec<String> =
@@ -125,22 +138,23 @@ impl Skilld {
         let cfg = env.path("skilld.toml");
         fs::write(&cfg, text).unwrap();
         let log = env.path("skilld.log");
-        let child = Command::new(SKILLD)
-            .arg("--config")
+        let mut cmd = Command::new(SKILLD);
+        cmd.arg("--config")
             .arg(&cfg)
             .env_remove("ONGRID_SKILLS_EXTERNAL_DIRS")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("LISTEN_FDS")
+            .env_remove("LISTEN_PID")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut d = Skilld { child, socket, metrics, log };
-        d.wait_ready();
-        d
+            .stderr(fs::File::create(&log).unwrap());
+        prepare(&mut cmd);
+        let child = cmd.spawn().unwrap();
+        Skilld { child, socket, metrics, log }
     }
 
-    fn wait_ready(&mut self) {
+    pub fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
@@ -165,6 +179,18 @@ impl Skilld {
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap());
         nix::sys::signal::kill(pid, sig).unwrap();
+    }
+
+    /// Waits up to `timeout` for the exit status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "no exit:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Returns true if and only if the process is still running.
