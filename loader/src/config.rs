@@ -521,6 +521,37 @@ mod tests {
         FileConfig::parse(text, Path::new("/etc/ongrid/skilld.toml"))
     }
 
+    /// The commented `/etc/ongrid/skilld.toml` the package ships: with every
+    /// `#key = value` and `#[[table]]` line uncommented it still parses
+    /// (no stale key, each key in the right place), and its top-level
+    /// values are the defaults.
+    #[test]
+    fn the_shipped_config_uncommented_parses_and_shows_the_defaults() {
+        let shipped = include_str!("../../packaging/skilld.toml");
+        fn uncomment(l: &str) -> &str {
+            let Some(rest) = l.strip_prefix('#') else { return l };
+            let name = rest.split(" = ").next().unwrap_or_default();
+            let is_key =
+                rest.contains(" = ") && name.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+            if rest.starts_with("[[") || is_key {
+                rest
+            } else {
+                l
+            }
+        }
+        let uncommented: String = shipped.lines().map(|l| format!("{}\n", uncomment(l))).collect();
+        assert!(uncommented.contains("\n[[callers]]\n"), "{uncommented}");
+        let all = parse(&uncommented).unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
+        assert_eq!(all.callers.as_ref().map(Vec::len), Some(2));
+        let top = uncommented.split("\n[[").next().unwrap();
+        let mut shown = parse(top).unwrap().resolve(Overrides::default(), vec![]).unwrap();
+        // `socket_group = "ongrid"` is shown for the default "the daemon's
+        // own group", which is `ongrid` under the unit.
+        shown.socket_group = None;
+        let defaults = parse("").unwrap().resolve(Overrides::default(), vec![]).unwrap();
+        assert_eq!(format!("{shown:?}"), format!("{defaults:?}"));
+    }
+
     #[test]
     fn empty_file_gives_the_defaults() {
         let s = parse("").unwrap().resolve(Overrides::default(), vec![]).unwrap();
