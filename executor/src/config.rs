@@ -359,6 +359,30 @@ fn parse_mode(text: &str) -> Result<u32, String> {
 mod tests {
     use super::*;
 
+    /// The commented `/etc/ongrid/executor.toml` the package ships: with
+    /// every `#key = value` and `#[table]` line uncommented it still parses
+    /// (no stale key, each key under the right table).
+    #[test]
+    fn the_shipped_config_uncommented_parses() {
+        fn uncomment(l: &str) -> &str {
+            let Some(rest) = l.strip_prefix('#') else { return l };
+            let name = rest.split(" = ").next().unwrap_or_default();
+            let is_key =
+                rest.contains(" = ") && name.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+            if rest.starts_with('[') || is_key {
+                rest
+            } else {
+                l
+            }
+        }
+        let shipped = include_str!("../../packaging/executor.toml");
+        let uncommented: String = shipped.lines().map(|l| format!("{}\n", uncomment(l))).collect();
+        assert!(uncommented.contains("\n[skills.netprobe]\n"), "{uncommented}");
+        let c = Config::parse(&uncommented, Path::new("executor.toml"))
+            .unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
+        assert!(c.skills.contains_key("netprobe"), "{c:?}");
+    }
+
     #[test]
     fn empty_is_default() {
         let c = Config::parse("", Path::new("x.toml")).unwrap();
