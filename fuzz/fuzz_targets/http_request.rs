@@ -442,11 +442,16 @@ fn check(inp: Input) {
         }
         return;
     }
-    if inp.metrics_listener && status == StatusCode::NOT_FOUND && body.is_empty() {
-        // The metrics listener is plain axum: an empty 404 or 405 off /metrics.
-        return;
-    }
-    if inp.metrics_listener && status == StatusCode::METHOD_NOT_ALLOWED {
+    if inp.metrics_listener
+        && matches!(status, StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED)
+    {
+        // The metrics listener answers off `GET /metrics` in plain text.
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            assert!(headers.contains_key(header::ALLOW), "405 without Allow");
+        }
+        if inp.method != Method::HEAD {
+            assert!(body.ends_with(b"serves GET /metrics only\n"), "{status}: {body:?}");
+        }
         return;
     }
     let codes = code_of(status);

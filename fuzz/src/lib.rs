@@ -35,9 +35,7 @@ pub fn check_manifest(m: &Manifest, max: Duration) {
     assert!(!m.entry().is_empty() && !m.entry().contains('\0'));
 
     let schema = m.schema().to_value();
-    let Value::Object(schema) = &schema else {
-        panic!("schema {:?} is not an object", m.schema())
-    };
+    let Value::Object(schema) = &schema else { panic!("schema {:?} is not an object", m.schema()) };
     if let Some(t) = schema.get("type") {
         assert_eq!(t, "object", "schema type");
     }
