@@ -25,6 +25,7 @@ impl RawJson {
     ///
     /// When `bytes` is not exactly one JSON value in UTF-8.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        check(bytes)?;
         serde_json::from_slice::<Box<RawValue>>(bytes).map(Self::one_line)
     }
 
@@ -55,6 +56,62 @@ impl RawJson {
         let compact = compact(raw.get());
         // Removing whitespace between tokens keeps the text valid JSON.
         Self(RawValue::from_string(compact).unwrap_or(raw))
+    }
+}
+
+/// Checks that `bytes` is one JSON value exactly as a [`Value`] would
+/// accept it (UTF-8, numbers in range, nesting depth), without building
+/// one: a raw value alone skips what it does not look at.
+///
+/// # Errors
+///
+/// What parsing `bytes` into a [`Value`] would return.
+pub fn check(bytes: &[u8]) -> Result<(), serde_json::Error> {
+    serde_json::from_slice::<Checked>(bytes).map(|_| ())
+}
+
+/// Visits every token like a [`Value`] does, keeping nothing.
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(CheckedVisitor)
+    }
+}
+
+struct CheckedVisitor;
+
+impl<'de> serde::de::Visitor<'de> for CheckedVisitor {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_unit<E>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_entry::<Checked, Checked>()?.is_some() {}
+        Ok(Checked)
     }
 }
 
@@ -155,7 +212,20 @@ mod tests {
 
     #[test]
     fn not_one_value_is_an_error() {
-        for text in [&b""[..], b"{} {}", b"{", b"\xff", b"{\"a\":1}x"] {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        for text in [
+            &b""[..],
+            b"{} {}",
+            b"{",
+            b"\xff",
+            b"{\"a\":1}x",
+            // What a Value refuses: out-of-range numbers, bad UTF-8 in a
+            // string, nesting past 128.
+            b"{\"a\":1e999}",
+            b"44444E44444444444444444444444180754",
+            b"[\"\xcc0\"]",
+            deep.as_bytes(),
+        ] {
             assert!(RawJson::from_slice(text).is_err(), "{:?}", String::from_utf8_lossy(text));
         }
     }

@@ -236,17 +236,15 @@ pub enum Reply {
 /// [`WireError::Parse`] when it is not JSON, [`WireError::InvalidRequest`]
 /// when it is not a JSON-RPC 2.0 response or a `stderr` notification.
 pub fn decode_reply(line: &[u8]) -> Result<Reply, WireError> {
-    if line.trim_ascii_start().first() != Some(&b'{') {
-        // Not JSON is a parse error, as for any other line.
-        serde_json::from_slice::<serde::de::IgnoredAny>(line)
-            .map_err(|e| WireError::Parse(e.to_string()))?;
+    // The whole line is checked as JSON first (members a reply does not
+    // use, and the raw `result`, are skipped below without being read).
+    crate::raw_json::check(line).map_err(|e| WireError::Parse(e.to_string()))?;
+    if !line.trim_ascii_start().starts_with(b"{") {
         return Err(WireError::InvalidRequest("not an object".into()));
     }
-    let r: ReplyLine = serde_json::from_slice(line).map_err(|e| match e.classify() {
-        // JSON, but not a reply (a member given twice).
-        serde_json::error::Category::Data => WireError::InvalidRequest(e.to_string()),
-        _ => WireError::Parse(e.to_string()),
-    })?;
+    // JSON, so what is left is a reply's shape (a member given twice).
+    let r: ReplyLine =
+        serde_json::from_slice(line).map_err(|e| WireError::InvalidRequest(e.to_string()))?;
     if r.jsonrpc.as_ref().and_then(Value::as_str) != Some("2.0") {
         return Err(WireError::InvalidRequest("jsonrpc must be \"2.0\"".into()));
     }
@@ -513,6 +511,17 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":1,"result":{},"result":{}}"#,
         ] {
             assert!(decode_reply(line).is_err(), "{:?}", String::from_utf8_lossy(line));
+        }
+        // A member given twice in a line that is not JSON is a parse error
+        // (fuzz wire_reply crash-cfb1ce55).
+        for (line, parse) in [
+            (&br#"{"jsonrpc":"2.0","id":1,"id":1,"result":{}}"#[..], false),
+            (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"id\":1,\xff\"result\":{}}", true),
+            // Not UTF-8 inside a member a reply does not read (crash-cd146a1e).
+            (b"{\"jsonr-pc\":\"2\xcc0\",\"id\":1,\"error\":{}}", true),
+        ] {
+            let e = decode_reply(line).unwrap_err();
+            assert_eq!(matches!(e, WireError::Parse(_)), parse, "{e:?}");
         }
     }
 
