@@ -180,6 +180,9 @@ pub struct RunCgroup {
     memsw: bool,
     /// `(memory_bytes, max_pids)` as last written.
     limits: Option<(u64, u32)>,
+    /// The OOM kill count of the memory leaf when this run got it (not 0
+    /// when the leaf served an earlier run: [`RunCgroup::recycle`]).
+    oom_base: u64,
     /// For the run report.
     pub report: CgroupReport,
 }
@@ -213,6 +216,7 @@ impl RunCgroup {
             v2_limits: false,
             memsw: false,
             limits: None,
+            oom_base: 0,
             report: CgroupReport::default(),
         };
         let made = cg.make(h, id, memory_bytes, max_pids);
@@ -294,9 +298,20 @@ impl RunCgroup {
             write_file(&dir.join("pids.max"), &pids)?;
         }
         if let Some(dir) = &self.memory {
-            write_file(&dir.join("memory.limit_in_bytes"), &mem)?;
+            let limit = dir.join("memory.limit_in_bytes");
             if self.memsw {
-                write_file(&dir.join("memory.memsw.limit_in_bytes"), &mem)?;
+                // The kernel keeps memsw >= the limit: a lower bound goes to
+                // the limit first, a higher one (a leaf that served a
+                // smaller run) to memsw first.
+                let memsw = dir.join("memory.memsw.limit_in_bytes");
+                if fs::write(&limit, &mem).is_ok() {
+                    write_file(&memsw, &mem)?;
+                } else {
+                    write_file(&memsw, &mem)?;
+                    write_file(&limit, &mem)?;
+                }
+            } else {
+                write_file(&limit, &mem)?;
             }
         }
         self.limits = Some((memory_bytes, max_pids));
@@ -388,8 +403,9 @@ impl RunCgroup {
         }
     }
 
-    /// True if and only if the kernel OOM-killed a process of the run.
-    pub fn oom_killed(&self) -> bool {
+    /// The memory leaf's OOM kill count (`oom_kill` of v2 `memory.events`
+    /// or v1 `memory.oom_control`); 0 without one.
+    fn oom_count(&self) -> u64 {
         let count = |file: PathBuf| {
             fs::read_to_string(file)
                 .unwrap_or_default()
@@ -401,10 +417,61 @@ impl RunCgroup {
         };
         let v2 = self.report.memory.as_deref() == Some("v2");
         match (&self.v2, &self.memory) {
-            (Some(dir), _) if v2 => count(dir.join("memory.events")) > 0,
-            (_, Some(dir)) => count(dir.join("memory.oom_control")) > 0,
-            _ => false,
+            (Some(dir), _) if v2 => count(dir.join("memory.events")),
+            (_, Some(dir)) => count(dir.join("memory.oom_control")),
+            _ => 0,
         }
+    }
+
+    /// True if and only if the kernel OOM-killed a process of the run (the
+    /// leaf's count went up since the run got it).
+    pub fn oom_killed(&self) -> bool {
+        self.oom_count() > self.oom_base
+    }
+
+    /// Makes the leaves of a finished run ready for another run, off the
+    /// runs' critical path (making and removing memory cgroups is the
+    /// dearer part of a run slot). Only when every leaf is provably empty:
+    /// the v2 leaf says `populated 0` (no process in it or below), the v1
+    /// leaves list no process, the v1 memory leaf accepts
+    /// `memory.force_empty` (refused while a task is in it) and gives its
+    /// charges (page cache the run faulted in) back; its peak and fail
+    /// counters are reset, and the OOM kill count is taken as the next
+    /// run's baseline. The bounds are rewritten by the next run's
+    /// [`RunCgroup::set_limits`] when they differ, and are otherwise the
+    /// same values. `false`: the leaves must be removed instead.
+    pub fn recycle(&mut self) -> bool {
+        if self.leaves().is_empty() || self.procs.len() != self.leaves().len() {
+            return false;
+        }
+        if let Some(dir) = &self.v2 {
+            let events = fs::read_to_string(dir.join("cgroup.events")).unwrap_or_default();
+            if !events.lines().any(|l| l.trim() == "populated 0") {
+                return false;
+            }
+        }
+        for dir in [&self.pids, &self.memory].into_iter().flatten() {
+            match fs::read_to_string(dir.join("cgroup.procs")) {
+                Ok(procs) if procs.trim().is_empty() => {}
+                _ => return false,
+            }
+        }
+        if let Some(dir) = &self.memory {
+            let mut resets = vec![
+                ("memory.force_empty", "0"),
+                ("memory.max_usage_in_bytes", "0"),
+                ("memory.failcnt", "0"),
+            ];
+            if self.memsw {
+                resets.push(("memory.memsw.max_usage_in_bytes", "0"));
+                resets.push(("memory.memsw.failcnt", "0"));
+            }
+            if resets.iter().any(|(file, v)| fs::write(dir.join(file), v).is_err()) {
+                return false;
+            }
+        }
+        self.oom_base = self.oom_count();
+        true
     }
 
     /// Removes the leaves (retrying while the kernel finishes teardown).
