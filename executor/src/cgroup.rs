@@ -164,6 +164,11 @@ pub struct CgroupError {
     pub source: io::Error,
 }
 
+/// Charges a reused v1 memory leaf may keep from earlier runs (reclaimable
+/// kernel objects, page cache) before the janitor empties it: a run starts
+/// with at most this much of its `memory_bytes` taken.
+pub const FORCE_EMPTY_ABOVE: u64 = 1 << 20;
+
 /// The leaves of one run.
 #[derive(Debug)]
 pub struct RunCgroup {
@@ -433,9 +438,11 @@ impl RunCgroup {
     /// runs' critical path (making and removing memory cgroups is the
     /// dearer part of a run slot). Only when every leaf is provably empty:
     /// the v2 leaf says `populated 0` (no process in it or below), the v1
-    /// leaves list no process, the v1 memory leaf accepts
-    /// `memory.force_empty` (refused while a task is in it) and gives its
-    /// charges (page cache the run faulted in) back; its peak and fail
+    /// leaves list no process, and the v1 memory leaf, once its charges
+    /// (kernel objects and page cache the runs left, ~140 KiB per trivial
+    /// run here) pass [`FORCE_EMPTY_ABOVE`], accepts `memory.force_empty`
+    /// (refused while a task is in it) and gives them back (a reclaim pass
+    /// costs ~0.1 ms, so it is paid every few runs, not every run); its peak and fail
     /// counters are reset, and the OOM kill count is taken as the next
     /// run's baseline. The bounds are rewritten by the next run's
     /// [`RunCgroup::set_limits`] when they differ, and are otherwise the
@@ -457,11 +464,13 @@ impl RunCgroup {
             }
         }
         if let Some(dir) = &self.memory {
-            let mut resets = vec![
-                ("memory.force_empty", "0"),
-                ("memory.max_usage_in_bytes", "0"),
-                ("memory.failcnt", "0"),
-            ];
+            let usage = fs::read_to_string(dir.join("memory.usage_in_bytes"))
+                .ok()
+                .and_then(|u| u.trim().parse::<u64>().ok());
+            let mut resets = vec![("memory.max_usage_in_bytes", "0"), ("memory.failcnt", "0")];
+            if usage.is_none_or(|u| u > FORCE_EMPTY_ABOVE) {
+                resets.insert(0, ("memory.force_empty", "0"));
+            }
             if self.memsw {
                 resets.push(("memory.memsw.max_usage_in_bytes", "0"));
                 resets.push(("memory.memsw.failcnt", "0"));
