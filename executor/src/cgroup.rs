@@ -164,6 +164,11 @@ pub struct CgroupError {
     pub source: io::Error,
 }
 
+/// Charges a reused v1 memory leaf may keep from earlier runs (reclaimable
+/// kernel objects, page cache) before the janitor empties it: a run starts
+/// with at most this much of its `memory_bytes` taken.
+pub const FORCE_EMPTY_ABOVE: u64 = 1 << 20;
+
 /// The leaves of one run.
 #[derive(Debug)]
 pub struct RunCgroup {
@@ -180,6 +185,9 @@ pub struct RunCgroup {
     memsw: bool,
     /// `(memory_bytes, max_pids)` as last written.
     limits: Option<(u64, u32)>,
+    /// The OOM kill count of the memory leaf when this run got it (not 0
+    /// when the leaf served an earlier run: [`RunCgroup::recycle`]).
+    oom_base: u64,
     /// For the run report.
     pub report: CgroupReport,
 }
@@ -213,6 +221,7 @@ impl RunCgroup {
             v2_limits: false,
             memsw: false,
             limits: None,
+            oom_base: 0,
             report: CgroupReport::default(),
         };
         let made = cg.make(h, id, memory_bytes, max_pids);
@@ -294,9 +303,20 @@ impl RunCgroup {
             write_file(&dir.join("pids.max"), &pids)?;
         }
         if let Some(dir) = &self.memory {
-            write_file(&dir.join("memory.limit_in_bytes"), &mem)?;
+            let limit = dir.join("memory.limit_in_bytes");
             if self.memsw {
-                write_file(&dir.join("memory.memsw.limit_in_bytes"), &mem)?;
+                // The kernel keeps memsw >= the limit: a lower bound goes to
+                // the limit first, a higher one (a leaf that served a
+                // smaller run) to memsw first.
+                let memsw = dir.join("memory.memsw.limit_in_bytes");
+                if fs::write(&limit, &mem).is_ok() {
+                    write_file(&memsw, &mem)?;
+                } else {
+                    write_file(&memsw, &mem)?;
+                    write_file(&limit, &mem)?;
+                }
+            } else {
+                write_file(&limit, &mem)?;
             }
         }
         self.limits = Some((memory_bytes, max_pids));
@@ -388,8 +408,9 @@ impl RunCgroup {
         }
     }
 
-    /// True if and only if the kernel OOM-killed a process of the run.
-    pub fn oom_killed(&self) -> bool {
+    /// The memory leaf's OOM kill count (`oom_kill` of v2 `memory.events`
+    /// or v1 `memory.oom_control`); 0 without one.
+    fn oom_count(&self) -> u64 {
         let count = |file: PathBuf| {
             fs::read_to_string(file)
                 .unwrap_or_default()
@@ -401,10 +422,65 @@ impl RunCgroup {
         };
         let v2 = self.report.memory.as_deref() == Some("v2");
         match (&self.v2, &self.memory) {
-            (Some(dir), _) if v2 => count(dir.join("memory.events")) > 0,
-            (_, Some(dir)) => count(dir.join("memory.oom_control")) > 0,
-            _ => false,
+            (Some(dir), _) if v2 => count(dir.join("memory.events")),
+            (_, Some(dir)) => count(dir.join("memory.oom_control")),
+            _ => 0,
         }
+    }
+
+    /// True if and only if the kernel OOM-killed a process of the run (the
+    /// leaf's count went up since the run got it).
+    pub fn oom_killed(&self) -> bool {
+        self.oom_count() > self.oom_base
+    }
+
+    /// Makes the leaves of a finished run ready for another run, off the
+    /// runs' critical path (making and removing memory cgroups is the
+    /// dearer part of a run slot). Only when every leaf is provably empty:
+    /// the v2 leaf says `populated 0` (no process in it or below), the v1
+    /// leaves list no process, and the v1 memory leaf, once its charges
+    /// (kernel objects and page cache the runs left, ~140 KiB per trivial
+    /// run here) pass [`FORCE_EMPTY_ABOVE`], accepts `memory.force_empty`
+    /// (refused while a task is in it) and gives them back (a reclaim pass
+    /// costs ~0.1 ms, so it is paid every few runs, not every run); its peak and fail
+    /// counters are reset, and the OOM kill count is taken as the next
+    /// run's baseline. The bounds are rewritten by the next run's
+    /// [`RunCgroup::set_limits`] when they differ, and are otherwise the
+    /// same values. `false`: the leaves must be removed instead.
+    pub fn recycle(&mut self) -> bool {
+        if self.leaves().is_empty() || self.procs.len() != self.leaves().len() {
+            return false;
+        }
+        if let Some(dir) = &self.v2 {
+            let events = fs::read_to_string(dir.join("cgroup.events")).unwrap_or_default();
+            if !events.lines().any(|l| l.trim() == "populated 0") {
+                return false;
+            }
+        }
+        for dir in [&self.pids, &self.memory].into_iter().flatten() {
+            match fs::read_to_string(dir.join("cgroup.procs")) {
+                Ok(procs) if procs.trim().is_empty() => {}
+                _ => return false,
+            }
+        }
+        if let Some(dir) = &self.memory {
+            let usage = fs::read_to_string(dir.join("memory.usage_in_bytes"))
+                .ok()
+                .and_then(|u| u.trim().parse::<u64>().ok());
+            let mut resets = vec![("memory.max_usage_in_bytes", "0"), ("memory.failcnt", "0")];
+            if usage.is_none_or(|u| u > FORCE_EMPTY_ABOVE) {
+                resets.insert(0, ("memory.force_empty", "0"));
+            }
+            if self.memsw {
+                resets.push(("memory.memsw.max_usage_in_bytes", "0"));
+                resets.push(("memory.memsw.failcnt", "0"));
+            }
+            if resets.iter().any(|(file, v)| fs::write(dir.join(file), v).is_err()) {
+                return false;
+            }
+        }
+        self.oom_base = self.oom_count();
+        true
     }
 
     /// Removes the leaves (retrying while the kernel finishes teardown).

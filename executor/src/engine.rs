@@ -229,17 +229,28 @@ impl Engine {
     }
 }
 
-/// Fresh slots kept ready once the engine serves more than one run.
+/// Slots kept ready once the engine serves more than one run (new ones are
+/// made below this).
 const POOL_DEPTH: usize = 4;
+/// Ready slots beyond which a finished run's leaves are removed rather than
+/// reused. Above [`POOL_DEPTH`]: the pool is refilled while a run is in
+/// flight, so its leaves come back to a full pool.
+const MAX_READY: usize = 2 * POOL_DEPTH;
+/// With no run taken or finished for this long, ready slots beyond
+/// [`POOL_DEPTH`] are removed.
+const TRIM_AFTER: Duration = Duration::from_secs(1);
 /// A ready slot older than this is removed rather than used.
 const MAX_IDLE: Duration = Duration::from_secs(30);
 /// Finished runs waiting for removal beyond which a run removes its own.
 const MAX_TRASH: usize = 64;
 
 /// The engine's background work, off the runs' critical path: removing
-/// finished runs' cgroups and directories (after their report), and keeping
-/// [`POOL_DEPTH`] fresh slots ready (made with the configured default
-/// bounds, adjusted by [`spawn::prepare`] when a skill's differ).
+/// finished runs' directories (after their report), and keeping
+/// [`POOL_DEPTH`] slots ready (made with the configured default bounds,
+/// adjusted by [`spawn::prepare`] when a skill's differ). A finished run's
+/// cgroup leaves, once provably empty and reset ([`RunCgroup::recycle`]),
+/// go into a ready slot with a fresh run directory instead of being removed
+/// and made again; leaves beyond the pool, or not empty, are removed.
 ///
 /// Started by the second run, so a one-shot `ongrid-executor run` makes and
 /// removes its slot inline exactly as before. Dropping the engine stops it
@@ -259,6 +270,8 @@ struct JanitorShared {
 #[derive(Debug, Default)]
 struct JanitorState {
     trash: Vec<(Option<RunCgroup>, RunDir)>,
+    /// Finished runs whose leaves may serve again ([`JanitorShared::reuse`]).
+    used: Vec<(Option<RunCgroup>, RunDir)>,
     /// Ready slots and when they were made.
     ready: Vec<(Instant, Slot)>,
     /// The janitor thread runs (refills wanted).
@@ -279,6 +292,28 @@ impl JanitorShared {
                 drop(state);
                 trash.into_iter().for_each(remove);
                 state = relock(&self.state);
+                continue;
+            }
+            if !state.used.is_empty() {
+                let used = std::mem::take(&mut state.used);
+                let mut room =
+                    if state.stop { 0 } else { MAX_READY.saturating_sub(state.ready.len()) };
+                drop(state);
+                let mut slots = Vec::new();
+                for (cgroup, mut run_dir) in used {
+                    run_dir.remove();
+                    match cgroup {
+                        Some(cg) if room > 0 => {
+                            if let Some(slot) = Self::reuse(cg, config, host) {
+                                room -= 1;
+                                slots.push((Instant::now(), slot));
+                            }
+                        }
+                        cg => remove((cg, run_dir)),
+                    }
+                }
+                state = relock(&self.state);
+                state.ready.extend(slots);
                 continue;
             }
             if state.stop {
@@ -303,7 +338,40 @@ impl JanitorShared {
                 }
                 continue;
             }
+            if state.ready.len() > POOL_DEPTH {
+                // Reused leaves beyond the pool go once the engine is idle.
+                let (guard, wait) = self
+                    .wake
+                    .wait_timeout(state, TRIM_AFTER)
+                    .unwrap_or_else(PoisonError::into_inner);
+                state = guard;
+                if wait.timed_out() && state.ready.len() > POOL_DEPTH {
+                    let excess = state.ready.len() - POOL_DEPTH;
+                    let oldest: Vec<_> = state.ready.drain(..excess).collect();
+                    state.trash.extend(oldest.into_iter().map(|(_, s)| (s.cgroup, s.run_dir)));
+                }
+                continue;
+            }
             state = self.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+impl JanitorShared {
+    /// A ready slot made of a finished run's leaves, when they are empty
+    /// and reset ([`RunCgroup::recycle`]) and a fresh run directory can be
+    /// made; otherwise the leaves are removed.
+    fn reuse(mut cg: RunCgroup, config: &Config, host: &Host) -> Option<Slot> {
+        if !cg.recycle() {
+            remove((Some(cg), RunDir::detached()));
+            return None;
+        }
+        match Slot::reuse(config, host, cg) {
+            Ok(slot) => Some(slot),
+            Err(e) => {
+                tracing::warn!("janitor: cannot make a run slot ahead: {e}");
+                None
+            }
         }
     }
 }
@@ -351,9 +419,10 @@ impl Janitor {
     /// inline when the janitor is not running or is far behind.
     fn discard(&self, cgroup: Option<RunCgroup>, run_dir: &mut RunDir, warm: bool) {
         let mut state = relock(&self.shared.state);
-        if warm && state.started && !state.stop && state.trash.len() < MAX_TRASH {
+        if warm && state.started && !state.stop && state.trash.len() + state.used.len() < MAX_TRASH
+        {
             let dir = std::mem::replace(run_dir, RunDir::detached());
-            state.trash.push((cgroup, dir));
+            state.used.push((cgroup, dir));
             self.shared.wake.notify_one();
             return;
         }
@@ -371,7 +440,8 @@ impl Drop for Janitor {
         }
         // Not started, or it failed: remove whatever is left here.
         let mut state = relock(&self.shared.state);
-        let trash = std::mem::take(&mut state.trash);
+        let mut trash = std::mem::take(&mut state.trash);
+        trash.append(&mut state.used);
         let ready = std::mem::take(&mut state.ready);
         drop(state);
         trash.into_iter().for_each(remove);
@@ -517,6 +587,7 @@ mod tests {
         let runs = engine.host().runs_dir.clone();
         assert!(runs.starts_with(runtime.path().join("runs")), "{}", runs.display());
         let mut seen = BTreeSet::new();
+        let mut leaves_seen = BTreeSet::new();
         for i in 0..12 {
             let args = format!(r#"{{"i":{i}}}"#).into_bytes();
             let req = RunRequest { manifest_path: manifest.clone(), args };
@@ -526,10 +597,27 @@ mod tests {
             for e in std::fs::read_dir(&runs).unwrap() {
                 seen.insert(e.unwrap().file_name());
             }
+            if let Some(base) = &leaves.v2 {
+                for e in std::fs::read_dir(base).unwrap() {
+                    let e = e.unwrap();
+                    if e.file_type().unwrap().is_dir() {
+                        leaves_seen.insert(e.file_name());
+                    }
+                }
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
         seen.remove(std::ffi::OsStr::new(crate::sweep::GUARD));
         assert!(seen.len() > 1, "{seen:?}");
+        // Finished runs' leaves serve again (fresh ones would be 12 + the
+        // pool): the janitor has 5 ms between runs to recycle them.
+        if leaves.v2.is_some() {
+            assert!(leaves_seen.len() < 12, "{} leaves for 12 runs", leaves_seen.len());
+        }
+        // Idle, the pool goes back to its depth.
+        std::thread::sleep(TRIM_AFTER + Duration::from_millis(500));
+        let idle = std::fs::read_dir(&runs).unwrap().count() - 1;
+        assert!(idle <= POOL_DEPTH, "{idle} ready slots when idle");
         drop(engine);
         assert!(!runs.exists(), "instance directory left: {}", runs.display());
         let left: Vec<_> = std::fs::read_dir(runtime.path().join("runs")).unwrap().collect();

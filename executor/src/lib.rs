@@ -79,8 +79,10 @@
 //! 7. On any end, kill the whole tree (`cgroup.kill`; SIGCONT with SIGTERM
 //!    so stopped processes see it), reap (the executor is a child subreaper,
 //!    so orphans are reaped too), remove the cgroups and the run directory
-//!    (from the engine's second run on, a janitor thread removes them right
-//!    after the report and keeps fresh ones ready: [`engine`]). If the
+//!    (from the engine's second run on, a janitor thread does it right
+//!    after the report and keeps slots ready: [`engine`]; a finished run's
+//!    leaves, once provably empty and reset, serve a later run with a fresh
+//!    directory instead of being removed and made again). If the
 //!    executor itself dies mid-run, the main process gets its parent-death
 //!    signal and the instance's watchdog does this step for every run
 //!    (`cgroup.kill` of the instance parent, then removal).

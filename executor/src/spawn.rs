@@ -174,8 +174,9 @@ fn rlimit_table(plan: &Plan, root: bool) -> Vec<(&'static str, Resource, u64, u6
 }
 
 /// A run's fresh directory and cgroup leaves, named after one random id.
-/// Made for the run on the spot, or ahead of it by the engine's janitor
-/// (fresh all the same: a slot serves one run, then it is removed).
+/// Made for the run on the spot, or ahead of it by the engine's janitor.
+/// The directory is always fresh; the janitor may give a new slot the
+/// emptied and reset cgroup leaves of a finished run ([`Slot::reuse`]).
 #[derive(Debug)]
 pub struct Slot {
     /// The id naming the directory and the leaves.
@@ -200,6 +201,33 @@ impl Slot {
         max_pids: u32,
         owner: Option<(u32, u32)>,
     ) -> Result<Slot, SpawnError> {
+        let (id, run_dir) = Self::fresh_dir(config, host, owner)?;
+        let cgroup = if host.cgroups == Hierarchies::default() {
+            None
+        } else {
+            Some(RunCgroup::create(&host.cgroups, &id, memory_bytes, max_pids)?)
+        };
+        Ok(Slot { id, run_dir, cgroup })
+    }
+
+    /// A slot made of a fresh run directory and the leaves of a finished
+    /// run that [`RunCgroup::recycle`] found empty and reset (the engine's
+    /// janitor; the leaves keep their own name). On error the leaves are
+    /// dropped, i.e. removed.
+    ///
+    /// # Errors
+    ///
+    /// [`SpawnError`] of making the directory.
+    pub fn reuse(config: &Config, host: &Host, cgroup: RunCgroup) -> Result<Slot, SpawnError> {
+        let (id, run_dir) = Self::fresh_dir(config, host, None)?;
+        Ok(Slot { id, run_dir, cgroup: Some(cgroup) })
+    }
+
+    fn fresh_dir(
+        config: &Config,
+        host: &Host,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(String, RunDir), SpawnError> {
         let id = crate::rundir::random_id().map_err(|e| SpawnError::Prepare {
             skill: String::new(),
             reason: format!("run id: {e}"),
@@ -210,12 +238,7 @@ impl Slot {
             host.runs_dir.clone()
         };
         let run_dir = RunDir::create(&runs, &id, owner)?;
-        let cgroup = if host.cgroups == Hierarchies::default() {
-            None
-        } else {
-            Some(RunCgroup::create(&host.cgroups, &id, memory_bytes, max_pids)?)
-        };
-        Ok(Slot { id, run_dir, cgroup })
+        Ok((id, run_dir))
     }
 }
 
