@@ -136,10 +136,13 @@ fn serve(config: Option<PathBuf>) -> anyhow::Result<u8> {
                 listener
             }
         };
+        // SIGTERM and SIGINT are caught from here on, before READY=1: a stop
+        // right after readiness is a graceful one, not the default action.
+        let signal = shutdown_signal().context("listening for SIGTERM and SIGINT")?;
         // The socket accepts and the engine is up: runs are served from here.
         executor::systemd::ready("serving");
         let shutdown = async {
-            shutdown_signal().await;
+            signal.await;
             executor::systemd::stopping();
         };
         executor::server::run(listener, engine, metrics, shutdown).await;
@@ -150,23 +153,18 @@ fn serve(config: Option<PathBuf>) -> anyhow::Result<u8> {
     })
 }
 
-/// Completes on the first SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Starts listening for SIGTERM and SIGINT now; the future completes on
+/// the first of them.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("executor: SIGTERM"),
-                _ = int.recv() => tracing::info!("executor: SIGINT"),
-            }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("executor: SIGTERM"),
+            _ = int.recv() => tracing::info!("executor: SIGINT"),
         }
-        _ => {
-            tracing::warn!("executor: cannot listen for signals; falling back to Ctrl-C only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
+    })
 }
 
 fn print(report: &policy::RunReport, json: bool) -> anyhow::Result<u8> {
