@@ -215,30 +215,10 @@ fn skill_name(kind: &str) -> String {
     format!("bench_{}", kind.replace('-', "_"))
 }
 
-/// `n` valid packs under `root` (100 per folder), as the scan bench makes.
+/// `n` valid packs under `root` ([`ongrid_benches::write_packs`]), every
+/// folder traversable by the run-as user.
 fn make_many(root: &Path, n: usize) {
-    for i in 0..n {
-        let dir = root.join(format!("group{:03}/pack{i:05}", i / 100));
-        fs::create_dir_all(&dir).unwrap();
-        let manifest = serde_json::json!({
-            "name": format!("skill_{i:05}"),
-            "description": "Reports disk usage of a path, with a realistic description length.",
-            "entry": "run.sh",
-            "class": "safe",
-            "category": "storage",
-            "timeout_seconds": 10,
-            "env_allow": ["LANG"],
-            "schema": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "depth": {"type": "integer"}},
-                "required": ["path"]
-            }
-        });
-        fs::write(dir.join("skill.json"), manifest.to_string()).unwrap();
-        let entry = dir.join("run.sh");
-        fs::write(&entry, "#!/bin/sh\necho '{}'\n").unwrap();
-        fs::set_permissions(&entry, fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    ongrid_benches::write_packs(root, n);
     for d in walk_dirs(root) {
         fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
     }
@@ -728,15 +708,7 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
 
 // ---------------------------------------------------------------- phases
 
-#[derive(Debug, Default, Clone)]
-struct Samples {
-    lat_us: Vec<f64>,
-    setup_us: Vec<f64>,
-    runs: usize,
-    wall: Duration,
-}
-
-use ongrid_benches::{pct, sorted};
+use ongrid_benches::{pct, sorted, Samples};
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
@@ -758,11 +730,7 @@ fn sequential(ctx: &Ctx<'_>, variants: &[Variant], manifest: &Path) -> (Vec<Samp
             let idx = (i + k) % n;
             let (el, setup) = run_one(variants[idx], ctx, &mut cl, manifest);
             if i >= o.warmup {
-                let s = &mut out[idx];
-                s.lat_us.push(el.as_secs_f64() * 1e6);
-                s.setup_us.extend(setup.map(|u| u as f64));
-                s.runs += 1;
-                s.wall += el;
+                out[idx].record(el, setup);
             }
         }
     }
@@ -812,13 +780,7 @@ fn concurrent(
                 (t0.elapsed(), results)
             });
             if round >= warm_rounds {
-                let s = &mut out[idx];
-                s.wall += wall;
-                s.runs += results.len();
-                for (el, setup) in results {
-                    s.lat_us.push(el.as_secs_f64() * 1e6);
-                    s.setup_us.extend(setup.map(|u| u as f64));
-                }
+                out[idx].record_round(wall, results);
             }
         }
     }

@@ -222,16 +222,7 @@ fn run_one(
     }
 }
 
-#[derive(Debug, Default)]
-struct Samples {
-    lat_us: Vec<f64>,
-    cpu_us: Vec<f64>,
-    setup_us: Vec<f64>,
-    runs: usize,
-    wall: Duration,
-}
-
-use ongrid_benches::{pct, sorted};
+use ongrid_benches::{pct, sorted, Samples};
 
 /// Sequential: every iteration runs each variant once, in a rotating order.
 fn sequential(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
@@ -245,12 +236,8 @@ fn sequential(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
             let setup = run_one(o.variants[idx], ctx, &rt, manifest);
             let (el, cpu) = (t0.elapsed(), cpu_now().saturating_sub(c0));
             if i >= o.warmup {
-                let s = &mut out[idx];
-                s.lat_us.push(el.as_secs_f64() * 1e6);
-                s.cpu_us.push(cpu.as_secs_f64() * 1e6);
-                s.setup_us.extend(setup.map(|u| u as f64));
-                s.runs += 1;
-                s.wall += el;
+                out[idx].record(el, setup);
+                out[idx].cpu_us.push(cpu.as_secs_f64() * 1e6);
             }
         }
     }
@@ -295,13 +282,7 @@ fn concurrent(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
                 (t0.elapsed(), results)
             });
             if round >= warm_rounds {
-                let s = &mut out[idx];
-                s.wall += wall;
-                s.runs += results.len();
-                for (el, setup) in results {
-                    s.lat_us.push(el.as_secs_f64() * 1e6);
-                    s.setup_us.extend(setup.map(|u| u as f64));
-                }
+                out[idx].record_round(wall, results);
             }
         }
     }
