@@ -18,7 +18,7 @@ use crate::instance::{Instance, InstanceError};
 use crate::plan::Plan;
 use crate::reaper::Reaper;
 use crate::rundir::RunDir;
-use crate::spawn::{self, Host, Slot};
+use crate::spawn::{self, Host, Slot, Spawners};
 use crate::supervise::{self, Bounds, Stop, Supervised};
 use crate::sys;
 
@@ -49,16 +49,21 @@ pub enum EngineError {
 /// Runs skills under the configured sandbox.
 ///
 /// The engine makes its process a child subreaper (orphans of skills are
-/// reaped here). Runs spawn from the thread that polls [`Engine::run`]; the
-/// child's parent-death signal is tied to that thread, so poll runs from
-/// threads that live as long as the runs (a current-thread runtime, or the
-/// worker threads of a multi-thread runtime, never `spawn_blocking`).
+/// reaped here). Children are created by the engine's spawner threads
+/// ([`spawn::Spawners`]), which live as long as the engine; a child's
+/// parent-death signal is tied to its creating thread. Only when those
+/// threads cannot start is a child created from the thread that polls
+/// [`Engine::run`], so poll runs from threads that live as long as the
+/// runs (a current-thread runtime, or the worker threads of a multi-thread
+/// runtime, never `spawn_blocking`).
 #[derive(Debug)]
 pub struct Engine {
     config: Config,
     host: Host,
     reaper: &'static Reaper,
     janitor: Janitor,
+    /// Creates the children (dropped after the runs, before the instance).
+    spawners: Spawners,
     runs: AtomicU64,
     /// Dropped after the janitor (its slots are removed first).
     instance: Instance,
@@ -86,6 +91,7 @@ impl Engine {
             host,
             reaper: Reaper::global(),
             janitor: Janitor::default(),
+            spawners: Spawners::default(),
             runs: AtomicU64::new(0),
             instance,
         })
@@ -176,7 +182,7 @@ impl Engine {
                 Err(e) => return RunReport::not_run(skill, e.outcome(), e.to_string()),
             };
         // Steps 3-5: spawn (the child applies the sandbox and execs).
-        let child = match spawn::spawn(&prep, &plan.entry) {
+        let child = match spawn::spawn(&prep, &plan.entry, &self.spawners) {
             Ok(c) => c,
             Err(e) => {
                 let mut r = RunReport::not_run(skill, e.outcome(), e.to_string());

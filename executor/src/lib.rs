@@ -61,7 +61,10 @@
 //!    `CLONE_INTO_CGROUP` would also save the cgroup migration, but glibc
 //!    exposes no `clone3` wrapper that runs a function on a new stack, and
 //!    the child joining by writing "0" to pre-opened `cgroup.procs` files
-//!    measured about 0.25 ms on this machine.
+//!    measured about 0.25 ms on this machine. The clone is made by one of
+//!    the engine's spawner threads ([`spawn::Spawners`]), which carry the
+//!    run's seccomp filter (installed once per thread, on that thread
+//!    only): the child inherits it instead of compiling it (~90 µs).
 //! 4. In the child, raw syscalls only: default signal dispositions; new
 //!    session (`setsid`, no controlling terminal); join the cgroups; pipes
 //!    on 0, 1, 2 and every other fd close-on-exec; `chdir` into the run
@@ -69,7 +72,8 @@
 //!    clear supplementary groups, drop the bounding set, switch to the
 //!    run-as user and set exactly the granted capabilities (ambient too);
 //!    `PR_SET_PDEATHSIG(SIGKILL)`; Landlock; seccomp (without the network
-//!    grant `socket(2)` fails for every family, `AF_UNIX` included).
+//!    grant `socket(2)` fails for every family, `AF_UNIX` included), which
+//!    is already in place when the child came from a spawner thread.
 //! 5. `execve` the entry with argv = `[entry]` and the prepared environment.
 //!    A failing step writes (step, errno) into the parent's memory and
 //!    exits; the parent reports `sandbox_failed` or `spawn_failed`.

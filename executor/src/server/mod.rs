@@ -50,11 +50,13 @@
 //! # Threads and the parent-death signal
 //!
 //! A skill's main process gets `PR_SET_PDEATHSIG(SIGKILL)`, which the kernel
-//! fires when the *thread* that created it exits. [`Engine::run`] creates
-//! the child from the thread that polls it, so runs are spawned as tokio
-//! tasks: on a multi-thread runtime they are polled by its worker threads,
-//! which live as long as the runtime; on a current-thread runtime by the
-//! thread in `block_on`. Nothing here uses `spawn_blocking` or
+//! fires when the *thread* that created it exits. The engine's spawner
+//! threads create the children and live as long as the engine; in case
+//! they cannot start, [`Engine::run`] creates the child from the thread
+//! that polls it, so runs are spawned as tokio tasks: on a multi-thread
+//! runtime they are polled by its worker threads, which live as long as the
+//! runtime; on a current-thread runtime by the thread in `block_on`.
+//! Nothing here uses `spawn_blocking` or
 //! `block_in_place` (a blocking-pool thread exits after 10 s idle and would
 //! take the runs it spawned with it). `executor/tests/serve.rs` runs a
 //! skill past a 100 ms blocking-pool keep-alive to guard this.

@@ -436,7 +436,9 @@ fn run(shared: &Shared<'_, '_>) -> Result<(), (Step, i32)> {
             return Err((Step::ParentDeath, libc::ESRCH));
         }
         // Step 4i: Landlock, then seccomp last (it would deny nothing we
-        // still need, but keeping it last keeps the filter minimal).
+        // still need, but keeping it last keeps the filter minimal). A
+        // child of a spawner thread already carries its filter (the spec's
+        // program is empty then): nothing above is on its deny-list.
         if let Some(fd) = spec.landlock {
             check(libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32), Step::Landlock)?;
         }

@@ -18,3 +18,4 @@ pub mod child;
 pub mod landlock;
 pub mod mount;
 pub mod process;
+pub mod spawner;

@@ -1,0 +1,236 @@
+//! Spawner threads: each carries one seccomp filter and creates children
+//! from it, so every child inherits the filter instead of compiling its own.
+//!
+//! `seccomp(SECCOMP_SET_MODE_FILTER)` converts the classic program to eBPF,
+//! JIT-compiles it and runs it once per syscall number to build the
+//! kernel's cache of always-allowed calls: about 90 µs for the runs'
+//! 136-instruction program on the dev machine, the largest single cost of a
+//! spawn after the `exec` itself (BENCHMARKS.md, fourth pass). A filter
+//! that a thread already carries is shared with a child it creates by a
+//! reference count (`copy_seccomp` in `clone`).
+//!
+//! The filter is installed without `SECCOMP_FILTER_FLAG_TSYNC`, so it
+//! applies to the spawner thread alone (and its children); the executor's
+//! other threads stay unfiltered. Before it, the thread sets `no_new_privs`
+//! on itself, which `seccomp(2)` requires without `CAP_SYS_ADMIN` (the
+//! child sets it in step 4f anyway). Nothing the spawner thread or the
+//! child does before `execve` is on the deny-list (`clone` without
+//! `CLONE_NEW*` flags, `setsid`, `prctl`, `capset`, `landlock_*`...).
+//!
+//! The threads also fix which thread a child's parent-death signal is tied
+//! to (the kernel sends it when the *creating thread* exits): they live as
+//! long as their [`Spawner`], which the engine drops only after its runs.
+
+use std::ffi::c_void;
+use std::io;
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use super::child::{self, ChildSpec, SpawnFailure, Spawned, Step};
+
+/// A pool of threads carrying one seccomp filter; see the module docs.
+#[derive(Debug)]
+pub struct Spawner {
+    jobs: Option<mpsc::Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// One spawn handed to a spawner thread.
+struct Job {
+    spec: SpecPtr,
+    reply: mpsc::SyncSender<Result<Spawned, SpawnFailure>>,
+}
+
+/// A `&ChildSpec` crossing to the spawner thread.
+struct SpecPtr(*const c_void);
+
+// SAFETY: the pointer is only dereferenced by the spawner thread while the
+// thread that sent it is blocked in `Spawner::spawn`, waiting for the reply
+// that the spawner sends once it no longer uses the spec; the spec is only
+// read (it holds plain values, raw pointers into `CString`s the caller
+// keeps alive, and fds).
+unsafe impl Send for SpecPtr {}
+
+impl Spawner {
+    /// Starts `threads` threads (at least one), each carrying `program`.
+    ///
+    /// # Errors
+    ///
+    /// A thread could not be started, or `no_new_privs` or the filter could
+    /// not be installed on it (no thread is left running then).
+    pub fn start(
+        program: &'static [libc::sock_filter],
+        threads: usize,
+        name: &str,
+    ) -> io::Result<Self> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        let mut spawner = Spawner { jobs: Some(jobs), threads: Vec::new() };
+        for _ in 0..threads.max(1) {
+            let (ready, installed) = mpsc::sync_channel(1);
+            let queue = Arc::clone(&queue);
+            let handle = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+                let r = install(program);
+                let ok = r.is_ok();
+                let _ = ready.send(r);
+                if ok {
+                    serve(&queue);
+                }
+            })?;
+            spawner.threads.push(handle);
+            // Dropping `spawner` on an error stops the threads started.
+            installed.recv().map_err(|_| io::Error::other("spawner thread ended"))??;
+        }
+        Ok(spawner)
+    }
+
+    /// Creates the child of `spec` on a spawner thread ([`child::spawn`]);
+    /// `spec.seccomp` should be empty (the thread's filter applies). Blocks
+    /// the calling thread until the child has exec'd or failed, as
+    /// [`child::spawn`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`child::spawn`]; a spawner that is gone is a `clone` failure
+    /// (`EAGAIN`).
+    pub fn spawn(&self, spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
+        let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };
+        let jobs = self.jobs.as_ref().ok_or(gone)?;
+        let (reply, answer) = mpsc::sync_channel(1);
+        let spec = SpecPtr(std::ptr::from_ref(spec).cast());
+        jobs.send(Job { spec, reply }).map_err(|_| gone)?;
+        // The reply is sent, or dropped, only once the spawner thread is done
+        // with the spec: this wait is what keeps it alive.
+        answer.recv().unwrap_or(Err(gone))
+    }
+}
+
+impl Drop for Spawner {
+    fn drop(&mut self) {
+        // Closing the queue ends every thread's loop.
+        self.jobs = None;
+        for handle in self.threads.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// `no_new_privs`, then the filter, on the calling thread only.
+fn install(program: &[libc::sock_filter]) -> io::Result<()> {
+    let len = u16::try_from(program.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "seccomp program too long"))?;
+    let fprog = libc::sock_fprog { len, filter: program.as_ptr().cast_mut() };
+    // SAFETY: prctl with integer arguments only; it changes this thread.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fprog` points to `program`, alive for the call, and holds its
+    // length; flags 0: this thread only (no TSYNC).
+    let r = unsafe {
+        libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0u32, &raw const fprog)
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A spawner thread's loop: one job at a time until the queue closes.
+fn serve(queue: &Mutex<mpsc::Receiver<Job>>) {
+    loop {
+        let job = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
+        let Ok(job) = job else { return };
+        // SAFETY: see `SpecPtr`: the sender waits for this job's reply, so
+        // the spec is alive until `reply` is sent (or dropped) below.
+        let spec = unsafe { &*job.spec.0.cast::<ChildSpec<'_>>() };
+        let spawned = child::spawn(spec);
+        let _ = job.reply.send(spawned);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::{c_char, CString};
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    fn status_field(status: &str, key: &str) -> String {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    }
+
+    /// Runs `/bin/cat /proc/self/status` through `spawn`; returns its output.
+    fn child_status(spawn: impl FnOnce(&ChildSpec<'_>) -> Result<Spawned, SpawnFailure>) -> String {
+        let pipe = || {
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            // Numbered >= 3, as ChildSpec wants.
+            (r.try_clone().unwrap(), w.try_clone().unwrap())
+        };
+        let (in_r, in_w) = pipe();
+        let (out_r, out_w) = pipe();
+        let (_err_r, err_w) = pipe();
+        let path = CString::new("/bin/cat").unwrap();
+        let arg = CString::new("/proc/self/status").unwrap();
+        let argv: [*const c_char; 3] = [path.as_ptr(), arg.as_ptr(), std::ptr::null()];
+        let envp: [*const c_char; 1] = [std::ptr::null()];
+        let cwd = CString::new("/").unwrap();
+        let spec = ChildSpec {
+            path: &path,
+            argv: &argv,
+            envp: &envp,
+            stdio: [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+            cwd: &cwd,
+            cgroup_procs: &[],
+            rlimits: &[],
+            identity: None,
+            capabilities: 0,
+            cap_last: 40,
+            landlock: None,
+            seccomp: &[],
+            parent: nix::unistd::getpid().as_raw(),
+        };
+        let spawned = spawn(&spec).expect("spawn");
+        drop((in_r, in_w, out_w, err_w));
+        let mut out = String::new();
+        std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
+        super::super::process::wait(spawned.pid, false).unwrap();
+        out
+    }
+
+    /// The child carries the spawner thread's filter although its spec has
+    /// no program, and the filter stays off the other threads.
+    #[test]
+    fn children_inherit_the_filter_and_nothing_else_gets_it() {
+        let program = crate::seccomp::program(false);
+        let spawner = Spawner::start(program, 2, "test-spawner").expect("spawner");
+        for _ in 0..3 {
+            let status = child_status(|s| spawner.spawn(s));
+            assert_eq!(status_field(&status, "Seccomp"), "2", "{status}");
+            assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
+            assert_eq!(status_field(&status, "NoNewPrivs"), "1", "{status}");
+        }
+        let me = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        assert_eq!(status_field(&me, "Seccomp"), "0", "the calling thread got the filter");
+        let main = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert_eq!(status_field(&main, "Seccomp"), "0", "the main thread got the filter");
+        // Without a spawner, a spec without a program means no filter.
+        let plain = child_status(child::spawn);
+        assert_eq!(status_field(&plain, "Seccomp"), "0", "{plain}");
+        drop(spawner);
+    }
+
+    /// A program the kernel refuses fails the start and leaves no thread.
+    #[test]
+    fn a_refused_program_fails_the_start() {
+        static BAD: [libc::sock_filter; 1] =
+            [libc::sock_filter { code: 0xffff, jt: 0, jf: 0, k: 0 }];
+        let e = Spawner::start(&BAD, 2, "test-spawner").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+    }
+}
