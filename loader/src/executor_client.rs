@@ -1,6 +1,7 @@
 //! The loader's side of the executor wire (DESIGN.md §5, [`policy::wire`]).
 //!
-//! One connection per run: [`ExecutorClient::execute`] connects, sends the
+//! One connection per run: [`ExecutorClient::execute`] connects (or takes
+//! a connection opened ahead, [`ExecutorClient::open`]), sends the
 //! `execute` request and hands back a [`RunConnection`] that yields the
 //! run's `stderr` lines and then its report. Dropping the connection closes
 //! the socket, which cancels the run on the executor side; that is how a
@@ -71,6 +72,11 @@ pub enum RunEvent {
     Report(Box<RunReport>),
 }
 
+/// A connection to the executor with nothing sent yet
+/// ([`ExecutorClient::open`]).
+#[derive(Debug)]
+pub struct Opened(UnixStream);
+
 /// An open `execute` call. Dropping it cancels the run.
 #[derive(Debug)]
 pub struct RunConnection {
@@ -111,7 +117,36 @@ impl ExecutorClient {
     /// [`ExecutorError::Connect`] when the executor is down,
     /// [`ExecutorError::Io`] when the request cannot be written.
     pub async fn execute(&self, params: &ExecuteParams) -> Result<RunConnection, ExecutorError> {
-        let mut stream = self.connect().await?;
+        self.execute_on(None, params).await
+    }
+
+    /// Opens a connection ahead of a run, to be passed to
+    /// [`ExecutorClient::execute_on`] (the loader connects while the audit
+    /// row of the decision is written). Nothing is sent: dropping it
+    /// starts nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`ExecutorError::Connect`] when the executor is down.
+    pub async fn open(&self) -> Result<Opened, ExecutorError> {
+        self.connect().await.map(Opened)
+    }
+
+    /// [`ExecutorClient::execute`] on a connection opened ahead, if any
+    /// (`None`: a fresh one).
+    ///
+    /// # Errors
+    ///
+    /// As [`ExecutorClient::execute`].
+    pub async fn execute_on(
+        &self,
+        opened: Option<Opened>,
+        params: &ExecuteParams,
+    ) -> Result<RunConnection, ExecutorError> {
+        let mut stream = match opened {
+            Some(Opened(stream)) => stream,
+            None => self.connect().await?,
+        };
         stream.write_all(&wire::encode_execute(1, params)).await.map_err(ExecutorError::Io)?;
         Ok(RunConnection::new(stream, MAX_LINE_BYTES))
     }
@@ -275,6 +310,36 @@ mod tests {
         assert_eq!(conn.next().await.unwrap(), RunEvent::Stderr("a".into()));
         assert_eq!(conn.next().await.unwrap(), RunEvent::Report(Box::new(report)));
         assert!(matches!(conn.next().await, Err(ExecutorError::Closed)));
+    }
+
+    /// A connection opened ahead carries the run when used, and nothing
+    /// at all when dropped.
+    #[tokio::test]
+    async fn an_opened_connection_sends_only_when_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let client = ExecutorClient::new(&path);
+        let server = tokio::spawn(async move {
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = Vec::new();
+                s.read_to_end(&mut buf).await.unwrap();
+                got.push(buf);
+            }
+            got
+        });
+        drop(client.open().await.unwrap());
+        let opened = client.open().await.unwrap();
+        drop(client.execute_on(Some(opened), &params()).await.unwrap());
+        let got = server.await.unwrap();
+        assert!(got[0].is_empty(), "a dropped connection sent {:?}", got[0]);
+        assert_eq!(got[1], wire::encode_execute(1, &params()));
+        assert!(matches!(
+            ExecutorClient::new(dir.path().join("none.sock")).open().await,
+            Err(ExecutorError::Connect { .. })
+        ));
     }
 
     type Case = (&'static [u8], fn(&ExecutorError) -> bool);

@@ -6,7 +6,9 @@
 //! permission (403 `denied` with a `reason`, [`crate::authz`]), the audit
 //! row of the decision (503 `audit_unavailable` when it cannot be written
 //! and `audit_required`), a run slot (503 `busy`), the executor (503).
-//! Nothing reaches the executor before all of them pass. Any run the
+//! Nothing reaches the executor before all of them pass (its connection
+//! is opened while the decision's row is written, but nothing is sent on
+//! it before; a refused request just closes it). Any run the
 //! executor finishes, ok or failed, is a 200 with its report.
 //!
 //! Audit ([`crate::audit`]): an `invalid_args` or `denied` answer has its
@@ -140,8 +142,13 @@ pub async fn execute(
         ..base.clone()
     };
     // The decision is written before anything runs; its commit is the
-    // one the completion waits for (`Audit::record_before_run`).
-    let row_id = match app.audit().record_before_run(record).await {
+    // one the completion waits for (`Audit::record_before_run`). The
+    // executor connection is opened meanwhile; nothing is sent on it
+    // before the row is written and a run slot is taken.
+    let (row_id, opened) =
+        tokio::join!(app.audit().record_before_run(record), app.executor().open());
+    let mut opened = Some(opened);
+    let row_id = match row_id {
         Ok(id) => {
             grant.keep();
             Some(id)
@@ -185,11 +192,19 @@ pub async fn execute(
     );
 
     let queued = Instant::now();
-    let slot = tokio::time::timeout(
-        app.limits().queue_timeout,
-        Arc::clone(app.run_slots()).acquire_owned(),
-    )
-    .await;
+    let slot = match Arc::clone(app.run_slots()).try_acquire_owned() {
+        Ok(permit) => Ok(Ok(permit)),
+        Err(_) => {
+            // Queued: the connection opened ahead is not kept idle (the
+            // executor closes idle connections), a fresh one follows.
+            opened = None;
+            tokio::time::timeout(
+                app.limits().queue_timeout,
+                Arc::clone(app.run_slots()).acquire_owned(),
+            )
+            .await
+        }
+    };
     app.metrics().run_queue_wait_seconds.observe(queued.elapsed().as_secs_f64());
     let Ok(Ok(permit)) = slot else {
         count(Outcome::Busy);
@@ -213,7 +228,12 @@ pub async fn execute(
     };
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + manifest.timeout() + REPORT_SLACK;
-    let conn = match app.executor().execute(&params).await {
+    let conn = match opened {
+        Some(Ok(opened)) => app.executor().execute_on(Some(opened), &params).await,
+        Some(Err(e)) => Err(e),
+        None => app.executor().execute(&params).await,
+    };
+    let conn = match conn {
         Ok(c) => c,
         Err(e) => return Err(executor_error(&app, &name, e, row).await),
     };
