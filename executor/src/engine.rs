@@ -240,8 +240,11 @@ impl Engine {
 const POOL_DEPTH: usize = 4;
 /// Ready slots beyond which a finished run's leaves are removed rather than
 /// reused. Above [`POOL_DEPTH`]: the pool is refilled while a run is in
-/// flight, so its leaves come back to a full pool.
-const MAX_READY: usize = 2 * POOL_DEPTH;
+/// flight, so its leaves come back to a full pool; 16 rather than 8 so that
+/// 8 runs at a time do not keep making and removing leaves (executor CPU
+/// per run with 8 clients 525-592 -> 467-500 µs, BENCHMARKS.md fourth
+/// pass). The extra ones go after [`TRIM_AFTER`] without runs.
+const MAX_READY: usize = 4 * POOL_DEPTH;
 /// With no run taken or finished for this long, ready slots beyond
 /// [`POOL_DEPTH`] are removed.
 const TRIM_AFTER: Duration = Duration::from_secs(1);
