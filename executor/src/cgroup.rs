@@ -9,7 +9,9 @@
 use std::fs;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use policy::report::CgroupReport;
@@ -188,8 +190,66 @@ pub struct RunCgroup {
     /// The OOM kill count of the memory leaf when this run got it (not 0
     /// when the leaf served an earlier run: [`RunCgroup::recycle`]).
     oom_base: u64,
+    /// Files read or reset after every run, opened on first use and kept
+    /// while the leaves serve runs ([`Kept`]).
+    kept: KeptFiles,
     /// For the run report.
     pub report: CgroupReport,
+}
+
+/// A cgroup file opened once and used again for every run its leaf serves:
+/// a reused leaf is read and reset after each run, and an `open`/`close`
+/// through kernfs (a path walk per call) cost more than the read itself.
+/// Reads start at offset 0 each time (`pread`), which makes kernfs show the
+/// file afresh. Not for v1 `cgroup.procs`, whose listing an open file keeps
+/// cached for a while: that one is always opened anew.
+#[derive(Debug, Default)]
+struct Kept(OnceLock<Option<fs::File>>);
+
+impl Kept {
+    fn file(&self, path: impl FnOnce() -> PathBuf, write: bool) -> Option<&fs::File> {
+        self.0
+            .get_or_init(|| fs::OpenOptions::new().read(!write).write(write).open(path()).ok())
+            .as_ref()
+    }
+
+    /// The whole file, read from offset 0.
+    fn read(&self, path: impl FnOnce() -> PathBuf) -> Option<String> {
+        let file = self.file(path, false)?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 512];
+        loop {
+            let n = file.read_at(&mut chunk, buf.len() as u64).ok()?;
+            if n == 0 {
+                return String::from_utf8(buf).ok();
+            }
+            buf.extend_from_slice(chunk.get(..n)?);
+        }
+    }
+
+    /// Writes `value` (cgroup control files take each write whole, at any
+    /// offset).
+    fn write(&self, path: impl FnOnce() -> PathBuf, value: &str) -> io::Result<()> {
+        let mut file = self.file(path, true).ok_or_else(|| io::Error::other("cannot open"))?;
+        file.write_all(value.as_bytes())
+    }
+}
+
+/// The [`Kept`] files of a run's leaves.
+#[derive(Debug, Default)]
+struct KeptFiles {
+    /// v2 `cgroup.events` (`populated`).
+    events: Kept,
+    /// v2 `memory.events` or v1 `memory.oom_control` (`oom_kill`).
+    oom: Kept,
+    /// v1 `memory.usage_in_bytes`.
+    usage: Kept,
+    /// v1 resets: `memory.max_usage_in_bytes`, `memory.failcnt`, and the
+    /// `memsw` pair.
+    max_usage: Kept,
+    failcnt: Kept,
+    memsw_max_usage: Kept,
+    memsw_failcnt: Kept,
 }
 
 fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
@@ -222,6 +282,7 @@ impl RunCgroup {
             memsw: false,
             limits: None,
             oom_base: 0,
+            kept: KeptFiles::default(),
             report: CgroupReport::default(),
         };
         let made = cg.make(h, id, memory_bytes, max_pids);
@@ -398,7 +459,7 @@ impl RunCgroup {
     pub fn wait_empty(&self, within: Duration) -> bool {
         let until = Instant::now() + within;
         loop {
-            if self.pids().is_empty() {
+            if self.is_empty() {
                 return true;
             }
             if Instant::now() >= until {
@@ -408,24 +469,31 @@ impl RunCgroup {
         }
     }
 
+    /// True when no process is left in the run: the v2 leaf's
+    /// `cgroup.events` says `populated 0`; without a v2 leaf, the listing
+    /// leaf's `cgroup.procs` is empty.
+    fn is_empty(&self) -> bool {
+        if let Some(dir) = &self.v2 {
+            if let Some(events) = self.kept.events.read(|| dir.join("cgroup.events")) {
+                return events.lines().any(|l| l.trim() == "populated 0");
+            }
+        }
+        self.pids().is_empty()
+    }
+
     /// The memory leaf's OOM kill count (`oom_kill` of v2 `memory.events`
     /// or v1 `memory.oom_control`); 0 without one.
     fn oom_count(&self) -> u64 {
-        let count = |file: PathBuf| {
-            fs::read_to_string(file)
-                .unwrap_or_default()
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse::<u64>().ok())
-                })
-                .unwrap_or(0)
-        };
         let v2 = self.report.memory.as_deref() == Some("v2");
-        match (&self.v2, &self.memory) {
-            (Some(dir), _) if v2 => count(dir.join("memory.events")),
-            (_, Some(dir)) => count(dir.join("memory.oom_control")),
-            _ => 0,
-        }
+        let text = match (&self.v2, &self.memory) {
+            (Some(dir), _) if v2 => self.kept.oom.read(|| dir.join("memory.events")),
+            (_, Some(dir)) => self.kept.oom.read(|| dir.join("memory.oom_control")),
+            _ => None,
+        };
+        text.unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse::<u64>().ok()))
+            .unwrap_or(0)
     }
 
     /// True if and only if the kernel OOM-killed a process of the run (the
@@ -452,11 +520,12 @@ impl RunCgroup {
             return false;
         }
         if let Some(dir) = &self.v2 {
-            let events = fs::read_to_string(dir.join("cgroup.events")).unwrap_or_default();
+            let events = self.kept.events.read(|| dir.join("cgroup.events")).unwrap_or_default();
             if !events.lines().any(|l| l.trim() == "populated 0") {
                 return false;
             }
         }
+        // Opened anew: see `Kept`.
         for dir in [&self.pids, &self.memory].into_iter().flatten() {
             match fs::read_to_string(dir.join("cgroup.procs")) {
                 Ok(procs) if procs.trim().is_empty() => {}
@@ -464,18 +533,23 @@ impl RunCgroup {
             }
         }
         if let Some(dir) = &self.memory {
-            let usage = fs::read_to_string(dir.join("memory.usage_in_bytes"))
-                .ok()
+            let k = &self.kept;
+            let usage = k
+                .usage
+                .read(|| dir.join("memory.usage_in_bytes"))
                 .and_then(|u| u.trim().parse::<u64>().ok());
-            let mut resets = vec![("memory.max_usage_in_bytes", "0"), ("memory.failcnt", "0")];
-            if usage.is_none_or(|u| u > FORCE_EMPTY_ABOVE) {
-                resets.insert(0, ("memory.force_empty", "0"));
+            if usage.is_none_or(|u| u > FORCE_EMPTY_ABOVE)
+                && fs::write(dir.join("memory.force_empty"), "0").is_err()
+            {
+                return false;
             }
+            let mut resets =
+                vec![(&k.max_usage, "memory.max_usage_in_bytes"), (&k.failcnt, "memory.failcnt")];
             if self.memsw {
-                resets.push(("memory.memsw.max_usage_in_bytes", "0"));
-                resets.push(("memory.memsw.failcnt", "0"));
+                resets.push((&k.memsw_max_usage, "memory.memsw.max_usage_in_bytes"));
+                resets.push((&k.memsw_failcnt, "memory.memsw.failcnt"));
             }
-            if resets.iter().any(|(file, v)| fs::write(dir.join(file), v).is_err()) {
+            if resets.iter().any(|(kept, file)| kept.write(|| dir.join(file), "0").is_err()) {
                 return false;
             }
         }
@@ -487,6 +561,7 @@ impl RunCgroup {
     pub fn remove(&mut self) {
         self.procs.clear();
         self.kill_file = None;
+        self.kept = KeptFiles::default();
         for dir in self.leaves() {
             for attempt in 0..200 {
                 match fs::remove_dir(&dir) {

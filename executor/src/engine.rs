@@ -635,4 +635,69 @@ mod tests {
             assert!(!base.exists(), "instance cgroup {} left", base.display());
         }
     }
+
+    /// The OOM verdict is this run's own on reused leaves: a run that blows
+    /// its memory bound is reported so, and the runs after it, which get
+    /// its recycled leaves (their files kept open and read again), are not.
+    #[test]
+    fn reused_leaves_report_only_their_own_oom() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: reused_leaves_report_only_their_own_oom needs root (cgroups)");
+            return;
+        }
+        if nix::unistd::User::from_name(crate::config::DEFAULT_RUN_AS).ok().flatten().is_none() {
+            eprintln!("SKIP: run-as user missing (scripts/test creates it)");
+            return;
+        }
+        let runtime = tempfile::tempdir().unwrap();
+        let skill = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(skill.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let manifest = skill.path().join("skill.json");
+        std::fs::write(
+            &manifest,
+            r#"{"name":"oom","description":"t","entry":"run.sh","timeout_seconds":10}"#,
+        )
+        .unwrap();
+        let entry = skill.path().join("run.sh");
+        // {"hog":true}: hold 96 MB in the shell (a command substitution)
+        // under a 32 MiB bound; otherwise echo the args and exit 3 (an OOM
+        // kill is the verdict only for a run that did not exit 0).
+        let script = concat!(
+            "#!/bin/sh\n",
+            "args=$(cat)\n",
+            "case $args in\n",
+            "*hog*) x=$(head -c 96000000 /dev/zero | tr '\\0' a); echo '{}' ;;\n",
+            "*) printf '%s' \"$args\"; exit 3 ;;\n",
+            "esac\n",
+        );
+        std::fs::write(&entry, script).unwrap();
+        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut config =
+            Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
+        config.limits.memory_bytes = 32 << 20;
+        let engine = Engine::new(config).unwrap();
+        let c = &engine.host().cgroups;
+        if c.v1_memory.is_none() && !c.v2_limits {
+            eprintln!("SKIP: reused_leaves_report_only_their_own_oom: no memory cgroup here");
+            return;
+        }
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let run = |args: &str| {
+            let req = RunRequest { manifest_path: manifest.clone(), args: args.into() };
+            let r = rt.block_on(engine.run(req, &mut |_| {}, std::future::pending()));
+            // Time for the janitor to recycle the leaves into the pool.
+            std::thread::sleep(Duration::from_millis(30));
+            r
+        };
+        for round in 0..2 {
+            for i in 0..5 {
+                let r = run(&format!(r#"{{"i":{i}}}"#));
+                assert_eq!((r.exit_code, r.limit), (Some(3), None), "round {round} run {i}: {r:?}");
+            }
+            let r = run(r#"{"hog":true}"#);
+            assert_eq!(r.limit, Some(policy::LimitKind::Memory), "round {round} hog: {r:?}");
+        }
+        let r = run(r#"{"i":9}"#);
+        assert_eq!((r.exit_code, r.limit), (Some(3), None), "{r:?}");
+    }
 }
