@@ -954,12 +954,18 @@ fn print_metrics(ctx: &Ctx<'_>, variants: &[Variant], samples: &[Samples], mark:
             }
         }
         let bench = sorted(&bench);
+        let skilld_runs_seen = skilld_runs > 0;
         let (runs, skilld_runs) = (runs.max(1) as f64, skilld_runs.max(1) as f64);
         let cpu = stack.cpu();
+        // No run went through skilld (`executor-rpc` alone): nothing to divide.
+        let skilld = if skilld_runs_seen {
+            format!("{:.0} us", (cpu[0] - cpu0[0]) / skilld_runs * 1e6)
+        } else {
+            "- (no run through it)".to_owned()
+        };
         println!(
-            "{name}: CPU per run: skilld {:.0} us, executor {:.0} us, skill (executor's \
+            "{name}: CPU per run: skilld {skilld}, executor {:.0} us, skill (executor's \
              children) {:.0} us",
-            (cpu[0] - cpu0[0]) / skilld_runs * 1e6,
             (cpu[1] - cpu0[1]) / runs * 1e6,
             (cpu[2] - cpu0[2]) / runs * 1e6,
         );
