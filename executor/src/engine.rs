@@ -51,11 +51,11 @@ pub enum EngineError {
 /// The engine makes its process a child subreaper (orphans of skills are
 /// reaped here). Children are created by the engine's spawner threads
 /// ([`spawn::Spawners`]), which live as long as the engine; a child's
-/// parent-death signal is tied to its creating thread. Only when those
-/// threads cannot start is a child created from the thread that polls
-/// [`Engine::run`], so poll runs from threads that live as long as the
-/// runs (a current-thread runtime, or the worker threads of a multi-thread
-/// runtime, never `spawn_blocking`).
+/// parent-death signal is tied to its creating thread. Without them
+/// ([`Spawners::inline`], or when they cannot start) a child is created
+/// from the thread that polls [`Engine::run`], so poll runs from threads
+/// that live as long as the runs (a current-thread runtime, or the worker
+/// threads of a multi-thread runtime, never `spawn_blocking`).
 #[derive(Debug)]
 pub struct Engine {
     config: Config,
@@ -80,6 +80,16 @@ impl Engine {
     ///
     /// [`EngineError`].
     pub fn new(config: Config) -> Result<Self, EngineError> {
+        Self::with_spawners(config, Spawners::default())
+    }
+
+    /// [`Engine::new`] with the spawner threads given (see
+    /// [`Spawners::inline`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::new`].
+    pub fn with_spawners(config: Config, spawners: Spawners) -> Result<Self, EngineError> {
         sys::process::set_child_subreaper().map_err(EngineError::Subreaper)?;
         let mut host = Host::detect();
         let instance = Instance::start(&config, &host.cgroups)?;
@@ -91,7 +101,7 @@ impl Engine {
             host,
             reaper: Reaper::global(),
             janitor: Janitor::default(),
-            spawners: Spawners::default(),
+            spawners,
             runs: AtomicU64::new(0),
             instance,
         })

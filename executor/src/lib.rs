@@ -61,10 +61,11 @@
 //!    `CLONE_INTO_CGROUP` would also save the cgroup migration, but glibc
 //!    exposes no `clone3` wrapper that runs a function on a new stack, and
 //!    the child joining by writing "0" to pre-opened `cgroup.procs` files
-//!    measured about 0.25 ms on this machine. The clone is made by one of
-//!    the engine's spawner threads ([`spawn::Spawners`]), which carry the
-//!    run's seccomp filter (installed once per thread, on that thread
-//!    only): the child inherits it instead of compiling it (~90 µs).
+//!    measured about 0.25 ms on this machine. In `serve` the clone is made
+//!    by one of the engine's spawner threads ([`spawn::Spawners`]), which
+//!    carry the run's seccomp filter (installed once per thread, on that
+//!    thread only): the child inherits it instead of compiling it (~90
+//!    µs). A one-shot `run` has one child, which installs it (step 4i).
 //! 4. In the child, raw syscalls only: default signal dispositions; new
 //!    session (`setsid`, no controlling terminal); join the cgroups; pipes
 //!    on 0, 1, 2 and every other fd close-on-exec; `chdir` into the run

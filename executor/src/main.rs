@@ -67,7 +67,9 @@ fn run(
             return print(&report, json);
         }
     };
-    let engine = Engine::new(config).context("starting the engine")?;
+    // One child: the filter is installed in it, no spawner threads.
+    let spawners = executor::spawn::Spawners::inline();
+    let engine = Engine::with_spawners(config, spawners).context("starting the engine")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -324,6 +324,71 @@ fn execute_streams_stderr_then_report() {
     wait_for("the run directory to go", Duration::from_secs(5), || !cwd.exists());
 }
 
+/// What a served skill sees of its seccomp filter: the status fields, and
+/// whether `socket(AF_UNIX)` and `unshare(CLONE_NEWUSER)` work (errno when
+/// not). Served runs get the filter from the engine's spawner threads (a
+/// child inherits it; `sys::spawner`), so this checks that path from the
+/// inside, where the sandbox suite goes through the one-shot `run`.
+const FILTER_PROBE: &str = r#"exec /usr/bin/python3 -c '
+import ctypes, json, socket
+st = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
+try:
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+    sock = "ok"
+except OSError as e:
+    sock = e.errno
+libc = ctypes.CDLL(None, use_errno=True)
+un = "ok" if libc.unshare(0x10000000) == 0 else ctypes.get_errno()
+print(json.dumps({"seccomp": st["Seccomp"].strip(), "filters": st["Seccomp_filters"].strip(),
+                  "nnp": st["NoNewPrivs"].strip(), "socket": sock, "unshare": un}))
+'"#;
+
+#[test]
+fn served_runs_carry_the_filter_from_the_spawner_threads() {
+    if !can_run() {
+        return;
+    }
+    if !Path::new("/usr/bin/python3").exists() {
+        println!("SKIP: served_runs_carry_the_filter_from_the_spawner_threads needs python3");
+        return;
+    }
+    let server = Server::start(|c| {
+        c.skills.insert(
+            "netprobe".into(),
+            policy::SkillGrant { network: true, ..policy::SkillGrant::default() },
+        );
+    });
+    let plain = skill(&server.root, "probe", "safe", 10, FILTER_PROBE);
+    let net = skill(&server.root, "netprobe", "safe", 10, FILTER_PROBE);
+    std::fs::write(
+        &net,
+        r#"{"name":"netprobe","description":"t","entry":"run.sh","class":"safe","timeout_seconds":10,"sandbox":{"network":true}}"#,
+    )
+    .unwrap();
+    let mut c = server.client();
+    let eperm = json!(libc::EPERM);
+    // Several runs each, so more than one spawner thread serves them.
+    for i in 0..4 {
+        c.execute(i, &plain, json!({}));
+        let report = c.run_result().1["result"].clone();
+        assert_eq!(report["outcome"], "ok", "{report}");
+        let seen = &report["result"];
+        assert_eq!(seen["seccomp"], "2", "{report}");
+        assert_eq!(seen["filters"], "1", "one filter, inherited, not two: {report}");
+        assert_eq!(seen["nnp"], "1", "{report}");
+        assert_eq!(seen["socket"], eperm, "socket(AF_UNIX) without the network grant: {report}");
+        assert_eq!(seen["unshare"], eperm, "unshare(CLONE_NEWUSER): {report}");
+
+        c.execute(100 + i, &net, json!({}));
+        let report = c.run_result().1["result"].clone();
+        assert_eq!(report["outcome"], "ok", "{report}");
+        let seen = &report["result"];
+        assert_eq!((&seen["seccomp"], &seen["filters"]), (&json!("2"), &json!("1")), "{report}");
+        assert_eq!(seen["socket"], "ok", "socket with the network grant: {report}");
+        assert_eq!(seen["unshare"], eperm, "unshare with the network grant: {report}");
+    }
+}
+
 /// Malformed lines get JSON-RPC errors (with the id when readable) and the
 /// connection keeps working; an oversized line is skipped up to its newline.
 #[test]
