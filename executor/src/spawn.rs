@@ -349,7 +349,7 @@ pub fn prepare(
     })
 }
 
-/// The engine's spawner threads ([`sys::spawner`]): one pool per seccomp
+/// The engine's spawner threads (`sys::spawner`): one pool per seccomp
 /// program (with and without the network grant), started on first use.
 /// A child created by one inherits the pool's filter instead of compiling
 /// it (~90 µs per spawn on the dev machine).
