@@ -473,12 +473,15 @@ impl RunCgroup {
     /// `cgroup.events` says `populated 0`; without a v2 leaf, the listing
     /// leaf's `cgroup.procs` is empty.
     fn is_empty(&self) -> bool {
-        if let Some(dir) = &self.v2 {
-            if let Some(events) = self.kept.events.read(|| dir.join("cgroup.events")) {
-                return events.lines().any(|l| l.trim() == "populated 0");
-            }
-        }
-        self.pids().is_empty()
+        self.v2_unpopulated().unwrap_or_else(|| self.pids().is_empty())
+    }
+
+    /// Whether the v2 leaf's `cgroup.events` says `populated 0`; `None`
+    /// without a v2 leaf or when the file cannot be read.
+    fn v2_unpopulated(&self) -> Option<bool> {
+        let dir = self.v2.as_ref()?;
+        let events = self.kept.events.read(|| dir.join("cgroup.events"))?;
+        Some(events.lines().any(|l| l.trim() == "populated 0"))
     }
 
     /// The memory leaf's OOM kill count (`oom_kill` of v2 `memory.events`
@@ -519,11 +522,8 @@ impl RunCgroup {
         if self.leaves().is_empty() || self.procs.len() != self.leaves().len() {
             return false;
         }
-        if let Some(dir) = &self.v2 {
-            let events = self.kept.events.read(|| dir.join("cgroup.events")).unwrap_or_default();
-            if !events.lines().any(|l| l.trim() == "populated 0") {
-                return false;
-            }
+        if self.v2.is_some() && self.v2_unpopulated() != Some(true) {
+            return false;
         }
         // Opened anew: see `Kept`.
         for dir in [&self.pids, &self.memory].into_iter().flatten() {

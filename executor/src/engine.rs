@@ -576,6 +576,25 @@ mod tests {
 
     use super::*;
 
+    /// A skill folder (0755) holding `skill.json` (`name`, `timeout`) and
+    /// an executable `run.sh` of `script`; returns it and the manifest.
+    fn skill(name: &str, timeout: u32, script: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let manifest = dir.path().join("skill.json");
+        std::fs::write(
+            &manifest,
+            format!(
+                r#"{{"name":"{name}","description":"t","entry":"run.sh","timeout_seconds":{timeout}}}"#
+            ),
+        )
+        .unwrap();
+        let entry = dir.path().join("run.sh");
+        std::fs::write(&entry, script).unwrap();
+        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (dir, manifest)
+    }
+
     /// Runs made from the janitor's ready slots work, and dropping the
     /// engine removes every run directory and cgroup leaf it made.
     #[test]
@@ -588,17 +607,7 @@ mod tests {
             return;
         }
         let runtime = tempfile::tempdir().unwrap();
-        let skill = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(skill.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let manifest = skill.path().join("skill.json");
-        std::fs::write(
-            &manifest,
-            r#"{"name":"pool","description":"t","entry":"run.sh","timeout_seconds":5}"#,
-        )
-        .unwrap();
-        let entry = skill.path().join("run.sh");
-        std::fs::write(&entry, "#!/bin/sh\nexec cat\n").unwrap();
-        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (_skill, manifest) = skill("pool", 5, "#!/bin/sh\nexec cat\n");
         let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
         let engine = Engine::new(config).unwrap();
         let leaves = engine.host().cgroups.clone();
@@ -660,15 +669,6 @@ mod tests {
             return;
         }
         let runtime = tempfile::tempdir().unwrap();
-        let skill = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(skill.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let manifest = skill.path().join("skill.json");
-        std::fs::write(
-            &manifest,
-            r#"{"name":"oom","description":"t","entry":"run.sh","timeout_seconds":10}"#,
-        )
-        .unwrap();
-        let entry = skill.path().join("run.sh");
         // {"hog":true}: hold 96 MB in the shell (a command substitution)
         // under a 32 MiB bound; otherwise echo the args and exit 3 (an OOM
         // kill is the verdict only for a run that did not exit 0).
@@ -680,8 +680,7 @@ mod tests {
             "*) printf '%s' \"$args\"; exit 3 ;;\n",
             "esac\n",
         );
-        std::fs::write(&entry, script).unwrap();
-        std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (_skill, manifest) = skill("oom", 10, script);
         let mut config =
             Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
         config.limits.memory_bytes = 32 << 20;
