@@ -32,6 +32,8 @@ pub const MIN_RUNS_TMPFS_BYTES: u64 = 1 << 20;
 pub const DEFAULT_RUNS_TMPFS_BYTES: u64 = 1 << 30;
 /// Default `idle_timeout_seconds`.
 pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u64 = 60;
+/// Default `hold_timeout_seconds`.
+pub const DEFAULT_HOLD_TIMEOUT_SECONDS: u64 = 30;
 /// Shortest `max_line_bytes` (a request with a manifest path must fit).
 pub const MIN_MAX_LINE_BYTES: usize = 1024;
 
@@ -104,6 +106,9 @@ pub struct Config {
     /// A connection without a run in flight and without a complete request
     /// line for this long is closed (0 = never).
     pub idle_timeout_seconds: u64,
+    /// A held run (`execute` with `hold`) not started for this long ends
+    /// as `rejected`, never spawned (at least 1).
+    pub hold_timeout_seconds: u64,
 }
 
 /// Which skill classes one peer may run (`[[peers]]`).
@@ -142,6 +147,7 @@ impl Default for Config {
             max_connections: 256,
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
+            hold_timeout_seconds: DEFAULT_HOLD_TIMEOUT_SECONDS,
         }
     }
 }
@@ -271,6 +277,9 @@ impl Config {
         }
         if self.max_concurrent_runs == 0 {
             return Err(invalid("max_concurrent_runs", "must be at least 1".to_owned()));
+        }
+        if self.hold_timeout_seconds == 0 {
+            return Err(invalid("hold_timeout_seconds", "must be at least 1".to_owned()));
         }
         if self.max_connections == 0 {
             return Err(invalid("max_connections", "must be at least 1".to_owned()));
@@ -467,6 +476,7 @@ mod tests {
             ("socket_group = \"\"", "socket_group"),
             ("max_concurrent_runs = 0", "max_concurrent_runs"),
             ("max_connections = 0", "max_connections"),
+            ("hold_timeout_seconds = 0", "hold_timeout_seconds"),
             ("max_line_bytes = 10", "max_line_bytes"),
             ("allowed_uids = [-1]", "allowed_uids"),
             ("[[peers]]\nclasses = [\"safe\"]", "peers"),

@@ -143,17 +143,41 @@ impl Engine {
         stderr_sink: &mut (dyn FnMut(&str) + Send),
         cancel: impl Future<Output = ()>,
     ) -> RunReport {
-        let started = Instant::now();
-        let mut report = self.run_inner(req, tool, stderr_sink, cancel, started).await;
-        report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (report, _) =
+            self.run_held(req, tool, stderr_sink, std::future::ready(true), cancel).await;
         report
     }
 
+    /// [`Engine::run_tool`] for a held run (the wire's `execute` with
+    /// `hold`): everything is checked and prepared, then nothing is spawned
+    /// before `start` resolves; `false` (the caller gave up) ends the run
+    /// as `rejected`, never started. Also returns how long the run waited
+    /// for `start`, which neither `setup_us` nor `duration_ms` counts.
+    pub async fn run_held(
+        &self,
+        req: RunRequest,
+        tool: Option<&str>,
+        stderr_sink: &mut (dyn FnMut(&str) + Send),
+        start: impl Future<Output = bool>,
+        cancel: impl Future<Output = ()>,
+    ) -> (RunReport, Duration) {
+        let started = Instant::now();
+        let mut held = Duration::ZERO;
+        let mut report =
+            self.run_inner(req, tool, stderr_sink, start, &mut held, cancel, started).await;
+        let ran = started.elapsed().saturating_sub(held);
+        report.duration_ms = u64::try_from(ran.as_millis()).unwrap_or(u64::MAX);
+        (report, held)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn run_inner(
         &self,
         req: RunRequest,
         tool: Option<&str>,
         sink: &mut (dyn FnMut(&str) + Send),
+        start: impl Future<Output = bool>,
+        held: &mut Duration,
         cancel: impl Future<Output = ()>,
         started: Instant,
     ) -> RunReport {
@@ -191,6 +215,17 @@ impl Engine {
                 Ok(p) => p,
                 Err(e) => return RunReport::not_run(skill, e.outcome(), e.to_string()),
             };
+        // A held run waits here, prepared, for its caller's start.
+        let waiting = Instant::now();
+        let go = start.await;
+        *held = waiting.elapsed();
+        if !go {
+            self.janitor.discard(prep.cgroup.take(), &mut prep.run_dir, warm);
+            let why = "the held run was not started by its caller";
+            let mut r = RunReport::not_run(skill, Outcome::Rejected, why);
+            r.sandbox = Some(prep.report.clone());
+            return r;
+        }
         // Steps 3-5: spawn (the child applies the sandbox and execs).
         let child = match spawn::spawn(&prep, &plan.entry, &self.spawners) {
             Ok(c) => c,
@@ -200,7 +235,8 @@ impl Engine {
                 return r;
             }
         };
-        let setup_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let setup = started.elapsed().saturating_sub(*held);
+        let setup_us = u64::try_from(setup.as_micros()).unwrap_or(u64::MAX);
         // Without a cgroup the watchdog kills the run's process group.
         let _pgid = prep.cgroup.is_none().then(|| self.instance.record_pgid(child.pid)).flatten();
         let limits = &plan.granted.limits;

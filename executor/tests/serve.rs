@@ -558,6 +558,73 @@ fn closing_the_connection_kills_its_run() {
     });
 }
 
+/// A held `execute` is checked and prepared, but its skill starts only on
+/// the `start` naming it (a stamp taken before the `start` is not later
+/// than the skill's clock); the wait is not counted as setup or duration;
+/// a `start` for another id starts nothing; a held run whose connection
+/// closes never runs and is not counted; one never started ends
+/// `rejected` after `hold_timeout_seconds`.
+#[test]
+fn held_runs_spawn_only_on_their_start() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|c| c.hold_timeout_seconds = 2);
+    let m =
+        skill(&server.root, "stamp", "safe", 5, "printf '{\"t\":%s}\\n' \"$(/bin/date +%s%N)\"");
+    let unix_ns =
+        || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let held = |c: &mut Client, id: u64| {
+        c.send(&json!({"jsonrpc": "2.0", "id": id, "method": "execute",
+            "params": {"manifest": m, "args": {}, "hold": true}}));
+    };
+    let start = |c: &mut Client, id: u64| {
+        c.send(&json!({"jsonrpc": "2.0", "method": "start", "params": {"id": id}}));
+    };
+
+    let mut c = server.client();
+    held(&mut c, 1);
+    server.wait_in_flight(1);
+    start(&mut c, 99);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = unix_ns();
+    start(&mut c, 1);
+    let (_, v) = c.run_result();
+    let report = &v["result"];
+    assert_eq!(v["id"], 1);
+    assert_eq!(report["outcome"], "ok", "{report}");
+    let t = report["result"]["t"].as_u64().unwrap();
+    assert!(
+        u128::from(t) >= before,
+        "the skill ran {} ms before its start",
+        (before - u128::from(t)) / 1_000_000
+    );
+    assert!(report["setup_us"].as_u64().unwrap() < 250_000, "the hold counted as setup: {report}");
+    assert!(
+        report["duration_ms"].as_u64().unwrap() < 250,
+        "the hold counted as duration: {report}"
+    );
+
+    // Held, then the connection closes: nothing runs, nothing is counted.
+    held(&mut c, 2);
+    server.wait_in_flight(1);
+    drop(c);
+    server.wait_in_flight(0);
+    // Held and never started: rejected once the hold times out.
+    let mut c = server.client();
+    let asked = Instant::now();
+    held(&mut c, 3);
+    let (_, v) = c.run_result();
+    assert!(asked.elapsed() >= Duration::from_secs(2), "{v}");
+    assert_eq!(v["result"]["outcome"], "rejected", "{v}");
+    assert!(v["result"]["error"].as_str().unwrap().contains("not started"), "{v}");
+
+    let text = server.metrics();
+    assert_eq!(runs_total(&text, "stamp", "ok"), 1.0);
+    assert_eq!(runs_total(&text, "stamp", "rejected"), 1.0);
+    assert_eq!(sample(&text, "ongrid_sandbox_setup_seconds_count"), 1.0);
+}
+
 /// A client that shuts down only its write side still gets its report.
 #[test]
 fn half_closed_connection_keeps_its_run() {

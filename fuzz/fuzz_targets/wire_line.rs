@@ -55,6 +55,18 @@ fn strip(mut l: Vec<u8>) -> Vec<u8> {
 fn check_line(line: &[u8]) {
     let parsed = serde_json::from_slice::<Value>(line);
     match decode_line(line) {
+        Ok(Request::Start { run }) => {
+            // The one notification: no id, the run's id in params.
+            let v = parsed.expect("decoded a line that is not JSON");
+            assert_eq!(v["jsonrpc"], "2.0");
+            assert_eq!(v["method"], "start");
+            assert!(v.get("id").is_none(), "a start with an id");
+            assert_eq!(v["params"]["id"], run);
+            if let Some(n) = run.as_u64() {
+                let l = strip(wire::encode_start(n));
+                assert_eq!(decode_line(&l).expect("encode_start"), Request::Start { run });
+            }
+        }
         Ok(req) => {
             let v = parsed.expect("decoded a line that is not JSON");
             assert_eq!(v["jsonrpc"], "2.0");
@@ -62,6 +74,7 @@ fn check_line(line: &[u8]) {
                 Request::Execute { id, params } => (id, "execute", json!(params)),
                 Request::Ping { id } => (id, "ping", Value::Null),
                 Request::Metrics { id } => (id, "metrics", Value::Null),
+                Request::Start { .. } => unreachable!("matched above"),
             };
             assert_eq!(&v["id"], id, "request id");
             assert_eq!(v["method"], method);
@@ -91,7 +104,12 @@ fn check_line(line: &[u8]) {
                         Some(i @ (Value::Number(_) | Value::String(_))) => assert_eq!(&id, i),
                         _ => {
                             assert!(id.is_null());
-                            assert!(matches!(e, WireError::InvalidRequest(_)));
+                            let start = v.get("method").and_then(Value::as_str) == Some("start");
+                            assert!(
+                                matches!(e, WireError::InvalidRequest(_))
+                                    || (start && matches!(e, WireError::InvalidParams(_))),
+                                "{e:?}"
+                            );
                         }
                     }
                 }

@@ -77,6 +77,23 @@ pub enum RunEvent {
 #[derive(Debug)]
 pub struct Opened(UnixStream);
 
+/// An `execute` sent with `hold` ([`ExecutorClient::execute_held`]): the
+/// executor checks and prepares the run but spawns nothing before
+/// [`HeldRun::start`]. Dropping it closes the connection, which cancels
+/// the run before it ever started.
+#[derive(Debug)]
+pub struct HeldRun(RunConnection);
+
+impl HeldRun {
+    /// Lets the held run go; its events follow on the returned connection.
+    /// A failed write is not an error here: the executor may have answered
+    /// (a refusal, `busy`) and closed, and that answer is read next.
+    pub async fn start(mut self) -> RunConnection {
+        let _ = self.0.stream.write_all(&wire::encode_start(1)).await;
+        self.0
+    }
+}
+
 /// An open `execute` call. Dropping it cancels the run.
 #[derive(Debug)]
 pub struct RunConnection {
@@ -149,6 +166,20 @@ impl ExecutorClient {
         };
         stream.write_all(&wire::encode_execute(1, params)).await.map_err(ExecutorError::Io)?;
         Ok(RunConnection::new(stream, MAX_LINE_BYTES))
+    }
+
+    /// Sends `execute` with `hold` on a fresh connection: the executor
+    /// prepares the run while the caller finishes its own work (the audit
+    /// row of the decision), then [`HeldRun::start`] lets it go.
+    ///
+    /// # Errors
+    ///
+    /// As [`ExecutorClient::execute`].
+    pub async fn execute_held(&self, mut params: ExecuteParams) -> Result<HeldRun, ExecutorError> {
+        params.hold = true;
+        let mut stream = self.connect().await?;
+        stream.write_all(&wire::encode_execute(1, &params)).await.map_err(ExecutorError::Io)?;
+        Ok(HeldRun(RunConnection::new(stream, MAX_LINE_BYTES)))
     }
 
     /// The executor's Prometheus text (`metrics` call), within `timeout`.
@@ -296,6 +327,7 @@ mod tests {
             session_id: None,
             class: None,
             tool: None,
+            hold: false,
         }
     }
 
@@ -340,6 +372,47 @@ mod tests {
             ExecutorClient::new(dir.path().join("none.sock")).open().await,
             Err(ExecutorError::Connect { .. })
         ));
+    }
+
+    /// A held run's request carries `hold`, its `start` comes only when
+    /// started, and a dropped one sends nothing more.
+    #[tokio::test]
+    async fn a_held_run_sends_start_only_when_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let client = ExecutorClient::new(&path);
+        let server = tokio::spawn(async move {
+            let mut got = Vec::new();
+            for answer in [false, true] {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let n = s.read(&mut chunk).await.unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    if answer && buf.iter().filter(|b| **b == b'\n').count() == 2 {
+                        let report = RunReport::not_run("s", Outcome::Rejected, "no");
+                        s.write_all(&wire::encode_report(&json!(1), &report)).await.unwrap();
+                    }
+                }
+                got.push(buf);
+            }
+            got
+        });
+        drop(client.execute_held(params()).await.unwrap());
+        let held = client.execute_held(params()).await.unwrap();
+        let report = held.start().await.report().await.unwrap();
+        assert_eq!(report.outcome, Outcome::Rejected);
+        let got = server.await.unwrap();
+        let held_params = ExecuteParams { hold: true, ..params() };
+        assert_eq!(got[0], wire::encode_execute(1, &held_params), "dropped: no start");
+        let mut want = wire::encode_execute(1, &held_params);
+        want.extend(wire::encode_start(1));
+        assert_eq!(got[1], want);
     }
 
     type Case = (&'static [u8], fn(&ExecutorError) -> bool);

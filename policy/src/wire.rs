@@ -2,7 +2,16 @@
 //!
 //! One JSON object per line, `\n`-terminated. The loader sends `execute`
 //! requests; the executor answers with `stderr` notifications for the run
-//! and then one response whose `result` is the [`RunReport`]. Decoding is
+//! and then one response whose `result` is the [`RunReport`].
+//!
+//! A held run: `execute` with `"hold": true` is checked and prepared by
+//! the executor (manifest, admission, run slot, cgroup, run directory,
+//! Landlock ruleset), but nothing is spawned before a `start`
+//! notification naming its id arrives on the same connection
+//! (`{"jsonrpc":"2.0","method":"start","params":{"id":ID}}`, no answer).
+//! The loader sends the request while it writes the decision's audit row
+//! and `start` once the row is in, so the two overlap and no skill runs
+//! unaudited. Closing the connection instead cancels the held run. Decoding is
 //! split from I/O (as mini-redis splits `frame` from `connection`): the
 //! caller hands [`decode_line`] one line without its newline, and
 //! [`LineBuffer`] cuts a byte stream into bounded lines.
@@ -53,6 +62,10 @@ pub struct ExecuteParams {
     /// written or as registered). Absent for `skill.json`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
+    /// Prepare the run, but spawn nothing before a `start` notification
+    /// for this request's id ([`Request::Start`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold: bool,
 }
 
 /// A request the executor understands.
@@ -78,6 +91,12 @@ pub enum Request {
     Metrics {
         /// JSON-RPC id.
         id: Value,
+    },
+    /// A notification (no id, no answer): start the held run whose
+    /// `execute` had the id `run` on this connection.
+    Start {
+        /// The id of the held `execute`.
+        run: Value,
     },
 }
 
@@ -141,10 +160,13 @@ pub fn decode_line(line: &[u8]) -> Result<Request, (Value, WireError)> {
                 WireError::InvalidRequest("id must be a number or a string".into()),
             ))
         }
+        None if obj.get("method").and_then(Value::as_str) == Some("start") => {
+            return decode_start(&obj).map_err(|e| (Value::Null, e));
+        }
         None => {
             return Err((
                 Value::Null,
-                WireError::InvalidRequest("notifications are not accepted".into()),
+                WireError::InvalidRequest("notifications other than start are not accepted".into()),
             ))
         }
     };
@@ -170,9 +192,28 @@ pub fn decode_line(line: &[u8]) -> Result<Request, (Value, WireError)> {
     }
 }
 
+/// The `start` notification: `params` is `{"id": ID}`, the id a number or
+/// a string as in the `execute` it starts.
+fn decode_start(obj: &serde_json::Map<String, Value>) -> Result<Request, WireError> {
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(WireError::InvalidRequest("jsonrpc must be \"2.0\"".into()));
+    }
+    match obj.get("params").and_then(|p| p.get("id")) {
+        Some(run @ (Value::Number(_) | Value::String(_))) => {
+            Ok(Request::Start { run: run.clone() })
+        }
+        _ => Err(WireError::InvalidParams("start needs params.id, a number or a string".into())),
+    }
+}
+
 /// Encodes a request line (with its `\n`).
 pub fn encode_execute(id: u64, params: &ExecuteParams) -> Vec<u8> {
     line(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "execute", "params": params}))
+}
+
+/// Encodes the `start` notification of the held run `id` (with its `\n`).
+pub fn encode_start(id: u64) -> Vec<u8> {
+    line(&serde_json::json!({"jsonrpc": "2.0", "method": "start", "params": {"id": id}}))
 }
 
 /// Encodes a `metrics` request line (with its `\n`).
@@ -400,8 +441,10 @@ mod tests {
             session_id: None,
             class: None,
             tool: None,
+            hold: false,
         };
         let l = encode_execute(7, &p);
+        assert!(!l.windows(4).any(|w| w == b"hold"), "hold is left out when false");
         assert_eq!(l.last(), Some(&b'\n'));
         match decode_line(&l[..l.len() - 1]).unwrap() {
             Request::Execute { id, params } => {
@@ -410,6 +453,29 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_held_execute_and_its_start_round_trip() {
+        let p = ExecuteParams {
+            manifest: "/s/skill.json".into(),
+            args: json!({}),
+            session_id: None,
+            class: None,
+            tool: None,
+            hold: true,
+        };
+        let l = encode_execute(3, &p);
+        assert!(matches!(
+            decode_line(&l[..l.len() - 1]).unwrap(),
+            Request::Execute { params: ExecuteParams { hold: true, .. }, .. }
+        ));
+        let l = encode_start(3);
+        assert_eq!(decode_line(&l[..l.len() - 1]).unwrap(), Request::Start { run: json!(3) });
+        assert_eq!(
+            decode_line(br#"{"jsonrpc":"2.0","method":"start","params":{"id":"r"}}"#).unwrap(),
+            Request::Start { run: json!("r") }
+        );
     }
 
     #[test]
@@ -427,6 +493,12 @@ mod tests {
             (br#"{"jsonrpc":"2.0","id":3,"method":"execute"}"#, code::INVALID_PARAMS, json!(3)),
             (br#"{"jsonrpc":"2.0","id":4,"method":"execute","params":{"manifest":1,"args":{}}}"#, code::INVALID_PARAMS, json!(4)),
             (br#"{"jsonrpc":"2.0","id":5,"method":"execute","params":{"manifest":"/x","args":{},"evil":1}}"#, code::INVALID_PARAMS, json!(5)),
+            (br#"{"jsonrpc":"2.0","id":6,"method":"execute","params":{"manifest":"/x","args":{},"hold":"yes"}}"#, code::INVALID_PARAMS, json!(6)),
+            (br#"{"jsonrpc":"2.0","method":"execute","params":{}}"#, code::INVALID_REQUEST, Value::Null),
+            (br#"{"jsonrpc":"2.0","method":"start"}"#, code::INVALID_PARAMS, Value::Null),
+            (br#"{"jsonrpc":"2.0","method":"start","params":{"id":null}}"#, code::INVALID_PARAMS, Value::Null),
+            (br#"{"jsonrpc":"2.0","method":"start","params":{"id":[1]}}"#, code::INVALID_PARAMS, Value::Null),
+            (br#"{"jsonrpc":"1.0","method":"start","params":{"id":1}}"#, code::INVALID_REQUEST, Value::Null),
         ];
         for (line, want, want_id) in cases {
             let (id, e) = decode_line(line).unwrap_err();

@@ -1,10 +1,13 @@
 //! One handler per method of the executor wire.
 
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use policy::wire::{self, code, ExecuteParams, MetricsResult, Request, WireError};
 use policy::{Outcome, RunReport};
 use serde_json::{json, Value};
+use tokio::sync::oneshot;
 
 use super::connection::{ConnCtx, GaugeGuard};
 use crate::engine::RunRequest;
@@ -36,10 +39,49 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
             ctx.send(wire::encode_result(&id, &json!(MetricsResult { text })));
         }
         Ok(Request::Execute { id, params }) => {
+            // A held run's start is registered before its task runs: the
+            // `start` may be the very next line.
+            let start = params.hold.then(|| {
+                let (tx, rx) = oneshot::channel();
+                lock(&ctx.held).insert(id.to_string(), tx);
+                rx
+            });
             let run_ctx = ctx.clone();
-            ctx.runs.spawn(execute(run_ctx, id, params));
+            ctx.runs.spawn(execute(run_ctx, id, params, start));
         }
+        Ok(Request::Start { run }) => match lock(&ctx.held).remove(&run.to_string()) {
+            Some(tx) => {
+                let _ = tx.send(());
+            }
+            // Already refused or over, or never held: nothing to start.
+            None => tracing::debug!("executor: {}: start for no held run {run}", ctx.peer),
+        },
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Resolves once a held run may go (`true`) or never will (`false`, and
+/// `gave_up` set: the connection closed, the executor is stopping, or
+/// `hold_timeout_seconds` passed).
+async fn start_signal(
+    ctx: &ConnCtx,
+    start: Option<oneshot::Receiver<()>>,
+    gave_up: &AtomicBool,
+) -> bool {
+    let Some(rx) = start else { return true };
+    let limit = Duration::from_secs(ctx.shared.engine.config().hold_timeout_seconds);
+    let go = tokio::select! {
+        biased;
+        () = ctx.token.cancelled() => false,
+        () = ctx.shared.stopping.cancelled() => false,
+        r = rx => r.is_ok(),
+        () = tokio::time::sleep(limit) => false,
+    };
+    gave_up.store(!go, Ordering::Relaxed);
+    go
 }
 
 /// Answers `busy` (JSON-RPC error [`code::BUSY`]) and counts it.
@@ -61,30 +103,50 @@ fn refuse(ctx: &ConnCtx, id: &Value, skill: &str, report: &RunReport) {
     ctx.send(wire::encode_report(id, report));
 }
 
-/// `execute`: check, admit, queue, run, report.
-async fn execute(ctx: ConnCtx, id: Value, params: ExecuteParams) {
+/// `execute`: check, admit, queue, (wait for a held run's start), run,
+/// report.
+async fn execute(
+    ctx: ConnCtx,
+    id: Value,
+    params: ExecuteParams,
+    start: Option<oneshot::Receiver<()>>,
+) {
+    let key = start.is_some().then(|| id.to_string());
+    execute_run(&ctx, &id, params, start).await;
+    // However it ended, a start that comes later finds nothing.
+    if let Some(key) = key {
+        lock(&ctx.held).remove(&key);
+    }
+}
+
+async fn execute_run(
+    ctx: &ConnCtx,
+    id: &Value,
+    params: ExecuteParams,
+    start: Option<oneshot::Receiver<()>>,
+) {
     let shared = &ctx.shared;
     let session: String =
         params.session_id.as_deref().unwrap_or("-").chars().take(SESSION_LOG_CHARS).collect();
     // The executor's own reading of the manifest: under its roots, valid.
     let checked = match shared.manifests.check_tool(&params.manifest, params.tool.as_deref()) {
         Ok(c) => c,
-        Err(report) => return refuse(&ctx, &id, "", &report),
+        Err(report) => return refuse(ctx, id, "", &report),
     };
     let skill = checked.name.as_str();
     if !shared.peers.may_run(ctx.peer.uid, checked.class) {
         let why = format!("peer uid {} may not run {} skills", ctx.peer.uid, checked.class);
-        return refuse(&ctx, &id, skill, &RunReport::not_run(skill, Outcome::Denied, why));
+        return refuse(ctx, id, skill, &RunReport::not_run(skill, Outcome::Denied, why));
     }
     if let Some(claimed) = params.class.filter(|c| *c != checked.class) {
         let why = format!(
             "the caller authorised class {claimed}, but the manifest declares {}",
             checked.class
         );
-        return refuse(&ctx, &id, skill, &RunReport::not_run(skill, Outcome::Denied, why));
+        return refuse(ctx, id, skill, &RunReport::not_run(skill, Outcome::Denied, why));
     }
     if shared.stopping.is_cancelled() {
-        return busy(&ctx, &id, skill, "the executor is shutting down");
+        return busy(ctx, id, skill, "the executor is shutting down");
     }
     // Admission: a run slot or a queue place, else busy at once.
     let Ok(admitted) = shared.admission.clone().try_acquire_owned() else {
@@ -93,7 +155,7 @@ async fn execute(ctx: ConnCtx, id: Value, params: ExecuteParams) {
             "the executor is at its cap ({} runs, {} queued)",
             config.max_concurrent_runs, config.max_queued_runs
         );
-        return busy(&ctx, &id, skill, &why);
+        return busy(ctx, id, skill, &why);
     };
     let queued = Instant::now();
     let slot = tokio::select! {
@@ -103,7 +165,7 @@ async fn execute(ctx: ConnCtx, id: Value, params: ExecuteParams) {
             return;
         }
         () = shared.stopping.cancelled() => {
-            return busy(&ctx, &id, skill, "the executor is shutting down");
+            return busy(ctx, id, skill, "the executor is shutting down");
         }
         slot = shared.slots.clone().acquire_owned() => match slot {
             Ok(slot) => slot,
@@ -122,21 +184,33 @@ async fn execute(ctx: ConnCtx, id: Value, params: ExecuteParams) {
     // Serialising a Value cannot fail (every key is a string).
     let args = serde_json::to_vec(&params.args).unwrap_or_default();
     let started = Instant::now();
+    let gave_up = AtomicBool::new(false);
     // Polled by this task, on a runtime thread (see the module docs of
     // `server` on the parent-death signal).
-    let report = shared
+    let (report, held) = shared
         .engine
-        .run_tool(
+        .run_held(
             RunRequest { manifest_path: checked.path.clone(), args },
             params.tool.as_deref(),
             &mut sink,
+            start_signal(ctx, start, &gave_up),
             ctx.token.clone().cancelled_owned(),
         )
         .await;
-    let elapsed = started.elapsed();
+    let elapsed = started.elapsed().saturating_sub(held);
     drop(slot);
     drop(admitted);
     drop(in_flight);
+    if gave_up.load(Ordering::Relaxed) && ctx.token.is_cancelled() {
+        // The caller closed the connection instead of starting the run
+        // (e.g. its audit row could not be written): nothing ran, and
+        // nobody is there to read a report.
+        tracing::info!(
+            "executor: held run {skill:?} cancelled before its start (peer {})",
+            ctx.peer
+        );
+        return;
+    }
     metrics.record_run(skill, &report, elapsed);
     tracing::info!(
         "executor: run {skill:?} {} in {} ms (peer {}, session {session:?})",
@@ -144,5 +218,5 @@ async fn execute(ctx: ConnCtx, id: Value, params: ExecuteParams) {
         elapsed.as_millis(),
         ctx.peer
     );
-    ctx.send(wire::encode_report(&id, &report));
+    ctx.send(wire::encode_report(id, &report));
 }

@@ -6,10 +6,14 @@
 //! permission (403 `denied` with a `reason`, [`crate::authz`]), the audit
 //! row of the decision (503 `audit_unavailable` when it cannot be written
 //! and `audit_required`), a run slot (503 `busy`), the executor (503).
-//! Nothing reaches the executor before all of them pass (its connection
-//! is opened while the decision's row is written, but nothing is sent on
-//! it before; a refused request just closes it). Any run the
-//! executor finishes, ok or failed, is a 200 with its report.
+//! Nothing runs before all of them pass. When a run slot is free at once,
+//! the request goes to the executor *held* while the decision's row is
+//! written ([`crate::executor_client::HeldRun`]): the executor checks and
+//! prepares the run, and spawns it only on the `start` sent once the row
+//! is in; a request refused by then closes the connection, which cancels
+//! it unstarted. Otherwise the connection is only opened meanwhile and
+//! nothing is sent on it before the row is in and a slot is taken. Any
+//! run the executor finishes, ok or failed, is a 200 with its report.
 //!
 //! Audit ([`crate::audit`]): an `invalid_args` or `denied` answer has its
 //! row (`reject`/`deny`) committed before it is sent; an allowed run's row
@@ -42,7 +46,7 @@ use super::ApiError;
 use crate::app::{App, Limits};
 use crate::audit::{AuditError, Finish, Record, RunRow};
 use crate::authz::{Denied, RunRequest};
-use crate::executor_client::{ExecutorError, RunConnection, RunEvent};
+use crate::executor_client::{ExecutorError, HeldRun, Opened, RunConnection, RunEvent};
 use crate::metrics::InFlight;
 use crate::registry::Skill;
 use crate::server::Caller;
@@ -141,13 +145,40 @@ pub async fn execute(
         approvals_used: grant.approvals.iter().map(|v| (v.replay_key(), v.expires_at)).collect(),
         ..base.clone()
     };
-    // The decision is written before anything runs; its commit is the
-    // one the completion waits for (`Audit::record_before_run`). The
-    // executor connection is opened meanwhile; nothing is sent on it
-    // before the row is written and a run slot is taken.
-    let (row_id, opened) =
-        tokio::join!(app.audit().record_before_run(record), app.executor().open());
-    let mut opened = Some(opened);
+    // The executor's request. Its manifest path must be UTF-8 (the wire is
+    // JSON); a path that is not is refused after the decision's row.
+    let mut params = skill.registered().manifest_path().to_str().map(|m| ExecuteParams {
+        manifest: m.to_owned(),
+        args: req.args,
+        session_id: req.session_id,
+        class: Some(manifest.class()),
+        tool: skill.registered().tool().map(str::to_owned),
+        hold: false,
+    });
+    // The decision is written before anything runs; its commit is the one
+    // the completion waits for (`Audit::record_before_run`). Meanwhile,
+    // with a run slot free at once, the executor already gets the request
+    // held: it checks and prepares the run but spawns nothing before the
+    // `start` sent once the row is in (a refused request closes the
+    // connection, which cancels it). Without a free slot the connection is
+    // only opened meanwhile, and nothing is sent before a slot is taken.
+    let fast = match params.as_ref() {
+        Some(_) => Arc::clone(app.run_slots()).try_acquire_owned().ok(),
+        None => None,
+    };
+    let (row_id, pre) = match (fast, params.take()) {
+        (Some(permit), Some(p)) => {
+            let (row, held) =
+                tokio::join!(app.audit().record_before_run(record), app.executor().execute_held(p));
+            (row, Pre::Held(permit, held))
+        }
+        (_, p) => {
+            params = p;
+            let (row, opened) =
+                tokio::join!(app.audit().record_before_run(record), app.executor().open());
+            (row, Pre::Opened(opened))
+        }
+    };
     let row_id = match row_id {
         Ok(id) => {
             grant.keep();
@@ -191,48 +222,59 @@ pub async fn execute(
         "run allowed"
     );
 
-    let queued = Instant::now();
-    let slot = match Arc::clone(app.run_slots()).try_acquire_owned() {
-        Ok(permit) => Ok(Ok(permit)),
-        Err(_) => {
-            // Queued: the connection opened ahead is not kept idle (the
-            // executor closes idle connections), a fresh one follows.
-            opened = None;
-            tokio::time::timeout(
-                app.limits().queue_timeout,
-                Arc::clone(app.run_slots()).acquire_owned(),
-            )
-            .await
+    let deadline = |started: Instant| {
+        tokio::time::Instant::from_std(started) + manifest.timeout() + REPORT_SLACK
+    };
+    let (permit, started, conn) = match pre {
+        Pre::Held(permit, held) => {
+            app.metrics().run_queue_wait_seconds.observe(0.0);
+            let started = Instant::now();
+            let conn = match held {
+                Ok(held) => Ok(held.start().await),
+                Err(e) => Err(e),
+            };
+            (permit, started, conn)
+        }
+        Pre::Opened(opened) => {
+            let queued = Instant::now();
+            let mut opened = Some(opened);
+            let slot = match Arc::clone(app.run_slots()).try_acquire_owned() {
+                Ok(permit) => Ok(Ok(permit)),
+                Err(_) => {
+                    // Queued: the connection opened ahead is not kept idle
+                    // (the executor closes idle connections), a fresh one
+                    // follows.
+                    opened = None;
+                    tokio::time::timeout(
+                        app.limits().queue_timeout,
+                        Arc::clone(app.run_slots()).acquire_owned(),
+                    )
+                    .await
+                }
+            };
+            app.metrics().run_queue_wait_seconds.observe(queued.elapsed().as_secs_f64());
+            let Ok(Ok(permit)) = slot else {
+                count(Outcome::Busy);
+                let why = "no run slot free in time";
+                let _ = row.finish(not_run(Outcome::Busy.as_str(), why)).await;
+                return Err(busy(skill.name(), why));
+            };
+            let Some(params) = params else {
+                let why = "the manifest path is not UTF-8; the executor wire needs UTF-8";
+                let _ = row.finish(not_run("rejected", why)).await;
+                return Err(ApiError::Internal(why.into()));
+            };
+            let started = Instant::now();
+            let conn = match opened {
+                Some(Ok(opened)) => app.executor().execute_on(Some(opened), &params).await,
+                Some(Err(e)) => Err(e),
+                None => app.executor().execute(&params).await,
+            };
+            (permit, started, conn)
         }
     };
-    app.metrics().run_queue_wait_seconds.observe(queued.elapsed().as_secs_f64());
-    let Ok(Ok(permit)) = slot else {
-        count(Outcome::Busy);
-        let why = "no run slot free in time";
-        let _ = row.finish(not_run(Outcome::Busy.as_str(), why)).await;
-        return Err(busy(skill.name(), why));
-    };
     let in_flight = app.metrics().run_in_flight();
-
-    let Some(manifest_path) = skill.registered().manifest_path().to_str() else {
-        let why = "the manifest path is not UTF-8; the executor wire needs UTF-8";
-        let _ = row.finish(not_run("rejected", why)).await;
-        return Err(ApiError::Internal(why.into()));
-    };
-    let params = ExecuteParams {
-        manifest: manifest_path.to_owned(),
-        args: req.args,
-        session_id: req.session_id,
-        class: Some(manifest.class()),
-        tool: skill.registered().tool().map(str::to_owned),
-    };
-    let started = Instant::now();
-    let deadline = tokio::time::Instant::now() + manifest.timeout() + REPORT_SLACK;
-    let conn = match opened {
-        Some(Ok(opened)) => app.executor().execute_on(Some(opened), &params).await,
-        Some(Err(e)) => Err(e),
-        None => app.executor().execute(&params).await,
-    };
+    let deadline = deadline(started);
     let conn = match conn {
         Ok(c) => c,
         Err(e) => return Err(executor_error(&app, &name, e, row).await),
@@ -270,6 +312,14 @@ pub async fn execute(
             Err(e) => return Err(run.fail(&name, e).await),
         };
     }
+}
+
+/// What was sent to the executor while the decision's row was written.
+enum Pre {
+    /// A run slot was free: the request went out held.
+    Held(OwnedSemaphorePermit, Result<HeldRun, ExecutorError>),
+    /// No slot (or no request to send): only a connection was opened.
+    Opened(Result<Opened, ExecutorError>),
 }
 
 fn run_reason(row: &Option<i64>) -> &'static str {

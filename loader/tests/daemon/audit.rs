@@ -70,9 +70,19 @@ async fn an_unwritable_audit_refuses_runs_unless_not_required() {
             assert_eq!(r.body["error"]["code"], "audit_unavailable");
             let message = r.body["error"]["message"].as_str().unwrap();
             assert!(message.contains("/nonexistent-ongrid-dir/audit.db"), "{message}");
+            // The request went out held while the row was tried; the
+            // failed row closed its connection instead of starting it.
+            let cancelled = || ex.stats.held_cancelled.load(std::sync::atomic::Ordering::SeqCst);
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while cancelled() == 0 && std::time::Instant::now() < until {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            assert_eq!(cancelled(), 1);
+            assert_eq!(ex.stats.held.load(std::sync::atomic::Ordering::SeqCst), 1);
             assert_eq!(ex.stats.runs_started.load(std::sync::atomic::Ordering::SeqCst), 0);
         } else {
             assert_eq!(r.status, 200, "{}", r.body);
+            assert_eq!(ex.stats.held.load(std::sync::atomic::Ordering::SeqCst), 1);
             assert_eq!(ex.stats.runs_started.load(std::sync::atomic::Ordering::SeqCst), 1);
         }
         let r = c.post("/v1/skills/strict/execute", &json!({"args": {"path": "/"}})).await.unwrap();

@@ -4,8 +4,10 @@
 //! notifications, and answers with a [`RunReport`]. Like the real one, it
 //! kills the run (its whole process group) when the connection closes.
 //! It also answers `ping` and `metrics`, and can be switched to answer
-//! every `execute` with the busy error.
+//! every `execute` with the busy error. A held `execute` (`hold`) waits
+//! for its `start`; a connection closed first runs nothing.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -32,6 +34,10 @@ pub struct Stats {
     pub runs_cancelled: AtomicUsize,
     /// `metrics` calls answered.
     pub metrics_calls: AtomicUsize,
+    /// Held `execute` requests received.
+    pub held: AtomicUsize,
+    /// Held runs whose connection closed before their `start`.
+    pub held_cancelled: AtomicUsize,
 }
 
 /// A running fake executor; [`FakeExecutor::stop`] ends it.
@@ -91,40 +97,74 @@ async fn accept_loop(listener: UnixListener, stats: Arc<Stats>, token: Cancellat
 
 async fn connection(stream: UnixStream, stats: Arc<Stats>) {
     let (mut rd, mut wr) = stream.into_split();
-    let mut lines = LineBuffer::new(wire::MAX_LINE_BYTES);
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = match rd.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        for line in lines.push(&buf[..n]) {
-            let Ok(line) = line else { return };
-            let reply = match wire::decode_line(&line) {
-                Ok(Request::Ping { id }) => wire::encode_result(&id, &json!({"ok": true})),
-                Ok(Request::Metrics { id }) => {
-                    let n = stats.metrics_calls.fetch_add(1, Ordering::SeqCst);
-                    wire::encode_result(
-                        &id,
-                        &json!(MetricsResult { text: metrics_text(&stats, n) }),
-                    )
-                }
-                Ok(Request::Execute { id, params }) => {
-                    if stats.busy.load(Ordering::SeqCst) {
-                        wire::encode_error_code(&id, wire::code::BUSY, "fake executor is full")
-                    } else {
-                        match run(&id, params, &mut rd, &mut wr, &stats).await {
-                            Some(report) => wire::encode_report(&id, &report),
-                            None => return, // cancelled: the loader went away
-                        }
+    let mut lines = Lines { buf: LineBuffer::new(wire::MAX_LINE_BYTES), ready: VecDeque::new() };
+    while let Some(line) = lines.next(&mut rd).await {
+        let reply = match wire::decode_line(&line) {
+            Ok(Request::Ping { id }) => wire::encode_result(&id, &json!({"ok": true})),
+            Ok(Request::Metrics { id }) => {
+                let n = stats.metrics_calls.fetch_add(1, Ordering::SeqCst);
+                wire::encode_result(&id, &json!(MetricsResult { text: metrics_text(&stats, n) }))
+            }
+            // A start for no held run: nothing to do, no answer.
+            Ok(Request::Start { .. }) => continue,
+            Ok(Request::Execute { id, params }) => {
+                if params.hold {
+                    stats.held.fetch_add(1, Ordering::SeqCst);
+                    if !lines.wait_start(&mut rd, &id).await {
+                        stats.held_cancelled.fetch_add(1, Ordering::SeqCst);
+                        return;
                     }
                 }
-                Err((id, e)) => wire::encode_error(&id, &e),
+                if stats.busy.load(Ordering::SeqCst) {
+                    wire::encode_error_code(&id, wire::code::BUSY, "fake executor is full")
+                } else {
+                    match run(&id, params, &mut rd, &mut wr, &stats).await {
+                        Some(report) => wire::encode_report(&id, &report),
+                        None => return, // cancelled: the loader went away
+                    }
+                }
+            }
+            Err((id, e)) => wire::encode_error(&id, &e),
+        };
+        if wr.write_all(&reply).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The connection's request lines, one at a time.
+struct Lines {
+    buf: LineBuffer,
+    ready: VecDeque<Vec<u8>>,
+}
+
+impl Lines {
+    /// The next line; `None` at EOF, on an error or an overlong line.
+    async fn next(&mut self, rd: &mut OwnedReadHalf) -> Option<Vec<u8>> {
+        let mut chunk = vec![0u8; 64 << 10];
+        loop {
+            if let Some(line) = self.ready.pop_front() {
+                return Some(line);
+            }
+            let n = match rd.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => n,
             };
-            if wr.write_all(&reply).await.is_err() {
-                return;
+            for line in self.buf.push(&chunk[..n]) {
+                self.ready.push_back(line.ok()?);
             }
         }
+    }
+
+    /// Skips lines until the `start` of run `id`; false if the connection
+    /// ends first.
+    async fn wait_start(&mut self, rd: &mut OwnedReadHalf, id: &Value) -> bool {
+        while let Some(line) = self.next(rd).await {
+            if matches!(wire::decode_line(&line), Ok(Request::Start { run }) if run == *id) {
+                return true;
+            }
+        }
+        false
     }
 }
 
