@@ -436,7 +436,9 @@ pub fn spawn(prep: &Prepared, entry: &Path, spawners: &Spawners) -> Result<Child
     // Step 3: a spawner thread carrying the run's seccomp program creates
     // the child, which inherits the filter; without one (it could not
     // start) the child installs the program itself in step 4i.
-    let spawner = spawners.get(prep.network);
+    // Its bounding set is empty: a run granted capabilities (they must stay
+    // in the bounding set) goes without one.
+    let spawner = if prep.capabilities == 0 { spawners.get(prep.network) } else { None };
     let mut spec = ChildSpec {
         path: &prep.path,
         argv: &argv,
@@ -451,6 +453,7 @@ pub fn spawn(prep: &Prepared, entry: &Path, spawners: &Spawners) -> Result<Child
         landlock: prep.landlock.as_ref().map(AsRawFd::as_raw_fd),
         seccomp: prep.seccomp,
         parent: nix::unistd::getpid().as_raw(),
+        bounding_cleared: false,
     };
     // Steps 3-5 (in the child): see sys::child.
     let spawned = match spawner {

@@ -340,7 +340,8 @@ except OSError as e:
 libc = ctypes.CDLL(None, use_errno=True)
 un = "ok" if libc.unshare(0x10000000) == 0 else ctypes.get_errno()
 print(json.dumps({"seccomp": st["Seccomp"].strip(), "filters": st["Seccomp_filters"].strip(),
-                  "nnp": st["NoNewPrivs"].strip(), "socket": sock, "unshare": un}))
+                  "nnp": st["NoNewPrivs"].strip(), "socket": sock, "unshare": un,
+                  "capbnd": st["CapBnd"].strip(), "capeff": st["CapEff"].strip()}))
 '"#;
 
 #[test]
@@ -357,6 +358,13 @@ fn served_runs_carry_the_filter_from_the_spawner_threads() {
             "netprobe".into(),
             policy::SkillGrant { network: true, ..policy::SkillGrant::default() },
         );
+        c.skills.insert(
+            "capprobe".into(),
+            policy::SkillGrant {
+                capabilities: vec!["CAP_NET_RAW".into()],
+                ..policy::SkillGrant::default()
+            },
+        );
     });
     let plain = skill(&server.root, "probe", "safe", 10, FILTER_PROBE);
     let net = skill(&server.root, "netprobe", "safe", 10, FILTER_PROBE);
@@ -365,8 +373,24 @@ fn served_runs_carry_the_filter_from_the_spawner_threads() {
         r#"{"name":"netprobe","description":"t","entry":"run.sh","class":"safe","timeout_seconds":10,"sandbox":{"network":true}}"#,
     )
     .unwrap();
+    // Granted a capability: created without a spawner thread (whose
+    // bounding set is empty), it keeps that one capability and no other.
+    let cap = skill(&server.root, "capprobe", "safe", 10, FILTER_PROBE);
+    std::fs::write(
+        &cap,
+        r#"{"name":"capprobe","description":"t","entry":"run.sh","class":"safe","timeout_seconds":10,"sandbox":{"capabilities":["CAP_NET_RAW"]}}"#,
+    )
+    .unwrap();
     let mut c = server.client();
     let eperm = json!(libc::EPERM);
+    let none = json!("0000000000000000");
+    let net_raw = json!(format!("{:016x}", 1u64 << 13)); // CAP_NET_RAW
+    c.execute(200, &cap, json!({}));
+    let report = c.run_result().1["result"].clone();
+    assert_eq!(report["outcome"], "ok", "{report}");
+    let seen = &report["result"];
+    assert_eq!((&seen["capbnd"], &seen["capeff"]), (&net_raw, &net_raw), "{report}");
+    assert_eq!((&seen["seccomp"], &seen["filters"]), (&json!("2"), &json!("1")), "{report}");
     // Several runs each, so more than one spawner thread serves them.
     for i in 0..4 {
         c.execute(i, &plain, json!({}));
@@ -378,6 +402,7 @@ fn served_runs_carry_the_filter_from_the_spawner_threads() {
         assert_eq!(seen["nnp"], "1", "{report}");
         assert_eq!(seen["socket"], eperm, "socket(AF_UNIX) without the network grant: {report}");
         assert_eq!(seen["unshare"], eperm, "unshare(CLONE_NEWUSER): {report}");
+        assert_eq!((&seen["capbnd"], &seen["capeff"]), (&none, &none), "{report}");
 
         c.execute(100 + i, &net, json!({}));
         let report = c.run_result().1["result"].clone();

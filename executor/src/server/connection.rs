@@ -131,7 +131,8 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
     };
 
     let mut lines = LineBuffer::new(shared.engine.config().max_line_bytes);
-    let mut buf = vec![0u8; READ_CHUNK];
+    // Filled in its spare capacity (nothing zeroed), emptied before each read.
+    let mut buf = Vec::with_capacity(READ_CHUNK);
     let mut reading = true;
     let mut stopping = shared.stopping.is_cancelled();
     let mut hup = tokio::time::interval(HUP_POLL);
@@ -141,11 +142,12 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
     );
     let mut last_request = tokio::time::Instant::now();
     loop {
+        buf.clear();
         tokio::select! {
-            r = rd.read(&mut buf), if reading => match r {
+            r = rd.read_buf(&mut buf), if reading => match r {
                 Ok(0) => reading = false,
-                Ok(n) => {
-                    for item in lines.push(buf.get(..n).unwrap_or_default()) {
+                Ok(_) => {
+                    for item in lines.push(&buf) {
                         last_request = tokio::time::Instant::now();
                         commands::dispatch(&ctx, item);
                     }

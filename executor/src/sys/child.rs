@@ -124,7 +124,7 @@ pub struct Identity {
 ///
 /// Pointers in `argv` and `envp` must point into `CString`s that outlive the
 /// [`spawn`] call; both arrays must end with a null pointer.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct ChildSpec<'a> {
     /// Absolute path of the entry.
     pub path: &'a CStr,
@@ -152,6 +152,10 @@ pub struct ChildSpec<'a> {
     pub seccomp: &'a [libc::sock_filter],
     /// The executor's pid, checked after `PR_SET_PDEATHSIG`.
     pub parent: libc::pid_t,
+    /// The creating thread's capability bounding set is empty already (a
+    /// spawner thread's, set by [`super::spawner`] only): step 4g skips
+    /// its `PR_CAPBSET_DROP`s, which the child inherits done.
+    pub bounding_cleared: bool,
 }
 
 /// A child that was created and has exec'd.
@@ -375,7 +379,7 @@ fn run(shared: &Shared<'_, '_>) -> Result<(), (Step, i32)> {
         if let Some(id) = spec.identity {
             check(libc::syscall(libc::SYS_setgroups, 0, 0usize), Step::Setgroups)?;
             for cap in 0..=spec.cap_last.min(63) {
-                if spec.capabilities & (1u64 << cap) == 0 {
+                if !spec.bounding_cleared && spec.capabilities & (1u64 << cap) == 0 {
                     check(
                         libc::syscall(libc::SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0),
                         Step::CapBounding,
