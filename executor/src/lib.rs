@@ -52,7 +52,9 @@
 //!    `cgroup.procs` opened, the per-run directory. Leaves and directory
 //!    belong to the engine's instance ([`instance`], set up once by
 //!    [`Engine::new`]: `.../ongrid/<instance>/<run>` in each hierarchy,
-//!    `<runtime_dir>/runs/<instance>/<run>` on the runs tmpfs).
+//!    `<runtime_dir>/runs/<instance>/<run>` on the runs tmpfs). A held
+//!    run (the wire's `execute` with `hold`) waits here, prepared, for its
+//!    caller's `start` ([`Engine::run_held`]); nothing is spawned before.
 //! 3. Create the child with `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD)`
 //!    on a parent-allocated stack, the way `posix_spawn` does: the cost does
 //!    not grow with the executor's memory (no page tables copied, unlike
@@ -70,7 +72,8 @@
 //!    session (`setsid`, no controlling terminal); join the cgroups; pipes
 //!    on 0, 1, 2 and every other fd close-on-exec; `chdir` into the run
 //!    directory; rlimits (CORE 0, NOFILE, FSIZE, CPU, AS); `no_new_privs`;
-//!    clear supplementary groups, drop the bounding set, switch to the
+//!    clear supplementary groups, drop the bounding set (inherited empty
+//!    from a spawner thread when no capability is granted), switch to the
 //!    run-as user and set exactly the granted capabilities (ambient too);
 //!    `PR_SET_PDEATHSIG(SIGKILL)`; Landlock; seccomp (without the network
 //!    grant `socket(2)` fails for every family, `AF_UNIX` included), which

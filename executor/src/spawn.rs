@@ -1,5 +1,5 @@
 //! Spawn sequence steps 2 to 5: prepare everything in the parent, then
-//! create the child through [`sys::child`], which applies it and execs.
+//! create the child through `sys::child`, which applies it and execs.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, CString};
