@@ -109,6 +109,10 @@ pub struct Config {
     /// A held run (`execute` with `hold`) not started for this long ends
     /// as `rejected`, never spawned (at least 1).
     pub hold_timeout_seconds: u64,
+    /// `serve` turns `favordynmods` on for the cgroup hierarchies at start
+    /// when none has it ([`crate::dynmods`]): runs after an idle gap then
+    /// skip an RCU grace period (5-25 ms) in their cgroup join.
+    pub cgroup_favordynmods: bool,
 }
 
 /// Which skill classes one peer may run (`[[peers]]`).
@@ -148,6 +152,7 @@ impl Default for Config {
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
             hold_timeout_seconds: DEFAULT_HOLD_TIMEOUT_SECONDS,
+            cgroup_favordynmods: true,
         }
     }
 }

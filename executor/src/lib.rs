@@ -9,6 +9,8 @@
 //! - [`landlock`]: which paths get which Landlock rights, per ABI.
 //! - [`seccomp`]: the syscall deny-list, compiled to classic BPF.
 //! - [`cgroup`]: the run's cgroups (tree kill, pids and memory bounds).
+//! - [`dynmods`]: `favordynmods` on the cgroup hierarchies, so a cgroup
+//!   join after an idle gap does not wait an RCU grace period.
 //! - [`rundir`]: the private per-run directory.
 //! - [`supervise`]: steps 6 and 7, I/O bounds, deadline, tree kill.
 //! - [`reaper`]: reaping main processes and orphans.
@@ -115,6 +117,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod config;
 pub mod delegation;
+pub mod dynmods;
 pub mod engine;
 pub mod instance;
 pub mod landlock;

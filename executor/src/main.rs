@@ -101,6 +101,29 @@ fn serve(config: Option<PathBuf>) -> anyhow::Result<u8> {
         Ok(other) => tracing::info!("executor: cgroup delegation: {other:?}"),
         Err(e) => eprintln!("ongrid-executor: {e:#}; runs get what the cgroup offers as it is"),
     }
+    // Cgroup joins without an RCU grace period after idle gaps.
+    if config.cgroup_favordynmods && nix::unistd::geteuid().is_root() {
+        use executor::dynmods::{self, Favor};
+        match dynmods::ensure() {
+            Ok(Favor::Enabled(at)) => eprintln!(
+                "ongrid-executor: cgroup: remounted {} with {} (runs after an idle gap no \
+                 longer wait an RCU grace period to join their cgroup; cgroup_favordynmods = \
+                 false leaves the mounts as they are)",
+                at.display(),
+                dynmods::OPTION
+            ),
+            Ok(Favor::Already(at)) => {
+                tracing::debug!("executor: cgroup: {} has {}", at.display(), dynmods::OPTION);
+            }
+            Ok(Favor::NoCgroup) => {}
+            Err(e) => tracing::warn!(
+                "executor: cgroup: cannot turn on {} ({e}): a run after an idle gap waits an \
+                 RCU grace period (ms) to join its cgroup; mount a cgroup hierarchy with \
+                 {0} or boot with cgroup_favordynmods=true",
+                dynmods::OPTION
+            ),
+        }
+    }
     // Runs are spawned from the runtime's worker threads, which live as long
     // as the runtime (the children's parent-death signal is tied to the
     // spawning thread; see `executor::server`). Runs also block a worker

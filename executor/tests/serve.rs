@@ -650,6 +650,56 @@ fn held_runs_spawn_only_on_their_start() {
     assert_eq!(sample(&text, "ongrid_sandbox_setup_seconds_count"), 1.0);
 }
 
+/// `dynmods::ensure` (what `serve` runs at start) turns `favordynmods` on
+/// for a cgroup hierarchy that lacks it, keeping its other options, and
+/// then finds it on. The option is first taken off every hierarchy here.
+#[test]
+fn favordynmods_is_turned_on_and_other_options_kept() {
+    use executor::dynmods::{self, Favor};
+    if !can_run() {
+        return;
+    }
+    let mounts =
+        || dynmods::cgroup_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap());
+    let before = mounts();
+    if before.is_empty() {
+        println!("SKIP: favordynmods_is_turned_on_and_other_options_kept: no cgroup mounted");
+        return;
+    }
+    for m in before.iter().filter(|m| m.favors_dynmods()) {
+        let data: Vec<&str> = m
+            .super_opts
+            .split(',')
+            .filter(|o| !matches!(*o, "rw" | "ro" | dynmods::OPTION))
+            .collect();
+        nix::mount::mount(
+            None::<&str>,
+            &m.target,
+            Some(m.fstype.as_str()),
+            m.remount_flags(),
+            Some(data.join(",").as_str()),
+        )
+        .unwrap();
+    }
+    let cleared = mounts();
+    assert!(cleared.iter().all(|m| !m.favors_dynmods()), "{cleared:?}");
+    let Favor::Enabled(at) = dynmods::ensure().unwrap() else { panic!("not enabled") };
+    let after = mounts();
+    let was = cleared.iter().find(|m| m.target == at).unwrap();
+    let now = after.iter().find(|m| m.target == at).unwrap();
+    assert!(now.favors_dynmods(), "{now:?}");
+    assert_eq!(now.mount_opts, was.mount_opts);
+    let options = |m: &dynmods::CgroupMount| {
+        let mut v: Vec<String> =
+            m.super_opts.split(',').filter(|o| *o != dynmods::OPTION).map(str::to_owned).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(options(now), options(was));
+    assert_eq!(dynmods::ensure().unwrap(), Favor::Already(at));
+    assert!(Config::default().cgroup_favordynmods, "on by default");
+}
+
 /// A client that shuts down only its write side still gets its report.
 #[test]
 fn half_closed_connection_keeps_its_run() {
