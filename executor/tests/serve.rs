@@ -586,9 +586,10 @@ fn closing_the_connection_kills_its_run() {
 /// A held `execute` is checked and prepared, but its skill starts only on
 /// the `start` naming it (a stamp taken before the `start` is not later
 /// than the skill's clock); the wait is not counted as setup or duration;
-/// a `start` for another id starts nothing; a held run whose connection
-/// closes never runs and is not counted; one never started ends
-/// `rejected` after `hold_timeout_seconds`.
+/// a `start` for another id starts nothing; a second held run with the
+/// same id replaces the first; a held run whose connection closes never
+/// runs and is not counted; one never started ends `rejected` after
+/// `hold_timeout_seconds`.
 #[test]
 fn held_runs_spawn_only_on_their_start() {
     if !can_run() {
@@ -630,6 +631,17 @@ fn held_runs_spawn_only_on_their_start() {
         "the hold counted as duration: {report}"
     );
 
+    // A second held run with the same id replaces the first, which ends
+    // unstarted; the start then goes to the second.
+    held(&mut c, 5);
+    server.wait_in_flight(1);
+    held(&mut c, 5);
+    let (_, v) = c.run_result();
+    assert_eq!(v["result"]["outcome"], "rejected", "{v}");
+    start(&mut c, 5);
+    let (_, v) = c.run_result();
+    assert_eq!((&v["id"], &v["result"]["outcome"]), (&json!(5), &json!("ok")), "{v}");
+
     // Held, then the connection closes: nothing runs, nothing is counted.
     held(&mut c, 2);
     server.wait_in_flight(1);
@@ -645,9 +657,9 @@ fn held_runs_spawn_only_on_their_start() {
     assert!(v["result"]["error"].as_str().unwrap().contains("not started"), "{v}");
 
     let text = server.metrics();
-    assert_eq!(runs_total(&text, "stamp", "ok"), 1.0);
-    assert_eq!(runs_total(&text, "stamp", "rejected"), 1.0);
-    assert_eq!(sample(&text, "ongrid_sandbox_setup_seconds_count"), 1.0);
+    assert_eq!(runs_total(&text, "stamp", "ok"), 2.0);
+    assert_eq!(runs_total(&text, "stamp", "rejected"), 2.0);
+    assert_eq!(sample(&text, "ongrid_sandbox_setup_seconds_count"), 2.0);
 }
 
 /// `dynmods::ensure` (what `serve` runs at start) turns `favordynmods` on

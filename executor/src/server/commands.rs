@@ -113,9 +113,14 @@ async fn execute(
 ) {
     let key = start.is_some().then(|| id.to_string());
     execute_run(&ctx, &id, params, start).await;
-    // However it ended, a start that comes later finds nothing.
+    // However it ended, a start that comes later finds nothing; but a held
+    // run given the same id since (which replaced this one's entry, and
+    // ended it unstarted) keeps its own.
     if let Some(key) = key {
-        lock(&ctx.held).remove(&key);
+        let mut held = lock(&ctx.held);
+        if held.get(&key).is_some_and(oneshot::Sender::is_closed) {
+            held.remove(&key);
+        }
     }
 }
 
