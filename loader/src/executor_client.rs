@@ -344,14 +344,19 @@ mod tests {
         assert!(matches!(conn.next().await, Err(ExecutorError::Closed)));
     }
 
+    /// A listener on a fresh socket and a client of it.
+    fn listening() -> (tempfile::TempDir, UnixListener, ExecutorClient) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        (dir, listener, ExecutorClient::new(path))
+    }
+
     /// A connection opened ahead carries the run when used, and nothing
     /// at all when dropped.
     #[tokio::test]
     async fn an_opened_connection_sends_only_when_used() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("e.sock");
-        let listener = UnixListener::bind(&path).unwrap();
-        let client = ExecutorClient::new(&path);
+        let (dir, listener, client) = listening();
         let server = tokio::spawn(async move {
             let mut got = Vec::new();
             for _ in 0..2 {
@@ -378,10 +383,7 @@ mod tests {
     /// started, and a dropped one sends nothing more.
     #[tokio::test]
     async fn a_held_run_sends_start_only_when_started() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("e.sock");
-        let listener = UnixListener::bind(&path).unwrap();
-        let client = ExecutorClient::new(&path);
+        let (_dir, listener, client) = listening();
         let server = tokio::spawn(async move {
             let mut got = Vec::new();
             for answer in [false, true] {
