@@ -366,21 +366,19 @@ fn served_runs_carry_the_filter_from_the_spawner_threads() {
             },
         );
     });
+    // The probe under `name`, its manifest asking for `sandbox`.
+    let probe = |name: &str, sandbox: Value| {
+        let m = skill(&server.root, name, "safe", 10, FILTER_PROBE);
+        let mut manifest: Value = serde_json::from_slice(&std::fs::read(&m).unwrap()).unwrap();
+        manifest["sandbox"] = sandbox;
+        std::fs::write(&m, manifest.to_string()).unwrap();
+        m
+    };
     let plain = skill(&server.root, "probe", "safe", 10, FILTER_PROBE);
-    let net = skill(&server.root, "netprobe", "safe", 10, FILTER_PROBE);
-    std::fs::write(
-        &net,
-        r#"{"name":"netprobe","description":"t","entry":"run.sh","class":"safe","timeout_seconds":10,"sandbox":{"network":true}}"#,
-    )
-    .unwrap();
+    let net = probe("netprobe", json!({"network": true}));
     // Granted a capability: created without a spawner thread (whose
     // bounding set is empty), it keeps that one capability and no other.
-    let cap = skill(&server.root, "capprobe", "safe", 10, FILTER_PROBE);
-    std::fs::write(
-        &cap,
-        r#"{"name":"capprobe","description":"t","entry":"run.sh","class":"safe","timeout_seconds":10,"sandbox":{"capabilities":["CAP_NET_RAW"]}}"#,
-    )
-    .unwrap();
+    let cap = probe("capprobe", json!({"capabilities": ["CAP_NET_RAW"]}));
     let mut c = server.client();
     let eperm = json!(libc::EPERM);
     let none = json!("0000000000000000");

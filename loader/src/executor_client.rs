@@ -177,9 +177,7 @@ impl ExecutorClient {
     /// As [`ExecutorClient::execute`].
     pub async fn execute_held(&self, mut params: ExecuteParams) -> Result<HeldRun, ExecutorError> {
         params.hold = true;
-        let mut stream = self.connect().await?;
-        stream.write_all(&wire::encode_execute(1, &params)).await.map_err(ExecutorError::Io)?;
-        Ok(HeldRun(RunConnection::new(stream, MAX_LINE_BYTES)))
+        self.execute_on(None, &params).await.map(HeldRun)
     }
 
     /// The executor's Prometheus text (`metrics` call), within `timeout`.

@@ -1,7 +1,6 @@
 //! One handler per method of the executor wire.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use policy::wire::{self, code, ExecuteParams, MetricsResult, Request, WireError};
@@ -10,7 +9,7 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use super::connection::{ConnCtx, GaugeGuard};
-use crate::engine::RunRequest;
+use crate::engine::{relock, RunRequest};
 
 /// Longest session id quoted in logs.
 const SESSION_LOG_CHARS: usize = 64;
@@ -43,13 +42,13 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
             // `start` may be the very next line.
             let start = params.hold.then(|| {
                 let (tx, rx) = oneshot::channel();
-                lock(&ctx.held).insert(id.to_string(), tx);
+                relock(&ctx.held).insert(id.to_string(), tx);
                 rx
             });
             let run_ctx = ctx.clone();
             ctx.runs.spawn(execute(run_ctx, id, params, start));
         }
-        Ok(Request::Start { run }) => match lock(&ctx.held).remove(&run.to_string()) {
+        Ok(Request::Start { run }) => match relock(&ctx.held).remove(&run.to_string()) {
             Some(tx) => {
                 let _ = tx.send(());
             }
@@ -57,10 +56,6 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
             None => tracing::debug!("executor: {}: start for no held run {run}", ctx.peer),
         },
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Resolves once a held run may go (`true`) or never will (`false`, and
@@ -117,7 +112,7 @@ async fn execute(
     // run given the same id since (which replaced this one's entry, and
     // ended it unstarted) keeps its own.
     if let Some(key) = key {
-        let mut held = lock(&ctx.held);
+        let mut held = relock(&ctx.held);
         if held.get(&key).is_some_and(oneshot::Sender::is_closed) {
             held.remove(&key);
         }

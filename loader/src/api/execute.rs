@@ -162,18 +162,17 @@ pub async fn execute(
     // `start` sent once the row is in (a refused request closes the
     // connection, which cancels it). Without a free slot the connection is
     // only opened meanwhile, and nothing is sent before a slot is taken.
-    let fast = match params.as_ref() {
-        Some(_) => Arc::clone(app.run_slots()).try_acquire_owned().ok(),
-        None => None,
+    let fast = match Arc::clone(app.run_slots()).try_acquire_owned() {
+        Ok(permit) => params.take().map(|p| (permit, p)),
+        Err(_) => None,
     };
-    let (row_id, pre) = match (fast, params.take()) {
-        (Some(permit), Some(p)) => {
+    let (row_id, pre) = match fast {
+        Some((permit, p)) => {
             let (row, held) =
                 tokio::join!(app.audit().record_before_run(record), app.executor().execute_held(p));
             (row, Pre::Held(permit, held))
         }
-        (_, p) => {
-            params = p;
+        None => {
             let (row, opened) =
                 tokio::join!(app.audit().record_before_run(record), app.executor().open());
             (row, Pre::Opened(opened))

@@ -97,7 +97,11 @@ async fn accept_loop(listener: UnixListener, stats: Arc<Stats>, token: Cancellat
 
 async fn connection(stream: UnixStream, stats: Arc<Stats>) {
     let (mut rd, mut wr) = stream.into_split();
-    let mut lines = Lines { buf: LineBuffer::new(wire::MAX_LINE_BYTES), ready: VecDeque::new() };
+    let mut lines = Lines {
+        buf: LineBuffer::new(wire::MAX_LINE_BYTES),
+        ready: VecDeque::new(),
+        chunk: vec![0u8; 64 << 10],
+    };
     while let Some(line) = lines.next(&mut rd).await {
         let reply = match wire::decode_line(&line) {
             Ok(Request::Ping { id }) => wire::encode_result(&id, &json!({"ok": true})),
@@ -136,21 +140,21 @@ async fn connection(stream: UnixStream, stats: Arc<Stats>) {
 struct Lines {
     buf: LineBuffer,
     ready: VecDeque<Vec<u8>>,
+    chunk: Vec<u8>,
 }
 
 impl Lines {
     /// The next line; `None` at EOF, on an error or an overlong line.
     async fn next(&mut self, rd: &mut OwnedReadHalf) -> Option<Vec<u8>> {
-        let mut chunk = vec![0u8; 64 << 10];
         loop {
             if let Some(line) = self.ready.pop_front() {
                 return Some(line);
             }
-            let n = match rd.read(&mut chunk).await {
+            let n = match rd.read(&mut self.chunk).await {
                 Ok(0) | Err(_) => return None,
                 Ok(n) => n,
             };
-            for line in self.buf.push(&chunk[..n]) {
+            for line in self.buf.push(&self.chunk[..n]) {
                 self.ready.push_back(line.ok()?);
             }
         }
