@@ -11,6 +11,8 @@
 //! - [`cgroup`]: the run's cgroups (tree kill, pids and memory bounds).
 //! - [`dynmods`]: `favordynmods` on the cgroup hierarchies, so a cgroup
 //!   join after an idle gap does not wait an RCU grace period.
+//! - [`resolve`]: canonical paths by opening the file once (not a
+//!   `readlink` per component), the file kept for its metadata and bytes.
 //! - [`rundir`]: the private per-run directory.
 //! - [`supervise`]: steps 6 and 7, I/O bounds, deadline, tree kill.
 //! - [`reaper`]: reaping main processes and orphans.
@@ -124,6 +126,7 @@ pub mod landlock;
 pub mod metrics;
 pub mod plan;
 pub mod reaper;
+pub mod resolve;
 pub mod rundir;
 pub mod seccomp;
 pub mod server;

@@ -8,7 +8,7 @@ use std::fs;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use policy::{
@@ -17,6 +17,7 @@ use policy::{
 };
 
 use crate::config::Config;
+use crate::resolve::{self, Open, Resolved};
 
 /// Why a request is refused before anything runs.
 #[derive(Debug, thiserror::Error)]
@@ -181,12 +182,53 @@ pub fn parse_manifest(
     }
 }
 
-fn read_manifest(path: &Path) -> Result<Vec<u8>, PlanError> {
-    let err = |source| PlanError::Read { path: path.to_owned(), source };
-    let f = fs::File::open(path).map_err(err)?;
-    let mut bytes = Vec::new();
-    f.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes).map_err(err)?;
+/// The bytes of an open manifest, up to one past the limit (which the
+/// parser refuses); one `read` for the file and one for its end.
+pub fn read_manifest(file: &fs::File) -> std::io::Result<Vec<u8>> {
+    let len = file.metadata().map_or(0, |m| m.len()).min(MAX_MANIFEST_BYTES + 1);
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0) + 1);
+    file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes)?;
     Ok(bytes)
+}
+
+/// The executor's effective uid, read once (it never changes).
+pub fn euid() -> u32 {
+    static EUID: OnceLock<u32> = OnceLock::new();
+    *EUID.get_or_init(|| nix::unistd::geteuid().as_raw())
+}
+
+/// Whether `args` is one JSON object, checked without building it.
+fn args_object(args: &[u8]) -> Result<(), String> {
+    struct Object;
+    impl<'de> serde::Deserialize<'de> for Object {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Object;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<Object, A::Error> {
+                    use serde::de::IgnoredAny;
+                    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                    Ok(Object)
+                }
+            }
+            d.deserialize_map(Visit)
+        }
+    }
+    // JSON is UTF-8; the skipped strings are not checked by the parser.
+    std::str::from_utf8(args).map_err(|e| format!("not JSON: {e}"))?;
+    match serde_json::from_slice::<Object>(args) {
+        Ok(Object) => Ok(()),
+        Err(e) if e.classify() == serde_json::error::Category::Data => {
+            Err("not a JSON object".into())
+        }
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }
 
 /// `(uid, primary gid)` of the user `name`, through NSS.
@@ -259,18 +301,22 @@ impl Plan {
         env: impl IntoIterator<Item = (OsString, OsString)>,
     ) -> Result<Plan, PlanError> {
         let read_err = |source| PlanError::Read { path: manifest_path.to_owned(), source };
-        let canonical = fs::canonicalize(manifest_path).map_err(read_err)?;
+        let Resolved { file, path: canonical } =
+            Resolved::open(manifest_path, Open::Read).map_err(read_err)?;
         let skill_dir = canonical.parent().map(Path::to_path_buf).unwrap_or_else(|| "/".into());
         let roots: Vec<PathBuf> = if config.roots.is_empty() {
             vec![skill_dir.clone()]
         } else {
-            config.roots.iter().filter_map(|r| fs::canonicalize(r).ok()).collect()
+            config.roots.iter().filter_map(|r| resolve::canonicalize(r).ok()).collect()
         };
         let Some(root) = roots.iter().find(|r| policy::path::is_within(&canonical, r)).cloned()
         else {
             return Err(PlanError::OutsideRoots { path: canonical });
         };
-        let bytes = read_manifest(&canonical)?;
+        // The file resolved above, not the path again.
+        let bytes = read_manifest(&file)
+            .map_err(|source| PlanError::Read { path: canonical.clone(), source })?;
+        drop(file);
         let opts = ValidateOptions { max_timeout: config.max_timeout() };
         let manifest = parse_manifest(&canonical, &bytes, tool, &opts)?;
         let skill = manifest.name().to_string();
@@ -284,11 +330,13 @@ impl Plan {
         let written = Path::new(manifest.entry());
         let joined =
             if written.is_absolute() { written.to_owned() } else { skill_dir.join(written) };
-        let entry = fs::canonicalize(&joined).map_err(|e| entry_err(&joined, e.to_string()))?;
+        let Resolved { file: entry_file, path: entry } =
+            Resolved::open(&joined, Open::Path).map_err(|e| entry_err(&joined, e.to_string()))?;
         let Some(entry_root) = roots.iter().find(|r| policy::path::is_within(&entry, r)) else {
             return Err(PlanError::Escapes { skill, entry, root });
         };
-        let meta = fs::metadata(&entry).map_err(|e| entry_err(&entry, e.to_string()))?;
+        let meta = entry_file.metadata().map_err(|e| entry_err(&entry, e.to_string()))?;
+        drop(entry_file);
         if !meta.is_file() {
             return Err(entry_err(&entry, "not a regular file".into()));
         }
@@ -298,10 +346,14 @@ impl Plan {
 
         // Ownership of the entry and of every folder up to its root.
         let mut owners: Vec<u32> = config.entry_owners.iter().filter_map(|n| uid_of(n)).collect();
-        owners.push(nix::unistd::geteuid().as_raw());
+        owners.push(euid());
         let mut at = Some(entry.as_path());
+        let mut entry_meta = Some(meta);
         while let Some(p) = at {
-            let m = fs::metadata(p).map_err(|e| entry_err(p, e.to_string()))?;
+            let m = match entry_meta.take() {
+                Some(m) => m,
+                None => fs::metadata(p).map_err(|e| entry_err(p, e.to_string()))?,
+            };
             if !owners.contains(&m.uid()) {
                 return Err(entry_err(
                     p,
@@ -329,10 +381,8 @@ impl Plan {
             config.skills.get(manifest.name().as_str()),
             &config.limits,
         )?;
-        match serde_json::from_slice::<serde_json::Value>(&args) {
-            Ok(serde_json::Value::Object(_)) => {}
-            Ok(_) => return Err(PlanError::Args { skill, reason: "not a JSON object".into() }),
-            Err(e) => return Err(PlanError::Args { skill, reason: format!("not JSON: {e}") }),
+        if let Err(reason) = args_object(&args) {
+            return Err(PlanError::Args { skill, reason });
         }
 
         let env: Vec<(OsString, OsString)> = env.into_iter().collect();
@@ -356,7 +406,7 @@ impl Plan {
     }
 
     fn run_as(config: &Config, granted: &GrantedSandbox) -> Result<RunAs, PlanError> {
-        let euid = nix::unistd::geteuid();
+        let euid = nix::unistd::Uid::from_raw(euid());
         if !euid.is_root() {
             let gid = nix::unistd::getegid().as_raw();
             let name = nix::unistd::User::from_uid(euid)

@@ -33,8 +33,17 @@ pub struct RunDir {
 ///
 /// The I/O error of reading `/dev/urandom`.
 pub fn random_id() -> io::Result<String> {
+    // Opened once and kept (one `read` per id, not an open and a close).
+    static URANDOM: std::sync::OnceLock<fs::File> = std::sync::OnceLock::new();
+    let file = match URANDOM.get() {
+        Some(f) => f,
+        None => {
+            let f = fs::File::open("/dev/urandom")?;
+            URANDOM.get_or_init(|| f)
+        }
+    };
     let mut b = [0u8; 8];
-    fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    (&*file).read_exact(&mut b)?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 

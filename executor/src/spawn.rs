@@ -139,11 +139,11 @@ pub struct Child {
     pub pid: i32,
     /// Its pidfd.
     pub pidfd: OwnedFd,
-    /// Write end of its stdin.
+    /// Write end of its stdin (non-blocking).
     pub stdin: OwnedFd,
-    /// Read end of its stdout.
+    /// Read end of its stdout (non-blocking).
     pub stdout: OwnedFd,
-    /// Read end of its stderr.
+    /// Read end of its stderr (non-blocking).
     pub stderr: OwnedFd,
 }
 
@@ -259,7 +259,7 @@ pub fn prepare(
     slot: Slot,
 ) -> Result<Prepared, SpawnError> {
     let skill = plan.manifest.name().to_string();
-    let root = nix::unistd::geteuid().is_root();
+    let root = crate::plan::euid() == 0;
     let mut degraded = host.notes.clone();
     let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
     let Slot { id: _, mut run_dir, mut cgroup } = slot;
@@ -396,14 +396,25 @@ impl Spawners {
     }
 }
 
+/// Which end of a pipe the executor keeps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ours {
+    Read,
+    Write,
+}
+
 /// A pipe whose ends are close-on-exec and numbered >= 3 (so `dup3` onto
-/// 0..2 in the child never meets its own source).
-fn pipe(skill: &str) -> Result<(OwnedFd, OwnedFd), SpawnError> {
+/// 0..2 in the child never meets its own source), the executor's end
+/// non-blocking (set here with one `fcntl`, so the supervisor can take it
+/// as it is), the child's end blocking.
+fn pipe(skill: &str, ours: Ours) -> Result<(OwnedFd, OwnedFd), SpawnError> {
     let err = |e: nix::Error| SpawnError::Prepare {
         skill: skill.to_owned(),
         reason: format!("pipe: {e}"),
     };
     let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(err)?;
+    let mine = if ours == Ours::Read { &r } else { &w };
+    nix::fcntl::fcntl(mine, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(err)?;
     // OwnedFd::try_clone duplicates with F_DUPFD_CLOEXEC starting at 3.
     let high = |fd: OwnedFd| -> Result<OwnedFd, SpawnError> {
         if fd.as_raw_fd() >= 3 {
@@ -417,6 +428,12 @@ fn pipe(skill: &str) -> Result<(OwnedFd, OwnedFd), SpawnError> {
     Ok((high(r)?, high(w)?))
 }
 
+/// This process's pid, read once.
+fn own_pid() -> i32 {
+    static PID: OnceLock<i32> = OnceLock::new();
+    *PID.get_or_init(|| nix::unistd::getpid().as_raw())
+}
+
 /// Spawn sequence steps 3 to 5: create the child, which applies the
 /// sandbox and execs the entry.
 ///
@@ -425,9 +442,9 @@ fn pipe(skill: &str) -> Result<(OwnedFd, OwnedFd), SpawnError> {
 /// [`SpawnError::Sandbox`] or [`SpawnError::Exec`] naming the step.
 pub fn spawn(prep: &Prepared, entry: &Path, spawners: &Spawners) -> Result<Child, SpawnError> {
     let skill = prep.skill.as_str();
-    let (stdin_r, stdin_w) = pipe(skill)?;
-    let (stdout_r, stdout_w) = pipe(skill)?;
-    let (stderr_r, stderr_w) = pipe(skill)?;
+    let (stdin_r, stdin_w) = pipe(skill, Ours::Write)?;
+    let (stdout_r, stdout_w) = pipe(skill, Ours::Read)?;
+    let (stderr_r, stderr_w) = pipe(skill, Ours::Read)?;
     let argv: Vec<*const c_char> =
         prep.argv.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
     let envp: Vec<*const c_char> =
@@ -452,7 +469,7 @@ pub fn spawn(prep: &Prepared, entry: &Path, spawners: &Spawners) -> Result<Child
         cap_last: prep.cap_last,
         landlock: prep.landlock.as_ref().map(AsRawFd::as_raw_fd),
         seccomp: prep.seccomp,
-        parent: nix::unistd::getpid().as_raw(),
+        parent: own_pid(),
         bounding_cleared: false,
     };
     // Steps 3-5 (in the child): see sys::child.

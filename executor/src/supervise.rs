@@ -93,6 +93,12 @@ impl Tree<'_> {
 
     fn kill(&self) {
         let _ = process::pidfd_signal(self.pidfd.as_fd(), libc::SIGKILL);
+        self.kill_rest();
+    }
+
+    /// Kills what is left once the main process is gone (its pidfd no
+    /// longer names a process to signal).
+    fn kill_rest(&self) {
         match self.cgroup.filter(|c| c.can_kill()) {
             Some(cg) => cg.kill(),
             None => {
@@ -102,17 +108,34 @@ impl Tree<'_> {
     }
 }
 
+/// Writes the args and closes stdin. Args that fit in the pipe (64 KiB,
+/// nearly always) go in one `write` without registering the pipe with the
+/// reactor; the rest is written as the skill reads.
+/// EPIPE (the skill does not read stdin) is not an error of the run.
 async fn write_stdin(fd: OwnedFd, args: &[u8]) {
-    let Ok(mut tx) = pipe::Sender::from_owned_fd(fd) else { return };
-    // EPIPE (the skill does not read stdin) is not an error of the run.
-    let _ = tx.write_all(args).await;
+    let mut rest = args;
+    while !rest.is_empty() {
+        match nix::unistd::write(&fd, rest) {
+            Ok(n) => rest = &rest[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(nix::errno::Errno::EAGAIN) => break,
+            Err(_) => return,
+        }
+    }
+    if rest.is_empty() {
+        return;
+    }
+    // The executor's end is non-blocking (`spawn::pipe`).
+    let Ok(mut tx) = pipe::Sender::from_owned_fd_unchecked(fd) else { return };
+    let _ = tx.write_all(rest).await;
 }
 
 /// Reads stdout up to `cap`; `Err` with what was read once it goes over.
 /// Reads straight into the growing output (no zeroed bounce buffer).
 async fn read_stdout(fd: OwnedFd, cap: u64) -> Result<Vec<u8>, Vec<u8>> {
     let mut out = Vec::new();
-    let Ok(mut rx) = pipe::Receiver::from_owned_fd(fd) else { return Ok(out) };
+    // The executor's end is non-blocking (`spawn::pipe`).
+    let Ok(mut rx) = pipe::Receiver::from_owned_fd_unchecked(fd) else { return Ok(out) };
     let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     loop {
         if out.capacity() - out.len() < READ_MIN {
@@ -189,15 +212,25 @@ impl StderrLines<'_> {
 }
 
 async fn read_stderr(fd: OwnedFd, lines: &mut StderrLines<'_>) {
-    let Ok(mut rx) = pipe::Receiver::from_owned_fd(fd) else { return };
-    // Read into spare capacity: most runs write no stderr, and zeroing a
-    // buffer for each was ~1 % of the executor's CPU under load.
-    let mut buf = Vec::with_capacity(STDERR_CHUNK);
-    loop {
-        buf.clear();
-        match rx.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => lines.push(&buf),
+    // The executor's end is non-blocking (`spawn::pipe`).
+    let Ok(mut rx) = pipe::Receiver::from_owned_fd_unchecked(fd) else { return };
+    // Most runs write no stderr: the first read goes to a small buffer on
+    // the stack and the chunk is allocated only when there is more (read
+    // into spare capacity: zeroing one per run was ~1 % of the executor's
+    // CPU under load).
+    let mut first = [0u8; 512];
+    match rx.read(&mut first).await {
+        Ok(0) | Err(_) => {}
+        Ok(n) => {
+            lines.push(&first[..n]);
+            let mut buf = Vec::with_capacity(STDERR_CHUNK);
+            loop {
+                buf.clear();
+                match rx.read_buf(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => lines.push(&buf),
+                }
+            }
         }
     }
     if !lines.line.is_empty() {
@@ -240,30 +273,26 @@ pub async fn supervise(
     let start = Instant::now();
     let deadline = start + bounds.timeout;
     let hard_deadline = deadline + bounds.grace;
-    let kill_fd = pidfd.try_clone().ok();
     let pidfd = match process::async_pidfd(pidfd) {
-        Ok(fd) => Some(fd),
-        Err(e) => {
+        Ok(fd) => fd,
+        Err((kill_fd, e)) => {
+            // Without a pollable pidfd nothing can be supervised: kill and reap.
             tracing::warn!("pidfd not pollable: {e}");
-            None
+            let _ = process::pidfd_signal(kill_fd.as_fd(), libc::SIGKILL);
+            let exit = loop {
+                if let Some(e) = reaper.collect(pid) {
+                    break e;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            };
+            return Supervised {
+                exit,
+                stop: Stop::Cancelled,
+                stdout: Vec::new(),
+                stderr: String::new(),
+                stderr_dropped: 0,
+            };
         }
-    };
-    let Some(pidfd) = pidfd else {
-        // Without a pollable pidfd nothing can be supervised: kill and reap.
-        let _ = kill_fd.as_ref().map(|fd| process::pidfd_signal(fd.as_fd(), libc::SIGKILL));
-        let exit = loop {
-            if let Some(e) = reaper.collect(pid) {
-                break e;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
-        return Supervised {
-            exit,
-            stop: Stop::Cancelled,
-            stdout: Vec::new(),
-            stderr: String::new(),
-            stderr_dropped: 0,
-        };
     };
     let tree = Tree { cgroup, pid, pidfd: pidfd.get_ref() };
 
@@ -277,7 +306,7 @@ pub async fn supervise(
         tail: VecDeque::new(),
         dropped: 0,
     };
-    let (stop, exit, stdout_out) = {
+    let (stop, exit, stdout_out, killed) = {
         let mut stdin_fut = pin!(write_stdin(stdin, args));
         let mut stdout_fut = pin!(read_stdout(stdout, bounds.stdout_bytes));
         let mut stderr_fut = pin!(read_stderr(stderr, &mut lines));
@@ -310,8 +339,10 @@ pub async fn supervise(
                 () = &mut stderr_fut, if !stderr_done => stderr_done = true,
                 e = wait_exit(&pidfd, reaper, pid), if exit.is_none() => {
                     exit = Some(e);
-                    // Step 7: the main process is gone; its leftovers go now.
-                    tree.kill();
+                    // Step 7: the main process is gone; its leftovers go now
+                    // (`cgroup.kill` takes forks in flight too, `killpg` the
+                    // session's group; nothing is left to kill after it).
+                    tree.kill_rest();
                     killed = true;
                     drain_until = (Instant::now() + DRAIN).min(hard_deadline.max(Instant::now()));
                 }
@@ -335,9 +366,11 @@ pub async fn supervise(
                 () = sleep_until(drain_until), if exit.is_some() => break,
             }
         }
-        (stop, exit, stdout_out)
+        (stop, exit, stdout_out, killed)
     };
-    tree.kill();
+    if !killed {
+        tree.kill();
+    }
     let stderr = String::from_utf8_lossy(lines.tail.make_contiguous()).into_owned();
     Supervised {
         exit: exit.unwrap_or(Exit { code: None, signal: None, cpu_us: 0 }),

@@ -222,3 +222,57 @@ fn spawn_cost() {
         p50(setup)
     );
 }
+
+fn run_bytes(engine: &Engine, manifest: &Path, args: &[u8]) -> RunReport {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let req = RunRequest { manifest_path: manifest.to_owned(), args: args.to_vec() };
+    rt.block_on(engine.run(req, &mut |_: &str| {}, std::future::pending()))
+}
+
+#[test]
+fn args_larger_than_the_pipe_are_written_as_the_skill_reads() {
+    let mut config = Config::default();
+    config.limits.stdout_bytes = 1 << 20;
+    let Some(engine) = engine(config) else { return };
+    // 300 KiB: more than a pipe holds, so most is written after the skill
+    // starts reading (the first write takes what fits, the rest is async).
+    let big = format!(r#"{{"t":"{}"}}"#, "x".repeat(300 << 10));
+    let (_d, m) = skill("bigcat", 10, "", "sleep 0.2; cat");
+    let r = run_bytes(&engine, &m, big.as_bytes());
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let got = r.result.unwrap().to_value();
+    assert_eq!(got["t"].as_str().map(str::len), Some(300 << 10));
+    // A skill that never reads stdin: the writer stops at EPIPE, the run ends.
+    let (_d2, m2) = skill("noread", 10, "", "exec 0<&-; sleep 0.1; echo '{}'");
+    let t = Instant::now();
+    let r = run_bytes(&engine, &m2, big.as_bytes());
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+#[test]
+fn args_must_be_one_json_object() {
+    let Some(engine) = engine(Config::default()) else { return };
+    let (_d, m) = skill("argcheck", 5, "", "cat");
+    for (args, reason) in [
+        (&b"[1]"[..], "not a JSON object"),
+        (b"\"s\"", "not a JSON object"),
+        (b"null", "not a JSON object"),
+        (b"{", "not JSON"),
+        (b"{} {}", "not JSON"),
+        (b"{\"a\":\"\xff\"}", "not JSON"),
+        (b"{\"a\":1,}", "not JSON"),
+    ] {
+        let r = run_bytes(&engine, &m, args);
+        assert_eq!(r.outcome, Outcome::InvalidArgs, "{}: {r:?}", String::from_utf8_lossy(args));
+        let error = r.error.unwrap_or_default();
+        assert!(error.contains(reason), "{}: {error}", String::from_utf8_lossy(args));
+        if reason == "not JSON" {
+            assert!(!error.contains("not a JSON object"), "{error}");
+        }
+    }
+    for args in [&b"{}"[..], b"{\"a\":{\"b\":[1,2,{\"c\":null}]},\"a\":2}", b" {\"\\u00e9\":1} "] {
+        let r = run_bytes(&engine, &m, args);
+        assert_eq!(r.outcome, Outcome::Ok, "{}: {r:?}", String::from_utf8_lossy(args));
+    }
+}

@@ -10,15 +10,14 @@
 //! grants) for the run itself.
 
 use std::collections::HashMap;
-use std::fs;
-use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use policy::{Outcome, RunReport, SkillClass, ValidateOptions, MAX_MANIFEST_BYTES};
+use policy::{Outcome, RunReport, SkillClass, ValidateOptions};
 
 use crate::config::Config;
+use crate::resolve::{self, Open, Resolved};
 
 /// Entries kept before the cache is cleared (manifests live in the
 /// operator's roots, so this bounds only a caller probing many paths).
@@ -86,14 +85,14 @@ impl ManifestCache {
         if !Path::new(path).is_absolute() {
             return Err(reject(format!("manifest {path:?}: not an absolute path")));
         }
-        let canonical = fs::canonicalize(path)
+        let Resolved { file, path: canonical } = Resolved::open(Path::new(path), Open::Read)
             .map_err(|e| reject(format!("manifest {path}: cannot read: {e}")))?;
         // Roots are resolved on each check: a root created after start-up
         // counts, a root turned into a symlink is followed as the engine does.
         let inside = self
             .roots
             .iter()
-            .filter_map(|r| fs::canonicalize(r).ok())
+            .filter_map(|r| resolve::canonicalize(r).ok())
             .any(|r| policy::path::is_within(&canonical, &r));
         if !inside {
             return Err(reject(format!(
@@ -104,7 +103,6 @@ impl ManifestCache {
         let read_err = |e: std::io::Error| {
             reject(format!("manifest {}: cannot read: {e}", canonical.display()))
         };
-        let file = fs::File::open(&canonical).map_err(read_err)?;
         let meta = file.metadata().map_err(read_err)?;
         if !meta.is_file() {
             return Err(reject(format!("manifest {}: not a regular file", canonical.display())));
@@ -122,8 +120,7 @@ impl ManifestCache {
                 return Ok(checked.clone());
             }
         }
-        let mut bytes = Vec::new();
-        file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes).map_err(read_err)?;
+        let bytes = crate::plan::read_manifest(&file).map_err(read_err)?;
         let manifest = crate::plan::parse_manifest(&canonical, &bytes, tool, &self.opts)
             .map_err(|e| reject(e.to_string()))?;
         let checked = Checked {
@@ -157,6 +154,8 @@ impl ManifestCache {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     fn write(dir: &Path, class: &str) -> PathBuf {

@@ -100,14 +100,14 @@ pub fn cap_last_cap() -> u32 {
 ///
 /// # Errors
 ///
-/// The registration error.
+/// The registration error, with the pidfd given back.
 pub fn async_pidfd(
     pidfd: std::os::fd::OwnedFd,
-) -> io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+) -> Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>, (std::os::fd::OwnedFd, io::Error)> {
     // SAFETY: an OwnedFd is a valid open fd, stays open while the AsyncFd
     // owns it, and always returns the same raw fd.
     unsafe {
         tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
     }
-    .map_err(|e| e.into_parts().1)
+    .map_err(tokio::io::unix::AsyncFdRegisterError::into_parts)
 }

@@ -1,0 +1,163 @@
+//! Resolving a path by opening it: the canonical name of the open file,
+//! read back from `/proc/self/fd/N`.
+//!
+//! `realpath(3)` (`std::fs::canonicalize`) calls `readlink` on every
+//! component of the path, 5 to 8 system calls for a manifest or an entry
+//! under a skills root, and every run resolves the manifest, each root and
+//! the entry (twice for the manifest: the server's check and the plan).
+//! Opening the path and reading the link of its descriptor takes two, and
+//! leaves the file open for what comes next: its metadata (`fstat`) and,
+//! for a manifest, its bytes, so what was checked is what is read.
+//!
+//! The link names the file as the kernel resolved it: every symbolic link
+//! followed, `.` and `..` gone, i.e. the same path as `realpath`. Two
+//! cases where it is not a plain absolute path fall back to `realpath`,
+//! checked against the open file's device and inode: a file unlinked since
+//! it was opened (the kernel appends " (deleted)", which a real name may
+//! also end with) and one outside this process's root ("(unreachable)").
+//! Without `/proc` the fallback is `realpath` alone.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// What the file is opened for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Open {
+    /// `O_PATH`: its name and metadata only (needs no read permission).
+    Path,
+    /// Reading, without blocking on a FIFO or taking a terminal.
+    Read,
+}
+
+/// An open file and its canonical path.
+#[derive(Debug)]
+pub struct Resolved {
+    /// The file, open as asked.
+    pub file: File,
+    /// Its canonical path.
+    pub path: PathBuf,
+}
+
+impl Resolved {
+    /// Opens `path` and resolves its canonical name.
+    ///
+    /// # Errors
+    ///
+    /// The error of opening it (as `realpath` would fail: a missing
+    /// component, a loop, no search permission), or `NotFound` when it was
+    /// removed before its name could be read.
+    pub fn open(path: &Path, how: Open) -> io::Result<Resolved> {
+        let flags = match how {
+            Open::Path => libc::O_PATH,
+            Open::Read => libc::O_NONBLOCK | libc::O_NOCTTY,
+        };
+        let file = OpenOptions::new().read(true).custom_flags(flags).open(path)?;
+        let path = match fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())) {
+            Ok(link) if is_plain(&link) => link,
+            Ok(_) => same_file(&file, path)?,
+            // No /proc: what realpath says.
+            Err(_) => fs::canonicalize(path)?,
+        };
+        Ok(Resolved { file, path })
+    }
+}
+
+/// `realpath` of `path`, through one open (see the module docs).
+///
+/// # Errors
+///
+/// See [`Resolved::open`].
+pub fn canonicalize(path: &Path) -> io::Result<PathBuf> {
+    Resolved::open(path, Open::Path).map(|r| r.path)
+}
+
+/// An absolute path the kernel did not mark as deleted or unreachable.
+fn is_plain(link: &Path) -> bool {
+    let b = link.as_os_str().as_bytes();
+    b.first() == Some(&b'/') && !b.ends_with(b" (deleted)")
+}
+
+/// `realpath(path)` when it still names `file`, else `NotFound`.
+fn same_file(file: &File, path: &Path) -> io::Result<PathBuf> {
+    let canonical = fs::canonicalize(path)?;
+    let (a, b) = (file.metadata()?, fs::metadata(&canonical)?);
+    if (a.dev(), a.ino()) == (b.dev(), b.ino()) {
+        Ok(canonical)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{} was replaced while being opened", path.display()),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_as_realpath_through_links_and_dots() {
+        let t = tempfile::tempdir().unwrap();
+        let real = t.path().join("real");
+        fs::create_dir_all(real.join("sub")).unwrap();
+        fs::write(real.join("sub/f"), b"x").unwrap();
+        std::os::unix::fs::symlink(&real, t.path().join("link")).unwrap();
+        std::os::unix::fs::symlink("sub/f", real.join("flink")).unwrap();
+        for p in [
+            t.path().join("link/sub/f"),
+            t.path().join("link/./sub/../sub/f"),
+            t.path().join("link/flink"),
+            t.path().join("link"),
+            t.path().join("real/sub/"),
+        ] {
+            let want = fs::canonicalize(&p).unwrap();
+            assert_eq!(canonicalize(&p).unwrap(), want, "{}", p.display());
+            let r = Resolved::open(&p, Open::Path).unwrap();
+            assert_eq!(r.path, want);
+            assert_eq!(r.file.metadata().unwrap().ino(), fs::metadata(&want).unwrap().ino());
+        }
+        let r = Resolved::open(&t.path().join("link/flink"), Open::Read).unwrap();
+        assert_eq!(
+            fs::read_to_string(format!("/proc/self/fd/{}", r.file.as_raw_fd())).unwrap(),
+            "x"
+        );
+    }
+
+    #[test]
+    fn errors_as_realpath() {
+        let t = tempfile::tempdir().unwrap();
+        let missing = t.path().join("missing/f");
+        assert_eq!(canonicalize(&missing).unwrap_err().kind(), io::ErrorKind::NotFound);
+        std::os::unix::fs::symlink("loop", t.path().join("loop")).unwrap();
+        assert_eq!(
+            canonicalize(&t.path().join("loop")).unwrap_err().raw_os_error(),
+            Some(libc::ELOOP)
+        );
+        std::os::unix::fs::symlink("nowhere", t.path().join("dangling")).unwrap();
+        assert_eq!(
+            canonicalize(&t.path().join("dangling")).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+    }
+
+    #[test]
+    fn a_name_ending_like_a_deleted_file_still_resolves() {
+        let t = tempfile::tempdir().unwrap();
+        let odd = t.path().join("x (deleted)");
+        fs::write(&odd, b"").unwrap();
+        assert_eq!(canonicalize(&odd).unwrap(), fs::canonicalize(&odd).unwrap());
+    }
+
+    #[test]
+    fn a_fifo_opened_for_reading_does_not_block() {
+        let t = tempfile::tempdir().unwrap();
+        let fifo = t.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let r = Resolved::open(&fifo, Open::Read).unwrap();
+        assert!(!r.file.metadata().unwrap().is_file());
+    }
+}
