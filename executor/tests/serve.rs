@@ -455,7 +455,8 @@ fn malformed_lines_get_errors_and_the_connection_survives() {
     assert_eq!(sample(&text, "ongrid_executor_run_duration_seconds_count"), 1.0);
 }
 
-/// A manifest outside the roots, a relative path and a missing file are
+/// A manifest outside the roots, a relative path, a missing file, a FIFO
+/// (which once blocked an executor thread in `open`) and a directory are
 /// `rejected` before any slot is taken, counted with `skill=""`.
 #[test]
 fn manifests_outside_the_roots_are_rejected() {
@@ -465,12 +466,19 @@ fn manifests_outside_the_roots_are_rejected() {
     let server = Server::start(|_| {});
     let elsewhere = dir_0755();
     let outside = skill(elsewhere.path(), "outside", "safe", 5, "cat");
+    std::fs::create_dir_all(server.root.join("fifo")).unwrap();
+    let fifo = server.root.join("fifo/skill.json");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let dir = server.root.join("dir/skill.json");
+    std::fs::create_dir_all(&dir).unwrap();
     let mut c = server.client();
     for (i, path) in [
         outside.clone(),
         PathBuf::from("outside/skill.json"),
         server.root.join("nope/skill.json"),
         server.root.join("../outside/skill.json"),
+        fifo,
+        dir,
     ]
     .iter()
     .enumerate()
@@ -480,7 +488,7 @@ fn manifests_outside_the_roots_are_rejected() {
         assert_eq!(v["result"]["outcome"], "rejected", "{path:?}: {v}");
     }
     let text = server.metrics();
-    assert_eq!(runs_total(&text, "", "rejected"), 4.0);
+    assert_eq!(runs_total(&text, "", "rejected"), 6.0);
     assert_eq!(sample(&text, "ongrid_executor_run_duration_seconds_count"), 0.0);
 }
 
