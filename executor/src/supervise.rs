@@ -219,18 +219,14 @@ async fn read_stderr(fd: OwnedFd, lines: &mut StderrLines<'_>) {
     // into spare capacity: zeroing one per run was ~1 % of the executor's
     // CPU under load).
     let mut first = [0u8; 512];
-    match rx.read(&mut first).await {
-        Ok(0) | Err(_) => {}
-        Ok(n) => {
-            lines.push(&first[..n]);
-            let mut buf = Vec::with_capacity(STDERR_CHUNK);
-            loop {
-                buf.clear();
-                match rx.read_buf(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => lines.push(&buf),
-                }
-            }
+    let Ok(n @ 1..) = rx.read(&mut first).await else { return };
+    lines.push(&first[..n]);
+    let mut buf = Vec::with_capacity(STDERR_CHUNK);
+    loop {
+        buf.clear();
+        match rx.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => lines.push(&buf),
         }
     }
     if !lines.line.is_empty() {

@@ -40,10 +40,15 @@ fn engine(config: Config) -> Option<Engine> {
 }
 
 fn run(engine: &Engine, manifest: &Path, args: &str) -> (RunReport, Vec<String>) {
+    run_bytes(engine, manifest, args.as_bytes())
+}
+
+/// A run with any bytes as args (not only UTF-8).
+fn run_bytes(engine: &Engine, manifest: &Path, args: &[u8]) -> (RunReport, Vec<String>) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut lines = Vec::new();
     let mut sink = |l: &str| lines.push(l.to_owned());
-    let req = RunRequest { manifest_path: manifest.to_owned(), args: args.as_bytes().to_vec() };
+    let req = RunRequest { manifest_path: manifest.to_owned(), args: args.to_vec() };
     let report = rt.block_on(engine.run(req, &mut sink, std::future::pending()));
     (report, lines)
 }
@@ -223,12 +228,6 @@ fn spawn_cost() {
     );
 }
 
-fn run_bytes(engine: &Engine, manifest: &Path, args: &[u8]) -> RunReport {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let req = RunRequest { manifest_path: manifest.to_owned(), args: args.to_vec() };
-    rt.block_on(engine.run(req, &mut |_: &str| {}, std::future::pending()))
-}
-
 #[test]
 fn args_larger_than_the_pipe_are_written_as_the_skill_reads() {
     let mut config = Config::default();
@@ -238,14 +237,14 @@ fn args_larger_than_the_pipe_are_written_as_the_skill_reads() {
     // starts reading (the first write takes what fits, the rest is async).
     let big = format!(r#"{{"t":"{}"}}"#, "x".repeat(300 << 10));
     let (_d, m) = skill("bigcat", 10, "", "sleep 0.2; cat");
-    let r = run_bytes(&engine, &m, big.as_bytes());
+    let (r, _) = run(&engine, &m, &big);
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     let got = r.result.unwrap().to_value();
     assert_eq!(got["t"].as_str().map(str::len), Some(300 << 10));
     // A skill that never reads stdin: the writer stops at EPIPE, the run ends.
     let (_d2, m2) = skill("noread", 10, "", "exec 0<&-; sleep 0.1; echo '{}'");
     let t = Instant::now();
-    let r = run_bytes(&engine, &m2, big.as_bytes());
+    let (r, _) = run(&engine, &m2, &big);
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
@@ -263,7 +262,7 @@ fn args_must_be_one_json_object() {
         (b"{\"a\":\"\xff\"}", "not JSON"),
         (b"{\"a\":1,}", "not JSON"),
     ] {
-        let r = run_bytes(&engine, &m, args);
+        let (r, _) = run_bytes(&engine, &m, args);
         assert_eq!(r.outcome, Outcome::InvalidArgs, "{}: {r:?}", String::from_utf8_lossy(args));
         let error = r.error.unwrap_or_default();
         assert!(error.contains(reason), "{}: {error}", String::from_utf8_lossy(args));
@@ -272,7 +271,7 @@ fn args_must_be_one_json_object() {
         }
     }
     for args in [&b"{}"[..], b"{\"a\":{\"b\":[1,2,{\"c\":null}]},\"a\":2}", b" {\"\\u00e9\":1} "] {
-        let r = run_bytes(&engine, &m, args);
+        let (r, _) = run_bytes(&engine, &m, args);
         assert_eq!(r.outcome, Outcome::Ok, "{}: {r:?}", String::from_utf8_lossy(args));
     }
 }
