@@ -103,15 +103,39 @@ async fn bad_bodies() {
         assert_eq!(r.status, 400, "{:?}: {}", String::from_utf8_lossy(body), r.body);
         assert_eq!(r.body["error"]["code"], "bad_request");
     }
+    // The daemon may answer 413 and close before it has taken the whole
+    // body, so the client's write can fail with EPIPE (an HTTP client then
+    // reports the failed write, not the answer): the request goes on a raw
+    // connection whose write errors are ignored, and the answer is read.
     let big = format!(r#"{{"args":{{"s":"{}"}}}}"#, "x".repeat(1 << 20));
-    let resp = c
-        .send(Method::POST, "/v1/skills/echo/execute", Some(big.into_bytes()), "*/*")
-        .await
-        .unwrap();
-    let r = loader::client::read_json(resp).await.unwrap();
-    assert_eq!(r.status, 413);
-    assert_eq!(r.body["error"]["code"], "payload_too_large");
+    let head = format!(
+        "POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Type: \
+         application/json\r\nContent-Length: {}\r\n\r\n",
+        big.len()
+    );
+    let answer = answer_to(&d.socket, &[head.as_bytes(), big.as_bytes()].concat()).await;
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer:.200}");
+    assert!(answer.contains(r#""code":"payload_too_large""#), "{answer:.400}");
     assert_eq!(ex.stats.runs_started.load(Ordering::SeqCst), 0);
+}
+
+/// Sends `request` on a fresh connection (a failed write is ignored: the
+/// daemon may answer and close first) and returns what the daemon wrote
+/// until it closed the connection or 5 s passed.
+async fn answer_to(socket: &std::path::Path, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let (mut rd, mut wr) = stream.into_split();
+    let request = request.to_vec();
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&request).await;
+        // Kept open (no half-close): the daemon takes EOF as "gone away".
+        wr
+    });
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), rd.read_to_end(&mut out)).await;
+    drop(writer.await);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `Accept: application/x-ndjson` streams stderr events, then the report.
