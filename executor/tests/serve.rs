@@ -734,6 +734,46 @@ fn half_closed_connection_keeps_its_run() {
     assert_eq!(c.recv_opt(), None, "the executor closes once the run is done");
 }
 
+/// Runs multiplexed on one connection whose peer does not read: a run is
+/// still supervised (its timeout fires, its process is killed) while a
+/// report far larger than the socket buffer waits to be written, and both
+/// answers arrive intact once the peer reads.
+#[test]
+fn a_peer_that_does_not_read_stalls_no_run() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let mark = marker(9);
+    let slow = skill(&server.root, "stuck", "safe", 1, &format!("exec sleep {mark}"));
+    // A 2 MB result: about ten times what the socket buffers hold.
+    let big = skill(
+        &server.root,
+        "big",
+        "safe",
+        10,
+        "printf '{\"s\":\"'; head -c 2000000 /dev/zero | tr '\\0' a; printf '\"}'",
+    );
+    let mut c = server.client();
+    c.execute(1, &slow, json!({}));
+    c.execute(2, &big, json!({}));
+    // Nothing is read until the first run has timed out and been counted.
+    wait_for("the big run to be counted", Duration::from_secs(10), || {
+        server.metrics().contains("outcome=\"ok\",skill=\"big\"} 1")
+    });
+    wait_for("the stuck run to time out", Duration::from_secs(10), || {
+        server.metrics().contains("outcome=\"timeout\",skill=\"stuck\"} 1")
+    });
+    assert!(pids_with(&mark).is_empty(), "the timed-out run's process is gone");
+    let mut replies: Vec<Value> = vec![c.run_result().1, c.run_result().1];
+    replies.sort_by_key(|v| v["id"].as_u64());
+    assert_eq!(replies[0]["result"]["outcome"], "timeout", "{}", replies[0]);
+    assert_eq!(replies[1]["result"]["outcome"], "ok");
+    let s = replies[1]["result"]["result"]["s"].as_str().unwrap();
+    assert_eq!(s.len(), 2_000_000);
+    assert!(s.bytes().all(|b| b == b'a'));
+}
+
 /// A run longer than the blocking pool's keep-alive (100 ms here, 10 s by
 /// default) is not killed by its parent-death signal: runs are spawned from
 /// runtime worker threads, never from blocking-pool threads.
