@@ -792,11 +792,18 @@ fn concurrent(
 struct Mark {
     hist: Vec<Hist>,
     cpu: Vec<[f64; 3]>,
+    /// This process's reaped children's CPU (the `bare` skills, when no
+    /// other variant spawns children of its own).
+    children: f64,
 }
 
 impl Mark {
     fn take(ctx: &Ctx<'_>) -> Mark {
-        Mark { hist: scrape_all(ctx), cpu: ctx.stacks.values().map(Stack::cpu).collect() }
+        Mark {
+            hist: scrape_all(ctx),
+            cpu: ctx.stacks.values().map(Stack::cpu).collect(),
+            children: proc_cpu(std::process::id())[1],
+        }
     }
 }
 
@@ -936,6 +943,18 @@ fn print_table(variants: &[Variant], samples: &[Samples]) {
 
 fn print_metrics(ctx: &Ctx<'_>, variants: &[Variant], samples: &[Samples], mark: &Mark) {
     const NAME: &str = "ongrid_sandbox_setup_seconds";
+    // The bare skills are this process's only reaped children unless `cli`,
+    // `bwrap` or `firejail` ran too: their CPU next to the sandboxed ones'.
+    let own_children = [Variant::Cli, Variant::Bwrap, Variant::Firejail];
+    if let Some(b) = variants.iter().position(|v| *v == Variant::Bare) {
+        if !variants.iter().any(|v| own_children.contains(v)) {
+            let cpu = proc_cpu(std::process::id())[1] - mark.children;
+            println!(
+                "bare: CPU per run: skill (loadbench's children) {:.0} us",
+                cpu / samples[b].runs.max(1) as f64 * 1e6
+            );
+        }
+    }
     for (((name, stack), before), cpu0) in ctx.stacks.iter().zip(&mark.hist).zip(&mark.cpu) {
         let h = hist_delta(&parse_hist(&stack.scrape(), NAME), before);
         // The runs this stack's executor served (`executor-rpc` uses the
