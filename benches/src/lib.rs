@@ -4,7 +4,8 @@
 //!
 //! - [`sorted`], [`pct`]: the percentile arithmetic both tools report with.
 //! - [`Samples`]: what one variant measured (latencies, setup times, runs,
-//!   wall time), filled the same way by both tools.
+//!   wall time, the host's busy CPU time), filled the same way by both
+//!   tools; [`host_busy`] reads the latter.
 //! - [`write_packs`]: many valid packs on disk (the scan bench, `loadbench
 //!   --loaded-skills`).
 
@@ -76,6 +77,9 @@ pub struct Samples {
     /// Wall time the runs took: summed when sequential, per round when
     /// concurrent (throughput is `runs / wall`).
     pub wall: Duration,
+    /// CPU time the whole host was busy during the concurrent rounds, all
+    /// CPUs and processes together ([`host_busy`]); zero when sequential.
+    pub busy: Duration,
 }
 
 impl Samples {
@@ -85,9 +89,16 @@ impl Samples {
         self.wall += elapsed;
     }
 
-    /// One concurrent round: its wall time and each run's latency and setup.
-    pub fn record_round(&mut self, wall: Duration, runs: Vec<(Duration, Option<u64>)>) {
+    /// One concurrent round: its wall time, the host's busy CPU time over
+    /// it, and each run's latency and setup.
+    pub fn record_round(
+        &mut self,
+        wall: Duration,
+        busy: Duration,
+        runs: Vec<(Duration, Option<u64>)>,
+    ) {
         self.wall += wall;
+        self.busy += busy;
         for (elapsed, setup_us) in runs {
             self.add(elapsed, setup_us);
         }
@@ -97,5 +108,51 @@ impl Samples {
         self.lat_us.push(elapsed.as_secs_f64() * 1e6);
         self.setup_us.extend(setup_us.map(|u| u as f64));
         self.runs += 1;
+    }
+}
+
+/// CPU time the host has spent busy since boot, all CPUs together: the
+/// first line of `/proc/stat` less `idle` and `iowait` (clock ticks, so
+/// 10 ms steps; a difference over many rounds averages them out). `None`
+/// without `/proc`.
+pub fn host_busy() -> Option<Duration> {
+    let stat = fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> =
+        stat.lines().next()?.split_whitespace().skip(1).map_while(|t| t.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest time is in user).
+    let busy: u64 =
+        ticks.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100);
+    let hz = u64::try_from(hz).ok().filter(|h| *h > 0)?;
+    Some(Duration::from_micros(busy.saturating_mul(1_000_000) / hz))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CPU kept busy for 300 ms shows in the host's busy time (ticks of
+    /// 10 ms: at least 200 ms of it).
+    #[test]
+    fn host_busy_counts_a_busy_cpu() {
+        let before = host_busy().expect("/proc/stat");
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_millis(300) {
+            std::hint::spin_loop();
+        }
+        let busy = host_busy().expect("/proc/stat").saturating_sub(before);
+        assert!(busy >= Duration::from_millis(200), "{busy:?}");
+    }
+
+    /// Samples add up rounds: wall and busy time summed, every run kept.
+    #[test]
+    fn rounds_add_up() {
+        let mut s = Samples::default();
+        let ms = Duration::from_millis;
+        s.record_round(ms(10), ms(15), vec![(ms(2), Some(5)), (ms(3), None)]);
+        s.record_round(ms(20), ms(30), vec![(ms(4), Some(7))]);
+        assert_eq!((s.runs, s.wall, s.busy), (3, ms(30), ms(45)));
+        assert_eq!(s.lat_us, [2000.0, 3000.0, 4000.0]);
+        assert_eq!(s.setup_us, [5.0, 7.0]);
     }
 }

@@ -708,7 +708,7 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
 
 // ---------------------------------------------------------------- phases
 
-use ongrid_benches::{pct, sorted, Samples};
+use ongrid_benches::{host_busy, pct, sorted, Samples};
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
@@ -762,7 +762,7 @@ fn concurrent(
             let idx = (round + k) % n;
             let v = variants[idx];
             let barrier = Barrier::new(conc + 1);
-            let (wall, results) = std::thread::scope(|s| {
+            let (wall, busy, results) = std::thread::scope(|s| {
                 let handles: Vec<_> = clients
                     .iter()
                     .map(|cl| {
@@ -774,13 +774,15 @@ fn concurrent(
                         })
                     })
                     .collect();
+                let busy0 = host_busy();
                 barrier.wait();
                 let t0 = Instant::now();
                 let results: Vec<_> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
-                (t0.elapsed(), results)
+                let busy = host_busy().zip(busy0).map(|(b, b0)| b.saturating_sub(b0));
+                (t0.elapsed(), busy.unwrap_or_default(), results)
             });
             if round >= warm_rounds {
-                out[idx].record_round(wall, results);
+                out[idx].record_round(wall, busy, results);
             }
         }
     }
@@ -908,6 +910,21 @@ fn print_table(variants: &[Variant], samples: &[Samples]) {
             bare_p50 / p50,
             rps / bare_rps
         );
+    }
+    // With clients at once: the whole host's CPU per run, every process and
+    // the kernel included, and how busy the host was (near 100 %: the
+    // throughput is bounded by CPU).
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    for (v, s) in variants.iter().zip(samples) {
+        if !s.busy.is_zero() {
+            println!(
+                "{:<10} host CPU per run {:.0} us (all processes, /proc/stat); host busy {:.0} % \
+                 of {cpus} CPUs",
+                v.name(),
+                s.busy.as_secs_f64() / s.runs.max(1) as f64 * 1e6,
+                s.busy.as_secs_f64() / (s.wall.as_secs_f64() * cpus as f64).max(1e-9) * 100.0
+            );
+        }
     }
     for (v, s) in variants.iter().zip(samples) {
         if !s.setup_us.is_empty() {

@@ -23,7 +23,8 @@
 //! sudo target/release/spawnbench --iters 500 --ballast-mb 2048 --variants bare,fork,engine
 //! ```
 //!
-//! Prints p50/p90/p99 latency, runs/s, CPU per run (sequential only), the
+//! Prints p50/p90/p99 latency, runs/s, CPU per run (sequential only; with
+//! `--conc`, the whole host's CPU per run from `/proc/stat`), the
 //! engine's `setup_us` (validation to exec), and each variant's ratio to
 //! `bare`, plus the median of the per-iteration (engine - bare) pairs.
 
@@ -222,7 +223,7 @@ fn run_one(
     }
 }
 
-use ongrid_benches::{pct, sorted, Samples};
+use ongrid_benches::{host_busy, pct, sorted, Samples};
 
 /// Sequential: every iteration runs each variant once, in a rotating order.
 fn sequential(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
@@ -257,7 +258,7 @@ fn concurrent(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
             let idx = (round + k) % n;
             let v = o.variants[idx];
             let barrier = Barrier::new(o.conc + 1);
-            let (wall, results) = std::thread::scope(|s| {
+            let (wall, busy, results) = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..o.conc)
                     .map(|_| {
                         s.spawn(|| {
@@ -276,13 +277,15 @@ fn concurrent(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
                         })
                     })
                     .collect();
+                let busy0 = host_busy();
                 barrier.wait();
                 let t0 = Instant::now();
                 let results: Vec<_> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
-                (t0.elapsed(), results)
+                let busy = host_busy().zip(busy0).map(|(b, b0)| b.saturating_sub(b0));
+                (t0.elapsed(), busy.unwrap_or_default(), results)
             });
             if round >= warm_rounds {
-                out[idx].record_round(wall, results);
+                out[idx].record_round(wall, busy, results);
             }
         }
     }
@@ -404,6 +407,14 @@ fn main() {
                 cpu,
                 ratio,
                 added
+            );
+        }
+        for (v, s) in o.variants.iter().zip(&samples).filter(|(_, s)| !s.busy.is_zero()) {
+            // With runs at once: the whole host's CPU per run, all processes.
+            println!(
+                "{} host CPU per run {:.0} us (all processes, /proc/stat)",
+                v.name(),
+                s.busy.as_secs_f64() / s.runs.max(1) as f64 * 1e6
             );
         }
         if let Some(i) = o.variants.iter().position(|v| *v == Variant::Engine) {
