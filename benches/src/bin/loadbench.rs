@@ -38,7 +38,11 @@
 //! daemons' VmRSS (idle, after the scan, after the load), and the
 //! executor's `ongrid_sandbox_setup_seconds` histogram (scraped from
 //! skilld's `/metrics` before and after each phase, so only the measured
-//! runs count) next to the `setup_us` of the same runs' reports.
+//! runs count) next to the `setup_us` of the same runs' reports; CPU per
+//! run: each daemon's, the sandboxed skills' (the executor's children),
+//! the bare skills' (loadbench's own children, when no other variant
+//! spawns any), and with clients at once the whole host's (`/proc/stat`)
+//! with how busy the host was.
 
 use std::collections::BTreeMap;
 use std::fs;
