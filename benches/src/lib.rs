@@ -119,9 +119,11 @@ pub fn host_busy() -> Option<Duration> {
     let stat = fs::read_to_string("/proc/stat").ok()?;
     let ticks: Vec<u64> =
         stat.lines().next()?.split_whitespace().skip(1).map_while(|t| t.parse().ok()).collect();
-    // user nice system idle iowait irq softirq steal (guest time is in user).
-    let busy: u64 =
-        ticks.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum();
+    // Guest time is counted in `user` already.
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = ticks[..] else {
+        return None;
+    };
+    let busy = user + nice + system + irq + softirq + steal;
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100);
     let hz = u64::try_from(hz).ok().filter(|h| *h > 0)?;
     Some(Duration::from_micros(busy.saturating_mul(1_000_000) / hz))
