@@ -3,21 +3,24 @@
 
 use std::time::Duration;
 
-use ongrid_tests::procs::{cgroup_dirs, count_uid};
+use ongrid_tests::procs::{busy_served_cgroups, cgroup_dirs, count_uid};
 use ongrid_tests::{host, Config, SkillDir};
 use policy::{LimitKind, Outcome};
 use serde_json::json;
 
 use crate::{args, attack, blocked, blocked_with, ended_within, exclusive, no_leftovers, shared};
 
-/// After a heavy case: no process of the run-as user, no new cgroup, and
-/// the executor still answers.
+/// After a heavy case: no process of the run-as user, no new cgroup (no
+/// busy one of a served executor), and the executor still answers.
 fn back_to_baseline(before: &std::collections::BTreeSet<std::path::PathBuf>) {
     let uid = host::skill_user().0;
     assert_eq!(count_uid(uid), 0, "processes of uid {uid} remain");
     let after = cgroup_dirs();
     let leaked: Vec<_> = after.difference(before).collect();
     assert!(leaked.is_empty(), "cgroups leaked: {leaked:?}");
+    // A served executor keeps its runs' leaves for later runs: empty ones.
+    let busy = busy_served_cgroups();
+    assert!(busy.is_empty(), "served executors' cgroups still hold processes: {busy:?}");
     let probe = attack("responsive");
     probe.run(&Config::new(), &args("sleep", json!({"ms": 0}))).expect(Outcome::Ok);
 }

@@ -244,7 +244,7 @@ fn nothing_persists_between_runs() {
     let first = skill.run(&Config::new(), &args("persist", json!({"paths": []})));
     let cwd1 = first.result()["cwd"].as_str().expect("cwd").to_owned();
     assert_eq!(first.result()["cwd_writable"], json!(true), "{}", first.dump());
-    assert!(!Path::new(&cwd1).exists(), "run dir {cwd1} left behind");
+    assert!(crate::removed_soon(Path::new(&cwd1)), "run dir {cwd1} left behind");
     let marker = format!("{cwd1}/persist-marker");
     let second = skill.run(&Config::new(), &args("exists", json!({"path": marker})));
     blocked(&second);
@@ -272,7 +272,7 @@ fn hostile_run_dir_is_cleaned_without_following_links() {
         skill.run(&Config::new(), &args("messy_run_dir", json!({"target": dir, "depth": 2000})));
     let r = crate::allowed(&run);
     let cwd = r["cwd"].as_str().expect("cwd");
-    assert!(!Path::new(cwd).exists(), "run dir {cwd} left behind");
+    assert!(crate::removed_soon(Path::new(cwd)), "run dir {cwd} left behind");
     assert!(kept.exists(), "cleanup followed a symlink out of the run dir");
     assert!(Path::new("/etc/passwd").exists());
     done(&skill, &g);

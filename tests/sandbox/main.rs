@@ -7,6 +7,12 @@
 //! Needs root (the executor drops to `ongrid-skill`); as another user every
 //! case prints `SKIP: <case>: <reason>` and passes.
 //!
+//! `ONGRID_SANDBOX_VIA=serve` runs every case over the executor wire of a
+//! long-lived `ongrid-executor serve` instead (one per configuration, shared
+//! by the cases: [`ongrid_tests::served`]), the path ongrid-skilld's runs
+//! take, with spawner threads and reused cgroup leaves; `scripts/test` runs
+//! the suite both ways.
+//!
 //! # Layout
 //!
 //! - `exhaustion`: fork bombs, memory, CPU, output floods, rlimits (§1-5, 13, 14).
@@ -136,6 +142,20 @@ pub(crate) fn ended_within(run: &Run, limit: Duration) {
         SLACK,
         run.dump()
     );
+}
+
+/// `path` is gone, or goes within 2 s: a one-shot executor removes its run
+/// directory before it prints the report, a served one's janitor right
+/// after it sent the report.
+pub(crate) fn removed_soon(path: &Path) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while path.exists() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
 }
 
 /// A unique path outside every allowed directory, for the test to plant

@@ -3,6 +3,7 @@
 use std::os::unix::fs::PermissionsExt;
 
 use ongrid_tests::run::RunOptions;
+use ongrid_tests::served::{self, Via};
 use ongrid_tests::{Config, SkillDir};
 use policy::Outcome;
 use serde_json::json;
@@ -172,8 +173,20 @@ fn escaped_nul_in_args_arrives_intact() {
 fn hostile_args_bytes_are_invalid_args() {
     let Some(g) = shared("hostile_args_bytes") else { return };
     let skill = SkillDir::script("hostile_args", "exec /bin/cat");
-    for raw in [&b"{\"a\":\"x\0y\"}"[..], b"\0", b"{not json", b"\xff\xfe{}"] {
-        let run = skill.run_with(&Config::new(), RunOptions::raw(raw));
+    // The wire carries JSON, so a served executor meets hostile args as
+    // JSON values that are not one object; `run` reads raw bytes.
+    let cases: Vec<RunOptions> = match served::via() {
+        Via::Oneshot => [&b"{\"a\":\"x\0y\"}"[..], b"\0", b"{not json", b"\xff\xfe{}"]
+            .into_iter()
+            .map(RunOptions::raw)
+            .collect(),
+        Via::Serve => {
+            [json!("{}"), json!([{}]), json!(null), json!(7)].iter().map(RunOptions::args).collect()
+        }
+    };
+    for opts in cases {
+        let raw = String::from_utf8_lossy(&opts.args).into_owned();
+        let run = skill.run_with(&Config::new(), opts);
         assert_eq!(run.outcome(), Outcome::InvalidArgs, "args {raw:?}:\n{}", run.dump());
     }
     no_leftovers(&skill, &g);

@@ -9,6 +9,9 @@
 //! - [`config`]: [`Config`], the `executor.toml` a run is given.
 //! - [`run`]: [`Run`], one `ongrid-executor run --json` invocation, with its
 //!   report, wall time and the executor's peak memory.
+//! - [`served`]: the same run over the wire of a long-lived
+//!   `ongrid-executor serve` (`ONGRID_SANDBOX_VIA=serve`), the path
+//!   ongrid-skilld's runs take.
 //! - [`procs`]: `/proc` and cgroup scans proving nothing of a run survives it.
 //! - [`victim`]: [`Victim`], a process outside the sandbox, owned by the
 //!   run-as user, that sandboxed skills try to signal, trace or read.
@@ -28,6 +31,7 @@ pub mod host;
 pub mod lock;
 pub mod procs;
 pub mod run;
+pub mod served;
 pub mod skill;
 pub mod victim;
 

@@ -106,8 +106,29 @@ pub fn count_uid(uid: u32) -> usize {
     scan().iter().filter(|p| p.uid == uid && !matches!(p.state, 'Z' | 'X')).count()
 }
 
-/// Every cgroup directory (up to 4 levels) of the hierarchies a run may use.
+/// Every cgroup directory (up to 4 levels) of the hierarchies a run may
+/// use, but those of served executors ([`crate::served`]), which keep their
+/// runs' leaves for later runs by design (see [`busy_served_cgroups`]).
 pub fn cgroup_dirs() -> BTreeSet<PathBuf> {
+    let served = crate::served::instance_names();
+    let mut dirs = all_cgroup_dirs();
+    dirs.retain(|d| !d.components().any(|c| served.iter().any(|n| c.as_os_str() == n.as_str())));
+    dirs
+}
+
+/// The cgroups of served executors that hold a process: none between runs.
+pub fn busy_served_cgroups() -> Vec<PathBuf> {
+    let served = crate::served::instance_names();
+    all_cgroup_dirs()
+        .into_iter()
+        .filter(|d| d.components().any(|c| served.iter().any(|n| c.as_os_str() == n.as_str())))
+        .filter(|d| {
+            std::fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty())
+        })
+        .collect()
+}
+
+fn all_cgroup_dirs() -> BTreeSet<PathBuf> {
     fn walk(dir: &Path, depth: u32, out: &mut BTreeSet<PathBuf>) {
         if depth == 0 {
             return;

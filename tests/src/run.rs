@@ -1,4 +1,5 @@
-//! One `ongrid-executor run --json` invocation.
+//! One run of a skill: an `ongrid-executor run --json` invocation, or an
+//! `execute` on a served executor's wire ([`crate::served`]).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -50,14 +51,17 @@ pub struct Run {
     pub report: RunReport,
     /// The report as raw JSON (for fields the struct may not model yet).
     pub raw: Value,
-    /// The executor process's exit status.
-    pub status: ExitStatus,
+    /// The one-shot executor process's exit status (`None` for a served
+    /// run, [`crate::served`]).
+    pub status: Option<ExitStatus>,
     /// Wall time of the whole invocation, as the caller sees it.
     pub elapsed: Duration,
-    /// Peak resident memory of the executor process (VmHWM), KiB, as last
-    /// sampled before it exited.
+    /// Peak resident memory of the executor process (VmHWM), KiB: of the
+    /// one-shot executor as last sampled before it exited, of a served one
+    /// over its whole life so far.
     pub executor_peak_kib: u64,
-    /// The executor's own stderr (its log).
+    /// The executor's own stderr (its log; for a served run, the skill's
+    /// stderr lines and the served executor's log).
     pub executor_stderr: String,
 }
 
@@ -65,7 +69,7 @@ impl Run {
     /// The report and the executor's log, for assertion messages.
     pub fn dump(&self) -> String {
         format!(
-            "report: {}\nexecutor exit: {:?}, elapsed {:?}\nexecutor stderr:\n{}",
+            "report: {}\nexecutor exit: {:?} (None: served), elapsed {:?}\nexecutor stderr:\n{}",
             serde_json::to_string_pretty(&self.raw).unwrap_or_default(),
             self.status,
             self.elapsed,
@@ -133,20 +137,33 @@ pub fn executor_bin() -> PathBuf {
     bin
 }
 
-fn vm_hwm_kib(pid: u32) -> Option<u64> {
+pub(crate) fn vm_hwm_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Runs `ongrid-executor run --manifest M --args - --config C --json`,
-/// feeding `opts.args` on stdin.
+/// Runs the skill of `manifest` once under `config`, the way
+/// [`crate::served::via`] says: `ongrid-executor run --manifest M --args -
+/// --config C --json` feeding `opts.args` on stdin, or the wire of a served
+/// executor ([`crate::served::run`]).
 ///
 /// # Panics
 ///
 /// When the executor cannot be started, hangs past the skill's timeout plus
-/// grace plus [`HANG_SLACK`] (it is then killed), or prints no report.
+/// grace plus [`HANG_SLACK`] (a one-shot one is then killed), or gives no
+/// report.
 pub fn run(manifest: &Path, config: &Config, opts: RunOptions, timeout_s: u64) -> Run {
+    // No case waits out a long timeout on purpose (huge ones are clamping tests).
+    let hang_after =
+        Duration::from_secs(timeout_s.min(60)) + policy::limits::KILL_GRACE + HANG_SLACK;
+    match crate::served::via() {
+        crate::served::Via::Serve => crate::served::run(manifest, config, opts, hang_after),
+        crate::served::Via::Oneshot => oneshot(manifest, config, opts, hang_after),
+    }
+}
+
+fn oneshot(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Duration) -> Run {
     let cfg_dir = tempfile::Builder::new().prefix("ongrid-sbx-cfg-").tempdir().expect("cfg dir");
     let cfg = cfg_dir.path().join("executor.toml");
     std::fs::write(&cfg, config.to_toml()).expect("write executor.toml");
@@ -188,9 +205,6 @@ pub fn run(manifest: &Path, config: &Config, opts: RunOptions, timeout_s: u64) -
         buf
     });
 
-    // No case waits out a long timeout on purpose (huge ones are clamping tests).
-    let hang_after =
-        Duration::from_secs(timeout_s.min(60)) + policy::limits::KILL_GRACE + HANG_SLACK;
     let mut peak = 0;
     let status = loop {
         if let Some(kib) = vm_hwm_kib(pid) {
@@ -228,7 +242,7 @@ pub fn run(manifest: &Path, config: &Config, opts: RunOptions, timeout_s: u64) -
             "report does not match policy::RunReport ({e}):\n{raw:#}\nstderr:\n{executor_stderr}"
         )
     });
-    Run { report, raw, status, elapsed, executor_peak_kib: peak, executor_stderr }
+    Run { report, raw, status: Some(status), elapsed, executor_peak_kib: peak, executor_stderr }
 }
 
 /// Runs the `attack` binary directly, outside any sandbox, as `uid:gid`

@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 use crate::config::Config;
 use crate::run::{Run, RunOptions};
 
-/// A skill folder under the system temp dir, named `ongrid-sbx-<case>-XXXX`.
+/// A skill folder under the system temp dir (for served runs, under the
+/// served executors' root), named `ongrid-sbx-<case>-XXXX`.
 /// The folder name is the run's marker: every process the run starts from
 /// the folder carries it in its executable path.
 #[derive(Debug)]
@@ -32,10 +33,15 @@ impl SkillDir {
             .chars()
             .map(|c| if c.is_ascii_lowercase() || c.is_ascii_digit() { c } else { '_' })
             .collect();
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("ongrid-sbx-{name}-"))
-            .tempdir()
-            .expect("create skill dir");
+        let prefix = format!("ongrid-sbx-{name}-");
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(&prefix);
+        // A served executor takes only skills under its allow-list root.
+        let dir = match crate::served::via() {
+            crate::served::Via::Serve => builder.tempdir_in(crate::served::skills_root()),
+            crate::served::Via::Oneshot => builder.tempdir(),
+        }
+        .expect("create skill dir");
         set_mode(dir.path(), 0o755);
         let manifest = json!({
             "name": name,

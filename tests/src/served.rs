@@ -1,0 +1,311 @@
+//! The production path for the sandbox suite: with `ONGRID_SANDBOX_VIA=serve`
+//! every run goes over the executor wire to a long-lived
+//! `ongrid-executor serve`, as ongrid-skilld sends it, instead of through a
+//! one-shot `ongrid-executor run`.
+//!
+//! The served path differs from the one-shot one where it matters to the
+//! sandbox: children are created by spawner threads that carry the seccomp
+//! filter and an emptied capability bounding set, which the child inherits
+//! instead of installing; from an instance's second run on, a run gets a
+//! slot made ahead of time by the janitor, and the cgroup leaves of
+//! finished runs serve later runs once emptied and reset. So one served
+//! executor is started per distinct configuration and environment, on
+//! first use, and kept for the whole test binary: the cases that share a
+//! configuration share its spawner threads and its reused leaves.
+//!
+//! Each served executor has its own directory under
+//! `<tmp>/ongrid-sbx-served-<pid>/` (config, socket, log, runtime
+//! directory); the skills of a served run live in `skills/` there, the
+//! executors' one allow-list root (root's, mode 0755, as a packaged root is).
+//! The executors are started by one long-lived thread with
+//! `PR_SET_PDEATHSIG(SIGTERM)`, so they drain and exit if the test binary
+//! dies; at a normal exit an `atexit` handler stops them (SIGTERM, then
+//! SIGKILL after 10 s), waits for them and removes the directory.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use policy::wire::{self, Reply};
+use policy::RunReport;
+use serde_json::{json, Value};
+
+use crate::config::Config;
+use crate::run::{Run, RunOptions};
+
+/// How the suite's runs reach the executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// `ongrid-executor run --json`, one process per run (the default).
+    Oneshot,
+    /// The executor wire of a long-lived `ongrid-executor serve`.
+    Serve,
+}
+
+/// `ONGRID_SANDBOX_VIA`: `serve`, or anything else (unset) for one-shot.
+pub fn via() -> Via {
+    static VIA: OnceLock<Via> = OnceLock::new();
+    *VIA.get_or_init(|| match std::env::var("ONGRID_SANDBOX_VIA").as_deref() {
+        Ok("serve") => Via::Serve,
+        _ => Via::Oneshot,
+    })
+}
+
+/// One served executor.
+#[derive(Debug)]
+struct Served {
+    pid: u32,
+    dir: PathBuf,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+/// The served executors, by configuration text and environment.
+type Key = (String, Vec<(String, String)>);
+
+struct Registry {
+    base: PathBuf,
+    started: HashMap<Key, Arc<Served>>,
+    children: Vec<Child>,
+    launcher: mpsc::Sender<Launch>,
+}
+
+/// A start request for the launcher thread.
+struct Launch {
+    command: Command,
+    reply: mpsc::Sender<std::io::Result<Child>>,
+}
+
+static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+
+fn registry() -> &'static Mutex<Registry> {
+    REGISTRY.get_or_init(|| {
+        let base = std::env::temp_dir().join(format!("ongrid-sbx-served-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(base.join("skills")).expect("create the served base directory");
+        crate::skill::set_mode(&base, 0o755);
+        crate::skill::set_mode(&base.join("skills"), 0o755);
+        // The parent-death signal follows the thread that forked, so every
+        // executor is started by this thread, which lives as long as the
+        // process (it blocks on a channel whose sender is never dropped).
+        let (launcher, requests) = mpsc::channel::<Launch>();
+        std::thread::Builder::new()
+            .name("served-launcher".into())
+            .spawn(move || {
+                for Launch { mut command, reply } in requests {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("start the launcher thread");
+        register_stop_all();
+        Mutex::new(Registry { base, started: HashMap::new(), children: Vec::new(), launcher })
+    })
+}
+
+/// The root-owned folder the skills of served runs are made in (the served
+/// executors' allow-list root).
+pub fn skills_root() -> PathBuf {
+    registry().lock().unwrap_or_else(PoisonError::into_inner).base.join("skills")
+}
+
+/// The instance names (`ex-<hex>`) of the served executors started so far:
+/// their cgroups and run directories are theirs to keep between runs, so
+/// the leak checks leave them out ([`crate::procs::cgroup_dirs`]). Empty
+/// when none was started.
+pub fn instance_names() -> Vec<String> {
+    let Some(reg) = REGISTRY.get() else { return Vec::new() };
+    let reg = reg.lock().unwrap_or_else(PoisonError::into_inner);
+    reg.started
+        .values()
+        .flat_map(|s| std::fs::read_dir(s.dir.join("run/runs")).into_iter().flatten().flatten())
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|n| n.starts_with("ex-"))
+        .collect()
+}
+
+/// The served executor for `config` and `env`, started on first use.
+fn served(config: &Config, env: &[(String, String)]) -> Arc<Served> {
+    let key = (config.to_toml(), env.to_vec());
+    let mut reg = registry().lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(s) = reg.started.get(&key) {
+        return Arc::clone(s);
+    }
+    let dir = reg.base.join(format!("ex{}", reg.started.len()));
+    std::fs::create_dir_all(&dir).expect("create a served executor's directory");
+    let socket = dir.join("executor.sock");
+    let log = dir.join("executor.log");
+    let q = |p: &Path| Value::String(p.display().to_string()).to_string();
+    // Top-level keys first: the rendered config ends with its tables.
+    let toml = format!(
+        "roots = [{root}]\nruntime_dir = {run}\nsocket = {sock}\nsocket_mode = \"0600\"\n\
+         allowed_uids = [0]\nmax_line_bytes = {line}\nmax_concurrent_runs = 16\n{rest}",
+        root = q(&reg.base.join("skills")),
+        run = q(&dir.join("run")),
+        sock = q(&socket),
+        line = 16 << 20,
+        rest = key.0,
+    );
+    let cfg = dir.join("executor.toml");
+    std::fs::write(&cfg, toml).expect("write a served executor's config");
+    let mut command = Command::new(crate::run::executor_bin());
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(&cfg)
+        .env_clear()
+        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("ONGRID_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("create a served executor's log"));
+    die_with_launcher(&mut command);
+    let (reply, answer) = mpsc::channel();
+    reg.launcher.send(Launch { command, reply }).expect("the launcher thread is alive");
+    let mut child = answer.recv().expect("launcher answers").expect("spawn ongrid-executor serve");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while UnixStream::connect(&socket).is_err() {
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("ongrid-executor serve exited {st}:\n{}", read(&log));
+        }
+        assert!(Instant::now() < deadline, "ongrid-executor serve not ready:\n{}", read(&log));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = Arc::new(Served { pid: child.id(), dir, socket, log });
+    reg.children.push(child);
+    reg.started.insert(key, Arc::clone(&s));
+    s
+}
+
+/// Registers [`stop_all`] to run at the process's normal exit.
+#[allow(unsafe_code)] // libtest has no teardown hook; atexit is the C one
+fn register_stop_all() {
+    // SAFETY: `stop_all` is an `extern "C" fn()` valid for the life of the
+    // process; it only takes a lock no exiting thread holds (the tests are
+    // over) and waits for our own children.
+    let r = unsafe { libc::atexit(stop_all) };
+    assert_eq!(r, 0, "atexit");
+}
+
+/// `PR_SET_PDEATHSIG(SIGTERM)` in the child before it execs.
+#[allow(unsafe_code)] // `pre_exec` is unsafe: the closure runs after fork
+fn die_with_launcher(command: &mut Command) {
+    // SAFETY: the closure only calls prctl, which is async-signal-safe and
+    // allocates nothing, and reads errno on failure.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// Stops every served executor and removes their directory (`atexit`).
+extern "C" fn stop_all() {
+    let Some(reg) = REGISTRY.get() else { return };
+    let mut reg = reg.lock().unwrap_or_else(PoisonError::into_inner);
+    for child in &reg.children {
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for child in &mut reg.children {
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if matches!(child.try_wait(), Ok(None)) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    let _ = std::fs::remove_dir_all(&reg.base);
+}
+
+/// Runs the skill of `manifest` through the served executor for `config`
+/// and `opts.env`: one connection, one `execute`, the `stderr`
+/// notifications, then the report.
+///
+/// # Panics
+///
+/// When `opts.args` is not JSON (the wire carries JSON: raw hostile bytes
+/// are a one-shot input), the executor cannot be reached, answers with an
+/// error, or sends no report within the skill's timeout plus grace plus
+/// `hang_slack`.
+pub fn run(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Duration) -> Run {
+    let args: Value = serde_json::from_slice(&opts.args).unwrap_or_else(|e| {
+        panic!("served runs take JSON args ({e}); raw bytes are a one-shot input")
+    });
+    let s = served(config, &opts.env);
+    let started = Instant::now();
+    let mut stream = UnixStream::connect(&s.socket)
+        .unwrap_or_else(|e| panic!("connect {}: {e}\n{}", s.socket.display(), read(&s.log)));
+    stream.set_read_timeout(Some(hang_after)).expect("set a read timeout");
+    let request = json!({"jsonrpc": "2.0", "id": 1, "method": "execute",
+        "params": {"manifest": manifest, "args": args, "session_id": "sandbox-suite"}});
+    let mut line = serde_json::to_vec(&request).expect("the request serialises");
+    line.push(b'\n');
+    stream.write_all(&line).expect("send execute");
+    let mut reader = BufReader::new(stream);
+    let mut stderr = String::new();
+    let result = loop {
+        let mut text = Vec::new();
+        match reader.read_until(b'\n', &mut text) {
+            Ok(0) => {
+                panic!("the executor closed the connection before the report:\n{}", read(&s.log))
+            }
+            Ok(_) => {}
+            Err(e) => panic!(
+                "no report from the served executor within {hang_after:?} ({e}); its log:\n{}",
+                read(&s.log)
+            ),
+        }
+        let text = text.strip_suffix(b"\n").unwrap_or(&text);
+        match wire::decode_reply(text) {
+            Ok(Reply::Stderr { line, .. }) => {
+                stderr.push_str(&line);
+                stderr.push('\n');
+            }
+            Ok(Reply::Result { result, .. }) => break result,
+            Ok(Reply::Error { code, message, .. }) => {
+                panic!("the executor answered error {code}: {message}\n{}", read(&s.log))
+            }
+            Err(e) => panic!(
+                "the executor sent a line that is no reply ({e}): {}",
+                String::from_utf8_lossy(text)
+            ),
+        }
+    };
+    let elapsed = started.elapsed();
+    // From the text, not a Value: `result` is kept as the skill printed it.
+    let report: RunReport = serde_json::from_str(result.get()).unwrap_or_else(|e| {
+        panic!("report does not match policy::RunReport ({e}):\n{}", result.get())
+    });
+    let raw: Value = serde_json::from_str(result.get()).expect("the report is JSON");
+    Run {
+        report,
+        raw,
+        status: None,
+        elapsed,
+        executor_peak_kib: crate::run::vm_hwm_kib(s.pid).unwrap_or(0),
+        executor_stderr: format!(
+            "(the skill's stderr)\n{stderr}(the served executor's log, {})\n{}",
+            s.log.display(),
+            read(&s.log)
+        ),
+    }
+}
