@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use policy::wire::{self, Reply};
 use policy::RunReport;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::config::Config;
 use crate::run::{Run, RunOptions};
@@ -237,8 +237,8 @@ extern "C" fn stop_all() {
 }
 
 /// Runs the skill of `manifest` through the served executor for `config`
-/// and `opts.env`: one connection, one `execute`, the `stderr`
-/// notifications, then the report.
+/// and `opts.env`: one connection, one held `execute` and its `start`, the
+/// `stderr` notifications, then the report.
 ///
 /// # Panics
 ///
@@ -255,11 +255,20 @@ pub fn run(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Durat
     let mut stream = UnixStream::connect(&s.socket)
         .unwrap_or_else(|e| panic!("connect {}: {e}\n{}", s.socket.display(), read(&s.log)));
     stream.set_read_timeout(Some(hang_after)).expect("set a read timeout");
-    let request = json!({"jsonrpc": "2.0", "id": 1, "method": "execute",
-        "params": {"manifest": manifest, "args": args, "session_id": "sandbox-suite"}});
-    let mut line = serde_json::to_vec(&request).expect("the request serialises");
-    line.push(b'\n');
-    stream.write_all(&line).expect("send execute");
+    // As ongrid-skilld sends a run when a slot is free: held (the executor
+    // checks and prepares it) and started once the caller's audit row is
+    // in, here at once.
+    let params = wire::ExecuteParams {
+        manifest: manifest.to_str().expect("a UTF-8 manifest path").to_owned(),
+        args,
+        session_id: Some("sandbox-suite".into()),
+        class: None,
+        tool: None,
+        hold: true,
+    };
+    let mut lines = wire::encode_execute(1, &params);
+    lines.extend(wire::encode_start(1));
+    stream.write_all(&lines).expect("send execute and start");
     let mut reader = BufReader::new(stream);
     let mut stderr = String::new();
     let result = loop {
