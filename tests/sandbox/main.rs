@@ -23,11 +23,13 @@
 //! - `env`: the environment is exactly `env_allow` (§27).
 //! - `status`: the outcome taxonomy and hostile bytes (§32-34).
 //! - `grants`: manifests asking for more than the operator grants (§35).
+//! - `isolation`: two live runs side by side cannot reach each other.
 
 mod env;
 mod exhaustion;
 mod filesystem;
 mod grants;
+mod isolation;
 mod network;
 mod privilege;
 mod status;

@@ -1,0 +1,100 @@
+//! Runs side by side: two sandboxed runs of the same executor user cannot
+//! reach each other (§(b) 15, 24, 31 with a live sandboxed neighbour as the
+//! victim instead of a process outside). Both run as `ongrid-skill`, so
+//! file modes, signal permission and ptrace's uid check would all let one
+//! reach the other: each run's own Landlock domain is what stops it. Served
+//! (`ONGRID_SANDBOX_VIA=serve`), both runs come from one executor, its
+//! spawner threads and its sibling cgroup leaves.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ongrid_tests::procs::{leftovers, Scope};
+use ongrid_tests::run::unsandboxed;
+use ongrid_tests::{host, Config, SkillDir};
+use policy::Outcome;
+use serde_json::json;
+
+use crate::{args, attack, blocked_with, no_leftovers, shared};
+
+/// What the neighbour writes into its run directory.
+const SECRET: &str = "ONGRID-NEIGHBOUR-SECRET";
+
+/// Waits up to 10 s for `f` to give a value.
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A live neighbour run's directory and file, its processes and memory are
+/// out of reach of another run; the neighbour ends `ok`, untouched.
+#[test]
+fn a_concurrent_run_is_out_of_reach() {
+    let Some(g) = shared("a_concurrent_run_is_out_of_reach") else { return };
+    let neighbour = SkillDir::script(
+        "neighbour",
+        &format!("printf '{SECRET}' > secret.txt\nsleep 3\ncat secret.txt >/dev/null\necho '{{\"done\": true}}'"),
+    )
+    .with("timeout_seconds", json!(20));
+    let intruder = attack("intruder");
+    std::thread::scope(|s| {
+        let running = s.spawn(|| neighbour.run(&Config::new(), &json!({})));
+        // The neighbour's shell (its command line names the skill folder)
+        // and its run directory, once the secret is written.
+        let pid = wait_for("the neighbour's shell", || {
+            leftovers(&neighbour, &Scope::default())
+                .into_iter()
+                .find(|p| p.cmdline.contains("run.sh"))
+                .map(|p| p.pid)
+        });
+        let dir: PathBuf = wait_for("the neighbour's run directory", || {
+            let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+            (std::fs::read_to_string(cwd.join("secret.txt")).ok()? == SECRET).then_some(cwd)
+        });
+        let secret = dir.join("secret.txt");
+        let path = |p: &Path| p.to_str().expect("utf-8 path").to_owned();
+
+        // Baseline: as the same user, outside the sandbox, the file reads.
+        let (uid, gid) = host::skill_user();
+        let base = unsandboxed(
+            Path::new(crate::ATTACK),
+            uid,
+            gid,
+            &args("read", json!({"path": path(&secret)})),
+        );
+        assert_eq!(
+            base["succeeded"],
+            json!(true),
+            "baseline: the neighbour's file is unreadable: {base}"
+        );
+
+        let attempts = [
+            ("read", json!({"path": path(&secret)})),
+            ("list", json!({"path": path(&dir)})),
+            ("write", json!({"path": path(&dir.join("pwned"))})),
+            ("list", json!({"path": path(dir.parent().expect("runs directory"))})),
+        ];
+        for (case, a) in attempts {
+            let run = intruder.run(&Config::new(), &args(case, a));
+            blocked_with(&run, &[libc::EACCES, libc::EPERM]);
+        }
+        for case in ["ptrace", "process_vm_readv", "kill"] {
+            // addr 0: a permitted read would fail with EFAULT, not EPERM.
+            let run = intruder.run(&Config::new(), &args(case, json!({"pid": pid, "addr": 0})));
+            blocked_with(&run, &[libc::EPERM, libc::EACCES]);
+        }
+
+        let done = running.join().expect("the neighbour's run");
+        done.expect(Outcome::Ok);
+        assert_eq!(done.result(), json!({"done": true}), "{}", done.dump());
+        assert!(!dir.join("pwned").exists(), "the intruder wrote into the neighbour's directory");
+    });
+    no_leftovers(&neighbour, &g);
+    no_leftovers(&intruder, &g);
+}
