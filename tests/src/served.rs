@@ -244,8 +244,8 @@ extern "C" fn stop_all() {
 ///
 /// When `opts.args` is not JSON (the wire carries JSON: raw hostile bytes
 /// are a one-shot input), the executor cannot be reached, answers with an
-/// error, or sends no report within the skill's timeout plus grace plus
-/// `hang_slack`.
+/// error, or sends no report within `hang_after` (the skill's timeout
+/// plus the kill grace plus slack, from [`crate::run::run`]).
 pub fn run(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Duration) -> Run {
     let args: Value = serde_json::from_slice(&opts.args).unwrap_or_else(|e| {
         panic!("served runs take JSON args ({e}); raw bytes are a one-shot input")
