@@ -34,6 +34,9 @@
 //! `bwrap` and `firejail` are skipped (with a note) when not installed;
 //! `benches/run.sh` installs them.
 //!
+//! `--gap-ms MS` idles that long before each sequential run (the state an
+//! agent's calls find the host in: every thread parked, caches cold).
+//!
 //! Prints p50/p90/p99 latency, runs/s and the ratio of each to `bare`, the
 //! daemons' VmRSS (idle, after the scan, after the load), and the
 //! executor's `ongrid_sandbox_setup_seconds` histogram (scraped from
@@ -128,6 +131,8 @@ struct Opts {
     variants: Vec<Variant>,
     bin_dir: PathBuf,
     audit_dir: Option<PathBuf>,
+    /// Sequential runs: idle time before each run (0: back to back).
+    gap: Duration,
 }
 
 fn usage() -> ! {
@@ -135,7 +140,7 @@ fn usage() -> ! {
         "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
          [--loaded-skills N] [--skills sh-cat,bin-cat] \
          [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,executor-rpc,engine,engine1g,bwrap,firejail] \
-         [--bin-dir DIR] [--audit-dir DIR]\n       loadbench --engine-worker MB"
+         [--bin-dir DIR] [--audit-dir DIR] [--gap-ms MS]\n       loadbench --engine-worker MB"
     );
     std::process::exit(2)
 }
@@ -160,6 +165,7 @@ fn parse_opts() -> Opts {
             .collect(),
         bin_dir: exe_dir,
         audit_dir: None,
+        gap: Duration::ZERO,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -181,6 +187,9 @@ fn parse_opts() -> Opts {
             }
             "--bin-dir" => o.bin_dir = PathBuf::from(val()),
             "--audit-dir" => o.audit_dir = Some(PathBuf::from(val())),
+            "--gap-ms" => {
+                o.gap = Duration::from_millis(u64::try_from(num(val())).unwrap_or(u64::MAX))
+            }
             _ => usage(),
         }
     }
@@ -718,8 +727,9 @@ fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
-/// Sequential: every iteration runs each variant once, rotating the order.
-/// Throughput is runs / summed latency.
+/// Sequential: every iteration runs each variant once, rotating the order,
+/// each run after `--gap-ms` of idle time (an agent's calls come between
+/// its thinking, not back to back). Throughput is runs / summed latency.
 fn sequential(ctx: &Ctx<'_>, variants: &[Variant], manifest: &Path) -> (Vec<Samples>, Mark) {
     let o = ctx.o;
     let mut cl = Client::default();
@@ -732,6 +742,9 @@ fn sequential(ctx: &Ctx<'_>, variants: &[Variant], manifest: &Path) -> (Vec<Samp
         }
         for k in 0..n {
             let idx = (i + k) % n;
+            if !o.gap.is_zero() {
+                std::thread::sleep(o.gap);
+            }
             let (el, setup) = run_one(variants[idx], ctx, &mut cl, manifest);
             if i >= o.warmup {
                 out[idx].record(el, setup);
