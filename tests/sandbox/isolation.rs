@@ -7,7 +7,7 @@
 //! spawner threads and its sibling cgroup leaves.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ongrid_tests::procs::{leftovers, Scope};
 use ongrid_tests::run::unsandboxed;
@@ -21,15 +21,9 @@ use crate::{args, attack, blocked_with, no_leftovers, shared};
 const SECRET: &str = "ONGRID-NEIGHBOUR-SECRET";
 
 /// Waits up to 10 s for `f` to give a value.
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    crate::poll(Duration::from_secs(10), f)
+        .unwrap_or_else(|| panic!("timed out waiting for {what}"))
 }
 
 /// A live neighbour run's directory and file, its processes and memory are

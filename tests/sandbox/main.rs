@@ -150,14 +150,21 @@ pub(crate) fn ended_within(run: &Run, limit: Duration) {
 /// directory before it prints the report, a served one's janitor right
 /// after it sent the report.
 pub(crate) fn removed_soon(path: &Path) -> bool {
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while path.exists() {
+    poll(Duration::from_secs(2), || (!path.exists()).then_some(())).is_some()
+}
+
+/// Calls `f` every 10 ms until it gives a value, for at most `within`.
+pub(crate) fn poll<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
         if std::time::Instant::now() > deadline {
-            return false;
+            return None;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    true
 }
 
 /// A unique path outside every allowed directory, for the test to plant

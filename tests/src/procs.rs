@@ -110,22 +110,27 @@ pub fn count_uid(uid: u32) -> usize {
 /// use, but those of served executors ([`crate::served`]), which keep their
 /// runs' leaves for later runs by design (see [`busy_served_cgroups`]).
 pub fn cgroup_dirs() -> BTreeSet<PathBuf> {
-    let served = crate::served::instance_names();
-    let mut dirs = all_cgroup_dirs();
-    dirs.retain(|d| !d.components().any(|c| served.iter().any(|n| c.as_os_str() == n.as_str())));
-    dirs
+    split_served_cgroups().0
 }
 
 /// The cgroups of served executors that hold a process: none between runs.
 pub fn busy_served_cgroups() -> Vec<PathBuf> {
-    let served = crate::served::instance_names();
-    all_cgroup_dirs()
+    split_served_cgroups()
+        .1
         .into_iter()
-        .filter(|d| d.components().any(|c| served.iter().any(|n| c.as_os_str() == n.as_str())))
         .filter(|d| {
             std::fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty())
         })
         .collect()
+}
+
+/// Every cgroup directory, split into (not a served executor's, a served
+/// executor's): those with a served instance's name among their components.
+fn split_served_cgroups() -> (BTreeSet<PathBuf>, BTreeSet<PathBuf>) {
+    let served = crate::served::instance_names();
+    all_cgroup_dirs()
+        .into_iter()
+        .partition(|d| !d.components().any(|c| served.iter().any(|n| c.as_os_str() == n.as_str())))
 }
 
 fn all_cgroup_dirs() -> BTreeSet<PathBuf> {

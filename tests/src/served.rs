@@ -56,13 +56,22 @@ pub fn via() -> Via {
     })
 }
 
-/// One served executor.
+/// One served executor: its pid and its directory (config, socket, log,
+/// runtime directory).
 #[derive(Debug)]
 struct Served {
     pid: u32,
     dir: PathBuf,
-    socket: PathBuf,
-    log: PathBuf,
+}
+
+impl Served {
+    fn socket(&self) -> PathBuf {
+        self.dir.join("executor.sock")
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.join("executor.log")
+    }
 }
 
 /// The served executors, by configuration text and environment.
@@ -137,20 +146,20 @@ fn served(config: &Config, env: &[(String, String)]) -> Arc<Served> {
     }
     let dir = reg.base.join(format!("ex{}", reg.started.len()));
     std::fs::create_dir_all(&dir).expect("create a served executor's directory");
-    let socket = dir.join("executor.sock");
-    let log = dir.join("executor.log");
+    let mut s = Served { pid: 0, dir };
+    let (socket, log) = (s.socket(), s.log());
     let q = |p: &Path| Value::String(p.display().to_string()).to_string();
     // Top-level keys first: the rendered config ends with its tables.
     let toml = format!(
         "roots = [{root}]\nruntime_dir = {run}\nsocket = {sock}\nsocket_mode = \"0600\"\n\
          allowed_uids = [0]\nmax_line_bytes = {line}\nmax_concurrent_runs = 16\n{rest}",
         root = q(&reg.base.join("skills")),
-        run = q(&dir.join("run")),
+        run = q(&s.dir.join("run")),
         sock = q(&socket),
         line = 16 << 20,
         rest = key.0,
     );
-    let cfg = dir.join("executor.toml");
+    let cfg = s.dir.join("executor.toml");
     std::fs::write(&cfg, toml).expect("write a served executor's config");
     let mut command = Command::new(crate::run::executor_bin());
     command
@@ -176,7 +185,8 @@ fn served(config: &Config, env: &[(String, String)]) -> Arc<Served> {
         assert!(Instant::now() < deadline, "ongrid-executor serve not ready:\n{}", read(&log));
         std::thread::sleep(Duration::from_millis(20));
     }
-    let s = Arc::new(Served { pid: child.id(), dir, socket, log });
+    s.pid = child.id();
+    let s = Arc::new(s);
     reg.children.push(child);
     reg.started.insert(key, Arc::clone(&s));
     s
@@ -252,8 +262,9 @@ pub fn run(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Durat
     });
     let s = served(config, &opts.env);
     let started = Instant::now();
-    let mut stream = UnixStream::connect(&s.socket)
-        .unwrap_or_else(|e| panic!("connect {}: {e}\n{}", s.socket.display(), read(&s.log)));
+    let (socket, log) = (s.socket(), s.log());
+    let mut stream = UnixStream::connect(&socket)
+        .unwrap_or_else(|e| panic!("connect {}: {e}\n{}", socket.display(), read(&log)));
     stream.set_read_timeout(Some(hang_after)).expect("set a read timeout");
     // As ongrid-skilld sends a run when a slot is free: held (the executor
     // checks and prepares it) and started once the caller's audit row is
@@ -275,12 +286,12 @@ pub fn run(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Durat
         let mut text = Vec::new();
         match reader.read_until(b'\n', &mut text) {
             Ok(0) => {
-                panic!("the executor closed the connection before the report:\n{}", read(&s.log))
+                panic!("the executor closed the connection before the report:\n{}", read(&log))
             }
             Ok(_) => {}
             Err(e) => panic!(
                 "no report from the served executor within {hang_after:?} ({e}); its log:\n{}",
-                read(&s.log)
+                read(&log)
             ),
         }
         let text = text.strip_suffix(b"\n").unwrap_or(&text);
@@ -291,7 +302,7 @@ pub fn run(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Durat
             }
             Ok(Reply::Result { result, .. }) => break result,
             Ok(Reply::Error { code, message, .. }) => {
-                panic!("the executor answered error {code}: {message}\n{}", read(&s.log))
+                panic!("the executor answered error {code}: {message}\n{}", read(&log))
             }
             Err(e) => panic!(
                 "the executor sent a line that is no reply ({e}): {}",
@@ -313,8 +324,8 @@ pub fn run(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Durat
         executor_peak_kib: crate::run::vm_hwm_kib(s.pid).unwrap_or(0),
         executor_stderr: format!(
             "(the skill's stderr)\n{stderr}(the served executor's log, {})\n{}",
-            s.log.display(),
-            read(&s.log)
+            log.display(),
+            read(&log)
         ),
     }
 }
