@@ -1,8 +1,8 @@
-//! Shared support of the benchmark tools (`spawnbench`, `loadbench`).
+//! Shared support of the benchmark tools (`spawnbench`, `loadbench`, `hostbench`).
 //!
 //! # Layout
 //!
-//! - [`sorted`], [`pct`]: the percentile arithmetic both tools report with.
+//! - [`sorted`], [`pct`]: the percentile arithmetic the tools report with.
 //! - [`Samples`]: what one variant measured (latencies, setup times, runs,
 //!   wall time, the host's busy CPU time), filled the same way by both
 //!   tools; [`host_busy`] reads the latter.
