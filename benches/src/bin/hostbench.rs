@@ -34,8 +34,10 @@ struct Opts {
     gaps_us: Vec<u64>,
 }
 
+const USAGE: &str = "usage: hostbench [--trips N] [--gaps-us A,B,...]";
+
 fn usage() -> ! {
-    eprintln!("usage: hostbench [--trips N] [--gaps-us A,B,...]");
+    eprintln!("{USAGE}");
     std::process::exit(2);
 }
 
@@ -52,7 +54,10 @@ fn parse_opts() -> Opts {
                     .map(|g| g.trim().parse().unwrap_or_else(|_| usage()))
                     .collect();
             }
-            "-h" | "--help" => usage(),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
             _ => usage(),
         }
     }
