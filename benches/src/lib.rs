@@ -8,6 +8,8 @@
 //!   tools; [`host_busy`] reads the latter.
 //! - [`write_packs`]: many valid packs on disk (the scan bench, `loadbench
 //!   --loaded-skills`).
+//! - [`first_line`], [`kernel_release`]: the machine facts every tool's
+//!   header prints (`/proc/loadavg`, the kernel).
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -109,6 +111,18 @@ impl Samples {
         self.setup_us.extend(setup_us.map(|u| u as f64));
         self.runs += 1;
     }
+}
+
+/// The first line of the file at `path` (empty if it cannot be read).
+pub fn first_line(path: &str) -> String {
+    fs::read_to_string(path).unwrap_or_default().lines().next().unwrap_or("").to_owned()
+}
+
+/// The running kernel's release (empty if `uname` fails).
+pub fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// CPU time the host has spent busy since boot, all CPUs together: the

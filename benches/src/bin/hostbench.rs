@@ -6,11 +6,11 @@
 //! - the first write to an anonymous page (a page fault that maps a zeroed
 //!   page: what an `exec`'d skill pays for every page it touches, bare or
 //!   sandboxed);
-//! - a one-byte pipe round trip between two threads, both pinned to CPU 0
-//!   or one on each CPU, back to back and after idle gaps (the sender
-//!   sleeps first, so the other CPU may have gone idle): what one hand-off
-//!   between two processes or threads costs, and what waking an idle CPU
-//!   adds to it.
+//! - a one-byte round trip over a Unix socket pair between two threads,
+//!   both pinned to CPU 0 or one on each CPU, back to back and after idle
+//!   gaps (the sender sleeps first, so the other CPU may have gone idle):
+//!   what one hand-off between two processes or threads costs, and what
+//!   waking an idle CPU adds to it.
 //!
 //! ```sh
 //! cargo build --release -p ongrid-benches
@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
-use ongrid_benches::{pct, sorted};
+use ongrid_benches::{first_line, kernel_release, pct, sorted};
 
 struct Opts {
     trips: usize,
@@ -134,18 +134,14 @@ fn round_trips(cpu: usize, gap: Duration, trips: usize) -> Option<Vec<f64>> {
 
 fn main() {
     let o = parse_opts();
-    let uname = nix::sys::utsname::uname().ok();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     println!(
         "hostbench: {} | kernel {} | {} CPUs",
         std::env::args().collect::<Vec<_>>().join(" "),
-        uname.as_ref().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+        kernel_release(),
         cpus,
     );
-    println!(
-        "loadavg at start: {}",
-        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
-    );
+    println!("loadavg at start: {}", first_line("/proc/loadavg"));
 
     // Warm the code paths once, then measure.
     null_syscall_ns(10_000);
@@ -179,8 +175,5 @@ fn main() {
     if cpus < 2 {
         println!("SKIP other CPU: this machine has one CPU");
     }
-    println!(
-        "loadavg at end: {}",
-        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
-    );
+    println!("loadavg at end: {}", first_line("/proc/loadavg"));
 }

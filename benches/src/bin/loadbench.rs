@@ -721,7 +721,7 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
 
 // ---------------------------------------------------------------- phases
 
-use ongrid_benches::{host_busy, pct, sorted, Samples};
+use ongrid_benches::{first_line, host_busy, kernel_release, pct, sorted, Samples};
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
@@ -886,10 +886,6 @@ fn hist_quantile(h: &Hist, q: f64) -> f64 {
 }
 
 // ---------------------------------------------------------------- report
-
-fn first_line(path: &str) -> String {
-    fs::read_to_string(path).unwrap_or_default().lines().next().unwrap_or("").to_owned()
-}
 
 fn print_table(variants: &[Variant], samples: &[Samples]) {
     println!(
@@ -1064,11 +1060,10 @@ fn have(tool: &str) -> bool {
 
 fn main() {
     let mut o = parse_opts();
-    let uname = nix::sys::utsname::uname().ok();
     println!(
         "loadbench: {} | kernel {} | {} CPUs | euid {} | iters {} warmup {} conc {:?}",
         std::env::args().collect::<Vec<_>>().join(" "),
-        uname.as_ref().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+        kernel_release(),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         nix::unistd::geteuid(),
         o.iters,

@@ -223,7 +223,7 @@ fn run_one(
     }
 }
 
-use ongrid_benches::{host_busy, pct, sorted, Samples};
+use ongrid_benches::{first_line, host_busy, kernel_release, pct, sorted, Samples};
 
 /// Sequential: every iteration runs each variant once, in a rotating order.
 fn sequential(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
@@ -321,17 +321,12 @@ fn thread_cpu_ns(name: &str) -> u64 {
         .sum()
 }
 
-fn first_line(path: &str) -> String {
-    std::fs::read_to_string(path).unwrap_or_default().lines().next().unwrap_or("").to_owned()
-}
-
 fn main() {
     let o = parse_opts();
-    let uname = nix::sys::utsname::uname().ok();
     println!(
         "spawnbench: {} | kernel {} | {} CPUs | euid {} | iters {} warmup {} conc {} ballast {} MiB",
         std::env::args().collect::<Vec<_>>().join(" "),
-        uname.as_ref().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+        kernel_release(),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         nix::unistd::geteuid(),
         o.iters,
