@@ -33,7 +33,9 @@ fn status_of(answer: &str) -> Option<u16> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_never_crash_or_wedge() {
-    let (_env, ex, mut d) = setup_with("request_timeout_seconds = 2\nmax_connections = 64\n");
+    let (_env, ex, mut d) = setup_with(
+        "request_timeout_seconds = 2\nheader_timeout_seconds = 2\nmax_connections = 64\n",
+    );
     let big_header = format!("GET /v1/skills HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(200_000));
     let long_path = format!("GET /v1/skills/{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(100_000));
     let corpus: Vec<(&str, Vec<u8>, Option<u16>)> = vec![
