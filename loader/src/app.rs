@@ -70,7 +70,11 @@ impl App {
         metrics: Metrics,
         prometheus: prometheus::Registry,
     ) -> std::io::Result<Self> {
-        let audit = Audit::start(&settings.audit, metrics.audit_write_errors_total.clone())?;
+        let audit = Audit::start(
+            &settings.audit,
+            metrics.audit_write_errors_total.clone(),
+            &metrics.audit_syncs_total,
+        )?;
         Ok(Self {
             authz: Authz::new(settings),
             audit,

@@ -8,11 +8,32 @@
 //! key ids), `deny` (reason = the 403's code) or `reject` (`invalid_args`).
 //! An allowed run's row is completed when the run ends
 //! ([`RunRow::finish`]): outcome, error, exit code, result, finished_at,
-//! duration_ms. Both writes are committed (`synchronous = FULL` unless
-//! `audit_synchronous = "normal"`, [`crate::config::AuditSync`]) before
-//! the client gets its answer, so a daemon killed right after answering
-//! has the row. A run whose client went away is completed as `cancelled`
-//! without waiting.
+//! duration_ms. Both writes are committed before the client gets its
+//! answer, so a daemon killed right after answering has the row. A run
+//! whose client went away is completed as `cancelled` without waiting.
+//!
+//! # Durability
+//!
+//! When a commit is `fsync`ed (what a power loss or kernel crash needs) is
+//! `audit_synchronous` ([`crate::config::AuditSync`]):
+//!
+//! - `interval` (default): the connection runs at SQLite's `synchronous =
+//!   NORMAL`. A batch holding a row that matters after a power loss (a run
+//!   of a `mutating` or `dangerous` skill, a row that uses an approval:
+//!   [`Record::syncs_before_answer`]) is `fsync`ed (the WAL file's
+//!   `fdatasync`) after its commit and before its callers are answered;
+//!   the completion of such a run too (the thread remembers its row id).
+//!   Any other commit is handed to the `ongrid-audit-sync` thread, which
+//!   `fsync`s the WAL at most `audit_sync_interval_ms` after it, off every
+//!   answer's path; one `fsync` covers every commit before it. So `safe`
+//!   runs and refusals lose at most that interval to a power loss, as
+//!   journald's `SyncIntervalSec` does for all but its critical messages.
+//! - `full`: `synchronous = FULL`, every commit is `fsync`ed before its
+//!   answer.
+//! - `normal`: `synchronous = NORMAL`; only checkpoints `fsync`.
+//!
+//! `ongrid_audit_syncs_total{when}` counts the `fsync`s asked for:
+//! `commit` before an answer, `interval` by the background thread.
 //!
 //! # Group commit
 //!
@@ -52,17 +73,19 @@
 //! (oldest first) and rows older than `audit_max_age_days` are deleted, and
 //! so are used approvals past their expiry.
 
-use std::path::PathBuf;
-use std::sync::mpsc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use prometheus::IntCounter;
+use prometheus::{IntCounter, IntCounterVec};
 use rusqlite::{params, Connection};
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use crate::config::AuditSettings;
+use crate::config::{AuditSettings, AuditSync};
 
 /// Largest args or result JSON text stored.
 pub const FIELD_MAX_BYTES: usize = 64 << 10;
@@ -161,6 +184,16 @@ pub struct Record {
     pub error: Option<String>,
 }
 
+impl Record {
+    /// Whether this row's commit is `fsync`ed before its answer under
+    /// `audit_synchronous = "interval"`: the run can change the host (a
+    /// `mutating` or `dangerous` skill), or it uses an approval (whose
+    /// replay key must not come back after a power loss).
+    pub fn syncs_before_answer(&self) -> bool {
+        self.class != policy::SkillClass::Safe.as_str() || !self.approvals_used.is_empty()
+    }
+}
+
 /// How an allowed run ended.
 #[derive(Debug, Clone, Default)]
 pub struct Finish {
@@ -238,6 +271,8 @@ pub struct Query {
     pub limit: u32,
 }
 
+/// Most critical run rows remembered until their completion.
+const MAX_CRITICAL_IN_FLIGHT: usize = 1 << 16;
 /// Most jobs written in one transaction.
 const MAX_BATCH: usize = 256;
 
@@ -264,17 +299,54 @@ impl std::fmt::Debug for Job {
 }
 
 impl Audit {
-    /// Starts the audit thread for `settings`; `errors` is
-    /// `ongrid_audit_write_errors_total`. The database is opened on first
+    /// Starts the audit thread for `settings` (and, with
+    /// `audit_synchronous = "interval"`, the thread that `fsync`s on a
+    /// timer); `errors` is `ongrid_audit_write_errors_total`, `syncs`
+    /// `ongrid_audit_syncs_total{when}`. The database is opened on first
     /// use.
     ///
     /// # Errors
     ///
-    /// The thread could not be spawned.
-    pub fn start(settings: &AuditSettings, errors: IntCounter) -> std::io::Result<Self> {
+    /// A thread could not be spawned.
+    pub fn start(
+        settings: &AuditSettings,
+        errors: IntCounter,
+        syncs: &IntCounterVec,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel();
-        let worker = Worker { settings: settings.clone(), db: None, errors, inserts: 0 };
-        std::thread::Builder::new().name("ongrid-audit".into()).spawn(move || worker.run(rx))?;
+        let wal = wal_path(&settings.db);
+        let syncer = match settings.synchronous {
+            AuditSync::Interval => {
+                let syncer = Arc::new(Syncer::default());
+                let (s, wal) = (syncer.clone(), wal.clone());
+                let (interval, counted) =
+                    (settings.sync_interval, syncs.with_label_values(&["interval"]));
+                let errors = errors.clone();
+                std::thread::Builder::new()
+                    .name("ongrid-audit-sync".into())
+                    .spawn(move || s.run(&wal, interval, &counted, &errors))?;
+                Some(syncer)
+            }
+            AuditSync::Full | AuditSync::Normal => None,
+        };
+        let worker = Worker {
+            settings: settings.clone(),
+            db: None,
+            errors,
+            commit_syncs: syncs.with_label_values(&["commit"]),
+            wal,
+            syncer: syncer.clone(),
+            critical: HashSet::new(),
+            inserts: 0,
+        };
+        let spawned =
+            std::thread::Builder::new().name("ongrid-audit".into()).spawn(move || worker.run(rx));
+        if let Err(e) = spawned {
+            if let Some(syncer) = syncer {
+                syncer.stop();
+            }
+            return Err(e);
+        }
         Ok(Self { tx, required: settings.required })
     }
 
@@ -447,6 +519,15 @@ struct Worker {
     settings: AuditSettings,
     db: Option<Connection>,
     errors: IntCounter,
+    /// `ongrid_audit_syncs_total{when="commit"}`.
+    commit_syncs: IntCounter,
+    /// The database's WAL file, `fsync`ed by `interval`.
+    wal: PathBuf,
+    /// With `interval`: the thread that `fsync`s the other commits.
+    syncer: Option<Arc<Syncer>>,
+    /// With `interval`: rows of runs in flight whose completion is
+    /// `fsync`ed before its answer.
+    critical: HashSet<i64>,
     inserts: u64,
 }
 
@@ -462,6 +543,9 @@ impl Worker {
             }
             self.run_batch(batch);
         }
+        if let Some(syncer) = &self.syncer {
+            syncer.stop();
+        }
     }
 
     /// Writes the batch's rows in one transaction, in order; a read first
@@ -472,6 +556,21 @@ impl Worker {
             match job {
                 Job::Record(record, reply, early) => {
                     let r = self.stage(&mut group, |db| insert(db, &record));
+                    if let Ok(id) = r {
+                        if record.syncs_before_answer() {
+                            group.critical = true;
+                            if early && self.syncer.is_some() {
+                                // A handler dropped between the insert and
+                                // its `RunRow` never finishes its row: keep
+                                // the set bounded (such a run's completion,
+                                // if any, is then synced by the interval).
+                                if self.critical.len() >= MAX_CRITICAL_IN_FLIGHT {
+                                    self.critical.clear();
+                                }
+                                self.critical.insert(id);
+                            }
+                        }
+                    }
                     match r {
                         Ok(id) if early => {
                             group.written += 1;
@@ -487,6 +586,7 @@ impl Worker {
                     }
                 }
                 Job::Finish(id, finish, reply) => {
+                    group.critical |= self.critical.remove(&id);
                     match self.stage(&mut group, |db| update(db, id, &finish)) {
                         Ok(()) => {
                             group.written += 1;
@@ -618,6 +718,7 @@ impl Worker {
             Some(db) => run_cached(db, "COMMIT").map_err(|e| self.unavailable(&e)),
             None => Err(AuditError::Closed),
         };
+        let r = r.and_then(|()| self.made_durable(group.critical));
         match r {
             Ok(()) => {
                 let before = self.inserts;
@@ -635,6 +736,32 @@ impl Worker {
                 self.abort(group, &e);
             }
         }
+    }
+
+    /// After a commit: under `full` SQLite has `fsync`ed it; under
+    /// `interval` a critical batch is `fsync`ed now, any other is handed to
+    /// the syncer.
+    fn made_durable(&mut self, critical: bool) -> Result<(), AuditError> {
+        match (&self.syncer, self.settings.synchronous) {
+            (_, AuditSync::Full) => self.commit_syncs.inc(),
+            (Some(syncer), AuditSync::Interval) if critical => {
+                if let Err(e) = sync_wal(&self.wal) {
+                    let e = AuditError::Unavailable {
+                        path: self.wal.clone(),
+                        message: format!("fsync: {e}"),
+                    };
+                    // What was committed may not be on disk: the batch
+                    // fails as a failed commit would.
+                    self.db = None;
+                    return Err(e);
+                }
+                self.commit_syncs.inc();
+                syncer.synced();
+            }
+            (Some(syncer), _) => syncer.committed(),
+            (None, _) => {}
+        }
+        Ok(())
     }
 
     fn read<T>(
@@ -667,6 +794,8 @@ impl Worker {
 struct Group {
     /// `BEGIN` was run.
     open: bool,
+    /// It holds a row whose commit is `fsync`ed before the answer.
+    critical: bool,
     /// Rows written in it (early-answered ones included).
     written: usize,
     /// Who waits for the commit.
@@ -693,6 +822,97 @@ impl Waiter {
     }
 }
 
+/// The background `fsync` of `audit_synchronous = "interval"`: the audit
+/// thread reports each commit it did not sync; this thread `fsync`s the WAL
+/// `interval` after the oldest of them, which covers them all.
+#[derive(Default)]
+struct Syncer {
+    state: Mutex<SyncState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// When the oldest commit not yet `fsync`ed was made.
+    since: Option<Instant>,
+    /// The audit thread is gone: sync what is left and stop.
+    stop: bool,
+}
+
+impl Syncer {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SyncState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A commit was made and not `fsync`ed.
+    fn committed(&self) {
+        let mut st = self.lock();
+        if st.since.is_none() {
+            st.since = Some(Instant::now());
+            self.wake.notify_one();
+        }
+    }
+
+    /// The WAL was just `fsync`ed: every commit so far is on disk.
+    fn synced(&self) {
+        self.lock().since = None;
+    }
+
+    fn stop(&self) {
+        self.lock().stop = true;
+        self.wake.notify_one();
+    }
+
+    fn run(&self, wal: &Path, interval: Duration, syncs: &IntCounter, errors: &IntCounter) {
+        let mut st = self.lock();
+        loop {
+            let Some(since) = st.since else {
+                if st.stop {
+                    return;
+                }
+                st = self.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
+                continue;
+            };
+            let due = since + interval;
+            let now = Instant::now();
+            if now < due && !st.stop {
+                st =
+                    self.wake.wait_timeout(st, due - now).unwrap_or_else(PoisonError::into_inner).0;
+                continue;
+            }
+            st.since = None;
+            drop(st);
+            match sync_wal(wal) {
+                Ok(()) => syncs.inc(),
+                Err(e) => {
+                    errors.inc();
+                    tracing::error!(path = %wal.display(), error = %e, "audit: cannot fsync the audit trail");
+                }
+            }
+            st = self.lock();
+        }
+    }
+}
+
+/// `<db>-wal`, SQLite's write-ahead log of `db`.
+fn wal_path(db: &Path) -> PathBuf {
+    let mut p = OsString::from(db.as_os_str());
+    p.push("-wal");
+    PathBuf::from(p)
+}
+
+/// `fdatasync` of the WAL file: every frame written to it so far, by any
+/// descriptor, reaches the disk (Linux syncs the inode). No file: the last
+/// connection checkpointed it into the database (SQLite syncs that) and
+/// removed it.
+fn sync_wal(wal: &Path) -> std::io::Result<()> {
+    match std::fs::File::open(wal) {
+        Ok(f) => f.sync_data(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Runs a statement without parameters, prepared once per connection.
 fn run_cached(db: &Connection, sql: &str) -> rusqlite::Result<()> {
     db.prepare_cached(sql)?.execute([]).map(drop)
@@ -715,8 +935,8 @@ fn open(settings: &AuditSettings) -> rusqlite::Result<Connection> {
     let mut db = Connection::open(&settings.db)?;
     db.busy_timeout(std::time::Duration::from_secs(5))?;
     // WAL: readers (ongrid-skill audit --db, sqlite3) never block the
-    // daemon; FULL (default): a commit survives a crash of the daemon or
-    // the host; NORMAL (`audit_synchronous = "normal"`): of the daemon only.
+    // daemon; FULL (`full`): SQLite syncs every commit; NORMAL (`interval`,
+    // `normal`): only checkpoints, the rest is ours (module docs).
     let mode: String = db.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         tracing::warn!(mode, "audit: the database is not in WAL mode");
@@ -915,8 +1135,13 @@ mod tests {
             required: true,
             max_rows,
             max_age_days: 0,
-            synchronous: crate::config::AuditSync::Full,
+            synchronous: AuditSync::Full,
+            sync_interval: Duration::from_millis(100),
         }
+    }
+
+    fn syncs() -> IntCounterVec {
+        IntCounterVec::new(prometheus::Opts::new("s", "s"), &["when"]).unwrap()
     }
 
     fn record(skill: &str, used: &[(&str, u64)]) -> Record {
@@ -939,7 +1164,7 @@ mod tests {
     async fn rows_are_written_completed_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let errors = IntCounter::new("e", "e").unwrap();
-        let audit = Audit::start(&settings(dir.path(), 0), errors.clone()).unwrap();
+        let audit = Audit::start(&settings(dir.path(), 0), errors.clone(), &syncs()).unwrap();
         let far = u64::try_from(now_ms() / 1000).unwrap() + 600;
         let id = audit.record(record("rm", &[("aa:d1", far), ("bb:d1", far)])).await.unwrap();
         let big = "é".repeat(FIELD_MAX_BYTES);
@@ -981,15 +1206,90 @@ mod tests {
 
         // A restarted daemon sees the used approvals.
         drop(audit);
-        let audit = Audit::start(&settings(dir.path(), 0), errors.clone()).unwrap();
+        let audit = Audit::start(&settings(dir.path(), 0), errors.clone(), &syncs()).unwrap();
         assert_eq!(audit.used_approvals().await.unwrap().len(), 2);
+    }
+
+    /// `interval`: rows that matter after a power loss (a run of a
+    /// mutating or dangerous skill, its completion, a row with an
+    /// approval) are synced before their answer; a safe run's are synced
+    /// by the background thread, no sooner than the interval after their
+    /// commit; `full` syncs every commit, `normal` none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn interval_syncs_critical_rows_before_the_answer_and_the_rest_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let errors = IntCounter::new("e", "e").unwrap();
+        let interval = Duration::from_millis(300);
+        let interval_settings = AuditSettings {
+            synchronous: AuditSync::Interval,
+            sync_interval: interval,
+            ..settings(dir.path(), 0)
+        };
+        let counts = syncs();
+        let audit = Audit::start(&interval_settings, errors.clone(), &counts).unwrap();
+        let commit = counts.with_label_values(&["commit"]);
+        let timer = counts.with_label_values(&["interval"]);
+        let safe = |skill: &str| Record { class: "safe".into(), ..record(skill, &[]) };
+        let done = || Finish { outcome: "ok".into(), ..Finish::default() };
+
+        // A safe run: committed, not synced before its answer ...
+        let asked = Instant::now();
+        let id = audit.record_before_run(safe("df")).await.unwrap();
+        RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
+        assert_eq!((commit.get(), timer.get()), (0, 0));
+        // ... but by the syncer, once, and not before the interval.
+        let until = Instant::now() + Duration::from_secs(10);
+        while timer.get() == 0 {
+            assert!(Instant::now() < until, "the interval sync never came");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(asked.elapsed() >= interval, "synced after {:?}", asked.elapsed());
+        // A refusal of a safe skill waits for nobody either.
+        audit.record(Record { decision: "deny", ..safe("df") }).await.unwrap();
+        assert_eq!(commit.get(), 0);
+
+        // A dangerous run: its decision's commit and its completion's are
+        // synced before their answers.
+        let id = audit.record_before_run(record("rm", &[])).await.unwrap();
+        RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
+        assert_eq!(commit.get(), 2);
+        // A safe skill's row that uses an approval: synced before the answer.
+        let far = u64::try_from(now_ms() / 1000).unwrap() + 600;
+        let used = Record { class: "safe".into(), ..record("df", &[("aa:d1", far)]) };
+        audit.record(used).await.unwrap();
+        assert_eq!(commit.get(), 3);
+        // A mutating refusal too.
+        audit
+            .record(Record { class: "mutating".into(), decision: "deny", ..safe("mv") })
+            .await
+            .unwrap();
+        assert_eq!(commit.get(), 4);
+        assert_eq!(audit.count().await.unwrap(), 5);
+        assert_eq!(errors.get(), 0);
+
+        // Full: every commit (the decision's, the completion's, the
+        // refusal's); normal: none.
+        for (mode, expected) in [(AuditSync::Full, 3), (AuditSync::Normal, 0)] {
+            let dir = tempfile::tempdir().unwrap();
+            let counts = syncs();
+            let other = AuditSettings { synchronous: mode, ..settings(dir.path(), 0) };
+            let audit = Audit::start(&other, errors.clone(), &counts).unwrap();
+            let id = audit.record_before_run(safe("df")).await.unwrap();
+            RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
+            audit.record(safe("df")).await.unwrap();
+            let got = (
+                counts.with_label_values(&["commit"]).get(),
+                counts.with_label_values(&["interval"]).get(),
+            );
+            assert_eq!(got, (expected, 0), "{mode:?}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_rows_share_commits_and_a_replay_rolls_back_only_its_own() {
         let dir = tempfile::tempdir().unwrap();
         let errors = IntCounter::new("e", "e").unwrap();
-        let audit = Audit::start(&settings(dir.path(), 0), errors.clone()).unwrap();
+        let audit = Audit::start(&settings(dir.path(), 0), errors.clone(), &syncs()).unwrap();
         let far = u64::try_from(now_ms() / 1000).unwrap() + 600;
         audit.record(record("first", &[("aa:d1", far)])).await.unwrap();
         let mut tasks = Vec::new();
@@ -1041,7 +1341,7 @@ mod tests {
     async fn retention_keeps_the_newest_rows() {
         let dir = tempfile::tempdir().unwrap();
         let errors = IntCounter::new("e", "e").unwrap();
-        let audit = Audit::start(&settings(dir.path(), 10), errors).unwrap();
+        let audit = Audit::start(&settings(dir.path(), 10), errors, &syncs()).unwrap();
         for i in 0..PRUNE_EVERY + 5 {
             audit.record(record(&format!("s{i}"), &[])).await.unwrap();
         }
@@ -1055,7 +1355,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("missing");
         let errors = IntCounter::new("e", "e").unwrap();
-        let audit = Audit::start(&settings(&missing, 0), errors.clone()).unwrap();
+        let audit = Audit::start(&settings(&missing, 0), errors.clone(), &syncs()).unwrap();
         let e = audit.record(record("rm", &[])).await.unwrap_err();
         assert!(matches!(e, AuditError::Unavailable { .. }), "{e}");
         assert!(e.to_string().contains("missing/audit.db"), "{e}");

@@ -24,7 +24,8 @@
 //! audit_required = true                # false: run unaudited when the DB fails
 //! audit_max_rows = 1000000             # 0 = no row cap
 //! audit_max_age_days = 90              # 0 = keep forever
-//! audit_synchronous = "full"           # "normal": no fsync per commit (see below)
+//! audit_synchronous = "interval"       # or "full", "normal" (see [`AuditSync`])
+//! audit_sync_interval_ms = 100         # "interval": the longest a commit waits for its fsync
 //!
 //! [[callers]]                          # exactly one of uid, user, gid, group
 //! user = "alice"
@@ -68,6 +69,10 @@ pub const DEFAULT_AUDIT_DB: &str = "/var/lib/ongrid/audit.db";
 pub const DEFAULT_AUDIT_MAX_ROWS: u64 = 1_000_000;
 /// Default of `audit_max_age_days`.
 pub const DEFAULT_AUDIT_MAX_AGE_DAYS: u64 = 90;
+/// Default of `audit_sync_interval_ms`.
+pub const DEFAULT_AUDIT_SYNC_INTERVAL_MS: u64 = 100;
+/// Longest `audit_sync_interval_ms` accepted (one minute).
+pub const MAX_AUDIT_SYNC_INTERVAL_MS: u64 = 60_000;
 /// Longest `approval_max_ttl_seconds` accepted (one day).
 pub const MAX_APPROVAL_TTL_SECONDS: u64 = 86_400;
 
@@ -125,13 +130,23 @@ pub struct CallerRule {
 }
 
 /// When an audit commit reaches the disk (SQLite's `synchronous` in WAL
-/// mode).
+/// mode). Every mode commits a row before its answer, so an answered run's
+/// rows survive a crash or SIGKILL of the daemon; they differ in when the
+/// commit is `fsync`ed, which is what a power loss or kernel crash needs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AuditSync {
-    /// Every commit is `fsync`ed before the answer: the row survives a
-    /// crash of the daemon and a power loss of the host. The default.
+    /// The commits of rows that matter after a power loss are `fsync`ed
+    /// before the answer: runs of `mutating` and `dangerous` skills and
+    /// every row that uses an approval (the replay store). The others
+    /// (`safe` runs, refusals) are `fsync`ed by a background thread at most
+    /// `audit_sync_interval_ms` after their commit, off the answer's path,
+    /// the way journald syncs all but its critical messages on a timer.
+    /// The default.
     #[default]
+    Interval,
+    /// Every commit is `fsync`ed before the answer: the row survives a
+    /// crash of the daemon and a power loss of the host.
     Full,
     /// Commits are written to the WAL without `fsync` (checkpoints still
     /// sync): the row survives a crash or SIGKILL of the daemon, but the
@@ -141,11 +156,11 @@ pub enum AuditSync {
 }
 
 impl AuditSync {
-    /// The value of SQLite's `PRAGMA synchronous`.
+    /// The value of SQLite's `PRAGMA synchronous` for an ordinary commit.
     pub fn pragma(self) -> &'static str {
         match self {
             AuditSync::Full => "FULL",
-            AuditSync::Normal => "NORMAL",
+            AuditSync::Normal | AuditSync::Interval => "NORMAL",
         }
     }
 }
@@ -163,6 +178,9 @@ pub struct AuditSettings {
     pub max_age_days: u64,
     /// When a commit reaches the disk.
     pub synchronous: AuditSync,
+    /// With [`AuditSync::Interval`], the longest a commit waits for its
+    /// `fsync`.
+    pub sync_interval: Duration,
 }
 
 /// The file as written, every key optional.
@@ -211,8 +229,10 @@ pub struct FileConfig {
     pub audit_max_rows: Option<u64>,
     /// Age cap of the audit trail in days (0 = none).
     pub audit_max_age_days: Option<u64>,
-    /// `full` (default) or `normal`.
+    /// `interval` (default), `full` or `normal`.
     pub audit_synchronous: Option<AuditSync>,
+    /// With `interval`: milliseconds between a commit and its `fsync`.
+    pub audit_sync_interval_ms: Option<u64>,
 }
 
 /// Command-line overrides, `None` when the flag was not given.
@@ -426,6 +446,18 @@ impl FileConfig {
             max_rows: self.audit_max_rows.unwrap_or(DEFAULT_AUDIT_MAX_ROWS),
             max_age_days: self.audit_max_age_days.unwrap_or(DEFAULT_AUDIT_MAX_AGE_DAYS),
             synchronous: self.audit_synchronous.unwrap_or_default(),
+            sync_interval: match self.audit_sync_interval_ms {
+                None => Duration::from_millis(DEFAULT_AUDIT_SYNC_INTERVAL_MS),
+                Some(n) if (1..=MAX_AUDIT_SYNC_INTERVAL_MS).contains(&n) => {
+                    Duration::from_millis(n)
+                }
+                Some(n) => {
+                    return Err(ConfigError::Value {
+                        key: "audit_sync_interval_ms",
+                        message: format!("{n} is not within 1..={MAX_AUDIT_SYNC_INTERVAL_MS}"),
+                    })
+                }
+            },
         };
         Ok(Settings {
             socket_group,
@@ -619,6 +651,7 @@ mod tests {
                audit_max_rows = 10
                audit_max_age_days = 0
                audit_synchronous = "normal"
+               audit_sync_interval_ms = 250
                [[callers]]
                uid = 1000
                role = "operator"
@@ -650,6 +683,7 @@ mod tests {
                 max_rows: 10,
                 max_age_days: 0,
                 synchronous: AuditSync::Normal,
+                sync_interval: Duration::from_millis(250),
             }
         );
         assert_eq!(s.callers.len(), 3);
@@ -665,7 +699,14 @@ mod tests {
         assert_eq!(d.approval_max_ttl, 900);
         assert_eq!(d.audit.db, PathBuf::from(DEFAULT_AUDIT_DB));
         assert!(d.audit.required);
-        assert_eq!(d.audit.synchronous, AuditSync::Full);
+        assert_eq!(d.audit.synchronous, AuditSync::Interval);
+        assert_eq!(d.audit.sync_interval, Duration::from_millis(DEFAULT_AUDIT_SYNC_INTERVAL_MS));
+        for (text, mode) in [("full", AuditSync::Full), ("interval", AuditSync::Interval)] {
+            let text = format!("audit_synchronous = \"{text}\"");
+            let s = parse(&text).unwrap().resolve(Overrides::default(), vec![]).unwrap();
+            assert_eq!(s.audit.synchronous, mode);
+        }
+        assert!(matches!(parse("audit_synchronous = \"off\""), Err(ConfigError::Parse { .. })));
         assert!(d.callers.is_empty() && d.approvers.is_empty() && d.socket_group.is_none());
 
         let dup = format!(
@@ -675,6 +716,8 @@ mod tests {
         for text in [
             "approval_max_ttl_seconds = 0",
             "approval_max_ttl_seconds = 86401",
+            "audit_sync_interval_ms = 0",
+            "audit_sync_interval_ms = 60001",
             "socket_group = \"no-such-group-here\"",
             "[[callers]]\nrole = \"x\"\nmode = \"read-only\"",
             "[[callers]]\nuid = 1\ngid = 1\nrole = \"x\"\nmode = \"read-only\"",

@@ -20,6 +20,7 @@
 //! | `ongrid_executor_up` | gauge | |
 //! | `ongrid_authz_decisions_total` | counter | `decision`, `reason` |
 //! | `ongrid_audit_write_errors_total` | counter | |
+//! | `ongrid_audit_syncs_total` | counter | `when` |
 //! | `ongrid_build_info` | gauge | `version` |
 //! | `process_*` | process collector | |
 
@@ -66,6 +67,9 @@ pub struct Metrics {
     pub authz_decisions_total: IntCounterVec,
     /// Audit rows that could not be written.
     pub audit_write_errors_total: IntCounter,
+    /// `fsync`s of the audit trail, by when: `commit` (before an answer)
+    /// or `interval` (in the background, `audit_synchronous = "interval"`).
+    pub audit_syncs_total: IntCounterVec,
 }
 
 impl Metrics {
@@ -126,6 +130,13 @@ impl Metrics {
                 "ongrid_audit_write_errors_total",
                 "Audit rows that could not be written.",
             )?,
+            audit_syncs_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_audit_syncs_total",
+                    "Fsyncs of the audit trail, before an answer (commit) or on a timer (interval).",
+                ),
+                &["when"],
+            )?,
         };
         registry.register(Box::new(m.executions_total.clone()))?;
         registry.register(Box::new(m.run_duration_seconds.clone()))?;
@@ -138,6 +149,7 @@ impl Metrics {
         registry.register(Box::new(m.executor_up.clone()))?;
         registry.register(Box::new(m.authz_decisions_total.clone()))?;
         registry.register(Box::new(m.audit_write_errors_total.clone()))?;
+        registry.register(Box::new(m.audit_syncs_total.clone()))?;
         let build = IntGaugeVec::new(
             Opts::new("ongrid_build_info", "Build of ongrid-skilld; always 1."),
             &["version"],

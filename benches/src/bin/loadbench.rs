@@ -14,12 +14,15 @@
 //!   suite starts them.
 //! - `daemon10k`: the same against a second pair of daemons whose registry
 //!   also holds `--loaded-skills` generated packs (default 10,000).
-//! - `daemon-shm`: the same as `daemon` with the audit database on
-//!   `/dev/shm` (tmpfs: its fsyncs cost nothing), to show what the audit
-//!   trail's two synchronous commits per run cost. Not in the default set.
-//! - `daemon-normal`: the same as `daemon` (audit on the same disk) with
-//!   `audit_synchronous = "normal"` (no fsync per commit). Not in the
-//!   default set.
+//! - `daemon-full`: the same as `daemon` (audit on the same disk) with
+//!   `audit_synchronous = "full"` (both of a run's commits fsynced before
+//!   its answer; the default is `"interval"`, which syncs a `safe` run's
+//!   rows in the background). Not in the default set.
+//! - `daemon-shm`: `daemon-full` with the audit database on `/dev/shm`
+//!   (tmpfs: its fsyncs cost nothing), to show what the two fsyncs cost.
+//!   Not in the default set.
+//! - `daemon-normal`: the same as `daemon` with `audit_synchronous =
+//!   "normal"` (no fsync but at checkpoints). Not in the default set.
 //! - `executor-rpc`: `execute` sent straight to the `daemon` stack's
 //!   executor socket (JSON-RPC, one connection per run as skilld does):
 //!   the executor daemon without skilld. Not in the default set.
@@ -72,6 +75,7 @@ enum Variant {
     Daemon10k,
     DaemonShm,
     DaemonNormal,
+    DaemonFull,
     ExecutorRpc,
     Engine,
     Engine1g,
@@ -79,13 +83,14 @@ enum Variant {
     Firejail,
 }
 
-const ALL: [Variant; 11] = [
+const ALL: [Variant; 12] = [
     Variant::Bare,
     Variant::Cli,
     Variant::Daemon,
     Variant::Daemon10k,
     Variant::DaemonShm,
     Variant::DaemonNormal,
+    Variant::DaemonFull,
     Variant::ExecutorRpc,
     Variant::Engine,
     Variant::Engine1g,
@@ -106,6 +111,7 @@ impl Variant {
             Variant::Daemon10k => "daemon10k",
             Variant::DaemonShm => "daemon-shm",
             Variant::DaemonNormal => "daemon-normal",
+            Variant::DaemonFull => "daemon-full",
             Variant::ExecutorRpc => "executor-rpc",
             Variant::Engine => "engine",
             Variant::Engine1g => "engine1g",
@@ -139,7 +145,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
          [--loaded-skills N] [--skills sh-cat,bin-cat] \
-         [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,executor-rpc,engine,engine1g,bwrap,firejail] \
+         [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,daemon-full,executor-rpc,engine,engine1g,bwrap,firejail] \
          [--bin-dir DIR] [--audit-dir DIR] [--gap-ms MS]\n       loadbench --engine-worker MB"
     );
     std::process::exit(2)
@@ -160,7 +166,13 @@ fn parse_opts() -> Opts {
         variants: ALL
             .into_iter()
             .filter(|v| {
-                !matches!(v, Variant::DaemonShm | Variant::DaemonNormal | Variant::ExecutorRpc)
+                !matches!(
+                    v,
+                    Variant::DaemonShm
+                        | Variant::DaemonNormal
+                        | Variant::DaemonFull
+                        | Variant::ExecutorRpc
+                )
             })
             .collect(),
         bin_dir: exe_dir,
@@ -312,7 +324,11 @@ impl Stack {
                 "socket = {sock}\nexecutor_socket = {ex}\nskills_dirs = [{roots_toml}]\n\
                  metrics_listen = \"{metrics}\"\nmax_connections = 128\naudit_db = {audit}\n\
                  audit_synchronous = \"{sync}\"\n",
-                sync = if name == "daemon-normal" { "normal" } else { "full" },
+                sync = match name {
+                    "daemon-normal" => "normal",
+                    "daemon-full" | "daemon-shm" => "full",
+                    _ => "interval",
+                },
                 sock = toml_str(&socket),
                 ex = toml_str(&ex_sock),
                 audit = toml_str(&audit_dir.join(format!("{name}-audit.db"))),
@@ -669,7 +685,11 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
             );
             None
         }
-        Variant::Daemon | Variant::Daemon10k | Variant::DaemonShm | Variant::DaemonNormal => {
+        Variant::Daemon
+        | Variant::Daemon10k
+        | Variant::DaemonShm
+        | Variant::DaemonNormal
+        | Variant::DaemonFull => {
             let stack = &ctx.stacks[v.name()];
             let conn = cl.conns.entry(stack.name).or_insert_with(|| Http::connect(&stack.socket));
             let name = skill_name(dir.file_name().unwrap().to_str().unwrap());
@@ -1137,6 +1157,17 @@ fn main() {
             manifests.len(),
         );
         stacks.insert("daemon-normal", s);
+    }
+    if o.variants.contains(&Variant::DaemonFull) {
+        let s = Stack::start(
+            "daemon-full",
+            &o,
+            &base.join("stack-full"),
+            std::slice::from_ref(&skills_root),
+            &audit_dir,
+            manifests.len(),
+        );
+        stacks.insert("daemon-full", s);
     }
     if o.variants.contains(&Variant::Daemon10k) {
         let many = base.join("many");

@@ -238,6 +238,16 @@ async fn mutating_needs_confirm() {
     assert!(e["finished_at"].as_i64().unwrap() >= e["started_at"].as_i64().unwrap());
     assert!(e["duration_ms"].is_number());
     assert_eq!(e["args_truncated"], false);
+
+    // The default `audit_synchronous = "interval"`: the rows of mutating
+    // and dangerous skills were fsynced before their answers (the refusal,
+    // the run's decision and completion, the dangerous refusal); a safe
+    // run adds none.
+    let commit_syncs = || sample(&d.scrape(), "ongrid_audit_syncs_total{when=\"commit\"}");
+    assert_eq!(commit_syncs(), 4);
+    let r = c.post("/v1/skills/echo/execute", &json!({"args": {"n": 1}})).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(commit_syncs(), 4);
 }
 
 /// dual-sign-required: every way an approval can be wrong is refused with
