@@ -48,6 +48,11 @@ pub struct Metrics {
     pub queue_wait_seconds: Histogram,
     /// `ongrid_executor_runs_in_flight`: runs holding a slot.
     pub runs_in_flight: IntGauge,
+    /// `ongrid_executor_runs_queued`: admitted runs waiting for a slot.
+    pub runs_queued: IntGauge,
+    /// `ongrid_executor_runs_held`: held runs prepared and waiting for
+    /// their `start`.
+    pub runs_held: IntGauge,
     /// `ongrid_landlock_enforcement_total{status}`: `full`, `partial` or
     /// `none`, per run that built a sandbox.
     pub landlock_enforcement_total: IntCounterVec,
@@ -99,6 +104,14 @@ impl Metrics {
                 "ongrid_executor_runs_in_flight",
                 "Runs holding a run slot now.",
             )?,
+            runs_queued: IntGauge::new(
+                "ongrid_executor_runs_queued",
+                "Admitted runs waiting for a run slot now.",
+            )?,
+            runs_held: IntGauge::new(
+                "ongrid_executor_runs_held",
+                "Held runs prepared and waiting for their start now.",
+            )?,
             landlock_enforcement_total: IntCounterVec::new(
                 Opts::new(
                     "ongrid_landlock_enforcement_total",
@@ -124,6 +137,8 @@ impl Metrics {
         registry.register(Box::new(m.sandbox_setup_seconds.clone()))?;
         registry.register(Box::new(m.queue_wait_seconds.clone()))?;
         registry.register(Box::new(m.runs_in_flight.clone()))?;
+        registry.register(Box::new(m.runs_queued.clone()))?;
+        registry.register(Box::new(m.runs_held.clone()))?;
         registry.register(Box::new(m.landlock_enforcement_total.clone()))?;
         registry.register(Box::new(m.peer_rejected_total.clone()))?;
         registry.register(Box::new(m.connections.clone()))?;

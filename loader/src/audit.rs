@@ -1219,7 +1219,7 @@ mod tests {
     async fn interval_syncs_critical_rows_before_the_answer_and_the_rest_later() {
         let dir = tempfile::tempdir().unwrap();
         let errors = IntCounter::new("e", "e").unwrap();
-        let interval = Duration::from_millis(300);
+        let interval = Duration::from_millis(500);
         let interval_settings = AuditSettings {
             synchronous: AuditSync::Interval,
             sync_interval: interval,
@@ -1236,7 +1236,12 @@ mod tests {
         let asked = Instant::now();
         let id = audit.record_before_run(safe("df")).await.unwrap();
         RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
-        assert_eq!((commit.get(), timer.get()), (0, 0));
+        assert_eq!(commit.get(), 0);
+        // (On a host slow enough for the interval to pass already, the
+        // syncer may have run: only a sync before it is a failure.)
+        if asked.elapsed() < interval {
+            assert_eq!(timer.get(), 0);
+        }
         // ... but by the syncer, once, and not before the interval.
         let until = Instant::now() + Duration::from_secs(10);
         while timer.get() == 0 {

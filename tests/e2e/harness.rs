@@ -89,7 +89,7 @@ pub fn standard_skills(root: &Path) {
         root,
         "finisher",
         r#","timeout_seconds":20"#,
-        "echo started >&2\n/bin/sleep 1\necho '{\"done\":true}'",
+        "echo \"pid=$$\" >&2\n/bin/sleep 1\necho '{\"done\":true}'",
     );
 }
 

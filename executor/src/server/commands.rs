@@ -67,6 +67,8 @@ async fn start_signal(
     gave_up: &AtomicBool,
 ) -> bool {
     let Some(rx) = start else { return true };
+    // First polled once the run is prepared: counted while it waits.
+    let _held = GaugeGuard::new(&ctx.shared.metrics.runs_held);
     let limit = Duration::from_secs(ctx.shared.engine.config().hold_timeout_seconds);
     let go = tokio::select! {
         biased;
@@ -158,6 +160,7 @@ async fn execute_run(
         return busy(ctx, id, skill, &why);
     };
     let queued = Instant::now();
+    let waiting = GaugeGuard::new(&shared.metrics.runs_queued);
     let slot = tokio::select! {
         biased;
         () = ctx.token.cancelled() => {
@@ -173,6 +176,7 @@ async fn execute_run(
             Err(_) => return,
         },
     };
+    drop(waiting);
     let metrics = &shared.metrics;
     metrics.queue_wait_seconds.observe(queued.elapsed().as_secs_f64());
     let in_flight = GaugeGuard::new(&metrics.runs_in_flight);

@@ -1,8 +1,12 @@
 //! The executor going away and coming back.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
 use serde_json::json;
 
-use crate::skilld::{Env, Skilld};
+use crate::skilld::{eventually, Env, Skilld};
 use crate::FakeExecutor;
 
 /// No executor → 503 `executor_unavailable`; once it starts, runs work
@@ -43,12 +47,23 @@ async fn executor_dying_mid_run() {
     let c = d.client();
     let run = tokio::spawn(async move { c.post("/v1/skills/sleeper/execute", &json!({})).await });
     let c = d.client();
+    let streamed = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&streamed);
     let stream = tokio::spawn(async move {
         let mut events = Vec::new();
-        let r = c.execute_stream("sleeper", &json!({}), |e, _| events.push(e)).await;
+        let r = c
+            .execute_stream("sleeper", &json!({}), |e, _| {
+                seen.store(true, Ordering::SeqCst);
+                events.push(e);
+            })
+            .await;
         (r, events)
     });
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Both runs are in the executor, and the stream has its first event.
+    let both = eventually(Duration::from_secs(20), || {
+        ex.stats.runs_started.load(Ordering::SeqCst) == 2 && streamed.load(Ordering::SeqCst)
+    });
+    assert!(both.await, "the two runs never started");
     let stats = ex.stop().await;
     let r = run.await.unwrap().unwrap();
     assert_eq!(r.status, 503);

@@ -36,10 +36,13 @@ async fn twenty_clients_ten_runs_each() {
 /// `queue_timeout_seconds`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_run_slots_answer_busy() {
-    let (_env, _ex, d) = crate::setup_with("max_concurrent_runs = 1\nqueue_timeout_seconds = 1\n");
+    let (_env, ex, d) = crate::setup_with("max_concurrent_runs = 1\nqueue_timeout_seconds = 1\n");
     let c = d.client();
     let first = tokio::spawn(async move { c.post("/v1/skills/sleeper/execute", &json!({})).await });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let started = crate::skilld::eventually(std::time::Duration::from_secs(20), || {
+        ex.stats.runs_started.load(std::sync::atomic::Ordering::SeqCst) == 1
+    });
+    assert!(started.await, "the first run never started");
     let r = d.client().post("/v1/skills/echo/execute", &json!({})).await.unwrap();
     assert_eq!(r.status, 503);
     assert_eq!(r.body["error"]["code"], "busy");

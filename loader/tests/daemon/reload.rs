@@ -13,7 +13,7 @@ use crate::FakeExecutor;
 async fn reload_picks_up_new_packs_and_drops_removed_ones() {
     let env = Env::new();
     let skills = env.standard_skills();
-    let _ex = FakeExecutor::start(&env.executor_socket());
+    let ex = FakeExecutor::start(&env.executor_socket());
     let d = Skilld::start(&env, &[&skills], "");
     let c = d.client();
 
@@ -22,7 +22,10 @@ async fn reload_picks_up_new_packs_and_drops_removed_ones() {
         let c = d.client();
         tokio::spawn(async move { c.post("/v1/skills/slow/execute", &json!({})).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = eventually(Duration::from_secs(20), || {
+        ex.stats.runs_started.load(std::sync::atomic::Ordering::SeqCst) == 1
+    });
+    assert!(started.await, "the in-flight run never started");
 
     env.skill("skills", "fresh", "", "echo '{\"fresh\":true}'");
     std::fs::remove_dir_all(skills.join("sleeper")).unwrap();
