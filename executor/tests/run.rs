@@ -131,7 +131,8 @@ fn timeout_kills_the_whole_tree() {
     let (r, _) = run(&engine, &m, "{}");
     assert_eq!(r.outcome, Outcome::Timeout, "{r:?}");
     assert_eq!(r.limit, Some(LimitKind::WallTime));
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // The 1 s deadline and the grace, far from the 300 s sleeps.
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     if is_root() {
         let left = std::process::Command::new("pgrep").args(["-f", "sleep 300"]).output().unwrap();
         assert!(left.stdout.is_empty(), "leftovers: {}", String::from_utf8_lossy(&left.stdout));
@@ -246,7 +247,8 @@ fn args_larger_than_the_pipe_are_written_as_the_skill_reads() {
     let t = Instant::now();
     let (r, _) = run(&engine, &m2, &big);
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // Well before the 10 s timeout a blocked writer would wait for.
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
 }
 
 #[test]

@@ -33,7 +33,8 @@ fn a_concurrent_run_is_out_of_reach() {
     let Some(g) = shared("a_concurrent_run_is_out_of_reach") else { return };
     let neighbour = SkillDir::script(
         "neighbour",
-        &format!("printf '{SECRET}' > secret.txt\nsleep 3\ncat secret.txt >/dev/null\necho '{{\"done\": true}}'"),
+        // Alive until the test has made every attempt (its `go` file).
+        &format!("printf '{SECRET}' > secret.txt\nuntil [ -e go ]; do sleep 0.05; done\ncat secret.txt >/dev/null\necho '{{\"done\": true}}'"),
     )
     .with("timeout_seconds", json!(20));
     let intruder = attack("intruder");
@@ -84,6 +85,7 @@ fn a_concurrent_run_is_out_of_reach() {
             blocked_with(&run, &[libc::EPERM, libc::EACCES]);
         }
 
+        std::fs::write(dir.join("go"), "").expect("the neighbour's go file");
         let done = running.join().expect("the neighbour's run");
         done.expect(Outcome::Ok);
         assert_eq!(done.result(), json!({"done": true}), "{}", done.dump());

@@ -160,8 +160,9 @@ fn executor_killed_mid_run_takes_the_skill_with_it() {
     assert!(running() >= 2, "the skill's tree never started");
     child.kill().expect("SIGKILL executor");
     child.wait().expect("reap executor");
-    // No grace here beyond the kernel's: the tree must be gone within 1 s.
-    let deadline = Instant::now() + Duration::from_secs(1);
+    // The watchdog kills the tree (no grace): gone within 10 s however
+    // loaded the host (a survivor never goes).
+    let deadline = Instant::now() + Duration::from_secs(10);
     while !leftovers(&skill, &g.scope()).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -505,7 +505,13 @@ fn main() {
     if !status.is_some_and(|s| s.success()) {
         failures.push(format!("up did not exit 0 after SIGTERM: {status:?}"));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // Gone at once, or within 10 s on a loaded host.
+    let until = Instant::now() + Duration::from_secs(10);
+    while (!processes_of(run_uid).is_empty() || !harness::processes_with(&instance).is_empty())
+        && Instant::now() < until
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let left = processes_of(run_uid);
     if !left.is_empty() {
         failures.push(format!("after stop: processes of the run-as user alive: {left:?}"));
