@@ -1,0 +1,455 @@
+//! The audit trail (DESIGN.md §3, issue 5): one SQLite row per decision
+//! and run, in WAL mode, at `audit_db` (`/var/lib/ongrid/audit.db`).
+//!
+//! # Layout
+//!
+//! - this file: the handle requests share ([`Audit`], [`RunRow`]) and the
+//!   row types;
+//! - `worker`: the audit thread's writer (group commit, durability);
+//! - `sql`: the schema, opening, retention and each statement;
+//! - `syncer`: the background `fsync` of `audit_synchronous = "interval"`.
+//!
+//! # Rows
+//!
+//! A row is written when the decision is made ([`Audit::record`]):
+//! `allow` (reason `safe`, `confirmed` or `dual_signed`, with the approver
+//! key ids), `deny` (reason = the 403's code) or `reject` (`invalid_args`).
+//! An allowed run's row is completed when the run ends
+//! ([`RunRow::finish`]): outcome, error, exit code, result, finished_at,
+//! duration_ms. Both writes are committed before the client gets its
+//! answer, so a daemon killed right after answering has the row. A run
+//! whose client went away is completed as `cancelled` without waiting.
+//!
+//! # Durability
+//!
+//! When a commit is `fsync`ed (what a power loss or kernel crash needs) is
+//! `audit_synchronous` ([`crate::config::AuditSync`]):
+//!
+//! - `interval` (default): the connection runs at SQLite's `synchronous =
+//!   NORMAL`. A batch holding a row that matters after a power loss (a run
+//!   of a `mutating` or `dangerous` skill, a row that uses an approval:
+//!   [`Record::syncs_before_answer`]) is `fsync`ed (the WAL file's
+//!   `fdatasync`) after its commit and before its callers are answered;
+//!   the completion of such a run too (the thread remembers its row id).
+//!   Any other commit is handed to the `ongrid-audit-sync` thread, which
+//!   `fsync`s the WAL at most `audit_sync_interval_ms` after it, off every
+//!   answer's path; one `fsync` covers every commit before it. So `safe`
+//!   runs and refusals lose at most that interval to a power loss, as
+//!   journald's `SyncIntervalSec` does for all but its critical messages.
+//! - `full`: `synchronous = FULL`, every commit is `fsync`ed before its
+//!   answer.
+//! - `normal`: `synchronous = NORMAL`; only checkpoints `fsync`.
+//!
+//! `ongrid_audit_syncs_total{when}` counts the `fsync`s asked for:
+//! `commit` before an answer, `interval` by the background thread.
+//!
+//! # Group commit
+//!
+//! One thread writes. It takes every job waiting on its channel at once
+//! and writes them in one transaction, so one commit (one `fsync`) covers
+//! all the rows of that batch; each caller waits for the commit of its own
+//! batch only. Statements are prepared once per connection
+//! (`prepare_cached`). An allowed run's first row
+//! ([`Audit::record_before_run`]) is answered as soon as it is inserted,
+//! before its commit: the run's answer waits for the commit of its
+//! completion ([`RunRow::finish`]), which comes after the insert on the
+//! same connection (FIFO), so it covers both. A refusal's row
+//! ([`Audit::record`]) is answered once committed, since the answer
+//! follows it directly. If a commit fails, every row of its batch is lost;
+//! the completion of a run whose first row was lost finds no row and fails
+//! (logged, counted in `ongrid_audit_write_errors_total`). Args and result are stored as JSON text of at most
+//! [`FIELD_MAX_BYTES`] (cut on a character boundary and marked
+//! `*_truncated`); error texts at most [`ERROR_MAX_BYTES`].
+//!
+//! The approvals a run uses are written in the same transaction as its row,
+//! in `used_approvals` under a unique key: the replay store's disk half
+//! ([`crate::replay`]).
+//!
+//! # Failures
+//!
+//! SQLite calls block: they run on one dedicated thread (`ongrid-audit`)
+//! that owns the connection; requests reach it over a channel and wait on a
+//! oneshot. A failed write counts in `ongrid_audit_write_errors_total`, is
+//! logged at error level and returns [`AuditError::Unavailable`]; the
+//! handler then refuses the run (503 `audit_unavailable`) unless
+//! `audit_required = false`. The thread opens the database lazily and again
+//! after a failure, so fixing the file or its directory needs no restart.
+//!
+//! # Retention
+//!
+//! At open and every [`PRUNE_EVERY`] inserts: rows beyond `audit_max_rows`
+//! (oldest first) and rows older than `audit_max_age_days` are deleted, and
+//! so are used approvals past their expiry.
+
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use prometheus::{IntCounter, IntCounterVec};
+
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::config::{AuditSettings, AuditSync};
+use syncer::{wal_path, Syncer};
+use worker::Worker;
+
+mod sql;
+mod syncer;
+mod worker;
+
+/// Largest args or result JSON text stored.
+pub const FIELD_MAX_BYTES: usize = 64 << 10;
+/// Largest error or reason text stored.
+pub const ERROR_MAX_BYTES: usize = 4 << 10;
+/// Retention runs every this many inserts.
+pub const PRUNE_EVERY: u64 = 100;
+/// Most rows one query returns.
+pub const MAX_QUERY_ROWS: u32 = 1000;
+
+/// Why the audit trail could not be read or written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuditError {
+    /// The database could not be opened or written.
+    #[error("audit database {path} unavailable: {message}")]
+    Unavailable {
+        /// The database file.
+        path: PathBuf,
+        /// SQLite's message.
+        message: String,
+    },
+    /// An approval was already used (the database's unique key).
+    #[error("approval {0} was already used")]
+    Replayed(String),
+    /// The audit thread is gone.
+    #[error("the audit thread stopped")]
+    Closed,
+}
+
+/// A decision, as written when it is made.
+#[derive(Debug, Clone, Default)]
+pub struct Record {
+    /// The request's session id.
+    pub session_id: Option<String>,
+    /// The skill.
+    pub skill: String,
+    /// Its class.
+    pub class: String,
+    /// The caller's uid.
+    pub caller_uid: u32,
+    /// The caller's pid.
+    pub caller_pid: Option<i32>,
+    /// The caller's role.
+    pub role: String,
+    /// The caller's permission mode.
+    pub mode: String,
+    /// `allow`, `deny` or `reject`.
+    pub decision: &'static str,
+    /// Why.
+    pub reason: String,
+    /// Key ids of the approvals the run uses.
+    pub approvers: Vec<String>,
+    /// The approvals used: replay key and expiry (unix seconds).
+    pub approvals_used: Vec<(String, u64)>,
+    /// The args.
+    pub args: Option<Value>,
+    /// For a refusal: the outcome (`denied`, `invalid_args`) ...
+    pub outcome: Option<String>,
+    /// ... and the message.
+    pub error: Option<String>,
+}
+
+impl Record {
+    /// Whether this row's commit is `fsync`ed before its answer under
+    /// `audit_synchronous = "interval"`: the run can change the host (a
+    /// `mutating` or `dangerous` skill), or it uses an approval (whose
+    /// replay key must not come back after a power loss).
+    pub fn syncs_before_answer(&self) -> bool {
+        self.class != policy::SkillClass::Safe.as_str() || !self.approvals_used.is_empty()
+    }
+}
+
+/// How an allowed run ended.
+#[derive(Debug, Clone, Default)]
+pub struct Finish {
+    /// The report's outcome, or `cancelled`, `executor_unavailable`.
+    pub outcome: String,
+    /// The error text.
+    pub error: Option<String>,
+    /// The exit code.
+    pub exit_code: Option<i32>,
+    /// The result JSON, as the skill printed it.
+    pub result: Option<policy::RawJson>,
+    /// The run's duration (the report's, else the time since the decision).
+    pub duration_ms: Option<u64>,
+}
+
+/// A row as read back (`GET /v1/audit`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Entry {
+    /// Row id.
+    pub id: i64,
+    /// Session id.
+    pub session_id: Option<String>,
+    /// Skill.
+    pub skill: String,
+    /// Class.
+    pub class: String,
+    /// Caller uid.
+    pub caller_uid: u32,
+    /// Caller pid.
+    pub caller_pid: Option<i32>,
+    /// Role.
+    pub role: String,
+    /// Permission mode.
+    pub mode: String,
+    /// `allow`, `deny` or `reject`.
+    pub decision: String,
+    /// Reason code.
+    pub reason: String,
+    /// Approver key ids.
+    pub approvers: Vec<String>,
+    /// Args JSON (a string when truncated).
+    pub args: Value,
+    /// Args were cut.
+    pub args_truncated: bool,
+    /// Result JSON (a string when truncated).
+    pub result: Value,
+    /// Result was cut.
+    pub result_truncated: bool,
+    /// Outcome.
+    pub outcome: Option<String>,
+    /// Error.
+    pub error: Option<String>,
+    /// Exit code.
+    pub exit_code: Option<i32>,
+    /// Decision time, unix milliseconds.
+    pub started_at: i64,
+    /// End of the run, unix milliseconds.
+    pub finished_at: Option<i64>,
+    /// Duration of the run.
+    pub duration_ms: Option<i64>,
+}
+
+/// Filters of a query; newest first.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    /// Only this skill.
+    pub skill: Option<String>,
+    /// Only this outcome.
+    pub outcome: Option<String>,
+    /// Only this decision.
+    pub decision: Option<String>,
+    /// Only rows decided at or after this time (unix milliseconds).
+    pub since_ms: Option<i64>,
+    /// At most this many rows.
+    pub limit: u32,
+}
+
+enum Job {
+    /// A row; `early`: answered once inserted, before the commit.
+    Record(Box<Record>, oneshot::Sender<Result<i64, AuditError>>, bool),
+    Finish(i64, Box<Finish>, Option<oneshot::Sender<Result<(), AuditError>>>),
+    Query(Query, oneshot::Sender<Result<Vec<Entry>, AuditError>>),
+    UsedApprovals(oneshot::Sender<Result<Vec<(String, u64)>, AuditError>>),
+    Count(oneshot::Sender<Result<i64, AuditError>>),
+}
+
+/// The handle requests share; the thread stops when the last is dropped.
+#[derive(Debug, Clone)]
+pub struct Audit {
+    tx: mpsc::Sender<Job>,
+    required: bool,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Job")
+    }
+}
+
+impl Audit {
+    /// Starts the audit thread for `settings` (and, with
+    /// `audit_synchronous = "interval"`, the thread that `fsync`s on a
+    /// timer); `errors` is `ongrid_audit_write_errors_total`, `syncs`
+    /// `ongrid_audit_syncs_total{when}`. The database is opened on first
+    /// use.
+    ///
+    /// # Errors
+    ///
+    /// A thread could not be spawned.
+    pub fn start(
+        settings: &AuditSettings,
+        errors: IntCounter,
+        syncs: &IntCounterVec,
+    ) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel();
+        let wal = wal_path(&settings.db);
+        let syncer = match settings.synchronous {
+            AuditSync::Interval => {
+                let syncer = Arc::new(Syncer::default());
+                let (s, wal) = (syncer.clone(), wal.clone());
+                let (interval, counted) =
+                    (settings.sync_interval, syncs.with_label_values(&["interval"]));
+                let errors = errors.clone();
+                std::thread::Builder::new()
+                    .name("ongrid-audit-sync".into())
+                    .spawn(move || s.run(&wal, interval, &counted, &errors))?;
+                Some(syncer)
+            }
+            AuditSync::Full | AuditSync::Normal => None,
+        };
+        let commit_syncs = syncs.with_label_values(&["commit"]);
+        let worker = Worker::new(settings.clone(), errors, commit_syncs, wal, syncer.clone());
+        let spawned =
+            std::thread::Builder::new().name("ongrid-audit".into()).spawn(move || worker.run(rx));
+        if let Err(e) = spawned {
+            if let Some(syncer) = syncer {
+                syncer.stop();
+            }
+            return Err(e);
+        }
+        Ok(Self { tx, required: settings.required })
+    }
+
+    /// Whether runs are refused when the audit cannot be written.
+    pub fn required(&self) -> bool {
+        self.required
+    }
+
+    async fn ask<T>(
+        &self,
+        job: impl FnOnce(oneshot::Sender<Result<T, AuditError>>) -> Job,
+    ) -> Result<T, AuditError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(job(tx)).map_err(|_| AuditError::Closed)?;
+        rx.await.map_err(|_| AuditError::Closed)?
+    }
+
+    /// Writes a decision; returns the row id once committed.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`]; [`AuditError::Replayed`] when one of
+    /// `record.approvals_used` is already in the database.
+    pub async fn record(&self, record: Record) -> Result<i64, AuditError> {
+        self.ask(|tx| Job::Record(Box::new(record), tx, false)).await
+    }
+
+    /// Writes the decision of a run that is about to start; returns the
+    /// row id once inserted, before its transaction commits. The commit
+    /// that [`Audit::finish`] of this id waits for covers this row too
+    /// (one writer, FIFO), so a run's answer still follows both rows'
+    /// commit. Use [`Audit::record`] when the answer follows directly.
+    ///
+    /// # Errors
+    ///
+    /// As [`Audit::record`].
+    pub async fn record_before_run(&self, record: Record) -> Result<i64, AuditError> {
+        self.ask(|tx| Job::Record(Box::new(record), tx, true)).await
+    }
+
+    /// Completes row `id`; returns once committed.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`].
+    pub async fn finish(&self, id: i64, finish: Finish) -> Result<(), AuditError> {
+        self.ask(|tx| Job::Finish(id, Box::new(finish), Some(tx))).await
+    }
+
+    /// Completes row `id` without waiting.
+    pub fn finish_detached(&self, id: i64, finish: Finish) {
+        let _ = self.tx.send(Job::Finish(id, Box::new(finish), None));
+    }
+
+    /// Reads rows, newest first.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`].
+    pub async fn query(&self, query: Query) -> Result<Vec<Entry>, AuditError> {
+        self.ask(|tx| Job::Query(query, tx)).await
+    }
+
+    /// The approvals used that have not expired: replay key and expiry.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`].
+    pub async fn used_approvals(&self) -> Result<Vec<(String, u64)>, AuditError> {
+        self.ask(Job::UsedApprovals).await
+    }
+
+    /// The number of rows.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`].
+    pub async fn count(&self) -> Result<i64, AuditError> {
+        self.ask(Job::Count).await
+    }
+}
+
+/// An allowed run's row, completed by [`RunRow::finish`]; dropped
+/// unfinished (the client went away), it is completed as `cancelled`.
+#[derive(Debug)]
+pub struct RunRow {
+    audit: Audit,
+    id: Option<i64>,
+    started: std::time::Instant,
+}
+
+impl RunRow {
+    /// The row `id` (`None` when it could not be written and the audit is
+    /// not required).
+    pub fn new(audit: Audit, id: Option<i64>) -> Self {
+        Self { audit, id, started: std::time::Instant::now() }
+    }
+
+    /// Completes the row and waits for the commit (which covers the
+    /// decision's row too, see [`Audit::record_before_run`]). A failure is
+    /// logged and counted by the thread, and returned: the run happened,
+    /// but its rows may not be on disk.
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`] when the commit failed.
+    pub async fn finish(mut self, mut finish: Finish) -> Result<(), AuditError> {
+        let Some(id) = self.id.take() else { return Ok(()) };
+        finish.duration_ms.get_or_insert_with(|| elapsed_ms(self.started));
+        self.audit.finish(id, finish).await
+    }
+}
+
+impl Drop for RunRow {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.audit.finish_detached(
+                id,
+                Finish {
+                    outcome: "cancelled".into(),
+                    error: Some("the client went away before the run ended".into()),
+                    duration_ms: Some(elapsed_ms(self.started)),
+                    ..Finish::default()
+                },
+            );
+        }
+    }
+}
+
+fn elapsed_ms(since: std::time::Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Now, unix milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests;

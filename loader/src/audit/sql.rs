@@ -1,0 +1,282 @@
+//! The SQL of the audit trail: the schema, opening (WAL) and retention,
+//! and each statement a job runs.
+
+use rusqlite::{params, Connection};
+use serde_json::Value;
+
+use super::{
+    now_ms, Entry, Finish, Query, Record, ERROR_MAX_BYTES, FIELD_MAX_BYTES, MAX_QUERY_ROWS,
+};
+use crate::config::AuditSettings;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT,
+    skill TEXT NOT NULL,
+    class TEXT NOT NULL,
+    caller_uid INTEGER NOT NULL,
+    caller_pid INTEGER,
+    role TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    decision TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    approvers TEXT NOT NULL,
+    args TEXT,
+    args_truncated INTEGER NOT NULL DEFAULT 0,
+    result TEXT,
+    result_truncated INTEGER NOT NULL DEFAULT 0,
+    outcome TEXT,
+    error TEXT,
+    exit_code INTEGER,
+    started_at INTEGER NOT NULL,
+    finished_at INTEGER,
+    duration_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS audit_started ON audit (started_at);
+CREATE INDEX IF NOT EXISTS audit_skill ON audit (skill, id);
+CREATE TABLE IF NOT EXISTS used_approvals (
+    approval TEXT PRIMARY KEY,
+    key_id TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    audit_id INTEGER NOT NULL
+);
+PRAGMA user_version = 1;
+";
+
+/// Runs a statement without parameters, prepared once per connection.
+pub(super) fn run_cached(db: &Connection, sql: &str) -> rusqlite::Result<()> {
+    db.prepare_cached(sql)?.execute([]).map(drop)
+}
+
+pub(super) enum WriteError {
+    Replayed(String),
+    /// The row to complete is not there.
+    Lost(i64),
+    Sql(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for WriteError {
+    fn from(e: rusqlite::Error) -> Self {
+        WriteError::Sql(e)
+    }
+}
+
+pub(super) fn open(settings: &AuditSettings) -> rusqlite::Result<Connection> {
+    let mut db = Connection::open(&settings.db)?;
+    db.busy_timeout(std::time::Duration::from_secs(5))?;
+    // WAL: readers (ongrid-skill audit --db, sqlite3) never block the
+    // daemon; FULL (`full`): SQLite syncs every commit; NORMAL (`interval`,
+    // `normal`): only checkpoints, the rest is ours (module docs).
+    let mode: String = db.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        tracing::warn!(mode, "audit: the database is not in WAL mode");
+    }
+    db.pragma_update(None, "synchronous", settings.synchronous.pragma())?;
+    db.execute_batch(SCHEMA)?;
+    prune(&mut db, settings)?;
+    tracing::info!(path = %settings.db.display(), "audit: database open");
+    Ok(db)
+}
+
+pub(super) fn prune(db: &mut Connection, settings: &AuditSettings) -> rusqlite::Result<()> {
+    let tx = db.transaction()?;
+    if settings.max_rows > 0 {
+        let keep = i64::try_from(settings.max_rows).unwrap_or(i64::MAX);
+        tx.execute(
+            "DELETE FROM audit WHERE id <= (SELECT max(id) FROM audit) - ?1",
+            params![keep],
+        )?;
+    }
+    if settings.max_age_days > 0 {
+        let age_ms =
+            i64::try_from(settings.max_age_days.saturating_mul(86_400_000)).unwrap_or(i64::MAX);
+        tx.execute(
+            "DELETE FROM audit WHERE started_at < ?1",
+            params![now_ms().saturating_sub(age_ms)],
+        )?;
+    }
+    tx.execute("DELETE FROM used_approvals WHERE expires_at < ?1", params![now_ms() / 1000])?;
+    tx.commit()
+}
+
+/// Inserts a decision's row. With approvals, inside a savepoint, so that a
+/// replayed approval rolls back this row only, not the rest of the batch.
+pub(super) fn insert(db: &Connection, r: &Record) -> Result<i64, WriteError> {
+    if r.approvals_used.is_empty() {
+        return insert_row(db, r);
+    }
+    run_cached(db, "SAVEPOINT job")?;
+    match insert_row(db, r) {
+        Ok(id) => {
+            run_cached(db, "RELEASE job")?;
+            Ok(id)
+        }
+        Err(e) => {
+            run_cached(db, "ROLLBACK TO job")?;
+            run_cached(db, "RELEASE job")?;
+            Err(e)
+        }
+    }
+}
+
+fn insert_row(db: &Connection, r: &Record) -> Result<i64, WriteError> {
+    let (args, args_cut) = json_field(r.args.as_ref());
+    let approvers = Value::from(r.approvers.clone()).to_string();
+    db.prepare_cached(
+        "INSERT INTO audit (session_id, skill, class, caller_uid, caller_pid, role, mode,
+             decision, reason, approvers, args, args_truncated, outcome, error, started_at,
+             finished_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+    )?
+    .execute(params![
+        r.session_id,
+        r.skill,
+        r.class,
+        r.caller_uid,
+        r.caller_pid,
+        r.role,
+        r.mode,
+        r.decision,
+        short_text(Some(&r.reason)),
+        approvers,
+        args,
+        args_cut,
+        r.outcome,
+        short_text(r.error.as_deref()),
+        now_ms(),
+        // A refusal is finished when decided.
+        r.outcome.as_ref().map(|_| now_ms()),
+    ])?;
+    let id = db.last_insert_rowid();
+    for (key, expires_at) in &r.approvals_used {
+        let key_id = key.split(':').next().unwrap_or_default();
+        let expires = i64::try_from(*expires_at).unwrap_or(i64::MAX);
+        let n = db
+            .prepare_cached(
+                "INSERT OR IGNORE INTO used_approvals (approval, key_id, expires_at, audit_id)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![key, key_id, expires, id])?;
+        if n == 0 {
+            // The caller's savepoint rolls the row back.
+            return Err(WriteError::Replayed(key_id.to_owned()));
+        }
+    }
+    Ok(id)
+}
+
+pub(super) fn update(db: &Connection, id: i64, f: &Finish) -> Result<(), WriteError> {
+    let (result, result_cut) = match &f.result {
+        None => (None, false),
+        Some(r) => {
+            let (text, cut) = bounded(r.get().to_owned(), FIELD_MAX_BYTES);
+            (Some(text), cut)
+        }
+    };
+    let n = db
+        .prepare_cached(
+            "UPDATE audit SET outcome = ?2, error = ?3, exit_code = ?4, result = ?5,
+                 result_truncated = ?6, finished_at = ?7,
+                 duration_ms = COALESCE(?8, ?7 - started_at)
+             WHERE id = ?1",
+        )?
+        .execute(params![
+            id,
+            f.outcome,
+            short_text(f.error.as_deref()),
+            f.exit_code,
+            result,
+            result_cut,
+            now_ms(),
+            f.duration_ms.map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
+        ])?;
+    if n == 0 {
+        return Err(WriteError::Lost(id));
+    }
+    Ok(())
+}
+
+pub(super) fn used_approvals(db: &Connection) -> rusqlite::Result<Vec<(String, u64)>> {
+    let mut stmt =
+        db.prepare("SELECT approval, expires_at FROM used_approvals WHERE expires_at >= ?1")?;
+    let rows = stmt.query_map(params![now_ms() / 1000], |r| {
+        Ok((r.get::<_, String>(0)?, u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0)))
+    })?;
+    rows.collect()
+}
+
+pub(super) fn select(db: &Connection, q: &Query) -> rusqlite::Result<Vec<Entry>> {
+    let mut stmt = db.prepare(
+        "SELECT id, session_id, skill, class, caller_uid, caller_pid, role, mode, decision,
+                reason, approvers, args, args_truncated, result, result_truncated, outcome,
+                error, exit_code, started_at, finished_at, duration_ms
+         FROM audit
+         WHERE (?1 IS NULL OR skill = ?1) AND (?2 IS NULL OR outcome = ?2)
+           AND (?3 IS NULL OR decision = ?3) AND (?4 IS NULL OR started_at >= ?4)
+         ORDER BY id DESC LIMIT ?5",
+    )?;
+    let limit = q.limit.clamp(1, MAX_QUERY_ROWS);
+    let rows = stmt.query_map(params![q.skill, q.outcome, q.decision, q.since_ms, limit], |r| {
+        let approvers: String = r.get(10)?;
+        Ok(Entry {
+            id: r.get(0)?,
+            session_id: r.get(1)?,
+            skill: r.get(2)?,
+            class: r.get(3)?,
+            caller_uid: r.get(4)?,
+            caller_pid: r.get(5)?,
+            role: r.get(6)?,
+            mode: r.get(7)?,
+            decision: r.get(8)?,
+            reason: r.get(9)?,
+            approvers: serde_json::from_str(&approvers).unwrap_or_default(),
+            args: stored_json(r.get(11)?),
+            args_truncated: r.get(12)?,
+            result: stored_json(r.get(13)?),
+            result_truncated: r.get(14)?,
+            outcome: r.get(15)?,
+            error: r.get(16)?,
+            exit_code: r.get(17)?,
+            started_at: r.get(18)?,
+            finished_at: r.get(19)?,
+            duration_ms: r.get(20)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Stored JSON text back as JSON; a cut text stays a string.
+fn stored_json(text: Option<String>) -> Value {
+    match text {
+        None => Value::Null,
+        Some(t) => serde_json::from_str(&t).unwrap_or(Value::String(t)),
+    }
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, and whether
+/// it was cut.
+pub(super) fn bounded(text: String, max: usize) -> (String, bool) {
+    if text.len() <= max {
+        return (text, false);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    (text[..end].to_owned(), true)
+}
+
+pub(super) fn json_field(v: Option<&Value>) -> (Option<String>, bool) {
+    match v {
+        None => (None, false),
+        Some(v) => {
+            let (text, cut) = bounded(v.to_string(), FIELD_MAX_BYTES);
+            (Some(text), cut)
+        }
+    }
+}
+
+pub(super) fn short_text(v: Option<&str>) -> Option<String> {
+    v.map(|s| bounded(s.to_owned(), ERROR_MAX_BYTES).0)
+}

@@ -1,0 +1,108 @@
+//! The background `fsync` of `audit_synchronous = "interval"` (see the
+//! parent module's Durability section): the audit thread reports each
+//! commit it did not sync, and the `ongrid-audit-sync` thread `fdatasync`s
+//! the WAL file at most the interval after the oldest of them.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use prometheus::IntCounter;
+
+/// The background `fsync` of `audit_synchronous = "interval"`: the audit
+/// thread reports each commit it did not sync; this thread `fsync`s the WAL
+/// `interval` after the oldest of them, which covers them all.
+#[derive(Default)]
+pub(super) struct Syncer {
+    state: Mutex<SyncState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// When the oldest commit not yet `fsync`ed was made.
+    since: Option<Instant>,
+    /// The audit thread is gone: sync what is left and stop.
+    stop: bool,
+}
+
+impl Syncer {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SyncState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A commit was made and not `fsync`ed.
+    pub(super) fn committed(&self) {
+        let mut st = self.lock();
+        if st.since.is_none() {
+            st.since = Some(Instant::now());
+            self.wake.notify_one();
+        }
+    }
+
+    /// The WAL was just `fsync`ed: every commit so far is on disk.
+    pub(super) fn synced(&self) {
+        self.lock().since = None;
+    }
+
+    pub(super) fn stop(&self) {
+        self.lock().stop = true;
+        self.wake.notify_one();
+    }
+
+    pub(super) fn run(
+        &self,
+        wal: &Path,
+        interval: Duration,
+        syncs: &IntCounter,
+        errors: &IntCounter,
+    ) {
+        let mut st = self.lock();
+        loop {
+            let Some(since) = st.since else {
+                if st.stop {
+                    return;
+                }
+                st = self.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
+                continue;
+            };
+            let due = since + interval;
+            let now = Instant::now();
+            if now < due && !st.stop {
+                st =
+                    self.wake.wait_timeout(st, due - now).unwrap_or_else(PoisonError::into_inner).0;
+                continue;
+            }
+            st.since = None;
+            drop(st);
+            match sync_wal(wal) {
+                Ok(()) => syncs.inc(),
+                Err(e) => {
+                    errors.inc();
+                    tracing::error!(path = %wal.display(), error = %e, "audit: cannot fsync the audit trail");
+                }
+            }
+            st = self.lock();
+        }
+    }
+}
+
+/// `<db>-wal`, SQLite's write-ahead log of `db`.
+pub(super) fn wal_path(db: &Path) -> PathBuf {
+    let mut p = OsString::from(db.as_os_str());
+    p.push("-wal");
+    PathBuf::from(p)
+}
+
+/// `fdatasync` of the WAL file: every frame written to it so far, by any
+/// descriptor, reaches the disk (Linux syncs the inode). No file: the last
+/// connection checkpointed it into the database (SQLite syncs that) and
+/// removed it.
+pub(super) fn sync_wal(wal: &Path) -> std::io::Result<()> {
+    match std::fs::File::open(wal) {
+        Ok(f) => f.sync_data(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,253 @@
+//! The audit trail's unit tests.
+
+use serde_json::json;
+
+use std::time::{Duration, Instant};
+
+use super::sql::bounded;
+use super::*;
+
+fn settings(dir: &std::path::Path, max_rows: u64) -> AuditSettings {
+    AuditSettings {
+        db: dir.join("audit.db"),
+        required: true,
+        max_rows,
+        max_age_days: 0,
+        synchronous: AuditSync::Full,
+        sync_interval: Duration::from_millis(100),
+    }
+}
+
+fn syncs() -> IntCounterVec {
+    IntCounterVec::new(prometheus::Opts::new("s", "s"), &["when"]).unwrap()
+}
+
+fn record(skill: &str, used: &[(&str, u64)]) -> Record {
+    Record {
+        skill: skill.into(),
+        class: "dangerous".into(),
+        caller_uid: 1000,
+        role: "ops".into(),
+        mode: "dual-sign-required".into(),
+        decision: "allow",
+        reason: "dual_signed".into(),
+        approvers: used.iter().map(|(k, _)| k.split(':').next().unwrap().to_owned()).collect(),
+        approvals_used: used.iter().map(|(k, e)| ((*k).to_owned(), *e)).collect(),
+        args: Some(json!({"n": 1})),
+        ..Record::default()
+    }
+}
+
+#[tokio::test]
+async fn rows_are_written_completed_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let audit = Audit::start(&settings(dir.path(), 0), errors.clone(), &syncs()).unwrap();
+    let far = u64::try_from(now_ms() / 1000).unwrap() + 600;
+    let id = audit.record(record("rm", &[("aa:d1", far), ("bb:d1", far)])).await.unwrap();
+    let big = "é".repeat(FIELD_MAX_BYTES);
+    audit
+        .finish(
+            id,
+            Finish {
+                outcome: "ok".into(),
+                exit_code: Some(0),
+                result: Some(policy::RawJson::from_value(&json!({"big": big}))),
+                ..Finish::default()
+            },
+        )
+        .await
+        .unwrap();
+    // The same approval again: refused, and no row is left behind.
+    let again = audit.record(record("rm", &[("cc:d2", far), ("bb:d1", far)])).await;
+    assert_eq!(again, Err(AuditError::Replayed("bb".into())));
+    assert_eq!(audit.count().await.unwrap(), 1);
+    let mut used = audit.used_approvals().await.unwrap();
+    used.sort();
+    assert_eq!(used, [("aa:d1".to_owned(), far), ("bb:d1".to_owned(), far)]);
+
+    let rows = audit.query(Query { limit: 10, ..Query::default() }).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    let e = &rows[0];
+    assert_eq!((e.decision.as_str(), e.reason.as_str()), ("allow", "dual_signed"));
+    assert_eq!(e.approvers, ["aa", "bb"]);
+    assert_eq!(e.args, json!({"n": 1}));
+    assert!(e.result_truncated && !e.args_truncated);
+    assert!(e.result.as_str().unwrap().len() <= FIELD_MAX_BYTES);
+    assert_eq!(e.exit_code, Some(0));
+    assert!(e.finished_at.is_some() && e.duration_ms.is_some());
+    let none = Query { skill: Some("other".into()), limit: 10, ..Query::default() };
+    assert!(audit.query(none).await.unwrap().is_empty());
+    let future = Query { since_ms: Some(now_ms() + 60_000), limit: 10, ..Query::default() };
+    assert!(audit.query(future).await.unwrap().is_empty());
+    assert_eq!(errors.get(), 0);
+
+    // A restarted daemon sees the used approvals.
+    drop(audit);
+    let audit = Audit::start(&settings(dir.path(), 0), errors.clone(), &syncs()).unwrap();
+    assert_eq!(audit.used_approvals().await.unwrap().len(), 2);
+}
+
+/// `interval`: rows that matter after a power loss (a run of a
+/// mutating or dangerous skill, its completion, a row with an
+/// approval) are synced before their answer; a safe run's are synced
+/// by the background thread, no sooner than the interval after their
+/// commit; `full` syncs every commit, `normal` none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interval_syncs_critical_rows_before_the_answer_and_the_rest_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let interval = Duration::from_millis(500);
+    let interval_settings = AuditSettings {
+        synchronous: AuditSync::Interval,
+        sync_interval: interval,
+        ..settings(dir.path(), 0)
+    };
+    let counts = syncs();
+    let audit = Audit::start(&interval_settings, errors.clone(), &counts).unwrap();
+    let commit = counts.with_label_values(&["commit"]);
+    let timer = counts.with_label_values(&["interval"]);
+    let safe = |skill: &str| Record { class: "safe".into(), ..record(skill, &[]) };
+    let done = || Finish { outcome: "ok".into(), ..Finish::default() };
+
+    // A safe run: committed, not synced before its answer ...
+    let asked = Instant::now();
+    let id = audit.record_before_run(safe("df")).await.unwrap();
+    RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
+    assert_eq!(commit.get(), 0);
+    // (On a host slow enough for the interval to pass already, the
+    // syncer may have run: only a sync before it is a failure.)
+    if asked.elapsed() < interval {
+        assert_eq!(timer.get(), 0);
+    }
+    // ... but by the syncer, once, and not before the interval.
+    let until = Instant::now() + Duration::from_secs(10);
+    while timer.get() == 0 {
+        assert!(Instant::now() < until, "the interval sync never came");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(asked.elapsed() >= interval, "synced after {:?}", asked.elapsed());
+    // A refusal of a safe skill waits for nobody either.
+    audit.record(Record { decision: "deny", ..safe("df") }).await.unwrap();
+    assert_eq!(commit.get(), 0);
+
+    // A dangerous run: its decision's commit and its completion's are
+    // synced before their answers.
+    let id = audit.record_before_run(record("rm", &[])).await.unwrap();
+    RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
+    assert_eq!(commit.get(), 2);
+    // A safe skill's row that uses an approval: synced before the answer.
+    let far = u64::try_from(now_ms() / 1000).unwrap() + 600;
+    let used = Record { class: "safe".into(), ..record("df", &[("aa:d1", far)]) };
+    audit.record(used).await.unwrap();
+    assert_eq!(commit.get(), 3);
+    // A mutating refusal too.
+    audit
+        .record(Record { class: "mutating".into(), decision: "deny", ..safe("mv") })
+        .await
+        .unwrap();
+    assert_eq!(commit.get(), 4);
+    assert_eq!(audit.count().await.unwrap(), 5);
+    assert_eq!(errors.get(), 0);
+
+    // Full: every commit (the decision's, the completion's, the
+    // refusal's); normal: none.
+    for (mode, expected) in [(AuditSync::Full, 3), (AuditSync::Normal, 0)] {
+        let dir = tempfile::tempdir().unwrap();
+        let counts = syncs();
+        let other = AuditSettings { synchronous: mode, ..settings(dir.path(), 0) };
+        let audit = Audit::start(&other, errors.clone(), &counts).unwrap();
+        let id = audit.record_before_run(safe("df")).await.unwrap();
+        RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
+        audit.record(safe("df")).await.unwrap();
+        let got = (
+            counts.with_label_values(&["commit"]).get(),
+            counts.with_label_values(&["interval"]).get(),
+        );
+        assert_eq!(got, (expected, 0), "{mode:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_rows_share_commits_and_a_replay_rolls_back_only_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let audit = Audit::start(&settings(dir.path(), 0), errors.clone(), &syncs()).unwrap();
+    let far = u64::try_from(now_ms() / 1000).unwrap() + 600;
+    audit.record(record("first", &[("aa:d1", far)])).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let audit = audit.clone();
+        tasks.push(tokio::spawn(async move {
+            let used = if i == 17 { vec![("aa:d1", far)] } else { vec![] };
+            let r = record(&format!("s{i}"), &used);
+            let id = if i % 2 == 0 {
+                audit.record_before_run(r).await?
+            } else {
+                audit.record(r).await?
+            };
+            audit.finish(id, Finish { outcome: "ok".into(), ..Finish::default() }).await?;
+            Ok::<_, AuditError>(id)
+        }));
+    }
+    let mut replayed = 0;
+    for (i, t) in tasks.into_iter().enumerate() {
+        match t.await.unwrap() {
+            Ok(_) => {}
+            Err(AuditError::Replayed(k)) if i == 17 => {
+                assert_eq!(k, "aa");
+                replayed += 1;
+            }
+            Err(e) => panic!("{i}: {e}"),
+        }
+    }
+    assert_eq!(replayed, 1);
+    assert_eq!(audit.count().await.unwrap(), 40);
+    let rows = audit.query(Query { limit: 100, ..Query::default() }).await.unwrap();
+    assert!(rows.iter().filter(|e| e.skill != "first").all(|e| e.outcome.as_deref() == Some("ok")));
+    assert_eq!(errors.get(), 0);
+    // Completing a row that is not there is an error, not a silent
+    // no-op, and fails only itself, not the rows written with it.
+    let a = audit.clone();
+    let lost = tokio::spawn(async move { a.finish(9999, Finish::default()).await });
+    let id = audit.record_before_run(record("after", &[])).await.unwrap();
+    assert!(lost.await.unwrap().is_err());
+    audit.finish(id, Finish { outcome: "ok".into(), ..Finish::default() }).await.unwrap();
+    assert_eq!(audit.count().await.unwrap(), 41);
+    assert_eq!(errors.get(), 1);
+}
+
+#[tokio::test]
+async fn retention_keeps_the_newest_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let audit = Audit::start(&settings(dir.path(), 10), errors, &syncs()).unwrap();
+    for i in 0..PRUNE_EVERY + 5 {
+        audit.record(record(&format!("s{i}"), &[])).await.unwrap();
+    }
+    assert_eq!(audit.count().await.unwrap(), 15);
+    let newest = audit.query(Query { limit: 1, ..Query::default() }).await.unwrap();
+    assert_eq!(newest[0].skill, format!("s{}", PRUNE_EVERY + 4));
+}
+
+#[tokio::test]
+async fn an_unwritable_database_is_an_error_and_a_metric_then_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let errors = IntCounter::new("e", "e").unwrap();
+    let audit = Audit::start(&settings(&missing, 0), errors.clone(), &syncs()).unwrap();
+    let e = audit.record(record("rm", &[])).await.unwrap_err();
+    assert!(matches!(e, AuditError::Unavailable { .. }), "{e}");
+    assert!(e.to_string().contains("missing/audit.db"), "{e}");
+    assert!(audit.finish(1, Finish::default()).await.is_err());
+    assert_eq!(errors.get(), 2);
+    std::fs::create_dir(&missing).unwrap();
+    assert_eq!(audit.record(record("rm", &[])).await, Ok(1));
+    assert_eq!(errors.get(), 2);
+}
+
+#[test]
+fn bounded_cuts_on_a_character_boundary() {
+    assert_eq!(bounded("abc".into(), 3), ("abc".into(), false));
+    assert_eq!(bounded("aé".into(), 2), ("a".into(), true));
+}
