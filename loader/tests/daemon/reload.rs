@@ -22,8 +22,11 @@ async fn reload_picks_up_new_packs_and_drops_removed_ones() {
         let c = d.client();
         tokio::spawn(async move { c.post("/v1/skills/slow/execute", &json!({})).await })
     };
+    // Its script has been read: the shell has become `sleep` (deleting
+    // the folder before the shell opens run.sh would fail the run).
+    let slow = skills.join("slow");
     let started = eventually(Duration::from_secs(20), || {
-        ex.stats.runs_started.load(std::sync::atomic::Ordering::SeqCst) == 1
+        ex.stats.runs_started.load(std::sync::atomic::Ordering::SeqCst) == 1 && sleeping_in(&slow)
     });
     assert!(started.await, "the in-flight run never started");
 
@@ -68,4 +71,13 @@ async fn sighup_rescans() {
     assert!(eventually(Duration::from_secs(1), || d.log().contains("SIGHUP")).await);
     let status = d.stop();
     assert!(status.success(), "{status}");
+}
+
+/// A process whose working directory is `dir` runs `sleep`.
+fn sleeping_in(dir: &std::path::Path) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return false };
+    procs.flatten().any(|p| {
+        std::fs::read_link(p.path().join("cwd")).is_ok_and(|cwd| cwd == dir)
+            && std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"))
+    })
 }
