@@ -290,13 +290,13 @@ impl Audit {
         let syncer = match settings.synchronous {
             AuditSync::Interval => {
                 let syncer = Arc::new(Syncer::default());
-                let (s, wal) = (syncer.clone(), wal.clone());
+                let (s, db, wal) = (syncer.clone(), settings.db.clone(), wal.clone());
                 let (interval, counted) =
                     (settings.sync_interval, syncs.with_label_values(&["interval"]));
                 let errors = errors.clone();
                 std::thread::Builder::new()
                     .name("ongrid-audit-sync".into())
-                    .spawn(move || s.run(&wal, interval, &counted, &errors))?;
+                    .spawn(move || s.run((&db, &wal), interval, &counted, &errors))?;
                 Some(syncer)
             }
             AuditSync::Full | AuditSync::Normal => None,

@@ -53,7 +53,7 @@ impl Syncer {
 
     pub(super) fn run(
         &self,
-        wal: &Path,
+        (db, wal): (&Path, &Path),
         interval: Duration,
         syncs: &IntCounter,
         errors: &IntCounter,
@@ -76,7 +76,7 @@ impl Syncer {
             }
             st.since = None;
             drop(st);
-            match sync_wal(wal) {
+            match sync_commits(db, wal) {
                 Ok(()) => syncs.inc(),
                 Err(e) => {
                     errors.inc();
@@ -95,14 +95,15 @@ pub(super) fn wal_path(db: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// `fdatasync` of the WAL file: every frame written to it so far, by any
-/// descriptor, reaches the disk (Linux syncs the inode). No file: the last
-/// connection checkpointed it into the database (SQLite syncs that) and
-/// removed it.
-pub(super) fn sync_wal(wal: &Path) -> std::io::Result<()> {
+/// `fdatasync` of the WAL file `wal` of `db`: every frame written to it so
+/// far, by any descriptor, reaches the disk (Linux syncs the inode). No WAL
+/// file (a checkpoint by the last connection removed it, or the database
+/// could not be put in WAL mode): the database file itself is synced, so
+/// what is counted as synced always was.
+pub(super) fn sync_commits(db: &Path, wal: &Path) -> std::io::Result<()> {
     match std::fs::File::open(wal) {
         Ok(f) => f.sync_data(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::File::open(db)?.sync_data(),
         Err(e) => Err(e),
     }
 }

@@ -115,6 +115,8 @@ async fn interval_syncs_critical_rows_before_the_answer_and_the_rest_later() {
     let id = audit.record_before_run(safe("df")).await.unwrap();
     RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
     assert_eq!(commit.get(), 0);
+    // What the syncer syncs is there: the WAL of an open connection.
+    assert!(super::syncer::wal_path(&interval_settings.db).is_file());
     // (On a host slow enough for the interval to pass already, the
     // syncer may have run: only a sync before it is a failure.)
     if asked.elapsed() < interval {
@@ -250,4 +252,20 @@ async fn an_unwritable_database_is_an_error_and_a_metric_then_recovers() {
 fn bounded_cuts_on_a_character_boundary() {
     assert_eq!(bounded("abc".into(), 3), ("abc".into(), false));
     assert_eq!(bounded("aé".into(), 2), ("a".into(), true));
+}
+
+/// A sync finds the WAL, or else syncs the database file; with neither it
+/// is an error, never a sync counted for nothing.
+#[test]
+fn a_sync_always_syncs_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("a.db");
+    let wal = super::syncer::wal_path(&db);
+    assert_eq!(wal, dir.path().join("a.db-wal"));
+    assert!(super::syncer::sync_commits(&db, &wal).is_err());
+    std::fs::write(&db, b"x").unwrap();
+    super::syncer::sync_commits(&db, &wal).unwrap();
+    std::fs::write(&wal, b"y").unwrap();
+    std::fs::remove_file(&db).unwrap();
+    super::syncer::sync_commits(&db, &wal).unwrap();
 }

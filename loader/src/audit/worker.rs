@@ -11,7 +11,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use super::sql::{self, run_cached, WriteError};
-use super::syncer::{sync_wal, Syncer};
+use super::syncer::{sync_commits, Syncer};
 use super::{AuditError, Job, PRUNE_EVERY};
 use crate::config::{AuditSettings, AuditSync};
 
@@ -271,7 +271,7 @@ impl Worker {
         match (&self.syncer, self.settings.synchronous) {
             (_, AuditSync::Full) => self.commit_syncs.inc(),
             (Some(syncer), AuditSync::Interval) if critical => {
-                if let Err(e) = sync_wal(&self.wal) {
+                if let Err(e) = sync_commits(&self.settings.db, &self.wal) {
                     let e = AuditError::Unavailable {
                         path: self.wal.clone(),
                         message: format!("fsync: {e}"),
