@@ -1110,24 +1110,7 @@ fn binary_serves_until_sigterm() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let pid = i32::try_from(child.id()).unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)),
-            Ok(None) => {}
-            // The other tests' engines reap "any child" of this process and
-            // may take this one first; the process-wide reaper then keeps
-            // its status.
-            Err(_) => {
-                if let Some(e) = executor::reaper::Reaper::global().collect(pid) {
-                    break (e.code, e.signal);
-                }
-            }
-        }
-        assert!(Instant::now() < until, "serve did not exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let exit = wait_child(&mut child);
     let mut log = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
     assert_eq!(exit, (Some(0), None), "{log}");

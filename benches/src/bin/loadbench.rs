@@ -1122,16 +1122,24 @@ fn main() {
     if o.variants.contains(&Variant::ExecutorRpc) && !o.variants.contains(&Variant::Daemon) {
         o.variants.push(Variant::Daemon);
     }
-    if o.variants.contains(&Variant::Daemon) {
-        let s = Stack::start(
-            "daemon",
-            &o,
-            &base.join("stack"),
-            std::slice::from_ref(&skills_root),
-            &audit_dir,
-            manifests.len(),
-        );
-        stacks.insert("daemon", s);
+    // The stacks whose audit database is on the same disk (their
+    // `audit_synchronous` follows the name, see `Stack::start`).
+    for (variant, dir) in [
+        (Variant::Daemon, "stack"),
+        (Variant::DaemonNormal, "stack-normal"),
+        (Variant::DaemonFull, "stack-full"),
+    ] {
+        if o.variants.contains(&variant) {
+            let s = Stack::start(
+                variant.name(),
+                &o,
+                &base.join(dir),
+                std::slice::from_ref(&skills_root),
+                &audit_dir,
+                manifests.len(),
+            );
+            stacks.insert(variant.name(), s);
+        }
     }
     if o.variants.contains(&Variant::DaemonShm) {
         let shm =
@@ -1146,28 +1154,6 @@ fn main() {
         );
         stacks.insert("daemon-shm", s);
         shm_dirs.push(shm);
-    }
-    if o.variants.contains(&Variant::DaemonNormal) {
-        let s = Stack::start(
-            "daemon-normal",
-            &o,
-            &base.join("stack-normal"),
-            std::slice::from_ref(&skills_root),
-            &audit_dir,
-            manifests.len(),
-        );
-        stacks.insert("daemon-normal", s);
-    }
-    if o.variants.contains(&Variant::DaemonFull) {
-        let s = Stack::start(
-            "daemon-full",
-            &o,
-            &base.join("stack-full"),
-            std::slice::from_ref(&skills_root),
-            &audit_dir,
-            manifests.len(),
-        );
-        stacks.insert("daemon-full", s);
     }
     if o.variants.contains(&Variant::Daemon10k) {
         let many = base.join("many");
