@@ -209,7 +209,10 @@ struct Kept(OnceLock<Option<fs::File>>);
 impl Kept {
     fn file(&self, path: impl FnOnce() -> PathBuf, write: bool) -> Option<&fs::File> {
         self.0
-            .get_or_init(|| fs::OpenOptions::new().read(!write).write(write).open(path()).ok())
+            .get_or_init(|| {
+                let file = fs::OpenOptions::new().read(!write).write(write).open(path()).ok()?;
+                Some(crate::sys::fdtable::lift_file(file))
+            })
             .as_ref()
     }
 
@@ -313,7 +316,11 @@ impl RunCgroup {
         if let Some(base) = &h.v2 {
             let dir = mkdir(base)?;
             self.v2 = Some(dir.clone());
-            self.kill_file = fs::OpenOptions::new().write(true).open(dir.join("cgroup.kill")).ok();
+            self.kill_file = fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join("cgroup.kill"))
+                .ok()
+                .map(crate::sys::fdtable::lift_file);
             self.report.kill = Some("v2".into());
             if h.v2_limits {
                 self.v2_limits = true;
@@ -339,7 +346,9 @@ impl RunCgroup {
                 .write(true)
                 .open(&path)
                 .map_err(|source| CgroupError { path, what: "open", source })?;
-            self.procs.push(OwnedFd::from(f));
+            // Above the floor: the child writes to it before it leaves the
+            // shared table (sys::fdtable).
+            self.procs.push(crate::sys::fdtable::lift(OwnedFd::from(f)));
         }
         Ok(())
     }

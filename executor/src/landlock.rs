@@ -265,7 +265,12 @@ impl SystemPaths {
             if let Ok(real) = std::fs::canonicalize(path) {
                 dirs.extend(real.parent().map(Path::to_path_buf));
             }
-            paths.insert(path.to_path_buf(), open_path(path).ok());
+            // Kept for the process's life: above the descriptor floor, so
+            // children do not copy them (sys::fdtable).
+            let opened = open_path(path)
+                .ok()
+                .map(|o| Opened { fd: sys::fdtable::lift(o.fd), is_dir: o.is_dir });
+            paths.insert(path.to_path_buf(), opened);
         }
         // Stamps taken after the opens: a change in between shows next time.
         let stamps = dirs.into_iter().map(|d| (d.clone(), stamp(&d))).collect();

@@ -25,7 +25,8 @@
 //! - [`metrics`]: the executor's Prometheus metrics on an injected registry.
 //! - [`sweep`]: removing what a dead executor left (by the watchdog, and
 //!   by every executor at start).
-//! - `sys`: the only unsafe code (raw syscalls, the child's sequence).
+//! - `sys`: the only unsafe code (raw syscalls, the child's sequence, the
+//!   spawner threads, the descriptor table's floor).
 //!
 //! # Trust model
 //!
@@ -72,9 +73,15 @@
 //!    carry the run's seccomp filter (installed once per thread, on that
 //!    thread only): the child inherits it instead of compiling it (~90
 //!    µs). A one-shot `run` has one child, which installs it (step 4i).
+//!    The child shares the executor's descriptor table (`CLONE_FILES`)
+//!    until its cgroups are joined, when the kernel allows it: see step 4.
 //! 4. In the child, raw syscalls only: default signal dispositions; new
-//!    session (`setsid`, no controlling terminal); join the cgroups; pipes
-//!    on 0, 1, 2 and every other fd close-on-exec; `chdir` into the run
+//!    session (`setsid`, no controlling terminal); join the cgroups; a
+//!    descriptor table of its own holding only what is below the floor
+//!    (`close_range(floor, ~0, CLOSE_RANGE_UNSHARE)`; the cgroup files and
+//!    the executor's other long-lived descriptors live above it: `sys`'s
+//!    `fdtable`); pipes on 0, 1, 2 and every other fd close-on-exec;
+//!    `chdir` into the run
 //!    directory; rlimits (CORE 0, NOFILE, FSIZE, CPU, AS); `no_new_privs`;
 //!    clear supplementary groups, drop the bounding set (inherited empty
 //!    from a spawner thread when no capability is granted), switch to the

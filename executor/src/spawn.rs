@@ -468,10 +468,17 @@ pub fn spawn(prep: &Prepared, entry: &Path, spawners: &Spawners) -> Result<Child
         capabilities: prep.capabilities,
         cap_last: prep.cap_last,
         landlock: prep.landlock.as_ref().map(AsRawFd::as_raw_fd),
+        share_below: None,
         seccomp: prep.seccomp,
         parent: own_pid(),
         bounding_cleared: false,
     };
+    // The child shares the table until its cgroups are joined, when what it
+    // needs afterwards is below the floor (sys::fdtable); else it copies it.
+    spec.share_below = sys::fdtable::floor().filter(|floor| {
+        let below = |fd: RawFd| u32::try_from(fd).is_ok_and(|fd| fd < *floor);
+        spec.stdio.into_iter().chain(spec.landlock).all(below)
+    });
     // Steps 3-5 (in the child): see sys::child.
     let spawned = match spawner {
         Some(spawner) => {

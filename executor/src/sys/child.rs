@@ -26,7 +26,8 @@ pub enum Step {
     Cgroup,
     /// `dup3` of the pipes onto fds 0, 1, 2.
     Stdio,
-    /// `close_range(3, ~0, CLOSE_RANGE_CLOEXEC)`.
+    /// `close_range(floor, ~0, CLOSE_RANGE_UNSHARE)` when sharing the
+    /// parent's table, then `close_range(3, ~0, CLOSE_RANGE_CLOEXEC)`.
     CloseFds,
     /// `chdir` into the per-run directory.
     Chdir,
@@ -148,6 +149,11 @@ pub struct ChildSpec<'a> {
     pub cap_last: u32,
     /// Landlock ruleset to enforce.
     pub landlock: Option<RawFd>,
+    /// `Some(floor)`: share the parent's descriptor table (`CLONE_FILES`)
+    /// until the cgroups are joined, then keep only the descriptors below
+    /// `floor` ([`super::fdtable`]); `stdio` and `landlock` must be below
+    /// it. `None`: the table is copied at `clone`.
+    pub share_below: Option<u32>,
     /// Classic BPF seccomp program; empty = none.
     pub seccomp: &'a [libc::sock_filter],
     /// The executor's pid, checked after `PR_SET_PDEATHSIG`.
@@ -215,6 +221,7 @@ thread_local! {
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 const SECCOMP_SET_MODE_FILTER: c_long = 1;
 const CLOSE_RANGE_CLOEXEC: c_long = 1 << 2;
+const CLOSE_RANGE_UNSHARE: c_long = 1 << 1;
 
 fn errno() -> i32 {
     // SAFETY: __errno_location returns a valid pointer to the calling
@@ -251,6 +258,12 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
     {
         return Err(bad);
     }
+    if let Some(floor) = spec.share_below {
+        let below = |fd: RawFd| u32::try_from(fd).is_ok_and(|fd| fd < floor);
+        if !spec.stdio.into_iter().chain(spec.landlock).all(below) {
+            return Err(bad);
+        }
+    }
     let fprog = libc::sock_fprog {
         len: u16::try_from(spec.seccomp.len()).map_err(|_| bad)?,
         filter: spec.seccomp.as_ptr().cast_mut(),
@@ -269,7 +282,8 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
         (end & !15) as *mut c_void
     };
     let mut pidfd: c_int = -1;
-    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
+    let share = if spec.share_below.is_some() { libc::CLONE_FILES } else { 0 };
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | share | libc::SIGCHLD;
 
     // SAFETY: sigfillset initialises the set it is given; pthread_sigmask
     // only reads `all` and writes `old`, both valid locals.
@@ -353,7 +367,17 @@ fn run(shared: &Shared<'_, '_>) -> Result<(), (Step, i32)> {
                 return Err((Step::Cgroup, errno()));
             }
         }
-        // Step 4d: stdio, then every other fd close-on-exec.
+        // Step 4d: a table of our own (sharing the parent's, we have not
+        // touched it so far), keeping only what is below the floor: the
+        // cgroup files and the executor's other long-lived descriptors
+        // above it are neither copied nor closed again at exec.
+        if let Some(floor) = spec.share_below {
+            check(
+                libc::syscall(libc::SYS_close_range, floor, u32::MAX, CLOSE_RANGE_UNSHARE),
+                Step::CloseFds,
+            )?;
+        }
+        // Then stdio, and every other fd close-on-exec.
         for (target, fd) in (0..).zip(spec.stdio) {
             check(libc::syscall(libc::SYS_dup3, fd, target, 0), Step::Stdio)?;
         }

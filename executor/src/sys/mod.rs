@@ -15,6 +15,7 @@
 #![allow(unsafe_code)]
 
 pub mod child;
+pub mod fdtable;
 pub mod landlock;
 pub mod mount;
 pub mod process;

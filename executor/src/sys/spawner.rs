@@ -187,6 +187,12 @@ mod tests {
 
     /// Runs `/bin/cat /proc/self/status` through `spawn`; returns its output.
     fn child_status(spawn: impl FnOnce(&ChildSpec<'_>) -> Result<Spawned, SpawnFailure>) -> String {
+        child_status_result(spawn).expect("spawn")
+    }
+
+    fn child_status_result(
+        spawn: impl FnOnce(&ChildSpec<'_>) -> Result<Spawned, SpawnFailure>,
+    ) -> Result<String, SpawnFailure> {
         let pipe = || {
             let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
             // Numbered >= 3, as ChildSpec wants.
@@ -212,16 +218,17 @@ mod tests {
             capabilities: 0,
             cap_last: 40,
             landlock: None,
+            share_below: None,
             seccomp: &[],
             parent: nix::unistd::getpid().as_raw(),
             bounding_cleared: false,
         };
-        let spawned = spawn(&spec).expect("spawn");
+        let spawned = spawn(&spec)?;
         drop((in_r, in_w, out_w, err_w));
         let mut out = String::new();
         std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
         super::super::process::wait(spawned.pid, false).unwrap();
-        out
+        Ok(out)
     }
 
     /// The child carries the spawner thread's filter although its spec has
@@ -258,6 +265,46 @@ mod tests {
         // Without a spawner, a spec without a program means no filter.
         let plain = child_status(child::spawn);
         assert_eq!(status_field(&plain, "Seccomp"), "0", "{plain}");
+        drop(spawner);
+    }
+
+    /// The identity of descriptor `fd` of this process, if open.
+    fn identity(fd: i32) -> Option<(u64, u64)> {
+        // SAFETY: borrowed only for the call; the fd stays open (it is one
+        // of ours, or fstat fails on it).
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let st = nix::sys::stat::fstat(fd).ok()?;
+        Some((st.st_dev, st.st_ino))
+    }
+
+    /// A child that shares the table until its cgroups are joined
+    /// (`share_below`, sys::fdtable) leaves the parent's table as it was:
+    /// its stdio went onto 0..2 of its own table, not ours, and its
+    /// `close_range` above the floor closed nothing of ours.
+    #[test]
+    fn a_child_sharing_the_table_leaves_the_parents_alone() {
+        let Some(floor) = super::super::fdtable::floor() else {
+            println!("SKIP: no descriptor floor here (see sys::fdtable)");
+            return;
+        };
+        let high = super::super::fdtable::lift_file(std::fs::File::open("/dev/null").unwrap());
+        assert!(u32::try_from(high.as_raw_fd()).unwrap() >= floor);
+        let before: Vec<_> = (0..3).map(identity).chain([identity(high.as_raw_fd())]).collect();
+        let spawner = Spawner::start(crate::seccomp::program(false), 2, "test-share").unwrap();
+        for shared in [true, false] {
+            let share = shared.then_some(floor);
+            let status = child_status(|s| spawner.spawn(&ChildSpec { share_below: share, ..*s }));
+            assert_eq!(status_field(&status, "Seccomp"), "2", "{status}");
+            let direct = child_status(|s| child::spawn(&ChildSpec { share_below: share, ..*s }));
+            assert_eq!(status_field(&direct, "Seccomp"), "0", "{direct}");
+        }
+        let after: Vec<_> = (0..3).map(identity).chain([identity(high.as_raw_fd())]).collect();
+        assert_eq!(before, after, "the parent's stdio or lifted descriptor changed");
+        // A stdio source at or above the floor is refused (it would be gone
+        // in the child's own table).
+        let refused =
+            child_status_result(|s| child::spawn(&ChildSpec { share_below: Some(3), ..*s }));
+        assert_eq!(refused, Err(SpawnFailure { step: Step::Clone, errno: libc::EINVAL }));
         drop(spawner);
     }
 
