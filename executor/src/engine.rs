@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use policy::limits::KILL_GRACE;
-use policy::{LimitKind, Outcome, RunReport};
+use policy::{Enforcement, LimitKind, Outcome, RunReport};
 
 use crate::cgroup::RunCgroup;
 use crate::config::Config;
@@ -65,6 +65,8 @@ pub struct Engine {
     /// Creates the children (dropped after the runs, before the instance).
     spawners: Spawners,
     runs: AtomicU64,
+    /// Landlock rulesets built, and taken from a slot's cache.
+    rulesets: [AtomicU64; 2],
     /// Dropped after the janitor (its slots are removed first).
     instance: Instance,
 }
@@ -103,8 +105,15 @@ impl Engine {
             janitor: Janitor::default(),
             spawners,
             runs: AtomicU64::new(0),
+            rulesets: [AtomicU64::new(0), AtomicU64::new(0)],
             instance,
         })
+    }
+
+    /// Landlock rulesets so far: `(built, reused)`, the latter taken from
+    /// a slot's cache (`landlock::Cache`) instead of built.
+    pub fn landlock_rulesets(&self) -> (u64, u64) {
+        (self.rulesets[0].load(Ordering::Relaxed), self.rulesets[1].load(Ordering::Relaxed))
     }
 
     /// The instance this engine runs as.
@@ -215,6 +224,9 @@ impl Engine {
                 Ok(p) => p,
                 Err(e) => return RunReport::not_run(skill, e.outcome(), e.to_string()),
             };
+        if prep.report.landlock.status != Enforcement::None {
+            self.rulesets[usize::from(prep.landlock_reused)].fetch_add(1, Ordering::Relaxed);
+        }
         // A held run waits here, prepared, for its caller's start.
         let waiting = Instant::now();
         let go = start.await;
@@ -357,11 +369,10 @@ impl JanitorShared {
                     if state.stop { 0 } else { MAX_READY.saturating_sub(state.ready.len()) };
                 drop(state);
                 let mut slots = Vec::new();
-                for (cgroup, mut run_dir) in used {
-                    run_dir.remove();
+                for (cgroup, run_dir) in used {
                     match cgroup {
                         Some(cg) if room > 0 => {
-                            if let Some(slot) = Self::reuse(cg, config, host) {
+                            if let Some(slot) = Self::reuse(cg, run_dir, config, host) {
                                 room -= 1;
                                 slots.push((Instant::now(), slot));
                             }
@@ -416,14 +427,14 @@ impl JanitorShared {
 
 impl JanitorShared {
     /// A ready slot made of a finished run's leaves, when they are empty
-    /// and reset ([`RunCgroup::recycle`]) and a fresh run directory can be
-    /// made; otherwise the leaves are removed.
-    fn reuse(mut cg: RunCgroup, config: &Config, host: &Host) -> Option<Slot> {
+    /// and reset ([`RunCgroup::recycle`]), and its directory's home with a
+    /// new run directory ([`Slot::reuse`]); otherwise both are removed.
+    fn reuse(mut cg: RunCgroup, run_dir: RunDir, config: &Config, host: &Host) -> Option<Slot> {
         if !cg.recycle() {
-            remove((Some(cg), RunDir::detached()));
+            remove((Some(cg), run_dir));
             return None;
         }
-        match Slot::reuse(config, host, cg) {
+        match Slot::reuse(config, host, cg, run_dir) {
             Ok(slot) => Some(slot),
             Err(e) => {
                 tracing::warn!("janitor: cannot make a run slot ahead: {e}");
@@ -682,6 +693,16 @@ mod tests {
         }
         seen.remove(std::ffi::OsStr::new(crate::sweep::GUARD));
         assert!(seen.len() > 1, "{seen:?}");
+        // A reused slot's ruleset serves the next run of this policy there.
+        let (built, reused) = engine.landlock_rulesets();
+        if crate::sys::landlock::abi() > 0 {
+            assert_eq!(built + reused, 12, "built {built}, reused {reused}");
+            if leaves.v2.is_some() {
+                assert!(reused > 0, "no ruleset reused in 12 runs (built {built})");
+            }
+        } else {
+            println!("SKIP: no Landlock here: no ruleset to reuse");
+        }
         // Finished runs' leaves serve again (fresh ones would be 12 + the
         // pool).
         if leaves.v2.is_some() {

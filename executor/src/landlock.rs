@@ -212,6 +212,14 @@ impl FsPolicy {
 struct Opened {
     fd: OwnedFd,
     is_dir: bool,
+    ident: Option<Ident>,
+}
+
+/// What a rule's path named: device, inode, and whether a directory.
+type Ident = (u64, u64, bool);
+
+fn ident(meta: &std::fs::Metadata) -> Ident {
+    (meta.dev(), meta.ino(), meta.is_dir())
 }
 
 fn open_path(path: &Path) -> std::io::Result<Opened> {
@@ -219,8 +227,104 @@ fn open_path(path: &Path) -> std::io::Result<Opened> {
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
         .open(path)?;
-    let is_dir = file.metadata().map(|m| m.is_dir()).unwrap_or(false);
-    Ok(Opened { fd: file.into(), is_dir })
+    let meta = file.metadata().ok();
+    let is_dir = meta.as_ref().is_some_and(std::fs::Metadata::is_dir);
+    Ok(Opened { fd: file.into(), is_dir, ident: meta.as_ref().map(ident) })
+}
+
+/// Rulesets built for earlier runs in one slot ([`crate::rundir::RunDir`]),
+/// each with what it was built from; [`prepare`] takes one whose inputs are
+/// the same instead of building anew. Building costs a `landlock_add_rule`
+/// per path (~40), and closing the ruleset frees every rule again: ~3.5 %
+/// of the host's CPU per run with 8 clients (BENCHMARKS.md, eleventh pass).
+///
+/// A ruleset is taken only when everything it was built from is the same:
+/// the ABI, the mode, the rules (paths and rights, in order), the
+/// snapshot of system paths (the very one: a stale snapshot is reopened
+/// and a new one never matches), and, for every other path, the file it
+/// names now (device, inode, type: `statx` per path) against the file the
+/// ruleset's rule was added for (read off the descriptor the rule was
+/// added with, so the key describes the ruleset exactly). Landlock rules
+/// follow inodes; a path that names another file since, or none, misses.
+/// The per-run directory is not among them: the rule grants beneath the
+/// slot's home, which outlives its run directories.
+#[derive(Debug, Default)]
+pub struct Cache {
+    /// Most recently used last.
+    entries: Vec<Cached>,
+    hits: u64,
+}
+
+/// Rulesets kept per slot (one per policy run there lately).
+const CACHE_SIZE: usize = 4;
+
+#[derive(Debug)]
+struct Cached {
+    abi: u32,
+    mode: LandlockMode,
+    policy: FsPolicy,
+    system: Arc<SystemPaths>,
+    /// Per rule: the file an explicit rule's path named (`None`: none, or
+    /// a system path).
+    idents: Vec<Option<Ident>>,
+    /// The ruleset, above the descriptor floor (`sys::fdtable`).
+    fd: OwnedFd,
+    report: LandlockReport,
+    degraded: Vec<String>,
+}
+
+impl Cache {
+    /// Rulesets taken from the cache so far.
+    #[must_use]
+    pub fn hits(&self) -> u64 {
+        self.hits
+    }
+
+    /// A copy (below the floor, for the child) of a ruleset built from
+    /// exactly these inputs, if any.
+    fn take(
+        &mut self,
+        abi: u32,
+        mode: LandlockMode,
+        policy: &FsPolicy,
+        system: &Arc<SystemPaths>,
+    ) -> Option<Prepared> {
+        let idents: Vec<Option<Ident>> = policy
+            .rules
+            .iter()
+            .map(|r| {
+                if system.get(r).is_some() {
+                    return None;
+                }
+                std::fs::metadata(&r.path).ok().map(|m| ident(&m))
+            })
+            .collect();
+        let at = self.entries.iter().position(|c| {
+            c.abi == abi
+                && c.mode == mode
+                && Arc::ptr_eq(&c.system, system)
+                && c.policy == *policy
+                && c.idents == idents
+        })?;
+        let fd = self.entries[at].fd.try_clone().ok()?;
+        let entry = self.entries.remove(at);
+        let prepared = Prepared {
+            fd: Some(fd),
+            report: entry.report.clone(),
+            degraded: entry.degraded.clone(),
+            reused: true,
+        };
+        self.entries.push(entry);
+        self.hits += 1;
+        Some(prepared)
+    }
+
+    fn keep(&mut self, entry: Cached) {
+        if self.entries.len() >= CACHE_SIZE {
+            self.entries.remove(0);
+        }
+        self.entries.push(entry);
+    }
 }
 
 /// What identifies a directory's entries: any entry created, removed,
@@ -267,9 +371,7 @@ impl SystemPaths {
             }
             // Kept for the process's life: above the descriptor floor, so
             // children do not copy them (sys::fdtable).
-            let opened = open_path(path)
-                .ok()
-                .map(|o| Opened { fd: sys::fdtable::lift(o.fd), is_dir: o.is_dir });
+            let opened = open_path(path).ok().map(|o| Opened { fd: sys::fdtable::lift(o.fd), ..o });
             paths.insert(path.to_path_buf(), opened);
         }
         // Stamps taken after the opens: a change in between shows next time.
@@ -333,6 +435,8 @@ pub struct Prepared {
     pub report: LandlockReport,
     /// Lines for `sandbox.degraded`.
     pub degraded: Vec<String>,
+    /// The ruleset came from the [`Cache`].
+    pub reused: bool,
 }
 
 /// Builds the ruleset for `policy` on a kernel with Landlock `abi`.
@@ -341,12 +445,18 @@ pub struct Prepared {
 ///
 /// [`LandlockError`] when `mode` is required and the ABI 1 rights cannot be
 /// enforced; in best-effort mode every shortfall is a `degraded` line.
-pub fn prepare(abi: u32, mode: LandlockMode, policy: &FsPolicy) -> Result<Prepared, LandlockError> {
+pub fn prepare(
+    abi: u32,
+    mode: LandlockMode,
+    policy: &FsPolicy,
+    cache: Option<&mut Cache>,
+) -> Result<Prepared, LandlockError> {
     let mut degraded = Vec::new();
     let none = |degraded: Vec<String>| Prepared {
         fd: None,
         report: LandlockReport { abi, status: Enforcement::None, net: false, scoped: false },
         degraded,
+        reused: false,
     };
     if abi == 0 {
         if mode == LandlockMode::Required {
@@ -355,14 +465,19 @@ pub fn prepare(abi: u32, mode: LandlockMode, policy: &FsPolicy) -> Result<Prepar
         degraded.push("landlock: not supported by the kernel; no filesystem restriction".into());
         return Ok(none(degraded));
     }
+    let system = SystemPaths::current();
+    let mut cache = cache;
+    if let Some(hit) = cache.as_mut().and_then(|c| c.take(abi, mode, policy, &system)) {
+        return Ok(hit);
+    }
     let handled = fs_handled(abi);
     let net = if policy.network { 0 } else { net_handled(abi) };
     let scoped = scopes(abi);
+    let mut idents = vec![None; policy.rules.len()];
     let built = (|| {
         let ruleset =
             sys::landlock::create_ruleset(handled, net, scoped).map_err(LandlockError::Create)?;
-        let system = SystemPaths::current();
-        for rule in &policy.rules {
+        for (rule, ident) in policy.rules.iter().zip(idents.iter_mut()) {
             let opened;
             let (fd, is_dir) = match system.get(rule) {
                 Some(Some(cached)) => (cached.fd.as_fd(), cached.is_dir),
@@ -370,6 +485,7 @@ pub fn prepare(abi: u32, mode: LandlockMode, policy: &FsPolicy) -> Result<Prepar
                 None => match open_path(&rule.path) {
                     Ok(o) => {
                         opened = o;
+                        *ident = opened.ident;
                         (opened.fd.as_fd(), opened.is_dir)
                     }
                     Err(e) => {
@@ -410,11 +526,22 @@ pub fn prepare(abi: u32, mode: LandlockMode, policy: &FsPolicy) -> Result<Prepar
             missing_rights(abi).join(", ")
         ));
     }
-    Ok(Prepared {
-        fd: Some(fd),
-        report: LandlockReport { abi, status, net: net != 0, scoped: scoped != 0 },
-        degraded,
-    })
+    let report = LandlockReport { abi, status, net: net != 0, scoped: scoped != 0 };
+    if let Some(cache) = cache {
+        if let Ok(kept) = fd.try_clone() {
+            cache.keep(Cached {
+                abi,
+                mode,
+                policy: policy.clone(),
+                system,
+                idents,
+                fd: sys::fdtable::lift(kept),
+                report: report.clone(),
+                degraded: degraded.clone(),
+            });
+        }
+    }
+    Ok(Prepared { fd: Some(fd), report, degraded, reused: false })
 }
 
 /// Names of the rights an older ABI cannot enforce.
@@ -489,10 +616,70 @@ mod tests {
     #[test]
     fn best_effort_without_landlock_is_reported() {
         let p = FsPolicy::new(Path::new("/"), Path::new("/"), Path::new("/"), &[], &[], false);
-        let out = prepare(0, LandlockMode::BestEffort, &p).unwrap();
+        let out = prepare(0, LandlockMode::BestEffort, &p, None).unwrap();
         assert!(out.fd.is_none());
         assert_eq!(out.report.status, Enforcement::None);
         assert!(!out.degraded.is_empty());
-        assert!(matches!(prepare(0, LandlockMode::Required, &p), Err(LandlockError::Unsupported)));
+        assert!(matches!(
+            prepare(0, LandlockMode::Required, &p, None),
+            Err(LandlockError::Unsupported)
+        ));
+    }
+
+    /// A ruleset is taken from the cache only for the very inputs it was
+    /// built from: the same policy with every explicit path still naming
+    /// the same file. Another file at a path, or another grant, builds anew.
+    #[test]
+    fn a_cached_ruleset_serves_only_the_same_inputs() {
+        let abi = sys::landlock::abi();
+        if abi == 0 {
+            println!("SKIP: no Landlock in this kernel");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let (skill, home, extra) =
+            (t.path().join("skill"), t.path().join("home"), t.path().join("x"));
+        for d in [&skill, &home, &extra] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let entry = skill.join("run");
+        std::fs::write(&entry, "#!/bin/sh\n").unwrap();
+        let policy = |grants: &[PathBuf]| FsPolicy::new(&skill, &entry, &home, grants, &[], false);
+        let mut cache = Cache::default();
+        let run = |p: &FsPolicy, cache: &mut Cache| {
+            let out = prepare(abi, LandlockMode::Required, p, Some(cache)).unwrap();
+            assert!(out.fd.is_some(), "no ruleset");
+            assert_eq!(
+                out.report.status,
+                if abi >= FULL_ABI { Enforcement::Full } else { Enforcement::Partial }
+            );
+            out
+        };
+        let first = run(&policy(&[]), &mut cache);
+        assert_eq!(cache.hits(), 0);
+        let second = run(&policy(&[]), &mut cache);
+        assert_eq!(cache.hits(), 1, "the same inputs: taken from the cache");
+        assert_eq!(second.report, first.report);
+        // Another grant: built anew (and kept beside the first).
+        run(&policy(std::slice::from_ref(&extra)), &mut cache);
+        assert_eq!(cache.hits(), 1);
+        run(&policy(&[]), &mut cache);
+        assert_eq!(cache.hits(), 2, "the first policy is still kept");
+        // The skill folder replaced by another directory at the same path.
+        std::fs::rename(&skill, t.path().join("old")).unwrap();
+        std::fs::create_dir(&skill).unwrap();
+        std::fs::write(&entry, "#!/bin/sh\n").unwrap();
+        run(&policy(&[]), &mut cache);
+        assert_eq!(cache.hits(), 2, "a replaced folder must not hit");
+        run(&policy(&[]), &mut cache);
+        assert_eq!(cache.hits(), 3);
+        // A grant whose path is gone and comes back as another directory.
+        run(&policy(std::slice::from_ref(&extra)), &mut cache);
+        std::fs::remove_dir(&extra).unwrap();
+        std::fs::create_dir(&extra).unwrap();
+        let hits = cache.hits();
+        run(&policy(std::slice::from_ref(&extra)), &mut cache);
+        assert_eq!(cache.hits(), hits, "a recreated grant must not hit");
+        assert!(cache.entries.len() <= CACHE_SIZE);
     }
 }

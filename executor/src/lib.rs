@@ -57,7 +57,11 @@
 //!    `cgroup.procs` opened, the per-run directory. Leaves and directory
 //!    belong to the engine's instance ([`instance`], set up once by
 //!    [`Engine::new`]: `.../ongrid/<instance>/<run>` in each hierarchy,
-//!    `<runtime_dir>/runs/<instance>/<run>` on the runs tmpfs). A held
+//!    `<runtime_dir>/runs/<instance>/<slot>/<run>` on the runs tmpfs, the
+//!    slot's directory holding only the run's). The Landlock ruleset
+//!    grants beneath the slot's directory, so a ruleset built for a run is
+//!    reused by later runs of the same policy in the same slot
+//!    ([`landlock::Cache`]: same rules, same files at every path). A held
 //!    run (the wire's `execute` with `hold`) waits here, prepared, for its
 //!    caller's `start` ([`Engine::run_held`]); nothing is spawned before.
 //! 3. Create the child with `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD)`
@@ -101,7 +105,8 @@
 //!    (from the engine's second run on, a janitor thread does it right
 //!    after the report and keeps slots ready: [`engine`]; a finished run's
 //!    leaves, once provably empty and reset, serve a later run with a fresh
-//!    directory instead of being removed and made again). If the
+//!    run directory in the same slot directory, once that is found as it
+//!    was made, instead of being removed and made again). If the
 //!    executor itself dies mid-run, the main process gets its parent-death
 //!    signal and the instance's watchdog does this step for every run
 //!    (`cgroup.kill` of the instance parent, then removal).

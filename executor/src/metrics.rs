@@ -64,6 +64,12 @@ pub struct Metrics {
     /// `ongrid_executor_idle_closed_total`: connections closed for sending
     /// no request for `idle_timeout_seconds` with no run in flight.
     pub idle_closed_total: IntCounter,
+    /// `ongrid_landlock_rulesets_total{how}`: rulesets `built` for a run,
+    /// or `reused` from its slot's cache; brought up to the engine's counts
+    /// at each scrape ([`Metrics::sync_rulesets`]).
+    pub landlock_rulesets_total: IntCounterVec,
+    /// Serialises [`Metrics::sync_rulesets`].
+    rulesets_sync: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 impl Metrics {
@@ -131,6 +137,14 @@ impl Metrics {
                 "ongrid_executor_idle_closed_total",
                 "Connections closed after idle_timeout_seconds without a request or a run.",
             )?,
+            landlock_rulesets_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_landlock_rulesets_total",
+                    "Landlock rulesets of runs, built or reused from the run slot's cache.",
+                ),
+                &["how"],
+            )?,
+            rulesets_sync: std::sync::Arc::default(),
         };
         registry.register(Box::new(m.runs_total.clone()))?;
         registry.register(Box::new(m.run_duration_seconds.clone()))?;
@@ -143,7 +157,21 @@ impl Metrics {
         registry.register(Box::new(m.peer_rejected_total.clone()))?;
         registry.register(Box::new(m.connections.clone()))?;
         registry.register(Box::new(m.idle_closed_total.clone()))?;
+        registry.register(Box::new(m.landlock_rulesets_total.clone()))?;
+        for how in ["built", "reused"] {
+            m.landlock_rulesets_total.with_label_values(&[how]);
+        }
         Ok(m)
+    }
+
+    /// Brings `ongrid_landlock_rulesets_total` up to the engine's counts
+    /// `(built, reused)` ([`crate::Engine::landlock_rulesets`]).
+    pub fn sync_rulesets(&self, (built, reused): (u64, u64)) {
+        let _one = self.rulesets_sync.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (how, now) in [("built", built), ("reused", reused)] {
+            let counter = self.landlock_rulesets_total.with_label_values(&[how]);
+            counter.inc_by(now.saturating_sub(counter.get()));
+        }
     }
 
     /// Counts an answered `execute` under `skill` (`""` when the manifest

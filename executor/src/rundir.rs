@@ -1,4 +1,5 @@
-//! The private per-run directory: the skill's cwd, removed after the run.
+//! The private per-run directory: the skill's cwd, removed after the run,
+//! and the slot's directory it is made in.
 
 use std::fs;
 use std::io::{self, Read};
@@ -18,13 +19,21 @@ pub struct RunDirError {
     pub source: io::Error,
 }
 
-/// `<runtime_dir>/runs/<instance>/<id>`, mode 0700, owned by the run-as
-/// user.
+/// The per-run directory `<home>/<run id>` (mode 0700, owned by the run-as
+/// user) and the slot's directory it is in, `<home>` =
+/// `<runtime_dir>/runs/<instance>/<slot id>` (mode 0711, the executor's,
+/// holding nothing else). The Landlock ruleset grants beneath the home,
+/// whose inode outlives the run directories made in it while the engine's
+/// janitor reuses the slot ([`RunDir::renew`]): so a ruleset built for one
+/// run serves the next run of the same policy in the slot ([`Self::rulesets`]).
 #[derive(Debug)]
 pub struct RunDir {
+    home: PathBuf,
     path: PathBuf,
     /// Who it was handed to (`None`: the executor's own user).
     owner: Option<(u32, u32)>,
+    /// Rulesets granting beneath the home, for later runs in it.
+    pub rulesets: crate::landlock::Cache,
 }
 
 /// A random run id: 16 hex digits from the kernel's CSPRNG.
@@ -47,44 +56,106 @@ pub fn random_id() -> io::Result<String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
+fn err<'p>(path: &'p Path, what: &'static str) -> impl FnOnce(io::Error) -> RunDirError + 'p {
+    move |source| RunDirError { path: path.to_owned(), what, source }
+}
+
+/// `mkdir` with `mode` exactly (the umask does not apply to the chmod).
+fn make_dir(path: &Path, mode: u32) -> Result<(), RunDirError> {
+    fs::DirBuilder::new().mode(mode).create(path).map_err(err(path, "create"))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(err(path, "chmod"))
+}
+
+/// Mode of a slot's home.
+const HOME_MODE: u32 = 0o711;
+
 impl RunDir {
-    /// Creates `<runs>/<id>` (and `runs`, mode 0711, if missing); `owner` =
-    /// `(uid, gid)` to chown it to.
+    /// Creates the home `<runs>/<id>` (and `runs`, mode 0711, if missing)
+    /// and a run directory in it; `owner` = `(uid, gid)` to chown the run
+    /// directory to.
     ///
     /// # Errors
     ///
-    /// [`RunDirError`] naming the path.
+    /// [`RunDirError`] naming the path; what was made is removed.
     pub fn create(runs: &Path, id: &str, owner: Option<(u32, u32)>) -> Result<Self, RunDirError> {
-        fn err<'p>(
-            path: &'p Path,
-            what: &'static str,
-        ) -> impl FnOnce(io::Error) -> RunDirError + 'p {
-            move |source| RunDirError { path: path.to_owned(), what, source }
-        }
-        let path = runs.join(id);
-        let mkdir = || fs::DirBuilder::new().mode(0o700).create(&path);
-        match mkdir() {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        let home = runs.join(id);
+        match make_dir(&home, HOME_MODE) {
+            Err(RunDirError { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
                 fs::DirBuilder::new()
                     .recursive(true)
                     .mode(0o711)
                     .create(runs)
                     .map_err(err(runs, "create"))?;
-                mkdir().map_err(err(&path, "create"))?;
+                make_dir(&home, HOME_MODE)?;
             }
-            Err(e) => return Err(err(&path, "create")(e)),
+            made => made?,
         }
-        let mut dir = RunDir { path, owner: None };
-        fs::set_permissions(&dir.path, fs::Permissions::from_mode(0o700))
-            .map_err(err(&dir.path, "chmod"))?;
-        dir.chown(owner)?;
+        let mut dir = RunDir {
+            home,
+            path: PathBuf::new(),
+            owner: None,
+            rulesets: crate::landlock::Cache::default(),
+        };
+        dir.fresh(owner)?;
         Ok(dir)
     }
 
-    /// Hands the directory to `owner` = `(uid, gid)`; `None` gives it back
-    /// to the executor's user. Nothing is done when it already belongs to
-    /// `owner`.
+    /// A new run directory in the home, handed to `owner`.
+    fn fresh(&mut self, owner: Option<(u32, u32)>) -> Result<(), RunDirError> {
+        let id = random_id().map_err(err(&self.home, "name a run directory in"))?;
+        let path = self.home.join(id);
+        make_dir(&path, 0o700)?;
+        self.path = path;
+        self.owner = None;
+        self.chown(owner)
+    }
+
+    /// Makes the home ready for another run: removes the run directory
+    /// (without following symlinks) and makes a new one, when the home is
+    /// as it was made: a directory of mode 0711 owned by the executor's
+    /// user, with no other entry and no user or ACL extended attribute (a
+    /// skill running as uid 0 owns it too and could have changed any of
+    /// that). Otherwise, an error: the caller removes the home instead.
+    ///
+    /// # Errors
+    ///
+    /// [`RunDirError`] naming the path.
+    pub fn renew(&mut self) -> Result<(), RunDirError> {
+        use std::os::unix::fs::MetadataExt;
+        if self.home.as_os_str().is_empty() {
+            return Err(err(&self.home, "reuse")(io::ErrorKind::NotFound.into()));
+        }
+        match fs::remove_dir_all(&self.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err(&self.path, "remove")(e)),
+        }
+        let changed = |what: &str| err(&self.home, "reuse")(io::Error::other(what.to_owned()));
+        let meta = fs::symlink_metadata(&self.home).map_err(err(&self.home, "stat"))?;
+        let (uid, gid) = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+        if !meta.is_dir()
+            || meta.mode() & 0o7777 != HOME_MODE
+            || (meta.uid(), meta.gid()) != (uid, gid)
+        {
+            return Err(changed("its mode or owner changed"));
+        }
+        if fs::read_dir(&self.home).map_err(err(&self.home, "list"))?.next().is_some() {
+            return Err(changed("an entry was left in it"));
+        }
+        let names = match crate::sys::xattr::names(&self.home) {
+            Ok(names) => names,
+            Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => Vec::new(),
+            Err(e) => return Err(err(&self.home, "list the attributes of")(e)),
+        };
+        if names.iter().any(|n| n.starts_with(b"user.") || n.starts_with(b"system.posix_acl")) {
+            return Err(changed("an extended attribute was set on it"));
+        }
+        self.fresh(None)
+    }
+
+    /// Hands the run directory to `owner` = `(uid, gid)`; `None` gives it
+    /// back to the executor's user. Nothing is done when it already belongs
+    /// to `owner`.
     ///
     /// # Errors
     ///
@@ -106,27 +177,39 @@ impl RunDir {
     /// A `RunDir` that owns nothing (what is left behind once the
     /// directory was handed over for removal).
     pub fn detached() -> Self {
-        RunDir { path: PathBuf::new(), owner: None }
+        RunDir {
+            home: PathBuf::new(),
+            path: PathBuf::new(),
+            owner: None,
+            rulesets: crate::landlock::Cache::default(),
+        }
     }
 
-    /// The directory.
+    /// The run directory (the skill's cwd).
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Removes the directory and everything in it without following
-    /// symlinks (std's `remove_dir_all` works on directory fds with
-    /// `O_NOFOLLOW`).
+    /// The slot's directory the run directory is in (what the Landlock
+    /// ruleset grants).
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+
+    /// Removes the home and everything in it without following symlinks
+    /// (std's `remove_dir_all` works on directory fds with `O_NOFOLLOW`).
     pub fn remove(&mut self) {
-        if self.path.as_os_str().is_empty() {
+        if self.home.as_os_str().is_empty() {
             return;
         }
-        if let Err(e) = fs::remove_dir_all(&self.path) {
+        if let Err(e) = fs::remove_dir_all(&self.home) {
             if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!("run directory {}: cannot remove: {e}", self.path.display());
+                tracing::warn!("run directory {}: cannot remove: {e}", self.home.display());
             }
         }
+        self.home = PathBuf::new();
         self.path = PathBuf::new();
+        self.rulesets = crate::landlock::Cache::default();
     }
 }
 
@@ -152,8 +235,46 @@ mod tests {
         assert_eq!(mode, 0o700);
         std::os::unix::fs::symlink(outside.path(), d.path().join("link")).unwrap();
         let p = d.path().to_owned();
+        assert_eq!(p.parent(), Some(d.home()));
+        let home_mode = std::fs::metadata(d.home()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(home_mode, 0o711);
         d.remove();
         assert!(!p.exists());
+        assert!(!p.parent().unwrap().exists(), "the home is left");
         assert!(outside.path().join("keep").exists());
+    }
+
+    /// A renewed home gets a new, empty run directory and the old one is
+    /// gone; a home that was changed (an entry beside the run directory, its
+    /// mode, a user attribute) is refused for reuse.
+    #[test]
+    fn a_home_is_renewed_only_as_it_was_made() {
+        let rt = tempfile::tempdir().unwrap();
+        let runs = rt.path().join("runs");
+        let mut d = RunDir::create(&runs, &random_id().unwrap(), None).unwrap();
+        std::fs::write(d.path().join("left"), "x").unwrap();
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        let first = d.path().to_owned();
+        d.renew().expect("renew");
+        assert!(!first.exists(), "the old run directory is left");
+        assert_ne!(d.path(), first);
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+        assert_eq!(std::fs::read_dir(d.home()).unwrap().count(), 1);
+
+        std::fs::write(d.home().join("beside"), "x").unwrap();
+        assert!(d.renew().is_err(), "an entry beside the run directory");
+        std::fs::remove_file(d.home().join("beside")).unwrap();
+        d.renew().expect("renew once clean again");
+
+        std::fs::set_permissions(d.home(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(d.renew().is_err(), "a changed mode");
+        std::fs::set_permissions(d.home(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        d.renew().expect("renew once the mode is back");
+
+        match crate::sys::xattr::set(d.home(), c"user.note", b"x") {
+            Ok(()) => assert!(d.renew().is_err(), "a user attribute"),
+            Err(e) => println!("SKIP: user attributes unsupported here: {e}"),
+        }
+        d.remove();
     }
 }

@@ -117,6 +117,9 @@ pub struct Prepared {
     pub cgroup: Option<RunCgroup>,
     /// What the sandbox enforces, for the report.
     pub report: SandboxReport,
+    /// The Landlock ruleset was one built for an earlier run in the slot
+    /// (`landlock::Cache`).
+    pub landlock_reused: bool,
     landlock: Option<OwnedFd>,
     seccomp: &'static [seccomp::Insn],
     /// Which of the two seccomp programs (`seccomp::program(network)`).
@@ -214,17 +217,31 @@ impl Slot {
         Ok(Slot { id, run_dir, cgroup })
     }
 
-    /// A slot made of a fresh run directory and the leaves of a finished
-    /// run that [`RunCgroup::recycle`] found empty and reset (the engine's
-    /// janitor; the leaves keep their own name). On error the leaves are
-    /// dropped, i.e. removed.
+    /// A slot made of the leaves of a finished run that
+    /// [`RunCgroup::recycle`] found empty and reset and of its directory's
+    /// home with a new run directory in it ([`RunDir::renew`]; a home that
+    /// was changed is removed and a new one made), which keeps the
+    /// Landlock rulesets built for it (the engine's janitor; the leaves
+    /// keep their own name). On error the leaves are dropped, i.e.
+    /// removed.
     ///
     /// # Errors
     ///
     /// [`SpawnError`] of making the directory.
-    pub fn reuse(config: &Config, host: &Host, cgroup: RunCgroup) -> Result<Slot, SpawnError> {
-        let (id, run_dir) = Self::fresh_dir(config, host, None)?;
-        Ok(Slot { id, run_dir, cgroup: Some(cgroup) })
+    pub fn reuse(
+        config: &Config,
+        host: &Host,
+        cgroup: RunCgroup,
+        mut run_dir: RunDir,
+    ) -> Result<Slot, SpawnError> {
+        if let Err(e) = run_dir.renew() {
+            tracing::debug!("janitor: a slot's directory is made anew: {e}");
+            run_dir.remove();
+            let (id, run_dir) = Self::fresh_dir(config, host, None)?;
+            return Ok(Slot { id, run_dir, cgroup: Some(cgroup) });
+        }
+        let id = run_dir.home().file_name().map(|n| n.to_string_lossy().into_owned());
+        Ok(Slot { id: id.unwrap_or_default(), run_dir, cgroup: Some(cgroup) })
     }
 
     fn fresh_dir(
@@ -269,15 +286,19 @@ pub fn prepare(
         cg.set_limits(l.memory_bytes, l.max_pids)?;
     }
 
+    // Read-write beneath the slot's home, whose only entry is the run
+    // directory (rundir): a ruleset built for an earlier run of the same
+    // policy in this slot serves this one (landlock::Cache).
     let fs = FsPolicy::new(
         &plan.skill_dir,
         &plan.entry,
-        run_dir.path(),
+        run_dir.home(),
         &plan.granted.fs_read,
         &plan.granted.fs_write,
         plan.granted.network,
     );
-    let ll = landlock::prepare(host.landlock_abi, config.landlock, &fs)?;
+    let ll =
+        landlock::prepare(host.landlock_abi, config.landlock, &fs, Some(&mut run_dir.rulesets))?;
     degraded.extend(ll.degraded);
     if config.landlock == LandlockMode::BestEffort && ll.fd.is_none() {
         tracing::warn!("skill \"{skill}\": running without Landlock (best effort)");
@@ -331,6 +352,7 @@ pub fn prepare(
         run_dir,
         cgroup,
         report,
+        landlock_reused: ll.reused,
         landlock: ll.fd,
         seccomp: seccomp::program(plan.granted.network),
         network: plan.granted.network,

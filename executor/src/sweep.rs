@@ -2,7 +2,7 @@
 //! directories.
 //!
 //! Every executor instance (one [`crate::Engine`]) keeps its runs under
-//! `<runtime_dir>/runs/<instance>/<run>` and `.../ongrid/<instance>/<run>`
+//! `<runtime_dir>/runs/<instance>/<slot>/<run>` and `.../ongrid/<instance>/<run>`
 //! in each cgroup hierarchy ([`crate::instance`]). The instance directory
 //! holds `.guard`: the pid and start time of the process that cleans up
 //! after the instance (its watchdog, else the executor itself). Two callers:

@@ -439,6 +439,81 @@ fn served_runs_carry_the_filter_from_the_spawner_threads() {
     }
 }
 
+/// A run slot keeps the Landlock rulesets built in it, and a later run of
+/// the same policy there takes one instead of building it; it still
+/// confines (a directory every user may write stays out of reach, the run's
+/// own directory in the slot is writable), and a skill granted that
+/// directory in the same slots gets its own ruleset, whose grant the first
+/// skill never gets. The counts are the metric's.
+#[test]
+fn cached_rulesets_confine_and_serve_only_their_own_policy() {
+    if !can_run() {
+        return;
+    }
+    if executor::spawn::Host::detect().landlock_abi == 0 {
+        println!("SKIP: cached_rulesets_confine_and_serve_only_their_own_policy needs Landlock");
+        return;
+    }
+    let open = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let target = open.path().to_owned();
+    let server = Server::start({
+        let target = target.clone();
+        move |c| {
+            c.skills.insert(
+                "granted".into(),
+                policy::SkillGrant { fs_write: vec![target], ..policy::SkillGrant::default() },
+            );
+        }
+    });
+    let script = format!(
+        "cat >/dev/null\n\
+         if echo x > {t}/f.$$ 2>/dev/null; then d=true; else d=false; fi\n\
+         if echo x > ./mine 2>/dev/null; then c=true; else c=false; fi\n\
+         printf '{{\"d\":%s,\"c\":%s,\"cwd\":\"%s\"}}\\n' \"$d\" \"$c\" \"$(pwd)\"",
+        t = target.display()
+    );
+    let plain = skill(&server.root, "plain", "safe", 10, &script);
+    let granted = skill(&server.root, "granted", "safe", 10, &script);
+    let mut manifest: Value = serde_json::from_slice(&std::fs::read(&granted).unwrap()).unwrap();
+    manifest["sandbox"] = json!({"fs_write": [target]});
+    std::fs::write(&granted, manifest.to_string()).unwrap();
+    let mut c = server.client();
+    let mut id = 0;
+    let mut run = |c: &mut Client, manifest: &Path| -> Value {
+        id += 1;
+        c.execute(id, manifest, json!({}));
+        let report = c.run_result().1["result"].clone();
+        assert_eq!(report["outcome"], "ok", "{report}");
+        // The janitor has given the slot's directory a new run directory
+        // (or removed it) before the next run takes a slot.
+        let cwd = PathBuf::from(report["result"]["cwd"].as_str().unwrap());
+        let home = cwd.parent().unwrap().to_owned();
+        wait_for("the slot to be renewed", Duration::from_secs(10), || {
+            !cwd.exists() && std::fs::read_dir(&home).map_or(true, |mut d| d.next().is_some())
+        });
+        report["result"].clone()
+    };
+    let rulesets = |c: &mut Client| {
+        c.send(&json!({"jsonrpc": "2.0", "id": "m", "method": "metrics"}));
+        let text = c.recv()["result"]["text"].as_str().unwrap().to_owned();
+        let n =
+            |how: &str| sample(&text, &format!("ongrid_landlock_rulesets_total{{how=\"{how}\"}}"));
+        (n("built"), n("reused"))
+    };
+    assert_eq!(rulesets(&mut c), (0.0, 0.0));
+    for _ in 0..6 {
+        for (manifest, may_write) in [(&plain, false), (&granted, true), (&plain, false)] {
+            let seen = run(&mut c, manifest);
+            assert_eq!(seen["d"], json!(may_write), "{}: {seen}", manifest.display());
+            assert_eq!(seen["c"], json!(true), "the run directory: {seen}");
+        }
+    }
+    let (built, reused) = rulesets(&mut c);
+    assert_eq!(built + reused, 18.0, "built {built}, reused {reused}");
+    assert!(reused > 0.0, "no ruleset reused in 18 runs (built {built})");
+}
+
 /// Malformed lines get JSON-RPC errors (with the id when readable) and the
 /// connection keeps working; an oversized line is skipped up to its newline.
 #[test]

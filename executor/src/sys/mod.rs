@@ -20,3 +20,4 @@ pub mod landlock;
 pub mod mount;
 pub mod process;
 pub mod spawner;
+pub mod xattr;

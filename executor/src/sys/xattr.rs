@@ -1,0 +1,55 @@
+//! Listing a file's extended attribute names.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// The names of `path`'s extended attributes (not following a symlink).
+///
+/// # Errors
+///
+/// The errno of `llistxattr` (`ENOTSUP` where the filesystem has none).
+pub fn names(path: &Path) -> io::Result<Vec<Vec<u8>>> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: `c` is a valid C string and `buf` a writable buffer of
+        // the length passed.
+        let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            buf.truncate(usize::try_from(n).unwrap_or(0));
+            return Ok(buf
+                .split(|b| *b == 0)
+                .filter(|n| !n.is_empty())
+                .map(<[u8]>::to_vec)
+                .collect());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) || buf.len() >= 1 << 16 {
+            return Err(e);
+        }
+        buf.resize(buf.len() * 4, 0);
+    }
+}
+
+/// Sets the extended attribute `name` of `path` (not following a symlink).
+///
+/// # Errors
+///
+/// The errno of `lsetxattr`.
+#[cfg(test)]
+pub fn set(path: &Path, name: &std::ffi::CStr, value: &[u8]) -> io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid C strings and a value buffer of the length passed.
+    let r = unsafe {
+        libc::lsetxattr(c.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0)
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
