@@ -517,8 +517,9 @@ impl RunCgroup {
     /// Makes the leaves of a finished run ready for another run, off the
     /// runs' critical path (making and removing memory cgroups is the
     /// dearer part of a run slot). Only when every leaf is provably empty:
-    /// the v2 leaf says `populated 0` (no process in it or below), the v1
-    /// leaves list no process, and the v1 memory leaf, once its charges
+    /// the v2 leaf says `populated 0` (no process in it or below; without
+    /// a v2 leaf, the v1 leaves list no process), and the v1 memory leaf,
+    /// once its charges
     /// (kernel objects and page cache the runs left, ~140 KiB per trivial
     /// run here) pass [`FORCE_EMPTY_ABOVE`], accepts `memory.force_empty`
     /// (refused while a task is in it) and gives them back (a reclaim pass
@@ -531,14 +532,23 @@ impl RunCgroup {
         if self.leaves().is_empty() || self.procs.len() != self.leaves().len() {
             return false;
         }
-        if self.v2.is_some() && self.v2_unpopulated() != Some(true) {
-            return false;
-        }
-        // Opened anew: see `Kept`.
-        for dir in [&self.pids, &self.memory].into_iter().flatten() {
-            match fs::read_to_string(dir.join("cgroup.procs")) {
-                Ok(procs) if procs.trim().is_empty() => {}
-                _ => return false,
+        if self.v2.is_some() {
+            // `populated 0` of the v2 leaf covers the v1 leaves too: every
+            // process of the run is in every leaf (the child joins the v2
+            // leaf first and exits if a later join fails, descendants inherit
+            // every membership, and no skill can write a `cgroup.procs`), so
+            // the v1 listings (an open, a pid list and a close each) are not
+            // read.
+            if self.v2_unpopulated() != Some(true) {
+                return false;
+            }
+        } else {
+            // Opened anew: see `Kept`.
+            for dir in [&self.pids, &self.memory].into_iter().flatten() {
+                match fs::read_to_string(dir.join("cgroup.procs")) {
+                    Ok(procs) if procs.trim().is_empty() => {}
+                    _ => return false,
+                }
             }
         }
         if let Some(dir) = &self.memory {

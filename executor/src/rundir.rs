@@ -121,36 +121,72 @@ impl RunDir {
     ///
     /// [`RunDirError`] naming the path.
     pub fn renew(&mut self) -> Result<(), RunDirError> {
-        use std::os::unix::fs::MetadataExt;
+        use std::os::fd::AsFd;
+
+        use nix::errno::Errno;
+        use nix::fcntl::OFlag;
+        use nix::sys::stat::Mode;
+        use nix::unistd::UnlinkatFlags;
+
+        let reuse = |what: &str| err(&self.home, "reuse")(io::Error::other(what.to_owned()));
+        let sys = |what, e: Errno| err(&self.home, what)(io::Error::from(e));
         if self.home.as_os_str().is_empty() {
-            return Err(err(&self.home, "reuse")(io::ErrorKind::NotFound.into()));
+            return Err(reuse("it was removed"));
         }
-        match fs::remove_dir_all(&self.path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(err(&self.path, "remove")(e)),
+        // One open of the home, then every step relative to it (no walk of
+        // the long path per step).
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let mut home =
+            nix::dir::Dir::open(&self.home, flags, Mode::empty()).map_err(|e| sys("open", e))?;
+        // The run directory: one `rmdir` when the run left it empty, else
+        // the walk that does not follow symlinks.
+        if let Some(name) = self.path.file_name() {
+            match nix::unistd::unlinkat(&home, name, UnlinkatFlags::RemoveDir) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(Errno::ENOTEMPTY | Errno::EEXIST) => match fs::remove_dir_all(&self.path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(err(&self.path, "remove")(e)),
+                },
+                Err(e) => return Err(err(&self.path, "remove")(io::Error::from(e))),
+            }
         }
-        let changed = |what: &str| err(&self.home, "reuse")(io::Error::other(what.to_owned()));
-        let meta = fs::symlink_metadata(&self.home).map_err(err(&self.home, "stat"))?;
+        let st = nix::sys::stat::fstat(home.as_fd()).map_err(|e| sys("stat", e))?;
         let (uid, gid) = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
-        if !meta.is_dir()
-            || meta.mode() & 0o7777 != HOME_MODE
-            || (meta.uid(), meta.gid()) != (uid, gid)
-        {
-            return Err(changed("its mode or owner changed"));
+        let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        if !is_dir || st.st_mode & 0o7777 != HOME_MODE || (st.st_uid, st.st_gid) != (uid, gid) {
+            return Err(reuse("its mode or owner changed"));
         }
-        if fs::read_dir(&self.home).map_err(err(&self.home, "list"))?.next().is_some() {
-            return Err(changed("an entry was left in it"));
+        for entry in home.iter() {
+            let entry = entry.map_err(|e| sys("list", e))?;
+            if ![&b"."[..], &b".."[..]].contains(&entry.file_name().to_bytes()) {
+                return Err(reuse("an entry was left in it"));
+            }
         }
-        let names = match crate::sys::xattr::names(&self.home) {
+        let names = match crate::sys::xattr::names_fd(home.as_fd()) {
             Ok(names) => names,
             Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => Vec::new(),
             Err(e) => return Err(err(&self.home, "list the attributes of")(e)),
         };
         if names.iter().any(|n| n.starts_with(b"user.") || n.starts_with(b"system.posix_acl")) {
-            return Err(changed("an extended attribute was set on it"));
+            return Err(reuse("an extended attribute was set on it"));
         }
-        self.fresh(None)
+        // A new run directory, mode exactly 0700 (the umask does not apply
+        // to the chmod).
+        let id = random_id().map_err(err(&self.home, "name a run directory in"))?;
+        let mode = Mode::from_bits_truncate(0o700);
+        nix::sys::stat::mkdirat(&home, id.as_str(), mode)
+            .map_err(|e| err(&self.home.join(&id), "create")(io::Error::from(e)))?;
+        self.path = self.home.join(&id);
+        nix::sys::stat::fchmodat(
+            &home,
+            id.as_str(),
+            mode,
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        )
+        .map_err(|e| err(&self.path, "chmod")(io::Error::from(e)))?;
+        self.owner = None;
+        Ok(())
     }
 
     /// Hands the run directory to `owner` = `(uid, gid)`; `None` gives it

@@ -1,23 +1,19 @@
 //! Listing a file's extended attribute names.
 
-use std::ffi::CString;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 
-/// The names of `path`'s extended attributes (not following a symlink).
+/// The names of the extended attributes of the file open as `fd`.
 ///
 /// # Errors
 ///
-/// The errno of `llistxattr` (`ENOTSUP` where the filesystem has none).
-pub fn names(path: &Path) -> io::Result<Vec<Vec<u8>>> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+/// The errno of `flistxattr` (`ENOTSUP` where the filesystem has none).
+pub fn names_fd(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
+    use std::os::fd::AsRawFd;
     let mut buf = vec![0u8; 1024];
     loop {
-        // SAFETY: `c` is a valid C string and `buf` a writable buffer of
+        // SAFETY: `fd` is open for the call and `buf` a writable buffer of
         // the length passed.
-        let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        let n = unsafe { libc::flistxattr(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         if n >= 0 {
             buf.truncate(usize::try_from(n).unwrap_or(0));
             return Ok(buf
@@ -40,7 +36,9 @@ pub fn names(path: &Path) -> io::Result<Vec<Vec<u8>>> {
 ///
 /// The errno of `lsetxattr`.
 #[cfg(test)]
-pub fn set(path: &Path, name: &std::ffi::CStr, value: &[u8]) -> io::Result<()> {
+pub fn set(path: &std::path::Path, name: &std::ffi::CStr, value: &[u8]) -> io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: valid C strings and a value buffer of the length passed.
