@@ -49,23 +49,31 @@ fn nofile_soft() -> Option<u64> {
     (r == 0).then_some(lim.rlim_cur)
 }
 
-/// True if `close_range` takes `CLOSE_RANGE_UNSHARE` here, tried on a
-/// short-lived thread (the call gives that thread a table of its own, which
-/// goes with it).
+/// True if `close_range` takes `CLOSE_RANGE_UNSHARE` here: both came in
+/// Linux 5.9. Read off the kernel's release rather than tried: trying it on
+/// a thread of this process would give that thread a table of its own, and
+/// a throwaway thread made for the test would wait out the cgroup attach
+/// lock's warm-up of a one-shot `run` (`crate::attach_lock`).
 fn close_range_unshares() -> bool {
-    std::thread::Builder::new()
-        .name("ongrid-fdprobe".into())
-        .spawn(|| {
-            // SAFETY: a raw syscall with integer arguments only; the empty
-            // range (the highest number) closes nothing.
-            let r = unsafe {
-                libc::syscall(libc::SYS_close_range, u32::MAX, u32::MAX, libc::CLOSE_RANGE_UNSHARE)
-            };
-            r == 0
-        })
-        .ok()
-        .and_then(|t| t.join().ok())
-        .unwrap_or(false)
+    // SAFETY: uname fills the valid local `u`.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::uname(&raw mut u) } != 0 {
+        return false;
+    }
+    // SAFETY: the kernel NUL-terminates `release` within the array.
+    let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) };
+    release_at_least(&release.to_string_lossy(), (5, 9))
+}
+
+/// `release` ("6.18.44-fc-v1045") is `want` (major, minor) or later.
+fn release_at_least(release: &str, want: (u32, u32)) -> bool {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let mut next = || parts.next().and_then(|p| p.parse::<u32>().ok());
+    match (next(), next()) {
+        (Some(major), Some(minor)) => (major, minor) >= want,
+        _ => false,
+    }
 }
 
 /// `fd` renumbered to the lowest free number at or above the [`floor`]
@@ -97,6 +105,16 @@ pub fn lift_file(file: std::fs::File) -> std::fs::File {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_releases_compare_by_major_and_minor() {
+        assert!(release_at_least("6.18.44-fc-v1045", (5, 9)));
+        assert!(release_at_least("5.9.0", (5, 9)));
+        assert!(release_at_least("5.10.0-28-amd64", (5, 9)));
+        assert!(!release_at_least("5.4.0-150-generic", (5, 9)));
+        assert!(!release_at_least("4.18.0-553.el8_10.x86_64", (5, 9)));
+        assert!(!release_at_least("garbage", (5, 9)));
+    }
 
     /// This kernel (Linux 5.9 or later) and a soft limit of 512 or more
     /// give a floor; a lifted descriptor is above it and still the same
