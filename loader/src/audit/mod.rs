@@ -92,7 +92,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::config::{AuditSettings, AuditSync};
-use syncer::{wal_path, Syncer};
+use syncer::Syncer;
 use worker::Worker;
 
 mod sql;
@@ -286,23 +286,22 @@ impl Audit {
         syncs: &IntCounterVec,
     ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel();
-        let wal = wal_path(&settings.db);
         let syncer = match settings.synchronous {
             AuditSync::Interval => {
                 let syncer = Arc::new(Syncer::default());
-                let (s, db, wal) = (syncer.clone(), settings.db.clone(), wal.clone());
+                let (s, db) = (syncer.clone(), settings.db.clone());
                 let (interval, counted) =
                     (settings.sync_interval, syncs.with_label_values(&["interval"]));
                 let errors = errors.clone();
                 std::thread::Builder::new()
                     .name("ongrid-audit-sync".into())
-                    .spawn(move || s.run((&db, &wal), interval, &counted, &errors))?;
+                    .spawn(move || s.run(&db, interval, &counted, &errors))?;
                 Some(syncer)
             }
             AuditSync::Full | AuditSync::Normal => None,
         };
         let commit_syncs = syncs.with_label_values(&["commit"]);
-        let worker = Worker::new(settings.clone(), errors, commit_syncs, wal, syncer.clone());
+        let worker = Worker::new(settings.clone(), errors, commit_syncs, syncer.clone());
         let spawned =
             std::thread::Builder::new().name("ongrid-audit".into()).spawn(move || worker.run(rx));
         if let Err(e) = spawned {

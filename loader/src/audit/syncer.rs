@@ -53,7 +53,7 @@ impl Syncer {
 
     pub(super) fn run(
         &self,
-        (db, wal): (&Path, &Path),
+        db: &Path,
         interval: Duration,
         syncs: &IntCounter,
         errors: &IntCounter,
@@ -76,10 +76,11 @@ impl Syncer {
             }
             st.since = None;
             drop(st);
-            match sync_commits(db, wal) {
+            match sync_commits(db) {
                 Ok(()) => syncs.inc(),
                 Err(e) => {
                     errors.inc();
+                    let wal = wal_path(db);
                     tracing::error!(path = %wal.display(), error = %e, "audit: cannot fsync the audit trail");
                 }
             }
@@ -95,13 +96,13 @@ pub(super) fn wal_path(db: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// `fdatasync` of the WAL file `wal` of `db`: every frame written to it so
+/// `fdatasync` of the WAL file of `db` ([`wal_path`]): every frame written to it so
 /// far, by any descriptor, reaches the disk (Linux syncs the inode). No WAL
 /// file (a checkpoint by the last connection removed it, or the database
 /// could not be put in WAL mode): the database file itself is synced, so
 /// what is counted as synced always was.
-pub(super) fn sync_commits(db: &Path, wal: &Path) -> std::io::Result<()> {
-    match std::fs::File::open(wal) {
+pub(super) fn sync_commits(db: &Path) -> std::io::Result<()> {
+    match std::fs::File::open(wal_path(db)) {
         Ok(f) => f.sync_data(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::File::open(db)?.sync_data(),
         Err(e) => Err(e),

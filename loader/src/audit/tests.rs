@@ -262,10 +262,10 @@ fn a_sync_always_syncs_a_file() {
     let db = dir.path().join("a.db");
     let wal = super::syncer::wal_path(&db);
     assert_eq!(wal, dir.path().join("a.db-wal"));
-    assert!(super::syncer::sync_commits(&db, &wal).is_err());
+    assert!(super::syncer::sync_commits(&db).is_err());
     std::fs::write(&db, b"x").unwrap();
-    super::syncer::sync_commits(&db, &wal).unwrap();
+    super::syncer::sync_commits(&db).unwrap();
     std::fs::write(&wal, b"y").unwrap();
     std::fs::remove_file(&db).unwrap();
-    super::syncer::sync_commits(&db, &wal).unwrap();
+    super::syncer::sync_commits(&db).unwrap();
 }

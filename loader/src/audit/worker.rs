@@ -3,7 +3,6 @@
 //! made durable (the parent module's Durability section).
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 
 use prometheus::IntCounter;
@@ -11,7 +10,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use super::sql::{self, run_cached, WriteError};
-use super::syncer::{sync_commits, Syncer};
+use super::syncer::{sync_commits, wal_path, Syncer};
 use super::{AuditError, Job, PRUNE_EVERY};
 use crate::config::{AuditSettings, AuditSync};
 
@@ -27,8 +26,6 @@ pub(super) struct Worker {
     errors: IntCounter,
     /// `ongrid_audit_syncs_total{when="commit"}`.
     commit_syncs: IntCounter,
-    /// The database's WAL file, `fsync`ed by `interval`.
-    wal: PathBuf,
     /// With `interval`: the thread that `fsync`s the other commits.
     syncer: Option<Arc<Syncer>>,
     /// With `interval`: rows of runs in flight whose completion is
@@ -43,7 +40,6 @@ impl Worker {
         settings: AuditSettings,
         errors: IntCounter,
         commit_syncs: IntCounter,
-        wal: PathBuf,
         syncer: Option<Arc<Syncer>>,
     ) -> Self {
         Self {
@@ -51,7 +47,6 @@ impl Worker {
             db: None,
             errors,
             commit_syncs,
-            wal,
             syncer,
             critical: HashSet::new(),
             inserts: 0,
@@ -271,9 +266,9 @@ impl Worker {
         match (&self.syncer, self.settings.synchronous) {
             (_, AuditSync::Full) => self.commit_syncs.inc(),
             (Some(syncer), AuditSync::Interval) if critical => {
-                if let Err(e) = sync_commits(&self.settings.db, &self.wal) {
+                if let Err(e) = sync_commits(&self.settings.db) {
                     let e = AuditError::Unavailable {
-                        path: self.wal.clone(),
+                        path: wal_path(&self.settings.db),
                         message: format!("fsync: {e}"),
                     };
                     // What was committed may not be on disk: the batch
