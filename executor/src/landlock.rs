@@ -252,7 +252,6 @@ fn open_path(path: &Path) -> std::io::Result<Opened> {
 pub struct Cache {
     /// Most recently used last.
     entries: Vec<Cached>,
-    hits: u64,
 }
 
 /// Rulesets kept per slot (one per policy run there lately).
@@ -274,14 +273,9 @@ struct Cached {
 }
 
 impl Cache {
-    /// Rulesets taken from the cache so far.
-    #[must_use]
-    pub fn hits(&self) -> u64 {
-        self.hits
-    }
-
     /// A copy (below the floor, for the child) of a ruleset built from
-    /// exactly these inputs, if any.
+    /// exactly these inputs, if any. The paths are looked at only when a
+    /// ruleset of this policy is kept.
     fn take(
         &mut self,
         abi: u32,
@@ -289,6 +283,12 @@ impl Cache {
         policy: &FsPolicy,
         system: &Arc<SystemPaths>,
     ) -> Option<Prepared> {
+        let same_policy = |c: &Cached| {
+            c.abi == abi && c.mode == mode && Arc::ptr_eq(&c.system, system) && c.policy == *policy
+        };
+        if !self.entries.iter().any(same_policy) {
+            return None;
+        }
         let idents: Vec<Option<Ident>> = policy
             .rules
             .iter()
@@ -299,13 +299,7 @@ impl Cache {
                 std::fs::metadata(&r.path).ok().map(|m| ident(&m))
             })
             .collect();
-        let at = self.entries.iter().position(|c| {
-            c.abi == abi
-                && c.mode == mode
-                && Arc::ptr_eq(&c.system, system)
-                && c.policy == *policy
-                && c.idents == idents
-        })?;
+        let at = self.entries.iter().position(|c| same_policy(c) && c.idents == idents)?;
         let fd = self.entries[at].fd.try_clone().ok()?;
         let entry = self.entries.remove(at);
         let prepared = Prepared {
@@ -315,7 +309,6 @@ impl Cache {
             reused: true,
         };
         self.entries.push(entry);
-        self.hits += 1;
         Some(prepared)
     }
 
@@ -391,7 +384,13 @@ impl SystemPaths {
             return c;
         }
         let opened = Arc::new(SystemPaths::open());
-        *CACHE.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&opened));
+        let mut cache = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+        // Another run may have stored a fresh one meanwhile: that one stays,
+        // so runs share one snapshot (and the rulesets cached with it).
+        if let Some(c) = cache.as_ref().filter(|c| c.fresh()) {
+            return Arc::clone(c);
+        }
+        *cache = Some(Arc::clone(&opened));
         opened
     }
 
@@ -449,7 +448,7 @@ pub fn prepare(
     abi: u32,
     mode: LandlockMode,
     policy: &FsPolicy,
-    cache: Option<&mut Cache>,
+    mut cache: Option<&mut Cache>,
 ) -> Result<Prepared, LandlockError> {
     let mut degraded = Vec::new();
     let none = |degraded: Vec<String>| Prepared {
@@ -466,7 +465,6 @@ pub fn prepare(
         return Ok(none(degraded));
     }
     let system = SystemPaths::current();
-    let mut cache = cache;
     if let Some(hit) = cache.as_mut().and_then(|c| c.take(abi, mode, policy, &system)) {
         return Ok(hit);
     }
@@ -646,8 +644,11 @@ mod tests {
         std::fs::write(&entry, "#!/bin/sh\n").unwrap();
         let policy = |grants: &[PathBuf]| FsPolicy::new(&skill, &entry, &home, grants, &[], false);
         let mut cache = Cache::default();
+        // Rulesets taken from the cache so far.
+        let taken = std::cell::Cell::new(0u64);
         let run = |p: &FsPolicy, cache: &mut Cache| {
             let out = prepare(abi, LandlockMode::Required, p, Some(cache)).unwrap();
+            taken.set(taken.get() + u64::from(out.reused));
             assert!(out.fd.is_some(), "no ruleset");
             assert_eq!(
                 out.report.status,
@@ -656,30 +657,30 @@ mod tests {
             out
         };
         let first = run(&policy(&[]), &mut cache);
-        assert_eq!(cache.hits(), 0);
+        assert_eq!(taken.get(), 0);
         let second = run(&policy(&[]), &mut cache);
-        assert_eq!(cache.hits(), 1, "the same inputs: taken from the cache");
+        assert_eq!(taken.get(), 1, "the same inputs: taken from the cache");
         assert_eq!(second.report, first.report);
         // Another grant: built anew (and kept beside the first).
         run(&policy(std::slice::from_ref(&extra)), &mut cache);
-        assert_eq!(cache.hits(), 1);
+        assert_eq!(taken.get(), 1);
         run(&policy(&[]), &mut cache);
-        assert_eq!(cache.hits(), 2, "the first policy is still kept");
+        assert_eq!(taken.get(), 2, "the first policy is still kept");
         // The skill folder replaced by another directory at the same path.
         std::fs::rename(&skill, t.path().join("old")).unwrap();
         std::fs::create_dir(&skill).unwrap();
         std::fs::write(&entry, "#!/bin/sh\n").unwrap();
         run(&policy(&[]), &mut cache);
-        assert_eq!(cache.hits(), 2, "a replaced folder must not hit");
+        assert_eq!(taken.get(), 2, "a replaced folder must not hit");
         run(&policy(&[]), &mut cache);
-        assert_eq!(cache.hits(), 3);
+        assert_eq!(taken.get(), 3);
         // A grant whose path is gone and comes back as another directory.
         run(&policy(std::slice::from_ref(&extra)), &mut cache);
         std::fs::remove_dir(&extra).unwrap();
         std::fs::create_dir(&extra).unwrap();
-        let hits = cache.hits();
+        let hits = taken.get();
         run(&policy(std::slice::from_ref(&extra)), &mut cache);
-        assert_eq!(cache.hits(), hits, "a recreated grant must not hit");
+        assert_eq!(taken.get(), hits, "a recreated grant must not hit");
         assert!(cache.entries.len() <= CACHE_SIZE);
     }
 }
