@@ -96,17 +96,36 @@ impl RunDir {
             owner: None,
             rulesets: crate::landlock::Cache::default(),
         };
-        dir.fresh(owner)?;
+        let home = dir.open_home()?;
+        dir.fresh(&home, owner)?;
         Ok(dir)
     }
 
-    /// A new run directory in the home, handed to `owner`.
-    fn fresh(&mut self, owner: Option<(u32, u32)>) -> Result<(), RunDirError> {
+    /// The home, opened for the `*at` calls of [`Self::fresh`] and
+    /// [`Self::renew`] (one walk of the long path, not one per step).
+    fn open_home(&self) -> Result<nix::dir::Dir, RunDirError> {
+        use nix::fcntl::OFlag;
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        nix::dir::Dir::open(&self.home, flags, nix::sys::stat::Mode::empty())
+            .map_err(|e| err(&self.home, "open")(io::Error::from(e)))
+    }
+
+    /// A new run directory in the home (open as `home`), mode exactly 0700
+    /// (the umask does not apply to the chmod), handed to `owner`.
+    fn fresh(
+        &mut self,
+        home: &nix::dir::Dir,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), RunDirError> {
+        use nix::sys::stat::{FchmodatFlags, Mode};
         let id = random_id().map_err(err(&self.home, "name a run directory in"))?;
-        let path = self.home.join(id);
-        make_dir(&path, 0o700)?;
-        self.path = path;
+        let mode = Mode::from_bits_truncate(0o700);
+        nix::sys::stat::mkdirat(home, id.as_str(), mode)
+            .map_err(|e| err(&self.home.join(&id), "create")(io::Error::from(e)))?;
+        self.path = self.home.join(&id);
         self.owner = None;
+        nix::sys::stat::fchmodat(home, id.as_str(), mode, FchmodatFlags::FollowSymlink)
+            .map_err(|e| err(&self.path, "chmod")(io::Error::from(e)))?;
         self.chown(owner)
     }
 
@@ -124,8 +143,6 @@ impl RunDir {
         use std::os::fd::AsFd;
 
         use nix::errno::Errno;
-        use nix::fcntl::OFlag;
-        use nix::sys::stat::Mode;
         use nix::unistd::UnlinkatFlags;
 
         let reuse = |what: &str| err(&self.home, "reuse")(io::Error::other(what.to_owned()));
@@ -133,11 +150,7 @@ impl RunDir {
         if self.home.as_os_str().is_empty() {
             return Err(reuse("it was removed"));
         }
-        // One open of the home, then every step relative to it (no walk of
-        // the long path per step).
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let mut home =
-            nix::dir::Dir::open(&self.home, flags, Mode::empty()).map_err(|e| sys("open", e))?;
+        let mut home = self.open_home()?;
         // The run directory: one `rmdir` when the run left it empty, else
         // the walk that does not follow symlinks.
         if let Some(name) = self.path.file_name() {
@@ -171,22 +184,7 @@ impl RunDir {
         if names.iter().any(|n| n.starts_with(b"user.") || n.starts_with(b"system.posix_acl")) {
             return Err(reuse("an extended attribute was set on it"));
         }
-        // A new run directory, mode exactly 0700 (the umask does not apply
-        // to the chmod).
-        let id = random_id().map_err(err(&self.home, "name a run directory in"))?;
-        let mode = Mode::from_bits_truncate(0o700);
-        nix::sys::stat::mkdirat(&home, id.as_str(), mode)
-            .map_err(|e| err(&self.home.join(&id), "create")(io::Error::from(e)))?;
-        self.path = self.home.join(&id);
-        nix::sys::stat::fchmodat(
-            &home,
-            id.as_str(),
-            mode,
-            nix::sys::stat::FchmodatFlags::FollowSymlink,
-        )
-        .map_err(|e| err(&self.path, "chmod")(io::Error::from(e)))?;
-        self.owner = None;
-        Ok(())
+        self.fresh(&home, None)
     }
 
     /// Hands the run directory to `owner` = `(uid, gid)`; `None` gives it
