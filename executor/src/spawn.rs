@@ -498,8 +498,7 @@ pub fn spawn(prep: &Prepared, entry: &Path, spawners: &Spawners) -> Result<Child
     // The child shares the table until its cgroups are joined, when what it
     // needs afterwards is below the floor (sys::fdtable); else it copies it.
     spec.share_below = sys::fdtable::floor().filter(|floor| {
-        let below = |fd: RawFd| u32::try_from(fd).is_ok_and(|fd| fd < *floor);
-        spec.stdio.into_iter().chain(spec.landlock).all(below)
+        sys::fdtable::all_below(*floor, spec.stdio.into_iter().chain(spec.landlock))
     });
     // Steps 3-5 (in the child): see sys::child.
     let spawned = match spawner {

@@ -259,8 +259,7 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
         return Err(bad);
     }
     if let Some(floor) = spec.share_below {
-        let below = |fd: RawFd| u32::try_from(fd).is_ok_and(|fd| fd < floor);
-        if !spec.stdio.into_iter().chain(spec.landlock).all(below) {
+        if !super::fdtable::all_below(floor, spec.stdio.into_iter().chain(spec.landlock)) {
             return Err(bad);
         }
     }

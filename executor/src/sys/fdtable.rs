@@ -76,6 +76,12 @@ fn release_at_least(release: &str, want: (u32, u32)) -> bool {
     }
 }
 
+/// True if every one of `fds` is below `floor`: what a child that shares
+/// the table keeps (`close_range(floor, ~0, CLOSE_RANGE_UNSHARE)`).
+pub fn all_below(floor: u32, fds: impl IntoIterator<Item = RawFd>) -> bool {
+    fds.into_iter().all(|fd| u32::try_from(fd).is_ok_and(|fd| fd < floor))
+}
+
 /// `fd` renumbered to the lowest free number at or above the [`floor`]
 /// (close-on-exec), or `fd` itself when there is no floor or no free number
 /// above it.
