@@ -393,7 +393,7 @@ impl RunCgroup {
         Ok(())
     }
 
-    fn leaves(&self) -> Vec<PathBuf> {
+    pub(crate) fn leaves(&self) -> Vec<PathBuf> {
         [&self.v2, &self.pids, &self.memory].into_iter().flatten().cloned().collect()
     }
 

@@ -5,20 +5,18 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use policy::limits::KILL_GRACE;
 use policy::{Enforcement, LimitKind, Outcome, RunReport};
 
-use crate::cgroup::RunCgroup;
 use crate::config::Config;
 use crate::instance::{Instance, InstanceError};
+use crate::janitor::{Janitor, SlotCounts};
 use crate::plan::Plan;
 use crate::reaper::Reaper;
-use crate::rundir::RunDir;
-use crate::spawn::{self, Host, Slot, Spawners};
+use crate::spawn::{self, Host, Spawners};
 use crate::supervise::{self, Bounds, Stop, Supervised};
 use crate::sys;
 
@@ -116,6 +114,11 @@ impl Engine {
         (self.rulesets[0].load(Ordering::Relaxed), self.rulesets[1].load(Ordering::Relaxed))
     }
 
+    /// How runs got their slots so far (see [`crate::janitor`]).
+    pub fn run_slots(&self) -> SlotCounts {
+        self.janitor.counts()
+    }
+
     /// The instance this engine runs as.
     pub fn instance(&self) -> &Instance {
         &self.instance
@@ -211,14 +214,10 @@ impl Engine {
         // Step 2: prepare everything in the parent, in a fresh slot (run
         // directory and cgroup leaves) made ahead of time when one is ready.
         let warm = self.runs.fetch_add(1, Ordering::Relaxed) > 0;
-        let slot = match self.janitor.take(warm, &self.config, &self.host) {
-            Some(slot) => Ok(slot),
-            None => {
-                let l = &plan.granted.limits;
-                let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
-                Slot::create(&self.config, &self.host, l.memory_bytes, l.max_pids, owner)
-            }
-        };
+        let l = &plan.granted.limits;
+        let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
+        let bounds = (l.memory_bytes, l.max_pids);
+        let slot = self.janitor.take(warm, &self.config, &self.host, bounds, owner);
         let mut prep =
             match slot.and_then(|slot| spawn::prepare(&self.config, &self.host, &plan, slot)) {
                 Ok(p) => p,
@@ -293,237 +292,10 @@ impl Engine {
     }
 }
 
-/// Slots kept ready once the engine serves more than one run (new ones are
-/// made below this).
-const POOL_DEPTH: usize = 4;
-/// Ready slots beyond which a finished run's leaves are removed rather than
-/// reused. Above [`POOL_DEPTH`]: the pool is refilled while a run is in
-/// flight, so its leaves come back to a full pool; 16 rather than 8 so that
-/// 8 runs at a time do not keep making and removing leaves (executor CPU
-/// per run with 8 clients 525-592 -> 467-500 µs, BENCHMARKS.md fourth
-/// pass). The extra ones go after [`TRIM_AFTER`] without runs.
-const MAX_READY: usize = 4 * POOL_DEPTH;
-/// With no run taken or finished for this long, ready slots beyond
-/// [`POOL_DEPTH`] are removed.
-const TRIM_AFTER: Duration = Duration::from_secs(1);
-/// A ready slot older than this is removed rather than used.
-const MAX_IDLE: Duration = Duration::from_secs(30);
-/// Finished runs waiting for removal beyond which a run removes its own.
-const MAX_TRASH: usize = 64;
-
-/// The engine's background work, off the runs' critical path: removing
-/// finished runs' directories (after their report), and keeping
-/// [`POOL_DEPTH`] slots ready (made with the configured default bounds,
-/// adjusted by [`spawn::prepare`] when a skill's differ). A finished run's
-/// cgroup leaves, once provably empty and reset ([`RunCgroup::recycle`]),
-/// go into a ready slot with a fresh run directory instead of being removed
-/// and made again; leaves beyond the pool, or not empty, are removed.
-///
-/// Started by the second run, so a one-shot `ongrid-executor run` makes and
-/// removes its slot inline exactly as before. Dropping the engine stops it
-/// after it removed every pending and ready slot.
-#[derive(Debug, Default)]
-struct Janitor {
-    shared: Arc<JanitorShared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-#[derive(Debug, Default)]
-struct JanitorShared {
-    state: Mutex<JanitorState>,
-    wake: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct JanitorState {
-    trash: Vec<(Option<RunCgroup>, RunDir)>,
-    /// Finished runs whose leaves may serve again ([`JanitorShared::reuse`]).
-    used: Vec<(Option<RunCgroup>, RunDir)>,
-    /// Ready slots and when they were made.
-    ready: Vec<(Instant, Slot)>,
-    /// The janitor thread runs (refills wanted).
-    started: bool,
-    stop: bool,
-}
-
 /// Locks `m`, taking the data of a poisoned lock as it is (no lock held
 /// here guards an invariant a panic could break halfway).
 pub(crate) fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl JanitorShared {
-    fn run(&self, config: &Config, host: &Host) {
-        let mut state = relock(&self.state);
-        loop {
-            if !state.trash.is_empty() {
-                let trash = std::mem::take(&mut state.trash);
-                drop(state);
-                trash.into_iter().for_each(remove);
-                state = relock(&self.state);
-                continue;
-            }
-            if !state.used.is_empty() {
-                let used = std::mem::take(&mut state.used);
-                let mut room =
-                    if state.stop { 0 } else { MAX_READY.saturating_sub(state.ready.len()) };
-                drop(state);
-                let mut slots = Vec::new();
-                for (cgroup, run_dir) in used {
-                    match cgroup {
-                        Some(cg) if room > 0 => {
-                            if let Some(slot) = Self::reuse(cg, run_dir, config, host) {
-                                room -= 1;
-                                slots.push((Instant::now(), slot));
-                            }
-                        }
-                        cg => remove((cg, run_dir)),
-                    }
-                }
-                state = relock(&self.state);
-                state.ready.extend(slots);
-                continue;
-            }
-            if state.stop {
-                let ready = std::mem::take(&mut state.ready);
-                drop(state);
-                ready.into_iter().for_each(|(_, slot)| remove((slot.cgroup, slot.run_dir)));
-                return;
-            }
-            if state.ready.len() < POOL_DEPTH {
-                drop(state);
-                let l = &config.limits;
-                let made = Slot::create(config, host, l.memory_bytes, l.max_pids, None);
-                state = relock(&self.state);
-                match made {
-                    Ok(slot) => state.ready.push((Instant::now(), slot)),
-                    Err(e) => {
-                        tracing::warn!("janitor: cannot make a run slot ahead: {e}");
-                        drop(state);
-                        std::thread::sleep(Duration::from_millis(100));
-                        state = relock(&self.state);
-                    }
-                }
-                continue;
-            }
-            if state.ready.len() > POOL_DEPTH {
-                // Reused leaves beyond the pool go once the engine is idle.
-                let (guard, wait) = self
-                    .wake
-                    .wait_timeout(state, TRIM_AFTER)
-                    .unwrap_or_else(PoisonError::into_inner);
-                state = guard;
-                if wait.timed_out() && state.ready.len() > POOL_DEPTH {
-                    let excess = state.ready.len() - POOL_DEPTH;
-                    let oldest: Vec<_> = state.ready.drain(..excess).collect();
-                    state.trash.extend(oldest.into_iter().map(|(_, s)| (s.cgroup, s.run_dir)));
-                }
-                continue;
-            }
-            state = self.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-}
-
-impl JanitorShared {
-    /// A ready slot made of a finished run's leaves, when they are empty
-    /// and reset ([`RunCgroup::recycle`]), and its directory's home with a
-    /// new run directory ([`Slot::reuse`]); otherwise both are removed.
-    fn reuse(mut cg: RunCgroup, run_dir: RunDir, config: &Config, host: &Host) -> Option<Slot> {
-        if !cg.recycle() {
-            remove((Some(cg), run_dir));
-            return None;
-        }
-        match Slot::reuse(config, host, cg, run_dir) {
-            Ok(slot) => Some(slot),
-            Err(e) => {
-                tracing::warn!("janitor: cannot make a run slot ahead: {e}");
-                None
-            }
-        }
-    }
-}
-
-impl Janitor {
-    /// A ready slot, if any. `warm`: the engine serves more than one run,
-    /// so the janitor is started (it refills in the background).
-    fn take(&self, warm: bool, config: &Config, host: &Host) -> Option<Slot> {
-        if warm {
-            self.start(config, host);
-        }
-        let mut state = relock(&self.shared.state);
-        // A slot idle for long is given up (an executor starting on this
-        // runtime directory sweeps what it finds there).
-        while let Some((made, slot)) = state.ready.pop() {
-            self.shared.wake.notify_one();
-            if made.elapsed() < MAX_IDLE {
-                return Some(slot);
-            }
-            state.trash.push((slot.cgroup, slot.run_dir));
-        }
-        None
-    }
-
-    fn start(&self, config: &Config, host: &Host) {
-        let mut thread = relock(&self.thread);
-        if thread.is_some() {
-            return;
-        }
-        let shared = Arc::clone(&self.shared);
-        let (config, host) = (config.clone(), host.clone());
-        let spawned = std::thread::Builder::new()
-            .name("ongrid-janitor".into())
-            .spawn(move || shared.run(&config, &host));
-        match spawned {
-            Ok(handle) => {
-                relock(&self.shared.state).started = true;
-                *thread = Some(handle);
-            }
-            Err(e) => tracing::warn!("janitor: cannot start: {e}; cleaning up inline"),
-        }
-    }
-
-    /// Hands a finished run's cgroups and directory over for removal; done
-    /// inline when the janitor is not running or is far behind.
-    fn discard(&self, cgroup: Option<RunCgroup>, run_dir: &mut RunDir, warm: bool) {
-        let mut state = relock(&self.shared.state);
-        if warm && state.started && !state.stop && state.trash.len() + state.used.len() < MAX_TRASH
-        {
-            let dir = std::mem::replace(run_dir, RunDir::detached());
-            state.used.push((cgroup, dir));
-            self.shared.wake.notify_one();
-            return;
-        }
-        drop(state);
-        remove((cgroup, std::mem::replace(run_dir, RunDir::detached())));
-    }
-}
-
-impl Drop for Janitor {
-    fn drop(&mut self) {
-        relock(&self.shared.state).stop = true;
-        self.shared.wake.notify_one();
-        if let Some(handle) = relock(&self.thread).take() {
-            let _ = handle.join();
-        }
-        // Not started, or it failed: remove whatever is left here.
-        let mut state = relock(&self.shared.state);
-        let mut trash = std::mem::take(&mut state.trash);
-        trash.append(&mut state.used);
-        let ready = std::mem::take(&mut state.ready);
-        drop(state);
-        trash.into_iter().for_each(remove);
-        ready.into_iter().for_each(|(_, slot)| remove((slot.cgroup, slot.run_dir)));
-    }
-}
-
-/// Removes a run's leaves, then its directory (the order the start-up
-/// sweep relies on).
-fn remove((cgroup, mut run_dir): (Option<RunCgroup>, RunDir)) {
-    if let Some(mut cg) = cgroup {
-        cg.remove();
-    }
-    run_dir.remove();
 }
 
 /// Turns what supervision saw into the report's outcome (step 8).
@@ -687,7 +459,7 @@ mod tests {
             let ready = || std::fs::read_dir(&runs).unwrap().count() - 1;
             let until = std::time::Instant::now() + Duration::from_secs(5);
             std::thread::sleep(Duration::from_millis(20));
-            while ready() < POOL_DEPTH && std::time::Instant::now() < until {
+            while ready() < crate::janitor::POOL_DEPTH && std::time::Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
@@ -709,13 +481,13 @@ mod tests {
             assert!(leaves_seen.len() < 12, "{} leaves for 12 runs", leaves_seen.len());
         }
         // Idle, the pool goes back to its depth.
-        std::thread::sleep(TRIM_AFTER);
+        std::thread::sleep(crate::janitor::TRIM_AFTER);
         let idle = || std::fs::read_dir(&runs).unwrap().count() - 1;
         let until = std::time::Instant::now() + Duration::from_secs(10);
-        while idle() > POOL_DEPTH && std::time::Instant::now() < until {
+        while idle() > crate::janitor::POOL_DEPTH && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(idle() <= POOL_DEPTH, "{} ready slots when idle", idle());
+        assert!(idle() <= crate::janitor::POOL_DEPTH, "{} ready slots when idle", idle());
         drop(engine);
         assert!(!runs.exists(), "instance directory left: {}", runs.display());
         let left: Vec<_> = std::fs::read_dir(runtime.path().join("runs")).unwrap().collect();

@@ -17,6 +17,8 @@
 //! - [`supervise`]: steps 6 and 7, I/O bounds, deadline, tree kill.
 //! - [`reaper`]: reaping main processes and orphans.
 //! - [`engine`]: [`Engine`], one request in, one [`policy::RunReport`] out.
+//! - `janitor`: the engine's run slots (directory and cgroup leaves) kept
+//!   ready, recycled after a run and removed off the runs' path.
 //! - [`instance`]: one engine's share of the host (cgroup parent, runs
 //!   directory, the runs tmpfs) and the watchdog that kills and removes its
 //!   runs when the executor dies.
@@ -134,6 +136,7 @@ pub mod delegation;
 pub mod dynmods;
 pub mod engine;
 pub mod instance;
+mod janitor;
 pub mod landlock;
 pub mod metrics;
 pub mod plan;
@@ -150,4 +153,5 @@ pub mod systemd;
 
 pub use config::{Config, ConfigError, LandlockMode};
 pub use engine::{Engine, EngineError, RunRequest};
+pub use janitor::SlotCounts;
 pub use metrics::Metrics;

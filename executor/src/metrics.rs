@@ -66,10 +66,15 @@ pub struct Metrics {
     pub idle_closed_total: IntCounter,
     /// `ongrid_landlock_rulesets_total{how}`: rulesets `built` for a run,
     /// or `reused` from its slot's cache; brought up to the engine's counts
-    /// at each scrape ([`Metrics::sync_rulesets`]).
+    /// at each scrape ([`Metrics::sync_engine`]).
     pub landlock_rulesets_total: IntCounterVec,
-    /// Serialises [`Metrics::sync_rulesets`].
-    rulesets_sync: std::sync::Arc<std::sync::Mutex<()>>,
+    /// `ongrid_executor_run_slots_total{how}`: how runs got their slot
+    /// (directory and cgroup leaves): `ready` from the pool, `recycled`
+    /// from a finished run on the run's path, `made` on the run's path;
+    /// brought up to the engine's counts at each scrape.
+    pub run_slots_total: IntCounterVec,
+    /// Serialises [`Metrics::sync_engine`].
+    engine_sync: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 impl Metrics {
@@ -144,7 +149,15 @@ impl Metrics {
                 ),
                 &["how"],
             )?,
-            rulesets_sync: std::sync::Arc::default(),
+            run_slots_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_executor_run_slots_total",
+                    "Run slots (directory and cgroup leaves) by how runs got them: ready from \
+                     the pool, recycled or made on the run's path.",
+                ),
+                &["how"],
+            )?,
+            engine_sync: std::sync::Arc::default(),
         };
         registry.register(Box::new(m.runs_total.clone()))?;
         registry.register(Box::new(m.run_duration_seconds.clone()))?;
@@ -158,20 +171,30 @@ impl Metrics {
         registry.register(Box::new(m.connections.clone()))?;
         registry.register(Box::new(m.idle_closed_total.clone()))?;
         registry.register(Box::new(m.landlock_rulesets_total.clone()))?;
+        registry.register(Box::new(m.run_slots_total.clone()))?;
         for how in ["built", "reused"] {
             m.landlock_rulesets_total.with_label_values(&[how]);
+        }
+        for how in ["ready", "recycled", "made"] {
+            m.run_slots_total.with_label_values(&[how]);
         }
         Ok(m)
     }
 
-    /// Brings `ongrid_landlock_rulesets_total` up to the engine's counts
-    /// `(built, reused)` ([`crate::Engine::landlock_rulesets`]).
-    pub fn sync_rulesets(&self, (built, reused): (u64, u64)) {
-        let _one = self.rulesets_sync.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (how, now) in [("built", built), ("reused", reused)] {
-            let counter = self.landlock_rulesets_total.with_label_values(&[how]);
+    /// Brings the counters the engine keeps itself up to its counts:
+    /// `ongrid_landlock_rulesets_total` ([`crate::Engine::landlock_rulesets`])
+    /// and `ongrid_executor_run_slots_total` ([`crate::Engine::run_slots`]).
+    pub fn sync_engine(&self, (built, reused): (u64, u64), slots: crate::SlotCounts) {
+        let _one = self.engine_sync.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let bring = |vec: &IntCounterVec, how: &str, now: u64| {
+            let counter = vec.with_label_values(&[how]);
             counter.inc_by(now.saturating_sub(counter.get()));
-        }
+        };
+        bring(&self.landlock_rulesets_total, "built", built);
+        bring(&self.landlock_rulesets_total, "reused", reused);
+        bring(&self.run_slots_total, "ready", slots.ready);
+        bring(&self.run_slots_total, "recycled", slots.recycled);
+        bring(&self.run_slots_total, "made", slots.made);
     }
 
     /// Counts an answered `execute` under `skill` (`""` when the manifest

@@ -512,6 +512,15 @@ fn cached_rulesets_confine_and_serve_only_their_own_policy() {
     let (built, reused) = rulesets(&mut c);
     assert_eq!(built + reused, 18.0, "built {built}, reused {reused}");
     assert!(reused > 0.0, "no ruleset reused in 18 runs (built {built})");
+    // Every run after the janitor started (the second) found a slot ready,
+    // since each waited for its slot to be renewed.
+    c.send(&json!({"jsonrpc": "2.0", "id": "m", "method": "metrics"}));
+    let text = c.recv()["result"]["text"].as_str().unwrap().to_owned();
+    let slots =
+        |how: &str| sample(&text, &format!("ongrid_executor_run_slots_total{{how=\"{how}\"}}"));
+    let (ready, recycled, made) = (slots("ready"), slots("recycled"), slots("made"));
+    assert_eq!(ready + recycled + made, 18.0, "ready {ready}, recycled {recycled}, made {made}");
+    assert!((1.0..=2.0).contains(&made) && recycled == 0.0, "{text}");
 }
 
 /// Malformed lines get JSON-RPC errors (with the id when readable) and the

@@ -830,6 +830,8 @@ fn concurrent(
 #[derive(Debug)]
 struct Mark {
     hist: Vec<Hist>,
+    /// `ongrid_executor_run_slots_total`: ready, recycled, made.
+    slots: Vec<[f64; 3]>,
     cpu: Vec<[f64; 3]>,
     /// This process's reaped children's CPU (the `bare` skills, when no
     /// other variant spawns children of its own).
@@ -840,6 +842,7 @@ impl Mark {
     fn take(ctx: &Ctx<'_>) -> Mark {
         Mark {
             hist: scrape_all(ctx),
+            slots: ctx.stacks.values().map(|s| parse_slots(&s.scrape())).collect(),
             cpu: ctx.stacks.values().map(Stack::cpu).collect(),
             children: proc_cpu(std::process::id())[1],
         }
@@ -854,6 +857,17 @@ struct Hist {
     buckets: Vec<(f64, f64)>,
     sum: f64,
     count: f64,
+}
+
+/// `ongrid_executor_run_slots_total` by `how`: ready, recycled, made.
+fn parse_slots(text: &str) -> [f64; 3] {
+    ["ready", "recycled", "made"].map(|how| {
+        let key = format!("ongrid_executor_run_slots_total{{how=\"{how}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(f64::NAN)
+    })
 }
 
 fn parse_hist(text: &str, name: &str) -> Hist {
@@ -1005,8 +1019,12 @@ fn print_metrics(ctx: &Ctx<'_>, variants: &[Variant], samples: &[Samples], mark:
             );
         }
     }
-    for (((name, stack), before), cpu0) in ctx.stacks.iter().zip(&mark.hist).zip(&mark.cpu) {
-        let h = hist_delta(&parse_hist(&stack.scrape(), NAME), before);
+    let marks = mark.hist.iter().zip(&mark.slots).zip(&mark.cpu);
+    for ((name, stack), ((before, slots0), cpu0)) in ctx.stacks.iter().zip(marks) {
+        let text = stack.scrape();
+        let h = hist_delta(&parse_hist(&text, NAME), before);
+        let slots = parse_slots(&text);
+        let slots: Vec<f64> = slots.iter().zip(slots0).map(|(a, b)| a - b).collect();
         // The runs this stack's executor served (`executor-rpc` uses the
         // `daemon` stack's executor, but not its skilld).
         let on_stack =
@@ -1050,6 +1068,11 @@ fn print_metrics(ctx: &Ctx<'_>, variants: &[Variant], samples: &[Samples], mark:
             mean(&bench),
             pct(&bench, 0.5),
             pct(&bench, 0.9),
+        );
+        println!(
+            "{name}: run slots over the measured runs: ready {:.0}, recycled on the run's path \
+             {:.0}, made on the run's path {:.0}",
+            slots[0], slots[1], slots[2]
         );
     }
 }

@@ -34,7 +34,8 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
         }
         Ok(Request::Ping { id }) => ctx.send(wire::encode_result(&id, &json!({"ok": true}))),
         Ok(Request::Metrics { id }) => {
-            ctx.shared.metrics.sync_rulesets(ctx.shared.engine.landlock_rulesets());
+            let engine = &ctx.shared.engine;
+            ctx.shared.metrics.sync_engine(engine.landlock_rulesets(), engine.run_slots());
             let text = ctx.shared.metrics.render();
             ctx.send(wire::encode_result(&id, &json!(MetricsResult { text })));
         }

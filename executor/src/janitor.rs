@@ -1,0 +1,351 @@
+//! The engine's run slots: kept ready ahead of the runs, recycled after
+//! them, removed off the runs' path.
+//!
+//! A slot is a run directory and the run's cgroup leaves ([`Slot`]).
+//! Making one costs a run a few `mkdir`s in the cgroup hierarchies and the
+//! kernfs files they open, and a fresh directory a Landlock ruleset built
+//! for it; removing one costs `rmdir`s. So the engine's [`Janitor`] keeps
+//! [`POOL_DEPTH`] slots ready, and a finished run's leaves, once provably
+//! empty and reset ([`RunCgroup::recycle`]), go back into a ready slot with
+//! a fresh run directory in the same home ([`Slot::reuse`], which keeps the
+//! rulesets built for it) instead of being removed and made again.
+//!
+//! The order of the janitor's work is the order runs need it: a finished
+//! run's slot is recycled first, one at a time, each ready as soon as it is
+//! (a run that finds no ready slot would otherwise make one); removals
+//! come after; new slots are made only to keep the pool at its depth. A
+//! run that still finds no ready slot recycles a finished one itself
+//! (a few reads and one `mkdirat`) before it makes one ([`Janitor::take`]).
+//! How each run got its slot is counted ([`SlotCounts`]).
+//!
+//! Started by the engine's second run, so a one-shot `ongrid-executor run`
+//! makes and removes its slot inline exactly as before. Dropping the
+//! janitor stops it after it removed every pending and ready slot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::cgroup::RunCgroup;
+use crate::config::Config;
+use crate::engine::relock;
+use crate::rundir::RunDir;
+use crate::spawn::{Host, Slot, SpawnError};
+
+/// Slots kept ready once the engine serves more than one run (new ones are
+/// made below this).
+pub(crate) const POOL_DEPTH: usize = 4;
+/// Ready slots beyond which a finished run's leaves are removed rather than
+/// reused. Above [`POOL_DEPTH`]: the pool is refilled while a run is in
+/// flight, so its leaves come back to a full pool; 16 rather than 8 so that
+/// 8 runs at a time do not keep making and removing leaves (executor CPU
+/// per run with 8 clients 525-592 -> 467-500 µs, BENCHMARKS.md fourth
+/// pass). The extra ones go after [`TRIM_AFTER`] without runs.
+const MAX_READY: usize = 4 * POOL_DEPTH;
+/// With no run taken or finished for this long, ready slots beyond
+/// [`POOL_DEPTH`] are removed.
+pub(crate) const TRIM_AFTER: Duration = Duration::from_secs(1);
+/// A ready slot older than this is removed rather than used.
+const MAX_IDLE: Duration = Duration::from_secs(30);
+/// Finished runs waiting for removal beyond which a run removes its own.
+const MAX_TRASH: usize = 64;
+
+/// A finished run's leaves and directory.
+type Used = (Option<RunCgroup>, RunDir);
+
+/// How runs got their slots so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotCounts {
+    /// Taken ready from the pool.
+    pub ready: u64,
+    /// A finished run's slot recycled on the run's path (the pool was
+    /// empty).
+    pub recycled: u64,
+    /// Made on the run's path.
+    pub made: u64,
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct Janitor {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// [`SlotCounts`]: ready, recycled, made.
+    counts: [AtomicU64; 3],
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    trash: Vec<Used>,
+    /// Finished runs whose leaves may serve again ([`reuse`]).
+    used: Vec<Used>,
+    /// Ready slots and when they were made.
+    ready: Vec<(Instant, Slot)>,
+    /// The janitor thread runs (refills wanted).
+    started: bool,
+    stop: bool,
+}
+
+impl Shared {
+    fn run(&self, config: &Config, host: &Host) {
+        let mut state = relock(&self.state);
+        loop {
+            // First what runs wait for: one finished slot made ready.
+            if let Some((cgroup, run_dir)) = state.used.pop() {
+                let room = !state.stop && state.ready.len() < MAX_READY;
+                drop(state);
+                let slot = match cgroup {
+                    Some(cg) if room => reuse(cg, run_dir, config, host),
+                    cg => {
+                        remove((cg, run_dir));
+                        None
+                    }
+                };
+                state = relock(&self.state);
+                if let Some(slot) = slot {
+                    state.ready.push((Instant::now(), slot));
+                }
+                continue;
+            }
+            if let Some(trash) = state.trash.pop() {
+                drop(state);
+                remove(trash);
+                state = relock(&self.state);
+                continue;
+            }
+            if state.stop {
+                let ready = std::mem::take(&mut state.ready);
+                drop(state);
+                ready.into_iter().for_each(|(_, slot)| remove((slot.cgroup, slot.run_dir)));
+                return;
+            }
+            if state.ready.len() < POOL_DEPTH {
+                drop(state);
+                let l = &config.limits;
+                let made = Slot::create(config, host, l.memory_bytes, l.max_pids, None);
+                state = relock(&self.state);
+                match made {
+                    Ok(slot) => state.ready.push((Instant::now(), slot)),
+                    Err(e) => {
+                        tracing::warn!("janitor: cannot make a run slot ahead: {e}");
+                        drop(state);
+                        std::thread::sleep(Duration::from_millis(100));
+                        state = relock(&self.state);
+                    }
+                }
+                continue;
+            }
+            if state.ready.len() > POOL_DEPTH {
+                // Reused leaves beyond the pool go once the engine is idle.
+                let (guard, wait) = self
+                    .wake
+                    .wait_timeout(state, TRIM_AFTER)
+                    .unwrap_or_else(PoisonError::into_inner);
+                state = guard;
+                if wait.timed_out() && state.ready.len() > POOL_DEPTH {
+                    let excess = state.ready.len() - POOL_DEPTH;
+                    let oldest: Vec<_> = state.ready.drain(..excess).collect();
+                    state.trash.extend(oldest.into_iter().map(|(_, s)| (s.cgroup, s.run_dir)));
+                }
+                continue;
+            }
+            state = self.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// A ready slot made of a finished run's leaves, when they are empty and
+/// reset ([`RunCgroup::recycle`]), and its directory's home with a new run
+/// directory ([`Slot::reuse`]); otherwise both are removed.
+fn reuse(mut cg: RunCgroup, run_dir: RunDir, config: &Config, host: &Host) -> Option<Slot> {
+    if !cg.recycle() {
+        remove((Some(cg), run_dir));
+        return None;
+    }
+    match Slot::reuse(config, host, cg, run_dir) {
+        Ok(slot) => Some(slot),
+        Err(e) => {
+            tracing::warn!("janitor: cannot make a run slot ahead: {e}");
+            None
+        }
+    }
+}
+
+impl Janitor {
+    /// A slot for a run with these bounds and owner: a ready one, else a
+    /// finished run's recycled here, else a new one. `warm`: the engine
+    /// serves more than one run, so the janitor is started (it refills in
+    /// the background).
+    ///
+    /// # Errors
+    ///
+    /// [`SpawnError`] of making a new slot.
+    pub(crate) fn take(
+        &self,
+        warm: bool,
+        config: &Config,
+        host: &Host,
+        (memory_bytes, max_pids): (u64, u32),
+        owner: Option<(u32, u32)>,
+    ) -> Result<Slot, SpawnError> {
+        if warm {
+            self.start(config, host);
+        }
+        let mut state = relock(&self.shared.state);
+        // A slot idle for long is given up (an executor starting on this
+        // runtime directory sweeps what it finds there).
+        while let Some((made, slot)) = state.ready.pop() {
+            self.shared.wake.notify_one();
+            if made.elapsed() < MAX_IDLE {
+                self.count(0);
+                return Ok(slot);
+            }
+            state.trash.push((slot.cgroup, slot.run_dir));
+        }
+        // The pool is empty: the janitor is behind. A finished run's slot
+        // is recycled here (cheaper than a new one, and it keeps its
+        // rulesets); one that cannot be is the janitor's to remove.
+        while let Some((cgroup, run_dir)) = state.used.pop() {
+            let Some(cg) = cgroup else {
+                state.trash.push((None, run_dir));
+                continue;
+            };
+            drop(state);
+            if let Some(slot) = reuse(cg, run_dir, config, host) {
+                self.count(1);
+                return Ok(slot);
+            }
+            state = relock(&self.shared.state);
+        }
+        drop(state);
+        self.count(2);
+        Slot::create(config, host, memory_bytes, max_pids, owner)
+    }
+
+    fn count(&self, how: usize) {
+        self.counts[how].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How runs got their slots so far.
+    pub(crate) fn counts(&self) -> SlotCounts {
+        let [ready, recycled, made] = self.counts.each_ref().map(|c| c.load(Ordering::Relaxed));
+        SlotCounts { ready, recycled, made }
+    }
+
+    fn start(&self, config: &Config, host: &Host) {
+        let mut thread = relock(&self.thread);
+        if thread.is_some() {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        let (config, host) = (config.clone(), host.clone());
+        let spawned = std::thread::Builder::new()
+            .name("ongrid-janitor".into())
+            .spawn(move || shared.run(&config, &host));
+        match spawned {
+            Ok(handle) => {
+                relock(&self.shared.state).started = true;
+                *thread = Some(handle);
+            }
+            Err(e) => tracing::warn!("janitor: cannot start: {e}; cleaning up inline"),
+        }
+    }
+
+    /// Hands a finished run's cgroups and directory over for recycling or
+    /// removal; removed inline when the janitor is not running or is far
+    /// behind.
+    pub(crate) fn discard(&self, cgroup: Option<RunCgroup>, run_dir: &mut RunDir, warm: bool) {
+        let mut state = relock(&self.shared.state);
+        if warm && state.started && !state.stop && state.trash.len() + state.used.len() < MAX_TRASH
+        {
+            let dir = std::mem::replace(run_dir, RunDir::detached());
+            state.used.push((cgroup, dir));
+            self.shared.wake.notify_one();
+            return;
+        }
+        drop(state);
+        remove((cgroup, std::mem::replace(run_dir, RunDir::detached())));
+    }
+}
+
+impl Drop for Janitor {
+    fn drop(&mut self) {
+        relock(&self.shared.state).stop = true;
+        self.shared.wake.notify_one();
+        if let Some(handle) = relock(&self.thread).take() {
+            let _ = handle.join();
+        }
+        // Not started, or it failed: remove whatever is left here.
+        let mut state = relock(&self.shared.state);
+        let mut trash = std::mem::take(&mut state.trash);
+        trash.append(&mut state.used);
+        let ready = std::mem::take(&mut state.ready);
+        drop(state);
+        trash.into_iter().for_each(remove);
+        ready.into_iter().for_each(|(_, slot)| remove((slot.cgroup, slot.run_dir)));
+    }
+}
+
+/// Removes a run's leaves, then its directory (the order the start-up
+/// sweep relies on).
+fn remove((cgroup, mut run_dir): Used) {
+    if let Some(mut cg) = cgroup {
+        cg.remove();
+    }
+    run_dir.remove();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Engine;
+
+    /// With no ready slot, a run takes a finished run's slot recycled on
+    /// its path (the same leaves and home, a new run directory) before it
+    /// makes one; a slot without leaves is not recycled but removed.
+    #[test]
+    fn an_empty_pool_recycles_a_finished_slot_before_making_one() {
+        let runtime = tempfile::tempdir().unwrap();
+        let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
+        let engine = Engine::new(config.clone()).unwrap();
+        let host = engine.host().clone();
+        if host.cgroups.v2.is_none() {
+            println!("SKIP: an_empty_pool_recycles_a_finished_slot_before_making_one: no cgroup v2 leaves here (needs root)");
+            return;
+        }
+        let bounds = (config.limits.memory_bytes, config.limits.max_pids);
+        let janitor = Janitor::default();
+        // Not started (warm = false): nothing refills behind the test.
+        let first = janitor.take(false, &config, &host, bounds, None).unwrap();
+        assert_eq!(janitor.counts(), SlotCounts { ready: 0, recycled: 0, made: 1 });
+        let (home, old_run) = (first.run_dir.home().to_owned(), first.run_dir.path().to_owned());
+        relock(&janitor.shared.state).used.push((first.cgroup, first.run_dir));
+
+        let again = janitor.take(false, &config, &host, bounds, None).unwrap();
+        assert_eq!(janitor.counts(), SlotCounts { ready: 0, recycled: 1, made: 1 });
+        assert_eq!(again.run_dir.home(), home, "the same slot");
+        assert_ne!(again.run_dir.path(), old_run, "with a new run directory");
+        assert!(again.run_dir.path().is_dir() && !old_run.exists());
+        assert!(relock(&janitor.shared.state).used.is_empty());
+
+        // A slot without leaves cannot be recycled: it goes to the trash.
+        let Slot { cgroup, run_dir, .. } = again;
+        let leaves = cgroup.as_ref().map(|c| c.leaves()).unwrap_or_default();
+        relock(&janitor.shared.state).used.push((None, run_dir));
+        let made = janitor.take(false, &config, &host, bounds, None).unwrap();
+        assert_eq!(janitor.counts(), SlotCounts { ready: 0, recycled: 1, made: 2 });
+        assert_eq!(relock(&janitor.shared.state).trash.len(), 1);
+        drop(cgroup);
+        drop(made);
+        drop(janitor);
+        assert!(!home.exists(), "dropping the janitor removes its trash: {}", home.display());
+        assert!(leaves.iter().all(|l| !l.exists()), "{leaves:?}");
+    }
+}
