@@ -14,7 +14,7 @@ use policy::{Enforcement, LimitKind, Outcome, RunReport};
 use crate::config::Config;
 use crate::instance::{Instance, InstanceError};
 use crate::janitor::{Janitor, SlotCounts};
-use crate::plan::Plan;
+use crate::plan::{Located, Plan};
 use crate::reaper::Reaper;
 use crate::spawn::{self, Host, Spawners};
 use crate::supervise::{self, Bounds, Stop, Supervised};
@@ -30,6 +30,23 @@ pub struct RunRequest {
     pub manifest_path: PathBuf,
     /// The args JSON, passed to stdin verbatim.
     pub args: Vec<u8>,
+}
+
+/// The manifest of a run: a path to resolve, or a file already opened and
+/// placed under a root.
+#[derive(Debug)]
+enum Source {
+    Path(PathBuf),
+    Located(Located),
+}
+
+impl Source {
+    fn path(&self) -> &std::path::Path {
+        match self {
+            Source::Path(p) => p,
+            Source::Located(at) => at.path(),
+        }
+    }
 }
 
 /// The engine could not start.
@@ -173,10 +190,39 @@ impl Engine {
         start: impl Future<Output = bool>,
         cancel: impl Future<Output = ()>,
     ) -> (RunReport, Duration) {
+        let source = Source::Path(req.manifest_path);
+        self.run_source(source, req.args, tool, stderr_sink, start, cancel).await
+    }
+
+    /// [`Engine::run_held`] for a manifest the caller already opened and
+    /// placed under one of this engine's roots ([`Located::open`] with
+    /// `config().roots`): the plan reads that file, not the path again.
+    pub async fn run_located(
+        &self,
+        located: Located,
+        args: Vec<u8>,
+        tool: Option<&str>,
+        stderr_sink: &mut (dyn FnMut(&str) + Send),
+        start: impl Future<Output = bool>,
+        cancel: impl Future<Output = ()>,
+    ) -> (RunReport, Duration) {
+        self.run_source(Source::Located(located), args, tool, stderr_sink, start, cancel).await
+    }
+
+    async fn run_source(
+        &self,
+        source: Source,
+        args: Vec<u8>,
+        tool: Option<&str>,
+        stderr_sink: &mut (dyn FnMut(&str) + Send),
+        start: impl Future<Output = bool>,
+        cancel: impl Future<Output = ()>,
+    ) -> (RunReport, Duration) {
         let started = Instant::now();
         let mut held = Duration::ZERO;
-        let mut report =
-            self.run_inner(req, tool, stderr_sink, start, &mut held, cancel, started).await;
+        let mut report = self
+            .run_inner(source, args, tool, stderr_sink, start, &mut held, cancel, started)
+            .await;
         let ran = started.elapsed().saturating_sub(held);
         report.duration_ms = u64::try_from(ran.as_millis()).unwrap_or(u64::MAX);
         (report, held)
@@ -185,7 +231,8 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     async fn run_inner(
         &self,
-        req: RunRequest,
+        source: Source,
+        args: Vec<u8>,
         tool: Option<&str>,
         sink: &mut (dyn FnMut(&str) + Send),
         start: impl Future<Output = bool>,
@@ -193,20 +240,19 @@ impl Engine {
         cancel: impl Future<Output = ()>,
         started: Instant,
     ) -> RunReport {
-        let fallback_name = req
-            .manifest_path
+        let fallback_name = source
+            .path()
             .parent()
             .and_then(|p| p.file_name())
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         // Step 1: validate against our own configuration.
-        let plan = match Plan::build_tool(
-            &self.config,
-            &req.manifest_path,
-            tool,
-            req.args,
-            std::env::vars_os(),
-        ) {
+        let env = std::env::vars_os();
+        let planned = match source {
+            Source::Path(path) => Plan::build_tool(&self.config, &path, tool, args, env),
+            Source::Located(at) => Plan::build_located(&self.config, at, tool, args, env),
+        };
+        let plan = match planned {
             Ok(plan) => plan,
             Err(e) => return RunReport::not_run(fallback_name, e.outcome(), e.to_string()),
         };

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs;
-use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -182,13 +182,86 @@ pub fn parse_manifest(
     }
 }
 
-/// The bytes of an open manifest, up to one past the limit (which the
-/// parser refuses); one `read` for the file and one for its end.
+/// The bytes of an open manifest from its start (whatever was read from
+/// it before), up to one past the limit (which the parser refuses); one
+/// `pread` for the file and one for its end.
 pub fn read_manifest(file: &fs::File) -> std::io::Result<Vec<u8>> {
-    let len = file.metadata().map_or(0, |m| m.len()).min(MAX_MANIFEST_BYTES + 1);
+    let cap = MAX_MANIFEST_BYTES + 1;
+    let len = file.metadata().map_or(0, |m| m.len()).min(cap);
     let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0) + 1);
-    file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes)?;
+    let mut at = 0u64;
+    while at < cap {
+        let want = usize::try_from(cap - at).unwrap_or(usize::MAX);
+        if bytes.capacity() == bytes.len() {
+            bytes.reserve(want.min(64 << 10));
+        }
+        let end = bytes.len();
+        let room = (bytes.capacity() - end).min(want);
+        bytes.resize(end + room, 0);
+        match file.read_at(&mut bytes[end..], at) {
+            Ok(0) => {
+                bytes.truncate(end);
+                break;
+            }
+            Ok(n) => {
+                bytes.truncate(end + n);
+                at += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => bytes.truncate(end),
+            Err(e) => return Err(e),
+        }
+    }
     Ok(bytes)
+}
+
+/// A manifest opened for a run and where it lies: its canonical path and
+/// folder, and the allow-list root it is under, among the canonical roots
+/// that the entry is checked against next. The file stays open, so what
+/// was checked is what is read, by the server's pre-admission check and
+/// then by the plan ([`Plan::build_located`]).
+#[derive(Debug)]
+pub struct Located {
+    file: fs::File,
+    path: PathBuf,
+    skill_dir: PathBuf,
+    roots: Vec<PathBuf>,
+    root: PathBuf,
+}
+
+impl Located {
+    /// Opens the manifest at `path` and finds the root it lies under among
+    /// `roots`, each resolved now (a root created after start-up counts, a
+    /// root turned into a symlink is followed). No roots: its own folder
+    /// is its root (a one-shot `ongrid-executor run`).
+    ///
+    /// # Errors
+    ///
+    /// [`PlanError::Read`] or [`PlanError::OutsideRoots`].
+    pub fn open(roots: &[PathBuf], path: &Path) -> Result<Located, PlanError> {
+        let Resolved { file, path: canonical } = Resolved::open(path, Open::Read)
+            .map_err(|source| PlanError::Read { path: path.to_owned(), source })?;
+        let skill_dir = canonical.parent().map(Path::to_path_buf).unwrap_or_else(|| "/".into());
+        let roots: Vec<PathBuf> = if roots.is_empty() {
+            vec![skill_dir.clone()]
+        } else {
+            roots.iter().filter_map(|r| resolve::canonicalize(r).ok()).collect()
+        };
+        let Some(root) = roots.iter().find(|r| policy::path::is_within(&canonical, r)).cloned()
+        else {
+            return Err(PlanError::OutsideRoots { path: canonical });
+        };
+        Ok(Located { file, path: canonical, skill_dir, roots, root })
+    }
+
+    /// The manifest's canonical path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The open manifest.
+    pub fn file(&self) -> &fs::File {
+        &self.file
+    }
 }
 
 /// The executor's effective uid, read once (it never changes).
@@ -278,20 +351,25 @@ impl Plan {
         args: Vec<u8>,
         env: impl IntoIterator<Item = (OsString, OsString)>,
     ) -> Result<Plan, PlanError> {
-        let read_err = |source| PlanError::Read { path: manifest_path.to_owned(), source };
-        let Resolved { file, path: canonical } =
-            Resolved::open(manifest_path, Open::Read).map_err(read_err)?;
-        let skill_dir = canonical.parent().map(Path::to_path_buf).unwrap_or_else(|| "/".into());
-        let roots: Vec<PathBuf> = if config.roots.is_empty() {
-            vec![skill_dir.clone()]
-        } else {
-            config.roots.iter().filter_map(|r| resolve::canonicalize(r).ok()).collect()
-        };
-        let Some(root) = roots.iter().find(|r| policy::path::is_within(&canonical, r)).cloned()
-        else {
-            return Err(PlanError::OutsideRoots { path: canonical });
-        };
-        // The file resolved above, not the path again.
+        let located = Located::open(&config.roots, manifest_path)?;
+        Self::build_located(config, located, tool, args, env)
+    }
+
+    /// [`Plan::build_tool`] for a manifest already opened and placed under
+    /// its root ([`Located::open`] with `config.roots`).
+    ///
+    /// # Errors
+    ///
+    /// [`PlanError`]; see [`PlanError::outcome`].
+    pub fn build_located(
+        config: &Config,
+        located: Located,
+        tool: Option<&str>,
+        args: Vec<u8>,
+        env: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Result<Plan, PlanError> {
+        let Located { file, path: canonical, skill_dir, roots, root } = located;
+        // The file resolved before, not the path again.
         let bytes = read_manifest(&file)
             .map_err(|source| PlanError::Read { path: canonical.clone(), source })?;
         drop(file);
@@ -398,5 +476,74 @@ impl Plan {
         let (uid, gid) =
             user(&name).ok_or_else(|| PlanError::UnknownUser { user: name.clone() })?;
         Ok(RunAs { name, uid, gid, switch: true })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn pack(root: &Path, dir: &str, name: &str) -> PathBuf {
+        let d = root.join(dir);
+        fs::create_dir_all(&d).unwrap();
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+        let entry = d.join("run.sh");
+        fs::write(&entry, "#!/bin/sh\ncat\n").unwrap();
+        fs::set_permissions(&entry, fs::Permissions::from_mode(0o755)).unwrap();
+        let m = d.join("skill.json");
+        fs::write(&m, format!(r#"{{"name":"{name}","description":"d","entry":"run.sh"}}"#))
+            .unwrap();
+        m
+    }
+
+    /// The plan reads the file that was opened and placed under its root,
+    /// even when another manifest was renamed over its path since.
+    #[test]
+    fn a_located_manifest_is_the_one_planned() {
+        let t = tempfile::tempdir().unwrap();
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let m = pack(t.path(), "a", "first");
+        let other = pack(t.path(), "b", "second");
+        let config = Config { roots: vec![t.path().to_owned()], ..Config::default() };
+        let located = Located::open(&config.roots, &m).unwrap();
+        assert_eq!(located.path(), fs::canonicalize(&m).unwrap());
+        // Read once already (the server's check on a cache miss).
+        let first = read_manifest(located.file()).unwrap();
+        fs::rename(&other, &m).unwrap();
+        assert_eq!(read_manifest(located.file()).unwrap(), first, "read from the start again");
+        let plan = Plan::build_located(&config, located, None, b"{}".to_vec(), []).unwrap();
+        assert_eq!(plan.manifest.name().as_str(), "first");
+        let again = Plan::build(&config, &m, b"{}".to_vec(), []).unwrap();
+        assert_eq!(again.manifest.name().as_str(), "second", "the path now names the other");
+    }
+
+    #[test]
+    fn located_under_a_root_or_its_own_folder() {
+        let t = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let m = pack(t.path(), "a", "x");
+        let err = Located::open(&[elsewhere.path().to_owned()], &m).unwrap_err();
+        assert!(matches!(err, PlanError::OutsideRoots { .. }), "{err}");
+        let err = Located::open(&[t.path().to_owned()], &t.path().join("a/missing.json"));
+        assert!(matches!(err, Err(PlanError::Read { .. })), "{err:?}");
+        // No roots: its own folder is its root.
+        let at = Located::open(&[], &m).unwrap();
+        assert_eq!(at.root, fs::canonicalize(t.path().join("a")).unwrap());
+        assert_eq!(at.roots, vec![at.skill_dir.clone()]);
+    }
+
+    #[test]
+    fn manifest_bytes_stop_one_past_the_limit() {
+        let t = tempfile::tempdir().unwrap();
+        let big = t.path().join("big");
+        fs::write(&big, vec![b' '; usize::try_from(MAX_MANIFEST_BYTES).unwrap() + 4096]).unwrap();
+        let f = fs::File::open(&big).unwrap();
+        let want = usize::try_from(MAX_MANIFEST_BYTES + 1).unwrap();
+        assert_eq!(read_manifest(&f).unwrap().len(), want);
+        let empty = t.path().join("empty");
+        fs::write(&empty, b"").unwrap();
+        assert!(read_manifest(&fs::File::open(&empty).unwrap()).unwrap().is_empty());
     }
 }

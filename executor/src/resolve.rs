@@ -4,7 +4,8 @@
 //! `realpath(3)` (`std::fs::canonicalize`) calls `readlink` on every
 //! component of the path, 5 to 8 system calls for a manifest or an entry
 //! under a skills root, and every run resolves the manifest, each root and
-//! the entry (twice for the manifest: the server's check and the plan).
+//! the entry (the manifest and roots once, by the server's check, whose
+//! open file the plan then reads: [`crate::plan::Located`]).
 //! Opening the path and reading the link of its descriptor takes two, and
 //! leaves the file open for what comes next: its metadata (`fstat`) and,
 //! for a manifest, its bytes, so what was checked is what is read.

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use super::connection::{ConnCtx, GaugeGuard};
-use crate::engine::{relock, RunRequest};
+use crate::engine::relock;
 
 /// Longest session id quoted in logs.
 const SESSION_LOG_CHARS: usize = 64;
@@ -133,10 +133,11 @@ async fn execute_run(
     let session: String =
         params.session_id.as_deref().unwrap_or("-").chars().take(SESSION_LOG_CHARS).collect();
     // The executor's own reading of the manifest: under its roots, valid.
-    let checked = match shared.manifests.check_tool(&params.manifest, params.tool.as_deref()) {
-        Ok(c) => c,
-        Err(report) => return refuse(ctx, id, "", &report),
-    };
+    let (checked, located) =
+        match shared.manifests.check_tool(&params.manifest, params.tool.as_deref()) {
+            Ok(c) => c,
+            Err(report) => return refuse(ctx, id, "", &report),
+        };
     let skill = checked.name.as_str();
     if !shared.peers.may_run(ctx.peer.uid, checked.class) {
         let why = format!("peer uid {} may not run {} skills", ctx.peer.uid, checked.class);
@@ -195,8 +196,9 @@ async fn execute_run(
     // `server` on the parent-death signal).
     let (report, held) = shared
         .engine
-        .run_held(
-            RunRequest { manifest_path: checked.path.clone(), args },
+        .run_located(
+            located,
+            args,
             params.tool.as_deref(),
             &mut sink,
             start_signal(ctx, start, &gave_up),

@@ -5,9 +5,11 @@
 //! not from what the caller said.
 //!
 //! Parsed manifests are cached by the opened file's device, inode, size,
-//! mtime and ctime: a manifest that changes is read again. The engine
-//! re-reads and re-validates everything (manifest, entry, ownership,
-//! grants) for the run itself.
+//! mtime and ctime: a manifest that changes is read again. The check hands
+//! the opened manifest and its root on to the run
+//! ([`crate::plan::Located`]), whose plan reads the same file again and
+//! re-validates everything (manifest, entry, ownership, grants) for the
+//! run itself.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -17,7 +19,7 @@ use std::sync::Mutex;
 use policy::{Outcome, RunReport, SkillClass, ValidateOptions};
 
 use crate::config::Config;
-use crate::resolve::{self, Open, Resolved};
+use crate::plan::{Located, PlanError};
 
 /// Entries kept before the cache is cleared (manifests live in the
 /// operator's roots, so this bounds only a caller probing many paths).
@@ -70,40 +72,41 @@ impl ManifestCache {
     /// # Errors
     ///
     /// A `rejected` report (skill name empty) saying why.
-    pub fn check(&self, path: &str) -> Result<Checked, Box<RunReport>> {
+    pub fn check(&self, path: &str) -> Result<(Checked, Located), Box<RunReport>> {
         self.check_tool(path, None)
     }
 
     /// Checks one `tool` of the `SKILL.md` at `path` (`None`: a
-    /// `skill.json`), as [`crate::plan::parse_manifest`] reads it.
+    /// `skill.json`), as [`crate::plan::parse_manifest`] reads it. Also
+    /// returns the manifest opened and placed under its root, for the run
+    /// ([`crate::Engine::run_located`]): the file checked is the file run.
     ///
     /// # Errors
     ///
     /// A `rejected` report (skill name empty) saying why.
-    pub fn check_tool(&self, path: &str, tool: Option<&str>) -> Result<Checked, Box<RunReport>> {
+    pub fn check_tool(
+        &self,
+        path: &str,
+        tool: Option<&str>,
+    ) -> Result<(Checked, Located), Box<RunReport>> {
         let reject = |why: String| Box::new(RunReport::not_run("", Outcome::Rejected, why));
         if !Path::new(path).is_absolute() {
             return Err(reject(format!("manifest {path:?}: not an absolute path")));
         }
-        let Resolved { file, path: canonical } = Resolved::open(Path::new(path), Open::Read)
-            .map_err(|e| reject(format!("manifest {path}: cannot read: {e}")))?;
-        // Roots are resolved on each check: a root created after start-up
-        // counts, a root turned into a symlink is followed as the engine does.
-        let inside = self
-            .roots
-            .iter()
-            .filter_map(|r| resolve::canonicalize(r).ok())
-            .any(|r| policy::path::is_within(&canonical, &r));
-        if !inside {
-            return Err(reject(format!(
-                "manifest {} is not under an allow-list root",
-                canonical.display()
-            )));
+        if self.roots.is_empty() {
+            return Err(reject(format!("manifest {path}: no allow-list root is configured")));
         }
+        let located = Located::open(&self.roots, Path::new(path)).map_err(|e| match e {
+            PlanError::Read { source, .. } => {
+                reject(format!("manifest {path}: cannot read: {source}"))
+            }
+            other => reject(other.to_string()),
+        })?;
+        let canonical = located.path();
         let read_err = |e: std::io::Error| {
             reject(format!("manifest {}: cannot read: {e}", canonical.display()))
         };
-        let meta = file.metadata().map_err(read_err)?;
+        let meta = located.file().metadata().map_err(read_err)?;
         if !meta.is_file() {
             return Err(reject(format!("manifest {}: not a regular file", canonical.display())));
         }
@@ -114,17 +117,17 @@ impl ManifestCache {
             mtime: (meta.mtime(), meta.mtime_nsec()),
             ctime: (meta.ctime(), meta.ctime_nsec()),
         };
-        let cache_key = (canonical.clone(), tool.map(str::to_owned));
+        let cache_key = (canonical.to_owned(), tool.map(str::to_owned));
         if let Some((k, checked)) = self.lock().get(&cache_key) {
             if *k == key {
-                return Ok(checked.clone());
+                return Ok((checked.clone(), located));
             }
         }
-        let bytes = crate::plan::read_manifest(&file).map_err(read_err)?;
-        let manifest = crate::plan::parse_manifest(&canonical, &bytes, tool, &self.opts)
+        let bytes = crate::plan::read_manifest(located.file()).map_err(read_err)?;
+        let manifest = crate::plan::parse_manifest(canonical, &bytes, tool, &self.opts)
             .map_err(|e| reject(e.to_string()))?;
         let checked = Checked {
-            path: canonical.clone(),
+            path: canonical.to_owned(),
             name: manifest.name().to_string(),
             class: manifest.class(),
         };
@@ -133,7 +136,8 @@ impl ManifestCache {
             entries.clear();
         }
         entries.insert(cache_key, (key, checked.clone()));
-        Ok(checked)
+        drop(entries);
+        Ok((checked, located))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
@@ -173,13 +177,14 @@ mod tests {
         let cache = ManifestCache::new(&config);
         fs::create_dir(root.path().join("a")).unwrap();
         let m = write(&root.path().join("a"), "mutating");
-        let c = cache.check(m.to_str().unwrap()).unwrap();
+        let (c, located) = cache.check(m.to_str().unwrap()).unwrap();
+        assert_eq!(located.path(), c.path);
         assert_eq!((c.name.as_str(), c.class), ("c", SkillClass::Mutating));
         assert_eq!(cache.len(), 1);
         // Rewritten (size or mtime or ctime change): read again.
         std::thread::sleep(std::time::Duration::from_millis(5));
         write(&root.path().join("a"), "safe");
-        assert_eq!(cache.check(m.to_str().unwrap()).unwrap().class, SkillClass::Safe);
+        assert_eq!(cache.check(m.to_str().unwrap()).unwrap().0.class, SkillClass::Safe);
 
         for (path, needle) in [
             (write(other.path(), "safe"), "not under an allow-list root"),
