@@ -1,18 +1,31 @@
 //! The loader's side of the executor wire (DESIGN.md §5, [`policy::wire`]).
 //!
-//! One connection per run: [`ExecutorClient::execute`] connects (or takes
-//! a connection opened ahead, [`ExecutorClient::open`]), sends the
-//! `execute` request and hands back a [`RunConnection`] that yields the
-//! run's `stderr` lines and then its report. Dropping the connection closes
-//! the socket, which cancels the run on the executor side; that is how a
-//! client that goes away stops its skill. Reconnection is automatic: every
-//! run starts from a fresh `connect`, so an executor restart costs the runs
-//! in flight and nothing after.
+//! One run at a time per connection: [`ExecutorClient::execute`] connects
+//! (or takes a connection opened ahead, [`ExecutorClient::open`]), sends
+//! the `execute` request and hands back a [`RunConnection`] that yields the
+//! run's `stderr` lines and then its report. Dropping the connection before
+//! the report closes the socket, which cancels the run on the executor
+//! side; that is how a client that goes away stops its skill.
+//!
+//! A connection whose run ended with its report (nothing else read or
+//! pending on it) is kept for the next run instead of closed: at most
+//! [`MAX_IDLE`] of them, each for at most [`IDLE_FOR`], and one is taken
+//! only after a non-blocking peek finds it open with nothing to read. That
+//! saves each run of a busy loader the `connect`, and the executor its
+//! `accept`, peer check and connection tasks. [`IDLE_FOR`] is shorter than
+//! the shortest `idle_timeout_seconds` of the executor (1 s), which counts
+//! from the end of the connection's last run, so a kept connection is never
+//! one the executor is about to close. Reconnection is automatic: an
+//! executor restart costs the runs in flight and nothing after.
 
 use std::collections::VecDeque;
 use std::io;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{recv, MsgFlags};
 
 use policy::wire::{self, ExecuteParams, LineBuffer, MetricsResult, Reply, MAX_LINE_BYTES};
 use policy::{Outcome, RunReport};
@@ -21,6 +34,10 @@ use tokio::net::UnixStream;
 
 /// How long a `connect` may take before the executor counts as down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most connections kept for the next run.
+pub const MAX_IDLE: usize = 16;
+/// Longest a connection is kept for the next run (see the module docs).
+pub const IDLE_FOR: Duration = Duration::from_millis(500);
 
 /// Why the executor did not give a report.
 #[derive(Debug, thiserror::Error)]
@@ -57,10 +74,89 @@ pub enum ExecutorError {
     },
 }
 
-/// Connects to the executor.
+/// Connects to the executor. Clones share their kept connections.
 #[derive(Debug, Clone)]
 pub struct ExecutorClient {
     socket: PathBuf,
+    idle: Arc<Idle>,
+}
+
+/// Connections whose run ended with its report, and since when.
+#[derive(Debug, Default)]
+struct Idle(Mutex<Vec<(Instant, UnixStream)>>);
+
+impl Idle {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Instant, UnixStream)>> {
+        // Every update is one push, pop or drain: a poisoned list is whole.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The most recently kept connection that is still fit for a run, and
+    /// since when it has been quiet.
+    fn take(&self) -> Option<(Instant, UnixStream)> {
+        let mut idle = self.lock();
+        let now = Instant::now();
+        // Oldest first: drop those kept too long.
+        let stale = idle.iter().take_while(|(at, _)| now.duration_since(*at) >= IDLE_FOR).count();
+        idle.drain(..stale);
+        while let Some((since, stream)) = idle.pop() {
+            if quiet_and_open(&stream) {
+                return Some((since, stream));
+            }
+        }
+        None
+    }
+
+    /// Keeps a connection quiet since `since` (on the executor's clock of
+    /// idleness: its accept, or the end of its last run), unless it is
+    /// already too old or enough are kept.
+    fn keep(&self, since: Instant, stream: UnixStream) {
+        let mut idle = self.lock();
+        if idle.len() < MAX_IDLE && since.elapsed() < IDLE_FOR {
+            // Oldest first: a connection opened ahead may be older than
+            // the last one kept.
+            let at = idle.partition_point(|(t, _)| *t <= since);
+            idle.insert(at, (since, stream));
+        }
+    }
+}
+
+/// Whether a kept connection is open with nothing to read: a peek that
+/// would block. End of file (the executor closed it) or a stray byte rule
+/// it out.
+fn quiet_and_open(stream: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = [0u8; 1];
+    let fd = stream.as_fd().as_raw_fd();
+    matches!(
+        recv(fd, &mut byte, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
+        Err(nix::errno::Errno::EAGAIN)
+    )
+}
+
+/// A connection that goes back to its client's kept ones when dropped
+/// once `reusable`, and is closed otherwise.
+#[derive(Debug)]
+struct Conn {
+    stream: Option<UnixStream>,
+    idle: Arc<Idle>,
+    reusable: bool,
+    /// Since when nothing was sent or run on it.
+    since: Instant,
+}
+
+impl Conn {
+    fn stream(&mut self) -> io::Result<&mut UnixStream> {
+        self.stream.as_mut().ok_or_else(|| io::ErrorKind::NotConnected.into())
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let (true, Some(stream)) = (self.reusable, self.stream.take()) {
+            self.idle.keep(self.since, stream);
+        }
+    }
 }
 
 /// What a run connection yields.
@@ -73,9 +169,9 @@ pub enum RunEvent {
 }
 
 /// A connection to the executor with nothing sent yet
-/// ([`ExecutorClient::open`]).
+/// ([`ExecutorClient::open`]); dropped unused, it is kept for a later run.
 #[derive(Debug)]
-pub struct Opened(UnixStream);
+pub struct Opened(Conn);
 
 /// An `execute` sent with `hold` ([`ExecutorClient::execute_held`]): the
 /// executor checks and prepares the run but spawns nothing before
@@ -89,7 +185,9 @@ impl HeldRun {
     /// A failed write is not an error here: the executor may have answered
     /// (a refusal, `busy`) and closed, and that answer is read next.
     pub async fn start(mut self) -> RunConnection {
-        let _ = self.0.stream.write_all(&wire::encode_start(1)).await;
+        if let Ok(stream) = self.0.conn.stream() {
+            let _ = stream.write_all(&wire::encode_start(1)).await;
+        }
         self.0
     }
 }
@@ -97,7 +195,7 @@ impl HeldRun {
 /// An open `execute` call. Dropping it cancels the run.
 #[derive(Debug)]
 pub struct RunConnection {
-    stream: UnixStream,
+    conn: Conn,
     lines: LineBuffer,
     ready: VecDeque<Result<Vec<u8>, wire::WireError>>,
     read_buf: Box<[u8]>,
@@ -107,7 +205,12 @@ pub struct RunConnection {
 impl ExecutorClient {
     /// A client of the executor listening on `socket`.
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        Self { socket: socket.into() }
+        Self { socket: socket.into(), idle: Arc::default() }
+    }
+
+    /// Connections kept for the next run now.
+    pub fn idle(&self) -> usize {
+        self.idle.lock().len()
     }
 
     /// The socket path.
@@ -115,10 +218,20 @@ impl ExecutorClient {
         &self.socket
     }
 
-    async fn connect(&self) -> Result<UnixStream, ExecutorError> {
+    /// A kept connection fit for a run, else a new one.
+    async fn connect(&self) -> Result<Conn, ExecutorError> {
+        let conn = |since, stream| Conn {
+            stream: Some(stream),
+            idle: Arc::clone(&self.idle),
+            reusable: false,
+            since,
+        };
+        if let Some((since, stream)) = self.idle.take() {
+            return Ok(conn(since, stream));
+        }
         let connect = UnixStream::connect(&self.socket);
         match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
-            Ok(Ok(stream)) => Ok(stream),
+            Ok(Ok(stream)) => Ok(conn(Instant::now(), stream)),
             Ok(Err(source)) => Err(ExecutorError::Connect { socket: self.socket.clone(), source }),
             Err(_) => Err(ExecutorError::Connect {
                 socket: self.socket.clone(),
@@ -146,7 +259,9 @@ impl ExecutorClient {
     ///
     /// [`ExecutorError::Connect`] when the executor is down.
     pub async fn open(&self) -> Result<Opened, ExecutorError> {
-        self.connect().await.map(Opened)
+        let mut conn = self.connect().await?;
+        conn.reusable = true;
+        Ok(Opened(conn))
     }
 
     /// [`ExecutorClient::execute`] on a connection opened ahead, if any
@@ -160,15 +275,19 @@ impl ExecutorClient {
         opened: Option<Opened>,
         params: &ExecuteParams,
     ) -> Result<RunConnection, ExecutorError> {
-        let mut stream = match opened {
-            Some(Opened(stream)) => stream,
+        let mut conn = match opened {
+            Some(Opened(mut conn)) => {
+                conn.reusable = false;
+                conn
+            }
             None => self.connect().await?,
         };
+        let stream = conn.stream().map_err(ExecutorError::Io)?;
         stream.write_all(&wire::encode_execute(1, params)).await.map_err(ExecutorError::Io)?;
-        Ok(RunConnection::new(stream, MAX_LINE_BYTES))
+        Ok(RunConnection::new(conn, MAX_LINE_BYTES))
     }
 
-    /// Sends `execute` with `hold` on a fresh connection: the executor
+    /// Sends `execute` with `hold` on a kept or new connection: the executor
     /// prepares the run while the caller finishes its own work (the audit
     /// row of the decision), then [`HeldRun::start`] lets it go.
     ///
@@ -187,9 +306,10 @@ impl ExecutorClient {
     /// Any [`ExecutorError`]; a timeout is [`ExecutorError::Io`].
     pub async fn metrics(&self, timeout: Duration) -> Result<String, ExecutorError> {
         let call = async {
-            let mut stream = self.connect().await?;
+            let mut conn = self.connect().await?;
+            let stream = conn.stream().map_err(ExecutorError::Io)?;
             stream.write_all(&wire::encode_metrics(1)).await.map_err(ExecutorError::Io)?;
-            let mut conn = RunConnection::new(stream, MAX_LINE_BYTES);
+            let mut conn = RunConnection::new(conn, MAX_LINE_BYTES);
             match conn.next_reply().await? {
                 Reply::Result { result, .. } => serde_json::from_str::<MetricsResult>(result.get())
                     .map(|m| m.text)
@@ -206,10 +326,10 @@ impl ExecutorClient {
     /// `timeout`.
     pub async fn ping(&self, timeout: Duration) -> bool {
         let call = async {
-            let mut stream = self.connect().await.ok()?;
+            let mut conn = self.connect().await.ok()?;
             let req = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n";
-            stream.write_all(req).await.ok()?;
-            let mut conn = RunConnection::new(stream, 64 << 10);
+            conn.stream().ok()?.write_all(req).await.ok()?;
+            let mut conn = RunConnection::new(conn, 64 << 10);
             matches!(conn.next_reply().await, Ok(Reply::Result { .. })).then_some(())
         };
         matches!(tokio::time::timeout(timeout, call).await, Ok(Some(())))
@@ -228,9 +348,9 @@ fn reply_error(reply: Reply) -> ExecutorError {
 }
 
 impl RunConnection {
-    fn new(stream: UnixStream, max_line: usize) -> Self {
+    fn new(conn: Conn, max_line: usize) -> Self {
         Self {
-            stream,
+            conn,
             lines: LineBuffer::new(max_line),
             ready: VecDeque::new(),
             read_buf: vec![0u8; 16 << 10].into_boxed_slice(),
@@ -254,6 +374,10 @@ impl RunConnection {
             Reply::Stderr { line, .. } => Ok(RunEvent::Stderr(line)),
             Reply::Result { result, .. } => {
                 self.finished = true;
+                // The run is over and nothing else came: the connection
+                // may serve the next run.
+                self.conn.reusable = self.ready.is_empty() && self.lines.pending() == 0;
+                self.conn.since = Instant::now();
                 let report: RunReport = serde_json::from_str(result.get())
                     .map_err(|e| ExecutorError::Protocol(format!("run report: {e}")))?;
                 if report.outcome == Outcome::Busy {
@@ -288,7 +412,8 @@ impl RunConnection {
                 return wire::decode_reply(&line)
                     .map_err(|e| ExecutorError::Protocol(e.to_string()));
             }
-            let n = self.stream.read(&mut self.read_buf).await.map_err(ExecutorError::Io)?;
+            let stream = self.conn.stream().map_err(ExecutorError::Io)?;
+            let n = stream.read(&mut self.read_buf).await.map_err(ExecutorError::Io)?;
             if n == 0 {
                 return Err(ExecutorError::Closed);
             }
@@ -351,30 +476,100 @@ mod tests {
     }
 
     /// A connection opened ahead carries the run when used, and nothing
-    /// at all when dropped.
+    /// at all when dropped: it is kept, and the next run goes over it.
     #[tokio::test]
     async fn an_opened_connection_sends_only_when_used() {
         let (dir, listener, client) = listening();
         let server = tokio::spawn(async move {
-            let mut got = Vec::new();
-            for _ in 0..2 {
-                let (mut s, _) = listener.accept().await.unwrap();
-                let mut buf = Vec::new();
-                s.read_to_end(&mut buf).await.unwrap();
-                got.push(buf);
-            }
-            got
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            s.read_to_end(&mut buf).await.unwrap();
+            let second = tokio::time::timeout(Duration::from_millis(100), listener.accept()).await;
+            (buf, second.is_ok())
         });
         drop(client.open().await.unwrap());
+        assert_eq!(client.idle(), 1, "an unused connection is kept");
         let opened = client.open().await.unwrap();
+        assert_eq!(client.idle(), 0);
+        // Dropped before its report: closed, which cancels the run.
         drop(client.execute_on(Some(opened), &params()).await.unwrap());
-        let got = server.await.unwrap();
-        assert!(got[0].is_empty(), "a dropped connection sent {:?}", got[0]);
-        assert_eq!(got[1], wire::encode_execute(1, &params()));
+        assert_eq!(client.idle(), 0, "a run dropped before its report is not kept");
+        let (got, second) = server.await.unwrap();
+        assert_eq!(got, wire::encode_execute(1, &params()), "nothing before the request");
+        assert!(!second, "one connection served both");
         assert!(matches!(
             ExecutorClient::new(dir.path().join("none.sock")).open().await,
             Err(ExecutorError::Connect { .. })
         ));
+    }
+
+    /// An executor that answers every `execute` line with `report`, on
+    /// every connection, and counts the connections.
+    fn answering(listener: UnixListener, report: RunReport) -> Arc<std::sync::atomic::AtomicUsize> {
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let report = report.clone();
+                tokio::spawn(async move {
+                    let mut lines = LineBuffer::new(MAX_LINE_BYTES);
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let n = s.read(&mut chunk).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        for _ in lines.push(&chunk[..n]) {
+                            let line = wire::encode_report(&json!(1), &report);
+                            s.write_all(&line).await.unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        accepted
+    }
+
+    /// A run that ended with its report leaves its connection for the
+    /// next run; one closed by the executor meanwhile, or kept longer
+    /// than `IDLE_FOR`, is not used again.
+    #[tokio::test]
+    async fn a_finished_run_leaves_its_connection_for_the_next() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (_dir, listener, client) = listening();
+        let report = RunReport::not_run("s", Outcome::Rejected, "no");
+        let accepted = answering(listener, report.clone());
+        for _ in 0..5 {
+            let got = client.execute(&params()).await.unwrap().report().await.unwrap();
+            assert_eq!(got, report);
+            assert_eq!(client.idle(), 1);
+        }
+        assert_eq!(accepted.load(SeqCst), 1, "five runs, one connection");
+        // Too old: a new connection.
+        tokio::time::sleep(IDLE_FOR).await;
+        client.execute(&params()).await.unwrap().report().await.unwrap();
+        assert_eq!(accepted.load(SeqCst), 2);
+
+        // The executor closes a kept connection: it is not taken.
+        let (_dir, listener, client) = listening();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut chunk = [0u8; 4096];
+            let _ = s.read(&mut chunk).await.unwrap();
+            let line = wire::encode_report(&json!(1), &RunReport::not_run("s", Outcome::Ok, ""));
+            s.write_all(&line).await.unwrap();
+            drop(s);
+            listener
+        });
+        client.execute(&params()).await.unwrap().report().await.unwrap();
+        let listener = server.await.unwrap();
+        assert_eq!(client.idle(), 1);
+        let accepted = answering(listener, report.clone());
+        let got = client.execute(&params()).await.unwrap().report().await.unwrap();
+        assert_eq!(got, report, "served by a new connection");
+        assert_eq!(accepted.load(SeqCst), 1);
     }
 
     /// A held run's request carries `hold`, its `start` comes only when
@@ -407,6 +602,9 @@ mod tests {
         let held = client.execute_held(params()).await.unwrap();
         let report = held.start().await.report().await.unwrap();
         assert_eq!(report.outcome, Outcome::Rejected);
+        // The finished run's connection is kept: the client closes it.
+        assert_eq!(client.idle(), 1);
+        drop(client);
         let got = server.await.unwrap();
         let held_params = ExecuteParams { hold: true, ..params() };
         assert_eq!(got[0], wire::encode_execute(1, &held_params), "dropped: no start");

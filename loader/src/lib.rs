@@ -37,8 +37,9 @@
 //! - [`replay`]: approvals are accepted once.
 //! - [`audit`]: the SQLite audit trail, one row per decision and run, on
 //!   its own thread.
-//! - [`executor_client`]: the loader side of the executor wire, one
-//!   connection per run.
+//! - [`executor_client`]: the loader side of the executor wire, one run
+//!   at a time per connection, a finished run's connection kept briefly
+//!   for the next.
 //! - [`metrics`]: the Prometheus metrics in an injected registry.
 //! - [`client`]: the HTTP client the CLI talks to the daemon with.
 //!
