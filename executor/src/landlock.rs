@@ -13,7 +13,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+
+use nix::errno::Errno;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 use policy::report::LandlockReport;
 use policy::Enforcement;
@@ -336,44 +340,94 @@ fn stamp(dir: &Path) -> Option<Stamp> {
 /// instead of once per run (about 40 opens, stats and closes per spawn).
 ///
 /// Landlock rules follow inodes, so a cached fd must still be the file the
-/// path names: the snapshot records a stamp of the parent directory of each
-/// path (as written and as resolved through symlinks, e.g.
-/// `/etc/resolv.conf` into `/run/...`) and is reopened from scratch as soon
-/// as any of those directories changed (a package upgrade renaming a new
-/// `/etc/ld.so.cache` into place, a new `resolv.conf`, a path that appears).
-/// A check is a handful of `statx` calls per run.
+/// path names: the snapshot watches the parent directory of each path (as
+/// written and as resolved through symlinks, e.g. `/etc/resolv.conf` into
+/// `/run/...`) with inotify, and is reopened from scratch as soon as any of
+/// those directories changed (a package upgrade renaming a new
+/// `/etc/ld.so.cache` into place, a new `resolv.conf`, a path that
+/// appears). A check is one non-blocking `read` of the inotify descriptor
+/// per run; a directory that cannot be watched (missing, or no inotify) is
+/// compared by its stamp (a `statx`) instead.
 #[derive(Debug)]
 struct SystemPaths {
     paths: HashMap<PathBuf, Option<Opened>>,
-    stamps: Vec<(PathBuf, Option<Stamp>)>,
+    /// Each parent directory, its stamp when opened, and whether it is
+    /// watched.
+    stamps: Vec<(PathBuf, Option<Stamp>, bool)>,
+    /// The watches (above the descriptor floor); any event means stale.
+    /// Closed once stale: a stale snapshot may live on in the slots' cached
+    /// rulesets, and inotify instances are few per user (root's are
+    /// systemd's too).
+    watch: Mutex<Option<Inotify>>,
+    /// An event was seen: stale for good (events are read once).
+    stale: AtomicBool,
 }
 
-fn system_paths() -> impl Iterator<Item = &'static str> {
+/// What changes a directory's entries or the directory itself: the events
+/// whose absence the stamp's mtime, ctime and inode used to show.
+fn watch_mask() -> AddWatchFlags {
+    AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_ATTRIB
+        | AddWatchFlags::IN_DELETE_SELF
+        | AddWatchFlags::IN_MOVE_SELF
+}
+
+fn system_paths() -> impl Iterator<Item = &'static str> + Clone {
     SYSTEM_READ_EXEC.iter().chain(ETC_READ).chain(DEV_READ).copied().chain(["/proc", "/dev/null"])
 }
 
 impl SystemPaths {
     fn open() -> Self {
+        Self::open_paths(system_paths().map(Path::new))
+    }
+
+    fn open_paths<'a>(list: impl Iterator<Item = &'a Path> + Clone) -> Self {
         let mut dirs = BTreeSet::new();
-        let mut paths = HashMap::new();
-        for p in system_paths() {
-            let path = Path::new(p);
+        for path in list.clone() {
             dirs.extend(path.parent().map(Path::to_path_buf));
             if let Ok(real) = std::fs::canonicalize(path) {
                 dirs.extend(real.parent().map(Path::to_path_buf));
             }
+        }
+        // Watched before the opens: a change after this is an event.
+        let flags = InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC;
+        let watch = Inotify::init(flags).ok().map(sys::fdtable::lift_inotify);
+        let watched: Vec<bool> = dirs
+            .iter()
+            .map(|d| watch.as_ref().is_some_and(|w| w.add_watch(d, watch_mask()).is_ok()))
+            .collect();
+        let mut paths = HashMap::new();
+        for path in list {
             // Kept for the process's life: above the descriptor floor, so
             // children do not copy them (sys::fdtable).
             let opened = open_path(path).ok().map(|o| Opened { fd: sys::fdtable::lift(o.fd), ..o });
             paths.insert(path.to_path_buf(), opened);
         }
         // Stamps taken after the opens: a change in between shows next time.
-        let stamps = dirs.into_iter().map(|d| (d.clone(), stamp(&d))).collect();
-        SystemPaths { paths, stamps }
+        let stamps =
+            dirs.into_iter().zip(watched).map(|(d, w)| (d.clone(), stamp(&d), w)).collect();
+        SystemPaths { paths, stamps, watch: Mutex::new(watch), stale: AtomicBool::new(false) }
     }
 
     fn fresh(&self) -> bool {
-        self.stamps.iter().all(|(dir, s)| stamp(dir) == *s)
+        if self.stale.load(Ordering::Relaxed) {
+            return false;
+        }
+        {
+            let mut watch = self.watch.lock().unwrap_or_else(PoisonError::into_inner);
+            // Anything but "no event" (an event, an overflow, an error).
+            let changed =
+                watch.as_ref().is_some_and(|w| !matches!(w.read_events(), Err(Errno::EAGAIN)));
+            if changed {
+                self.stale.store(true, Ordering::Relaxed);
+                *watch = None;
+                return false;
+            }
+        }
+        self.stamps.iter().all(|(dir, s, watched)| *watched || stamp(dir) == *s)
     }
 
     /// The process-wide snapshot, reopened when stale.
@@ -601,7 +655,7 @@ mod tests {
         assert!(a.get(&usr).is_some_and(|o| o.is_some_and(|o| o.is_dir)));
         let mine = Rule { path: "/usr".into(), access: fs::READ_EXEC, explicit: true };
         assert!(a.get(&mine).is_none(), "explicit paths are opened per run");
-        assert!(a.stamps.iter().any(|(d, _)| d == Path::new("/etc")));
+        assert!(a.stamps.iter().any(|(d, _, _)| d == Path::new("/etc")));
         // A directory's stamp changes with any entry made or renamed over.
         let dir = tempfile::tempdir().unwrap();
         let before = stamp(dir.path());
@@ -609,6 +663,37 @@ mod tests {
         std::fs::write(dir.path().join("new"), "x").unwrap();
         std::fs::rename(dir.path().join("new"), dir.path().join("other")).unwrap();
         assert_ne!(before, stamp(dir.path()));
+    }
+
+    /// A watched parent that changes (an entry made or renamed over) makes
+    /// the snapshot stale, for good; a parent that could not be watched
+    /// (missing) is compared by its stamp.
+    #[test]
+    fn a_changed_parent_makes_the_snapshot_stale() {
+        let t = tempfile::tempdir().unwrap();
+        let etc = t.path().join("etc");
+        std::fs::create_dir(&etc).unwrap();
+        std::fs::write(etc.join("cache"), "a").unwrap();
+        let later = t.path().join("later");
+        let list = [etc.join("cache"), later.join("file")];
+        let open = || SystemPaths::open_paths(list.iter().map(PathBuf::as_path));
+        let snap = open();
+        if snap.watch.lock().unwrap().is_none() {
+            println!("SKIP: a_changed_parent_makes_the_snapshot_stale: no inotify here");
+            return;
+        }
+        let watched = |d: &Path| snap.stamps.iter().find(|(p, _, _)| p == d).map(|(_, _, w)| *w);
+        assert_eq!((watched(&etc), watched(&later)), (Some(true), Some(false)));
+        assert!(snap.fresh() && snap.fresh(), "nothing changed");
+        std::fs::write(etc.join("new"), "b").unwrap();
+        std::fs::rename(etc.join("new"), etc.join("cache")).unwrap();
+        assert!(!snap.fresh(), "a file renamed over a system path");
+        assert!(!snap.fresh(), "stale for good once an event was read");
+        assert!(snap.watch.lock().unwrap().is_none(), "its watch closed");
+        let again = open();
+        assert!(again.fresh());
+        std::fs::create_dir(&later).unwrap();
+        assert!(!again.fresh(), "a missing parent that appears");
     }
 
     #[test]

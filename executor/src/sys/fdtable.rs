@@ -102,6 +102,15 @@ pub fn lift(fd: OwnedFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(high) }
 }
 
+/// [`lift`] for an inotify instance.
+#[must_use]
+pub fn lift_inotify(inotify: nix::sys::inotify::Inotify) -> nix::sys::inotify::Inotify {
+    let fd = lift(OwnedFd::from(inotify));
+    // SAFETY: `fd` is the inotify instance's descriptor, or a duplicate of
+    // it (the same open inotify instance), owned by nothing else.
+    unsafe { nix::sys::inotify::Inotify::from_owned_fd(fd) }
+}
+
 /// [`lift`] for a `File`.
 #[must_use]
 pub fn lift_file(file: std::fs::File) -> std::fs::File {
