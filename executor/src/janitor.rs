@@ -200,15 +200,21 @@ impl Janitor {
         }
         let mut state = relock(&self.shared.state);
         // A slot idle for long is given up (an executor starting on this
-        // runtime directory sweeps what it finds there).
+        // runtime directory sweeps what it finds there). The janitor is
+        // woken only when there is work for it: the pool below its depth,
+        // or a slot to remove (a wake-up per run costs a context switch).
         while let Some((made, slot)) = state.ready.pop() {
-            self.shared.wake.notify_one();
             if made.elapsed() < MAX_IDLE {
+                if state.ready.len() < POOL_DEPTH {
+                    self.shared.wake.notify_one();
+                }
                 self.count(0);
                 return Ok(slot);
             }
             state.trash.push((slot.cgroup, slot.run_dir));
+            self.shared.wake.notify_one();
         }
+        self.shared.wake.notify_one();
         // The pool is empty: the janitor is behind. A finished run's slot
         // is recycled here (cheaper than a new one, and it keeps its
         // rulesets); one that cannot be is the janitor's to remove.
