@@ -8,7 +8,7 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use policy::{
@@ -226,6 +226,8 @@ pub struct Located {
     skill_dir: PathBuf,
     roots: Vec<PathBuf>,
     root: PathBuf,
+    /// The manifest as parsed from this file ([`Located::parsed_as`]).
+    parsed: Option<Arc<Manifest>>,
 }
 
 impl Located {
@@ -250,7 +252,17 @@ impl Located {
         else {
             return Err(PlanError::OutsideRoots { path: canonical });
         };
-        Ok(Located { file, path: canonical, skill_dir, roots, root })
+        Ok(Located { file, path: canonical, skill_dir, roots, root, parsed: None })
+    }
+
+    /// Hands the plan the manifest already parsed from this open file (by
+    /// a caller that identified the file's content by its device, inode,
+    /// size, mtime and ctime, with the plan's tool and options): the plan
+    /// then neither reads nor parses it again.
+    #[must_use]
+    pub fn parsed_as(mut self, manifest: Arc<Manifest>) -> Self {
+        self.parsed = Some(manifest);
+        self
     }
 
     /// The manifest's canonical path.
@@ -368,13 +380,20 @@ impl Plan {
         args: Vec<u8>,
         env: impl IntoIterator<Item = (OsString, OsString)>,
     ) -> Result<Plan, PlanError> {
-        let Located { file, path: canonical, skill_dir, roots, root } = located;
-        // The file resolved before, not the path again.
-        let bytes = read_manifest(&file)
-            .map_err(|source| PlanError::Read { path: canonical.clone(), source })?;
+        let Located { file, path: canonical, skill_dir, roots, root, parsed } = located;
+        let manifest = match parsed {
+            // Parsed from this very file (same inode, size, mtime, ctime)
+            // by the server's check, for this tool and these options.
+            Some(parsed) => Manifest::clone(&parsed),
+            None => {
+                // The file resolved before, not the path again.
+                let bytes = read_manifest(&file)
+                    .map_err(|source| PlanError::Read { path: canonical.clone(), source })?;
+                let opts = ValidateOptions { max_timeout: config.max_timeout() };
+                parse_manifest(&canonical, &bytes, tool, &opts)?
+            }
+        };
         drop(file);
-        let opts = ValidateOptions { max_timeout: config.max_timeout() };
-        let manifest = parse_manifest(&canonical, &bytes, tool, &opts)?;
         let skill = manifest.name().to_string();
         let entry_err = |path: &Path, reason: String| PlanError::Entry {
             skill: skill.clone(),
@@ -517,6 +536,22 @@ mod tests {
         assert_eq!(plan.manifest.name().as_str(), "first");
         let again = Plan::build(&config, &m, b"{}".to_vec(), []).unwrap();
         assert_eq!(again.manifest.name().as_str(), "second", "the path now names the other");
+    }
+
+    /// A manifest handed over already parsed is the one planned: the file
+    /// is neither read nor parsed again.
+    #[test]
+    fn a_manifest_parsed_by_the_check_is_not_parsed_again() {
+        let t = tempfile::tempdir().unwrap();
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let m = pack(t.path(), "a", "on_disk");
+        let config = Config { roots: vec![t.path().to_owned()], ..Config::default() };
+        let opts = ValidateOptions { max_timeout: config.max_timeout() };
+        let bytes = br#"{"name":"handed","description":"d","entry":"run.sh"}"#;
+        let handed = Arc::new(parse_manifest(&m, bytes, None, &opts).unwrap());
+        let located = Located::open(&config.roots, &m).unwrap().parsed_as(handed);
+        let plan = Plan::build_located(&config, located, None, b"{}".to_vec(), []).unwrap();
+        assert_eq!(plan.manifest.name().as_str(), "handed");
     }
 
     #[test]

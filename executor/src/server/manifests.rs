@@ -6,17 +6,16 @@
 //!
 //! Parsed manifests are cached by the opened file's device, inode, size,
 //! mtime and ctime: a manifest that changes is read again. The check hands
-//! the opened manifest and its root on to the run
-//! ([`crate::plan::Located`]), whose plan reads the same file again and
-//! re-validates everything (manifest, entry, ownership, grants) for the
-//! run itself.
+//! the opened manifest, its root and the manifest parsed from it on to the
+//! run ([`crate::plan::Located`]), whose plan re-validates everything else
+//! (entry, ownership, grants, args) for the run itself.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use policy::{Outcome, RunReport, SkillClass, ValidateOptions};
+use policy::{Manifest, Outcome, RunReport, SkillClass, ValidateOptions};
 
 use crate::config::Config;
 use crate::plan::{Located, PlanError};
@@ -53,8 +52,9 @@ pub struct ManifestCache {
     entries: Mutex<Entries>,
 }
 
-/// Checked manifests by canonical path and tool (for a SKILL.md).
-type Entries = HashMap<(PathBuf, Option<String>), (Key, Checked)>;
+/// Checked manifests by canonical path and tool (for a SKILL.md), with the
+/// manifest parsed (handed to the run's plan).
+type Entries = HashMap<(PathBuf, Option<String>), (Key, Checked, Arc<Manifest>)>;
 
 impl ManifestCache {
     /// A cache checking against `config.roots` (an empty list refuses
@@ -118,9 +118,9 @@ impl ManifestCache {
             ctime: (meta.ctime(), meta.ctime_nsec()),
         };
         let cache_key = (canonical.to_owned(), tool.map(str::to_owned));
-        if let Some((k, checked)) = self.lock().get(&cache_key) {
+        if let Some((k, checked, parsed)) = self.lock().get(&cache_key) {
             if *k == key {
-                return Ok((checked.clone(), located));
+                return Ok((checked.clone(), located.parsed_as(Arc::clone(parsed))));
             }
         }
         let bytes = crate::plan::read_manifest(located.file()).map_err(read_err)?;
@@ -135,9 +135,10 @@ impl ManifestCache {
         if entries.len() >= MAX_ENTRIES {
             entries.clear();
         }
-        entries.insert(cache_key, (key, checked.clone()));
+        let parsed = Arc::new(manifest);
+        entries.insert(cache_key, (key, checked.clone(), Arc::clone(&parsed)));
         drop(entries);
-        Ok((checked, located))
+        Ok((checked, located.parsed_as(parsed)))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
