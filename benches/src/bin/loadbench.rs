@@ -1,7 +1,7 @@
 //! `loadbench`: one trivial JSON skill run every way we care about, side by
 //! side in one invocation (issue 7).
 //!
-//! Variants (each iteration runs every variant once, in a rotating order, so
+//! Variants (each iteration runs every variant once, in a shuffled order, so
 //! the noise of a shared machine falls on all of them alike):
 //!
 //! - `bare`: `std::process::Command` (glibc `posix_spawn`), piped stdio, the
@@ -747,9 +747,31 @@ fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
-/// Sequential: every iteration runs each variant once, rotating the order,
-/// each run after `--gap-ms` of idle time (an agent's calls come between
-/// its thinking, not back to back). Throughput is runs / summed latency.
+/// The order of the variants in iteration `i`: a shuffle (Fisher-Yates,
+/// xorshift64 seeded by `i`, so every invocation runs the same orders).
+/// Rotating one fixed order would make each variant always follow the same
+/// one (bare right after firejail, say), whose traces in the caches it
+/// would then always pay.
+fn order(i: usize, n: usize) -> Vec<usize> {
+    let mut x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut idx: Vec<usize> = (0..n).collect();
+    for k in (1..n).rev() {
+        let j = (next() % (k as u64 + 1)) as usize;
+        idx.swap(k, j);
+    }
+    idx
+}
+
+/// Sequential: every iteration runs each variant once, in a shuffled order
+/// ([`order`]), each run after `--gap-ms` of idle time (an agent's calls
+/// come between its thinking, not back to back). Throughput is runs /
+/// summed latency.
 fn sequential(ctx: &Ctx<'_>, variants: &[Variant], manifest: &Path) -> (Vec<Samples>, Mark) {
     let o = ctx.o;
     let mut cl = Client::default();
@@ -760,8 +782,7 @@ fn sequential(ctx: &Ctx<'_>, variants: &[Variant], manifest: &Path) -> (Vec<Samp
         if i == o.warmup {
             mark = Some(Mark::take(ctx));
         }
-        for k in 0..n {
-            let idx = (i + k) % n;
+        for idx in order(i, n) {
             if !o.gap.is_zero() {
                 std::thread::sleep(o.gap);
             }
@@ -1238,4 +1259,35 @@ fn main() {
     println!("\nloadavg at end: {}", first_line("/proc/loadavg"));
     drop(ctx);
     drop(shm_dirs);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::order;
+
+    /// Each iteration runs every variant once, and over the iterations
+    /// every variant comes right after every other one (a rotation of one
+    /// order never does that).
+    #[test]
+    fn orders_are_permutations_with_every_neighbour() {
+        let n = 7;
+        let mut follows = vec![vec![0u32; n]; n];
+        for i in 0..2000 {
+            let o = order(i, n);
+            let mut seen = o.clone();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..n).collect::<Vec<_>>(), "iteration {i}: {o:?}");
+            for w in o.windows(2) {
+                follows[w[1]][w[0]] += 1;
+            }
+        }
+        for (b, row) in follows.iter().enumerate() {
+            for (a, count) in row.iter().enumerate() {
+                if a != b {
+                    assert!(*count > 150, "{b} after {a} only {count} times in 2000");
+                }
+            }
+        }
+        assert_eq!(order(5, n), order(5, n), "the same order every invocation");
+    }
 }
