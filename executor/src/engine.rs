@@ -131,7 +131,8 @@ impl Engine {
         (self.rulesets[0].load(Ordering::Relaxed), self.rulesets[1].load(Ordering::Relaxed))
     }
 
-    /// How runs got their slots so far (see [`crate::janitor`]).
+    /// How runs got their slots so far: ready from the pool, recycled or
+    /// made on the run's path ([`SlotCounts`]).
     pub fn run_slots(&self) -> SlotCounts {
         self.janitor.counts()
     }

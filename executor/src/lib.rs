@@ -53,6 +53,10 @@
 //! The numbered steps of DESIGN.md §4; the code carries `// Step N:` comments.
 //!
 //! 1. Validate the request against the executor's own config ([`plan`]).
+//!    In `serve` the pre-admission check opens the manifest and places it
+//!    under its root once, and hands the open file, its root and the
+//!    manifest parsed from it (cached by the file's identity) to the plan
+//!    ([`plan::Located`]): the file checked is the file run.
 //! 2. Prepare everything in the parent ([`spawn::prepare`]): the
 //!    environment (exactly `env_allow`), argv, rlimit values, the Landlock
 //!    ruleset fd, the seccomp program, the cgroup leaves with their
@@ -63,7 +67,9 @@
 //!    slot's directory holding only the run's). The Landlock ruleset
 //!    grants beneath the slot's directory, so a ruleset built for a run is
 //!    reused by later runs of the same policy in the same slot
-//!    ([`landlock::Cache`]: same rules, same files at every path). A held
+//!    ([`landlock::Cache`]: same rules, same files at every path; the
+//!    system paths are opened once per process and watched with inotify,
+//!    reopened when a parent directory changes). A held
 //!    run (the wire's `execute` with `hold`) waits here, prepared, for its
 //!    caller's `start` ([`Engine::run_held`]); nothing is spawned before.
 //! 3. Create the child with `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD)`
@@ -105,7 +111,7 @@
 //!    so stopped processes see it), reap (the executor is a child subreaper,
 //!    so orphans are reaped too), remove the cgroups and the run directory
 //!    (from the engine's second run on, a janitor thread does it right
-//!    after the report and keeps slots ready: [`engine`]; a finished run's
+//!    after the report and keeps slots ready: `janitor`; a finished run's
 //!    leaves, once provably empty and reset, serve a later run with a fresh
 //!    run directory in the same slot directory, once that is found as it
 //!    was made, instead of being removed and made again). If the
