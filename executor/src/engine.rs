@@ -33,18 +33,21 @@ pub struct RunRequest {
 }
 
 /// The manifest of a run: a path to resolve, or a file already opened and
-/// placed under a root.
+/// placed under one of the engine's roots ([`Located::open`] with
+/// `config().roots`), whose plan reads that file, not the path again.
 #[derive(Debug)]
-enum Source {
+pub enum ManifestSource {
+    /// A path, resolved by the run's plan.
     Path(PathBuf),
+    /// A manifest the caller already opened and placed.
     Located(Located),
 }
 
-impl Source {
+impl ManifestSource {
     fn path(&self) -> &std::path::Path {
         match self {
-            Source::Path(p) => p,
-            Source::Located(at) => at.path(),
+            ManifestSource::Path(p) => p,
+            ManifestSource::Located(at) => at.path(),
         }
     }
 }
@@ -191,28 +194,14 @@ impl Engine {
         start: impl Future<Output = bool>,
         cancel: impl Future<Output = ()>,
     ) -> (RunReport, Duration) {
-        let source = Source::Path(req.manifest_path);
+        let source = ManifestSource::Path(req.manifest_path);
         self.run_source(source, req.args, tool, stderr_sink, start, cancel).await
     }
 
-    /// [`Engine::run_held`] for a manifest the caller already opened and
-    /// placed under one of this engine's roots ([`Located::open`] with
-    /// `config().roots`): the plan reads that file, not the path again.
-    pub async fn run_located(
+    /// [`Engine::run_held`] for a manifest given as a [`ManifestSource`].
+    pub async fn run_source(
         &self,
-        located: Located,
-        args: Vec<u8>,
-        tool: Option<&str>,
-        stderr_sink: &mut (dyn FnMut(&str) + Send),
-        start: impl Future<Output = bool>,
-        cancel: impl Future<Output = ()>,
-    ) -> (RunReport, Duration) {
-        self.run_source(Source::Located(located), args, tool, stderr_sink, start, cancel).await
-    }
-
-    async fn run_source(
-        &self,
-        source: Source,
+        source: ManifestSource,
         args: Vec<u8>,
         tool: Option<&str>,
         stderr_sink: &mut (dyn FnMut(&str) + Send),
@@ -232,7 +221,7 @@ impl Engine {
     #[allow(clippy::too_many_arguments)]
     async fn run_inner(
         &self,
-        source: Source,
+        source: ManifestSource,
         args: Vec<u8>,
         tool: Option<&str>,
         sink: &mut (dyn FnMut(&str) + Send),
@@ -250,8 +239,8 @@ impl Engine {
         // Step 1: validate against our own configuration.
         let env = std::env::vars_os();
         let planned = match source {
-            Source::Path(path) => Plan::build_tool(&self.config, &path, tool, args, env),
-            Source::Located(at) => Plan::build_located(&self.config, at, tool, args, env),
+            ManifestSource::Path(path) => Plan::build_tool(&self.config, &path, tool, args, env),
+            ManifestSource::Located(at) => Plan::build_located(&self.config, at, tool, args, env),
         };
         let plan = match planned {
             Ok(plan) => plan,

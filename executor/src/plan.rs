@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs;
-use std::os::unix::fs::FileExt;
+use std::io::{Read, Seek};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -183,34 +183,12 @@ pub fn parse_manifest(
 }
 
 /// The bytes of an open manifest from its start (whatever was read from
-/// it before), up to one past the limit (which the parser refuses); one
-/// `pread` for the file and one for its end.
-pub fn read_manifest(file: &fs::File) -> std::io::Result<Vec<u8>> {
-    let cap = MAX_MANIFEST_BYTES + 1;
-    let len = file.metadata().map_or(0, |m| m.len()).min(cap);
+/// it before), up to one past the limit (which the parser refuses).
+pub fn read_manifest(mut file: &fs::File) -> std::io::Result<Vec<u8>> {
+    let len = file.metadata().map_or(0, |m| m.len()).min(MAX_MANIFEST_BYTES + 1);
     let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0) + 1);
-    let mut at = 0u64;
-    while at < cap {
-        let want = usize::try_from(cap - at).unwrap_or(usize::MAX);
-        if bytes.capacity() == bytes.len() {
-            bytes.reserve(want.min(64 << 10));
-        }
-        let end = bytes.len();
-        let room = (bytes.capacity() - end).min(want);
-        bytes.resize(end + room, 0);
-        match file.read_at(&mut bytes[end..], at) {
-            Ok(0) => {
-                bytes.truncate(end);
-                break;
-            }
-            Ok(n) => {
-                bytes.truncate(end + n);
-                at += n as u64;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => bytes.truncate(end),
-            Err(e) => return Err(e),
-        }
-    }
+    file.rewind()?;
+    file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes)?;
     Ok(bytes)
 }
 

@@ -20,7 +20,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -125,11 +125,9 @@ impl Idle {
 /// would block. End of file (the executor closed it) or a stray byte rule
 /// it out.
 fn quiet_and_open(stream: &UnixStream) -> bool {
-    use std::os::fd::AsRawFd;
     let mut byte = [0u8; 1];
-    let fd = stream.as_fd().as_raw_fd();
     matches!(
-        recv(fd, &mut byte, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
+        recv(stream.as_raw_fd(), &mut byte, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
         Err(nix::errno::Errno::EAGAIN)
     )
 }

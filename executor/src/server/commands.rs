@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use super::connection::{ConnCtx, GaugeGuard};
-use crate::engine::relock;
+use crate::engine::{relock, ManifestSource};
 
 /// Longest session id quoted in logs.
 const SESSION_LOG_CHARS: usize = 64;
@@ -196,8 +196,8 @@ async fn execute_run(
     // `server` on the parent-death signal).
     let (report, held) = shared
         .engine
-        .run_located(
-            located,
+        .run_source(
+            ManifestSource::Located(located),
             args,
             params.tool.as_deref(),
             &mut sink,
