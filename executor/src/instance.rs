@@ -11,11 +11,15 @@
 //!   (`/proc/self/exe watchdog ...`, spawned by std's `Command`, i.e.
 //!   `posix_spawn`, with nothing but the read end of a pipe on its stdin;
 //!   the executor keeps the write end, close-on-exec). It starts its own
-//!   session, blocks SIGINT/SIGTERM/SIGHUP/SIGQUIT and reads. EOF means
-//!   the executor is gone (exited or killed): it kills and removes
+//!   session, blocks SIGINT/SIGTERM/SIGHUP/SIGQUIT and reads. EOF without
+//!   the executor's `done` first means the executor died (killed, or it
+//!   exited without dropping its engine): the watchdog kills and removes
 //!   everything of the instance ([`crate::sweep::clean`]), gives the runs
-//!   tmpfs up if it was the last user, and exits. Without cgroups (not
-//!   root) it kills the process groups the executor recorded;
+//!   tmpfs up if it was the last user, and exits. The dying executor's own
+//!   users lock goes only after the kernel has closed the pipe, so the
+//!   watchdog waits for it (bounded, 3 s) rather than seeing it as another
+//!   user. Without cgroups (not root) it kills the process groups the
+//!   executor recorded;
 //! - `<runtime_dir>/runs/<instance>/.guard` names the watchdog (pid and
 //!   start time): an instance whose guard is dead is swept by the next
 //!   executor to start ([`crate::sweep::sweep`]);
@@ -33,8 +37,8 @@
 //!   unmounts it, so temporary runtime directories are not left mounted.
 //!
 //! A normal end removes the instance's (empty) cgroup parents and directory
-//! in [`Instance`]'s `Drop`, then closes the pipe; the watchdog then finds
-//! nothing left and exits.
+//! and gives the tmpfs up in [`Instance`]'s `Drop`, then writes `done` and
+//! closes the pipe; the watchdog then exits at once.
 
 use std::ffi::OsString;
 use std::fs::{self, File};
@@ -43,7 +47,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg, OFlag};
 
@@ -62,6 +66,13 @@ const MOUNT_LOCK: &str = ".runs-mount.lock";
 /// the start-up sweep. Longer than any instance keeps an empty leaf it means
 /// to use (the engine gives up a ready slot idle for 30 s).
 pub const SWEEP_MIN_AGE: Duration = Duration::from_secs(60);
+/// How long the watchdog of a killed executor waits for the users lock.
+const DEATH_PATIENCE: Duration = Duration::from_secs(3);
+/// Between two tries for the users lock.
+const RELEASE_RETRY: Duration = Duration::from_millis(5);
+/// What the executor writes to the watchdog's pipe once its instance is
+/// cleaned and released (a normal end): the EOF that follows is not a death.
+const DONE: &[u8] = b"done\n";
 
 /// An executor instance (see the module docs).
 #[derive(Debug)]
@@ -157,21 +168,36 @@ fn runs_tmpfs(runs: &Path, bytes: u64) -> Result<(), String> {
 /// Gives the runs tmpfs up when no instance uses it any more: under the
 /// mount lock, if the users lock can be taken exclusively (`users`, this
 /// instance's shared lock, is dropped first), the executor's own mount on
-/// an empty `runs` is unmounted. Nothing is created here (the runtime
-/// directory may be on its way out).
-fn release_runs(runtime: &Path, users: Option<Flock<File>>) {
-    let Ok(mount_lock) = lock_file(&runtime.join(MOUNT_LOCK), false) else { return };
-    let Ok(_mount_lock) = flock(mount_lock, FlockArg::LockExclusive) else { return };
-    drop(users);
-    let Ok(all) = lock_file(&runtime.join(USERS_LOCK), false) else { return };
-    let Ok(_all) = flock(all, FlockArg::LockExclusiveNonblock) else { return };
-    let runs = runtime.join("runs");
-    let ours = mount_at(&runs).is_some_and(|(t, s)| t == "tmpfs" && s == sys::mount::RUNS_SOURCE);
-    let empty = fs::read_dir(&runs).is_ok_and(|mut d| d.next().is_none());
-    if ours && empty {
-        if let Err(e) = sys::mount::unmount(&runs) {
-            tracing::warn!("runs tmpfs {}: cannot unmount: {e}", runs.display());
+/// an empty `runs` is unmounted. While another holder keeps the users lock,
+/// this tries again (the mount lock let go in between) for up to
+/// `patience`: the watchdog of a killed executor gives the dying process
+/// that long to let go of its own lock, which the kernel releases after it
+/// closed the pipe that woke the watchdog. Nothing is created here (the
+/// runtime directory may be on its way out).
+fn release_runs(runtime: &Path, mut users: Option<Flock<File>>, patience: Duration) {
+    let until = Instant::now() + patience;
+    loop {
+        let Ok(mount_lock) = lock_file(&runtime.join(MOUNT_LOCK), false) else { return };
+        let Ok(_mount_lock) = flock(mount_lock, FlockArg::LockExclusive) else { return };
+        drop(users.take());
+        let Ok(all) = lock_file(&runtime.join(USERS_LOCK), false) else { return };
+        if let Ok(_all) = flock(all, FlockArg::LockExclusiveNonblock) {
+            let runs = runtime.join("runs");
+            let ours =
+                mount_at(&runs).is_some_and(|(t, s)| t == "tmpfs" && s == sys::mount::RUNS_SOURCE);
+            let empty = fs::read_dir(&runs).is_ok_and(|mut d| d.next().is_none());
+            if ours && empty {
+                if let Err(e) = sys::mount::unmount(&runs) {
+                    tracing::warn!("runs tmpfs {}: cannot unmount: {e}", runs.display());
+                }
+            }
+            return;
         }
+        if Instant::now() >= until {
+            return;
+        }
+        drop(_mount_lock);
+        std::thread::sleep(RELEASE_RETRY);
     }
 }
 
@@ -380,9 +406,11 @@ impl Drop for PgidRecord {
 impl Drop for Instance {
     fn drop(&mut self) {
         sweep::clean(&self.runs, &self.name, &self.bases);
-        release_runs(&self.runtime, self.users.take());
-        // Closing the pipe lets the watchdog go (it finds nothing left).
-        self.watchdog = None;
+        release_runs(&self.runtime, self.users.take(), Duration::ZERO);
+        // "done", then EOF, lets the watchdog go: nothing is left to clean.
+        if let Some(pipe) = self.watchdog.take() {
+            let _ = File::from(pipe).write_all(DONE);
+        }
     }
 }
 
@@ -414,20 +442,28 @@ pub fn watchdog_main(args: &[OsString]) -> u8 {
     }
     let _ = blocked.thread_block();
     let mut stdin = io::stdin().lock();
+    let mut said = Vec::new();
     let mut buf = [0u8; 64];
     loop {
         match stdin.read(&mut buf) {
             Ok(0) => break,
-            Ok(_) => {}
+            Ok(n) => {
+                said.extend_from_slice(&buf[..n]);
+                said.truncate(DONE.len() + 1);
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => break,
         }
+    }
+    if said == DONE {
+        // A normal end: the executor cleaned and released its instance.
+        return 0;
     }
     let runtime = PathBuf::from(runtime);
     let bases: Vec<PathBuf> = bases.iter().map(PathBuf::from).collect();
     let runs = runtime.join("runs");
     let Swept { kills, .. } = sweep::clean(&runs, name, &bases);
     let _ = fs::remove_dir_all(runs.join(format!("{NEW_PREFIX}{name}")));
-    release_runs(&runtime, None);
+    release_runs(&runtime, None, DEATH_PATIENCE);
     u8::from(kills > 0)
 }

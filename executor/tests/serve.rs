@@ -1153,7 +1153,10 @@ fn socket_node_mode_group_and_stale_files() {
 }
 
 /// The real binary: `serve --config`, a ping and a metrics call (with the
-/// process collector), then SIGTERM: exit 0 and the socket node removed.
+/// process collector), then SIGTERM: exit 0, the socket node removed, and
+/// the watchdog gone at once (the executor told it the end was normal; it
+/// does not wait on the users lock this test holds as another instance
+/// would, and the runs tmpfs that instance still uses stays mounted).
 #[test]
 fn binary_serves_until_sigterm() {
     if !can_run() {
@@ -1184,11 +1187,25 @@ fn binary_serves_until_sigterm() {
     let mut c = Client::connect(&socket);
     c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
     assert_eq!(c.recv()["result"]["ok"], true);
-    c.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "metrics"}));
-    let text = c.recv()["result"]["text"].as_str().unwrap().to_owned();
+    // The probes of the wait above count until the server sees them close.
+    let mut text = String::new();
+    wait_for("only this connection", Duration::from_secs(5), || {
+        c.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "metrics"}));
+        text = c.recv()["result"]["text"].as_str().unwrap().to_owned();
+        sample(&text, "ongrid_executor_connections") == 1.0
+    });
     assert!(text.contains("process_cpu_seconds_total"), "{text}");
-    assert_eq!(sample(&text, "ongrid_executor_connections"), 1.0);
     drop(c);
+    let runs = runtime.path().join("runs");
+    let guard = std::fs::read_dir(&runs)
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().starts_with("ex-"))
+        .map(|e| std::fs::read_to_string(e.path().join(".guard")).unwrap())
+        .expect("an instance directory");
+    let watchdog: i32 = guard.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(executor::sweep::start_time(watchdog).is_some(), "watchdog {watchdog} not running");
+    let other_user = users_lock_shared(runtime.path());
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -1200,6 +1217,13 @@ fn binary_serves_until_sigterm() {
     assert_eq!(exit, (Some(0), None), "{log}");
     assert!(log.contains("serving on"), "{log}");
     assert!(!socket.exists(), "socket removed at exit");
+    wait_for("the watchdog to exit", Duration::from_millis(1500), || {
+        executor::sweep::start_time(watchdog).is_none()
+    });
+    assert!(std::fs::read_dir(&runs).unwrap().next().is_none(), "instance directory left");
+    assert!(mounted(&runs), "unmounted under another user");
+    drop(other_user);
+    nix::mount::umount(&runs).unwrap();
 }
 
 /// Beyond `max_connections` a client waits in the listen backlog until a
@@ -1225,6 +1249,15 @@ fn connections_beyond_the_cap_wait() {
     assert_eq!(b.recv()["result"]["ok"], true);
 }
 
+/// A shared lock on the runtime directory's users lock, as another
+/// executor instance holds it.
+fn users_lock_shared(runtime: &Path) -> nix::fcntl::Flock<std::fs::File> {
+    let f = std::fs::File::open(runtime.join(".runs-users.lock")).unwrap();
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockSharedNonblock)
+        .map_err(|(_, e)| e)
+        .unwrap()
+}
+
 fn mounted(path: &Path) -> bool {
     let Ok(path) = std::fs::canonicalize(path) else { return false };
     std::fs::read_to_string("/proc/self/mountinfo")
@@ -1235,7 +1268,11 @@ fn mounted(path: &Path) -> bool {
 
 /// SIGKILL of the real `serve` mid-run: the watchdog kills the run's whole
 /// tree (a stopped child too), removes its cgroups and directory, and
-/// unmounts the runs tmpfs it no longer needs.
+/// unmounts the runs tmpfs once no one else uses it. Here "someone else"
+/// is this test, holding the users lock as another instance would, or as
+/// the dying executor does for a moment after the kernel closed the pipe
+/// that woke the watchdog: the mount stays while it is held, and goes when
+/// it is let go within the watchdog's patience.
 #[test]
 fn killed_binary_takes_its_runs_with_it() {
     if !can_run() {
@@ -1288,6 +1325,7 @@ fn killed_binary_takes_its_runs_with_it() {
         .map(|b| b.join(&instance))
         .collect();
     assert!(parents.iter().all(|p| p.is_dir()), "{parents:?}");
+    let other_user = users_lock_shared(runtime.path());
     let mut c = Client::connect(&socket);
     c.execute(1, &m, json!({}));
     assert_eq!(c.recv()["params"]["line"], "started");
@@ -1295,9 +1333,13 @@ fn killed_binary_takes_its_runs_with_it() {
     child.kill().unwrap();
     wait_child(&mut child);
     wait_for("the run's tree to die", Duration::from_secs(10), || pids_with(&mark).is_empty());
-    wait_for("the instance to be removed", Duration::from_secs(5), || {
-        !mounted(&runs) && std::fs::read_dir(&runs).is_ok_and(|mut d| d.next().is_none())
+    wait_for("the instance directory to be removed", Duration::from_secs(2), || {
+        std::fs::read_dir(&runs).is_ok_and(|mut d| d.next().is_none())
     });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(mounted(&runs), "unmounted while another user holds the lock");
+    drop(other_user);
+    wait_for("the runs tmpfs to be unmounted", Duration::from_secs(5), || !mounted(&runs));
     let left: Vec<_> = parents.iter().filter(|p| p.exists()).collect();
     assert!(left.is_empty(), "instance cgroups left: {left:?}");
 }
