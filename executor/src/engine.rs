@@ -2,6 +2,7 @@
 //! ending in a [`RunReport`]. Used by `ongrid-executor run` and, next, by
 //! the daemon.
 
+use std::ffi::OsString;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +15,7 @@ use policy::{Enforcement, LimitKind, Outcome, RunReport};
 use crate::config::Config;
 use crate::instance::{Instance, InstanceError};
 use crate::janitor::{Janitor, SlotCounts};
+use crate::parsed::ParsedManifests;
 use crate::plan::{Located, Plan};
 use crate::reaper::Reaper;
 use crate::spawn::{self, Host, Spawners};
@@ -67,7 +69,8 @@ pub enum EngineError {
 /// Runs skills under the configured sandbox.
 ///
 /// The engine makes its process a child subreaper (orphans of skills are
-/// reaped here). Children are created by the engine's spawner threads
+/// reaped here). It reads the process's environment once, when it is made:
+/// a run's allowed variables (`env_allow`) come from that copy. Children are created by the engine's spawner threads
 /// ([`spawn::Spawners`]), which live as long as the engine; a child's
 /// parent-death signal is tied to its creating thread. Without them
 /// ([`Spawners::inline`], or when they cannot start) a child is created
@@ -85,6 +88,11 @@ pub struct Engine {
     runs: AtomicU64,
     /// Landlock rulesets built, and taken from a slot's cache.
     rulesets: [AtomicU64; 2],
+    /// Manifests of runs named by path, parsed once per file content.
+    parsed: ParsedManifests,
+    /// This process's environment, read once: the source of every run's
+    /// allowed variables (`env_allow`).
+    env: Vec<(OsString, OsString)>,
     /// Dropped after the janitor (its slots are removed first).
     instance: Instance,
 }
@@ -117,6 +125,8 @@ impl Engine {
         host.runs_dir = instance.dir().to_owned();
         host.notes.extend(instance.notes().iter().cloned());
         Ok(Engine {
+            parsed: ParsedManifests::new(&config),
+            env: std::env::vars_os().collect(),
             config,
             host,
             reaper: Reaper::global(),
@@ -237,9 +247,14 @@ impl Engine {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         // Step 1: validate against our own configuration.
-        let env = std::env::vars_os();
+        let env = &self.env;
         let planned = match source {
-            ManifestSource::Path(path) => Plan::build_tool(&self.config, &path, tool, args, env),
+            ManifestSource::Path(path) => Located::open(&self.config.roots, &path)
+                .and_then(|at| {
+                    let manifest = self.parsed.get(&at, tool)?;
+                    Ok(at.parsed_as(manifest))
+                })
+                .and_then(|at| Plan::build_located(&self.config, at, tool, args, env)),
             ManifestSource::Located(at) => Plan::build_located(&self.config, at, tool, args, env),
         };
         let plan = match planned {
@@ -501,6 +516,8 @@ mod tests {
         }
         seen.remove(std::ffi::OsStr::new(crate::sweep::GUARD));
         assert!(seen.len() > 1, "{seen:?}");
+        // Runs named by path share one parse of their unchanged manifest.
+        assert_eq!(engine.parsed.len(), 1);
         // A reused slot's ruleset serves the next run of this policy there.
         let (built, reused) = engine.landlock_rulesets();
         if crate::sys::landlock::abi() > 0 {

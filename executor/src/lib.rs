@@ -145,6 +145,7 @@ pub mod instance;
 mod janitor;
 pub mod landlock;
 pub mod metrics;
+pub mod parsed;
 pub mod plan;
 pub mod reaper;
 pub mod resolve;

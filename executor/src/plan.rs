@@ -130,8 +130,8 @@ pub struct RunAs {
 /// A validated run, ready for the sandbox to be built.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The validated manifest.
-    pub manifest: Manifest,
+    /// The validated manifest (shared with the cache it may come from).
+    pub manifest: Arc<Manifest>,
     /// The manifest file (canonical).
     pub manifest_path: PathBuf,
     /// The skill's folder (canonical).
@@ -277,12 +277,12 @@ fn args_object(args: &[u8]) -> Result<(), String> {
 /// Looked up once and kept while `/etc/passwd` stays the same file with the
 /// same mtime and size, for at most [`USER_CACHE_TTL`] (other NSS sources),
 /// instead of a `getpwnam` (open, read and parse `/etc/passwd`) or two per
-/// run. A missing user is looked up again every time.
-fn user(name: &str) -> Option<(u32, u32)> {
+/// run. A missing user is looked up again every time. `stamp` is
+/// [`passwd_stamp`], taken once per plan for all its lookups.
+fn user(name: &str, stamp: Option<PasswdStamp>) -> Option<(u32, u32)> {
     type Entry = (Instant, Option<PasswdStamp>, (u32, u32));
     static CACHE: Mutex<BTreeMap<String, Entry>> = Mutex::new(BTreeMap::new());
     let now = Instant::now();
-    let stamp = passwd_stamp();
     let lock = || CACHE.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some((at, s, ids)) = lock().get(name) {
         if stamp.is_some() && *s == stamp && now.duration_since(*at) < USER_CACHE_TTL {
@@ -309,8 +309,8 @@ fn passwd_stamp() -> Option<PasswdStamp> {
         .map(|m| (m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
 }
 
-fn uid_of(name: &str) -> Option<u32> {
-    user(name).map(|(uid, _)| uid)
+fn uid_of(name: &str, stamp: Option<PasswdStamp>) -> Option<u32> {
+    user(name, stamp).map(|(uid, _)| uid)
 }
 
 impl Plan {
@@ -323,7 +323,7 @@ impl Plan {
         config: &Config,
         manifest_path: &Path,
         args: Vec<u8>,
-        env: impl IntoIterator<Item = (OsString, OsString)>,
+        env: &[(OsString, OsString)],
     ) -> Result<Plan, PlanError> {
         Self::build_tool(config, manifest_path, None, args, env)
     }
@@ -339,7 +339,7 @@ impl Plan {
         manifest_path: &Path,
         tool: Option<&str>,
         args: Vec<u8>,
-        env: impl IntoIterator<Item = (OsString, OsString)>,
+        env: &[(OsString, OsString)],
     ) -> Result<Plan, PlanError> {
         let located = Located::open(&config.roots, manifest_path)?;
         Self::build_located(config, located, tool, args, env)
@@ -356,19 +356,19 @@ impl Plan {
         located: Located,
         tool: Option<&str>,
         args: Vec<u8>,
-        env: impl IntoIterator<Item = (OsString, OsString)>,
+        env: &[(OsString, OsString)],
     ) -> Result<Plan, PlanError> {
         let Located { file, path: canonical, skill_dir, roots, root, parsed } = located;
         let manifest = match parsed {
-            // Parsed from this very file (same inode, size, mtime, ctime)
-            // by the server's check, for this tool and these options.
-            Some(parsed) => Manifest::clone(&parsed),
+            // Parsed from this very file (same inode, size, mtime, ctime),
+            // for this tool and these options ([`crate::parsed`]).
+            Some(parsed) => parsed,
             None => {
                 // The file resolved before, not the path again.
                 let bytes = read_manifest(&file)
                     .map_err(|source| PlanError::Read { path: canonical.clone(), source })?;
                 let opts = ValidateOptions { max_timeout: config.max_timeout() };
-                parse_manifest(&canonical, &bytes, tool, &opts)?
+                Arc::new(parse_manifest(&canonical, &bytes, tool, &opts)?)
             }
         };
         drop(file);
@@ -398,7 +398,9 @@ impl Plan {
         }
 
         // Ownership of the entry and of every folder up to its root.
-        let mut owners: Vec<u32> = config.entry_owners.iter().filter_map(|n| uid_of(n)).collect();
+        let stamp = passwd_stamp();
+        let mut owners: Vec<u32> =
+            config.entry_owners.iter().filter_map(|n| uid_of(n, stamp)).collect();
         owners.push(euid());
         let mut at = Some(entry.as_path());
         let mut entry_meta = Some(meta);
@@ -438,13 +440,12 @@ impl Plan {
             return Err(PlanError::Args { skill, reason });
         }
 
-        let env: Vec<(OsString, OsString)> = env.into_iter().collect();
         let env = policy::env::filter(
             manifest.env_allow(),
             env.iter().map(|(k, v)| (k.as_os_str(), v.as_os_str())),
         );
 
-        let run_as = Self::run_as(config, &granted)?;
+        let run_as = Self::run_as(config, &granted, stamp)?;
         Ok(Plan {
             manifest,
             manifest_path: canonical,
@@ -458,7 +459,11 @@ impl Plan {
         })
     }
 
-    fn run_as(config: &Config, granted: &GrantedSandbox) -> Result<RunAs, PlanError> {
+    fn run_as(
+        config: &Config,
+        granted: &GrantedSandbox,
+        stamp: Option<PasswdStamp>,
+    ) -> Result<RunAs, PlanError> {
         let euid = nix::unistd::Uid::from_raw(euid());
         if !euid.is_root() {
             let gid = nix::unistd::getegid().as_raw();
@@ -471,7 +476,7 @@ impl Plan {
         }
         let name = granted.run_as.clone().unwrap_or_else(|| config.run_as.clone());
         let (uid, gid) =
-            user(&name).ok_or_else(|| PlanError::UnknownUser { user: name.clone() })?;
+            user(&name, stamp).ok_or_else(|| PlanError::UnknownUser { user: name.clone() })?;
         Ok(RunAs { name, uid, gid, switch: true })
     }
 }
@@ -510,9 +515,9 @@ mod tests {
         let first = read_manifest(located.file()).unwrap();
         fs::rename(&other, &m).unwrap();
         assert_eq!(read_manifest(located.file()).unwrap(), first, "read from the start again");
-        let plan = Plan::build_located(&config, located, None, b"{}".to_vec(), []).unwrap();
+        let plan = Plan::build_located(&config, located, None, b"{}".to_vec(), &[]).unwrap();
         assert_eq!(plan.manifest.name().as_str(), "first");
-        let again = Plan::build(&config, &m, b"{}".to_vec(), []).unwrap();
+        let again = Plan::build(&config, &m, b"{}".to_vec(), &[]).unwrap();
         assert_eq!(again.manifest.name().as_str(), "second", "the path now names the other");
     }
 
@@ -528,7 +533,7 @@ mod tests {
         let bytes = br#"{"name":"handed","description":"d","entry":"run.sh"}"#;
         let handed = Arc::new(parse_manifest(&m, bytes, None, &opts).unwrap());
         let located = Located::open(&config.roots, &m).unwrap().parsed_as(handed);
-        let plan = Plan::build_located(&config, located, None, b"{}".to_vec(), []).unwrap();
+        let plan = Plan::build_located(&config, located, None, b"{}".to_vec(), &[]).unwrap();
         assert_eq!(plan.manifest.name().as_str(), "handed");
     }
 

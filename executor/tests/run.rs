@@ -55,10 +55,11 @@ fn run_bytes(engine: &Engine, manifest: &Path, args: &[u8]) -> (RunReport, Vec<S
 
 #[test]
 fn ok_run_passes_args_on_stdin_and_env_exactly() {
-    let Some(engine) = engine(Config::default()) else { return };
+    // The engine reads the environment when it is made.
     std::env::set_var("ONGRID_T_SET", "v");
     std::env::set_var("ONGRID_T_EMPTY", "");
     std::env::set_var("ONGRID_T_SECRET", "s");
+    let Some(engine) = engine(Config::default()) else { return };
     let (_d, m) = skill(
         "envcheck",
         5,

@@ -4,25 +4,20 @@
 //! check and the metrics' `skill` label come from what the executor read,
 //! not from what the caller said.
 //!
-//! Parsed manifests are cached by the opened file's device, inode, size,
-//! mtime and ctime: a manifest that changes is read again. The check hands
-//! the opened manifest, its root and the manifest parsed from it on to the
-//! run ([`crate::plan::Located`]), whose plan re-validates everything else
-//! (entry, ownership, grants, args) for the run itself.
+//! Parsed manifests are kept by the opened file's device, inode, size,
+//! mtime and ctime ([`crate::parsed`]): a manifest that changes is read
+//! again. The check hands the opened manifest, its root and the manifest
+//! parsed from it on to the run ([`crate::plan::Located`]), whose plan
+//! re-validates everything else (entry, ownership, grants, args) for the
+//! run itself.
 
-use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
-use policy::{Manifest, Outcome, RunReport, SkillClass, ValidateOptions};
+use policy::{Outcome, RunReport, SkillClass};
 
 use crate::config::Config;
+use crate::parsed::ParsedManifests;
 use crate::plan::{Located, PlanError};
-
-/// Entries kept before the cache is cleared (manifests live in the
-/// operator's roots, so this bounds only a caller probing many paths).
-const MAX_ENTRIES: usize = 4096;
 
 /// A manifest that passed the check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,36 +30,18 @@ pub struct Checked {
     pub class: SkillClass,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Key {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
 /// See the module docs.
 #[derive(Debug)]
 pub struct ManifestCache {
     roots: Vec<PathBuf>,
-    opts: ValidateOptions,
-    entries: Mutex<Entries>,
+    parsed: ParsedManifests,
 }
-
-/// Checked manifests by canonical path and tool (for a SKILL.md), with the
-/// manifest parsed (handed to the run's plan).
-type Entries = HashMap<(PathBuf, Option<String>), (Key, Checked, Arc<Manifest>)>;
 
 impl ManifestCache {
     /// A cache checking against `config.roots` (an empty list refuses
     /// everything: `serve` runs with [`Config::for_serve`]).
     pub fn new(config: &Config) -> Self {
-        ManifestCache {
-            roots: config.roots.clone(),
-            opts: ValidateOptions { max_timeout: config.max_timeout() },
-            entries: Mutex::new(HashMap::new()),
-        }
+        ManifestCache { roots: config.roots.clone(), parsed: ParsedManifests::new(config) }
     }
 
     /// Checks the manifest at `path`.
@@ -102,58 +79,28 @@ impl ManifestCache {
             }
             other => reject(other.to_string()),
         })?;
-        let canonical = located.path();
-        let read_err = |e: std::io::Error| {
-            reject(format!("manifest {}: cannot read: {e}", canonical.display()))
-        };
-        let meta = located.file().metadata().map_err(read_err)?;
-        if !meta.is_file() {
-            return Err(reject(format!("manifest {}: not a regular file", canonical.display())));
-        }
-        let key = Key {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
-        };
-        let cache_key = (canonical.to_owned(), tool.map(str::to_owned));
-        if let Some((k, checked, parsed)) = self.lock().get(&cache_key) {
-            if *k == key {
-                return Ok((checked.clone(), located.parsed_as(Arc::clone(parsed))));
+        let manifest = self.parsed.get(&located, tool).map_err(|e| match e {
+            PlanError::Read { path, source } => {
+                reject(format!("manifest {}: cannot read: {source}", path.display()))
             }
-        }
-        let bytes = crate::plan::read_manifest(located.file()).map_err(read_err)?;
-        let manifest = crate::plan::parse_manifest(canonical, &bytes, tool, &self.opts)
-            .map_err(|e| reject(e.to_string()))?;
+            other => reject(other.to_string()),
+        })?;
         let checked = Checked {
-            path: canonical.to_owned(),
+            path: located.path().to_owned(),
             name: manifest.name().to_string(),
             class: manifest.class(),
         };
-        let mut entries = self.lock();
-        if entries.len() >= MAX_ENTRIES {
-            entries.clear();
-        }
-        let parsed = Arc::new(manifest);
-        entries.insert(cache_key, (key, checked.clone(), Arc::clone(&parsed)));
-        drop(entries);
-        Ok((checked, located.parsed_as(parsed)))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
-        // Every update is one insert or clear: a poisoned map is consistent.
-        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        Ok((checked, located.parsed_as(manifest)))
     }
 
     /// Manifests cached now.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.parsed.len()
     }
 
     /// Returns true if and only if nothing is cached.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.parsed.is_empty()
     }
 }
 

@@ -1,0 +1,166 @@
+//! Manifests parsed once per file content: the parse of an opened manifest
+//! ([`Located`]) is kept by its canonical path and tool, and reused while
+//! the open file has the same device, inode, size, mtime and ctime. A
+//! manifest that changes (rewritten, renamed over, touched) is read and
+//! parsed again; a file replaced by another one is another inode.
+//!
+//! Two users: the server's pre-admission check
+//! ([`crate::server::ManifestCache`]), which hands the parse to the run's
+//! plan, and [`crate::Engine`] itself for runs named by path (a library
+//! caller, a benchmark), so no run parses a manifest it parsed before.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use policy::{Manifest, ValidateOptions};
+
+use crate::config::Config;
+use crate::plan::{parse_manifest, read_manifest, Located, PlanError};
+
+/// Entries kept before the cache is cleared (manifests live in the
+/// operator's roots, so this bounds only a caller probing many paths).
+pub const MAX_ENTRIES: usize = 4096;
+
+/// What identifies a file's content without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FileKey {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+type Entries = HashMap<(PathBuf, Option<String>), (FileKey, Arc<Manifest>)>;
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct ParsedManifests {
+    opts: ValidateOptions,
+    entries: Mutex<Entries>,
+}
+
+impl ParsedManifests {
+    /// A cache validating with `config`'s options (its timeout ceiling).
+    pub fn new(config: &Config) -> Self {
+        ParsedManifests {
+            opts: ValidateOptions { max_timeout: config.max_timeout() },
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The manifest (one `tool` of a `SKILL.md`, or with `None` a
+    /// `skill.json`: [`parse_manifest`]) in `located`'s open file: the kept
+    /// parse when the file is as it was, else read and parsed now.
+    ///
+    /// # Errors
+    ///
+    /// [`PlanError::Read`] when the file cannot be read or is not a regular
+    /// file, else what [`parse_manifest`] says.
+    pub fn get(&self, located: &Located, tool: Option<&str>) -> Result<Arc<Manifest>, PlanError> {
+        let path = located.path();
+        let read_err = |source| PlanError::Read { path: path.to_owned(), source };
+        let meta = located.file().metadata().map_err(read_err)?;
+        if !meta.is_file() {
+            return Err(read_err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )));
+        }
+        let key = FileKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        };
+        let cache_key = (path.to_owned(), tool.map(str::to_owned));
+        if let Some((k, parsed)) = self.lock().get(&cache_key) {
+            if *k == key {
+                return Ok(Arc::clone(parsed));
+            }
+        }
+        let bytes = read_manifest(located.file()).map_err(read_err)?;
+        let parsed = Arc::new(parse_manifest(path, &bytes, tool, &self.opts)?);
+        let mut entries = self.lock();
+        if entries.len() >= MAX_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(cache_key, (key, Arc::clone(&parsed)));
+        Ok(parsed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Entries> {
+        // Every update is one insert or clear: a poisoned map is consistent.
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Manifests kept now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Returns true if and only if nothing is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::path::Path;
+
+    use super::*;
+
+    fn write(dir: &Path, timeout: u32) -> PathBuf {
+        let m = dir.join("skill.json");
+        fs::write(
+            &m,
+            format!(r#"{{"name":"p","description":"d","entry":"x","timeout_seconds":{timeout}}}"#),
+        )
+        .unwrap();
+        m
+    }
+
+    #[test]
+    fn kept_while_the_file_is_the_same_and_read_again_when_it_changes() {
+        let root = tempfile::tempdir().unwrap();
+        let config = Config { roots: vec![root.path().to_owned()], ..Config::default() };
+        let cache = ParsedManifests::new(&config);
+        let m = write(root.path(), 5);
+        let open = || Located::open(&config.roots, &m).unwrap();
+        let first = cache.get(&open(), None).unwrap();
+        assert_eq!(first.timeout().as_secs(), 5);
+        let again = cache.get(&open(), None).unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "the same file is not parsed again");
+        assert_eq!(cache.len(), 1);
+
+        // Rewritten in place (size, mtime, ctime): read again.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        write(root.path(), 7);
+        assert_eq!(cache.get(&open(), None).unwrap().timeout().as_secs(), 7);
+        // Another file renamed over it, same size: another inode.
+        let other = root.path().join("other.json");
+        fs::copy(&m, &other).unwrap();
+        fs::write(&other, fs::read_to_string(&m).unwrap().replace(":7", ":9")).unwrap();
+        fs::rename(&other, &m).unwrap();
+        assert_eq!(cache.get(&open(), None).unwrap().timeout().as_secs(), 9);
+
+        // Broken, a directory: errors, nothing kept for them.
+        fs::write(&m, "{").unwrap();
+        assert!(matches!(cache.get(&open(), None), Err(PlanError::Manifest { .. })));
+        let dir = Located::open(&config.roots, root.path()).unwrap();
+        let e = cache.get(&dir, None).unwrap_err();
+        assert!(
+            matches!(&e, PlanError::Read { source, .. } if source.to_string() == "not a regular file"),
+            "{e:?}"
+        );
+        // A tool for a skill.json is refused by the parse, not served.
+        write(root.path(), 5);
+        assert!(matches!(cache.get(&open(), Some("t")), Err(PlanError::Tool { .. })));
+    }
+}
