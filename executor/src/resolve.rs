@@ -6,7 +6,8 @@
 //! under a skills root, and every run resolves the manifest, each root and
 //! the entry (the manifest and roots once, by the server's check, whose
 //! open file the plan then reads: [`crate::plan::Located`]).
-//! Opening the path and reading the link of its descriptor takes two, and
+//! Opening the path and reading the link of its descriptor takes two (the
+//! link read relative to `/proc/self/fd`, opened once per process), and
 //! leaves the file open for what comes next: its metadata (`fstat`) and,
 //! for a manifest, its bytes, so what was checked is what is read.
 //!
@@ -24,6 +25,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// What the file is opened for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,13 +59,35 @@ impl Resolved {
             Open::Read => libc::O_NONBLOCK | libc::O_NOCTTY,
         };
         let file = OpenOptions::new().read(true).custom_flags(flags).open(path)?;
-        let path = match fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())) {
+        let path = match fd_link(&file) {
             Ok(link) if is_plain(&link) => link,
             Ok(_) => same_file(&file, path)?,
             // No /proc: what realpath says.
             Err(_) => fs::canonicalize(path)?,
         };
         Ok(Resolved { file, path })
+    }
+}
+
+/// The link `/proc/self/fd/N` of `file`, read relative to this process's
+/// `/proc/self/fd` opened once (one path component to walk per read, not
+/// four through `/proc` and its `self` link).
+fn fd_link(file: &File) -> io::Result<PathBuf> {
+    static FD_DIR: OnceLock<Option<File>> = OnceLock::new();
+    let dir = FD_DIR.get_or_init(|| {
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open("/proc/self/fd")
+            .ok()
+            .map(crate::sys::fdtable::lift_file)
+    });
+    let name = file.as_raw_fd().to_string();
+    match dir {
+        Some(dir) => {
+            nix::fcntl::readlinkat(dir, name.as_str()).map(PathBuf::from).map_err(io::Error::from)
+        }
+        None => fs::read_link(format!("/proc/self/fd/{name}")),
     }
 }
 

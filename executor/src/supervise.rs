@@ -96,6 +96,13 @@ impl Tree<'_> {
         self.kill_rest();
     }
 
+    /// True when the run's cgroup says no process is left in it (nothing
+    /// can join an empty cgroup but what the executor puts there), so no
+    /// kill is needed; false without a cgroup, or when unsure.
+    fn is_empty(&self) -> bool {
+        self.cgroup.is_some_and(|c| c.can_kill() && c.wait_empty(Duration::ZERO))
+    }
+
     /// Kills what is left once the main process is gone (its pidfd no
     /// longer names a process to signal).
     fn kill_rest(&self) {
@@ -364,7 +371,7 @@ pub async fn supervise(
         }
         (stop, exit, stdout_out, killed)
     };
-    if !killed {
+    if !killed && !tree.is_empty() {
         tree.kill();
     }
     let stderr = String::from_utf8_lossy(lines.tail.make_contiguous()).into_owned();
