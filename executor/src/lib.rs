@@ -5,6 +5,8 @@
 //!
 //! - [`config`]: `executor.toml` ([`Config`]), the operator's rules.
 //! - [`plan`]: step 1, validating a request into a [`plan::Plan`].
+//! - [`parsed`]: manifests parsed once per file content (by the open
+//!   file's identity), for the server's check and the engine's runs.
 //! - [`spawn`]: steps 2 to 5, preparing the sandbox and creating the child.
 //! - [`landlock`]: which paths get which Landlock rights, per ABI.
 //! - [`seccomp`]: the syscall deny-list, compiled to classic BPF.
@@ -55,8 +57,11 @@
 //! 1. Validate the request against the executor's own config ([`plan`]).
 //!    In `serve` the pre-admission check opens the manifest and places it
 //!    under its root once, and hands the open file, its root and the
-//!    manifest parsed from it (cached by the file's identity) to the plan
-//!    ([`plan::Located`]): the file checked is the file run.
+//!    manifest parsed from it (cached by the file's identity, [`parsed`];
+//!    an engine's runs named by path use the same cache) to the plan
+//!    ([`plan::Located`]): the file checked is the file run. The allowed
+//!    environment comes from the engine's copy of the process environment,
+//!    read once when the engine is made.
 //! 2. Prepare everything in the parent ([`spawn::prepare`]): the
 //!    environment (exactly `env_allow`), argv, rlimit values, the Landlock
 //!    ruleset fd, the seccomp program, the cgroup leaves with their
