@@ -70,7 +70,8 @@ pub enum EngineError {
 ///
 /// The engine makes its process a child subreaper (orphans of skills are
 /// reaped here). It reads the process's environment once, when it is made:
-/// a run's allowed variables (`env_allow`) come from that copy. Children are created by the engine's spawner threads
+/// a run's allowed variables (`env_allow`) come from that copy. Children
+/// are created by the engine's spawner threads
 /// ([`spawn::Spawners`]), which live as long as the engine; a child's
 /// parent-death signal is tied to its creating thread. Without them
 /// ([`Spawners::inline`], or when they cannot start) a child is created

@@ -7,9 +7,9 @@
 //! the entry (the manifest and roots once, by the server's check, whose
 //! open file the plan then reads: [`crate::plan::Located`]).
 //! Opening the path and reading the link of its descriptor takes two (the
-//! link read relative to `/proc/self/fd`, opened once per process), and
-//! leaves the file open for what comes next: its metadata (`fstat`) and,
-//! for a manifest, its bytes, so what was checked is what is read.
+//! link read relative to this process's `/proc/<pid>/fd`, opened once),
+//! and leaves the file open for what comes next: its metadata (`fstat`)
+//! and, for a manifest, its bytes, so what was checked is what is read.
 //!
 //! The link names the file as the kernel resolved it: every symbolic link
 //! followed, `.` and `..` gone, i.e. the same path as `realpath`. Two
@@ -70,24 +70,27 @@ impl Resolved {
 }
 
 /// The link `/proc/self/fd/N` of `file`, read relative to this process's
-/// `/proc/self/fd` opened once (one path component to walk per read, not
-/// four through `/proc` and its `self` link).
+/// `/proc/<pid>/fd` opened once (one path component to walk per read, not
+/// four through `/proc` and its `self` link). The directory names the
+/// process that opened it: a forked child of a library user reads its own
+/// table by the full path instead.
 fn fd_link(file: &File) -> io::Result<PathBuf> {
-    static FD_DIR: OnceLock<Option<File>> = OnceLock::new();
+    static FD_DIR: OnceLock<Option<(u32, File)>> = OnceLock::new();
     let dir = FD_DIR.get_or_init(|| {
+        let pid = std::process::id();
         OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-            .open("/proc/self/fd")
+            .open(format!("/proc/{pid}/fd"))
             .ok()
-            .map(crate::sys::fdtable::lift_file)
+            .map(|dir| (pid, crate::sys::fdtable::lift_file(dir)))
     });
     let name = file.as_raw_fd().to_string();
     match dir {
-        Some(dir) => {
+        Some((pid, dir)) if *pid == std::process::id() => {
             nix::fcntl::readlinkat(dir, name.as_str()).map(PathBuf::from).map_err(io::Error::from)
         }
-        None => fs::read_link(format!("/proc/self/fd/{name}")),
+        _ => fs::read_link(format!("/proc/self/fd/{name}")),
     }
 }
 
