@@ -250,11 +250,9 @@ impl Engine {
         // Step 1: validate against our own configuration.
         let env = &self.env;
         let planned = match source {
-            ManifestSource::Path(path) => Located::open(&self.config.roots, &path)
-                .and_then(|at| {
-                    let manifest = self.parsed.get(&at, tool)?;
-                    Ok(at.parsed_as(manifest))
-                })
+            ManifestSource::Path(path) => self
+                .parsed
+                .locate(&self.config.roots, &path, tool)
                 .and_then(|at| Plan::build_located(&self.config, at, tool, args, env)),
             ManifestSource::Located(at) => Plan::build_located(&self.config, at, tool, args, env),
         };

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use policy::{Manifest, ValidateOptions};
@@ -50,6 +50,24 @@ impl ParsedManifests {
             opts: ValidateOptions { max_timeout: config.max_timeout() },
             entries: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Opens the manifest at `path` under one of `roots` ([`Located::open`])
+    /// and attaches its parse ([`ParsedManifests::get`]): what a run's
+    /// plan ([`crate::plan::Plan::build_located`]) takes.
+    ///
+    /// # Errors
+    ///
+    /// What [`Located::open`] and [`ParsedManifests::get`] say.
+    pub fn locate(
+        &self,
+        roots: &[PathBuf],
+        path: &Path,
+        tool: Option<&str>,
+    ) -> Result<Located, PlanError> {
+        let located = Located::open(roots, path)?;
+        let manifest = self.get(&located, tool)?;
+        Ok(located.parsed_as(manifest))
     }
 
     /// The manifest (one `tool` of a `SKILL.md`, or with `None` a

@@ -314,7 +314,10 @@ fn uid_of(name: &str, stamp: Option<PasswdStamp>) -> Option<u32> {
 }
 
 impl Plan {
-    /// Validates the request.
+    /// Validates the request for the `skill.json` at `manifest_path`,
+    /// read and parsed now (a served or engine run goes through
+    /// [`crate::parsed::ParsedManifests::locate`] and
+    /// [`Plan::build_located`] instead, parsing once per file content).
     ///
     /// # Errors
     ///
@@ -325,28 +328,14 @@ impl Plan {
         args: Vec<u8>,
         env: &[(OsString, OsString)],
     ) -> Result<Plan, PlanError> {
-        Self::build_tool(config, manifest_path, None, args, env)
+        let located = Located::open(&config.roots, manifest_path)?;
+        Self::build_located(config, located, None, args, env)
     }
 
     /// Validates the request for one `tool` of a `SKILL.md` (or, with
-    /// `None`, a `skill.json`): see [`parse_manifest`].
-    ///
-    /// # Errors
-    ///
-    /// [`PlanError`]; see [`PlanError::outcome`].
-    pub fn build_tool(
-        config: &Config,
-        manifest_path: &Path,
-        tool: Option<&str>,
-        args: Vec<u8>,
-        env: &[(OsString, OsString)],
-    ) -> Result<Plan, PlanError> {
-        let located = Located::open(&config.roots, manifest_path)?;
-        Self::build_located(config, located, tool, args, env)
-    }
-
-    /// [`Plan::build_tool`] for a manifest already opened and placed under
-    /// its root ([`Located::open`] with `config.roots`).
+    /// `None`, a `skill.json`: [`parse_manifest`]) already opened and placed
+    /// under its root ([`Located::open`] with `config.roots`), parsed then
+    /// unless the parse is attached ([`Located::parsed_as`]).
     ///
     /// # Errors
     ///

@@ -2,6 +2,8 @@
 //! directories. As root the sandbox is checked from inside the skill; as
 //! another user the root-only checks print SKIP and return.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -119,26 +121,6 @@ fn identity_and_capabilities_from_inside() {
     assert!(!lines.iter().any(|l| l == "shadow-read"));
 }
 
-/// Pids whose command line contains `needle` (not a pattern: a marker
-/// unique to this test process, so no other process on the host matches).
-fn pids_with(needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !name.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains(needle) {
-            let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
-            let state = status.lines().find(|l| l.starts_with("State:")).unwrap_or("");
-            out.push(format!("{name} ({cmd}; {state})"));
-        }
-    }
-    out
-}
-
 #[test]
 fn timeout_kills_the_whole_tree() {
     let Some(engine) = engine(Config::default()) else { return };
@@ -157,7 +139,7 @@ fn timeout_kills_the_whole_tree() {
     // The 1 s deadline and the grace, far from the 300 s sleeps.
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     if is_root() {
-        let left = pids_with(&format!("sleep {mark}"));
+        let left = common::procs_with(&format!("sleep {mark}"));
         assert!(left.is_empty(), "leftovers: {left:?}");
     }
 }

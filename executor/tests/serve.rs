@@ -6,6 +6,8 @@
 //!
 //! Root only (the sandbox needs it); as another user each test prints SKIP.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
@@ -139,6 +141,30 @@ impl Server {
     }
 }
 
+/// A daemon started by a test, killed when the test ends early (a failed
+/// assertion) so no server outlives it; one reaped already is left alone.
+struct Spawned(std::process::Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn spawn_serve(config: &Path, stderr: std::process::Stdio) -> Spawned {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("ONGRID_LOG", "info")
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    Spawned(child)
+}
+
 /// Waits for a child of this test process to end: its exit code and
 /// signal. The other tests' engines reap "any child" of this process and
 /// may take it first; the process-wide reaper then keeps its status.
@@ -248,20 +274,6 @@ fn sample(text: &str, name: &str) -> f64 {
 
 fn runs_total(text: &str, skill: &str, outcome: &str) -> f64 {
     sample(text, &format!("ongrid_executor_runs_total{{outcome=\"{outcome}\",skill=\"{skill}\"}}"))
-}
-
-/// Pids whose command line contains `needle`.
-fn pids_with(needle: &str) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains(needle) {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
@@ -665,7 +677,7 @@ fn busy_beyond_the_cap_and_the_queue() {
     drop(a);
     let (_, v) = b.run_result();
     assert_eq!(v["result"]["outcome"], "ok", "{v}");
-    assert!(pids_with(&mark).is_empty());
+    assert!(common::procs_with(&mark).is_empty());
     let text = server.metrics();
     assert_eq!(runs_total(&text, "quick", "busy"), 1.0);
     assert_eq!(runs_total(&text, "quick", "ok"), 1.0);
@@ -695,9 +707,13 @@ fn closing_the_connection_kills_its_run() {
     let mut c = server.client();
     c.execute(1, &m, json!({}));
     assert_eq!(c.recv()["params"]["line"], "started");
-    wait_for("the marker processes", Duration::from_secs(5), || pids_with(&mark).len() == 2);
+    wait_for("the marker processes", Duration::from_secs(5), || {
+        common::procs_with(&mark).len() == 2
+    });
     drop(c);
-    wait_for("the run to be killed", Duration::from_secs(5), || pids_with(&mark).is_empty());
+    wait_for("the run to be killed", Duration::from_secs(5), || {
+        common::procs_with(&mark).is_empty()
+    });
     server.wait_in_flight(0);
     wait_for("the run to be counted", Duration::from_secs(5), || {
         server.metrics().contains("outcome=\"signaled\",skill=\"sleeper\"} 1")
@@ -894,7 +910,7 @@ fn a_peer_that_does_not_read_stalls_no_run() {
     wait_for("the stuck run to time out", Duration::from_secs(10), || {
         server.metrics().contains("outcome=\"timeout\",skill=\"stuck\"} 1")
     });
-    assert!(pids_with(&mark).is_empty(), "the timed-out run's process is gone");
+    assert!(common::procs_with(&mark).is_empty(), "the timed-out run's process is gone");
     let mut replies: Vec<Value> = vec![c.run_result().1, c.run_result().1];
     replies.sort_by_key(|v| v["id"].as_u64());
     assert_eq!(replies[0]["result"]["outcome"], "timeout", "{}", replies[0]);
@@ -1039,7 +1055,7 @@ fn shutdown_drains_runs_then_returns() {
     assert_eq!(v["result"]["outcome"], "timeout", "{v}");
     assert!(server.finished_within(Duration::from_secs(5)));
     assert!(stopped_at.elapsed() < Duration::from_secs(6));
-    assert!(pids_with(&mark).is_empty());
+    assert!(common::procs_with(&mark).is_empty());
     let text = server.metrics();
     assert_eq!(runs_total(&text, "finishing", "ok"), 1.0);
     assert_eq!(runs_total(&text, "finishing", "busy"), 1.0);
@@ -1095,7 +1111,7 @@ fn start_up_sweeps_crash_leftovers() {
             matches!(status, (_, Some(libc::SIGKILL)) | (None, None)),
             "the leftover process was killed: {status:?}"
         );
-        assert!(pids_with(&mark).is_empty());
+        assert!(common::procs_with(&mark).is_empty());
     } else {
         let _ = orphan.kill();
         wait_child(&mut orphan);
@@ -1176,13 +1192,8 @@ fn binary_serves_until_sigterm() {
         ),
     )
     .unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env("ONGRID_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut spawned = spawn_serve(&config, std::process::Stdio::piped());
+    let child = &mut spawned.0;
     wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
     let mut c = Client::connect(&socket);
     c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
@@ -1211,7 +1222,7 @@ fn binary_serves_until_sigterm() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let exit = wait_child(&mut child);
+    let exit = wait_child(child);
     let mut log = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
     assert_eq!(exit, (Some(0), None), "{log}");
@@ -1303,12 +1314,8 @@ fn killed_binary_takes_its_runs_with_it() {
              exec sleep {mark}"
         ),
     );
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut spawned = spawn_serve(&config, std::process::Stdio::null());
+    let child = &mut spawned.0;
     wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
     let runs = runtime.path().join("runs");
     assert!(mounted(&runs), "no tmpfs on {}", runs.display());
@@ -1329,10 +1336,12 @@ fn killed_binary_takes_its_runs_with_it() {
     let mut c = Client::connect(&socket);
     c.execute(1, &m, json!({}));
     assert_eq!(c.recv()["params"]["line"], "started");
-    wait_for("both processes", Duration::from_secs(5), || pids_with(&mark).len() == 2);
+    wait_for("both processes", Duration::from_secs(5), || common::procs_with(&mark).len() == 2);
     child.kill().unwrap();
-    wait_child(&mut child);
-    wait_for("the run's tree to die", Duration::from_secs(10), || pids_with(&mark).is_empty());
+    wait_child(child);
+    wait_for("the run's tree to die", Duration::from_secs(10), || {
+        common::procs_with(&mark).is_empty()
+    });
     wait_for("the instance directory to be removed", Duration::from_secs(2), || {
         std::fs::read_dir(&runs).is_ok_and(|mut d| d.next().is_none())
     });
@@ -1384,7 +1393,7 @@ fn next_engine_sweeps_dead_instances_only() {
     // (Another test's engine in this process may reap the orphan first.)
     if !leaves.is_empty() {
         wait_for("the dead instance's process to die", Duration::from_secs(2), || {
-            pids_with(&mark).is_empty()
+            common::procs_with(&mark).is_empty()
         });
     }
     let _ = orphan.kill();

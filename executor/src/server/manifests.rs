@@ -73,18 +73,15 @@ impl ManifestCache {
         if self.roots.is_empty() {
             return Err(reject(format!("manifest {path}: no allow-list root is configured")));
         }
-        let located = Located::open(&self.roots, Path::new(path)).map_err(|e| match e {
-            PlanError::Read { source, .. } => {
-                reject(format!("manifest {path}: cannot read: {source}"))
-            }
-            other => reject(other.to_string()),
-        })?;
-        let manifest = self.parsed.get(&located, tool).map_err(|e| match e {
+        // Both the open and the read name the path they failed on.
+        let refused = |e| match e {
             PlanError::Read { path, source } => {
                 reject(format!("manifest {}: cannot read: {source}", path.display()))
             }
             other => reject(other.to_string()),
-        })?;
+        };
+        let located = Located::open(&self.roots, Path::new(path)).map_err(refused)?;
+        let manifest = self.parsed.get(&located, tool).map_err(refused)?;
         let checked = Checked {
             path: located.path().to_owned(),
             name: manifest.name().to_string(),
