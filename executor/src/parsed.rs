@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use policy::{Manifest, ValidateOptions};
 
 use crate::config::Config;
-use crate::plan::{parse_manifest, read_manifest, Located, PlanError};
+use crate::plan::{Located, PlanError};
 
 /// Entries kept before the cache is cleared (manifests live in the
 /// operator's roots, so this bounds only a caller probing many paths).
@@ -71,13 +71,13 @@ impl ParsedManifests {
     }
 
     /// The manifest (one `tool` of a `SKILL.md`, or with `None` a
-    /// `skill.json`: [`parse_manifest`]) in `located`'s open file: the kept
+    /// `skill.json`: [`crate::plan::parse_manifest`]) in `located`'s open file: the kept
     /// parse when the file is as it was, else read and parsed now.
     ///
     /// # Errors
     ///
     /// [`PlanError::Read`] when the file cannot be read or is not a regular
-    /// file, else what [`parse_manifest`] says.
+    /// file, else what [`crate::plan::parse_manifest`] says.
     pub fn get(&self, located: &Located, tool: Option<&str>) -> Result<Arc<Manifest>, PlanError> {
         let path = located.path();
         let read_err = |source| PlanError::Read { path: path.to_owned(), source };
@@ -101,8 +101,7 @@ impl ParsedManifests {
                 return Ok(Arc::clone(parsed));
             }
         }
-        let bytes = read_manifest(located.file()).map_err(read_err)?;
-        let parsed = Arc::new(parse_manifest(path, &bytes, tool, &self.opts)?);
+        let parsed = Arc::new(located.parse(tool, &self.opts)?);
         let mut entries = self.lock();
         if entries.len() >= MAX_ENTRIES {
             entries.clear();

@@ -252,6 +252,19 @@ impl Located {
     pub fn file(&self) -> &fs::File {
         &self.file
     }
+
+    /// Reads the open file (not the path again) and parses it: one `tool`
+    /// of a `SKILL.md`, or with `None` a `skill.json` ([`parse_manifest`]).
+    ///
+    /// # Errors
+    ///
+    /// [`PlanError::Read`] naming the canonical path, else what
+    /// [`parse_manifest`] says.
+    pub fn parse(&self, tool: Option<&str>, opts: &ValidateOptions) -> Result<Manifest, PlanError> {
+        let bytes = read_manifest(&self.file)
+            .map_err(|source| PlanError::Read { path: self.path.clone(), source })?;
+        parse_manifest(&self.path, &bytes, tool, opts)
+    }
 }
 
 /// The executor's effective uid, read once (it never changes).
@@ -342,24 +355,21 @@ impl Plan {
     /// [`PlanError`]; see [`PlanError::outcome`].
     pub fn build_located(
         config: &Config,
-        located: Located,
+        mut located: Located,
         tool: Option<&str>,
         args: Vec<u8>,
         env: &[(OsString, OsString)],
     ) -> Result<Plan, PlanError> {
-        let Located { file, path: canonical, skill_dir, roots, root, parsed } = located;
-        let manifest = match parsed {
+        let manifest = match located.parsed.take() {
             // Parsed from this very file (same inode, size, mtime, ctime),
             // for this tool and these options ([`crate::parsed`]).
             Some(parsed) => parsed,
             None => {
-                // The file resolved before, not the path again.
-                let bytes = read_manifest(&file)
-                    .map_err(|source| PlanError::Read { path: canonical.clone(), source })?;
                 let opts = ValidateOptions { max_timeout: config.max_timeout() };
-                Arc::new(parse_manifest(&canonical, &bytes, tool, &opts)?)
+                Arc::new(located.parse(tool, &opts)?)
             }
         };
+        let Located { file, path: canonical, skill_dir, roots, root, parsed: _ } = located;
         drop(file);
         let skill = manifest.name().to_string();
         let entry_err = |path: &Path, reason: String| PlanError::Entry {
