@@ -288,7 +288,7 @@ impl Engine {
             return r;
         }
         // Steps 3-5: spawn (the child applies the sandbox and execs).
-        let child = match spawn::spawn(&prep, &plan.entry, &self.spawners) {
+        let child = match spawn::spawn(&prep, &plan.entry, &plan.args, &self.spawners) {
             Ok(c) => c,
             Err(e) => {
                 let mut r = RunReport::not_run(skill, e.outcome(), e.to_string());

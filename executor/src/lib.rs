@@ -109,9 +109,11 @@
 //! 5. `execve` the entry with argv = `[entry]` and the prepared environment.
 //!    A failing step writes (step, errno) into the parent's memory and
 //!    exits; the parent reports `sandbox_failed` or `spawn_failed`.
-//! 6. Supervise ([`supervise`]): args to stdin then EOF, stdout up to its
-//!    cap, stderr streamed line by line, the deadline (SIGTERM, grace,
-//!    SIGKILL), cancellation.
+//! 6. Supervise ([`supervise`]): args to stdin then EOF (args that fit in
+//!    the pipe, nearly all, are put there with the EOF behind them before
+//!    step 3, so the skill never waits on the executor for them), stdout up
+//!    to its cap, stderr streamed line by line, the deadline (SIGTERM,
+//!    grace, SIGKILL), cancellation.
 //! 7. On any end, kill the whole tree (`cgroup.kill`; SIGCONT with SIGTERM
 //!    so stopped processes see it), reap (the executor is a child subreaper,
 //!    so orphans are reaped too), remove the cgroups and the run directory

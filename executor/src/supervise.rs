@@ -1,6 +1,6 @@
-//! Spawn sequence steps 6 and 7: feed stdin, collect stdout and stderr
-//! within their bounds, enforce the deadline, and kill the whole tree on
-//! any end.
+//! Spawn sequence steps 6 and 7: feed stdin what the spawn's prefill left,
+//! collect stdout and stderr within their bounds, enforce the deadline, and
+//! kill the whole tree on any end.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -115,11 +115,13 @@ impl Tree<'_> {
     }
 }
 
-/// Writes the args and closes stdin. Args that fit in the pipe (64 KiB,
-/// nearly always) go in one `write` without registering the pipe with the
-/// reactor; the rest is written as the skill reads.
+/// Writes what is left of the args after the spawn's prefill
+/// (`spawn::prefill_stdin`) and closes stdin: as the skill reads, or at
+/// once when nothing is left.
 /// EPIPE (the skill does not read stdin) is not an error of the run.
-async fn write_stdin(fd: OwnedFd, args: &[u8]) {
+async fn write_stdin(stdin: Option<(OwnedFd, usize)>, args: &[u8]) {
+    let Some((fd, done)) = stdin else { return };
+    let args = args.get(done..).unwrap_or_default();
     let mut rest = args;
     while !rest.is_empty() {
         match nix::unistd::write(&fd, rest) {
