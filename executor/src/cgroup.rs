@@ -167,9 +167,20 @@ pub struct CgroupError {
 }
 
 /// Charges a reused v1 memory leaf may keep from earlier runs (reclaimable
-/// kernel objects, page cache) before the janitor empties it: a run starts
-/// with at most this much of its `memory_bytes` taken.
-pub const FORCE_EMPTY_ABOVE: u64 = 1 << 20;
+/// kernel objects, page cache; ~140 KiB per trivial run here) before the
+/// janitor empties it: a run starts with at most this much, and at most
+/// 1/[`LEFTOVER_SHARE`] of its `memory_bytes`, taken (a run with a smaller
+/// bound empties the leaf itself, [`RunCgroup::set_limits`]).
+///
+/// Emptying (`memory.force_empty`) drains every CPU's LRU caches
+/// (`lru_add_drain_all`, work queued on each CPU and waited for) and runs
+/// a reclaim pass. At 1 MiB it came every ~7 runs and the janitor fell
+/// behind under 8 clients (a third of the runs recycled their slot
+/// themselves); at 8 MiB it keeps up (BENCHMARKS.md, fifteenth pass).
+pub const FORCE_EMPTY_ABOVE: u64 = 8 << 20;
+
+/// See [`FORCE_EMPTY_ABOVE`]: 1/64, under 2 % of a run's memory bound.
+pub const LEFTOVER_SHARE: u64 = 64;
 
 /// The leaves of one run.
 #[derive(Debug)]
@@ -360,6 +371,10 @@ impl RunCgroup {
     ///
     /// [`CgroupError`] naming the file.
     pub fn set_limits(&mut self, memory_bytes: u64, max_pids: u32) -> Result<(), CgroupError> {
+        let share = memory_bytes / LEFTOVER_SHARE;
+        if share < FORCE_EMPTY_ABOVE {
+            self.empty_above(share)?;
+        }
         if self.limits == Some((memory_bytes, max_pids)) {
             return Ok(());
         }
@@ -519,12 +534,10 @@ impl RunCgroup {
     /// dearer part of a run slot). Only when every leaf is provably empty:
     /// the v2 leaf says `populated 0` (no process in it or below; without
     /// a v2 leaf, the v1 leaves list no process), and the v1 memory leaf,
-    /// once its charges
-    /// (kernel objects and page cache the runs left, ~140 KiB per trivial
-    /// run here) pass [`FORCE_EMPTY_ABOVE`], accepts `memory.force_empty`
-    /// (refused while a task is in it) and gives them back (a reclaim pass
-    /// costs ~0.1 ms, so it is paid every few runs, not every run); its peak and fail
-    /// counters are reset, and the OOM kill count is taken as the next
+    /// once its charges (kernel objects and page cache the runs left) pass
+    /// [`FORCE_EMPTY_ABOVE`], accepts `memory.force_empty` (refused while a
+    /// task is in it) and gives them back (paid every few dozen runs, not
+    /// every run); its peak and fail counters are reset, and the OOM kill count is taken as the next
     /// run's baseline. The bounds are rewritten by the next run's
     /// [`RunCgroup::set_limits`] when they differ, and are otherwise the
     /// same values. `false`: the leaves must be removed instead.
@@ -551,17 +564,11 @@ impl RunCgroup {
                 }
             }
         }
+        if self.empty_above(FORCE_EMPTY_ABOVE).is_err() {
+            return false;
+        }
         if let Some(dir) = &self.memory {
             let k = &self.kept;
-            let usage = k
-                .usage
-                .read(|| dir.join("memory.usage_in_bytes"))
-                .and_then(|u| u.trim().parse::<u64>().ok());
-            if usage.is_none_or(|u| u > FORCE_EMPTY_ABOVE)
-                && fs::write(dir.join("memory.force_empty"), "0").is_err()
-            {
-                return false;
-            }
             let mut resets =
                 vec![(&k.max_usage, "memory.max_usage_in_bytes"), (&k.failcnt, "memory.failcnt")];
             if self.memsw {
@@ -574,6 +581,22 @@ impl RunCgroup {
         }
         self.oom_base = self.oom_count();
         true
+    }
+
+    /// Gives back the v1 memory leaf's charges when they are above `bound`
+    /// (or cannot be read): see [`FORCE_EMPTY_ABOVE`]. Refused by the
+    /// kernel while a task is in the leaf.
+    fn empty_above(&self, bound: u64) -> Result<(), CgroupError> {
+        let Some(dir) = &self.memory else { return Ok(()) };
+        let usage = self
+            .kept
+            .usage
+            .read(|| dir.join("memory.usage_in_bytes"))
+            .and_then(|u| u.trim().parse::<u64>().ok());
+        if usage.is_none_or(|u| u > bound) {
+            write_file(&dir.join("memory.force_empty"), "0")?;
+        }
+        Ok(())
     }
 
     /// Removes the leaves (retrying while the kernel finishes teardown).
@@ -603,5 +626,65 @@ impl Drop for RunCgroup {
             self.kill();
             self.remove();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+    use crate::{Config, Engine};
+
+    /// What a finished run left charged to its reused memory leaf (here
+    /// 2 MiB of a file's page cache) stays there for a run whose bound it
+    /// takes less than 1/64 of, and is given back before a run with a
+    /// smaller bound starts.
+    #[test]
+    fn leftover_charges_are_bounded_by_the_next_runs_share() {
+        let runtime = tempfile::tempdir_in("/var/tmp").unwrap();
+        let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
+        let engine = Engine::new(config).unwrap();
+        let h = &engine.host().cgroups;
+        if h.v1_memory.is_none() {
+            println!("SKIP: leftover_charges_are_bounded_by_the_next_runs_share: no v1 memory hierarchy here (needs root and a v1 memory controller)");
+            return;
+        }
+        let id = format!("leftover-test-{}", std::process::id());
+        let mut cg = RunCgroup::create(h, &id, 512 << 20, 64).unwrap();
+        let dir = cg.memory.clone().unwrap();
+        let usage = || -> u64 {
+            fs::read_to_string(dir.join("memory.usage_in_bytes")).unwrap().trim().parse().unwrap()
+        };
+        // A clean 2 MiB file out of the page cache, then read by a process
+        // in the leaf: its pages are charged to the leaf and stay there.
+        let file = runtime.path().join("cache");
+        let mut f = fs::File::create(&file).unwrap();
+        f.write_all(&vec![7u8; 2 << 20]).unwrap();
+        f.sync_all().unwrap();
+        nix::fcntl::posix_fadvise(&f, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED)
+            .unwrap();
+        let script = format!(
+            "echo $$ > {}/cgroup.procs && cat {} > /dev/null",
+            dir.display(),
+            file.display()
+        );
+        let status = std::process::Command::new("/bin/sh").arg("-c").arg(&script).status().unwrap();
+        assert!(status.success());
+        let left = usage();
+        assert!(left >= 3 << 19, "the read was charged to the leaf: {left}");
+
+        // Under FORCE_EMPTY_ABOVE: recycling keeps them, and so does a run
+        // with the default bound (512 MiB, an 8 MiB share).
+        assert!(cg.recycle(), "an empty leaf is recycled");
+        assert!(usage() >= 3 << 19, "kept by recycle: {}", usage());
+        cg.set_limits(512 << 20, 64).unwrap();
+        assert!(usage() >= 3 << 19, "kept for a 512 MiB run: {}", usage());
+
+        // A 32 MiB run's share is 512 KiB: the leaf is emptied first.
+        cg.set_limits(32 << 20, 64).unwrap();
+        let after = usage();
+        assert!(after <= (32 << 20) / LEFTOVER_SHARE, "left for a 32 MiB run: {after}");
+        cg.remove();
     }
 }
