@@ -615,6 +615,8 @@ impl Drop for Worker {
 
 struct Ctx<'a> {
     o: &'a Opts,
+    /// `bwrap` and `firejail` found on `PATH` (the children's is empty).
+    tools: [PathBuf; 2],
     config: PathBuf,
     stacks: BTreeMap<&'static str, Stack>,
     workers: Mutex<BTreeMap<&'static str, Worker>>,
@@ -632,6 +634,12 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
     let dir = manifest.parent().unwrap();
     let entry = dir.join("run");
     let spawn_echo = |cmd: &mut Command| {
+        // The skill gets the environment it gets in the sandbox: exactly
+        // its manifest's `env_allow`, here nothing. With the bench's own
+        // (`LANG=C.UTF-8` here) `cat` loads the locale: 119 system calls
+        // instead of 45, which made every ratio to `bare` look better than
+        // it was (BENCHMARKS.md, fifteenth pass).
+        cmd.env_clear();
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut c = cmd.spawn().expect("spawn");
         c.stdin.take().expect("stdin").write_all(ARGS).expect("write args");
@@ -649,7 +657,7 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
             None
         }
         Variant::Bwrap => {
-            let mut cmd = Command::new("bwrap");
+            let mut cmd = Command::new(&ctx.tools[0]);
             cmd.args(["--unshare-all", "--die-with-parent"]);
             for sys in ["/usr", "/bin", "/lib", "/lib64"] {
                 match fs::read_link(sys) {
@@ -664,7 +672,7 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
             None
         }
         Variant::Firejail => {
-            spawn_echo(Command::new("firejail").args(["--quiet", "--noprofile"]).arg(&entry));
+            spawn_echo(Command::new(&ctx.tools[1]).args(["--quiet", "--noprofile"]).arg(&entry));
             None
         }
         Variant::Cli => {
@@ -1113,13 +1121,17 @@ fn print_rss(ctx: &Ctx<'_>, when: &str) {
     }
 }
 
-fn have(tool: &str) -> bool {
-    Command::new(tool)
+/// `tool` found on `PATH`, if it answers `--version`.
+fn which(tool: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    let found = std::env::split_paths(&path).map(|d| d.join(tool)).find(|p| p.is_file())?;
+    Command::new(&found)
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+        .then_some(found)
 }
 
 fn main() {
@@ -1135,13 +1147,15 @@ fn main() {
         o.conc,
     );
     println!("loadavg at start: {}", first_line("/proc/loadavg"));
-    for tool in ["bwrap", "firejail"] {
+    let tools = ["bwrap", "firejail"].map(|tool| {
         let v = Variant::parse(tool).unwrap();
-        if o.variants.contains(&v) && !have(tool) {
+        let found = which(tool);
+        if o.variants.contains(&v) && found.is_none() {
             println!("note: {tool} not installed, variant skipped (benches/run.sh installs it)");
             o.variants.retain(|x| *x != v);
         }
-    }
+        found.unwrap_or_default()
+    });
     for bin in ["ongrid-executor", "ongrid-skilld"] {
         if !o.bin_dir.join(bin).exists() {
             eprintln!("{} missing: cargo build --release --workspace --bins", bin);
@@ -1233,7 +1247,7 @@ fn main() {
     for (name, w) in &workers {
         println!("worker {name}: VmRSS {:.1} MiB", w.rss_kb as f64 / 1024.0);
     }
-    let ctx = Ctx { o: &o, config, stacks, workers: Mutex::new(workers) };
+    let ctx = Ctx { o: &o, tools, config, stacks, workers: Mutex::new(workers) };
 
     for (kind, manifest) in &manifests {
         for &conc in &o.conc {

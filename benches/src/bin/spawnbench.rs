@@ -184,6 +184,9 @@ fn run_one(
     match v {
         Variant::Bare | Variant::Fork => {
             let mut cmd = Command::new(&entry);
+            // The environment the skill gets in the sandbox (its manifest's
+            // `env_allow`: nothing); see loadbench's `run_one`.
+            cmd.env_clear();
             cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
             if v == Variant::Fork {
                 cmd.uid(nix::unistd::geteuid().as_raw()).gid(nix::unistd::getegid().as_raw());
