@@ -199,13 +199,22 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// Returns true if and only if `pid` is a live (not zombie) process whose
 /// command line contains `needle`.
 pub fn process_alive(pid: i32, needle: &str) -> bool {
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
-    if state == Some('Z') {
-        return false;
+    // A process in the middle of an `execve` (a skill's shell that just
+    // printed its pid and is exec'ing `sleep`) shows an empty command line
+    // until the new image's arguments are set up: read it again.
+    for _ in 0..100 {
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
+        if state == Some('Z') {
+            return false;
+        }
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !cmdline.is_empty() {
+            return String::from_utf8_lossy(&cmdline).contains(needle);
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    String::from_utf8_lossy(&cmdline).contains(needle)
+    false
 }
 
 /// Pids of live processes whose command line contains `needle`.
