@@ -1147,6 +1147,10 @@ fn main() {
         o.conc,
     );
     println!("loadavg at start: {}", first_line("/proc/loadavg"));
+    println!(
+        "environment of the skill: none in every variant (bare, bwrap and firejail as the \
+         sandbox gives it)"
+    );
     let tools = ["bwrap", "firejail"].map(|tool| {
         let v = Variant::parse(tool).unwrap();
         let found = which(tool);
