@@ -115,28 +115,15 @@ impl Tree<'_> {
     }
 }
 
-/// Writes what is left of the args after the spawn's prefill
-/// (`spawn::prefill_stdin`) and closes stdin: as the skill reads, or at
-/// once when nothing is left.
+/// Writes what the spawn's prefill (`spawn::prefill_stdin`, which already
+/// wrote until the pipe was full) left of the args, as the skill reads,
+/// then closes stdin; nothing to do when the prefill wrote them all.
 /// EPIPE (the skill does not read stdin) is not an error of the run.
 async fn write_stdin(stdin: Option<(OwnedFd, usize)>, args: &[u8]) {
     let Some((fd, done)) = stdin else { return };
-    let args = args.get(done..).unwrap_or_default();
-    let mut rest = args;
-    while !rest.is_empty() {
-        match nix::unistd::write(&fd, rest) {
-            Ok(n) => rest = &rest[n..],
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(nix::errno::Errno::EAGAIN) => break,
-            Err(_) => return,
-        }
-    }
-    if rest.is_empty() {
-        return;
-    }
     // The executor's end is non-blocking (`spawn::pipe`).
     let Ok(mut tx) = pipe::Sender::from_owned_fd_unchecked(fd) else { return };
-    let _ = tx.write_all(rest).await;
+    let _ = tx.write_all(args.get(done..).unwrap_or_default()).await;
 }
 
 /// Reads stdout up to `cap`; `Err` with what was read once it goes over.

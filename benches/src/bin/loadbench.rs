@@ -616,7 +616,8 @@ impl Drop for Worker {
 struct Ctx<'a> {
     o: &'a Opts,
     /// `bwrap` and `firejail` found on `PATH` (the children's is empty).
-    tools: [PathBuf; 2],
+    bwrap: PathBuf,
+    firejail: PathBuf,
     config: PathBuf,
     stacks: BTreeMap<&'static str, Stack>,
     workers: Mutex<BTreeMap<&'static str, Worker>>,
@@ -657,7 +658,7 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
             None
         }
         Variant::Bwrap => {
-            let mut cmd = Command::new(&ctx.tools[0]);
+            let mut cmd = Command::new(&ctx.bwrap);
             cmd.args(["--unshare-all", "--die-with-parent"]);
             for sys in ["/usr", "/bin", "/lib", "/lib64"] {
                 match fs::read_link(sys) {
@@ -672,7 +673,7 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
             None
         }
         Variant::Firejail => {
-            spawn_echo(Command::new(&ctx.tools[1]).args(["--quiet", "--noprofile"]).arg(&entry));
+            spawn_echo(Command::new(&ctx.firejail).args(["--quiet", "--noprofile"]).arg(&entry));
             None
         }
         Variant::Cli => {
@@ -1151,7 +1152,7 @@ fn main() {
         "environment of the skill: none in every variant (bare, bwrap and firejail as the \
          sandbox gives it)"
     );
-    let tools = ["bwrap", "firejail"].map(|tool| {
+    let [bwrap, firejail] = ["bwrap", "firejail"].map(|tool| {
         let v = Variant::parse(tool).unwrap();
         let found = which(tool);
         if o.variants.contains(&v) && found.is_none() {
@@ -1251,7 +1252,7 @@ fn main() {
     for (name, w) in &workers {
         println!("worker {name}: VmRSS {:.1} MiB", w.rss_kb as f64 / 1024.0);
     }
-    let ctx = Ctx { o: &o, tools, config, stacks, workers: Mutex::new(workers) };
+    let ctx = Ctx { o: &o, bwrap, firejail, config, stacks, workers: Mutex::new(workers) };
 
     for (kind, manifest) in &manifests {
         for &conc in &o.conc {
