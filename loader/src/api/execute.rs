@@ -166,15 +166,25 @@ pub async fn execute(
         Ok(permit) => params.take().map(|p| (permit, p)),
         Err(_) => None,
     };
+    //
+    // The executor's side is polled first: the row is often written in
+    // place, synchronously (`Audit`'s writer), and the held request should
+    // be on its way before that.
     let (row_id, pre) = match fast {
         Some((permit, p)) => {
-            let (row, held) =
-                tokio::join!(app.audit().record_before_run(record), app.executor().execute_held(p));
+            let (held, row) = tokio::join!(
+                biased;
+                app.executor().execute_held(p),
+                app.audit().record_before_run(record)
+            );
             (row, Pre::Held(permit, held))
         }
         None => {
-            let (row, opened) =
-                tokio::join!(app.audit().record_before_run(record), app.executor().open());
+            let (opened, row) = tokio::join!(
+                biased;
+                app.executor().open(),
+                app.audit().record_before_run(record)
+            );
             (row, Pre::Opened(opened))
         }
     };

@@ -45,10 +45,14 @@
 //!
 //! # Group commit
 //!
-//! One thread writes. It takes every job waiting on its channel at once
-//! and writes them in one transaction, so one commit (one `fsync`) covers
-//! all the rows of that batch; each caller waits for the commit of its own
-//! batch only. Statements are prepared once per connection
+//! One connection writes, behind a mutex. The audit thread takes every job
+//! waiting on its channel at once and writes them in one transaction, so
+//! one commit (one `fsync`) covers all the rows of that batch; each caller
+//! waits for the commit of its own batch only. When nothing is queued and
+//! nobody holds the connection, a row whose answer needs no `fsync` (a
+//! `safe` run's under `interval`, any under `normal`) is written by the
+//! task that asks for it, in its own transaction, instead: the hop to the
+//! thread and back cost more than the write (`worker`). Statements are prepared once per connection
 //! (`prepare_cached`). An allowed run's first row
 //! ([`Audit::record_before_run`]) is answered as soon as it is inserted,
 //! before its commit: the run's answer waits for the commit of its
@@ -67,9 +71,11 @@
 //!
 //! # Failures
 //!
-//! SQLite calls block: they run on one dedicated thread (`ongrid-audit`)
-//! that owns the connection; requests reach it over a channel and wait on a
-//! oneshot. A failed write counts in `ongrid_audit_write_errors_total`, is
+//! SQLite calls block: they run on one dedicated thread (`ongrid-audit`);
+//! requests reach it over a channel and wait on a oneshot. Only the quick
+//! writes above run in place, on a connection already open (tens of
+//! microseconds; a WAL checkpoint SQLite makes due stalls that one caller
+//! as it would stall the thread's whole batch). A failed write counts in `ongrid_audit_write_errors_total`, is
 //! logged at error level and returns [`AuditError::Unavailable`]; the
 //! handler then refuses the run (503 `audit_unavailable`) unless
 //! `audit_required = false`. The thread opens the database lazily and again
@@ -93,7 +99,7 @@ use tokio::sync::oneshot;
 
 use crate::config::{AuditSettings, AuditSync};
 use syncer::Syncer;
-use worker::Worker;
+use worker::{Worker, Writer};
 
 mod sql;
 mod syncer;
@@ -255,12 +261,15 @@ enum Job {
     Query(Query, oneshot::Sender<Result<Vec<Entry>, AuditError>>),
     UsedApprovals(oneshot::Sender<Result<Vec<(String, u64)>, AuditError>>),
     Count(oneshot::Sender<Result<i64, AuditError>>),
+    /// Retention, made due by a commit written in place.
+    Prune,
 }
 
 /// The handle requests share; the thread stops when the last is dropped.
 #[derive(Debug, Clone)]
 pub struct Audit {
     tx: mpsc::Sender<Job>,
+    writer: Arc<Writer>,
     required: bool,
 }
 
@@ -285,7 +294,6 @@ impl Audit {
         errors: IntCounter,
         syncs: &IntCounterVec,
     ) -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::channel();
         let syncer = match settings.synchronous {
             AuditSync::Interval => {
                 let syncer = Arc::new(Syncer::default());
@@ -302,15 +310,21 @@ impl Audit {
         };
         let commit_syncs = syncs.with_label_values(&["commit"]);
         let worker = Worker::new(settings.clone(), errors, commit_syncs, syncer.clone());
-        let spawned =
-            std::thread::Builder::new().name("ongrid-audit".into()).spawn(move || worker.run(rx));
+        let writer = Arc::new(Writer::new(worker));
+        let (tx, rx) = mpsc::channel();
+        // The thread holds the writer too, and the queue's receiver: it
+        // stops when the last `Audit` (the last sender) is dropped.
+        let thread_writer = Arc::clone(&writer);
+        let spawned = std::thread::Builder::new()
+            .name("ongrid-audit".into())
+            .spawn(move || thread_writer.run(&rx));
         if let Err(e) = spawned {
             if let Some(syncer) = syncer {
                 syncer.stop();
             }
             return Err(e);
         }
-        Ok(Self { tx, required: settings.required })
+        Ok(Self { tx, writer, required: settings.required })
     }
 
     /// Whether runs are refused when the audit cannot be written.
@@ -323,7 +337,9 @@ impl Audit {
         job: impl FnOnce(oneshot::Sender<Result<T, AuditError>>) -> Job,
     ) -> Result<T, AuditError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(job(tx)).map_err(|_| AuditError::Closed)?;
+        if let Some(job) = self.writer.try_in_place(job(tx), &self.tx) {
+            self.writer.queue(&self.tx, job)?;
+        }
         rx.await.map_err(|_| AuditError::Closed)?
     }
 
@@ -361,7 +377,7 @@ impl Audit {
 
     /// Completes row `id` without waiting.
     pub fn finish_detached(&self, id: i64, finish: Finish) {
-        let _ = self.tx.send(Job::Finish(id, Box::new(finish), None));
+        let _ = self.writer.queue(&self.tx, Job::Finish(id, Box::new(finish), None));
     }
 
     /// Reads rows, newest first.

@@ -269,3 +269,61 @@ fn a_sync_always_syncs_a_file() {
     std::fs::remove_file(&db).unwrap();
     super::syncer::sync_commits(&db).unwrap();
 }
+
+/// A row whose answer needs no `fsync` is written by the task that asks
+/// for it when the writer is idle (no hop to the thread and back); a row
+/// that is synced before its answer, a read, the first open and every
+/// `full` commit stay on the thread; retention made due in place runs on
+/// the thread, before anything queued after it.
+#[tokio::test]
+async fn quick_rows_are_written_in_place_and_the_rest_on_the_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let interval = AuditSettings { synchronous: AuditSync::Interval, ..settings(dir.path(), 3) };
+    let counts = syncs();
+    let audit = Audit::start(&interval, errors.clone(), &counts).unwrap();
+    let safe = |skill: &str| Record { class: "safe".into(), ..record(skill, &[]) };
+    let done = || Finish { outcome: "ok".into(), ..Finish::default() };
+
+    // The first write opens the database: on the thread.
+    let id = audit.record_before_run(safe("df")).await.unwrap();
+    assert_eq!(audit.writer.in_place(), 0);
+    // The completion and the next safe run's rows: in place.
+    RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
+    assert_eq!(audit.writer.in_place(), 1);
+    let id = audit.record_before_run(safe("df")).await.unwrap();
+    RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
+    assert_eq!(audit.writer.in_place(), 3);
+    // A dangerous run's rows are synced before their answers: the thread.
+    let id = audit.record_before_run(record("rm", &[])).await.unwrap();
+    RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
+    assert_eq!(audit.writer.in_place(), 3);
+    assert_eq!(counts.with_label_values(&["commit"]).get(), 2);
+    // A refusal of a safe skill is a row like any other.
+    audit.record(Record { decision: "deny", ..safe("df") }).await.unwrap();
+    assert_eq!(audit.writer.in_place(), 4);
+    // Reads go to the thread and see every row written in place.
+    assert_eq!(audit.count().await.unwrap(), 4);
+
+    // Retention: `audit_max_rows = 3`, due every PRUNE_EVERY writes (7 so
+    // far). The in-place commit of the 100th queues it, and the next write
+    // cannot pass it (nothing is written in place while a job is queued):
+    // the 3 newest rows are kept, and the 7 written after them.
+    for _ in 0..PRUNE_EVERY {
+        audit.record(Record { decision: "deny", ..safe("df") }).await.unwrap();
+    }
+    assert!(audit.writer.in_place() >= 4 + 93);
+    assert_eq!(audit.count().await.unwrap(), 3 + 7, "retention did not run once");
+    assert_eq!(errors.get(), 0);
+
+    // `full`: every commit is synced before its answer: never in place.
+    let dir = tempfile::tempdir().unwrap();
+    let full = settings(dir.path(), 0);
+    let audit = Audit::start(&full, errors.clone(), &syncs()).unwrap();
+    for _ in 0..3 {
+        let id = audit.record_before_run(safe("df")).await.unwrap();
+        RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
+    }
+    assert_eq!(audit.writer.in_place(), 0);
+    assert_eq!(audit.count().await.unwrap(), 3);
+}

@@ -1,9 +1,20 @@
-//! The audit thread's writer: one SQLite connection, every job waiting at
-//! once written in one transaction (group commit), and when each commit is
-//! made durable (the parent module's Durability section).
+//! The audit writer: one SQLite connection, every job waiting at once
+//! written in one transaction (group commit), and when each commit is made
+//! durable (the parent module's Durability section).
+//!
+//! The connection is behind a mutex ([`Writer`]) so that a job may be
+//! written in place, by the task that asks for it, when nobody else is
+//! writing ([`Writer::try_in_place`]): the audit thread then has nothing
+//! queued and is not in a batch. That saves the run's two hops to the
+//! thread and back (a wake-up of another thread each, the dearest thing
+//! on a guest), for a write that takes tens of microseconds. Only a write
+//! that needs no `fsync` before its answer is written in place, on a
+//! connection already open; anything that may take longer (an `fsync`,
+//! a read, opening the database, retention) stays on the thread.
 
 use std::collections::HashSet;
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use prometheus::IntCounter;
 use rusqlite::Connection;
@@ -19,7 +30,98 @@ const MAX_CRITICAL_IN_FLIGHT: usize = 1 << 16;
 /// Most jobs written in one transaction.
 const MAX_BATCH: usize = 256;
 
-/// The thread's state.
+/// The writer shared by the audit thread and the tasks that write in
+/// place.
+pub(super) struct Writer {
+    worker: Mutex<Worker>,
+    /// Jobs sent to the thread and not yet taken into a batch.
+    queued: AtomicUsize,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").field("queued", &self.queued).finish_non_exhaustive()
+    }
+}
+
+impl Writer {
+    /// The writer of `worker`.
+    pub(super) fn new(worker: Worker) -> Self {
+        Self { worker: Mutex::new(worker), queued: AtomicUsize::new(0) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Worker> {
+        // A panic inside a batch leaves at worst an open transaction, which
+        // the next `BEGIN` fails on and the connection is reopened.
+        self.worker.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hands `job` to the audit thread over its queue `tx`.
+    pub(super) fn queue(&self, tx: &mpsc::Sender<Job>, job: Job) -> Result<(), AuditError> {
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        tx.send(job).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            AuditError::Closed
+        })
+    }
+
+    /// Writes `job` here and now when that is quick: nothing is queued for
+    /// the thread, nobody holds the connection, and the job is a row whose
+    /// answer needs no `fsync` ([`Worker::fits_in_place`]). Gives the job
+    /// back otherwise. A caller's answer is sent before this returns; the
+    /// retention a commit makes due goes to the thread over `tx`.
+    pub(super) fn try_in_place(&self, job: Job, tx: &mpsc::Sender<Job>) -> Option<Job> {
+        if self.queued.load(Ordering::SeqCst) != 0 {
+            return Some(job);
+        }
+        let mut worker = match self.worker.try_lock() {
+            Ok(w) => w,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return Some(job),
+        };
+        if !worker.fits_in_place(&job) {
+            return Some(job);
+        }
+        worker.in_place += 1;
+        worker.run_batch(vec![job]);
+        if std::mem::take(&mut worker.prune_due) {
+            drop(worker);
+            let _ = self.queue(tx, Job::Prune);
+        }
+        None
+    }
+
+    /// The audit thread's loop: every job waiting at once is one batch,
+    /// until every [`super::Audit`] is dropped.
+    pub(super) fn run(&self, rx: &mpsc::Receiver<Job>) {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            let mut worker = self.lock();
+            self.queued.fetch_sub(batch.len(), Ordering::SeqCst);
+            worker.run_batch(batch);
+            if std::mem::take(&mut worker.prune_due) {
+                worker.prune();
+            }
+        }
+        if let Some(syncer) = &self.lock().syncer {
+            syncer.stop();
+        }
+    }
+
+    /// Jobs written in place so far.
+    #[cfg(test)]
+    pub(super) fn in_place(&self) -> u64 {
+        self.lock().in_place
+    }
+}
+
+/// The connection and what the writes remember.
 pub(super) struct Worker {
     settings: AuditSettings,
     db: Option<Connection>,
@@ -32,6 +134,10 @@ pub(super) struct Worker {
     /// `fsync`ed before its answer.
     critical: HashSet<i64>,
     inserts: u64,
+    /// A commit crossed a multiple of [`PRUNE_EVERY`] inserts.
+    prune_due: bool,
+    /// Jobs written in place.
+    in_place: u64,
 }
 
 impl Worker {
@@ -50,22 +156,22 @@ impl Worker {
             syncer,
             critical: HashSet::new(),
             inserts: 0,
+            prune_due: false,
+            in_place: 0,
         }
     }
 
-    pub(super) fn run(mut self, rx: mpsc::Receiver<Job>) {
-        while let Ok(first) = rx.recv() {
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
-            self.run_batch(batch);
+    /// Whether `job` may be written by the task that asks for it: a row
+    /// (a decision, or a completion someone waits for) on an open
+    /// connection, whose commit is not `fsync`ed before the answer.
+    fn fits_in_place(&self, job: &Job) -> bool {
+        if self.db.is_none() || self.settings.synchronous == AuditSync::Full {
+            return false;
         }
-        if let Some(syncer) = &self.syncer {
-            syncer.stop();
+        match job {
+            Job::Record(record, ..) => !(record.syncs_before_answer() && self.syncer.is_some()),
+            Job::Finish(id, _, Some(_)) => !self.critical.contains(id),
+            _ => false,
         }
     }
 
@@ -127,6 +233,10 @@ impl Worker {
                 Job::UsedApprovals(reply) => {
                     self.commit(&mut group);
                     let _ = reply.send(self.read(sql::used_approvals));
+                }
+                Job::Prune => {
+                    self.commit(&mut group);
+                    self.prune();
                 }
                 Job::Count(reply) => {
                     self.commit(&mut group);
@@ -249,7 +359,7 @@ impl Worker {
                 }
                 *group = Group::default();
                 if self.inserts / PRUNE_EVERY != before / PRUNE_EVERY {
-                    self.prune();
+                    self.prune_due = true;
                 }
             }
             Err(e) => {
