@@ -29,9 +29,10 @@
 //! it is not created here ([`crate::spawn::spawn`]), and one that were
 //! would fail its `capset`, not run with less than asked silently.
 
+use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::io;
-use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use super::child::{self, ChildSpec, SpawnFailure, Spawned, Step};
@@ -39,17 +40,73 @@ use super::child::{self, ChildSpec, SpawnFailure, Spawned, Step};
 /// A pool of threads carrying one seccomp filter; see the module docs.
 #[derive(Debug)]
 pub struct Spawner {
-    jobs: Option<mpsc::Sender<Job>>,
+    queue: Arc<Queue>,
     threads: Vec<JoinHandle<()>>,
 }
 
+/// The jobs waiting for a spawner thread. The idle threads wait on one
+/// condition variable and a job wakes one of them: with a receiver behind
+/// a mutex instead, the thread that took a job woke the next one as it
+/// let go of the mutex, a second wake-up per spawn for nothing.
+#[derive(Debug, Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    jobs: VecDeque<Job>,
+    closed: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        // Every update is one push, pop or flag: a poisoned state is whole.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `job`; gives it back when the spawner is closed.
+    fn push(&self, job: Job) -> Result<(), Job> {
+        let mut st = self.lock();
+        if st.closed {
+            return Err(job);
+        }
+        st.jobs.push_back(job);
+        drop(st);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// The next job; `None` once closed and empty.
+    fn pop(&self) -> Option<Job> {
+        let mut st = self.lock();
+        loop {
+            if let Some(job) = st.jobs.pop_front() {
+                return Some(job);
+            }
+            if st.closed {
+                return None;
+            }
+            st = self.ready.wait(st).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_all();
+    }
+}
+
 /// One spawn handed to a spawner thread.
+#[derive(Debug)]
 struct Job {
     spec: SpecPtr,
     reply: mpsc::SyncSender<Result<Spawned, SpawnFailure>>,
 }
 
 /// A `&ChildSpec` crossing to the spawner thread.
+#[derive(Debug)]
 struct SpecPtr(*const c_void);
 
 // SAFETY: the pointer is only dereferenced by the spawner thread while the
@@ -71,9 +128,8 @@ impl Spawner {
         threads: usize,
         name: &str,
     ) -> io::Result<Self> {
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let queue = Arc::new(Mutex::new(queue));
-        let mut spawner = Spawner { jobs: Some(jobs), threads: Vec::new() };
+        let queue = Arc::new(Queue::default());
+        let mut spawner = Spawner { queue: Arc::clone(&queue), threads: Vec::new() };
         for _ in 0..threads.max(1) {
             let (ready, installed) = mpsc::sync_channel(1);
             let queue = Arc::clone(&queue);
@@ -103,10 +159,9 @@ impl Spawner {
     /// (`EAGAIN`).
     pub fn spawn(&self, spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
         let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };
-        let jobs = self.jobs.as_ref().ok_or(gone)?;
         let (reply, answer) = mpsc::sync_channel(1);
         let spec = SpecPtr(std::ptr::from_ref(spec).cast());
-        jobs.send(Job { spec, reply }).map_err(|_| gone)?;
+        self.queue.push(Job { spec, reply }).map_err(|_| gone)?;
         // The reply is sent, or dropped, only once the spawner thread is done
         // with the spec: this wait is what keeps it alive.
         answer.recv().unwrap_or(Err(gone))
@@ -115,8 +170,8 @@ impl Spawner {
 
 impl Drop for Spawner {
     fn drop(&mut self) {
-        // Closing the queue ends every thread's loop.
-        self.jobs = None;
+        // Closing the queue ends every thread's loop once it is empty.
+        self.queue.close();
         for handle in self.threads.drain(..) {
             let _ = handle.join();
         }
@@ -155,10 +210,8 @@ fn clear_bounding() -> bool {
 
 /// A spawner thread's loop: one job at a time until the queue closes.
 /// `cleared`: this thread's bounding set is empty ([`clear_bounding`]).
-fn serve(queue: &Mutex<mpsc::Receiver<Job>>, cleared: bool) {
-    loop {
-        let job = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
-        let Ok(job) = job else { return };
+fn serve(queue: &Queue, cleared: bool) {
+    while let Some(job) = queue.pop() {
         // SAFETY: see `SpecPtr`: the sender waits for this job's reply, so
         // the spec is alive until `reply` is sent (or dropped) below.
         let spec = unsafe { &*job.spec.0.cast::<ChildSpec<'_>>() };
@@ -266,6 +319,28 @@ mod tests {
         let plain = child_status(child::spawn);
         assert_eq!(status_field(&plain, "Seccomp"), "0", "{plain}");
         drop(spawner);
+    }
+
+    /// Many callers at once share the threads: every spawn is served
+    /// once, by a thread carrying the filter, and dropping the spawner
+    /// ends its threads.
+    #[test]
+    fn concurrent_callers_are_each_served_once() {
+        let spawner = Spawner::start(crate::seccomp::program(false), 2, "test-queue").unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..6 {
+                s.spawn(|| {
+                    for _ in 0..4 {
+                        let status = child_status(|spec| spawner.spawn(spec));
+                        assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
+                    }
+                });
+            }
+        });
+        let queue = Arc::clone(&spawner.queue);
+        drop(spawner);
+        assert!(queue.lock().closed && queue.lock().jobs.is_empty());
+        assert_eq!(Arc::strong_count(&queue), 1, "a spawner thread outlived its spawner");
     }
 
     /// The identity of descriptor `fd` of this process, if open.
