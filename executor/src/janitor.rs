@@ -203,18 +203,25 @@ impl Janitor {
         // runtime directory sweeps what it finds there). The janitor is
         // woken only when there is work for it: the pool below its depth,
         // or a slot to remove (a wake-up per run costs a context switch).
+        // It is woken after the lock is let go: woken under it, it would
+        // wake only to wait for the lock, and be woken again.
+        let mut stale = false;
         while let Some((made, slot)) = state.ready.pop() {
             if made.elapsed() < MAX_IDLE {
-                if state.ready.len() < POOL_DEPTH {
+                let refill = stale || state.ready.len() < POOL_DEPTH;
+                drop(state);
+                if refill {
                     self.shared.wake.notify_one();
                 }
                 self.count(0);
                 return Ok(slot);
             }
             state.trash.push((slot.cgroup, slot.run_dir));
-            self.shared.wake.notify_one();
+            stale = true;
         }
+        drop(state);
         self.shared.wake.notify_one();
+        let mut state = relock(&self.shared.state);
         // The pool is empty: the janitor is behind. A finished run's slot
         // is recycled here (cheaper than a new one, and it keeps its
         // rulesets); one that cannot be is the janitor's to remove.
@@ -273,6 +280,7 @@ impl Janitor {
         {
             let dir = std::mem::replace(run_dir, RunDir::detached());
             state.used.push((cgroup, dir));
+            drop(state);
             self.shared.wake.notify_one();
             return;
         }
