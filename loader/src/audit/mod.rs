@@ -421,6 +421,9 @@ impl RunRow {
     /// The row `id` (`None` when it could not be written and the audit is
     /// not required).
     pub fn new(audit: Audit, id: Option<i64>) -> Self {
+        if id.is_some() {
+            audit.writer.run_opened();
+        }
         Self { audit, id, started: std::time::Instant::now() }
     }
 
@@ -434,6 +437,7 @@ impl RunRow {
     /// [`AuditError`] when the commit failed.
     pub async fn finish(mut self, mut finish: Finish) -> Result<(), AuditError> {
         let Some(id) = self.id.take() else { return Ok(()) };
+        self.audit.writer.run_closed();
         finish.duration_ms.get_or_insert_with(|| elapsed_ms(self.started));
         self.audit.finish(id, finish).await
     }
@@ -442,6 +446,7 @@ impl RunRow {
 impl Drop for RunRow {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
+            self.audit.writer.run_closed();
             self.audit.finish_detached(
                 id,
                 Finish {

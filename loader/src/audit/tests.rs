@@ -294,26 +294,37 @@ async fn quick_rows_are_written_in_place_and_the_rest_on_the_thread() {
     let id = audit.record_before_run(safe("df")).await.unwrap();
     RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
     assert_eq!(audit.writer.in_place(), 3);
+    // With another run in flight, rows go to the thread (its group
+    // commit); once that run is completed, in place again.
+    let other = audit.record_before_run(safe("df")).await.unwrap();
+    assert_eq!(audit.writer.in_place(), 4);
+    let other = RunRow::new(audit.clone(), Some(other));
+    let id = audit.record_before_run(safe("df")).await.unwrap();
+    let row = RunRow::new(audit.clone(), Some(id));
+    row.finish(done()).await.unwrap();
+    assert_eq!(audit.writer.in_place(), 4);
+    other.finish(done()).await.unwrap();
+    assert_eq!(audit.writer.in_place(), 5);
     // A dangerous run's rows are synced before their answers: the thread.
     let id = audit.record_before_run(record("rm", &[])).await.unwrap();
     RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
-    assert_eq!(audit.writer.in_place(), 3);
+    assert_eq!(audit.writer.in_place(), 5);
     assert_eq!(counts.with_label_values(&["commit"]).get(), 2);
     // A refusal of a safe skill is a row like any other.
     audit.record(Record { decision: "deny", ..safe("df") }).await.unwrap();
-    assert_eq!(audit.writer.in_place(), 4);
+    assert_eq!(audit.writer.in_place(), 6);
     // Reads go to the thread and see every row written in place.
-    assert_eq!(audit.count().await.unwrap(), 4);
+    assert_eq!(audit.count().await.unwrap(), 6);
 
-    // Retention: `audit_max_rows = 3`, due every PRUNE_EVERY writes (7 so
-    // far). The in-place commit of the 100th queues it, and the next write
-    // cannot pass it (nothing is written in place while a job is queued):
-    // the 3 newest rows are kept, and the 7 written after them.
+    // Retention: `audit_max_rows = 3`, due every PRUNE_EVERY writes (11
+    // so far). The in-place commit of the 100th queues it, and the next
+    // write cannot pass it (nothing is written in place while a job is
+    // queued): the 3 newest rows are kept, and the 11 written after them.
     for _ in 0..PRUNE_EVERY {
         audit.record(Record { decision: "deny", ..safe("df") }).await.unwrap();
     }
-    assert!(audit.writer.in_place() >= 4 + 93);
-    assert_eq!(audit.count().await.unwrap(), 3 + 7, "retention did not run once");
+    assert!(audit.writer.in_place() >= 6 + 89);
+    assert_eq!(audit.count().await.unwrap(), 3 + 11, "retention did not run once");
     assert_eq!(errors.get(), 0);
 
     // `full`: every commit is synced before its answer: never in place.

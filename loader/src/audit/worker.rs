@@ -36,6 +36,9 @@ pub(super) struct Writer {
     worker: Mutex<Worker>,
     /// Jobs sent to the thread and not yet taken into a batch.
     queued: AtomicUsize,
+    /// Allowed runs whose row is written and not yet completed
+    /// ([`super::RunRow`]).
+    open_runs: AtomicUsize,
 }
 
 impl std::fmt::Debug for Writer {
@@ -47,7 +50,11 @@ impl std::fmt::Debug for Writer {
 impl Writer {
     /// The writer of `worker`.
     pub(super) fn new(worker: Worker) -> Self {
-        Self { worker: Mutex::new(worker), queued: AtomicUsize::new(0) }
+        Self {
+            worker: Mutex::new(worker),
+            queued: AtomicUsize::new(0),
+            open_runs: AtomicUsize::new(0),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Worker> {
@@ -65,13 +72,30 @@ impl Writer {
         })
     }
 
-    /// Writes `job` here and now when that is quick: nothing is queued for
-    /// the thread, nobody holds the connection, and the job is a row whose
-    /// answer needs no `fsync` ([`Worker::fits_in_place`]). Gives the job
-    /// back otherwise. A caller's answer is sent before this returns; the
-    /// retention a commit makes due goes to the thread over `tx`.
+    /// A run's row was written ([`super::RunRow::new`]).
+    pub(super) fn run_opened(&self) {
+        self.open_runs.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A run's row is being completed, or given up.
+    pub(super) fn run_closed(&self) {
+        let _ =
+            self.open_runs.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    }
+
+    /// Writes `job` here and now when that is quick: no other run is in
+    /// flight, nothing is queued for the thread, nobody holds the
+    /// connection, and the job is a row whose answer needs no `fsync`
+    /// ([`Worker::fits_in_place`]). Gives the job back otherwise. A
+    /// caller's answer is sent before this returns; the retention a commit
+    /// makes due goes to the thread over `tx`.
+    ///
+    /// With other runs in flight, their rows come in close together and
+    /// the thread's group commit writes several in one transaction; one
+    /// transaction per row cost more there than the hops it saves (8
+    /// clients: daemon runs/s x bare 0.54 → 0.51, BENCHMARKS.md).
     pub(super) fn try_in_place(&self, job: Job, tx: &mpsc::Sender<Job>) -> Option<Job> {
-        if self.queued.load(Ordering::SeqCst) != 0 {
+        if self.open_runs.load(Ordering::SeqCst) != 0 || self.queued.load(Ordering::SeqCst) != 0 {
             return Some(job);
         }
         let mut worker = match self.worker.try_lock() {
