@@ -48,8 +48,8 @@
 //! One connection writes, behind a mutex. The audit thread takes every job
 //! waiting on its channel at once and writes them in one transaction, so
 //! one commit (one `fsync`) covers all the rows of that batch; each caller
-//! waits for the commit of its own batch only. When nothing is queued and
-//! nobody holds the connection, a row whose answer needs no `fsync` (a
+//! waits for the commit of its own batch only. When no other run is in
+//! flight, nothing is queued and nobody holds the connection, a row whose answer needs no `fsync` (a
 //! `safe` run's under `interval`, any under `normal`) is written by the
 //! task that asks for it, in its own transaction, instead: the hop to the
 //! thread and back cost more than the write (`worker`). Statements are prepared once per connection
