@@ -3,9 +3,9 @@
 //! durable (the parent module's Durability section).
 //!
 //! The connection is behind a mutex ([`Writer`]) so that a job may be
-//! written in place, by the task that asks for it, when nobody else is
-//! writing ([`Writer::try_in_place`]): the audit thread then has nothing
-//! queued and is not in a batch. That saves the run's two hops to the
+//! written in place, by the task that asks for it, when no other run is
+//! in flight and nobody else is writing ([`Writer::try_in_place`]): the
+//! audit thread then has nothing queued and is not in a batch. That saves the run's two hops to the
 //! thread and back (a wake-up of another thread each, the dearest thing
 //! on a guest), for a write that takes tens of microseconds. Only a write
 //! that needs no `fsync` before its answer is written in place, on a
@@ -136,6 +136,13 @@ impl Writer {
         if let Some(syncer) = &self.lock().syncer {
             syncer.stop();
         }
+    }
+
+    /// Returns once nobody holds the connection (the thread's batch in
+    /// progress is done).
+    #[cfg(test)]
+    pub(super) fn settle(&self) {
+        drop(self.lock());
     }
 
     /// Jobs written in place so far.
