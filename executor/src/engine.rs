@@ -288,7 +288,7 @@ impl Engine {
             return r;
         }
         // Steps 3-5: spawn (the child applies the sandbox and execs).
-        let child = match spawn::spawn(&prep, &plan.entry, &plan.args, &self.spawners) {
+        let child = match spawn::spawn(&mut prep, &plan.entry, &plan.args, &self.spawners) {
             Ok(c) => c,
             Err(e) => {
                 let mut r = RunReport::not_run(skill, e.outcome(), e.to_string());
@@ -532,6 +532,9 @@ mod tests {
         if leaves.v2.is_some() {
             assert!(leaves_seen.len() < 12, "{} leaves for 12 runs", leaves_seen.len());
         }
+        // Ready slots carry their run's pipes, made off the runs' path.
+        let (ready, with_pipes) = engine.janitor.ready_with_pipes();
+        assert!(ready > 0 && with_pipes == ready, "{with_pipes} of {ready} ready slots have pipes");
         // Idle, the pool goes back to its depth.
         std::thread::sleep(crate::janitor::TRIM_AFTER);
         let idle = || std::fs::read_dir(&runs).unwrap().count() - 1;

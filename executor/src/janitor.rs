@@ -246,6 +246,14 @@ impl Janitor {
         self.counts[how].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Ready slots, and how many of them carry their run's pipes.
+    #[cfg(test)]
+    pub(crate) fn ready_with_pipes(&self) -> (usize, usize) {
+        let state = relock(&self.shared.state);
+        let with = state.ready.iter().filter(|(_, s)| s.stdio.is_some()).count();
+        (state.ready.len(), with)
+    }
+
     /// How runs got their slots so far.
     pub(crate) fn counts(&self) -> SlotCounts {
         let [ready, recycled, made] = self.counts.each_ref().map(|c| c.load(Ordering::Relaxed));

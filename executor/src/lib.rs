@@ -65,7 +65,9 @@
 //! 2. Prepare everything in the parent ([`spawn::prepare`]): the
 //!    environment (exactly `env_allow`), argv, rlimit values, the Landlock
 //!    ruleset fd, the seccomp program, the cgroup leaves with their
-//!    `cgroup.procs` opened, the per-run directory. Leaves and directory
+//!    `cgroup.procs` opened, the per-run directory, the stdio pipes
+//!    (made with the slot, so ahead of the run by the janitor when the
+//!    slot is made ahead: [`spawn::Slot`]). Leaves and directory
 //!    belong to the engine's instance ([`instance`], set up once by
 //!    [`Engine::new`]: `.../ongrid/<instance>/<run>` in each hierarchy,
 //!    `<runtime_dir>/runs/<instance>/<slot>/<run>` on the runs tmpfs, the

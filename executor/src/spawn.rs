@@ -115,6 +115,8 @@ pub struct Prepared {
     pub run_dir: RunDir,
     /// The run's cgroups (killed and removed on drop).
     pub cgroup: Option<RunCgroup>,
+    /// The slot's stdio pipes, taken by [`spawn`].
+    stdio: Option<Stdio>,
     /// What the sandbox enforces, for the report.
     pub report: SandboxReport,
     /// The Landlock ruleset was one built for an earlier run in the slot
@@ -194,6 +196,40 @@ pub struct Slot {
     pub run_dir: RunDir,
     /// The leaves; `None` without cgroups.
     pub cgroup: Option<RunCgroup>,
+    /// The run's stdio pipes, made with the slot (ahead of the run when
+    /// the janitor makes it: six system calls off the run's path); `None`
+    /// when they could not be made then ([`spawn`] makes them).
+    pub stdio: Option<Stdio>,
+}
+
+/// A run's three stdio pipes: the child's ends and the executor's.
+#[derive(Debug)]
+pub struct Stdio {
+    stdin: (OwnedFd, OwnedFd),
+    stdout: (OwnedFd, OwnedFd),
+    stderr: (OwnedFd, OwnedFd),
+}
+
+impl Stdio {
+    /// Three fresh pipes: close-on-exec, numbered >= 3, the executor's
+    /// ends non-blocking.
+    ///
+    /// # Errors
+    ///
+    /// [`SpawnError::Prepare`] naming `skill`.
+    pub fn new(skill: &str) -> Result<Self, SpawnError> {
+        Ok(Stdio {
+            stdin: pipe(skill, Ours::Write)?,
+            stdout: pipe(skill, Ours::Read)?,
+            stderr: pipe(skill, Ours::Read)?,
+        })
+    }
+
+    /// [`Stdio::new`] for a slot made ahead: `None` on an error (logged),
+    /// which the run then meets itself.
+    fn ahead() -> Option<Self> {
+        Self::new("").map_err(|e| tracing::debug!("a slot's pipes are left to its run: {e}")).ok()
+    }
 }
 
 impl Slot {
@@ -216,7 +252,7 @@ impl Slot {
         } else {
             Some(RunCgroup::create(&host.cgroups, &id, memory_bytes, max_pids)?)
         };
-        Ok(Slot { id, run_dir, cgroup })
+        Ok(Slot { id, run_dir, cgroup, stdio: Stdio::ahead() })
     }
 
     /// A slot made of the leaves of a finished run that
@@ -240,10 +276,11 @@ impl Slot {
             tracing::debug!("janitor: a slot's directory is made anew: {e}");
             run_dir.remove();
             let (id, run_dir) = Self::fresh_dir(config, host, None)?;
-            return Ok(Slot { id, run_dir, cgroup: Some(cgroup) });
+            return Ok(Slot { id, run_dir, cgroup: Some(cgroup), stdio: Stdio::ahead() });
         }
         let id = run_dir.home().file_name().map(|n| n.to_string_lossy().into_owned());
-        Ok(Slot { id: id.unwrap_or_default(), run_dir, cgroup: Some(cgroup) })
+        let id = id.unwrap_or_default();
+        Ok(Slot { id, run_dir, cgroup: Some(cgroup), stdio: Stdio::ahead() })
     }
 
     fn fresh_dir(
@@ -281,7 +318,7 @@ pub fn prepare(
     let root = crate::plan::euid() == 0;
     let mut degraded = host.notes.clone();
     let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
-    let Slot { id: _, mut run_dir, mut cgroup } = slot;
+    let Slot { id: _, mut run_dir, mut cgroup, stdio } = slot;
     run_dir.chown(owner)?;
     if let Some(cg) = cgroup.as_mut() {
         let l = &plan.granted.limits;
@@ -353,6 +390,7 @@ pub fn prepare(
     Ok(Prepared {
         run_dir,
         cgroup,
+        stdio,
         report,
         landlock_reused: ll.reused,
         landlock: ll.fd,
@@ -478,23 +516,28 @@ fn prefill_stdin(fd: OwnedFd, args: &[u8]) -> Option<(OwnedFd, usize)> {
 }
 
 /// Spawn sequence steps 3 to 5: create the child, which applies the
-/// sandbox and execs the entry. `args` go into its stdin first
-/// ([`prefill_stdin`]).
+/// sandbox and execs the entry, on the slot's pipes (made here when it
+/// has none). `args` go into its stdin first (`prefill_stdin`).
 ///
 /// # Errors
 ///
-/// [`SpawnError::Sandbox`] or [`SpawnError::Exec`] naming the step.
+/// [`SpawnError::Sandbox`] or [`SpawnError::Exec`] naming the step,
+/// [`SpawnError::Prepare`] when pipes cannot be made.
 pub fn spawn(
-    prep: &Prepared,
+    prep: &mut Prepared,
     entry: &Path,
     args: &[u8],
     spawners: &Spawners,
 ) -> Result<Child, SpawnError> {
+    let stdio = match prep.stdio.take() {
+        Some(stdio) => stdio,
+        None => Stdio::new(&prep.skill)?,
+    };
+    let prep = &*prep;
     let skill = prep.skill.as_str();
-    let (stdin_r, stdin_w) = pipe(skill, Ours::Write)?;
+    let Stdio { stdin: (stdin_r, stdin_w), stdout: (stdout_r, stdout_w), stderr } = stdio;
+    let (stderr_r, stderr_w) = stderr;
     let stdin = prefill_stdin(stdin_w, args);
-    let (stdout_r, stdout_w) = pipe(skill, Ours::Read)?;
-    let (stderr_r, stderr_w) = pipe(skill, Ours::Read)?;
     let argv: Vec<*const c_char> =
         prep.argv.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
     let envp: Vec<*const c_char> =
