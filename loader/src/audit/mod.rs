@@ -49,10 +49,11 @@
 //! waiting on its channel at once and writes them in one transaction, so
 //! one commit (one `fsync`) covers all the rows of that batch; each caller
 //! waits for the commit of its own batch only. When no other run is in
-//! flight, nothing is queued and nobody holds the connection, a row whose answer needs no `fsync` (a
-//! `safe` run's under `interval`, any under `normal`) is written by the
-//! task that asks for it, in its own transaction, instead: the hop to the
-//! thread and back cost more than the write (`worker`). Statements are prepared once per connection
+//! flight, nothing is queued and nobody holds the connection, a row whose
+//! answer needs no `fsync` (a `safe` run's under `interval`, any under
+//! `normal`) is written by the task that asks for it, in its own
+//! transaction, instead: the hop to the thread and back cost more than the
+//! write (`worker`). Statements are prepared once per connection
 //! (`prepare_cached`). An allowed run's first row
 //! ([`Audit::record_before_run`]) is answered as soon as it is inserted,
 //! before its commit: the run's answer waits for the commit of its
@@ -75,11 +76,12 @@
 //! requests reach it over a channel and wait on a oneshot. Only the quick
 //! writes above run in place, on a connection already open (tens of
 //! microseconds; a WAL checkpoint SQLite makes due stalls that one caller
-//! as it would stall the thread's whole batch). A failed write counts in `ongrid_audit_write_errors_total`, is
-//! logged at error level and returns [`AuditError::Unavailable`]; the
-//! handler then refuses the run (503 `audit_unavailable`) unless
-//! `audit_required = false`. The thread opens the database lazily and again
-//! after a failure, so fixing the file or its directory needs no restart.
+//! as it would stall the thread's whole batch). A failed write counts in
+//! `ongrid_audit_write_errors_total`, is logged at error level and returns
+//! [`AuditError::Unavailable`]; the handler then refuses the run (503
+//! `audit_unavailable`) unless `audit_required = false`. The thread opens
+//! the database lazily and again after a failure, so fixing the file or its
+//! directory needs no restart.
 //!
 //! # Retention
 //!
