@@ -229,16 +229,7 @@ impl Kept {
 
     /// The whole file, read from offset 0.
     fn read(&self, path: impl FnOnce() -> PathBuf) -> Option<String> {
-        let file = self.file(path, false)?;
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 512];
-        loop {
-            let n = file.read_at(&mut chunk, buf.len() as u64).ok()?;
-            if n == 0 {
-                return String::from_utf8(buf).ok();
-            }
-            buf.extend_from_slice(chunk.get(..n)?);
-        }
+        read_whole(self.file(path, false)?)
     }
 
     /// Writes `value` (cgroup control files take each write whole, at any
@@ -246,6 +237,26 @@ impl Kept {
     fn write(&self, path: impl FnOnce() -> PathBuf, value: &str) -> io::Result<()> {
         let mut file = self.file(path, true).ok_or_else(|| io::Error::other("cannot open"))?;
         file.write_all(value.as_bytes())
+    }
+}
+
+/// The whole of a cgroup file, from offset 0. A cgroup file is shown in
+/// one piece (one `seq_show` into a buffer that grows to fit it), so a
+/// read returns all of it up to the buffer's size and a short read is its
+/// end: the `pread` that would meet EOF (which makes kernfs show the file
+/// again to reach the offset) is not made. (Not so for `seq_file`s of many
+/// records, such as `/proc/self/mountinfo`, which may stop at a page.)
+fn read_whole(file: &fs::File) -> Option<String> {
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        let n = file.read_at(buf.get_mut(len..)?, len as u64).ok()?;
+        len += n;
+        if len < buf.len() {
+            buf.truncate(len);
+            return String::from_utf8(buf).ok();
+        }
+        buf.resize(buf.len() * 2, 0);
     }
 }
 
@@ -632,6 +643,23 @@ impl Drop for RunCgroup {
 
 #[cfg(test)]
 mod tests {
+    /// Small files come back in one read, larger ones whole.
+    #[test]
+    fn whole_files_are_read_short_or_long() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [0usize, 21, 4095, 4096, 4097, 10_000] {
+            let text: String = (0..len).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+            let path = dir.path().join(format!("f{len}"));
+            std::fs::write(&path, &text).unwrap();
+            let file = std::fs::File::open(&path).unwrap();
+            assert_eq!(super::read_whole(&file).as_deref(), Some(text.as_str()), "{len} bytes");
+        }
+        // A file shown in one piece, as cgroup files are.
+        let file = std::fs::File::open("/proc/self/cgroup").unwrap();
+        let want = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        assert_eq!(super::read_whole(&file), Some(want));
+    }
+
     use std::io::Write as _;
 
     use super::*;
