@@ -643,6 +643,11 @@ impl Drop for RunCgroup {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+    use crate::{Config, Engine};
+
     /// Small files come back in one read, larger ones whole.
     #[test]
     fn whole_files_are_read_short_or_long() {
@@ -652,18 +657,13 @@ mod tests {
             let path = dir.path().join(format!("f{len}"));
             std::fs::write(&path, &text).unwrap();
             let file = std::fs::File::open(&path).unwrap();
-            assert_eq!(super::read_whole(&file).as_deref(), Some(text.as_str()), "{len} bytes");
+            assert_eq!(read_whole(&file).as_deref(), Some(text.as_str()), "{len} bytes");
         }
         // A file shown in one piece, as cgroup files are.
         let file = std::fs::File::open("/proc/self/cgroup").unwrap();
         let want = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        assert_eq!(super::read_whole(&file), Some(want));
+        assert_eq!(read_whole(&file), Some(want));
     }
-
-    use std::io::Write as _;
-
-    use super::*;
-    use crate::{Config, Engine};
 
     /// What a finished run left charged to its reused memory leaf (here
     /// 2 MiB of a file's page cache) stays there for a run whose bound it

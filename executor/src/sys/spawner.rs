@@ -345,7 +345,9 @@ mod tests {
         });
         let queue = Arc::clone(&spawner.queue);
         drop(spawner);
-        assert!(queue.lock().closed && queue.lock().jobs.is_empty());
+        let state = queue.lock();
+        assert!(state.closed && state.jobs.is_empty());
+        drop(state);
         assert_eq!(Arc::strong_count(&queue), 1, "a spawner thread outlived its spawner");
     }
 

@@ -166,7 +166,6 @@ pub async fn execute(
         Ok(permit) => params.take().map(|p| (permit, p)),
         Err(_) => None,
     };
-    //
     // The executor's side is polled first: the row is often written in
     // place, synchronously (`Audit`'s writer), and the held request should
     // be on its way before that.
