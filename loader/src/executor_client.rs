@@ -30,7 +30,8 @@ use nix::sys::socket::{recv, MsgFlags};
 use policy::wire::{self, ExecuteParams, LineBuffer, MetricsResult, Reply, MAX_LINE_BYTES};
 use policy::{Outcome, RunReport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
+
+use crate::quiet_stream::QuietStream;
 
 /// How long a `connect` may take before the executor counts as down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -83,17 +84,17 @@ pub struct ExecutorClient {
 
 /// Connections whose run ended with its report, and since when.
 #[derive(Debug, Default)]
-struct Idle(Mutex<Vec<(Instant, UnixStream)>>);
+struct Idle(Mutex<Vec<(Instant, QuietStream)>>);
 
 impl Idle {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Instant, UnixStream)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Instant, QuietStream)>> {
         // Every update is one push, pop or drain: a poisoned list is whole.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The most recently kept connection that is still fit for a run, and
     /// since when it has been quiet.
-    fn take(&self) -> Option<(Instant, UnixStream)> {
+    fn take(&self) -> Option<(Instant, QuietStream)> {
         let mut idle = self.lock();
         let now = Instant::now();
         // Oldest first: drop those kept too long.
@@ -110,7 +111,7 @@ impl Idle {
     /// Keeps a connection quiet since `since` (on the executor's clock of
     /// idleness: its accept, or the end of its last run), unless it is
     /// already too old or enough are kept.
-    fn keep(&self, since: Instant, stream: UnixStream) {
+    fn keep(&self, since: Instant, stream: QuietStream) {
         let mut idle = self.lock();
         if idle.len() < MAX_IDLE && since.elapsed() < IDLE_FOR {
             // Oldest first: a connection opened ahead may be older than
@@ -124,7 +125,7 @@ impl Idle {
 /// Whether a kept connection is open with nothing to read: a peek that
 /// would block. End of file (the executor closed it) or a stray byte rule
 /// it out.
-fn quiet_and_open(stream: &UnixStream) -> bool {
+fn quiet_and_open(stream: &QuietStream) -> bool {
     let mut byte = [0u8; 1];
     matches!(
         recv(stream.as_raw_fd(), &mut byte, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
@@ -136,7 +137,7 @@ fn quiet_and_open(stream: &UnixStream) -> bool {
 /// once `reusable`, and is closed otherwise.
 #[derive(Debug)]
 struct Conn {
-    stream: Option<UnixStream>,
+    stream: Option<QuietStream>,
     idle: Arc<Idle>,
     reusable: bool,
     /// Since when nothing was sent or run on it.
@@ -144,7 +145,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn stream(&mut self) -> io::Result<&mut UnixStream> {
+    fn stream(&mut self) -> io::Result<&mut QuietStream> {
         self.stream.as_mut().ok_or_else(|| io::ErrorKind::NotConnected.into())
     }
 }
@@ -227,7 +228,7 @@ impl ExecutorClient {
         if let Some((since, stream)) = self.idle.take() {
             return Ok(conn(since, stream));
         }
-        let connect = UnixStream::connect(&self.socket);
+        let connect = QuietStream::connect(&self.socket);
         match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
             Ok(Ok(stream)) => Ok(conn(Instant::now(), stream)),
             Ok(Err(source)) => Err(ExecutorError::Connect { socket: self.socket.clone(), source }),

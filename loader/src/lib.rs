@@ -26,6 +26,8 @@
 //! - [`systemd`]: readiness notifications and the socket-activated listener.
 //! - [`server`]: the Unix-socket listener: peer credentials
 //!   ([`server::Caller`]), connection cap, HTTP/1.1 per connection.
+//! - [`quiet_stream`]: the Unix stream both sockets of the daemon use,
+//!   registered for write readiness only while a write is blocked.
 //! - [`api`]: the client API routes, one file per resource, and `/metrics`.
 //! - [`app`]: [`app::App`], the state requests share; reload.
 //! - [`registry`]: the registry snapshot, swapped atomically; each skill's
@@ -96,6 +98,7 @@ pub mod event;
 pub mod executor_client;
 pub mod manifest_file;
 pub mod metrics;
+pub mod quiet_stream;
 pub mod registry;
 pub mod replay;
 pub mod requirements;

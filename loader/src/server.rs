@@ -50,6 +50,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
+use crate::quiet_stream::QuietStream;
+
 /// Who is on the other end of a client connection, as the kernel says
 /// (`SO_PEERCRED` at `connect()` time), never as the request claims.
 /// Handlers get it as an `Extension<Caller>`; permission modes (issue 5)
@@ -181,6 +183,13 @@ pub async fn serve(
                 continue;
             }
         };
+        let stream = match QuietStream::from_tokio(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot register the connection; closing");
+                continue;
+            }
+        };
         let router = router.clone();
         let shutdown = shutdown.clone();
         let timeouts = (opts.header_timeout, opts.idle_timeout);
@@ -196,7 +205,7 @@ pub async fn serve(
 }
 
 async fn serve_connection(
-    stream: UnixStream,
+    stream: QuietStream,
     caller: Caller,
     router: Router,
     (header_timeout, idle_timeout): (Duration, Duration),
@@ -290,7 +299,7 @@ impl Activity {
 /// The socket, recording its reads and writes in an [`Activity`].
 #[derive(Debug)]
 struct Tracked {
-    inner: UnixStream,
+    inner: QuietStream,
     activity: Arc<Activity>,
 }
 

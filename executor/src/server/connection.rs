@@ -1,5 +1,6 @@
 //! One connection: the peer check, capped line reads, a writer task, and
 //! telling a closed connection (cancel its runs) from a half-closed one.
+//! The socket is registered for reading only ([`quiet`]).
 //!
 //! Idle connections: a connection with no run in flight that has not sent
 //! a complete request line for `idle_timeout_seconds` is closed (one that
@@ -8,15 +9,17 @@
 //! never cut for being quiet: it ends with its runs.
 
 use std::collections::HashMap;
+use std::io::{Read, Write};
 use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream as StdStream;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use policy::wire::{self, code, LineBuffer};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::OwnedWriteHalf;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -25,6 +28,7 @@ use tokio_util::task::TaskTracker;
 use super::commands;
 use super::peer::Peer;
 use super::Shared;
+use crate::sys;
 
 /// Read chunk (under 64 KiB: freeing a larger block makes glibc sweep its
 /// fast bins, ~1 % of all CPU with one connection per run).
@@ -113,7 +117,15 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
     let _open = GaugeGuard::new(&shared.metrics.connections);
     tracing::debug!("executor: connection from {peer}");
 
-    let (mut rd, wr) = stream.into_split();
+    // Registered for reading only, written through a duplicate that asks
+    // for write readiness only while a write is blocked ([`quiet`]).
+    let (rd, wr) = match quiet(stream) {
+        Ok(halves) => halves,
+        Err(e) => {
+            tracing::warn!("executor: cannot register the connection of {peer} ({e}); closing it");
+            return;
+        }
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let token = shared.kill.child_token();
     // However this task ends, its runs are cancelled.
@@ -131,8 +143,8 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
     };
 
     let mut lines = LineBuffer::new(shared.engine.config().max_line_bytes);
-    // Filled in its spare capacity (nothing zeroed), emptied before each read.
-    let mut buf = Vec::with_capacity(READ_CHUNK);
+    // Zeroed once, read into as it is.
+    let mut buf = vec![0u8; READ_CHUNK];
     let mut reading = true;
     let mut stopping = shared.stopping.is_cancelled();
     let mut hup = tokio::time::interval(HUP_POLL);
@@ -142,12 +154,11 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
     );
     let mut last_request = tokio::time::Instant::now();
     loop {
-        buf.clear();
         tokio::select! {
-            r = rd.read_buf(&mut buf), if reading => match r {
+            r = read(&rd, &mut buf), if reading => match r {
                 Ok(0) => reading = false,
-                Ok(_) => {
-                    for item in lines.push(&buf) {
+                Ok(n) => {
+                    for item in lines.push(&buf[..n]) {
                         last_request = tokio::time::Instant::now();
                         commands::dispatch(&ctx, item);
                     }
@@ -159,7 +170,7 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
                 }
             },
             _ = hup.tick(), if !reading && !token.is_cancelled() => {
-                if hung_up(rd.as_ref()) {
+                if hung_up(rd.get_ref()) {
                     tracing::debug!("executor: {peer} closed the connection; cancelling its runs");
                     token.cancel();
                 }
@@ -187,10 +198,63 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
     }
 }
 
+/// Splits an accepted stream into its read side, registered with the
+/// reactor for reading only, and an unregistered duplicate to write with.
+///
+/// A `tokio::net::UnixStream` is registered for both: then each line this
+/// side writes comes back as an `EPOLLOUT` edge once the peer has read it
+/// (a Unix socket wakes its writer's wait queue whenever the peer frees
+/// send space), waking a parked runtime thread for nothing, about once
+/// per run. [`write_all`] asks for write readiness only when a write would
+/// block.
+fn quiet(stream: UnixStream) -> std::io::Result<(AsyncFd<StdStream>, StdStream)> {
+    // `into_std` drops tokio's registration and leaves it non-blocking.
+    let stream = stream.into_std()?;
+    let wr = stream.try_clone()?;
+    Ok((sys::reactor::register(stream, Interest::READABLE)?, wr))
+}
+
+/// One read into `buf`, waiting for the socket to be readable.
+async fn read(rd: &AsyncFd<StdStream>, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        let mut guard = rd.readable().await?;
+        if let Ok(r) = guard.try_io(|s| s.get_ref().read(buf)) {
+            return r;
+        }
+    }
+}
+
+/// Writes all of `line` to the non-blocking `wr`; when a write would block
+/// (the peer does not read fast enough), registers `wr` for write
+/// readiness until it goes through, then deregisters it.
+async fn write_all(mut wr: StdStream, line: &[u8]) -> std::io::Result<StdStream> {
+    let mut done = 0;
+    while done < line.len() {
+        match (&wr).write(&line[done..]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let fd = sys::reactor::register(wr, Interest::WRITABLE)?;
+                let r = loop {
+                    let mut guard = fd.writable().await?;
+                    if let Ok(r) = guard.try_io(|s| s.get_ref().write(&line[done..])) {
+                        break r;
+                    }
+                };
+                wr = fd.into_inner();
+                done += r?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(wr)
+}
+
 /// Returns true if and only if the peer closed its end (both directions):
 /// AF_UNIX reports `POLLHUP` then, but only `POLLIN` (EOF) after a
 /// `shutdown(SHUT_WR)`.
-fn hung_up(stream: &UnixStream) -> bool {
+fn hung_up(stream: &StdStream) -> bool {
     let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLIN)];
     match poll(&mut fds, PollTimeout::ZERO) {
         Ok(_) => {
@@ -204,20 +268,80 @@ fn hung_up(stream: &UnixStream) -> bool {
 /// client is gone, so the connection's runs are cancelled and the rest of
 /// the queue is dropped.
 async fn write_lines(
-    mut wr: OwnedWriteHalf,
+    wr: StdStream,
     mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
     token: CancellationToken,
 ) {
-    let mut failed = false;
+    let mut wr = Some(wr);
     while let Some(line) = rx.recv().await {
-        if failed {
-            continue;
-        }
-        if let Err(e) = wr.write_all(&line).await {
-            tracing::debug!("executor: write: {e}; cancelling the connection's runs");
-            token.cancel();
-            failed = true;
+        let Some(stream) = wr.take() else { continue };
+        match write_all(stream, &line).await {
+            Ok(stream) => wr = Some(stream),
+            Err(e) => {
+                // The stream is gone with the error: the rest is dropped.
+                tracing::debug!("executor: write: {e}; cancelling the connection's runs");
+                token.cancel();
+            }
         }
     }
-    let _ = wr.shutdown().await;
+    if let Some(wr) = wr {
+        let _ = wr.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines written through the unregistered duplicate arrive whole and in
+    /// order, a line larger than the socket buffer included (its write
+    /// blocks and waits for write readiness), and the reader side sees
+    /// them through its read-only registration, then end of file.
+    #[tokio::test]
+    async fn lines_larger_than_the_socket_buffer_arrive_whole_and_in_order() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (_a_rd, a_wr) = quiet(a).unwrap();
+        let (b_rd, _b_wr) = quiet(b).unwrap();
+        let big: Vec<u8> = (0..4u32 << 20).map(|i| b'a' + (i % 26) as u8).collect();
+        let lines = vec![b"first\n".to_vec(), big.clone(), b"\nlast\n".to_vec()];
+        let expect: Vec<u8> = lines.concat();
+        let writer = tokio::spawn(async move {
+            let mut wr = a_wr;
+            for line in &lines {
+                wr = write_all(wr, line).await.unwrap();
+            }
+            // Dropping both ends of `a` (its read side is `_a_rd`, still
+            // open) is not enough for EOF: shut the write direction.
+            wr.shutdown(std::net::Shutdown::Write).unwrap();
+        });
+        // Let the writer fill the buffer and block before reading.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; READ_CHUNK];
+        let reading = async {
+            loop {
+                let n = read(&b_rd, &mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            writer.await.unwrap();
+        };
+        // A lost readiness edge would hang here: fail instead.
+        tokio::time::timeout(Duration::from_secs(20), reading).await.expect("no hang");
+        assert_eq!(got.len(), expect.len());
+        assert!(got == expect, "the bytes arrive in order");
+    }
+
+    /// A write to a peer that is gone fails (and so cancels the runs),
+    /// whether it would have blocked or not.
+    #[tokio::test]
+    async fn a_write_to_a_closed_peer_fails() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (_a_rd, a_wr) = quiet(a).unwrap();
+        drop(b);
+        let err = write_all(a_wr, b"line\n").await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
+    }
 }

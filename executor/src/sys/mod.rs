@@ -19,5 +19,6 @@ pub mod fdtable;
 pub mod landlock;
 pub mod mount;
 pub mod process;
+pub mod reactor;
 pub mod spawner;
 pub mod xattr;
