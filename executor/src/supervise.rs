@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::pin::pin;
 use std::time::Duration;
 
@@ -26,6 +26,9 @@ const DRAIN: Duration = Duration::from_secs(2);
 const READ_CHUNK: usize = 64 << 10;
 const READ_MIN: usize = 4 << 10;
 const STDERR_CHUNK: usize = 16 << 10;
+/// When the main process's exit is waited for even though its pipes are
+/// still open (see [`PidFd`]).
+const WATCH_AFTER: Duration = Duration::from_millis(10);
 
 /// Why supervision stopped the run, if it did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,17 +74,20 @@ pub struct Supervised {
 }
 
 /// The run's process tree: the cgroup when there is one, else the session's
-/// process group (the child called `setsid`, so its pgid is its pid).
+/// process group (the child called `setsid`, so its pgid is its pid). The
+/// main process is signalled through its pidfd, passed to each call (it is
+/// registered with the reactor part-way, [`PidFd`]).
 struct Tree<'a> {
     cgroup: Option<&'a RunCgroup>,
     pid: i32,
-    pidfd: &'a OwnedFd,
 }
 
 impl Tree<'_> {
-    fn terminate(&self) {
-        let _ = process::pidfd_signal(self.pidfd.as_fd(), libc::SIGTERM);
-        let _ = process::pidfd_signal(self.pidfd.as_fd(), libc::SIGCONT);
+    fn terminate(&self, pidfd: &Option<PidFd>) {
+        if let Some(fd) = pidfd {
+            let _ = process::pidfd_signal(fd.fd(), libc::SIGTERM);
+            let _ = process::pidfd_signal(fd.fd(), libc::SIGCONT);
+        }
         match self.cgroup.filter(|c| c.can_kill()) {
             Some(cg) => cg.terminate(),
             None => {
@@ -91,8 +97,10 @@ impl Tree<'_> {
         }
     }
 
-    fn kill(&self) {
-        let _ = process::pidfd_signal(self.pidfd.as_fd(), libc::SIGKILL);
+    fn kill(&self, pidfd: &Option<PidFd>) {
+        if let Some(fd) = pidfd {
+            let _ = process::pidfd_signal(fd.fd(), libc::SIGKILL);
+        }
         self.kill_rest();
     }
 
@@ -111,6 +119,48 @@ impl Tree<'_> {
             None => {
                 let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
             }
+        }
+    }
+}
+
+/// The main process's pidfd, registered with the reactor only when its
+/// exit is waited for.
+///
+/// Most runs end the same way: the skill writes its answer and exits, and
+/// its pipes' end of file and its exit come together. Their reads end
+/// first; the exit is then collected with one `wait4(WNOHANG)` and the
+/// pidfd is never registered (an `epoll_ctl` to add it and one to remove
+/// it per run, and the separate wake-up its readiness often was). The
+/// exit is waited for through the pidfd once both pipes are done but the
+/// process has not ended yet, or [`WATCH_AFTER`] after the start, so a
+/// main process that ends while something it started keeps the pipes open
+/// is seen (and the rest of its tree killed) at most that late.
+enum PidFd {
+    Plain(OwnedFd),
+    Polled(AsyncFd<OwnedFd>),
+    /// The registration failed: polled by a short sleep loop.
+    Unpollable(OwnedFd),
+}
+
+impl PidFd {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            PidFd::Plain(fd) | PidFd::Unpollable(fd) => fd.as_fd(),
+            PidFd::Polled(fd) => fd.get_ref().as_fd(),
+        }
+    }
+
+    /// Registers a plain pidfd with the reactor (once).
+    fn poll(self) -> Self {
+        match self {
+            PidFd::Plain(fd) => match process::async_pidfd(fd) {
+                Ok(fd) => PidFd::Polled(fd),
+                Err((fd, e)) => {
+                    tracing::warn!("pidfd not pollable: {e}");
+                    PidFd::Unpollable(fd)
+                }
+            },
+            other => other,
         }
     }
 }
@@ -230,23 +280,30 @@ async fn read_stderr(fd: OwnedFd, lines: &mut StderrLines<'_>) {
     }
 }
 
-async fn wait_exit(pidfd: &AsyncFd<OwnedFd>, reaper: &Reaper, pid: i32) -> Exit {
+/// The main process's exit: collected at once if it has already ended,
+/// else waited for through its pidfd (registered here, the first time).
+async fn wait_exit(pidfd: &mut Option<PidFd>, reaper: &Reaper, pid: i32) -> Exit {
+    if let Some(exit) = reaper.collect(pid) {
+        return exit;
+    }
+    if let Some(fd) = pidfd.take() {
+        *pidfd = Some(fd.poll());
+    }
     loop {
-        match pidfd.readable().await {
-            Ok(mut guard) => {
+        if let Some(PidFd::Polled(fd)) = pidfd.as_ref() {
+            if let Ok(mut guard) = fd.readable().await {
                 if let Some(exit) = reaper.collect(pid) {
                     return exit;
                 }
                 guard.clear_ready();
-            }
-            Err(_) => {
-                // Cannot poll the pidfd: fall back to a short poll loop.
-                if let Some(exit) = reaper.collect(pid) {
-                    return exit;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
             }
         }
+        // Cannot poll the pidfd: a short poll loop.
+        if let Some(exit) = reaper.collect(pid) {
+            return exit;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -265,28 +322,10 @@ pub async fn supervise(
     let start = Instant::now();
     let deadline = start + bounds.timeout;
     let hard_deadline = deadline + bounds.grace;
-    let pidfd = match process::async_pidfd(pidfd) {
-        Ok(fd) => fd,
-        Err((kill_fd, e)) => {
-            // Without a pollable pidfd nothing can be supervised: kill and reap.
-            tracing::warn!("pidfd not pollable: {e}");
-            let _ = process::pidfd_signal(kill_fd.as_fd(), libc::SIGKILL);
-            let exit = loop {
-                if let Some(e) = reaper.collect(pid) {
-                    break e;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            };
-            return Supervised {
-                exit,
-                stop: Stop::Cancelled,
-                stdout: Vec::new(),
-                stderr: String::new(),
-                stderr_dropped: 0,
-            };
-        }
-    };
-    let tree = Tree { cgroup, pid, pidfd: pidfd.get_ref() };
+    let watch_at = start + WATCH_AFTER;
+    // Always `Some` outside `wait_exit` (which takes it to register it).
+    let mut pidfd = Some(PidFd::Plain(pidfd));
+    let tree = Tree { cgroup, pid };
 
     let mut lines = StderrLines {
         sink,
@@ -311,8 +350,13 @@ pub async fn supervise(
         let mut kill_at: Option<Instant> = None;
         let mut killed = false;
         let mut drain_until = hard_deadline;
+        // Whether the exit is waited for yet (see `PidFd`).
+        let mut watching = false;
 
         while exit.is_none() || stdout_out.is_none() || !stderr_done {
+            // The pipes are done, or the tree is being stopped: the exit
+            // comes next (see `PidFd`).
+            watching |= (stdout_out.is_some() && stderr_done) || killed || kill_at.is_some();
             tokio::select! {
                 () = &mut stdin_fut, if !stdin_done => stdin_done = true,
                 r = &mut stdout_fut, if stdout_out.is_none() => {
@@ -322,14 +366,14 @@ pub async fn supervise(
                             if stop == Stop::None {
                                 stop = Stop::OutputLimit;
                             }
-                            tree.kill();
+                            tree.kill(&pidfd);
                             killed = true;
                             stdout_out = Some(out);
                         }
                     }
                 }
                 () = &mut stderr_fut, if !stderr_done => stderr_done = true,
-                e = wait_exit(&pidfd, reaper, pid), if exit.is_none() => {
+                e = wait_exit(&mut pidfd, reaper, pid), if exit.is_none() && watching => {
                     exit = Some(e);
                     // Step 7: the main process is gone; its leftovers go now
                     // (`cgroup.kill` takes forks in flight too, `killpg` the
@@ -340,19 +384,20 @@ pub async fn supervise(
                 }
                 () = sleep_until(deadline), if stop == Stop::None && kill_at.is_none() && exit.is_none() => {
                     stop = Stop::WallTime;
-                    tree.terminate();
+                    tree.terminate(&pidfd);
                     kill_at = Some(Instant::now() + bounds.grace);
                 }
                 () = sleep_until(kill_at.unwrap_or(hard_deadline)), if kill_at.is_some() && !killed => {
-                    tree.kill();
+                    tree.kill(&pidfd);
                     killed = true;
                 }
+                () = sleep_until(watch_at), if !watching => watching = true,
                 () = &mut cancel, if !cancelled => {
                     cancelled = true;
                     if stop == Stop::None {
                         stop = Stop::Cancelled;
                     }
-                    tree.kill();
+                    tree.kill(&pidfd);
                     killed = true;
                 }
                 () = sleep_until(drain_until), if exit.is_some() => break,
@@ -361,7 +406,7 @@ pub async fn supervise(
         (stop, exit, stdout_out, killed)
     };
     if !killed && !tree.is_empty() {
-        tree.kill();
+        tree.kill(&pidfd);
     }
     let stderr = String::from_utf8_lossy(lines.tail.make_contiguous()).into_owned();
     Supervised {

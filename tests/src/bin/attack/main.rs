@@ -116,7 +116,8 @@ fn main() {
         | "daemon"
         | "hold_stdout"
         | "hold_stdout_stopped"
-        | "close_stdio_sleep" => tree::attempt(&case, &args),
+        | "close_stdio_sleep"
+        | "close_stdio_exit" => tree::attempt(&case, &args),
         other => json!({"attempt": other, "error": "unknown case"}),
     };
     emit(&out);

@@ -108,6 +108,12 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
             detach_stdio();
             sleep_forever()
         }
+        "close_stdio_exit" => {
+            detach_stdio();
+            std::thread::sleep(Duration::from_millis(300));
+            // SAFETY: ending the process with a status; nothing to unwind.
+            unsafe { libc::_exit(7) }
+        }
         _ => json!({"attempt": case, "error": "unknown"}),
     }
 }
