@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Thread wake-ups per run, and how many were for nothing (BENCHMARKS.md,
+seventeenth pass).
+
+usage: wakeups.py OUT.txt -- LOADBENCH_COMMAND...     (as root)
+       wakeups.py --parse OUT.txt
+
+Records the scheduler's `sched_waking`, `sched_switch` and
+`sched_process_exec` events (tracefs, with each thread's process id) while
+the command runs, then counts, per run (one run = one `exec` of a skill
+named `run`, as loadbench's skills are), the wake-ups of each process's
+threads by the waker's process, and how many of them were spurious: the
+woken thread ran under 40 us and went back to sleep without waking anyone.
+An `EPOLLOUT` edge nobody waits for, or a runtime worker unparked to find
+no task, looks like that.
+"""
+import collections
+import os
+import re
+import subprocess
+import sys
+
+TRACING = '/sys/kernel/tracing'
+EVENTS = ('sched_waking', 'sched_switch', 'sched_process_exec')
+SPURIOUS_US = 40.0
+LINE = re.compile(r'^\s*(.+?)-(\d+)\s+\(\s*([\d-]+)\)\s+\[(\d+)\]\s+\S+\s+([\d.]+): (\w+): (.*)$')
+
+
+def put(path, value):
+    with open(os.path.join(TRACING, path), 'w') as f:
+        f.write(value)
+
+
+def record(out, command):
+    if not os.path.exists(os.path.join(TRACING, 'trace')):
+        subprocess.run(['mount', '-t', 'tracefs', 'nodev', TRACING], check=True)
+    put('tracing_on', '0')
+    put('trace', '')
+    put('buffer_size_kb', '65536')
+    put('options/record-tgid', '1')
+    for e in EVENTS:
+        put(f'events/sched/{e}/enable', '1')
+    put('tracing_on', '1')
+    try:
+        subprocess.run(command, check=True)
+    finally:
+        put('tracing_on', '0')
+        for e in EVENTS:
+            put(f'events/sched/{e}/enable', '0')
+    with open(os.path.join(TRACING, 'trace')) as src, open(out, 'w') as dst:
+        for line in src:
+            dst.write(line)
+
+
+def parse(path):
+    tgid, names = {}, {}
+    running = {}      # cpu -> [tid, since_us, woke_anyone, waker_process]
+    waker_of = {}     # tid -> process that last woke it
+    wakeups, spurious = collections.Counter(), collections.Counter()
+    runs = 0
+    lost = False
+    with open(path) as f:
+        for line in f:
+            if 'entries-in-buffer' in line:
+                m = re.search(r'entries-in-buffer/entries-written: (\d+)/(\d+)', line)
+                lost = bool(m) and m.group(1) != m.group(2)
+            m = LINE.match(line)
+            if not m:
+                continue
+            _, tid, group, cpu, t, event, rest = m.groups()
+            tid, cpu, t = int(tid), int(cpu), float(t) * 1e6
+            if group.strip('-'):
+                tgid[tid] = int(group)
+            fields = dict(re.findall(r'(\w+)=(\S+)', rest))
+            if event == 'sched_process_exec':
+                pid = int(fields['pid'])
+                names[pid] = fields['filename'].rsplit('/', 1)[-1]
+                runs += names[pid] == 'run'
+            elif event == 'sched_waking':
+                current = running.get(cpu)
+                if current and current[0] == tid:
+                    current[2] = True
+                waker_of[int(fields['pid'])] = names.get(tgid.get(tid, tid), '?')
+            elif event == 'sched_switch':
+                prev, nxt = int(fields['prev_pid']), int(fields['next_pid'])
+                current = running.get(cpu)
+                if current and current[0] == prev and fields['prev_state'].startswith('S'):
+                    key = (names.get(tgid.get(prev, prev), '?'), current[3])
+                    wakeups[key] += 1
+                    if not current[2] and t - current[1] < SPURIOUS_US:
+                        spurious[key] += 1
+                running[cpu] = [nxt, t, False, waker_of.pop(nxt, '?')]
+    if lost:
+        print('warning: the trace buffer overflowed; counts are low', file=sys.stderr)
+    print(f'runs: {runs}')
+    print(f'{"woken (process)":<18} {"by":<18} {"wake-ups/run":>12} {"spurious/run":>12}')
+    ours = ('ongrid-skilld', 'ongrid-executor', 'loadbench')
+    for key, n in sorted(wakeups.items(), key=lambda kv: -kv[1]):
+        if key[0] in ours and runs:
+            print(f'{key[0]:<18} {key[1]:<18} {n / runs:>12.2f} {spurious[key] / runs:>12.2f}')
+    for proc in ours[:2]:
+        total = sum(n for k, n in wakeups.items() if k[0] == proc)
+        spur = sum(n for k, n in spurious.items() if k[0] == proc)
+        if runs:
+            print(f'{proc}: {total / runs:.2f} wake-ups per run, {spur / runs:.2f} spurious')
+
+
+def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == '--parse':
+        parse(sys.argv[2])
+    elif len(sys.argv) >= 4 and sys.argv[2] == '--':
+        record(sys.argv[1], sys.argv[3:])
+        parse(sys.argv[1])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == '__main__':
+    main()
