@@ -115,7 +115,10 @@
 //!    the pipe, nearly all, are put there with the EOF behind them before
 //!    step 3, so the skill never waits on the executor for them), stdout up
 //!    to its cap, stderr streamed line by line, the deadline (SIGTERM,
-//!    grace, SIGKILL), cancellation.
+//!    grace, SIGKILL), cancellation. The main process's exit is collected
+//!    with one `wait4(WNOHANG)` once both pipes are at end of file (most
+//!    runs), and waited on through its pidfd, registered only then, when
+//!    it has not ended yet or 10 ms after the start.
 //! 7. On any end, kill the whole tree (`cgroup.kill`; SIGCONT with SIGTERM
 //!    so stopped processes see it), reap (the executor is a child subreaper,
 //!    so orphans are reaped too), remove the cgroups and the run directory
