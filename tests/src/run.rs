@@ -157,10 +157,34 @@ pub fn run(manifest: &Path, config: &Config, opts: RunOptions, timeout_s: u64) -
     // No case waits out a long timeout on purpose (huge ones are clamping tests).
     let hang_after =
         Duration::from_secs(timeout_s.min(60)) + policy::limits::KILL_GRACE + HANG_SLACK;
-    match crate::served::via() {
+    let once = |opts| match crate::served::via() {
         crate::served::Via::Serve => crate::served::run(manifest, config, opts, hang_after),
         crate::served::Via::Oneshot => oneshot(manifest, config, opts, hang_after),
+    };
+    for _ in 0..TEXT_BUSY_RETRIES {
+        let run = once(opts.clone());
+        if !text_busy(&run) {
+            return run;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
+    once(opts)
+}
+
+/// How many times a run whose `exec` met `ETXTBSY` is tried again.
+const TEXT_BUSY_RETRIES: usize = 5;
+
+/// The run's `exec` failed with `ETXTBSY`: the entry (copied or written
+/// by this test just before) was still open for writing somewhere. Tests
+/// run as threads of one process; a child that another test forks while
+/// this test's copy is open inherits the descriptor (close-on-exec closes
+/// it only at that child's own `exec`), and the kernel refuses to execute
+/// a file open for writing. Nothing of the skill ran, so the run is tried
+/// again. The product reports it as it should (`spawn_failed`, naming the
+/// cause); only the harness retries.
+fn text_busy(run: &Run) -> bool {
+    run.report.outcome == Outcome::SpawnFailed
+        && run.report.error.as_deref().is_some_and(|e| e.contains("os error 26"))
 }
 
 fn oneshot(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Duration) -> Run {
