@@ -80,32 +80,28 @@ impl QuietStream {
         cx: &mut Context<'_>,
         mut op: impl FnMut(&StdStream) -> io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
-        #[cfg(test)]
-        let Self { io, writable, blocked } = self;
-        #[cfg(not(test))]
-        let Self { io, writable } = self;
         loop {
-            if let Some(w) = writable.as_ref() {
+            if let Some(w) = self.writable.as_ref() {
                 let mut guard = ready!(w.poll_write_ready(cx))?;
-                if let Ok(r) = guard.try_io(|_| op(io.get_ref())) {
+                if let Ok(r) = guard.try_io(|_| op(self.io.get_ref())) {
                     drop(guard);
                     // Through: back to asking for nothing but reads.
-                    *writable = None;
+                    self.writable = None;
                     return Poll::Ready(r);
                 }
                 // Would block again: wait for the next edge.
                 continue;
             }
-            match op(io.get_ref()) {
+            match op(self.io.get_ref()) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     #[cfg(test)]
                     {
-                        *blocked += 1;
+                        self.blocked += 1;
                     }
                     // Registering checks readiness at once, so space freed
                     // between the failed write and here is not missed.
-                    let dup = io.get_ref().try_clone()?;
-                    *writable = Some(register(dup, Interest::WRITABLE)?);
+                    let dup = self.io.get_ref().try_clone()?;
+                    self.writable = Some(register(dup, Interest::WRITABLE)?);
                 }
                 r => return Poll::Ready(r),
             }
