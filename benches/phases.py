@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Where a skill's spawn and exit take their time, sandboxed against bare
+(BENCHMARKS.md, eighteenth pass).
+
+usage: phases.py OUT.txt -- LOADBENCH_COMMAND...     (as root)
+       phases.py --parse OUT.txt
+
+Records the scheduler's fork, exec, exit and switch events and every
+system call's entry and exit (tracefs, with each thread's process id)
+while the command runs, then splits each run of a skill named `run` (as
+loadbench's skills are) into phases, from the kernel's own timestamps:
+
+  clone       the parent's clone/clone3 entry -> the child exists
+  child       the child exists -> its execve entry (a bare spawn's glibc
+              steps, or the sandbox's step 4)
+  execve      execve entry -> the new image runs
+  skill       the new image runs -> its exit_group entry
+  exit        exit_group entry -> the process is a zombie
+  reap        zombie -> the parent's wait4 returns it
+
+and counts the child's system calls before its execve. Runs are grouped by
+who created the child: `bare` (a thread of loadbench itself), or the name
+of the creating thread (`ongrid-spawner` for the in-process engine) and,
+when the process is not loadbench's, the process (`ongrid-spawner
+(ongrid-executor)` for the daemons).
+Tracing each system call costs about a microsecond, so compare the groups
+with each other, not with untraced latencies.
+"""
+import collections
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+TRACING = '/sys/kernel/tracing'
+EVENTS = ('sched/sched_process_fork', 'sched/sched_process_exec', 'sched/sched_process_exit',
+          'sched/sched_switch', 'raw_syscalls/sys_enter', 'raw_syscalls/sys_exit')
+LINE = re.compile(r'^\s*(.+?)-(\d+)\s+\(\s*([\d-]+)\)\s+\[(\d+)\]\s+\S+\s+([\d.]+): (\w+): (.*)$')
+SYSCALL = re.compile(r'NR (-?\d+) (?:\((\w+)|= (-?\d+))')
+CLONE, CLONE3, EXECVE, EXIT_GROUP, WAIT4, WAITID = 56, 435, 59, 231, 61, 247
+PHASES = ('clone', 'child', 'execve', 'skill', 'exit', 'reap')
+
+
+def put(path, value):
+    with open(os.path.join(TRACING, path), 'w') as f:
+        f.write(value)
+
+
+def record(out, command):
+    if not os.path.exists(os.path.join(TRACING, 'trace')):
+        subprocess.run(['mount', '-t', 'tracefs', 'nodev', TRACING], check=True)
+    put('tracing_on', '0')
+    put('trace', '')
+    put('buffer_size_kb', '200000')
+    put('options/record-tgid', '1')
+    for e in EVENTS:
+        put(f'events/{e}/enable', '1')
+    put('tracing_on', '1')
+    try:
+        subprocess.run(command, check=True)
+    finally:
+        put('tracing_on', '0')
+        for e in EVENTS:
+            put(f'events/{e}/enable', '0')
+    with open(os.path.join(TRACING, 'trace')) as src, open(out, 'w') as dst:
+        for line in src:
+            dst.write(line)
+
+
+class Thread:
+    """One thread's events, in time order: (us, kind, nr, value)."""
+
+    def __init__(self):
+        self.events = []
+
+    def last_before(self, t, kind, nrs):
+        found = None
+        for e in self.events:
+            if e[0] >= t:
+                break
+            if e[1] == kind and e[2] in nrs:
+                found = e
+        return found
+
+    def first_after(self, t, kind, nrs, value=None):
+        for e in self.events:
+            if e[0] > t and e[1] == kind and e[2] in nrs and (value is None or e[3] == value):
+                return e
+        return None
+
+
+def parse(path):
+    threads = collections.defaultdict(Thread)
+    tgid, comm = {}, {}
+    forks, execs, zombies = {}, [], {}
+    lost = False
+    with open(path) as f:
+        for line in f:
+            if 'entries-in-buffer' in line:
+                m = re.search(r'entries-in-buffer/entries-written: (\d+)/(\d+)', line)
+                lost = bool(m) and m.group(1) != m.group(2)
+            m = LINE.match(line)
+            if not m:
+                continue
+            name, tid, group, _, t, event, rest = m.groups()
+            tid, t = int(tid), float(t) * 1e6
+            if group.strip('-'):
+                tgid[tid] = int(group)
+            comm.setdefault(tid, name)
+            if event in ('sys_enter', 'sys_exit'):
+                s = SYSCALL.match(rest)
+                if s:
+                    nr = int(s.group(1))
+                    value = int(s.group(2), 16) if s.group(2) else int(s.group(3))
+                    threads[tid].events.append((t, event, nr, value))
+                continue
+            fields = dict(re.findall(r'(\w+)=(\S+)', rest))
+            if event == 'sched_process_fork':
+                child = int(fields['child_pid'])
+                forks[child] = (t, tid)
+                comm[tid] = name
+            elif event == 'sched_process_exec' and fields['filename'].endswith('/run'):
+                execs.append((t, tid))
+            elif event == 'sched_switch' and fields['prev_state'].startswith('Z'):
+                zombies.setdefault(int(fields['prev_pid']), t)
+    if lost:
+        print('warning: the trace buffer overflowed; some runs are missing', file=sys.stderr)
+    groups = collections.defaultdict(lambda: collections.defaultdict(list))
+    for done, pid in execs:
+        if pid not in forks or pid not in zombies:
+            continue
+        forked, parent = forks[pid]
+        child = threads[pid]
+        clone = threads[parent].last_before(forked + 0.5, 'sys_enter', (CLONE, CLONE3))
+        execve = child.last_before(done, 'sys_enter', (EXECVE,))
+        exit_group = child.first_after(done, 'sys_enter', (EXIT_GROUP,))
+        zombie = zombies[pid]
+        process = tgid.get(parent, parent)
+        reaped = [th.first_after(zombie - 1, 'sys_exit', (WAIT4, WAITID), pid)
+                  for tid, th in threads.items() if tgid.get(tid, tid) == process]
+        reaped = min((r for r in reaped if r), default=None, key=lambda r: r[0])
+        if not (clone and execve and exit_group and reaped):
+            continue
+        # The creating thread, and its process when that is not loadbench's
+        # own (the engine worker is a loadbench process too).
+        who = comm.get(parent, '?')
+        owner = comm.get(process, '?')
+        if who == 'loadbench':
+            who = 'bare'
+        elif owner != 'loadbench':
+            who = f'{who} ({owner})'
+        g = groups[who]
+        g['clone'].append(forked - clone[0])
+        g['child'].append(execve[0] - forked)
+        g['execve'].append(done - execve[0])
+        g['skill'].append(exit_group[0] - done)
+        g['exit'].append(zombie - exit_group[0])
+        g['reap'].append(reaped[0] - zombie)
+        g['total'].append(reaped[0] - clone[0])
+        g['child syscalls'].append(sum(1 for e in child.events
+                                       if forked <= e[0] < execve[0] and e[1] == 'sys_enter'))
+    names = sorted(groups, key=lambda k: (k != 'bare', k))
+    width = [max(10, len(n) + 2) for n in names]
+    print(f'{"p50 (us)":<16}' + ''.join(f'{n:>{w}}' for n, w in zip(names, width)))
+    for phase in PHASES + ('total', 'child syscalls'):
+        row = [statistics.median(groups[n][phase]) for n in names]
+        print(f'{phase:<16}' + ''.join(f'{v:>{w}.1f}' for v, w in zip(row, width)))
+    print(f'{"runs":<16}' + ''.join(f'{len(groups[n]["total"]):>{w}}' for n, w in zip(names, width)))
+
+
+def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == '--parse':
+        parse(sys.argv[2])
+    elif len(sys.argv) >= 4 and sys.argv[2] == '--':
+        record(sys.argv[1], sys.argv[3:])
+        parse(sys.argv[1])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == '__main__':
+    main()
