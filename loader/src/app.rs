@@ -74,7 +74,8 @@ impl App {
             &settings.audit,
             metrics.audit_write_errors_total.clone(),
             &metrics.audit_syncs_total,
-        )?;
+        )?
+        .observe_waits(&metrics.audit_wait_seconds);
         Ok(Self {
             authz: Authz::new(settings),
             audit,

@@ -21,6 +21,7 @@
 //! | `ongrid_authz_decisions_total` | counter | `decision`, `reason` |
 //! | `ongrid_audit_write_errors_total` | counter | |
 //! | `ongrid_audit_syncs_total` | counter | `when` |
+//! | `ongrid_audit_wait_seconds` | histogram | `row` |
 //! | `ongrid_build_info` | gauge | `version` |
 //! | `process_*` | process collector | |
 
@@ -35,6 +36,14 @@ use prometheus::{
 /// killed at a 60 s timeout still lands in a finite bucket).
 pub const DURATION_BUCKETS: [f64; 15] =
     [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// Buckets from 25 µs to 1 s for the audit's waits: a row written in
+/// place takes tens to hundreds of microseconds, an `fsync`ed commit
+/// milliseconds on a slow disk.
+pub const AUDIT_WAIT_BUCKETS: [f64; 15] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0,
+];
 
 /// The `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -70,6 +79,11 @@ pub struct Metrics {
     /// `fsync`s of the audit trail, by when: `commit` (before an answer)
     /// or `interval` (in the background, `audit_synchronous = "interval"`).
     pub audit_syncs_total: IntCounterVec,
+    /// How long a request waited for its audit row, by row: `decision` (an
+    /// allowed run's first row, before the run), `completion` (its
+    /// outcome, before the answer), `refusal` (a `deny` or `reject` row,
+    /// before the answer).
+    pub audit_wait_seconds: HistogramVec,
 }
 
 impl Metrics {
@@ -137,6 +151,14 @@ impl Metrics {
                 ),
                 &["when"],
             )?,
+            audit_wait_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "ongrid_audit_wait_seconds",
+                    "Time requests waited for their audit row to be written, by row.",
+                )
+                .buckets(AUDIT_WAIT_BUCKETS.to_vec()),
+                &["row"],
+            )?,
         };
         registry.register(Box::new(m.executions_total.clone()))?;
         registry.register(Box::new(m.run_duration_seconds.clone()))?;
@@ -150,6 +172,7 @@ impl Metrics {
         registry.register(Box::new(m.authz_decisions_total.clone()))?;
         registry.register(Box::new(m.audit_write_errors_total.clone()))?;
         registry.register(Box::new(m.audit_syncs_total.clone()))?;
+        registry.register(Box::new(m.audit_wait_seconds.clone()))?;
         let build = IntGaugeVec::new(
             Opts::new("ongrid_build_info", "Build of ongrid-skilld; always 1."),
             &["version"],

@@ -44,7 +44,9 @@
 //! daemons' VmRSS (idle, after the scan, after the load), and the
 //! executor's `ongrid_sandbox_setup_seconds` histogram (scraped from
 //! skilld's `/metrics` before and after each phase, so only the measured
-//! runs count) next to the `setup_us` of the same runs' reports; CPU per
+//! runs count) next to the `setup_us` of the same runs' reports; how long
+//! the runs through skilld waited for their audit rows
+//! (`ongrid_audit_wait_seconds`, the decision's and the completion's); CPU per
 //! run: each daemon's, the sandboxed skills' (the executor's children),
 //! the bare skills' (loadbench's own children, when no other variant
 //! spawns any), and with clients at once the whole host's (`/proc/stat`)
@@ -862,6 +864,8 @@ struct Mark {
     hist: Vec<Hist>,
     /// `ongrid_executor_run_slots_total`: ready, recycled, made.
     slots: Vec<[f64; 3]>,
+    /// `ongrid_audit_wait_seconds` by row: (sum, count) of each of [`AUDIT_ROWS`].
+    audit: Vec<[(f64, f64); 2]>,
     cpu: Vec<[f64; 3]>,
     /// This process's reaped children's CPU (the `bare` skills, when no
     /// other variant spawns children of its own).
@@ -873,6 +877,7 @@ impl Mark {
         Mark {
             hist: scrape_all(ctx),
             slots: ctx.stacks.values().map(|s| parse_slots(&s.scrape())).collect(),
+            audit: ctx.stacks.values().map(|s| parse_audit_waits(&s.scrape())).collect(),
             cpu: ctx.stacks.values().map(Stack::cpu).collect(),
             children: proc_cpu(std::process::id())[1],
         }
@@ -897,6 +902,23 @@ fn parse_slots(text: &str) -> [f64; 3] {
             .find_map(|l| l.strip_prefix(key.as_str()))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(f64::NAN)
+    })
+}
+
+/// The rows of `ongrid_audit_wait_seconds` a run waits for.
+const AUDIT_ROWS: [&str; 2] = ["decision", "completion"];
+
+/// `ongrid_audit_wait_seconds` of each of [`AUDIT_ROWS`]: (sum, count).
+fn parse_audit_waits(text: &str) -> [(f64, f64); 2] {
+    AUDIT_ROWS.map(|row| {
+        let value = |part: &str| {
+            let key = format!("ongrid_audit_wait_seconds_{part}{{row=\"{row}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(key.as_str()))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(f64::NAN)
+        };
+        (value("sum"), value("count"))
     })
 }
 
@@ -1049,9 +1071,10 @@ fn print_metrics(ctx: &Ctx<'_>, variants: &[Variant], samples: &[Samples], mark:
             );
         }
     }
-    let marks = mark.hist.iter().zip(&mark.slots).zip(&mark.cpu);
-    for ((name, stack), ((before, slots0), cpu0)) in ctx.stacks.iter().zip(marks) {
+    let marks = mark.hist.iter().zip(&mark.slots).zip(&mark.cpu).zip(&mark.audit);
+    for ((name, stack), (((before, slots0), cpu0), audit0)) in ctx.stacks.iter().zip(marks) {
         let text = stack.scrape();
+        let audit = parse_audit_waits(&text);
         let h = hist_delta(&parse_hist(&text, NAME), before);
         let slots = parse_slots(&text);
         let slots: Vec<f64> = slots.iter().zip(slots0).map(|(a, b)| a - b).collect();
@@ -1104,6 +1127,20 @@ fn print_metrics(ctx: &Ctx<'_>, variants: &[Variant], samples: &[Samples], mark:
              {:.0}, made on the run's path {:.0}",
             slots[0], slots[1], slots[2]
         );
+        if skilld_runs_seen {
+            let rows: Vec<String> = AUDIT_ROWS
+                .iter()
+                .zip(audit.iter().zip(audit0))
+                .map(|(row, (&(sum, n), &(sum0, n0)))| {
+                    let n = n - n0;
+                    format!("{row} n {n:.0} mean {:.0} us", (sum - sum0) / n.max(1.0) * 1e6)
+                })
+                .collect();
+            println!(
+                "{name}: ongrid_audit_wait_seconds over the measured runs: {}",
+                rows.join(", ")
+            );
+        }
     }
 }
 

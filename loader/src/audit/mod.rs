@@ -42,6 +42,9 @@
 //!
 //! `ongrid_audit_syncs_total{when}` counts the `fsync`s asked for:
 //! `commit` before an answer, `interval` by the background thread.
+//! `ongrid_audit_wait_seconds{row}` times what each answer waited for
+//! ([`Audit::observe_waits`]): `decision` (an allowed run's first row),
+//! `completion` (its commit), `refusal`.
 //!
 //! # Group commit
 //!
@@ -93,7 +96,7 @@ use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use prometheus::{IntCounter, IntCounterVec};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -273,6 +276,24 @@ pub struct Audit {
     tx: mpsc::Sender<Job>,
     writer: Arc<Writer>,
     required: bool,
+    /// `ongrid_audit_wait_seconds{row}`, when observed ([`Audit::observe_waits`]).
+    waits: Option<Arc<Waits>>,
+}
+
+/// The children of `ongrid_audit_wait_seconds` by `row`.
+#[derive(Debug)]
+struct Waits {
+    decision: Histogram,
+    completion: Histogram,
+    refusal: Histogram,
+}
+
+/// Which wait a request is timed in.
+#[derive(Clone, Copy)]
+enum Row {
+    Decision,
+    Completion,
+    Refusal,
 }
 
 impl std::fmt::Debug for Job {
@@ -326,7 +347,39 @@ impl Audit {
             }
             return Err(e);
         }
-        Ok(Self { tx, writer, required: settings.required })
+        Ok(Self { tx, writer, required: settings.required, waits: None })
+    }
+
+    /// Times every wait for a row in `waits` (`ongrid_audit_wait_seconds`,
+    /// labelled `row`): from the request for the row until it is written
+    /// (a decision's row, inserted) or committed (a completion, a refusal).
+    #[must_use]
+    pub fn observe_waits(mut self, waits: &HistogramVec) -> Self {
+        self.waits = Some(Arc::new(Waits {
+            decision: waits.with_label_values(&["decision"]),
+            completion: waits.with_label_values(&["completion"]),
+            refusal: waits.with_label_values(&["refusal"]),
+        }));
+        self
+    }
+
+    /// [`Audit::ask`], timed in `row`'s histogram.
+    async fn ask_timed<T>(
+        &self,
+        row: Row,
+        job: impl FnOnce(oneshot::Sender<Result<T, AuditError>>) -> Job,
+    ) -> Result<T, AuditError> {
+        let started = std::time::Instant::now();
+        let r = self.ask(job).await;
+        if let Some(w) = &self.waits {
+            let h = match row {
+                Row::Decision => &w.decision,
+                Row::Completion => &w.completion,
+                Row::Refusal => &w.refusal,
+            };
+            h.observe(started.elapsed().as_secs_f64());
+        }
+        r
     }
 
     /// Whether runs are refused when the audit cannot be written.
@@ -345,14 +398,16 @@ impl Audit {
         rx.await.map_err(|_| AuditError::Closed)?
     }
 
-    /// Writes a decision; returns the row id once committed.
+    /// Writes a decision whose answer follows it directly (the handler's
+    /// refusals: `deny`, `reject`; timed as `row="refusal"`); returns the
+    /// row id once committed.
     ///
     /// # Errors
     ///
     /// [`AuditError`]; [`AuditError::Replayed`] when one of
     /// `record.approvals_used` is already in the database.
     pub async fn record(&self, record: Record) -> Result<i64, AuditError> {
-        self.ask(|tx| Job::Record(Box::new(record), tx, false)).await
+        self.ask_timed(Row::Refusal, |tx| Job::Record(Box::new(record), tx, false)).await
     }
 
     /// Writes the decision of a run that is about to start; returns the
@@ -365,7 +420,7 @@ impl Audit {
     ///
     /// As [`Audit::record`].
     pub async fn record_before_run(&self, record: Record) -> Result<i64, AuditError> {
-        self.ask(|tx| Job::Record(Box::new(record), tx, true)).await
+        self.ask_timed(Row::Decision, |tx| Job::Record(Box::new(record), tx, true)).await
     }
 
     /// Completes row `id`; returns once committed.
@@ -374,7 +429,7 @@ impl Audit {
     ///
     /// [`AuditError`].
     pub async fn finish(&self, id: i64, finish: Finish) -> Result<(), AuditError> {
-        self.ask(|tx| Job::Finish(id, Box::new(finish), Some(tx))).await
+        self.ask_timed(Row::Completion, |tx| Job::Finish(id, Box::new(finish), Some(tx))).await
     }
 
     /// Completes row `id` without waiting.

@@ -346,3 +346,48 @@ async fn quick_rows_are_written_in_place_and_the_rest_on_the_thread() {
     assert_eq!(audit.writer.in_place(), 0);
     assert_eq!(audit.count().await.unwrap(), 3);
 }
+
+/// `ongrid_audit_wait_seconds{row}` times each wait a request makes for
+/// its row, once: the decision before a run, its completion, a refusal; a
+/// completion nobody waits for (the client went away) is not timed.
+#[tokio::test]
+async fn each_wait_for_a_row_is_timed_once_under_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let waits = HistogramVec::new(
+        prometheus::HistogramOpts::new("w", "w")
+            .buckets(crate::metrics::AUDIT_WAIT_BUCKETS.to_vec()),
+        &["row"],
+    )
+    .unwrap();
+    let audit = Audit::start(&settings(dir.path(), 0), errors.clone(), &syncs())
+        .unwrap()
+        .observe_waits(&waits);
+    let count = |row: &str| waits.with_label_values(&[row]).get_sample_count();
+    let safe = |skill: &str| Record { class: "safe".into(), ..record(skill, &[]) };
+
+    let started = Instant::now();
+    let id = audit.record_before_run(safe("ls")).await.unwrap();
+    let row = RunRow::new(audit.clone(), Some(id));
+    row.finish(Finish { outcome: "ok".into(), exit_code: Some(0), ..Finish::default() })
+        .await
+        .unwrap();
+    let took = started.elapsed().as_secs_f64();
+    assert_eq!((count("decision"), count("completion"), count("refusal")), (1, 1, 0));
+    let timed = waits.with_label_values(&["decision"]).get_sample_sum()
+        + waits.with_label_values(&["completion"]).get_sample_sum();
+    assert!(timed > 0.0 && timed <= took, "timed {timed} s of {took} s");
+
+    audit
+        .record(Record { decision: "deny", reason: "class_not_allowed".into(), ..safe("rm") })
+        .await
+        .unwrap();
+    assert_eq!((count("decision"), count("completion"), count("refusal")), (1, 1, 1));
+
+    // Dropped unfinished: completed as `cancelled` in the background.
+    let id = audit.record_before_run(safe("ls")).await.unwrap();
+    drop(RunRow::new(audit.clone(), Some(id)));
+    assert_eq!(audit.count().await.unwrap(), 3);
+    assert_eq!((count("decision"), count("completion"), count("refusal")), (2, 1, 1));
+    assert_eq!(errors.get(), 0);
+}

@@ -32,6 +32,11 @@ async fn metrics_carry_both_daemons() {
         "ongrid_run_duration_seconds_count{skill=\"echo\"} 2\n",
         "ongrid_run_duration_seconds_bucket{skill=\"fail\",le=\"60\"} 1\n",
         "ongrid_run_queue_wait_seconds_count 3\n",
+        // Three runs (two rows each) and one refusal (`invalid_args`); the
+        // unknown skill is answered before any row.
+        "ongrid_audit_wait_seconds_count{row=\"decision\"} 3\n",
+        "ongrid_audit_wait_seconds_count{row=\"completion\"} 3\n",
+        "ongrid_audit_wait_seconds_count{row=\"refusal\"} 1\n",
         "\nongrid_runs_in_flight 0\n",
         "\nongrid_skills_registered 5\n",
         "ongrid_manifest_errors_total{reason=\"parse\"} 1\n",
