@@ -1,8 +1,8 @@
 //! Per-request CPU costs on the daemon path, each in isolation (issue 7
 //! item 4): manifest parse and validation, args schema validation with the
 //! registry's cached validator (and, for contrast, compiling it per call),
-//! the executor wire's JSON-RPC encode and decode, and the run report's
-//! serialisation.
+//! the executor wire's JSON-RPC encode and decode, the run report's
+//! serialisation, and the executor's reuse of a cached Landlock ruleset.
 //!
 //! `cargo bench -p ongrid-benches --bench micro`
 
@@ -183,5 +183,45 @@ fn report_serialisation(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, manifest, args_validation, jsonrpc, report_serialisation);
+/// A run's Landlock ruleset taken from its slot's cache (`landlock::prepare`
+/// on a hit: the system paths' freshness check, the identity of each of
+/// the run's own paths, the ruleset's descriptor duplicated), as every
+/// served run but a slot's first does.
+fn landlock_cache_hit(c: &mut Criterion) {
+    use executor::landlock::{self, Cache, FsPolicy};
+    let abi = executor::spawn::Host::detect().landlock_abi;
+    if abi == 0 {
+        println!("SKIP landlock/cache_hit: the kernel has no Landlock");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (skill, home) = (dir.path().join("skill"), dir.path().join("slot"));
+    std::fs::create_dir(&skill).unwrap();
+    std::fs::create_dir(&home).unwrap();
+    let entry = skill.join("run");
+    std::fs::write(&entry, "#!/bin/sh\n").unwrap();
+    let policy = FsPolicy::new(&skill, &entry, &home, &[], &[], false);
+    let mode = executor::LandlockMode::Required;
+    let mut cache = Cache::default();
+    let built = landlock::prepare(abi, mode, &policy, Some(&mut cache)).unwrap();
+    assert!(!built.reused);
+    let mut g = c.benchmark_group("landlock");
+    g.bench_function("cache_hit", |b| {
+        b.iter(|| {
+            let p = landlock::prepare(abi, mode, black_box(&policy), Some(&mut cache)).unwrap();
+            assert!(p.reused, "a hit");
+            p
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    manifest,
+    args_validation,
+    jsonrpc,
+    report_serialisation,
+    landlock_cache_hit
+);
 criterion_main!(benches);

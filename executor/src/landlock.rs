@@ -293,11 +293,16 @@ impl Cache {
         if !self.entries.iter().any(same_policy) {
             return None;
         }
+        // A rule that is not explicit is a system path ([`FsPolicy::new`]),
+        // which the snapshot holds and `prepare` never records an identity
+        // for: no lookup of it by path (~40 hashes of a path per run). Were
+        // one not in the snapshot, `prepare` would have recorded its
+        // identity, and this `None` would only miss.
         let idents: Vec<Option<Ident>> = policy
             .rules
             .iter()
             .map(|r| {
-                if system.get(r).is_some() {
+                if !r.explicit {
                     return None;
                 }
                 std::fs::metadata(&r.path).ok().map(|m| ident(&m))
@@ -644,6 +649,26 @@ mod tests {
             p.rules.iter().filter(|r| r.access & fs::WRITE_FILE != 0).map(|r| &r.path).collect();
         assert_eq!(writable, [Path::new("/dev/null"), Path::new("/run/ongrid/runs/1")]);
         assert!(!ETC_READ.contains(&"/etc/shadow"));
+    }
+
+    /// What `Cache::take` relies on to skip looking rules up: a rule that
+    /// is not explicit is always a path the system snapshot holds, and an
+    /// explicit one never is.
+    #[test]
+    fn the_rules_that_are_not_explicit_are_the_system_paths() {
+        let p = FsPolicy::new(
+            Path::new("/opt/skills/s"),
+            Path::new("/opt/skills/s/run"),
+            Path::new("/run/ongrid/runs/1"),
+            &[PathBuf::from("/srv/in"), PathBuf::from("/etc/hosts")],
+            &[PathBuf::from("/srv/out")],
+            false,
+        );
+        let system = SystemPaths::current();
+        assert!(p.rules.iter().filter(|r| !r.explicit).count() >= system_paths().count());
+        for r in &p.rules {
+            assert_eq!(!r.explicit, system.get(r).is_some(), "{}", r.path.display());
+        }
     }
 
     #[test]
