@@ -874,10 +874,12 @@ struct Mark {
 
 impl Mark {
     fn take(ctx: &Ctx<'_>) -> Mark {
+        // One scrape per stack for everything read off `/metrics`.
+        let texts: Vec<String> = ctx.stacks.values().map(Stack::scrape).collect();
         Mark {
-            hist: scrape_all(ctx),
-            slots: ctx.stacks.values().map(|s| parse_slots(&s.scrape())).collect(),
-            audit: ctx.stacks.values().map(|s| parse_audit_waits(&s.scrape())).collect(),
+            hist: texts.iter().map(|t| parse_hist(t, SETUP_HIST)).collect(),
+            slots: texts.iter().map(|t| parse_slots(t)).collect(),
+            audit: texts.iter().map(|t| parse_audit_waits(t)).collect(),
             cpu: ctx.stacks.values().map(Stack::cpu).collect(),
             children: proc_cpu(std::process::id())[1],
         }
@@ -885,6 +887,9 @@ impl Mark {
 }
 
 // ---------------------------------------------------------------- metrics
+
+/// The executor's sandbox setup histogram, compared with the reports.
+const SETUP_HIST: &str = "ongrid_sandbox_setup_seconds";
 
 /// `ongrid_sandbox_setup_seconds` as scraped: cumulative buckets, sum, count.
 #[derive(Debug, Default, Clone)]
@@ -1058,7 +1063,7 @@ fn print_table(variants: &[Variant], samples: &[Samples]) {
 }
 
 fn print_metrics(ctx: &Ctx<'_>, variants: &[Variant], samples: &[Samples], mark: &Mark) {
-    const NAME: &str = "ongrid_sandbox_setup_seconds";
+    const NAME: &str = SETUP_HIST;
     // The bare skills are this process's only reaped children unless `cli`,
     // `bwrap` or `firejail` ran too: their CPU next to the sandboxed ones'.
     let own_children = [Variant::Cli, Variant::Bwrap, Variant::Firejail];
@@ -1142,10 +1147,6 @@ fn print_metrics(ctx: &Ctx<'_>, variants: &[Variant], samples: &[Samples], mark:
             );
         }
     }
-}
-
-fn scrape_all(ctx: &Ctx<'_>) -> Vec<Hist> {
-    ctx.stacks.values().map(|s| parse_hist(&s.scrape(), "ongrid_sandbox_setup_seconds")).collect()
 }
 
 fn print_rss(ctx: &Ctx<'_>, when: &str) {
