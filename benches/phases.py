@@ -27,45 +27,17 @@ Tracing each system call costs about a microsecond, so compare the groups
 with each other, not with untraced latencies.
 """
 import collections
-import os
 import re
 import statistics
-import subprocess
 import sys
 
-TRACING = '/sys/kernel/tracing'
+from tracefs import LINE, main, overflowed
+
 EVENTS = ('sched/sched_process_fork', 'sched/sched_process_exec', 'sched/sched_process_exit',
           'sched/sched_switch', 'raw_syscalls/sys_enter', 'raw_syscalls/sys_exit')
-LINE = re.compile(r'^\s*(.+?)-(\d+)\s+\(\s*([\d-]+)\)\s+\[(\d+)\]\s+\S+\s+([\d.]+): (\w+): (.*)$')
 SYSCALL = re.compile(r'NR (-?\d+) (?:\((\w+)|= (-?\d+))')
 CLONE, CLONE3, EXECVE, EXIT_GROUP, WAIT4, WAITID = 56, 435, 59, 231, 61, 247
 PHASES = ('clone', 'child', 'execve', 'skill', 'exit', 'reap')
-
-
-def put(path, value):
-    with open(os.path.join(TRACING, path), 'w') as f:
-        f.write(value)
-
-
-def record(out, command):
-    if not os.path.exists(os.path.join(TRACING, 'trace')):
-        subprocess.run(['mount', '-t', 'tracefs', 'nodev', TRACING], check=True)
-    put('tracing_on', '0')
-    put('trace', '')
-    put('buffer_size_kb', '200000')
-    put('options/record-tgid', '1')
-    for e in EVENTS:
-        put(f'events/{e}/enable', '1')
-    put('tracing_on', '1')
-    try:
-        subprocess.run(command, check=True)
-    finally:
-        put('tracing_on', '0')
-        for e in EVENTS:
-            put(f'events/{e}/enable', '0')
-    with open(os.path.join(TRACING, 'trace')) as src, open(out, 'w') as dst:
-        for line in src:
-            dst.write(line)
 
 
 class Thread:
@@ -98,8 +70,7 @@ def parse(path):
     with open(path) as f:
         for line in f:
             if 'entries-in-buffer' in line:
-                m = re.search(r'entries-in-buffer/entries-written: (\d+)/(\d+)', line)
-                lost = bool(m) and m.group(1) != m.group(2)
+                lost = overflowed(line)
             m = LINE.match(line)
             if not m:
                 continue
@@ -169,15 +140,5 @@ def parse(path):
     print(f'{"runs":<16}' + ''.join(f'{len(groups[n]["total"]):>{w}}' for n, w in zip(names, width)))
 
 
-def main():
-    if len(sys.argv) >= 3 and sys.argv[1] == '--parse':
-        parse(sys.argv[2])
-    elif len(sys.argv) >= 4 and sys.argv[2] == '--':
-        record(sys.argv[1], sys.argv[3:])
-        parse(sys.argv[1])
-    else:
-        sys.exit(__doc__)
-
-
 if __name__ == '__main__':
-    main()
+    main(__doc__, EVENTS, 200000, parse)

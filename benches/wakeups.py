@@ -20,41 +20,13 @@ An `EPOLLOUT` edge nobody waits for, or a runtime worker unparked to find
 no task, looks like that.
 """
 import collections
-import os
 import re
-import subprocess
 import sys
 
-TRACING = '/sys/kernel/tracing'
-EVENTS = ('sched_waking', 'sched_switch', 'sched_process_exec')
+from tracefs import LINE, main, overflowed
+
+EVENTS = ('sched/sched_waking', 'sched/sched_switch', 'sched/sched_process_exec')
 SPURIOUS_US = 40.0
-LINE = re.compile(r'^\s*(.+?)-(\d+)\s+\(\s*([\d-]+)\)\s+\[(\d+)\]\s+\S+\s+([\d.]+): (\w+): (.*)$')
-
-
-def put(path, value):
-    with open(os.path.join(TRACING, path), 'w') as f:
-        f.write(value)
-
-
-def record(out, command):
-    if not os.path.exists(os.path.join(TRACING, 'trace')):
-        subprocess.run(['mount', '-t', 'tracefs', 'nodev', TRACING], check=True)
-    put('tracing_on', '0')
-    put('trace', '')
-    put('buffer_size_kb', '65536')
-    put('options/record-tgid', '1')
-    for e in EVENTS:
-        put(f'events/sched/{e}/enable', '1')
-    put('tracing_on', '1')
-    try:
-        subprocess.run(command, check=True)
-    finally:
-        put('tracing_on', '0')
-        for e in EVENTS:
-            put(f'events/sched/{e}/enable', '0')
-    with open(os.path.join(TRACING, 'trace')) as src, open(out, 'w') as dst:
-        for line in src:
-            dst.write(line)
 
 
 def parse(path):
@@ -68,8 +40,7 @@ def parse(path):
     with open(path) as f:
         for line in f:
             if 'entries-in-buffer' in line:
-                m = re.search(r'entries-in-buffer/entries-written: (\d+)/(\d+)', line)
-                lost = bool(m) and m.group(1) != m.group(2)
+                lost = overflowed(line)
             m = LINE.match(line)
             if not m:
                 continue
@@ -119,15 +90,5 @@ def parse(path):
             print(f'{proc}: {total / runs:.2f} wake-ups per run, {spur / runs:.2f} spurious')
 
 
-def main():
-    if len(sys.argv) >= 3 and sys.argv[1] == '--parse':
-        parse(sys.argv[2])
-    elif len(sys.argv) >= 4 and sys.argv[2] == '--':
-        record(sys.argv[1], sys.argv[3:])
-        parse(sys.argv[1])
-    else:
-        sys.exit(__doc__)
-
-
 if __name__ == '__main__':
-    main()
+    main(__doc__, EVENTS, 65536, parse)
