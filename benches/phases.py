@@ -22,10 +22,23 @@ and counts the child's system calls before its execve. Runs are grouped by
 who created the child: `bare` (a thread of loadbench itself), or the name
 of the creating thread (`ongrid-spawner` for the in-process engine) and,
 when the process is not loadbench's, the process (`ongrid-spawner
-(ongrid-executor)` for the daemons).
+(ongrid-executor)` for `executor-rpc`, `... via skilld` for `daemon`).
+
+For a run loadbench asked another process for (sequential runs only),
+the phases outside the spawn, from reads and writes of more than 8 bytes:
+
+  request     loadbench sends its request -> the spawning process reads one
+  prepare     that read -> the clone entry
+  report      reaped -> the spawning process writes its answer
+  answer      that write -> loadbench reads an answer
+  outside     their sum
+
+and through skilld the request and the answer split at skilld's first
+read and next write: the hop to skilld, skilld's work, the hop on.
 Tracing each system call costs about a microsecond, so compare the groups
 with each other, not with untraced latencies.
 """
+import bisect
 import collections
 import re
 import statistics
@@ -37,7 +50,10 @@ EVENTS = ('sched/sched_process_fork', 'sched/sched_process_exec', 'sched/sched_p
           'sched/sched_switch', 'raw_syscalls/sys_enter', 'raw_syscalls/sys_exit')
 SYSCALL = re.compile(r'NR (-?\d+) (?:\((\w+)|= (-?\d+))')
 CLONE, CLONE3, EXECVE, EXIT_GROUP, WAIT4, WAITID = 56, 435, 59, 231, 61, 247
+READS, WRITES = (0, 19, 45, 47), (1, 20, 44, 46)
 PHASES = ('clone', 'child', 'execve', 'skill', 'exit', 'reap')
+AROUND = ('request', 'prepare', 'report', 'answer')
+RELAY = (' to skilld', ' in skilld', ' to executor', ' to skilld ', ' in skilld ', ' to client')
 
 
 class Thread:
@@ -98,6 +114,19 @@ def parse(path):
     if lost:
         print('warning: the trace buffer overflowed; some runs are missing', file=sys.stderr)
     groups = collections.defaultdict(lambda: collections.defaultdict(list))
+    # loadbench itself (the loadbench process no loadbench thread forked:
+    # an engine worker is one), skilld, and each process's reads and
+    # writes, in time order.
+    main_pid = next((p for p, n in comm.items() if n == 'loadbench' and tgid.get(p, p) == p
+                     and comm.get(forks.get(p, (0, 0))[1]) != 'loadbench'), None)
+    skilld = next((p for p, n in comm.items() if n == 'ongrid-skilld' and tgid.get(p, p) == p),
+                  None)
+    io = collections.defaultdict(list)
+    for tid, th in threads.items():
+        io[tgid.get(tid, tid)].extend(e for e in th.events
+                                      if e[2] in READS + WRITES and e[1] == 'sys_exit')
+    for events in io.values():
+        events.sort()
     for done, pid in execs:
         if pid not in forks or pid not in zombies:
             continue
@@ -121,7 +150,17 @@ def parse(path):
             who = 'bare'
         elif owner != 'loadbench':
             who = f'{who} ({owner})'
+        outside = {}
+        if process != main_pid:
+            outside = around(io[main_pid], io[process], clone[0], reaped[0])
+            # Asked through skilld: skilld read between the two.
+            if outside and skilld and first_io(io[skilld], outside['sent'], READS, outside['read']):
+                who += ' via skilld'
+                outside.update(relayed(io[skilld], outside))
         g = groups[who]
+        for phase in AROUND + ('outside',) + RELAY:
+            if phase in outside:
+                g[phase].append(outside[phase])
         g['clone'].append(forked - clone[0])
         g['child'].append(execve[0] - forked)
         g['execve'].append(done - execve[0])
@@ -134,10 +173,67 @@ def parse(path):
     names = sorted(groups, key=lambda k: (k != 'bare', k))
     width = [max(10, len(n) + 2) for n in names]
     print(f'{"p50 (us)":<16}' + ''.join(f'{n:>{w}}' for n, w in zip(names, width)))
-    for phase in PHASES + ('total', 'child syscalls'):
-        row = [statistics.median(groups[n][phase]) for n in names]
-        print(f'{phase:<16}' + ''.join(f'{v:>{w}.1f}' for v, w in zip(row, width)))
+    for phase in PHASES + ('total', 'child syscalls') + AROUND + ('outside',) + RELAY:
+        row = [statistics.median(groups[n][phase]) if groups[n][phase] else None for n in names]
+        print(f'{phase:<16}' + ''.join(f'{"-":>{w}}' if v is None else f'{v:>{w}.1f}'
+                                       for v, w in zip(row, width)))
     print(f'{"runs":<16}' + ''.join(f'{len(groups[n]["total"]):>{w}}' for n, w in zip(names, width)))
+
+
+def around(client, server, clone, reaped):
+    """The phases outside the spawn of a run loadbench asked another
+    process for (sequential runs only): loadbench sends its request, the
+    spawning process reads one (`request`), `clone`s (`prepare`) ... the
+    child is reaped, the process writes an answer (`report`), loadbench
+    reads one (`answer`); `outside` is their sum. A read or write of 8
+    bytes or fewer (an eventfd's wake-up) is neither."""
+    sent = last_io(client, clone, WRITES)
+    read = sent and first_io(server, sent, READS, clone)
+    wrote = read and first_io(server, reaped, WRITES)
+    got = wrote and first_io(client, wrote, READS)
+    if not got:
+        return {}
+    return {'sent': sent, 'read': read, 'wrote': wrote, 'got': got, 'request': read - sent, 'prepare': clone - read,
+            'report': wrote - reaped, 'answer': got - wrote,
+            'outside': clone - sent + got - reaped}
+
+
+def relayed(relay, o):
+    """`request` and `answer` through skilld, split at skilld's first read
+    and its next write: the request's hop to skilld, skilld's work, the
+    hop to the executor; the answer's the same way back."""
+    split = {}
+    read = first_io(relay, o['sent'], READS, o['read'])
+    wrote = read and first_io(relay, read, WRITES, o['read'])
+    if wrote:
+        split.update({' to skilld': read - o['sent'], ' in skilld': wrote - read,
+                      ' to executor': o['read'] - wrote})
+    back = first_io(relay, o['wrote'], READS, o['got'])
+    out = back and first_io(relay, back, WRITES, o['got'])
+    if out:
+        split.update({' to skilld ': back - o['wrote'], ' in skilld ': out - back,
+                      ' to client': o['got'] - out})
+    return split
+
+
+def last_io(events, before, nrs):
+    """The time of the last read or write (`nrs`) of more than 8 bytes that
+    returned before `before`."""
+    for t, _, nr, value in reversed(events[:bisect.bisect_left(events, (before,))]):
+        if nr in nrs and value > 8:
+            return t
+    return None
+
+
+def first_io(events, after, nrs, before=float('inf')):
+    """The time of the first read or write (`nrs`) of more than 8 bytes that
+    returned after `after` (and before `before`)."""
+    for t, _, nr, value in events[bisect.bisect_right(events, (after,)):]:
+        if t >= before:
+            break
+        if nr in nrs and value > 8:
+            return t
+    return None
 
 
 if __name__ == '__main__':
