@@ -150,6 +150,8 @@ impl Daemon {
         if let Some(task) = metrics {
             let _ = task.await;
         }
+        // Every answered run's rows into the database, the journal emptied.
+        self.app.audit().flush().await;
         tracing::info!("ongrid-skilld stopped");
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! - this file: the handle requests share ([`Audit`], [`RunRow`]) and the
 //!   row types;
-//! - `worker`: the audit thread's writer (group commit, durability);
+//! - `journal`: the rows appended by the requests, their ids, the replay;
+//! - `worker`: the audit thread's writer (group commit, durability, the
+//!   journal's lines into the database);
 //! - `sql`: the schema, opening, retention and each statement;
 //! - `syncer`: the background `fsync` of `audit_synchronous = "interval"`.
 //!
@@ -46,18 +48,44 @@
 //! ([`Audit::observe_waits`]): `decision` (an allowed run's first row),
 //! `completion` (its commit), `refusal`.
 //!
+//! # The journal
+//!
+//! A row whose answer needs no `fsync` (under `interval`, a `safe` run's
+//! rows and the refusal of a `safe` skill; under `normal`, every row) and
+//! uses no approval is not written into SQLite by the request: it is
+//! appended as one JSON line to the journal, `<audit_db>-rows`, with one
+//! `write` on a file opened `O_APPEND`, and the request is answered
+//! (`journal`). The line is then in the kernel's page cache, where a crash
+//! or SIGKILL of the daemon cannot lose it, as a commit in SQLite's WAL
+//! could not; under `interval` the background `fsync` covers the journal
+//! too. The audit thread writes the lines into the database in one
+//! transaction [`journal::INGEST_AFTER`] after the first of them, before
+//! any read of the database (`GET /v1/audit`), and at a clean stop
+//! ([`Audit::flush`]); it empties the file once all of it is in the
+//! database and the WAL is `fsync`ed, when the file has grown past
+//! [`journal::EMPTY_AT`] or at the stop. When the database is next opened
+//! (at start-up), whatever the journal holds (a crash) is written into it
+//! first, once: rows by id, `INSERT OR IGNORE`, then completions; a line
+//! cut short is skipped with a warning. Row ids come from one counter for
+//! the journal's rows and the database's alike, set past the largest id
+//! the database has used when it is opened. The rows reach `audit.db` a
+//! few milliseconds after their answers; `sqlite3` on it during a run may
+//! miss the last ones. If the journal cannot be opened or appended to, the
+//! rows go to the database directly (logged).
+//!
+//! One SQLite `INSERT` and `COMMIT` per row cost ~70-180 µs of the
+//! daemon's CPU on each run's path with cold caches; the journal line
+//! ~10 µs (BENCHMARKS.md, nineteenth pass).
+//!
 //! # Group commit
 //!
-//! One connection writes, behind a mutex. The audit thread takes every job
+//! Everything else (rows synced before their answer, rows that use an
+//! approval, the completion of a row written so, reads, retention) goes to
+//! the audit thread, which owns the one connection. It takes every job
 //! waiting on its channel at once and writes them in one transaction, so
 //! one commit (one `fsync`) covers all the rows of that batch; each caller
-//! waits for the commit of its own batch only. When no other run is in
-//! flight, nothing is queued and nobody holds the connection, a row whose
-//! answer needs no `fsync` (a `safe` run's under `interval`, any under
-//! `normal`) is written by the task that asks for it, in its own
-//! transaction, instead: the hop to the thread and back cost more than the
-//! write (`worker`). Statements are prepared once per connection
-//! (`prepare_cached`). An allowed run's first row
+//! waits for the commit of its own batch only. Statements are prepared once
+//! per connection (`prepare_cached`). An allowed run's first row
 //! ([`Audit::record_before_run`]) is answered as soon as it is inserted,
 //! before its commit: the run's answer waits for the commit of its
 //! completion ([`RunRow::finish`]), which comes after the insert on the
@@ -76,13 +104,17 @@
 //! # Failures
 //!
 //! SQLite calls block: they run on one dedicated thread (`ongrid-audit`);
-//! requests reach it over a channel and wait on a oneshot. Only the quick
-//! writes above run in place, on a connection already open (tens of
-//! microseconds; a WAL checkpoint SQLite makes due stalls that one caller
-//! as it would stall the thread's whole batch). A failed write counts in
-//! `ongrid_audit_write_errors_total`, is logged at error level and returns
-//! [`AuditError::Unavailable`]; the handler then refuses the run (503
-//! `audit_unavailable`) unless `audit_required = false`. The thread opens
+//! requests reach it over a channel and wait on a oneshot. A journal
+//! append is one `write` under a mutex, in the request. A failed write
+//! counts in `ongrid_audit_write_errors_total`, is logged at error level
+//! and returns [`AuditError::Unavailable`]; the handler then refuses the
+//! run (503 `audit_unavailable`) unless `audit_required = false`. A failed
+//! append sends its row to the thread instead, and nothing more is
+//! appended until the journal is emptied (a `write` cut short may have
+//! left part of a line). Journaled lines the thread cannot write into the
+//! database stay in the journal and in memory, and are tried again every
+//! second (each failed try counted); beyond 16 MiB of them, rows go to the
+//! thread, which refuses them while the database fails. The thread opens
 //! the database lazily and again after a failure, so fixing the file or its
 //! directory needs no restart.
 //!
@@ -103,9 +135,11 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::config::{AuditSettings, AuditSync};
+use journal::Journal;
 use syncer::Syncer;
-use worker::{Worker, Writer};
+use worker::Worker;
 
+mod journal;
 mod sql;
 mod syncer;
 mod worker;
@@ -266,15 +300,17 @@ enum Job {
     Query(Query, oneshot::Sender<Result<Vec<Entry>, AuditError>>),
     UsedApprovals(oneshot::Sender<Result<Vec<(String, u64)>, AuditError>>),
     Count(oneshot::Sender<Result<i64, AuditError>>),
-    /// Retention, made due by a commit written in place.
-    Prune,
+    /// Lines were journaled: write them in time (`true`: now).
+    Ingest(bool),
+    /// Write every journaled line now and empty the journal.
+    Flush(oneshot::Sender<()>),
 }
 
 /// The handle requests share; the thread stops when the last is dropped.
 #[derive(Debug, Clone)]
 pub struct Audit {
     tx: mpsc::Sender<Job>,
-    writer: Arc<Writer>,
+    journal: Arc<Journal>,
     required: bool,
     /// `ongrid_audit_wait_seconds{row}`, when observed ([`Audit::observe_waits`]).
     waits: Option<Arc<Waits>>,
@@ -332,22 +368,27 @@ impl Audit {
             AuditSync::Full | AuditSync::Normal => None,
         };
         let commit_syncs = syncs.with_label_values(&["commit"]);
-        let worker = Worker::new(settings.clone(), errors, commit_syncs, syncer.clone());
-        let writer = Arc::new(Writer::new(worker));
+        let journaled = settings.synchronous != AuditSync::Full;
+        let journal = Arc::new(Journal::new(&settings.db, journaled, syncer.clone()));
+        let worker = Worker::new(
+            settings.clone(),
+            Arc::clone(&journal),
+            errors,
+            commit_syncs,
+            syncer.clone(),
+        );
         let (tx, rx) = mpsc::channel();
-        // The thread holds the writer too, and the queue's receiver: it
-        // stops when the last `Audit` (the last sender) is dropped.
-        let thread_writer = Arc::clone(&writer);
-        let spawned = std::thread::Builder::new()
-            .name("ongrid-audit".into())
-            .spawn(move || thread_writer.run(&rx));
+        // The thread holds the queue's receiver: it stops when the last
+        // `Audit` (the last sender) is dropped.
+        let spawned =
+            std::thread::Builder::new().name("ongrid-audit".into()).spawn(move || worker.run(&rx));
         if let Err(e) = spawned {
             if let Some(syncer) = syncer {
                 syncer.stop();
             }
             return Err(e);
         }
-        Ok(Self { tx, writer, required: settings.required, waits: None })
+        Ok(Self { tx, journal, required: settings.required, waits: None })
     }
 
     /// Times every wait for a row in `waits` (`ongrid_audit_wait_seconds`,
@@ -392,15 +433,15 @@ impl Audit {
         job: impl FnOnce(oneshot::Sender<Result<T, AuditError>>) -> Job,
     ) -> Result<T, AuditError> {
         let (tx, rx) = oneshot::channel();
-        if let Some(job) = self.writer.try_in_place(job(tx), &self.tx) {
-            self.writer.queue(&self.tx, job)?;
+        if let Some(job) = self.journal.try_append(job(tx), &self.tx) {
+            self.tx.send(job).map_err(|_| AuditError::Closed)?;
         }
         rx.await.map_err(|_| AuditError::Closed)?
     }
 
     /// Writes a decision whose answer follows it directly (the handler's
     /// refusals: `deny`, `reject`; timed as `row="refusal"`); returns the
-    /// row id once committed.
+    /// row id once committed, or journaled.
     ///
     /// # Errors
     ///
@@ -423,7 +464,7 @@ impl Audit {
         self.ask_timed(Row::Decision, |tx| Job::Record(Box::new(record), tx, true)).await
     }
 
-    /// Completes row `id`; returns once committed.
+    /// Completes row `id`; returns once committed, or journaled.
     ///
     /// # Errors
     ///
@@ -434,7 +475,22 @@ impl Audit {
 
     /// Completes row `id` without waiting.
     pub fn finish_detached(&self, id: i64, finish: Finish) {
-        let _ = self.writer.queue(&self.tx, Job::Finish(id, Box::new(finish), None));
+        if let Some(job) =
+            self.journal.try_append(Job::Finish(id, Box::new(finish), None), &self.tx)
+        {
+            let _ = self.tx.send(job);
+        }
+    }
+
+    /// Writes every journaled row into the database and empties the
+    /// journal; for a clean stop, so that the database alone holds the
+    /// whole trail (a crash loses nothing either: the next start replays
+    /// the journal).
+    pub async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Job::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
     }
 
     /// Reads rows, newest first.
@@ -478,9 +534,6 @@ impl RunRow {
     /// The row `id` (`None` when it could not be written and the audit is
     /// not required).
     pub fn new(audit: Audit, id: Option<i64>) -> Self {
-        if id.is_some() {
-            audit.writer.run_opened();
-        }
         Self { audit, id, started: std::time::Instant::now() }
     }
 
@@ -494,7 +547,6 @@ impl RunRow {
     /// [`AuditError`] when the commit failed.
     pub async fn finish(mut self, mut finish: Finish) -> Result<(), AuditError> {
         let Some(id) = self.id.take() else { return Ok(()) };
-        self.audit.writer.run_closed();
         finish.duration_ms.get_or_insert_with(|| elapsed_ms(self.started));
         self.audit.finish(id, finish).await
     }
@@ -503,7 +555,6 @@ impl RunRow {
 impl Drop for RunRow {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            self.audit.writer.run_closed();
             self.audit.finish_detached(
                 id,
                 Finish {

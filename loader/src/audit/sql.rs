@@ -2,6 +2,7 @@
 //! and each statement a job runs.
 
 use rusqlite::{params, Connection};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
@@ -54,6 +55,19 @@ pub(super) enum WriteError {
     /// The row to complete is not there.
     Lost(i64),
     Sql(rusqlite::Error),
+    /// The journal could not be read, or the database synced.
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WriteError::Replayed(key_id) => write!(f, "approval {key_id} was already used"),
+            WriteError::Lost(id) => write!(f, "row {id} is missing"),
+            WriteError::Sql(e) => e.fmt(f),
+            WriteError::Io(e) => e.fmt(f),
+        }
+    }
 }
 
 impl From<rusqlite::Error> for WriteError {
@@ -100,17 +114,119 @@ pub(super) fn prune(db: &mut Connection, settings: &AuditSettings) -> rusqlite::
     tx.commit()
 }
 
+/// A decision's row as inserted: what a journal line holds and what the
+/// statement binds, its id and times fixed when the decision was made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) struct Row {
+    pub(super) id: i64,
+    pub(super) session_id: Option<String>,
+    pub(super) skill: String,
+    pub(super) class: String,
+    pub(super) caller_uid: u32,
+    pub(super) caller_pid: Option<i32>,
+    pub(super) role: String,
+    pub(super) mode: String,
+    pub(super) decision: String,
+    pub(super) reason: String,
+    /// JSON text of the approvers' key ids.
+    pub(super) approvers: String,
+    pub(super) args: Option<String>,
+    pub(super) args_truncated: bool,
+    pub(super) outcome: Option<String>,
+    pub(super) error: Option<String>,
+    pub(super) started_at: i64,
+    pub(super) finished_at: Option<i64>,
+}
+
+impl Row {
+    /// Row `id` of `r`, decided now: args and texts bounded.
+    pub(super) fn new(id: i64, r: &Record) -> Self {
+        let (args, args_truncated) = json_field(r.args.as_ref());
+        let now = now_ms();
+        Self {
+            id,
+            session_id: r.session_id.clone(),
+            skill: r.skill.clone(),
+            class: r.class.clone(),
+            caller_uid: r.caller_uid,
+            caller_pid: r.caller_pid,
+            role: r.role.clone(),
+            mode: r.mode.clone(),
+            decision: r.decision.to_owned(),
+            reason: bounded(r.reason.clone(), ERROR_MAX_BYTES).0,
+            approvers: Value::from(r.approvers.clone()).to_string(),
+            args,
+            args_truncated,
+            outcome: r.outcome.clone(),
+            error: short_text(r.error.as_deref()),
+            started_at: now,
+            // A refusal is finished when decided.
+            finished_at: r.outcome.as_ref().map(|_| now),
+        }
+    }
+}
+
+/// A run's completion as applied to its row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) struct Done {
+    pub(super) id: i64,
+    pub(super) outcome: String,
+    pub(super) error: Option<String>,
+    pub(super) exit_code: Option<i32>,
+    pub(super) result: Option<String>,
+    pub(super) result_truncated: bool,
+    pub(super) finished_at: i64,
+    pub(super) duration_ms: Option<i64>,
+}
+
+impl Done {
+    /// The completion of row `id`, now: the result and texts bounded.
+    pub(super) fn new(id: i64, f: &Finish) -> Self {
+        let (result, result_truncated) = match &f.result {
+            None => (None, false),
+            Some(r) => {
+                let (text, cut) = bounded(r.get().to_owned(), FIELD_MAX_BYTES);
+                (Some(text), cut)
+            }
+        };
+        Self {
+            id,
+            outcome: f.outcome.clone(),
+            error: short_text(f.error.as_deref()),
+            exit_code: f.exit_code,
+            result,
+            result_truncated,
+            finished_at: now_ms(),
+            duration_ms: f.duration_ms.map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
+        }
+    }
+}
+
+/// The id after the largest the database has used (`AUTOINCREMENT`'s
+/// sequence included, so an id is never given twice even after its row
+/// was deleted).
+pub(super) fn next_id(db: &Connection) -> rusqlite::Result<i64> {
+    let max: i64 = db.query_row(
+        "SELECT max(coalesce((SELECT max(id) FROM audit), 0),
+                    coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'audit'), 0))",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(max.saturating_add(1))
+}
+
 /// Inserts a decision's row. With approvals, inside a savepoint, so that a
 /// replayed approval rolls back this row only, not the rest of the batch.
-pub(super) fn insert(db: &Connection, r: &Record) -> Result<i64, WriteError> {
+pub(super) fn insert(db: &Connection, row: &Row, r: &Record) -> Result<(), WriteError> {
     if r.approvals_used.is_empty() {
-        return insert_row(db, r);
+        return insert_row(db, row, false);
     }
     run_cached(db, "SAVEPOINT job")?;
-    match insert_row(db, r) {
-        Ok(id) => {
+    let used = insert_row(db, row, false).and_then(|()| use_approvals(db, row.id, r));
+    match used {
+        Ok(()) => {
             run_cached(db, "RELEASE job")?;
-            Ok(id)
+            Ok(())
         }
         Err(e) => {
             run_cached(db, "ROLLBACK TO job")?;
@@ -120,35 +236,43 @@ pub(super) fn insert(db: &Connection, r: &Record) -> Result<i64, WriteError> {
     }
 }
 
-fn insert_row(db: &Connection, r: &Record) -> Result<i64, WriteError> {
-    let (args, args_cut) = json_field(r.args.as_ref());
-    let approvers = Value::from(r.approvers.clone()).to_string();
-    db.prepare_cached(
-        "INSERT INTO audit (session_id, skill, class, caller_uid, caller_pid, role, mode,
-             decision, reason, approvers, args, args_truncated, outcome, error, started_at,
+/// Inserts `row`; `replayed`: from the journal, where it may already be in
+/// the database (then it is left as it is).
+pub(super) fn insert_row(db: &Connection, row: &Row, replayed: bool) -> Result<(), WriteError> {
+    let sql = if replayed {
+        "INSERT OR IGNORE INTO audit (id, session_id, skill, class, caller_uid, caller_pid, role,
+             mode, decision, reason, approvers, args, args_truncated, outcome, error, started_at,
              finished_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-    )?
-    .execute(params![
-        r.session_id,
-        r.skill,
-        r.class,
-        r.caller_uid,
-        r.caller_pid,
-        r.role,
-        r.mode,
-        r.decision,
-        short_text(Some(&r.reason)),
-        approvers,
-        args,
-        args_cut,
-        r.outcome,
-        short_text(r.error.as_deref()),
-        now_ms(),
-        // A refusal is finished when decided.
-        r.outcome.as_ref().map(|_| now_ms()),
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+    } else {
+        "INSERT INTO audit (id, session_id, skill, class, caller_uid, caller_pid, role,
+             mode, decision, reason, approvers, args, args_truncated, outcome, error, started_at,
+             finished_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+    };
+    db.prepare_cached(sql)?.execute(params![
+        row.id,
+        row.session_id,
+        row.skill,
+        row.class,
+        row.caller_uid,
+        row.caller_pid,
+        row.role,
+        row.mode,
+        row.decision,
+        row.reason,
+        row.approvers,
+        row.args,
+        row.args_truncated,
+        row.outcome,
+        row.error,
+        row.started_at,
+        row.finished_at,
     ])?;
-    let id = db.last_insert_rowid();
+    Ok(())
+}
+
+fn use_approvals(db: &Connection, id: i64, r: &Record) -> Result<(), WriteError> {
     for (key, expires_at) in &r.approvals_used {
         let key_id = key.split(':').next().unwrap_or_default();
         let expires = i64::try_from(*expires_at).unwrap_or(i64::MAX);
@@ -163,17 +287,11 @@ fn insert_row(db: &Connection, r: &Record) -> Result<i64, WriteError> {
             return Err(WriteError::Replayed(key_id.to_owned()));
         }
     }
-    Ok(id)
+    Ok(())
 }
 
-pub(super) fn update(db: &Connection, id: i64, f: &Finish) -> Result<(), WriteError> {
-    let (result, result_cut) = match &f.result {
-        None => (None, false),
-        Some(r) => {
-            let (text, cut) = bounded(r.get().to_owned(), FIELD_MAX_BYTES);
-            (Some(text), cut)
-        }
-    };
+/// Completes a row.
+pub(super) fn update(db: &Connection, done: &Done) -> Result<(), WriteError> {
     let n = db
         .prepare_cached(
             "UPDATE audit SET outcome = ?2, error = ?3, exit_code = ?4, result = ?5,
@@ -182,17 +300,17 @@ pub(super) fn update(db: &Connection, id: i64, f: &Finish) -> Result<(), WriteEr
              WHERE id = ?1",
         )?
         .execute(params![
-            id,
-            f.outcome,
-            short_text(f.error.as_deref()),
-            f.exit_code,
-            result,
-            result_cut,
-            now_ms(),
-            f.duration_ms.map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
+            done.id,
+            done.outcome,
+            done.error,
+            done.exit_code,
+            done.result,
+            done.result_truncated,
+            done.finished_at,
+            done.duration_ms,
         ])?;
     if n == 0 {
-        return Err(WriteError::Lost(id));
+        return Err(WriteError::Lost(done.id));
     }
     Ok(())
 }

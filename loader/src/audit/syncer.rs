@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use prometheus::IntCounter;
 
+use super::journal::journal_path;
+
 /// The background `fsync` of `audit_synchronous = "interval"`: the audit
 /// thread reports each commit it did not sync; this thread `fsync`s the WAL
 /// `interval` after the oldest of them, which covers them all.
@@ -96,12 +98,18 @@ pub(super) fn wal_path(db: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// `fdatasync` of the WAL file of `db` ([`wal_path`]): every frame written to it so
-/// far, by any descriptor, reaches the disk (Linux syncs the inode). No WAL
-/// file (a checkpoint by the last connection removed it, or the database
-/// could not be put in WAL mode): the database file itself is synced, so
-/// what is counted as synced always was.
+/// `fdatasync` of the journal of `db` (`<db>-rows`, when there is one),
+/// then of its WAL file ([`wal_path`]): every line and frame written to
+/// them so far, by any descriptor, reaches the disk (Linux syncs the
+/// inode). No WAL file (a checkpoint by the last connection removed it, or
+/// the database could not be put in WAL mode): the database file itself is
+/// synced, so what is counted as synced always was.
 pub(super) fn sync_commits(db: &Path) -> std::io::Result<()> {
+    match std::fs::File::open(journal_path(db)) {
+        Ok(f) => f.sync_data()?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
     match std::fs::File::open(wal_path(db)) {
         Ok(f) => f.sync_data(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::File::open(db)?.sync_data(),

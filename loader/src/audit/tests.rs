@@ -270,81 +270,163 @@ fn a_sync_always_syncs_a_file() {
     super::syncer::sync_commits(&db).unwrap();
 }
 
-/// A row whose answer needs no `fsync` is written by the task that asks
-/// for it when the writer is idle (no hop to the thread and back); a row
-/// that is synced before its answer, a read, the first open and every
-/// `full` commit stay on the thread; retention made due in place runs on
-/// the thread, before anything queued after it.
+/// The lines of the journal of `settings`' database.
+fn journal_lines(settings: &AuditSettings) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(super::journal::journal_path(&settings.db)).unwrap();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The rows of `db` read with a connection of its own: (id, skill,
+/// outcome).
+fn db_rows(db: &std::path::Path) -> Vec<(i64, String, Option<String>)> {
+    let c = rusqlite::Connection::open(db).unwrap();
+    let mut stmt = c.prepare("SELECT id, skill, outcome FROM audit ORDER BY id").unwrap();
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// A row whose answer needs no `fsync` (under `interval`) is appended to
+/// the journal and answered at once; the thread writes it into the
+/// database shortly after, before any read, and at a flush. A row synced
+/// before its answer, a row that uses an approval, the completion of a row
+/// written directly and anything before the database is first opened go
+/// to the database directly. Ids come from one counter, in order.
 #[tokio::test]
-async fn quick_rows_are_written_in_place_and_the_rest_on_the_thread() {
+async fn safe_rows_are_journaled_then_written_into_the_database() {
     let dir = tempfile::tempdir().unwrap();
     let errors = IntCounter::new("e", "e").unwrap();
-    let interval = AuditSettings { synchronous: AuditSync::Interval, ..settings(dir.path(), 3) };
+    let interval = AuditSettings { synchronous: AuditSync::Interval, ..settings(dir.path(), 0) };
     let counts = syncs();
     let audit = Audit::start(&interval, errors.clone(), &counts).unwrap();
     let safe = |skill: &str| Record { class: "safe".into(), ..record(skill, &[]) };
-    let done = || Finish { outcome: "ok".into(), ..Finish::default() };
+    let done = || Finish { outcome: "ok".into(), exit_code: Some(0), ..Finish::default() };
 
-    // The first write opens the database: on the thread. (`settle`: the
-    // thread answers before it lets go of the connection; a write in
-    // place that comes in between goes to the thread, which is right but
-    // would make the counts here depend on timing.)
-    let id = audit.record_before_run(safe("df")).await.unwrap();
-    audit.writer.settle();
-    assert_eq!(audit.writer.in_place(), 0);
-    // The completion and the next safe run's rows: in place.
+    // The first row opens the database, directly; so does its completion.
+    let first = audit.record_before_run(safe("df")).await.unwrap();
+    RunRow::new(audit.clone(), Some(first)).finish(done()).await.unwrap();
+    assert!(journal_lines(&interval).is_empty());
+    // The next safe run and a refusal: journaled, the ids next in line.
+    let id = audit.record_before_run(safe("du")).await.unwrap();
+    assert_eq!(id, first + 1);
     RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
-    assert_eq!(audit.writer.in_place(), 1);
-    let id = audit.record_before_run(safe("df")).await.unwrap();
-    RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
-    assert_eq!(audit.writer.in_place(), 3);
-    // With another run in flight, rows go to the thread (its group
-    // commit); once that run is completed, in place again.
-    let other = audit.record_before_run(safe("df")).await.unwrap();
-    assert_eq!(audit.writer.in_place(), 4);
-    let other = RunRow::new(audit.clone(), Some(other));
-    let id = audit.record_before_run(safe("df")).await.unwrap();
-    let row = RunRow::new(audit.clone(), Some(id));
-    row.finish(done()).await.unwrap();
-    audit.writer.settle();
-    assert_eq!(audit.writer.in_place(), 4);
-    other.finish(done()).await.unwrap();
-    assert_eq!(audit.writer.in_place(), 5);
-    // A dangerous run's rows are synced before their answers: the thread.
-    let id = audit.record_before_run(record("rm", &[])).await.unwrap();
-    RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
-    audit.writer.settle();
-    assert_eq!(audit.writer.in_place(), 5);
+    let refused = audit.record(Record { decision: "deny", ..safe("ls") }).await.unwrap();
+    assert_eq!(refused, first + 2);
+    let lines = journal_lines(&interval);
+    let ops: Vec<_> =
+        lines.iter().map(|l| (l["op"].as_str().unwrap(), l["id"].as_i64().unwrap())).collect();
+    assert_eq!(ops, [("insert", id), ("finish", id), ("insert", refused)]);
+    assert_eq!(lines[0]["skill"], "du");
+    assert_eq!(lines[1]["outcome"], "ok");
+    assert_eq!(counts.with_label_values(&["commit"]).get(), 0);
+    // A dangerous run: directly, synced before both answers.
+    let rm = audit.record_before_run(record("rm", &[])).await.unwrap();
+    assert_eq!(rm, first + 3);
+    RunRow::new(audit.clone(), Some(rm)).finish(done()).await.unwrap();
     assert_eq!(counts.with_label_values(&["commit"]).get(), 2);
-    // A refusal of a safe skill is a row like any other.
-    audit.record(Record { decision: "deny", ..safe("df") }).await.unwrap();
-    assert_eq!(audit.writer.in_place(), 6);
-    // Reads go to the thread and see every row written in place.
-    assert_eq!(audit.count().await.unwrap(), 6);
-    audit.writer.settle();
+    // A safe row that uses an approval: directly (the unique key).
+    let far = u64::try_from(now_ms() / 1000).unwrap() + 600;
+    let used = audit.record(Record { class: "safe".into(), ..record("df", &[("aa:d1", far)]) });
+    assert_eq!(used.await.unwrap(), first + 4);
+    assert_eq!(journal_lines(&interval).len(), 3);
 
-    // Retention: `audit_max_rows = 3`, due every PRUNE_EVERY writes (11
-    // so far). The in-place commit of the 100th queues it, and the next
-    // write cannot pass it (nothing is written in place while a job is
-    // queued): the 3 newest rows are kept, and the 11 written after them.
-    // The 89 rows before it are written in place.
-    for _ in 0..PRUNE_EVERY {
-        audit.record(Record { decision: "deny", ..safe("df") }).await.unwrap();
+    // The thread writes the journaled rows without being asked to read.
+    let until = Instant::now() + Duration::from_secs(10);
+    while db_rows(&interval.db).len() < 5 {
+        assert!(Instant::now() < until, "the journal's rows never reached the database");
+        std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(audit.writer.in_place() >= 6 + 89);
-    assert_eq!(audit.count().await.unwrap(), 3 + 11, "retention did not run once");
+    let want = |id, skill: &str, outcome: &str| (id, skill.to_owned(), Some(outcome.to_owned()));
+    assert_eq!(
+        db_rows(&interval.db),
+        [
+            want(first, "df", "ok"),
+            want(id, "du", "ok"),
+            (refused, "ls".to_owned(), None),
+            want(rm, "rm", "ok"),
+            (first + 4, "df".to_owned(), None),
+        ]
+    );
+    // A read sees a row journaled just before it.
+    audit.record(Record { decision: "deny", ..safe("ps") }).await.unwrap();
+    assert_eq!(audit.count().await.unwrap(), 6);
+    // A flush writes everything and empties the journal.
+    audit.record(Record { decision: "deny", ..safe("ps") }).await.unwrap();
+    audit.flush().await;
+    assert!(journal_lines(&interval).is_empty());
+    assert_eq!(db_rows(&interval.db).len(), 7);
     assert_eq!(errors.get(), 0);
 
-    // `full`: every commit is synced before its answer: never in place.
+    // `full`: every row goes to the database, synced: no journal.
     let dir = tempfile::tempdir().unwrap();
     let full = settings(dir.path(), 0);
     let audit = Audit::start(&full, errors.clone(), &syncs()).unwrap();
-    for _ in 0..3 {
+    for _ in 0..2 {
         let id = audit.record_before_run(safe("df")).await.unwrap();
         RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
     }
-    assert_eq!(audit.writer.in_place(), 0);
-    assert_eq!(audit.count().await.unwrap(), 3);
+    assert_eq!(db_rows(&full.db).len(), 2);
+    assert!(!super::journal::journal_path(&full.db).exists());
+}
+
+/// What a crash leaves in the journal is written into the database when it
+/// is next opened, once: a row already there is kept as it is, a
+/// completion whose row is gone is skipped, a line cut short is skipped;
+/// then the journal is emptied and new rows take ids past every replayed
+/// one. Under `full`, a journal left by an earlier `interval` run is
+/// replayed too, then removed.
+#[tokio::test]
+async fn a_journal_left_by_a_crash_is_replayed_once_at_the_next_open() {
+    use super::journal::{journal_path, Line};
+    use super::sql::{Done, Row};
+
+    for mode in [AuditSync::Normal, AuditSync::Full] {
+        let dir = tempfile::tempdir().unwrap();
+        let errors = IntCounter::new("e", "e").unwrap();
+        let normal = AuditSettings { synchronous: AuditSync::Normal, ..settings(dir.path(), 0) };
+        let audit = Audit::start(&normal, errors.clone(), &syncs()).unwrap();
+        let safe = |skill: &str| Record { class: "safe".into(), ..record(skill, &[]) };
+        assert_eq!(audit.record(safe("one")).await.unwrap(), 1);
+        assert_eq!(audit.record(safe("two")).await.unwrap(), 2);
+        audit.flush().await;
+        drop(audit);
+        assert_eq!(db_rows(&normal.db).len(), 2);
+
+        // The journal of a daemon killed after answering: row 2 again (it
+        // was in the database already), row 3 and its completion, the
+        // completion of a row retention removed, and a line cut short.
+        let line = |l: Line| serde_json::to_string(&l).unwrap() + "\n";
+        let mut text = line(Line::Insert(Row::new(2, &safe("changed"))));
+        text += &line(Line::Insert(Row::new(3, &safe("three"))));
+        let finish = Finish { outcome: "ok".into(), exit_code: Some(0), ..Finish::default() };
+        text += &line(Line::Finish(Done::new(3, &finish)));
+        text += &line(Line::Finish(Done::new(99, &finish)));
+        text += r#"{"op":"insert","id":4,"sess"#;
+        std::fs::write(journal_path(&normal.db), text).unwrap();
+
+        let again = AuditSettings { synchronous: mode, ..normal.clone() };
+        let audit = Audit::start(&again, errors.clone(), &syncs()).unwrap();
+        assert_eq!(audit.count().await.unwrap(), 3, "{mode:?}");
+        let want = |id, skill: &str, outcome: Option<&str>| {
+            (id, skill.to_owned(), outcome.map(str::to_owned))
+        };
+        assert_eq!(
+            db_rows(&normal.db),
+            [want(1, "one", None), want(2, "two", None), want(3, "three", Some("ok"))]
+        );
+        match mode {
+            AuditSync::Full => assert!(!journal_path(&normal.db).exists()),
+            _ => assert!(journal_lines(&again).is_empty()),
+        }
+        assert_eq!(audit.record(safe("five")).await.unwrap(), 4, "{mode:?}");
+        assert_eq!(errors.get(), 0);
+        // Replayed once: the next open finds nothing more.
+        audit.flush().await;
+        drop(audit);
+        let audit = Audit::start(&again, errors.clone(), &syncs()).unwrap();
+        assert_eq!(audit.count().await.unwrap(), 4);
+    }
 }
 
 /// `ongrid_audit_wait_seconds{row}` times each wait a request makes for

@@ -1,26 +1,18 @@
-//! The audit writer: one SQLite connection, every job waiting at once
-//! written in one transaction (group commit), and when each commit is made
-//! durable (the parent module's Durability section).
-//!
-//! The connection is behind a mutex ([`Writer`]) so that a job may be
-//! written in place, by the task that asks for it, when no other run is
-//! in flight and nobody else is writing ([`Writer::try_in_place`]): the
-//! audit thread then has nothing queued and is not in a batch. That saves the run's two hops to the
-//! thread and back (a wake-up of another thread each, the dearest thing
-//! on a guest), for a write that takes tens of microseconds. Only a write
-//! that needs no `fsync` before its answer is written in place, on a
-//! connection already open; anything that may take longer (an `fsync`,
-//! a read, opening the database, retention) stays on the thread.
+//! The audit thread's writer: one SQLite connection; the journal's lines
+//! written in batches ([`super::journal`]); every other job waiting at
+//! once written in one transaction (group commit), and when each commit
+//! is made durable (the parent module's Durability section).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
 
 use prometheus::IntCounter;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use super::sql::{self, run_cached, WriteError};
+use super::journal::{self, Journal, INGEST_AFTER};
+use super::sql::{self, run_cached, Done, Row, WriteError};
 use super::syncer::{sync_commits, wal_path, Syncer};
 use super::{AuditError, Job, PRUNE_EVERY};
 use crate::config::{AuditSettings, AuditSync};
@@ -29,133 +21,15 @@ use crate::config::{AuditSettings, AuditSync};
 const MAX_CRITICAL_IN_FLIGHT: usize = 1 << 16;
 /// Most jobs written in one transaction.
 const MAX_BATCH: usize = 256;
-
-/// The writer shared by the audit thread and the tasks that write in
-/// place.
-pub(super) struct Writer {
-    worker: Mutex<Worker>,
-    /// Jobs sent to the thread and not yet taken into a batch.
-    queued: AtomicUsize,
-    /// Allowed runs whose row is written and not yet completed
-    /// ([`super::RunRow`]).
-    open_runs: AtomicUsize,
-}
-
-impl std::fmt::Debug for Writer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Writer").field("queued", &self.queued).finish_non_exhaustive()
-    }
-}
-
-impl Writer {
-    /// The writer of `worker`.
-    pub(super) fn new(worker: Worker) -> Self {
-        Self {
-            worker: Mutex::new(worker),
-            queued: AtomicUsize::new(0),
-            open_runs: AtomicUsize::new(0),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Worker> {
-        // A panic inside a batch leaves at worst an open transaction, which
-        // the next `BEGIN` fails on and the connection is reopened.
-        self.worker.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Hands `job` to the audit thread over its queue `tx`.
-    pub(super) fn queue(&self, tx: &mpsc::Sender<Job>, job: Job) -> Result<(), AuditError> {
-        self.queued.fetch_add(1, Ordering::SeqCst);
-        tx.send(job).map_err(|_| {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-            AuditError::Closed
-        })
-    }
-
-    /// A run's row was written ([`super::RunRow::new`]).
-    pub(super) fn run_opened(&self) {
-        self.open_runs.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// A run's row is being completed, or given up.
-    pub(super) fn run_closed(&self) {
-        let _ =
-            self.open_runs.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-    }
-
-    /// Writes `job` here and now when that is quick: no other run is in
-    /// flight, nothing is queued for the thread, nobody holds the
-    /// connection, and the job is a row whose answer needs no `fsync`
-    /// ([`Worker::fits_in_place`]). Gives the job back otherwise. A
-    /// caller's answer is sent before this returns; the retention a commit
-    /// makes due goes to the thread over `tx`.
-    ///
-    /// With other runs in flight, their rows come in close together and
-    /// the thread's group commit writes several in one transaction; one
-    /// transaction per row cost more there than the hops it saves (8
-    /// clients: daemon runs/s x bare 0.54 → 0.51, BENCHMARKS.md).
-    pub(super) fn try_in_place(&self, job: Job, tx: &mpsc::Sender<Job>) -> Option<Job> {
-        if self.open_runs.load(Ordering::SeqCst) != 0 || self.queued.load(Ordering::SeqCst) != 0 {
-            return Some(job);
-        }
-        let mut worker = match self.worker.try_lock() {
-            Ok(w) => w,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return Some(job),
-        };
-        if !worker.fits_in_place(&job) {
-            return Some(job);
-        }
-        worker.in_place += 1;
-        worker.run_batch(vec![job]);
-        if std::mem::take(&mut worker.prune_due) {
-            drop(worker);
-            let _ = self.queue(tx, Job::Prune);
-        }
-        None
-    }
-
-    /// The audit thread's loop: every job waiting at once is one batch,
-    /// until every [`super::Audit`] is dropped.
-    pub(super) fn run(&self, rx: &mpsc::Receiver<Job>) {
-        while let Ok(first) = rx.recv() {
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
-            let mut worker = self.lock();
-            self.queued.fetch_sub(batch.len(), Ordering::SeqCst);
-            worker.run_batch(batch);
-            if std::mem::take(&mut worker.prune_due) {
-                worker.prune();
-            }
-        }
-        if let Some(syncer) = &self.lock().syncer {
-            syncer.stop();
-        }
-    }
-
-    /// Returns once nobody holds the connection (the thread's batch in
-    /// progress is done).
-    #[cfg(test)]
-    pub(super) fn settle(&self) {
-        drop(self.lock());
-    }
-
-    /// Jobs written in place so far.
-    #[cfg(test)]
-    pub(super) fn in_place(&self) -> u64 {
-        self.lock().in_place
-    }
-}
+/// After a failed write of the journal's lines, the next try.
+const INGEST_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The connection and what the writes remember.
 pub(super) struct Worker {
     settings: AuditSettings,
     db: Option<Connection>,
+    /// The journal and the row ids.
+    journal: Arc<Journal>,
     errors: IntCounter,
     /// `ongrid_audit_syncs_total{when="commit"}`.
     commit_syncs: IntCounter,
@@ -167,14 +41,15 @@ pub(super) struct Worker {
     inserts: u64,
     /// A commit crossed a multiple of [`PRUNE_EVERY`] inserts.
     prune_due: bool,
-    /// Jobs written in place.
-    in_place: u64,
+    /// When the journal's lines are to be written, if any wait.
+    ingest_due: Option<Instant>,
 }
 
 impl Worker {
     /// The writer of `settings`' database, opened on first use.
     pub(super) fn new(
         settings: AuditSettings,
+        journal: Arc<Journal>,
         errors: IntCounter,
         commit_syncs: IntCounter,
         syncer: Option<Arc<Syncer>>,
@@ -182,27 +57,101 @@ impl Worker {
         Self {
             settings,
             db: None,
+            journal,
             errors,
             commit_syncs,
             syncer,
             critical: HashSet::new(),
             inserts: 0,
             prune_due: false,
-            in_place: 0,
+            ingest_due: None,
         }
     }
 
-    /// Whether `job` may be written by the task that asks for it: a row
-    /// (a decision, or a completion someone waits for) on an open
-    /// connection, whose commit is not `fsync`ed before the answer.
-    fn fits_in_place(&self, job: &Job) -> bool {
-        if self.db.is_none() || self.settings.synchronous == AuditSync::Full {
-            return false;
+    /// The audit thread's loop: every job waiting at once is one batch,
+    /// the journal's lines are written when due, until every
+    /// [`super::Audit`] is dropped; then the rest of the journal.
+    pub(super) fn run(mut self, rx: &mpsc::Receiver<Job>) {
+        loop {
+            let first = match self.ingest_due {
+                None => match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+                Some(due) => match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
+                    Ok(job) => job,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        self.ingest();
+                        if std::mem::take(&mut self.prune_due) {
+                            self.prune();
+                        }
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                },
+            };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.run_batch(batch);
+            if std::mem::take(&mut self.prune_due) {
+                self.ingest();
+                self.prune();
+            }
         }
-        match job {
-            Job::Record(record, ..) => !(record.syncs_before_answer() && self.syncer.is_some()),
-            Job::Finish(id, _, Some(_)) => !self.critical.contains(id),
-            _ => false,
+        self.flush();
+        if let Some(syncer) = &self.syncer {
+            syncer.stop();
+        }
+    }
+
+    /// Writes the journal's lines into the database, if any wait; on a
+    /// failure they wait for the next try ([`INGEST_RETRY`]).
+    fn ingest(&mut self) {
+        self.ingest_due = None;
+        let lines = self.journal.take_pending();
+        if lines.is_empty() {
+            return;
+        }
+        let written = match self.connection() {
+            Ok(db) => journal::write_lines(db, &lines, false).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match written {
+            Ok((n, lost)) => {
+                let before = self.inserts;
+                self.inserts += n as u64;
+                if self.inserts / PRUNE_EVERY != before / PRUNE_EVERY {
+                    self.prune_due = true;
+                }
+                for _ in 0..lost {
+                    self.errors.inc();
+                }
+                if let Some(syncer) = &self.syncer {
+                    syncer.committed();
+                }
+                self.journal.empty_if_written(&self.settings.db, false);
+            }
+            Err(message) => {
+                let e = AuditError::Unavailable { path: self.settings.db.clone(), message };
+                // Counted once per failed try, not per line: the lines are
+                // kept and written by a later one.
+                self.fail(&e);
+                self.journal.put_back(lines);
+                self.ingest_due = Some(Instant::now() + INGEST_RETRY);
+            }
+        }
+    }
+
+    /// Everything journaled into the database, and the journal emptied.
+    fn flush(&mut self) {
+        self.ingest();
+        if self.ingest_due.is_none() && self.db.is_some() {
+            self.journal.empty_if_written(&self.settings.db, true);
         }
     }
 
@@ -213,7 +162,14 @@ impl Worker {
         for job in batch {
             match job {
                 Job::Record(record, reply, early) => {
-                    let r = self.stage(&mut group, |db| sql::insert(db, &record));
+                    let journal = Arc::clone(&self.journal);
+                    let r = self.stage(&mut group, |db| {
+                        let row = Row::new(journal.take_id(), &record);
+                        sql::insert(db, &row, &record).map(|()| row.id)
+                    });
+                    if let (Ok(id), true) = (&r, early) {
+                        self.journal.written_directly(*id);
+                    }
                     if let Ok(id) = r {
                         if record.syncs_before_answer() {
                             group.critical = true;
@@ -244,8 +200,14 @@ impl Worker {
                     }
                 }
                 Job::Finish(id, finish, reply) => {
+                    // Its row may be journaled and not yet written (the
+                    // journal failed since): write the journal's rows first.
+                    if self.journal.has_pending() {
+                        self.commit(&mut group);
+                        self.ingest();
+                    }
                     group.critical |= self.critical.remove(&id);
-                    match self.stage(&mut group, |db| sql::update(db, id, &finish)) {
+                    match self.stage(&mut group, |db| sql::update(db, &Done::new(id, &finish))) {
                         Ok(()) => {
                             group.written += 1;
                             group.waiters.push(Waiter::Finish(reply));
@@ -259,22 +221,33 @@ impl Worker {
                 }
                 Job::Query(q, reply) => {
                     self.commit(&mut group);
+                    self.ingest();
                     let _ = reply.send(self.read(|db| sql::select(db, &q)));
                 }
                 Job::UsedApprovals(reply) => {
                     self.commit(&mut group);
                     let _ = reply.send(self.read(sql::used_approvals));
                 }
-                Job::Prune => {
-                    self.commit(&mut group);
-                    self.prune();
-                }
                 Job::Count(reply) => {
                     self.commit(&mut group);
+                    self.ingest();
                     let _ =
                         reply.send(self.read(|db| {
                             db.query_row("SELECT count(*) FROM audit", [], |r| r.get(0))
                         }));
+                }
+                Job::Ingest(now) => {
+                    if now {
+                        self.commit(&mut group);
+                        self.ingest();
+                    } else {
+                        self.ingest_due.get_or_insert_with(|| Instant::now() + INGEST_AFTER);
+                    }
+                }
+                Job::Flush(reply) => {
+                    self.commit(&mut group);
+                    self.flush();
+                    let _ = reply.send(());
                 }
             }
         }
@@ -285,9 +258,23 @@ impl Worker {
         AuditError::Unavailable { path: self.settings.db.clone(), message: e.to_string() }
     }
 
+    /// The connection, opened (and the journal replayed into it, on the
+    /// first open) when there is none.
     fn connection(&mut self) -> Result<&mut Connection, AuditError> {
         if self.db.is_none() {
-            let db = sql::open(&self.settings).map_err(|e| self.unavailable(&e))?;
+            let mut db = sql::open(&self.settings).map_err(|e| self.unavailable(&e))?;
+            let replayed = self.journal.opened(&db, &self.settings.db).map_err(|e| {
+                AuditError::Unavailable {
+                    path: self.settings.db.clone(),
+                    message: format!("replaying the journal: {e}"),
+                }
+            })?;
+            if replayed > 0 {
+                // Replayed rows may be past retention already.
+                if let Err(e) = sql::prune(&mut db, &self.settings) {
+                    tracing::warn!(error = %e, "audit: retention failed");
+                }
+            }
             self.db = Some(db);
         }
         self.db.as_mut().ok_or(AuditError::Closed)
@@ -324,6 +311,10 @@ impl Worker {
                         }
                     }
                     WriteError::Sql(e) => self.unavailable(&e),
+                    WriteError::Io(e) => AuditError::Unavailable {
+                        path: self.settings.db.clone(),
+                        message: e.to_string(),
+                    },
                 })
             }
         };

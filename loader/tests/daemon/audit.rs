@@ -10,12 +10,20 @@ use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 
 use crate::permissions::{me, rows, start};
-use crate::skilld::CLI;
+use crate::skilld::{audit_journal, Skilld, CLI};
 
-/// Every answer is sent after its row is committed: SIGKILL the daemon as
-/// soon as the answer is read, and the rows are there, complete.
+/// Every answer is sent after its rows are written where a crash of the
+/// daemon cannot lose them: SIGKILL the daemon as soon as the answer is
+/// read. The safe run's rows were appended to the journal (`<db>-rows`),
+/// and the next daemon writes them into the database at start-up,
+/// complete, once; the denial of a `mutating` skill is in the database
+/// already (it is `fsync`ed before its answer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_survive_a_sigkill_right_after_the_answer() {
+    let callers = format!(
+        "\n[[callers]]\nuid = {}\nrole = \"operator\"\nmode = \"mutating-with-confirm\"\n",
+        me()
+    );
     let (env, _ex, mut d) = start("operator", "mutating-with-confirm", "");
     let c = d.client();
     let r = c.post("/v1/skills/strict/execute", &json!({"args": {"path": "/x"}})).await.unwrap();
@@ -33,6 +41,18 @@ async fn rows_survive_a_sigkill_right_after_the_answer() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     assert!(!d.alive());
+    // The run's decision and completion, as journal lines.
+    let journal = audit_journal(&env.audit_db());
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ops: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| (l["op"].as_str().unwrap(), l["skill"].as_str().unwrap_or("")))
+        .collect();
+    assert!(ops.contains(&("insert", "echo")) && ops.contains(&("finish", "")), "{text}");
+
+    // The next daemon replays them into the database, and empties the journal.
+    let d = Skilld::start(&env, &[&env.path("skills")], &callers);
     assert_eq!(
         rows(&env.audit_db(), "strict"),
         [("deny".into(), "confirm_required".into(), Some("denied".into()), "[]".into())]
@@ -50,6 +70,17 @@ async fn rows_survive_a_sigkill_right_after_the_answer() {
     assert!(finished.is_some());
     let mode: String = db.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
     assert_eq!(mode, "wal");
+    assert_eq!(std::fs::metadata(&journal).unwrap().len(), 0, "the journal was not emptied");
+    assert!(d.log().contains("journal replayed"), "{}", d.log());
+    // A new row takes an id past the replayed ones.
+    let r = d.client().post("/v1/skills/echo/execute", &json!({"args": {"n": 8}})).await.unwrap();
+    assert_eq!(r.status, 200);
+    let ids: Vec<i64> = {
+        crate::skilld::audit_settled(&env.audit_db());
+        let mut stmt = db.prepare("SELECT id FROM audit ORDER BY id").unwrap();
+        stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect()
+    };
+    assert_eq!(ids, [1, 2, 3]);
 }
 
 /// An audit database that cannot be written: runs are refused with 503

@@ -79,9 +79,11 @@ pub fn start(role: &str, mode: &str, config: &str) -> (Env, FakeExecutor, Skilld
     (env, executor, daemon)
 }
 
-/// The audit rows of `skill` read straight from the database, oldest
-/// first: (decision, reason, outcome, approvers as JSON text).
+/// The audit rows of `skill` read straight from the database once the
+/// journal's rows are in it, oldest first: (decision, reason, outcome,
+/// approvers as JSON text).
 pub fn rows(db: &Path, skill: &str) -> Vec<(String, String, Option<String>, String)> {
+    crate::skilld::audit_settled(db);
     let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
         .unwrap();
     let mut stmt = c

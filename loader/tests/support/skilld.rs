@@ -243,3 +243,41 @@ pub async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
     }
     f()
 }
+
+/// The audit journal of the database `db` (`<db>-rows`): the rows the
+/// daemon appended there and writes into `db` shortly after its answers.
+pub fn audit_journal(db: &Path) -> PathBuf {
+    PathBuf::from(format!("{}-rows", db.display()))
+}
+
+/// Waits (at most 10 s) until every row and completion in the journal of
+/// `db` is in `db`.
+pub fn audit_settled(db: &Path) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !journal_in_db(db) {
+        assert!(Instant::now() < until, "the journal's rows never reached {}", db.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether each line of the journal of `db` is in `db`: the row of an
+/// `insert`, the `finished_at` of a `finish`.
+fn journal_in_db(db: &Path) -> bool {
+    let text = fs::read_to_string(audit_journal(db)).unwrap_or_default();
+    if text.is_empty() {
+        return true;
+    }
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
+    let Ok(c) = rusqlite::Connection::open_with_flags(db, flags) else { return false };
+    text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).all(|line| {
+        let id = line["id"].as_i64().unwrap_or(0);
+        let finished = c.query_row("SELECT finished_at FROM audit WHERE id = ?1", [id], |r| {
+            r.get::<_, Option<i64>>(0)
+        });
+        match (line["op"].as_str(), finished) {
+            (Some("insert"), Ok(_)) => true,
+            (Some("finish"), Ok(at)) => at.is_some() && at == line["finished_at"].as_i64(),
+            _ => false,
+        }
+    })
+}
