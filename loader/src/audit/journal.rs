@@ -12,7 +12,9 @@
 //! transaction, [`INGEST_AFTER`] after the first of them, before any read
 //! of the database, and at shutdown. The file is emptied once everything
 //! in it is in the database and the WAL is `fsync`ed, when it has grown
-//! past [`EMPTY_AT`] or at shutdown; at start-up, before any row is
+//! past [`EMPTY_AT`] or at shutdown (the last lines are written, synced
+//! and the file cut with the appends stopped for that one transaction
+//! and `fsync`, so it empties under any load); at start-up, before any row is
 //! written, whatever it holds (a crash) is written into the database
 //! again (`INSERT OR IGNORE` by id, then the completions) and the file
 //! emptied.
@@ -131,18 +133,32 @@ impl Journal {
             return Some(job);
         }
         let mut st = self.lock();
-        if st.file.is_none() || st.broken || st.pending_bytes >= MAX_PENDING_BYTES {
+        // A row written directly is completed directly (and synced before
+        // the answer, when it is).
+        if let Job::Finish(id, ..) = &job {
+            if st.direct.remove(id) {
+                return Some(job);
+            }
+        }
+        if st.file.is_none() || st.broken {
             return Some(job);
         }
         let line = match &job {
+            // Beyond MAX_PENDING_BYTES the database is failing: new rows go
+            // to the thread, which refuses them; the completions of rows
+            // journaled already still come here.
             Job::Record(r, ..)
                 if r.approvals_used.is_empty()
-                    && !(r.syncs_before_answer() && self.syncer.is_some()) =>
+                    && !(r.syncs_before_answer() && self.syncer.is_some())
+                    && st.pending_bytes < MAX_PENDING_BYTES =>
             {
                 Line::Insert(Row::new(st.next_id, r))
             }
-            Job::Finish(id, f, _) if !st.direct.remove(id) => Line::Finish(Done::new(*id, f)),
-            _ => return Some(job),
+            Job::Finish(id, f, _) => Line::Finish(Done::new(*id, f)),
+            Job::Record(..) | Job::Query(..) | Job::UsedApprovals(..) | Job::Count(..) => {
+                return Some(job)
+            }
+            Job::Ingest(..) | Job::Flush(..) => return Some(job),
         };
         let mut text = match serde_json::to_vec(&line) {
             Ok(t) => t,
@@ -154,10 +170,16 @@ impl Journal {
         text.push(b'\n');
         let written = st.file.as_mut().map(|f| f.write_all(&text));
         if let Some(Err(e)) = written {
-            // Part of the line may be there: stop appending until the file
-            // is emptied; the thread writes this row to the database.
-            st.broken = true;
+            // Part of the line may be there: cut the file back to its last
+            // whole line. Only if that fails too, nothing more is appended
+            // until the thread empties it. The thread writes this row.
             tracing::error!(path = %self.path.display(), error = %e, "audit: cannot append to the journal");
+            let len = st.len;
+            if !matches!(st.file.as_ref().map(|f| f.set_len(len)), Some(Ok(()))) {
+                st.broken = true;
+                drop(st);
+                let _ = tx.send(Job::Ingest(true));
+            }
             return Some(job);
         }
         let size = text.len();
@@ -204,6 +226,9 @@ impl Journal {
     /// Run row `id` was written to the database directly: its completion
     /// is too.
     pub(super) fn written_directly(&self, id: i64) {
+        if !self.enabled {
+            return;
+        }
         let mut st = self.lock();
         if st.direct.len() >= MAX_DIRECT_IN_FLIGHT {
             // Rows whose runs never completed (their handler was dropped
@@ -316,29 +341,51 @@ impl Journal {
         st.pending = lines;
     }
 
-    /// After a commit of everything taken: empties the file when it has
-    /// grown past [`EMPTY_AT`] (always with `force`, or after a failed
-    /// append) and nothing was appended since. The WAL is `fsync`ed
-    /// first, so that no row is only in a WAL a power loss could cut.
-    pub(super) fn empty_if_written(&self, db_path: &Path, force: bool) {
-        let len = {
-            let st = self.lock();
-            let due = force || st.broken || st.len >= EMPTY_AT;
-            if st.file.is_none() || !st.pending.is_empty() || st.len == 0 || !due {
-                return;
-            }
-            st.len
-        };
-        if let Err(e) = sync_commits(db_path) {
-            tracing::warn!(error = %e, "audit: cannot fsync the database; the journal is kept");
-            return;
-        }
+    /// Whether the file is to be emptied: it has grown past [`EMPTY_AT`]
+    /// (or holds anything, with `force`), or an append failed in a way
+    /// that may have left part of a line.
+    pub(super) fn empty_due(&self, force: bool) -> bool {
+        let st = self.lock();
+        st.file.is_some() && (st.broken || (st.len > 0 && (force || st.len >= EMPTY_AT)))
+    }
+
+    /// Empties the file, with the appends stopped meanwhile: `write`
+    /// writes the lines appended since the last [`Journal::take_pending`]
+    /// into the database, `sync` makes the database durable (the caller
+    /// synced what was written before, without stopping anything), then
+    /// the file is cut to nothing. Returns what `write` returned. When
+    /// `write` fails, the lines wait for the next try; when `sync` fails,
+    /// the file is kept (its lines are in the database, and would be
+    /// replayed, once).
+    ///
+    /// The caller checks [`Journal::empty_due`] first: this stalls every
+    /// append for one transaction and one `fsync`, once per [`EMPTY_AT`]
+    /// of lines.
+    pub(super) fn empty<T: Default>(
+        &self,
+        write: impl FnOnce(&[(Line, usize)]) -> Result<T, WriteError>,
+        sync: impl FnOnce() -> std::io::Result<()>,
+    ) -> Result<T, WriteError> {
         let mut st = self.lock();
-        if !st.pending.is_empty() || st.len != len {
-            return;
+        let rest = std::mem::take(&mut st.pending);
+        st.pending_bytes = 0;
+        let written = if rest.is_empty() {
+            T::default()
+        } else {
+            match write(&rest) {
+                Ok(w) => w,
+                Err(e) => {
+                    st.pending_bytes = rest.iter().map(|(_, n)| n).sum();
+                    st.pending = rest;
+                    return Err(e);
+                }
+            }
+        };
+        if let Err(e) = sync() {
+            tracing::warn!(error = %e, "audit: cannot fsync the database; the journal is kept");
+            return Ok(written);
         }
-        let emptied = st.file.as_ref().map(|f| f.set_len(0));
-        match emptied {
+        match st.file.as_ref().map(|f| f.set_len(0)) {
             Some(Ok(())) => {
                 st.len = 0;
                 st.broken = false;
@@ -348,6 +395,7 @@ impl Journal {
             }
             None => {}
         }
+        Ok(written)
     }
 }
 

@@ -109,12 +109,13 @@
 //! counts in `ongrid_audit_write_errors_total`, is logged at error level
 //! and returns [`AuditError::Unavailable`]; the handler then refuses the
 //! run (503 `audit_unavailable`) unless `audit_required = false`. A failed
-//! append sends its row to the thread instead, and nothing more is
-//! appended until the journal is emptied (a `write` cut short may have
-//! left part of a line). Journaled lines the thread cannot write into the
+//! append sends its row to the thread instead and cuts the file back to
+//! its last whole line; if that fails too, nothing more is appended until
+//! the thread has emptied the journal. Journaled lines the thread cannot write into the
 //! database stay in the journal and in memory, and are tried again every
-//! second (each failed try counted); beyond 16 MiB of them, rows go to the
-//! thread, which refuses them while the database fails. The thread opens
+//! second (each failed try counted); beyond 16 MiB of them, new rows go to
+//! the thread, which refuses them while the database fails (the
+//! completions of journaled rows are still journaled). The thread opens
 //! the database lazily and again after a failure, so fixing the file or its
 //! directory needs no restart.
 //!

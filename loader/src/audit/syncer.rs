@@ -43,9 +43,20 @@ impl Syncer {
         }
     }
 
-    /// The WAL was just `fsync`ed: every commit so far is on disk.
-    pub(super) fn synced(&self) {
-        self.lock().since = None;
+    /// The WAL and the journal were `fsync`ed by a sync begun at `at`:
+    /// every commit and line before it is on disk. One made since (while
+    /// the sync ran) still waits for the timer.
+    pub(super) fn synced(&self, at: Instant) {
+        let mut st = self.lock();
+        if st.since.is_some_and(|since| since <= at) {
+            st.since = None;
+        }
+    }
+
+    /// A commit or line waits for the timer's sync.
+    #[cfg(test)]
+    pub(super) fn pending(&self) -> bool {
+        self.lock().since.is_some()
     }
 
     pub(super) fn stop(&self) {

@@ -429,6 +429,51 @@ async fn a_journal_left_by_a_crash_is_replayed_once_at_the_next_open() {
     }
 }
 
+/// Under a steady stream of journaled rows, the journal is still emptied
+/// once past its size (the last lines are written and the file cut with
+/// the appends stopped for it), and every row reaches the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_empties_under_a_steady_stream_of_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let normal = AuditSettings { synchronous: AuditSync::Normal, ..settings(dir.path(), 0) };
+    let audit = Audit::start(&normal, errors.clone(), &syncs()).unwrap();
+    let big = |i: usize| Record {
+        class: "safe".into(),
+        decision: "deny",
+        args: Some(json!({"i": i, "pad": "x".repeat(16 << 10)})),
+        ..record("df", &[])
+    };
+    // The first row opens the database (directly).
+    audit.record(big(0)).await.unwrap();
+    let path = super::journal::journal_path(&normal.db);
+    let size = || std::fs::metadata(&path).map_or(0, |m| m.len());
+    // ~6 MiB of lines, appended back to back.
+    let rows = 400;
+    let mut largest = 0;
+    for i in 1..rows {
+        audit.record(big(i)).await.unwrap();
+        largest = largest.max(size());
+    }
+    assert!(largest >= super::journal::EMPTY_AT, "the stream was too small: {largest}");
+    assert!(largest < 3 * super::journal::EMPTY_AT, "the journal was not emptied: {largest} bytes");
+    assert_eq!(audit.count().await.unwrap(), i64::try_from(rows).unwrap());
+    assert_eq!(errors.get(), 0);
+}
+
+/// A sync clears only the commits and lines made before it began: one
+/// made while it ran still waits for the timer.
+#[test]
+fn a_sync_clears_only_what_came_before_it() {
+    let syncer = super::syncer::Syncer::default();
+    let began = Instant::now();
+    syncer.committed();
+    syncer.synced(began);
+    assert!(syncer.pending());
+    syncer.synced(Instant::now());
+    assert!(!syncer.pending());
+}
+
 /// `ongrid_audit_wait_seconds{row}` times each wait a request makes for
 /// its row, once: the decision before a run, its completion, a refusal; a
 /// completion nobody waits for (the client went away) is not timed.

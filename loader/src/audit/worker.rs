@@ -109,39 +109,76 @@ impl Worker {
         }
     }
 
-    /// Writes the journal's lines into the database, if any wait; on a
-    /// failure they wait for the next try ([`INGEST_RETRY`]).
+    /// Writes the journal's lines into the database, if any wait, then
+    /// empties the journal when that is due; on a failure the lines wait
+    /// for the next try ([`INGEST_RETRY`]).
     fn ingest(&mut self) {
         self.ingest_due = None;
         let lines = self.journal.take_pending();
-        if lines.is_empty() {
+        if !lines.is_empty() {
+            let written = match self.connection() {
+                Ok(db) => journal::write_lines(db, &lines, false).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match written {
+                Ok(counts) => self.ingested(counts),
+                Err(message) => {
+                    let e = AuditError::Unavailable { path: self.settings.db.clone(), message };
+                    // Counted once per failed try, not per line: the lines
+                    // are kept and written by a later one.
+                    self.fail(&e);
+                    self.journal.put_back(lines);
+                    self.ingest_due = Some(Instant::now() + INGEST_RETRY);
+                    return;
+                }
+            }
+        }
+        self.empty_journal(false);
+    }
+
+    /// Counts `n` rows and completions written from the journal, `lost`
+    /// of them completions whose row is missing.
+    fn ingested(&mut self, (n, lost): (usize, usize)) {
+        let before = self.inserts;
+        self.inserts += n as u64;
+        if self.inserts / PRUNE_EVERY != before / PRUNE_EVERY {
+            self.prune_due = true;
+        }
+        for _ in 0..lost {
+            self.errors.inc();
+        }
+        if n > 0 {
+            if let Some(syncer) = &self.syncer {
+                syncer.committed();
+            }
+        }
+    }
+
+    /// Empties the journal when it is due ([`Journal::empty_due`]; always
+    /// with `force`): the database is `fsync`ed first with the appends
+    /// going on, then the lines appended since are written and synced and
+    /// the file cut with them stopped, so that it empties under any load.
+    fn empty_journal(&mut self, force: bool) {
+        if self.db.is_none() || !self.journal.empty_due(force) {
             return;
         }
-        let written = match self.connection() {
-            Ok(db) => journal::write_lines(db, &lines, false).map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        match written {
-            Ok((n, lost)) => {
-                let before = self.inserts;
-                self.inserts += n as u64;
-                if self.inserts / PRUNE_EVERY != before / PRUNE_EVERY {
-                    self.prune_due = true;
-                }
-                for _ in 0..lost {
-                    self.errors.inc();
-                }
-                if let Some(syncer) = &self.syncer {
-                    syncer.committed();
-                }
-                self.journal.empty_if_written(&self.settings.db, false);
-            }
-            Err(message) => {
-                let e = AuditError::Unavailable { path: self.settings.db.clone(), message };
-                // Counted once per failed try, not per line: the lines are
-                // kept and written by a later one.
+        if let Err(e) = sync_commits(&self.settings.db) {
+            tracing::warn!(error = %e, "audit: cannot fsync the database; the journal is kept");
+            return;
+        }
+        let Some(db) = self.db.as_ref() else { return };
+        let db_path = &self.settings.db;
+        let emptied = self
+            .journal
+            .empty(|rest| journal::write_lines(db, rest, false), || sync_commits(db_path));
+        match emptied {
+            Ok(counts) => self.ingested(counts),
+            Err(e) => {
+                let e = AuditError::Unavailable {
+                    path: self.settings.db.clone(),
+                    message: e.to_string(),
+                };
                 self.fail(&e);
-                self.journal.put_back(lines);
                 self.ingest_due = Some(Instant::now() + INGEST_RETRY);
             }
         }
@@ -150,8 +187,8 @@ impl Worker {
     /// Everything journaled into the database, and the journal emptied.
     fn flush(&mut self) {
         self.ingest();
-        if self.ingest_due.is_none() && self.db.is_some() {
-            self.journal.empty_if_written(&self.settings.db, true);
+        if self.ingest_due.is_none() {
+            self.empty_journal(true);
         }
     }
 
@@ -398,6 +435,7 @@ impl Worker {
         match (&self.syncer, self.settings.synchronous) {
             (_, AuditSync::Full) => self.commit_syncs.inc(),
             (Some(syncer), AuditSync::Interval) if critical => {
+                let at = Instant::now();
                 if let Err(e) = sync_commits(&self.settings.db) {
                     let e = AuditError::Unavailable {
                         path: wal_path(&self.settings.db),
@@ -409,7 +447,7 @@ impl Worker {
                     return Err(e);
                 }
                 self.commit_syncs.inc();
-                syncer.synced();
+                syncer.synced(at);
             }
             (Some(syncer), _) => syncer.committed(),
             (None, _) => {}
