@@ -29,6 +29,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -81,6 +82,10 @@ pub(super) struct Journal {
     /// With `interval`: told of each line, which it `fsync`s in time.
     syncer: Option<Arc<Syncer>>,
     state: Mutex<State>,
+    /// The thread holds the state for a long step (a replay, or emptying
+    /// the file with an `fsync`): requests send their rows to the thread
+    /// rather than block a runtime worker on the mutex meanwhile.
+    busy: AtomicBool,
 }
 
 #[derive(Default)]
@@ -113,7 +118,13 @@ impl std::fmt::Debug for Journal {
 impl Journal {
     /// The journal of `db`; `enabled` unless every commit is `fsync`ed.
     pub(super) fn new(db: &Path, enabled: bool, syncer: Option<Arc<Syncer>>) -> Self {
-        Self { path: journal_path(db), enabled, syncer, state: Mutex::default() }
+        Self {
+            path: journal_path(db),
+            enabled,
+            syncer,
+            state: Mutex::default(),
+            busy: AtomicBool::new(false),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -129,7 +140,8 @@ impl Journal {
     /// then writes it, or fails it). Asks the thread over `tx` to write
     /// the lines in time.
     pub(super) fn try_append(&self, job: Job, tx: &mpsc::Sender<Job>) -> Option<Job> {
-        if !self.enabled || !matches!(job, Job::Record(..) | Job::Finish(..)) {
+        let appendable = matches!(job, Job::Record(..) | Job::Finish(..));
+        if !self.enabled || !appendable || self.busy.load(Ordering::Acquire) {
             return Some(job);
         }
         let mut st = self.lock();
@@ -238,11 +250,20 @@ impl Journal {
         st.direct.insert(id);
     }
 
+    /// Run row `id`'s completion reached the thread: whichever way it came,
+    /// the row is no longer awaited.
+    pub(super) fn completed_directly(&self, id: i64) {
+        if self.enabled {
+            self.lock().direct.remove(&id);
+        }
+    }
+
     /// The database `db` (at `db_path`) was opened: on the first open,
     /// writes what the journal holds into it (and, with `enabled`, opens
     /// the journal for appending, emptied); sets the id counter past the
     /// database's. Returns the lines replayed.
     pub(super) fn opened(&self, db: &Connection, db_path: &Path) -> Result<usize, WriteError> {
+        let _busy = Busy::hold(&self.busy);
         let mut st = self.lock();
         let mut replayed = 0;
         if !st.replayed {
@@ -366,6 +387,7 @@ impl Journal {
         write: impl FnOnce(&[(Line, usize)]) -> Result<T, WriteError>,
         sync: impl FnOnce() -> std::io::Result<()>,
     ) -> Result<T, WriteError> {
+        let _busy = Busy::hold(&self.busy);
         let mut st = self.lock();
         let rest = std::mem::take(&mut st.pending);
         st.pending_bytes = 0;
@@ -396,6 +418,22 @@ impl Journal {
             None => {}
         }
         Ok(written)
+    }
+}
+
+/// [`Journal::busy`] set while held.
+struct Busy<'a>(&'a AtomicBool);
+
+impl<'a> Busy<'a> {
+    fn hold(flag: &'a AtomicBool) -> Self {
+        flag.store(true, Ordering::Release);
+        Busy(flag)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 

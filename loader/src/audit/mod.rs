@@ -105,7 +105,10 @@
 //!
 //! SQLite calls block: they run on one dedicated thread (`ongrid-audit`);
 //! requests reach it over a channel and wait on a oneshot. A journal
-//! append is one `write` under a mutex, in the request. A failed write
+//! append is one `write` under a mutex, in the request; while the thread
+//! holds that mutex for a long step (the replay, or emptying the file with
+//! its `fsync`), requests send their rows to the thread instead of
+//! blocking a runtime worker on it. A failed write
 //! counts in `ongrid_audit_write_errors_total`, is logged at error level
 //! and returns [`AuditError::Unavailable`]; the handler then refuses the
 //! run (503 `audit_unavailable`) unless `audit_required = false`. A failed

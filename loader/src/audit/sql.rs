@@ -50,6 +50,7 @@ pub(super) fn run_cached(db: &Connection, sql: &str) -> rusqlite::Result<()> {
     db.prepare_cached(sql)?.execute([]).map(drop)
 }
 
+#[derive(Debug)]
 pub(super) enum WriteError {
     Replayed(String),
     /// The row to complete is not there.

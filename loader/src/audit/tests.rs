@@ -461,6 +461,45 @@ async fn the_journal_empties_under_a_steady_stream_of_rows() {
     assert_eq!(errors.get(), 0);
 }
 
+/// While the thread empties the journal (the appends stopped for a
+/// transaction and an `fsync`), a request does not wait on the journal's
+/// lock: its row goes to the thread. (Called from inside the emptying, on
+/// the thread that holds the lock, a wait would never end.)
+#[test]
+fn a_request_does_not_wait_while_the_journal_is_emptied() {
+    use super::journal::Journal;
+
+    let dir = tempfile::tempdir().unwrap();
+    let normal = AuditSettings { synchronous: AuditSync::Normal, ..settings(dir.path(), 0) };
+    let db = super::sql::open(&normal).unwrap();
+    let journal = Arc::new(Journal::new(&normal.db, true, None));
+    journal.opened(&db, &normal.db).unwrap();
+    let (tx, _rx) = mpsc::channel();
+    let job = |skill: &str| {
+        let r = Record { class: "safe".into(), decision: "deny", ..record(skill, &[]) };
+        Job::Record(Box::new(r), oneshot::channel().0, false)
+    };
+    assert!(journal.try_append(job("ls"), &tx).is_none(), "journaled");
+    // A request on another thread while the lock is held for emptying.
+    let during = journal
+        .empty(
+            |_| {
+                let (done, answer) = mpsc::channel();
+                let (j, tx) = (Arc::clone(&journal), tx.clone());
+                std::thread::spawn(move || {
+                    let back = j.try_append(job("ps"), &tx);
+                    let _ = done.send(matches!(back, Some(Job::Record(..))));
+                });
+                Ok(answer.recv_timeout(Duration::from_secs(5)).ok())
+            },
+            || Ok(()),
+        )
+        .unwrap();
+    assert_eq!(during, Some(true), "the request waited for the lock, or was journaled");
+    // Once emptied, rows are journaled again.
+    assert!(journal.try_append(job("df"), &tx).is_none());
+}
+
 /// A sync clears only the commits and lines made before it began: one
 /// made while it ran still waits for the timer.
 #[test]

@@ -243,6 +243,7 @@ impl Worker {
                         self.commit(&mut group);
                         self.ingest();
                     }
+                    self.journal.completed_directly(id);
                     group.critical |= self.critical.remove(&id);
                     match self.stage(&mut group, |db| sql::update(db, &Done::new(id, &finish))) {
                         Ok(()) => {
