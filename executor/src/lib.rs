@@ -168,6 +168,14 @@ pub mod spawn;
 pub mod supervise;
 pub mod sweep;
 pub(crate) mod sys;
+
+/// Serves large allocations (a flooding skill's stdout buffers) from their
+/// own mappings, given back to the kernel when freed, instead of glibc's
+/// heap, which keeps them (`sys::memory`). The binary calls it first,
+/// before any thread. Returns whether glibc took the setting.
+pub fn map_large_allocations() -> bool {
+    sys::memory::map_large_allocations(sys::memory::LARGE_ALLOCATION)
+}
 pub mod systemd;
 
 pub use config::{Config, ConfigError, LandlockMode};

@@ -219,6 +219,9 @@ fn main() -> ExitCode {
             argv.get(2..).unwrap_or_default(),
         ));
     }
+    // Before any thread: large buffers (a flooding skill's stdout) on
+    // their own mappings, given back when freed.
+    executor::map_large_allocations();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -17,6 +17,7 @@
 pub mod child;
 pub mod fdtable;
 pub mod landlock;
+pub mod memory;
 pub mod mount;
 pub mod process;
 pub mod reactor;
