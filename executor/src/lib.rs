@@ -30,7 +30,8 @@
 //! - [`sweep`]: removing what a dead executor left (by the watchdog, and
 //!   by every executor at start).
 //! - `sys`: the only unsafe code (raw syscalls, the child's sequence, the
-//!   spawner threads, the descriptor table's floor).
+//!   spawner threads, the descriptor table's floor, the allocator's mmap
+//!   threshold: [`map_large_allocations`]).
 //!
 //! # Trust model
 //!
