@@ -199,6 +199,8 @@ impl Worker {
         for job in batch {
             match job {
                 Job::Record(record, reply, early) => {
+                    // The id is taken once the database is open (and the
+                    // counter set past its ids), inside the stage.
                     let journal = Arc::clone(&self.journal);
                     let r = self.stage(&mut group, |db| {
                         let row = Row::new(journal.take_id(), &record);
