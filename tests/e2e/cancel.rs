@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::harness::{eventually, process_alive, Stack};
+use crate::harness::{eventually, process_alive, process_running, Stack};
 
 /// Starts `skill` with the NDJSON stream, reads until its `pid=N` stderr
 /// line and sends N through `pid`, then reads to the end of the answer
@@ -84,7 +84,7 @@ fn client_disconnecting_mid_run_kills_the_run() {
             );
             found.unwrap()
         };
-        assert!(process_alive(pid, "sleep"), "{mode}: sleeper {pid} running");
+        assert!(process_running(pid), "{mode}: sleeper {pid} running");
         drop(conn);
         assert!(
             eventually(Duration::from_secs(5), || !process_alive(pid, "sleep")),

@@ -16,7 +16,7 @@ use nix::unistd::Pid;
 use serde_json::json;
 
 use crate::cancel::stream_with_pid;
-use crate::harness::{eventually, process_alive, temp_dir, write_skill, Stack};
+use crate::harness::{eventually, process_alive, process_running, temp_dir, write_skill, Stack};
 
 fn root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -198,7 +198,7 @@ fn skilld_sigkill_the_executor_kills_its_runs() {
     let (tx, rx) = std::sync::mpsc::channel();
     let run = std::thread::spawn(move || stream_with_pid(&socket, "sleeper", &tx));
     let pid = rx.recv_timeout(Duration::from_secs(20)).expect("sleeper started");
-    assert!(process_alive(pid, "sleep"));
+    assert!(process_running(pid), "sleeper {pid} running");
     s.kill_skilld();
     let _ = run.join();
     assert!(

@@ -196,17 +196,20 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
-/// Returns true if and only if `pid` is a live (not zombie) process whose
-/// command line contains `needle`.
+/// Returns true if and only if `pid` is a live (not zombie) user process
+/// whose command line contains `needle`.
 pub fn process_alive(pid: i32, needle: &str) -> bool {
     // A process in the middle of an `execve` (a skill's shell that just
     // printed its pid and is exec'ing `sleep`) shows an empty command line
-    // until the new image's arguments are set up: read it again.
-    for _ in 0..100 {
-        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-        let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
-        if state == Some('Z') {
-            return false;
+    // until the new image's arguments are set up, which on a loaded host
+    // can take a while: read it again, for 2 s at most. A kernel thread's
+    // command line is always empty: it is no match, at once (a /proc scan
+    // waiting on each of them took longer than its run's life on a host
+    // with many CPUs).
+    for _ in 0..1000 {
+        match running(pid) {
+            Some(Running::User) => {}
+            Some(Running::Kernel) | None => return false,
         }
         let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         if !cmdline.is_empty() {
@@ -215,6 +218,34 @@ pub fn process_alive(pid: i32, needle: &str) -> bool {
         std::thread::sleep(Duration::from_millis(2));
     }
     false
+}
+
+/// Returns true if and only if `pid` is a live (not zombie) user process,
+/// whatever it runs: for a pid a skill reported itself, which may be
+/// between its shell and the program it execs.
+pub fn process_running(pid: i32) -> bool {
+    running(pid) == Some(Running::User)
+}
+
+#[derive(PartialEq, Eq)]
+enum Running {
+    User,
+    Kernel,
+}
+
+/// What `/proc/<pid>/stat` says of `pid`: `None` if it is gone or a zombie.
+fn running(pid: i32) -> Option<Running> {
+    /// `PF_KTHREAD` in the stat line's flags (include/linux/sched.h).
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state, ppid, pgrp, session,
+    // tty_nr, tpgid, flags, ...
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
+    if fields.first().is_none_or(|s| *s == "Z" || *s == "X") {
+        return None;
+    }
+    let flags: u64 = fields.get(6)?.parse().ok()?;
+    Some(if flags & PF_KTHREAD != 0 { Running::Kernel } else { Running::User })
 }
 
 /// Pids of live processes whose command line contains `needle`.

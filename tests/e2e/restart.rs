@@ -6,7 +6,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::json;
 
-use crate::harness::{eventually, process_alive, Stack};
+use crate::harness::{eventually, process_alive, process_running, Stack};
 
 fn assert_unavailable(s: &Stack) {
     let r = s.execute("echo", &json!({"n": 1}));
@@ -66,7 +66,7 @@ fn executor_killed_during_a_run() {
     let (tx, rx) = std::sync::mpsc::channel();
     let run = std::thread::spawn(move || crate::cancel::stream_with_pid(&socket, "sleeper", &tx));
     let pid = rx.recv_timeout(Duration::from_secs(20)).expect("sleeper started");
-    assert!(process_alive(pid, "sleep"), "sleeper {pid} running");
+    assert!(process_running(pid), "sleeper {pid} running");
     s.stop_executor(Signal::SIGKILL);
     let rest = run.join().unwrap();
     assert!(rest.contains("\"event\":\"error\""), "the stream ends with an error: {rest}");
