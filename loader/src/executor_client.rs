@@ -164,7 +164,18 @@ pub enum RunEvent {
     /// One line the skill wrote on stderr.
     Stderr(String),
     /// The final report; nothing follows.
-    Report(Box<RunReport>),
+    Report(Box<Reported>),
+}
+
+/// A run's report, decoded, and the executor's JSON text of it, which
+/// skilld's answers carry as they are instead of encoding the report again
+/// (the executor encodes the same [`RunReport`] type).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reported {
+    /// The report, for the audit row, the metrics and the log.
+    pub report: RunReport,
+    /// The report as the executor sent it, on one line.
+    pub json: policy::RawJson,
 }
 
 /// A connection to the executor with nothing sent yet
@@ -197,7 +208,8 @@ pub struct RunConnection {
     conn: Conn,
     lines: LineBuffer,
     ready: VecDeque<Result<Vec<u8>, wire::WireError>>,
-    read_buf: Box<[u8]>,
+    /// Read into its spare capacity (never zeroed), cleared after each read.
+    read_buf: Vec<u8>,
     finished: bool,
 }
 
@@ -352,7 +364,7 @@ impl RunConnection {
             conn,
             lines: LineBuffer::new(max_line),
             ready: VecDeque::new(),
-            read_buf: vec![0u8; 16 << 10].into_boxed_slice(),
+            read_buf: Vec::with_capacity(16 << 10),
             finished: false,
         }
     }
@@ -382,7 +394,7 @@ impl RunConnection {
                 if report.outcome == Outcome::Busy {
                     return Err(ExecutorError::Busy(report.error.unwrap_or_default()));
                 }
-                Ok(RunEvent::Report(Box::new(report)))
+                Ok(RunEvent::Report(Box::new(Reported { report, json: result })))
             }
             other => {
                 self.finished = true;
@@ -399,7 +411,7 @@ impl RunConnection {
     pub async fn report(mut self) -> Result<RunReport, ExecutorError> {
         loop {
             if let RunEvent::Report(r) = self.next().await? {
-                return Ok(*r);
+                return Ok(r.report);
             }
         }
     }
@@ -412,7 +424,8 @@ impl RunConnection {
                     .map_err(|e| ExecutorError::Protocol(e.to_string()));
             }
             let stream = self.conn.stream().map_err(ExecutorError::Io)?;
-            let n = stream.read(&mut self.read_buf).await.map_err(ExecutorError::Io)?;
+            self.read_buf.clear();
+            let n = stream.read_buf(&mut self.read_buf).await.map_err(ExecutorError::Io)?;
             if n == 0 {
                 return Err(ExecutorError::Closed);
             }
@@ -462,7 +475,10 @@ mod tests {
         let (_d, c) = one_shot(reply).await;
         let mut conn = c.execute(&params()).await.unwrap();
         assert_eq!(conn.next().await.unwrap(), RunEvent::Stderr("a".into()));
-        assert_eq!(conn.next().await.unwrap(), RunEvent::Report(Box::new(report)));
+        let RunEvent::Report(got) = conn.next().await.unwrap() else { panic!("no report") };
+        assert_eq!(got.report, report);
+        // The text forwarded is the executor's, and it is the report.
+        assert_eq!(got.json.get(), serde_json::to_string(&report).unwrap());
         assert!(matches!(conn.next().await, Err(ExecutorError::Closed)));
     }
 

@@ -34,7 +34,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Extension;
 use http_body_util::BodyExt;
 use policy::wire::ExecuteParams;
 use policy::{DenyReason, Outcome, RunReport};
@@ -311,9 +311,10 @@ pub async fn execute(
     }
     let mut event = first;
     loop {
-        if let RunEvent::Report(report) = event {
-            run.finish(&report).await?;
-            return Ok(Json(*report).into_response());
+        if let RunEvent::Report(reported) = event {
+            run.finish(&reported.report).await?;
+            // The executor's encoding of the report, as it sent it.
+            return Ok(json_response(reported.json.get().to_owned()));
         }
         event = match run.next().await {
             Ok(ev) => ev,
@@ -483,12 +484,11 @@ fn ndjson(
             Ok(RunEvent::Stderr(line)) => {
                 (json!({"event": "stderr", "line": line}).to_string(), false)
             }
-            Ok(RunEvent::Report(report)) => match run.finish(&report).await {
-                // Serialised as a struct, not through a Value, so the
-                // report's `result` goes out as the skill printed it.
+            Ok(RunEvent::Report(reported)) => match run.finish(&reported.report).await {
+                // The executor's text of the report, so its `result` goes
+                // out as the skill printed it.
                 Ok(()) => {
-                    let event = ReportEvent { event: "report", report: &report };
-                    (serde_json::to_string(&event).unwrap_or_default(), true)
+                    (format!(r#"{{"event":"report","report":{}}}"#, reported.json.get()), true)
                 }
                 Err(e) => (json!({"event": "error", "error": e.body()["error"]}).to_string(), true),
             },
@@ -512,11 +512,13 @@ fn ndjson(
     })
 }
 
-/// The last line of a stream.
-#[derive(serde::Serialize)]
-struct ReportEvent<'a> {
-    event: &'static str,
-    report: &'a RunReport,
+/// A 200 whose body is `json`, a JSON document.
+fn json_response(json: String) -> Response {
+    let mut response = Response::new(Body::from(json));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 fn wants_ndjson(headers: &HeaderMap) -> bool {
@@ -551,12 +553,16 @@ fn parse_request(bytes: &[u8]) -> Result<ExecuteRequest, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(ExecuteRequest { args: empty_object(), ..ExecuteRequest::default() });
     }
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::BadRequest(format!("request body: {e}")))?;
-    if !value.is_object() {
-        return Err(ApiError::BadRequest("request body must be a JSON object".into()));
+    // An object (serde would also read a struct from an array), parsed
+    // once, straight into the request.
+    if !bytes.trim_ascii_start().starts_with(b"{") {
+        let why = match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+            Ok(_) => "request body must be a JSON object".to_owned(),
+            Err(e) => format!("request body: {e}"),
+        };
+        return Err(ApiError::BadRequest(why));
     }
-    let req: ExecuteRequest = serde_json::from_value(value)
+    let req: ExecuteRequest = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::BadRequest(format!("request body: {e}")))?;
     if !req.args.is_object() {
         return Err(ApiError::BadRequest("args must be a JSON object".into()));
@@ -620,6 +626,8 @@ mod tests {
             br#"{"args":{},"confirm":"yes"}"#,
             br#"{"args":{},"uid":0}"#,
             br#"{"args":{}} trailing"#,
+            br#"[{}]"#,
+            br#"{"args":{},"args":{}}"#,
         ] {
             let Err(e) = parse_request(bad) else { panic!("{:?}", String::from_utf8_lossy(bad)) };
             assert_eq!(e.code(), "bad_request", "{:?}", String::from_utf8_lossy(bad));
