@@ -283,17 +283,44 @@ impl Janitor {
     /// removal; removed inline when the janitor is not running or is far
     /// behind.
     pub(crate) fn discard(&self, cgroup: Option<RunCgroup>, run_dir: &mut RunDir, warm: bool) {
+        drop(self.discard_later(cgroup, run_dir, warm));
+    }
+
+    /// [`Janitor::discard`], with the janitor woken when the returned
+    /// [`Wake`] is dropped rather than now: a run drops it once its report
+    /// is written, so the janitor's wake-up (a `futex` wake, often an
+    /// inter-processor interrupt to wake the other CPU) is off the report's
+    /// path.
+    pub(crate) fn discard_later(
+        &self,
+        cgroup: Option<RunCgroup>,
+        run_dir: &mut RunDir,
+        warm: bool,
+    ) -> Wake {
         let mut state = relock(&self.shared.state);
         if warm && state.started && !state.stop && state.trash.len() + state.used.len() < MAX_TRASH
         {
             let dir = std::mem::replace(run_dir, RunDir::detached());
             state.used.push((cgroup, dir));
-            drop(state);
-            self.shared.wake.notify_one();
-            return;
+            return Wake(Some(Arc::clone(&self.shared)));
         }
         drop(state);
         remove((cgroup, std::mem::replace(run_dir, RunDir::detached())));
+        Wake(None)
+    }
+}
+
+/// Wakes the janitor for a finished run's slot when dropped
+/// ([`Janitor::discard_later`]).
+#[derive(Debug)]
+#[must_use = "dropping it wakes the janitor"]
+pub(crate) struct Wake(Option<Arc<Shared>>);
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            shared.wake.notify_one();
+        }
     }
 }
 

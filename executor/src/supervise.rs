@@ -71,6 +71,37 @@ pub struct Supervised {
     pub stderr: String,
     /// Stderr bytes not kept.
     pub stderr_dropped: u64,
+    /// What is left open of the run (`None` once taken).
+    pub leftovers: Option<Leftovers>,
+}
+
+/// What is left open of a finished run: the read ends of its pipes and
+/// its pidfd. The run's tree is gone; dropping these closes them (and
+/// takes the pipes off the reactor), which costs ~30 µs (the pipes'
+/// inodes and the pidfd's dentry freed), so the executor drops them after
+/// the report is written rather than before.
+pub struct Leftovers {
+    pipes: Vec<pipe::Receiver>,
+    pidfd: Option<PidFd>,
+}
+
+impl Leftovers {
+    /// The descriptors held (tests).
+    #[cfg(test)]
+    pub(crate) fn fds(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let pipes = self.pipes.iter().map(AsRawFd::as_raw_fd);
+        pipes.chain(self.pidfd.as_ref().map(|p| p.fd().as_raw_fd())).collect()
+    }
+}
+
+impl std::fmt::Debug for Leftovers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leftovers")
+            .field("pipes", &self.pipes.len())
+            .field("pidfd", &self.pidfd.is_some())
+            .finish()
+    }
 }
 
 /// The run's process tree: the cgroup when there is one, else the session's
@@ -178,10 +209,12 @@ async fn write_stdin(stdin: Option<(OwnedFd, usize)>, args: &[u8]) {
 
 /// Reads stdout up to `cap`; `Err` with what was read once it goes over.
 /// Reads straight into the growing output (no zeroed bounce buffer).
-async fn read_stdout(fd: OwnedFd, cap: u64) -> Result<Vec<u8>, Vec<u8>> {
+/// The pipe comes back with what was read, to be closed after the report
+/// ([`Leftovers`]).
+async fn read_stdout(fd: OwnedFd, cap: u64) -> (Result<Vec<u8>, Vec<u8>>, Option<pipe::Receiver>) {
     let mut out = Vec::new();
     // The executor's end is non-blocking (`spawn::pipe`).
-    let Ok(mut rx) = pipe::Receiver::from_owned_fd_unchecked(fd) else { return Ok(out) };
+    let Ok(mut rx) = pipe::Receiver::from_owned_fd_unchecked(fd) else { return (Ok(out), None) };
     let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     loop {
         if out.capacity() - out.len() < READ_MIN {
@@ -189,11 +222,11 @@ async fn read_stdout(fd: OwnedFd, cap: u64) -> Result<Vec<u8>, Vec<u8>> {
         }
         let before = out.len();
         match rx.read_buf(&mut out).await {
-            Ok(0) | Err(_) => return Ok(out),
+            Ok(0) | Err(_) => return (Ok(out), Some(rx)),
             Ok(_) => {
                 if out.len() > cap {
                     out.truncate(before);
-                    return Err(out);
+                    return (Err(out), Some(rx));
                 }
             }
         }
@@ -257,15 +290,17 @@ impl StderrLines<'_> {
     }
 }
 
-async fn read_stderr(fd: OwnedFd, lines: &mut StderrLines<'_>) {
+/// The pipe comes back at its end, to be closed after the report
+/// ([`Leftovers`]).
+async fn read_stderr(fd: OwnedFd, lines: &mut StderrLines<'_>) -> Option<pipe::Receiver> {
     // The executor's end is non-blocking (`spawn::pipe`).
-    let Ok(mut rx) = pipe::Receiver::from_owned_fd_unchecked(fd) else { return };
+    let Ok(mut rx) = pipe::Receiver::from_owned_fd_unchecked(fd) else { return None };
     // Most runs write no stderr: the first read goes to a small buffer on
     // the stack and the chunk is allocated only when there is more (read
     // into spare capacity: zeroing one per run was ~1 % of the executor's
     // CPU under load).
     let mut first = [0u8; 512];
-    let Ok(n @ 1..) = rx.read(&mut first).await else { return };
+    let Ok(n @ 1..) = rx.read(&mut first).await else { return Some(rx) };
     lines.push(&first[..n]);
     let mut buf = Vec::with_capacity(STDERR_CHUNK);
     loop {
@@ -278,6 +313,7 @@ async fn read_stderr(fd: OwnedFd, lines: &mut StderrLines<'_>) {
     if !lines.line.is_empty() {
         lines.finish_line();
     }
+    Some(rx)
 }
 
 /// The main process's exit: collected at once if it has already ended,
@@ -337,7 +373,7 @@ pub async fn supervise(
         tail: VecDeque::new(),
         dropped: 0,
     };
-    let (stop, exit, stdout_out, killed) = {
+    let (stop, exit, stdout_out, killed, pipes) = {
         let mut stdin_fut = pin!(write_stdin(stdin, args));
         let mut stdout_fut = pin!(read_stdout(stdout, bounds.stdout_bytes));
         let mut stderr_fut = pin!(read_stderr(stderr, &mut lines));
@@ -346,6 +382,7 @@ pub async fn supervise(
         let mut stop = Stop::None;
         let mut exit: Option<Exit> = None;
         let mut stdout_out: Option<Vec<u8>> = None;
+        let mut pipes = Vec::with_capacity(2);
         let (mut stdin_done, mut stderr_done, mut cancelled) = (false, false, false);
         let mut kill_at: Option<Instant> = None;
         let mut killed = false;
@@ -359,7 +396,8 @@ pub async fn supervise(
             watching |= (stdout_out.is_some() && stderr_done) || killed || kill_at.is_some();
             tokio::select! {
                 () = &mut stdin_fut, if !stdin_done => stdin_done = true,
-                r = &mut stdout_fut, if stdout_out.is_none() => {
+                (r, rx) = &mut stdout_fut, if stdout_out.is_none() => {
+                    pipes.extend(rx);
                     match r {
                         Ok(out) => stdout_out = Some(out),
                         Err(out) => {
@@ -372,7 +410,10 @@ pub async fn supervise(
                         }
                     }
                 }
-                () = &mut stderr_fut, if !stderr_done => stderr_done = true,
+                rx = &mut stderr_fut, if !stderr_done => {
+                    pipes.extend(rx);
+                    stderr_done = true;
+                }
                 e = wait_exit(&mut pidfd, reaper, pid), if exit.is_none() && watching => {
                     exit = Some(e);
                     // Step 7: the main process is gone; its leftovers go now
@@ -403,7 +444,7 @@ pub async fn supervise(
                 () = sleep_until(drain_until), if exit.is_some() => break,
             }
         }
-        (stop, exit, stdout_out, killed)
+        (stop, exit, stdout_out, killed, pipes)
     };
     if !killed && !tree.is_empty() {
         tree.kill(&pidfd);
@@ -415,5 +456,6 @@ pub async fn supervise(
         stdout: stdout_out.unwrap_or_default(),
         stderr,
         stderr_dropped: lines.dropped,
+        leftovers: Some(Leftovers { pipes, pidfd }),
     }
 }

@@ -8,7 +8,7 @@ use policy::{Outcome, RunReport};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use super::connection::{ConnCtx, GaugeGuard};
+use super::connection::{ConnCtx, GaugeGuard, Outgoing};
 use crate::engine::{relock, ManifestSource};
 
 /// Longest session id quoted in logs.
@@ -186,7 +186,7 @@ async fn execute_run(
     let tx = ctx.sender();
     let stderr_id = id.clone();
     let mut sink = move |line: &str| {
-        let _ = tx.send(wire::encode_stderr(&stderr_id, line));
+        let _ = tx.send(Outgoing::Line(wire::encode_stderr(&stderr_id, line)));
     };
     // Serialising a Value cannot fail (every key is a string).
     let args = serde_json::to_vec(&params.args).unwrap_or_default();
@@ -194,9 +194,9 @@ async fn execute_run(
     let gave_up = AtomicBool::new(false);
     // Polled by this task, on a runtime thread (see the module docs of
     // `server` on the parent-death signal).
-    let (report, held) = shared
+    let (report, held, after) = shared
         .engine
-        .run_source(
+        .run_source_then(
             ManifestSource::Located(located),
             args,
             params.tool.as_deref(),
@@ -227,4 +227,6 @@ async fn execute_run(
         ctx.peer
     );
     ctx.send(wire::encode_report(id, &report));
+    // The run's pipes closed and the janitor woken, once the report is out.
+    ctx.after_sent(after);
 }

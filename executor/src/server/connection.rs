@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 use super::commands;
 use super::peer::Peer;
 use super::Shared;
+use crate::engine::AfterReport;
 use crate::sys;
 
 /// Read chunk (under 64 KiB: freeing a larger block makes glibc sweep its
@@ -49,7 +50,7 @@ pub(super) struct ConnCtx {
     /// Lines to write (the writer task owns the socket's write half).
     /// Unbounded, yet bounded per run: stderr streaming stops at the run's
     /// `stderr_bytes` and the report carries at most the stdout cap.
-    tx: mpsc::UnboundedSender<Vec<u8>>,
+    tx: mpsc::UnboundedSender<Outgoing>,
     /// Cancelled when the client is gone (or the drain is over); the runs
     /// of this connection pass it to the engine as their cancel future.
     pub(super) token: CancellationToken,
@@ -63,13 +64,29 @@ pub(super) struct ConnCtx {
 impl ConnCtx {
     /// Queues one encoded line for the peer (dropped if the peer is gone).
     pub(super) fn send(&self, line: Vec<u8>) {
-        let _ = self.tx.send(line);
+        let _ = self.tx.send(Outgoing::Line(line));
+    }
+
+    /// Queues `then`, dropped once the lines queued before it are written
+    /// (or dropped with the queue if the peer is gone).
+    pub(super) fn after_sent(&self, then: AfterReport) {
+        let _ = self.tx.send(Outgoing::Then(Box::new(then)));
     }
 
     /// A sender for a run's stderr sink.
-    pub(super) fn sender(&self) -> mpsc::UnboundedSender<Vec<u8>> {
+    pub(super) fn sender(&self) -> mpsc::UnboundedSender<Outgoing> {
         self.tx.clone()
     }
+}
+
+/// What the writer task is given.
+#[derive(Debug)]
+pub(super) enum Outgoing {
+    /// An encoded line for the peer.
+    Line(Vec<u8>),
+    /// Dropped once every line before it is written: what of a finished
+    /// run is kept off its report's path ([`AfterReport`]).
+    Then(Box<dyn std::any::Any + Send>),
 }
 
 /// Decrements a gauge when dropped.
@@ -269,11 +286,18 @@ fn hung_up(stream: &StdStream) -> bool {
 /// the queue is dropped.
 async fn write_lines(
     wr: StdStream,
-    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
     token: CancellationToken,
 ) {
     let mut wr = Some(wr);
-    while let Some(line) = rx.recv().await {
+    while let Some(out) = rx.recv().await {
+        let line = match out {
+            Outgoing::Line(line) => line,
+            Outgoing::Then(then) => {
+                drop(then);
+                continue;
+            }
+        };
         let Some(stream) = wr.take() else { continue };
         match write_all(stream, &line).await {
             Ok(stream) => wr = Some(stream),
@@ -332,6 +356,34 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(20), reading).await.expect("no hang");
         assert_eq!(got.len(), expect.len());
         assert!(got == expect, "the bytes arrive in order");
+    }
+
+    /// What follows a report in the queue is dropped only once the lines
+    /// before it are written: the peer can read them then.
+    #[tokio::test]
+    async fn a_then_is_dropped_after_the_lines_before_it_are_written() {
+        /// On drop, reads what the peer has received so far.
+        struct Probe(StdStream, std::sync::mpsc::Sender<Vec<u8>>);
+        impl Drop for Probe {
+            fn drop(&mut self) {
+                let mut got = vec![0u8; 64];
+                let n = (&self.0).read(&mut got).unwrap_or(0);
+                got.truncate(n);
+                let _ = self.1.send(got);
+            }
+        }
+        let (a, b) = UnixStream::pair().unwrap();
+        let (_a_rd, a_wr) = quiet(a).unwrap();
+        let peer = b.into_std().unwrap();
+        peer.set_nonblocking(true).unwrap();
+        let (seen_tx, seen) = std::sync::mpsc::channel();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(Outgoing::Line(b"report\n".to_vec())).unwrap();
+        tx.send(Outgoing::Then(Box::new(Probe(peer, seen_tx)))).unwrap();
+        drop(tx);
+        let writer = write_lines(a_wr, rx, CancellationToken::new());
+        tokio::time::timeout(Duration::from_secs(10), writer).await.expect("no hang");
+        assert_eq!(seen.recv().unwrap(), b"report\n", "written before the then was dropped");
     }
 
     /// A write to a peer that is gone fails (and so cancels the runs),
