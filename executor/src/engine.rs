@@ -506,21 +506,29 @@ mod tests {
         (dir, manifest)
     }
 
-    /// A finished run's pipes and pidfd stay open until its `AfterReport`
-    /// is dropped (after the report is written), and close then.
-    #[test]
-    fn a_runs_pipes_and_pidfd_close_when_its_after_report_is_dropped() {
+    /// An engine with its own runtime directory and a skill `name` that
+    /// runs `cat`; `None` (after a visible SKIP) when root lacks the
+    /// run-as user.
+    fn cat_engine(name: &str) -> Option<(tempfile::TempDir, tempfile::TempDir, PathBuf, Engine)> {
         let root = nix::unistd::geteuid().is_root();
         if root
             && nix::unistd::User::from_name(crate::config::DEFAULT_RUN_AS).ok().flatten().is_none()
         {
             eprintln!("SKIP: run-as user missing (scripts/test creates it)");
-            return;
+            return None;
         }
         let runtime = tempfile::tempdir().unwrap();
-        let (_skill, manifest) = skill("after", 5, "#!/bin/sh\nexec cat\n");
+        let (skill, manifest) = skill(name, 5, "#!/bin/sh\nexec cat\n");
         let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
         let engine = Engine::new(config).unwrap();
+        Some((runtime, skill, manifest, engine))
+    }
+
+    /// A finished run's pipes and pidfd stay open until its `AfterReport`
+    /// is dropped (after the report is written), and close then.
+    #[test]
+    fn a_runs_pipes_and_pidfd_close_when_its_after_report_is_dropped() {
+        let Some((_runtime, _skill, manifest, engine)) = cat_engine("after") else { return };
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let link = |fd: i32| std::fs::read_link(format!("/proc/self/fd/{fd}")).ok();
         let open_links = || -> Vec<PathBuf> {
@@ -556,17 +564,7 @@ mod tests {
     /// engine removes every run directory and cgroup leaf it made.
     #[test]
     fn pooled_slots_serve_runs_and_nothing_outlives_the_engine() {
-        let root = nix::unistd::geteuid().is_root();
-        if root
-            && nix::unistd::User::from_name(crate::config::DEFAULT_RUN_AS).ok().flatten().is_none()
-        {
-            eprintln!("SKIP: run-as user missing (scripts/test creates it)");
-            return;
-        }
-        let runtime = tempfile::tempdir().unwrap();
-        let (_skill, manifest) = skill("pool", 5, "#!/bin/sh\nexec cat\n");
-        let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
-        let engine = Engine::new(config).unwrap();
+        let Some((runtime, _skill, manifest, engine)) = cat_engine("pool") else { return };
         let leaves = engine.host().cgroups.clone();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let runs = engine.host().runs_dir.clone();
