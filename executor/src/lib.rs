@@ -95,8 +95,16 @@
 //!    µs). A one-shot `run` has one child, which installs it (step 4i).
 //!    The child shares the executor's descriptor table (`CLONE_FILES`)
 //!    until its cgroups are joined, when the kernel allows it: see step 4.
-//! 4. In the child, raw syscalls only: default signal dispositions; new
-//!    session (`setsid`, no controlling terminal); join the cgroups; a
+//!    A spawner thread creates its child ahead of the run: the child takes
+//!    steps 4a and 4b, sets its parent-death signal and waits in the
+//!    thread's berth (`sys`'s `berth`: a futex, the table shared, nothing
+//!    of a run held) until a run gives it its prepared spec and wakes it;
+//!    it then takes steps 4c to 5 as a child made for the run does. A run
+//!    that finds no child parked waits for the next thread that is done,
+//!    which makes one for it.
+//! 4. In the child, raw syscalls only: (4a) default signal dispositions;
+//!    (4b) new session (`setsid`, no controlling terminal); (4c) join the
+//!    cgroups; (4d) a
 //!    descriptor table of its own holding only what is below the floor
 //!    (`close_range(floor, ~0, CLOSE_RANGE_UNSHARE)`; the cgroup files and
 //!    the executor's other long-lived descriptors live above it: `sys`'s

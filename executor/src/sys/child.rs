@@ -82,7 +82,8 @@ impl Step {
         Step::Exec,
     ];
 
-    fn from_u32(v: u32) -> Option<Step> {
+    /// The step recorded as `v` by a child (`record`).
+    pub(super) fn from_u32(v: u32) -> Option<Step> {
         Step::ALL.into_iter().find(|s| *s as u32 == v)
     }
 
@@ -223,7 +224,8 @@ const SECCOMP_SET_MODE_FILTER: c_long = 1;
 const CLOSE_RANGE_CLOEXEC: c_long = 1 << 2;
 const CLOSE_RANGE_UNSHARE: c_long = 1 << 1;
 
-fn errno() -> i32 {
+/// The calling thread's errno (in a child: see the SAFETY note).
+pub(super) fn errno() -> i32 {
     // SAFETY: __errno_location returns a valid pointer to the calling
     // thread's errno (in the child: the suspended parent thread's, which is
     // what posix_spawn relies on too).
@@ -239,17 +241,14 @@ fn check(ret: c_long, step: Step) -> Result<c_long, (Step, i32)> {
     }
 }
 
-/// Creates the child and runs [`ChildSpec`] in it up to `execve`.
-///
-/// Blocks the calling thread until the child has exec'd or failed. Every
-/// signal is blocked around `clone` so no handler of the executor ever runs
-/// on the child's stack; the child resets all dispositions to default and
-/// unblocks everything before exec.
+/// Checks what the child relies on: null-terminated `argv` and `envp`,
+/// stdio sources >= 3 (and below the floor when sharing the table), a
+/// program short enough for `sock_fprog`. Returns the program's header.
 ///
 /// # Errors
 ///
-/// [`SpawnFailure`] with the step and errno; the failed child is reaped.
-pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
+/// `EINVAL` at [`Step::Clone`].
+pub(super) fn check_spec(spec: &ChildSpec<'_>) -> Result<libc::sock_fprog, SpawnFailure> {
     let bad = SpawnFailure { step: Step::Clone, errno: libc::EINVAL };
     if spec.argv.last().is_none_or(|p| !p.is_null())
         || spec.envp.last().is_none_or(|p| !p.is_null())
@@ -263,11 +262,55 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
             return Err(bad);
         }
     }
-    let fprog = libc::sock_fprog {
+    Ok(libc::sock_fprog {
         len: u16::try_from(spec.seccomp.len()).map_err(|_| bad)?,
         filter: spec.seccomp.as_ptr().cast_mut(),
-    };
+    })
+}
+
+/// Creates the child and runs [`ChildSpec`] in it up to `execve`.
+///
+/// Blocks the calling thread until the child has exec'd or failed. Every
+/// signal is blocked around `clone` so no handler of the executor ever runs
+/// on the child's stack; the child resets all dispositions to default and
+/// unblocks everything before exec.
+///
+/// # Errors
+///
+/// [`SpawnFailure`] with the step and errno; the failed child is reaped.
+pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
+    let fprog = check_spec(spec)?;
     let shared = Shared { spec, fprog, step: AtomicU32::new(0), errno: AtomicI32::new(0) };
+    let share = if spec.share_below.is_some() { libc::CLONE_FILES } else { 0 };
+    // SAFETY: `child_main` only reads `shared`, alive on this frame until
+    // `clone_vfork` returns, which is after the child exec'd or exited.
+    let (pid, pidfd) =
+        unsafe { clone_vfork(child_main, (&raw const shared).cast_mut().cast::<c_void>(), share) }
+            .map_err(|errno| SpawnFailure { step: Step::Clone, errno })?;
+    let step = shared.step.load(Ordering::Acquire);
+    if step != 0 {
+        let errno = shared.errno.load(Ordering::Acquire);
+        let _ = super::process::wait(pid, false);
+        return Err(SpawnFailure { step: Step::from_u32(step).unwrap_or(Step::Exec), errno });
+    }
+    Ok(Spawned { pid, pidfd })
+}
+
+/// `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD | extra)` running `main(arg)`
+/// on the calling thread's child stack, with every signal blocked around
+/// it. Returns once the child has exec'd or exited: its pid and pidfd, or
+/// `clone`'s errno.
+///
+/// # Safety
+///
+/// `main` must not return into the stack (it ends with `execve` or
+/// `_exit`), must use only raw system calls and no allocator, and `arg`
+/// must stay valid for the whole call.
+pub(super) unsafe fn clone_vfork(
+    main: extern "C" fn(*mut c_void) -> c_int,
+    arg: *mut c_void,
+    extra: c_int,
+) -> Result<(libc::pid_t, OwnedFd), i32> {
     // The calling thread's child stack, reused from one spawn to the next
     // (no 256 KiB allocation, zeroing or page faults per spawn): the thread
     // is suspended while a child runs on it, and no child uses it after
@@ -281,8 +324,7 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
         (end & !15) as *mut c_void
     };
     let mut pidfd: c_int = -1;
-    let share = if spec.share_below.is_some() { libc::CLONE_FILES } else { 0 };
-    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | share | libc::SIGCHLD;
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | extra | libc::SIGCHLD;
 
     // SAFETY: sigfillset initialises the set it is given; pthread_sigmask
     // only reads `all` and writes `old`, both valid locals.
@@ -293,20 +335,11 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
         old
     };
-    // SAFETY: `child_main` only reads `shared` (alive on this frame until
-    // clone returns, which CLONE_VFORK delays until the child exec'd or
-    // exited) and runs on `stack`, which outlives the child's use of it.
+    // SAFETY: the caller's contract covers `main` and `arg`; CLONE_VFORK
+    // keeps this frame (and `stack`) until the child exec'd or exited.
     // With CLONE_PIDFD the kernel stores the pidfd through the parent_tid
     // argument, a valid `c_int`.
-    let pid = unsafe {
-        libc::clone(
-            child_main,
-            top,
-            flags,
-            (&raw const shared).cast_mut().cast::<c_void>(),
-            &raw mut pidfd,
-        )
-    };
+    let pid = unsafe { libc::clone(main, top, flags, arg, &raw mut pidfd) };
     let clone_errno = errno();
     // SAFETY: restores the mask saved above; `old` is a valid sigset_t.
     unsafe {
@@ -314,39 +347,37 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
     }
     CHILD_STACK.with(|cell| cell.set(Some(stack)));
     if pid == -1 {
-        return Err(SpawnFailure { step: Step::Clone, errno: clone_errno });
+        return Err(clone_errno);
     }
     // SAFETY: on success the kernel stored a new pidfd that nothing else owns.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    let step = shared.step.load(Ordering::Acquire);
-    if step != 0 {
-        let errno = shared.errno.load(Ordering::Acquire);
-        let _ = super::process::wait(pid, false);
-        return Err(SpawnFailure { step: Step::from_u32(step).unwrap_or(Step::Exec), errno });
-    }
-    Ok(Spawned { pid, pidfd })
+    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
 }
 
 extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the `&Shared` passed to clone by `spawn`, which is
     // suspended (CLONE_VFORK) and keeps it alive while this runs.
     let shared = unsafe { &*arg.cast::<Shared<'_, '_>>() };
-    if let Err((step, errno)) = run(shared) {
-        shared.errno.store(errno, Ordering::Release);
-        shared.step.store(step as u32, Ordering::Release);
-    }
+    let sharing = shared.spec.share_below.is_some();
+    let failed = match fresh_process() {
+        Ok(()) => sandbox_and_exec(shared.spec, &shared.fprog, sharing),
+        Err(e) => e,
+    };
+    record(&shared.step, &shared.errno, failed);
     // SAFETY: _exit ends only this child (exit_group of its own thread group)
     // without running atexit handlers or touching the shared heap.
     unsafe { libc::_exit(127) }
 }
 
-/// The child's sequence (crate docs, spawn sequence step 4 and 5). Returns
-/// only on failure.
-fn run(shared: &Shared<'_, '_>) -> Result<(), (Step, i32)> {
-    let spec = shared.spec;
-    // SAFETY: every call below is a raw syscall whose pointer arguments
-    // point to locals of this frame or to data the parent keeps alive
-    // (`spec`, `shared`) for the duration of the child; none allocates.
+/// Stores a failed step for the parent (which reads it after `clone`).
+pub(super) fn record(step: &AtomicU32, errno: &AtomicI32, (failed, e): (Step, i32)) {
+    errno.store(e, Ordering::Release);
+    step.store(failed as u32, Ordering::Release);
+}
+
+/// Steps 4a and 4b, which do not depend on the run: default signal
+/// dispositions and an empty mask, then a new session. Child only.
+pub(super) fn fresh_process() -> Result<(), (Step, i32)> {
+    // SAFETY: raw system calls on locals of this frame; none allocates.
     unsafe {
         // Step 4a: default signal dispositions, empty mask.
         let dfl = KernelSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 };
@@ -359,6 +390,35 @@ fn run(shared: &Shared<'_, '_>) -> Result<(), (Step, i32)> {
         libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &raw const empty, 0usize, 8);
         // Step 4b: new session, no controlling terminal.
         check(libc::syscall(libc::SYS_setsid), Step::Setsid)?;
+    }
+    Ok(())
+}
+
+/// The rest of the child's sequence (crate docs, spawn sequence steps 4c
+/// to 5), after [`fresh_process`]. `sharing`: the child shares the
+/// parent's descriptor table (`CLONE_FILES`) and takes its own in step 4d:
+/// the part below `spec.share_below`, or all of it. Returns only on
+/// failure, with the step.
+pub(super) fn sandbox_and_exec(
+    spec: &ChildSpec<'_>,
+    fprog: &libc::sock_fprog,
+    sharing: bool,
+) -> (Step, i32) {
+    match sandbox(spec, fprog, sharing) {
+        Err(failed) => failed,
+        Ok(never) => match never {},
+    }
+}
+
+fn sandbox(
+    spec: &ChildSpec<'_>,
+    fprog: &libc::sock_fprog,
+    sharing: bool,
+) -> Result<std::convert::Infallible, (Step, i32)> {
+    // SAFETY: every call below is a raw syscall whose pointer arguments
+    // point to locals of this frame or to data the parent keeps alive
+    // (`spec`, `fprog`) for the duration of the child; none allocates.
+    unsafe {
         // Step 4c: cgroups (v2 leaf for the tree kill, v1 leaves for limits).
         for fd in spec.cgroup_procs {
             let n = libc::syscall(libc::SYS_write, *fd, c"0".as_ptr(), 1usize);
@@ -369,10 +429,12 @@ fn run(shared: &Shared<'_, '_>) -> Result<(), (Step, i32)> {
         // Step 4d: a table of our own (sharing the parent's, we have not
         // touched it so far), keeping only what is below the floor: the
         // cgroup files and the executor's other long-lived descriptors
-        // above it are neither copied nor closed again at exec.
-        if let Some(floor) = spec.share_below {
+        // above it are neither copied nor closed again at exec. Without a
+        // floor, a copy of all of it (the range closed is empty).
+        if sharing {
+            let first = spec.share_below.unwrap_or(u32::MAX);
             check(
-                libc::syscall(libc::SYS_close_range, floor, u32::MAX, CLOSE_RANGE_UNSHARE),
+                libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_UNSHARE),
                 Step::CloseFds,
             )?;
         }
@@ -475,7 +537,7 @@ fn run(shared: &Shared<'_, '_>) -> Result<(), (Step, i32)> {
                     libc::SYS_seccomp,
                     SECCOMP_SET_MODE_FILTER,
                     0u32,
-                    &raw const shared.fprog,
+                    std::ptr::from_ref(fprog),
                 ),
                 Step::Seccomp,
             )?;

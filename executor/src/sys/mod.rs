@@ -7,13 +7,14 @@
 //!
 //! # Async-signal-safety
 //!
-//! [`child`] runs in a `CLONE_VM | CLONE_VFORK` child that shares the
-//! executor's memory. Code on that path only issues raw system calls on
+//! [`child`] and [`berth`] run in a `CLONE_VM | CLONE_VFORK` child that
+//! shares the executor's memory. Code on that path only issues raw system calls on
 //! values the parent built beforehand: no allocation, no locks, no glibc
 //! wrappers that touch shared state (glibc's `setuid` would broadcast to the
 //! parent's threads), no panics.
 #![allow(unsafe_code)]
 
+pub mod berth;
 pub mod child;
 pub mod fdtable;
 pub mod landlock;

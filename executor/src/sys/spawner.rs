@@ -17,6 +17,13 @@
 //! child does before `execve` is on the deny-list (`clone` without
 //! `CLONE_NEW*` flags, `setsid`, `prctl`, `capset`, `landlock_*`...).
 //!
+//! Each thread keeps a child made ahead of the next spawn, parked in its
+//! [`Berth`] after the steps that do not depend on the run (`clone`, the
+//! signal resets, `setsid`): a spawn hands its spec to a parked child and
+//! wakes it, instead of waking a thread that then makes the child
+//! (BENCHMARKS.md, twenty-first pass: 0.13-0.17x of a bare run's latency).
+//! See [`super::berth`] for what a parked child holds.
+//!
 //! The threads also fix which thread a child's parent-death signal is tied
 //! to (the kernel sends it when the *creating thread* exits): they live as
 //! long as their [`Spawner`], which the engine drops only after its runs.
@@ -35,6 +42,7 @@ use std::io;
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
+use super::berth::{Berth, Unparked};
 use super::child::{self, ChildSpec, SpawnFailure, Spawned, Step};
 
 /// A pool of threads carrying one seccomp filter; see the module docs.
@@ -44,33 +52,67 @@ pub struct Spawner {
     threads: Vec<JoinHandle<()>>,
 }
 
-/// The jobs waiting for a spawner thread. The idle threads wait on one
-/// condition variable and a job wakes one of them: with a receiver behind
-/// a mutex instead, the thread that took a job woke the next one as it
-/// let go of the mutex, a second wake-up per spawn for nothing.
-#[derive(Debug, Default)]
+/// The spawns waiting for a spawner thread, and the threads' berths.
+///
+/// A spawner thread with nothing to do keeps a child parked in its berth
+/// (listed in `idle`): a spawn gives its spec to one of them and wakes
+/// only that child. With no child parked (every thread busy, or parking
+/// failed) the spawn waits in `jobs` for the next thread that is done; a
+/// thread whose parking failed waits on `ready` for one job, which it
+/// serves with a child made for it, before it parks again.
+#[derive(Debug)]
 struct Queue {
     state: Mutex<QueueState>,
     ready: Condvar,
+    /// One berth per thread, by thread index.
+    berths: Box<[Berth]>,
 }
 
 #[derive(Debug, Default)]
 struct QueueState {
     jobs: VecDeque<Job>,
+    /// The threads whose berth holds a child that may be given a spec.
+    idle: Vec<usize>,
+    /// The job given to each thread's parked child, by thread index.
+    given: Vec<Option<Job>>,
     closed: bool,
 }
 
 impl Queue {
+    fn new(threads: usize) -> Self {
+        let state = QueueState {
+            given: std::iter::repeat_with(|| None).take(threads).collect(),
+            ..QueueState::default()
+        };
+        Queue {
+            state: Mutex::new(state),
+            ready: Condvar::new(),
+            berths: std::iter::repeat_with(Berth::default).take(threads).collect(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, QueueState> {
         // Every update is one push, pop or flag: a poisoned state is whole.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `job`; gives it back when the spawner is closed.
+    /// Gives `job` to a parked child, else queues it; gives it back when
+    /// the spawner is closed.
     fn push(&self, job: Job) -> Result<(), Job> {
         let mut st = self.lock();
         if st.closed {
             return Err(job);
+        }
+        if let Some(i) = st.idle.pop() {
+            let berth = &self.berths[i];
+            // SAFETY: the spec stays alive until the job's reply is sent or
+            // dropped (`SpecPtr`), which thread `i` does only after its
+            // `park` returned.
+            unsafe { berth.give(&*job.spec.0.cast::<ChildSpec<'_>>()) };
+            st.given[i] = Some(job);
+            drop(st);
+            berth.wake();
+            return Ok(());
         }
         st.jobs.push_back(job);
         drop(st);
@@ -78,22 +120,38 @@ impl Queue {
         Ok(())
     }
 
+    /// The next job without waiting, or `Err(())` once closed and empty.
+    fn try_pop(st: &mut QueueState) -> Result<Option<Job>, ()> {
+        match st.jobs.pop_front() {
+            Some(job) => Ok(Some(job)),
+            None if st.closed => Err(()),
+            None => Ok(None),
+        }
+    }
+
     /// The next job; `None` once closed and empty.
     fn pop(&self) -> Option<Job> {
         let mut st = self.lock();
         loop {
-            if let Some(job) = st.jobs.pop_front() {
-                return Some(job);
+            match Self::try_pop(&mut st) {
+                Ok(Some(job)) => return Some(job),
+                Err(()) => return None,
+                Ok(None) => st = self.ready.wait(st).unwrap_or_else(PoisonError::into_inner),
             }
-            if st.closed {
-                return None;
-            }
-            st = self.ready.wait(st).unwrap_or_else(PoisonError::into_inner);
         }
     }
 
     fn close(&self) {
-        self.lock().closed = true;
+        let mut st = self.lock();
+        st.closed = true;
+        let parked = std::mem::take(&mut st.idle);
+        for i in &parked {
+            self.berths[*i].leave();
+        }
+        drop(st);
+        for i in parked {
+            self.berths[i].wake();
+        }
         self.ready.notify_all();
     }
 }
@@ -109,15 +167,16 @@ struct Job {
 #[derive(Debug)]
 struct SpecPtr(*const c_void);
 
-// SAFETY: the pointer is only dereferenced by the spawner thread while the
-// thread that sent it is blocked in `Spawner::spawn`, waiting for the reply
-// that the spawner sends once it no longer uses the spec; the spec is only
-// read (it holds plain values, raw pointers into `CString`s the caller
-// keeps alive, and fds).
+// SAFETY: the pointer is only dereferenced by the spawner thread (or the
+// child it parked) while the thread that sent it is blocked in
+// `Spawner::spawn`, waiting for the reply that the spawner sends once it no
+// longer uses the spec; the spec is only read (it holds plain values, raw
+// pointers into `CString`s the caller keeps alive, and fds).
 unsafe impl Send for SpecPtr {}
 
 impl Spawner {
-    /// Starts `threads` threads (at least one), each carrying `program`.
+    /// Starts `threads` threads (at least one), each carrying `program`
+    /// and parking a child ahead of the first spawn.
     ///
     /// # Errors
     ///
@@ -128,9 +187,12 @@ impl Spawner {
         threads: usize,
         name: &str,
     ) -> io::Result<Self> {
-        let queue = Arc::new(Queue::default());
+        let threads = threads.max(1);
+        let queue = Arc::new(Queue::new(threads));
         let mut spawner = Spawner { queue: Arc::clone(&queue), threads: Vec::new() };
-        for _ in 0..threads.max(1) {
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        for me in 0..threads {
             let (ready, installed) = mpsc::sync_channel(1);
             let queue = Arc::clone(&queue);
             let handle = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
@@ -138,7 +200,7 @@ impl Spawner {
                 let ok = r.is_ok();
                 let _ = ready.send(r);
                 if ok {
-                    serve(&queue, clear_bounding());
+                    serve(&queue, me, parent, clear_bounding());
                 }
             })?;
             spawner.threads.push(handle);
@@ -148,7 +210,8 @@ impl Spawner {
         Ok(spawner)
     }
 
-    /// Creates the child of `spec` on a spawner thread ([`child::spawn`]);
+    /// Creates the child of `spec` on a spawner thread: a parked child
+    /// takes it ([`super::berth`]), else one made for it ([`child::spawn`]);
     /// `spec.seccomp` should be empty (the thread's filter applies). Blocks
     /// the calling thread until the child has exec'd or failed, as
     /// [`child::spawn`] does.
@@ -158,6 +221,8 @@ impl Spawner {
     /// As [`child::spawn`]; a spawner that is gone is a `clone` failure
     /// (`EAGAIN`).
     pub fn spawn(&self, spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
+        // A parked child cannot report a malformed spec before using it.
+        child::check_spec(spec)?;
         let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };
         let (reply, answer) = mpsc::sync_channel(1);
         let spec = SpecPtr(std::ptr::from_ref(spec).cast());
@@ -166,11 +231,18 @@ impl Spawner {
         // with the spec: this wait is what keeps it alive.
         answer.recv().unwrap_or(Err(gone))
     }
+
+    /// How many threads have a child parked now.
+    #[cfg(test)]
+    fn parked(&self) -> usize {
+        self.queue.lock().idle.len()
+    }
 }
 
 impl Drop for Spawner {
     fn drop(&mut self) {
-        // Closing the queue ends every thread's loop once it is empty.
+        // Closing the queue tells the parked children to leave and ends
+        // every thread's loop once it is empty.
         self.queue.close();
         for handle in self.threads.drain(..) {
             let _ = handle.join();
@@ -208,17 +280,71 @@ fn clear_bounding() -> bool {
     })
 }
 
-/// A spawner thread's loop: one job at a time until the queue closes.
-/// `cleared`: this thread's bounding set is empty ([`clear_bounding`]).
-fn serve(queue: &Queue, cleared: bool) {
-    while let Some(job) = queue.pop() {
-        // SAFETY: see `SpecPtr`: the sender waits for this job's reply, so
-        // the spec is alive until `reply` is sent (or dropped) below.
-        let spec = unsafe { &*job.spec.0.cast::<ChildSpec<'_>>() };
-        let spec = ChildSpec { bounding_cleared: cleared, ..*spec };
-        let spawned = child::spawn(&spec);
-        let _ = job.reply.send(spawned);
+/// A spawner thread's loop until the queue closes: a queued job first,
+/// else a child parked in berth `me` until a spawn gives it a spec.
+/// `parent`: the executor's pid; `cleared`: this thread's bounding set is
+/// empty ([`clear_bounding`]).
+fn serve(queue: &Queue, me: usize, parent: libc::pid_t, cleared: bool) {
+    let berth = &queue.berths[me];
+    loop {
+        let mut st = queue.lock();
+        match Queue::try_pop(&mut st) {
+            Err(()) => return,
+            Ok(Some(job)) => {
+                drop(st);
+                serve_one(job, cleared);
+                continue;
+            }
+            Ok(None) => {}
+        }
+        berth.ready();
+        st.idle.push(me);
+        drop(st);
+        let unparked = berth.park(parent, cleared);
+        let mut st = queue.lock();
+        st.idle.retain(|i| *i != me);
+        let job = st.given[me].take();
+        drop(st);
+        match (unparked, job) {
+            (Unparked::Ran(spawned), Some(job)) => {
+                let _ = job.reply.send(Ok(spawned));
+            }
+            (Unparked::Failed(failure), Some(job)) if berth.took() => {
+                let _ = job.reply.send(Err(failure));
+            }
+            // The child died before it took the spec (killed while parked,
+            // or parking failed): the job is not lost, a child is made for
+            // it.
+            (_, Some(job)) => serve_one(job, cleared),
+            (Unparked::Failed(failure), None) => {
+                // Parking failed (`clone` refused: the pids limit?): serve
+                // the next job with a child made for it, then try again.
+                tracing::debug!(
+                    "spawner: cannot park a child ({}: errno {}); the next run's child is \
+                     made for it",
+                    failure.step.describe(),
+                    failure.errno
+                );
+                match queue.pop() {
+                    Some(job) => serve_one(job, cleared),
+                    None => return,
+                }
+            }
+            // Told to leave (the loop then finds the queue closed), or
+            // killed while parked: park another.
+            (Unparked::Left | Unparked::Ran(_), None) => {}
+        }
     }
+}
+
+/// Serves `job` with a child made for it.
+fn serve_one(job: Job, cleared: bool) {
+    // SAFETY: see `SpecPtr`: the sender waits for this job's reply, so the
+    // spec is alive until `reply` is sent (or dropped) below.
+    let spec = unsafe { &*job.spec.0.cast::<ChildSpec<'_>>() };
+    let spec = ChildSpec { bounding_cleared: cleared, ..*spec };
+    let spawned = child::spawn(&spec);
+    let _ = job.reply.send(spawned);
 }
 
 #[cfg(test)]
@@ -346,7 +472,8 @@ mod tests {
         let queue = Arc::clone(&spawner.queue);
         drop(spawner);
         let state = queue.lock();
-        assert!(state.closed && state.jobs.is_empty());
+        assert!(state.closed && state.jobs.is_empty() && state.idle.is_empty());
+        assert!(state.given.iter().all(Option::is_none));
         drop(state);
         assert_eq!(Arc::strong_count(&queue), 1, "a spawner thread outlived its spawner");
     }
@@ -389,6 +516,79 @@ mod tests {
             child_status_result(|s| child::spawn(&ChildSpec { share_below: Some(3), ..*s }));
         assert_eq!(refused, Err(SpawnFailure { step: Step::Clone, errno: libc::EINVAL }));
         drop(spawner);
+    }
+
+    /// The children of this process's threads whose name is `name` (the
+    /// creating thread's, which a child parked by it still has).
+    fn children_named(name: &str) -> Vec<i32> {
+        let mut pids = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            pids.extend(list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+        pids.retain(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == name)
+        });
+        pids
+    }
+
+    /// Waits until `spawner` has `n` children parked; their pids.
+    fn parked_children(spawner: &Spawner, name: &str, n: usize) -> Vec<i32> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let pids = children_named(name);
+            if spawner.parked() == n && pids.len() == n {
+                return pids;
+            }
+            assert!(std::time::Instant::now() < deadline, "parked {pids:?}, want {n}");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// Each thread parks a child ahead of the first spawn; a spawn is run
+    /// by one of those children (its pid is a parked one's), the thread
+    /// parks another, and dropping the spawner makes the parked children
+    /// leave: none is left, alive or a zombie.
+    #[test]
+    fn children_are_parked_ahead_run_the_spawns_and_leave_with_the_spawner() {
+        let spawner = Spawner::start(crate::seccomp::program(false), 2, "test-park").unwrap();
+        let before = parked_children(&spawner, "test-park", 2);
+        let mut ran = 0;
+        let status = child_status(|s| {
+            let r = spawner.spawn(s);
+            ran = r.as_ref().map_or(0, |sp| sp.pid);
+            r
+        });
+        assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
+        assert_eq!(status_field(&status, "Pid"), ran.to_string(), "{status}");
+        assert!(before.contains(&ran), "the spawn's child {ran} was not parked: {before:?}");
+        let after = parked_children(&spawner, "test-park", 2);
+        assert!(!after.contains(&ran), "{after:?}");
+        drop(spawner);
+        for pid in before.iter().chain(&after).filter(|p| **p != ran) {
+            assert!(
+                !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+                "parked child {pid} outlived its spawner"
+            );
+        }
+    }
+
+    /// A parked child killed while it waits is reaped and replaced; the
+    /// next spawn is served.
+    #[test]
+    fn a_parked_child_killed_is_replaced() {
+        let spawner = Spawner::start(crate::seccomp::program(false), 1, "test-kill").unwrap();
+        let first = parked_children(&spawner, "test-kill", 1);
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(first[0]), nix::sys::signal::SIGKILL)
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while children_named("test-kill") == first {
+            assert!(std::time::Instant::now() < deadline, "not replaced");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let status = child_status(|s| spawner.spawn(s));
+        assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
+        assert!(!std::path::Path::new(&format!("/proc/{}", first[0])).exists());
     }
 
     /// A program the kernel refuses fails the start and leaves no thread.

@@ -1,0 +1,242 @@
+//! A berth: where a spawner thread keeps a child made ahead of its run.
+//!
+//! Creating a child and taking the steps of the spawn sequence that do not
+//! depend on the run (the `clone` itself, step 4a's signal resets, step
+//! 4b's `setsid`) cost ~55 µs traced, ~85 µs sampled, per run on the dev
+//! machine (BENCHMARKS.md, seventeenth and twenty-first passes). A spawner
+//! thread ([`super::spawner`]) takes them before the run comes: it creates
+//! the child into its berth, where the child waits on a futex, and the run
+//! then only hands it its [`ChildSpec`] ([`Berth::give`]) and wakes it. The
+//! child takes the rest of the sequence (4c to 5) as a child made for the
+//! run does.
+//!
+//! What a parked child holds: nothing of a run. It shares the executor's
+//! memory (`CLONE_VM`, its stack is the spawner thread's) and descriptor
+//! table (`CLONE_FILES`, so it holds no copy of a descriptor that the
+//! executor closes meanwhile, such as another run's pipe), carries the
+//! spawner thread's seccomp filter and empty bounding set, runs as the
+//! executor's user in the executor's cgroups, with default signal
+//! dispositions, in a session of its own. It dies with the executor: its
+//! parent-death signal (`SIGKILL`) is set before it parks and fires when
+//! the spawner thread that created it ends, as the executor's threads do
+//! when it dies; a run sets it again after the uid change (step 4h).
+//!
+//! The spawner thread stays in `clone` (`CLONE_VFORK`) while its child is
+//! parked, as it does while a child made for a run works up to `execve`:
+//! one parked child per spawner thread. A child told to leave
+//! ([`Berth::leave`], when the spawner closes) exits without running
+//! anything; one killed while parked is reaped and replaced.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering};
+
+use super::child::{self, ChildSpec, SpawnFailure, Spawned, Step};
+
+/// The parked child waits for a spec.
+const WAITING: u32 = 0;
+/// A spec is in the berth: run it.
+const GO: u32 = 1;
+/// Exit without running anything.
+const LEAVE: u32 = 2;
+/// The child took the spec (stored by the child, read after `clone`).
+const TAKEN: u32 = 3;
+
+/// One spawner thread's place for its parked child. Lives as long as the
+/// spawner, so a late wake-up never touches freed memory.
+#[derive(Debug, Default)]
+pub struct Berth {
+    /// The futex word: [`WAITING`], [`GO`], [`LEAVE`] or [`TAKEN`].
+    state: AtomicU32,
+    /// The `&ChildSpec` of [`GO`].
+    spec: AtomicPtr<c_void>,
+    /// The executor's pid, checked after the parent-death signal is set.
+    parent: AtomicI32,
+    /// The spawner thread's bounding set is empty (`ChildSpec::bounding_cleared`).
+    cleared: AtomicBool,
+    /// The failed step (0: none) and its errno, as in `child::spawn`.
+    step: AtomicU32,
+    errno: AtomicI32,
+}
+
+/// How a parked child left its berth.
+#[derive(Debug)]
+pub enum Unparked {
+    /// It took the spec it was given and exec'd the entry.
+    Ran(Spawned),
+    /// A step failed, while parked or after taking a spec (then
+    /// [`Berth::took`] is true); it was reaped.
+    Failed(SpawnFailure),
+    /// It exited without taking a spec: told to leave, or killed while
+    /// parked. Reaped.
+    Left,
+}
+
+impl Berth {
+    /// Empties the berth for the next child: call before it can be given a
+    /// spec, and before [`Berth::park`].
+    pub fn ready(&self) {
+        self.spec.store(std::ptr::null_mut(), Ordering::Relaxed);
+        self.step.store(0, Ordering::Relaxed);
+        self.errno.store(0, Ordering::Relaxed);
+        self.state.store(WAITING, Ordering::Release);
+    }
+
+    /// Creates a child into the berth and blocks the calling thread until
+    /// it has exec'd a spec given meanwhile, failed or left.
+    /// `parent`: the executor's pid; `cleared`: the calling thread's
+    /// bounding set is empty.
+    pub fn park(&self, parent: libc::pid_t, cleared: bool) -> Unparked {
+        self.parent.store(parent, Ordering::Relaxed);
+        self.cleared.store(cleared, Ordering::Relaxed);
+        let arg = std::ptr::from_ref(self).cast_mut().cast::<c_void>();
+        // SAFETY: `parked_main` ends with `execve` or `_exit`, uses only raw
+        // system calls, and reads the berth, which outlives the call (it
+        // lives as long as the spawner; `clone_vfork` returns once the child
+        // exec'd or exited).
+        let (pid, pidfd) = match unsafe { child::clone_vfork(parked_main, arg, libc::CLONE_FILES) }
+        {
+            Ok(created) => created,
+            Err(errno) => return Unparked::Failed(SpawnFailure { step: Step::Clone, errno }),
+        };
+        let step = self.step.load(Ordering::Acquire);
+        let took = self.took();
+        if step == 0 && took {
+            return Unparked::Ran(Spawned { pid, pidfd });
+        }
+        reap(&pidfd);
+        if step == 0 {
+            return Unparked::Left;
+        }
+        let errno = self.errno.load(Ordering::Acquire);
+        Unparked::Failed(SpawnFailure { step: Step::from_u32(step).unwrap_or(Step::Exec), errno })
+    }
+
+    /// The last child took the spec it was given.
+    pub fn took(&self) -> bool {
+        self.state.load(Ordering::Acquire) == TAKEN
+    }
+
+    /// Gives the parked (or parking) child `spec`, checked with
+    /// `child::check_spec`; [`Berth::wake`] it after.
+    ///
+    /// # Safety
+    ///
+    /// `spec` and everything it points to must stay alive and unchanged
+    /// until the spawner thread parking the child has returned from
+    /// [`Berth::park`].
+    pub unsafe fn give(&self, spec: &ChildSpec<'_>) {
+        self.spec.store(std::ptr::from_ref(spec).cast_mut().cast(), Ordering::Relaxed);
+        self.state.store(GO, Ordering::Release);
+    }
+
+    /// Tells the parked child to exit; [`Berth::wake`] it after.
+    pub fn leave(&self) {
+        self.state.store(LEAVE, Ordering::Release);
+    }
+
+    /// Wakes the child waiting in the berth, if any.
+    pub fn wake(&self) {
+        // SAFETY: FUTEX_WAKE on a word of this live berth; the parked child
+        // shares this process's memory, so the private futex is the same.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.state.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1,
+            );
+        }
+    }
+}
+
+/// Reaps a child that did not exec, by its pidfd: never another process
+/// that reused its pid. `ECHILD`: the executor's orphan reaper was first.
+fn reap(pidfd: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: siginfo_t is plain data (zeroed is valid); waitid writes
+        // into it; the pidfd is open.
+        let r = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_PIDFD,
+                libc::id_t::try_from(pidfd.as_raw_fd()).unwrap_or(0),
+                &raw mut info,
+                libc::WEXITED | libc::__WALL,
+            )
+        };
+        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+    }
+}
+
+/// The parked child: steps 4a and 4b, the parent-death signal, then wait
+/// in the berth; given a spec, steps 4c to 5.
+extern "C" fn parked_main(arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the berth passed by `park`, alive for the spawner's
+    // life, which outlasts this child (whose parent-death signal is set).
+    let berth = unsafe { &*arg.cast::<Berth>() };
+    let failed = match park_here(berth) {
+        Ok(Some(spec)) => {
+            // The spec was checked by the giver; the spawner thread's empty
+            // bounding set is ours too.
+            let spec =
+                ChildSpec { bounding_cleared: berth.cleared.load(Ordering::Relaxed), ..*spec };
+            let fprog = libc::sock_fprog {
+                len: u16::try_from(spec.seccomp.len()).unwrap_or(0),
+                filter: spec.seccomp.as_ptr().cast_mut(),
+            };
+            child::sandbox_and_exec(&spec, &fprog, true)
+        }
+        // Told to leave, or the parent is gone.
+        Ok(None) => {
+            // SAFETY: as below.
+            unsafe { libc::_exit(0) }
+        }
+        Err(e) => e,
+    };
+    child::record(&berth.step, &berth.errno, failed);
+    // SAFETY: _exit ends only this child without touching the shared heap.
+    unsafe { libc::_exit(127) }
+}
+
+/// The parked part: the fresh process, the parent-death signal, the wait.
+/// `Ok(None)`: told to leave.
+fn park_here(berth: &Berth) -> Result<Option<&ChildSpec<'_>>, (Step, i32)> {
+    child::fresh_process()?;
+    // SAFETY: raw system calls with integer arguments or pointers to the
+    // live berth; none allocates.
+    unsafe {
+        if libc::syscall(libc::SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+            return Err((Step::ParentDeath, child::errno()));
+        }
+        if libc::syscall(libc::SYS_getppid)
+            != libc::c_long::from(berth.parent.load(Ordering::Relaxed))
+        {
+            return Err((Step::ParentDeath, libc::ESRCH));
+        }
+        loop {
+            match berth.state.load(Ordering::Acquire) {
+                WAITING => {
+                    // Returns at once if the state changed meanwhile; EINTR
+                    // and spurious wake-ups loop.
+                    libc::syscall(
+                        libc::SYS_futex,
+                        berth.state.as_ptr(),
+                        libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                        WAITING,
+                        std::ptr::null::<libc::timespec>(),
+                    );
+                }
+                GO => break,
+                _ => return Ok(None),
+            }
+        }
+        berth.state.store(TAKEN, Ordering::Release);
+        let spec = berth.spec.load(Ordering::Relaxed).cast::<ChildSpec<'_>>();
+        // SAFETY: `give` stored a live spec before GO (Release/Acquire
+        // above), kept alive by its giver until `park` returns.
+        Ok(Some(&*spec))
+    }
+}
