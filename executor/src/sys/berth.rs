@@ -28,6 +28,7 @@
 //! anything; one killed while parked is reaped and replaced.
 
 use std::ffi::{c_int, c_void};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering};
 
 use super::child::{self, ChildSpec, SpawnFailure, Spawned, Step};
@@ -103,7 +104,8 @@ impl Berth {
         if step == 0 && took {
             return Unparked::Ran(Spawned { pid, pidfd });
         }
-        reap(&pidfd);
+        // Reaped by its pidfd: never another process that reused its pid.
+        let _ = super::process::reap_pidfd(pidfd.as_fd());
         if step == 0 {
             return Unparked::Left;
         }
@@ -145,28 +147,6 @@ impl Berth {
                 libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
                 1,
             );
-        }
-    }
-}
-
-/// Reaps a child that did not exec, by its pidfd: never another process
-/// that reused its pid. `ECHILD`: the executor's orphan reaper was first.
-fn reap(pidfd: &std::os::fd::OwnedFd) {
-    use std::os::fd::AsRawFd;
-    loop {
-        // SAFETY: siginfo_t is plain data (zeroed is valid); waitid writes
-        // into it; the pidfd is open.
-        let r = unsafe {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            libc::waitid(
-                libc::P_PIDFD,
-                libc::id_t::try_from(pidfd.as_raw_fd()).unwrap_or(0),
-                &raw mut info,
-                libc::WEXITED | libc::__WALL,
-            )
-        };
-        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return;
         }
     }
 }

@@ -53,6 +53,33 @@ pub fn wait(pid: libc::pid_t, nohang: bool) -> io::Result<Option<(libc::pid_t, E
     }
 }
 
+/// `waitid(P_PIDFD)`: reaps the child behind `pidfd`, never another
+/// process that reused its pid; blocks until it has exited.
+///
+/// # Errors
+///
+/// The errno of `waitid` (`ECHILD`: already reaped, e.g. by the orphan
+/// reaper's `wait4(-1)`).
+pub fn reap_pidfd(pidfd: BorrowedFd<'_>) -> io::Result<()> {
+    let id = libc::id_t::try_from(pidfd.as_raw_fd())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    loop {
+        // SAFETY: siginfo_t is plain data (zeroed is valid) and waitid
+        // writes into the valid local; the pidfd is open (borrowed).
+        let r = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(libc::P_PIDFD, id, &raw mut info, libc::WEXITED | libc::__WALL)
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// `pidfd_send_signal(pidfd, sig)`. ESRCH (already gone) counts as success.
 ///
 /// # Errors
