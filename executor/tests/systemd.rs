@@ -50,10 +50,27 @@ fn setup() -> Setup {
     Setup { dir, config, socket, notify }
 }
 
-fn recv(sock: &UnixDatagram) -> String {
+fn recv(sock: &UnixDatagram) -> std::io::Result<String> {
     let mut buf = [0u8; 4096];
-    let n = sock.recv(&mut buf).expect("a notification");
-    String::from_utf8_lossy(&buf[..n]).into_owned()
+    let n = sock.recv(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// The next notification of `child`; when none comes, the test fails with
+/// what the server wrote to stderr (killed first, so the read ends).
+fn notification(sock: &UnixDatagram, child: &mut Child) -> String {
+    match recv(sock) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = child.kill();
+            let status = child.wait();
+            let mut log = String::new();
+            if let Some(err) = child.stderr.as_mut() {
+                let _ = std::io::Read::read_to_string(err, &mut log);
+            }
+            panic!("no notification ({e}); serve: {status:?}, stderr:\n{log}");
+        }
+    }
 }
 
 fn ping(socket: &Path) -> bool {
@@ -105,16 +122,16 @@ fn ready_after_the_socket_answers_and_stopping_on_sigterm() {
         .env_remove("LISTEN_FDS")
         .env_remove("LISTEN_PID")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut child = KillOnDrop(child);
-    let ready = recv(&s.notify);
+    let ready = notification(&s.notify, &mut child.0);
     // At once, no retry: READY=1 must not come before the socket serves.
     assert!(ping(&s.socket), "READY=1 before the socket answers");
     assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
     let status = term_and_wait(&mut child.0);
-    let stopping = recv(&s.notify);
+    let stopping = notification(&s.notify, &mut child.0);
     assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
     assert!(status.success(), "{status:?}");
     assert!(!s.socket.exists(), "a socket it bound itself is removed at exit");
@@ -151,7 +168,7 @@ fn serves_an_inherited_socket_and_leaves_it_in_place() {
         .unwrap();
     let mut child = KillOnDrop(child);
     drop(listener);
-    let ready = recv(&s.notify);
+    let ready = notification(&s.notify, &mut child.0);
     assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
     assert!(ping(&activated), "no answer on the inherited socket");
     let mode = std::fs::metadata(&activated).unwrap().permissions().mode() & 0o777;
