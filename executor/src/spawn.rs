@@ -566,11 +566,26 @@ pub fn spawn(
         parent: own_pid(),
         bounding_cleared: false,
     };
-    // The child shares the table until its cgroups are joined, when what it
-    // needs afterwards is below the floor (sys::fdtable); else it copies it.
-    spec.share_below = sys::fdtable::floor().filter(|floor| {
-        sys::fdtable::all_below(*floor, spec.stdio.into_iter().chain(spec.landlock))
+    // The child shares the table until its cgroups are joined, then keeps
+    // only what is below its floor (sys::fdtable): the top of the band its
+    // descriptors are placed on, else the table's floor when they are below
+    // it; else it copies the table. `placed` lives until the child exec'd.
+    let placed = sys::fdtable::bands().and_then(|bands| {
+        let [i, o, e] = spec.stdio;
+        bands.place([Some(i), Some(o), Some(e), spec.landlock])
     });
+    if let Some(placed) = &placed {
+        if let [Some(i), Some(o), Some(e), landlock] = placed.fds() {
+            spec.stdio = [i, o, e];
+            spec.landlock = landlock;
+            spec.share_below = Some(placed.top());
+        }
+    }
+    if spec.share_below.is_none() {
+        spec.share_below = sys::fdtable::floor().filter(|floor| {
+            sys::fdtable::all_below(*floor, spec.stdio.into_iter().chain(spec.landlock))
+        });
+    }
     // Steps 3-5 (in the child): see sys::child.
     let spawned = match spawner {
         Some(spawner) => {
@@ -586,7 +601,7 @@ pub fn spawn(
             SpawnError::Sandbox { skill: skill.to_owned(), step, errno }
         }
     })?;
-    drop((stdin_r, stdout_w, stderr_w));
+    drop((placed, stdin_r, stdout_w, stderr_w));
     Ok(Child { pid: spawned.pid, pidfd: spawned.pidfd, stdin, stdout: stdout_r, stderr: stderr_r })
 }
 

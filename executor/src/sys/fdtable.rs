@@ -21,6 +21,7 @@
 //! Landlock descriptors are below the floor ([`super::child::ChildSpec`]).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 /// The highest floor: the part below it holds the connections, pipes and
@@ -102,6 +103,155 @@ pub fn lift(fd: OwnedFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(high) }
 }
 
+/// Spawns placed at once at most (spawner threads and runtime workers that
+/// create children themselves); more fall back to the floor.
+const BANDS: usize = 16;
+/// Descriptors a child needs after its own table is made: stdin, stdout,
+/// stderr and the Landlock ruleset.
+pub const BAND: usize = 4;
+
+/// Descriptor numbers held at the bottom of the table for the spawns.
+///
+/// Under load the part of the table below the [`floor`] holds ~100
+/// descriptors (the connections, the pipes made ahead for the pooled slots,
+/// the running skills' pipes and pidfds) and every child copied them all at
+/// `close_range(floor, ~0, CLOSE_RANGE_UNSHARE)` and closed them again at
+/// `exec`: ~15 % of the child's work before `exec`, growing with the
+/// number of runs at once. So [`BANDS`] x [`BAND`] numbers are reserved
+/// when the engine starts, each holding a `/dev/null` placeholder, and a
+/// spawn moves the descriptors its child keeps onto the lowest free band
+/// ([`Bands::place`]): the child then keeps only what is below the band's
+/// top, the few descriptors the process had at start and the bands under
+/// its own. Placing is `dup3` over a placeholder, atomic, so no other
+/// thread can ever be handed those numbers; the placeholders come back
+/// when the [`Placed`] drops (the child has exec'd or failed by then).
+pub struct Bands {
+    /// `numbers[k]`: band k, ascending; band k < band k + 1.
+    numbers: [[RawFd; BAND]; BANDS],
+    /// What the placeholders are duplicates of.
+    null: OwnedFd,
+    /// Bit k set: band k is placed.
+    taken: AtomicU32,
+}
+
+/// The process's bands, reserved on the first call (the engine makes it at
+/// start, while the table is still short), or `None` without a [`floor`] or
+/// when `/dev/null` cannot be opened or duplicated.
+pub fn bands() -> Option<&'static Bands> {
+    static BANDS_OF_PROCESS: OnceLock<Option<Bands>> = OnceLock::new();
+    BANDS_OF_PROCESS.get_or_init(|| floor().and_then(Bands::reserve)).as_ref()
+}
+
+impl Bands {
+    fn reserve(floor: u32) -> Option<Self> {
+        let null = std::fs::File::open("/dev/null").ok().map(OwnedFd::from)?;
+        let mut held = Vec::with_capacity(BANDS * BAND);
+        for _ in 0..BANDS * BAND {
+            // SAFETY: fcntl on the valid `null`, integer arguments only; the
+            // new descriptor is owned by `held` (closed on every early
+            // return) and then by the bands.
+            let fd = unsafe { libc::fcntl(null.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+            if fd < 0 {
+                break;
+            }
+            // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor we own.
+            held.push(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        if held.len() < BANDS * BAND
+            || held.iter().any(|fd| u32::try_from(fd.as_raw_fd()).map_or(true, |n| n >= floor))
+        {
+            return None;
+        }
+        let mut raw: Vec<RawFd> =
+            held.into_iter().map(std::os::fd::IntoRawFd::into_raw_fd).collect();
+        raw.sort_unstable();
+        let mut numbers = [[0; BAND]; BANDS];
+        for (band, chunk) in numbers.iter_mut().zip(raw.chunks_exact(BAND)) {
+            band.copy_from_slice(chunk);
+        }
+        Some(Bands { numbers, null, taken: AtomicU32::new(0) })
+    }
+
+    /// Moves `fds` (`None`: nothing at that place) onto the lowest free
+    /// band: the child is then given the returned numbers, and keeps only
+    /// what is below [`Placed::top`]. `None` when every band is placed or a
+    /// `dup3` failed (the caller keeps its own numbers and the floor).
+    pub fn place(&'static self, fds: [Option<RawFd>; BAND]) -> Option<Placed> {
+        let mut taken = self.taken.load(Ordering::Relaxed);
+        let band = loop {
+            let free = (!taken).trailing_zeros() as usize;
+            if free >= BANDS {
+                return None;
+            }
+            match self.taken.compare_exchange_weak(
+                taken,
+                taken | (1 << free),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break free,
+                Err(now) => taken = now,
+            }
+        };
+        let mut placed = Placed { bands: self, band, fds: [None; BAND] };
+        for ((slot, number), fd) in placed.fds.iter_mut().zip(self.numbers[band]).zip(fds) {
+            let Some(fd) = fd else { continue };
+            // SAFETY: dup3 onto a number the bands own (holding a
+            // placeholder), from a descriptor the caller keeps open; the
+            // placeholder is closed by the kernel, atomically.
+            if unsafe { libc::dup3(fd, number, libc::O_CLOEXEC) } < 0 {
+                return None;
+            }
+            *slot = Some(number);
+        }
+        Some(placed)
+    }
+}
+
+/// One band, holding a spawn's descriptors until dropped.
+pub struct Placed {
+    bands: &'static Bands,
+    band: usize,
+    fds: [Option<RawFd>; BAND],
+}
+
+impl Placed {
+    /// The numbers the descriptors were placed at, in the order given.
+    #[must_use]
+    pub fn fds(&self) -> [Option<RawFd>; BAND] {
+        self.fds
+    }
+
+    /// One above the band's highest number: the child's floor.
+    #[must_use]
+    pub fn top(&self) -> u32 {
+        let high = self.bands.numbers[self.band][BAND - 1];
+        u32::try_from(high).map_or(u32::MAX, |h| h + 1)
+    }
+}
+
+impl Drop for Placed {
+    fn drop(&mut self) {
+        let mut restored = true;
+        for number in self.fds.iter().flatten() {
+            // SAFETY: dup3 of the bands' own `null` onto a number of this
+            // band, which this `Placed` holds: the copy placed there is
+            // closed and the placeholder is back.
+            if unsafe { libc::dup3(self.bands.null.as_raw_fd(), *number, libc::O_CLOEXEC) } < 0 {
+                // SAFETY: closing the copy this band placed there (a pipe
+                // end kept open would hold the run's EOF back).
+                unsafe { libc::close(*number) };
+                restored = false;
+            }
+        }
+        // A number without its placeholder may be handed to any later
+        // open: the band is never placed again.
+        if restored {
+            self.bands.taken.fetch_and(!(1 << self.band), Ordering::Release);
+        }
+    }
+}
+
 /// [`lift`] for an inotify instance.
 #[must_use]
 pub fn lift_inotify(inotify: nix::sys::inotify::Inotify) -> nix::sys::inotify::Inotify {
@@ -129,6 +279,53 @@ mod tests {
         assert!(!release_at_least("5.4.0-150-generic", (5, 9)));
         assert!(!release_at_least("4.18.0-553.el8_10.x86_64", (5, 9)));
         assert!(!release_at_least("garbage", (5, 9)));
+    }
+
+    fn same_file(a: RawFd, b: RawFd) -> bool {
+        let stat = |fd| {
+            // SAFETY: fstat into a local on a descriptor the test holds.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            (unsafe { libc::fstat(fd, &raw mut st) } == 0).then_some((st.st_dev, st.st_ino))
+        };
+        stat(a).is_some() && stat(a) == stat(b)
+    }
+
+    /// A placed band holds the caller's files at low numbers below its
+    /// top; dropped, the numbers hold the placeholder again and the band is
+    /// free; bands placed at once are distinct.
+    #[test]
+    fn placed_descriptors_sit_low_and_go_back_to_placeholders() {
+        let Some(bands) = bands() else {
+            println!("SKIP: no descriptor bands here (no floor: {:?})", floor());
+            return;
+        };
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let status = std::fs::File::open("/proc/self/status").unwrap();
+        let first = bands
+            .place([Some(r.as_raw_fd()), Some(w.as_raw_fd()), None, Some(status.as_raw_fd())])
+            .unwrap();
+        let [Some(pr), Some(pw), None, Some(ps)] = first.fds() else {
+            panic!("placed {:?}", first.fds());
+        };
+        assert!(same_file(pr, r.as_raw_fd()) && same_file(pw, w.as_raw_fd()));
+        assert!(same_file(ps, status.as_raw_fd()));
+        assert!(all_below(first.top(), [pr, pw, ps]), "top {} {:?}", first.top(), first.fds());
+        assert!(first.top() < floor().unwrap());
+        let second = bands.place([Some(r.as_raw_fd()), None, None, None]).unwrap();
+        let [Some(sr), ..] = second.fds() else { panic!("placed {:?}", second.fds()) };
+        assert!(![pr, pw, ps].contains(&sr), "two bands share {sr}");
+        assert!(second.top() != first.top());
+        drop(first);
+        let null = bands.null.as_raw_fd();
+        for fd in [pr, pw, ps] {
+            assert!(same_file(fd, null), "{fd} holds its placeholder again");
+        }
+        // The pipe's only write end left is `w`: the placed copy is closed.
+        drop(w);
+        let mut buf = [0u8; 1];
+        assert_eq!(nix::unistd::read(&r, &mut buf).unwrap(), 0, "EOF once `w` is dropped");
+        drop(second);
     }
 
     /// This kernel (Linux 5.9 or later) and a soft limit of 512 or more
