@@ -282,11 +282,13 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
     let fprog = check_spec(spec)?;
     let shared = Shared { spec, fprog, step: AtomicU32::new(0), errno: AtomicI32::new(0) };
     let share = if spec.share_below.is_some() { libc::CLONE_FILES } else { 0 };
+    let mut pidfd_at: c_int = -1;
+    let arg = (&raw const shared).cast_mut().cast::<c_void>();
     // SAFETY: `child_main` only reads `shared`, alive on this frame until
-    // `clone_vfork` returns, which is after the child exec'd or exited.
-    let (pid, pidfd) =
-        unsafe { clone_vfork(child_main, (&raw const shared).cast_mut().cast::<c_void>(), share) }
-            .map_err(|errno| SpawnFailure { step: Step::Clone, errno })?;
+    // `clone_vfork` returns, which is after the child exec'd or exited;
+    // `pidfd_at` is a local of this frame too.
+    let (pid, pidfd) = unsafe { clone_vfork(child_main, arg, share, &raw mut pidfd_at) }
+        .map_err(|errno| SpawnFailure { step: Step::Clone, errno })?;
     let step = shared.step.load(Ordering::Acquire);
     if step != 0 {
         let errno = shared.errno.load(Ordering::Acquire);
@@ -299,17 +301,19 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
 /// `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD | extra)` running `main(arg)`
 /// on the calling thread's child stack, with every signal blocked around
 /// it. Returns once the child has exec'd or exited: its pid and pidfd, or
-/// `clone`'s errno.
+/// `clone`'s errno. The kernel stores the pidfd at `pidfd_at` before the
+/// child runs, so the child can read it there.
 ///
 /// # Safety
 ///
 /// `main` must not return into the stack (it ends with `execve` or
 /// `_exit`), must use only raw system calls and no allocator, and `arg`
-/// must stay valid for the whole call.
+/// and `pidfd_at` must stay valid for the whole call.
 pub(super) unsafe fn clone_vfork(
     main: extern "C" fn(*mut c_void) -> c_int,
     arg: *mut c_void,
     extra: c_int,
+    pidfd_at: *mut c_int,
 ) -> Result<(libc::pid_t, OwnedFd), i32> {
     // The calling thread's child stack, reused from one spawn to the next
     // (no 256 KiB allocation, zeroing or page faults per spawn): the thread
@@ -323,7 +327,6 @@ pub(super) unsafe fn clone_vfork(
         let end = stack.as_mut_ptr_range().end as usize;
         (end & !15) as *mut c_void
     };
-    let mut pidfd: c_int = -1;
     let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | extra | libc::SIGCHLD;
 
     // SAFETY: sigfillset initialises the set it is given; pthread_sigmask
@@ -338,8 +341,8 @@ pub(super) unsafe fn clone_vfork(
     // SAFETY: the caller's contract covers `main` and `arg`; CLONE_VFORK
     // keeps this frame (and `stack`) until the child exec'd or exited.
     // With CLONE_PIDFD the kernel stores the pidfd through the parent_tid
-    // argument, a valid `c_int`.
-    let pid = unsafe { libc::clone(main, top, flags, arg, &raw mut pidfd) };
+    // argument, a valid `c_int` (the caller's contract).
+    let pid = unsafe { libc::clone(main, top, flags, arg, pidfd_at) };
     let clone_errno = errno();
     // SAFETY: restores the mask saved above; `old` is a valid sigset_t.
     unsafe {
@@ -349,8 +352,9 @@ pub(super) unsafe fn clone_vfork(
     if pid == -1 {
         return Err(clone_errno);
     }
-    // SAFETY: on success the kernel stored a new pidfd that nothing else owns.
-    Ok((pid, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+    // SAFETY: on success the kernel stored a new pidfd that nothing else
+    // owns at `pidfd_at`, valid (the caller's contract).
+    Ok((pid, unsafe { OwnedFd::from_raw_fd(*pidfd_at) }))
 }
 
 extern "C" fn child_main(arg: *mut c_void) -> c_int {

@@ -39,10 +39,11 @@
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::io;
+use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-use super::berth::{Berth, Unparked};
+use super::berth::{Berth, Handoff, Unparked};
 use super::child::{self, ChildSpec, SpawnFailure, Spawned, Step};
 
 /// A pool of threads carrying one seccomp filter; see the module docs.
@@ -66,6 +67,12 @@ struct Queue {
     ready: Condvar,
     /// One berth per thread, by thread index.
     berths: Box<[Berth]>,
+    /// Tests: set, a thread back from `park` stops there (counted in
+    /// `held`) until it is cleared.
+    #[cfg(test)]
+    hold: std::sync::atomic::AtomicBool,
+    #[cfg(test)]
+    held: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -88,6 +95,23 @@ impl Queue {
             state: Mutex::new(state),
             ready: Condvar::new(),
             berths: std::iter::repeat_with(Berth::default).take(threads).collect(),
+            #[cfg(test)]
+            hold: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            held: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Tests: waits here while `hold` is set.
+    #[cfg(test)]
+    fn hold_here(&self) {
+        use std::sync::atomic::Ordering;
+        if self.hold.load(Ordering::Acquire) {
+            self.held.fetch_add(1, Ordering::AcqRel);
+            while self.hold.load(Ordering::Acquire) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            self.held.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -96,9 +120,10 @@ impl Queue {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Gives `job` to a parked child, else queues it; gives it back when
-    /// the spawner is closed.
-    fn push(&self, job: Job) -> Result<(), Job> {
+    /// Gives `job` to a parked child (`Ok(true)`: its handoff tells the
+    /// outcome first), else queues it (`Ok(false)`: the reply tells it);
+    /// gives it back when the spawner is closed.
+    fn push(&self, job: Job) -> Result<bool, Job> {
         let mut st = self.lock();
         if st.closed {
             return Err(job);
@@ -106,18 +131,20 @@ impl Queue {
         if let Some(i) = st.idle.pop() {
             let berth = &self.berths[i];
             // SAFETY: the spec stays alive until the job's reply is sent or
-            // dropped (`SpecPtr`), which thread `i` does only after its
-            // `park` returned.
-            unsafe { berth.give(&*job.spec.0.cast::<ChildSpec<'_>>()) };
+            // dropped, or its handoff says the child exec'd (`SpecPtr`);
+            // thread `i` sends or drops the reply only after its `park`
+            // returned. The handoff lives in the job, which thread `i` holds
+            // from now until after its `park` returned.
+            unsafe { berth.give(&*job.spec.0.cast::<ChildSpec<'_>>(), &job.handoff) };
             st.given[i] = Some(job);
             drop(st);
             berth.wake();
-            return Ok(());
+            return Ok(true);
         }
         st.jobs.push_back(job);
         drop(st);
         self.ready.notify_one();
-        Ok(())
+        Ok(false)
     }
 
     /// The next job without waiting, or `Err(())` once closed and empty.
@@ -160,6 +187,8 @@ impl Queue {
 #[derive(Debug)]
 struct Job {
     spec: SpecPtr,
+    /// Where a parked child given the job tells the run it exec'd.
+    handoff: Arc<Handoff>,
     reply: mpsc::SyncSender<Result<Spawned, SpawnFailure>>,
 }
 
@@ -170,8 +199,10 @@ struct SpecPtr(*const c_void);
 // SAFETY: the pointer is only dereferenced by the spawner thread (or the
 // child it parked) while the thread that sent it is blocked in
 // `Spawner::spawn`, waiting for the reply that the spawner sends once it no
-// longer uses the spec; the spec is only read (it holds plain values, raw
-// pointers into `CString`s the caller keeps alive, and fds).
+// longer uses the spec, or for the handoff's word that the kernel zeroes
+// when the child that read it exec'd (the spawner thread does not read the
+// spec then); the spec is only read (it holds plain values, raw pointers
+// into `CString`s the caller keeps alive, and fds).
 unsafe impl Send for SpecPtr {}
 
 impl Spawner {
@@ -226,7 +257,18 @@ impl Spawner {
         let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };
         let (reply, answer) = mpsc::sync_channel(1);
         let spec = SpecPtr(std::ptr::from_ref(spec).cast());
-        self.queue.push(Job { spec, reply }).map_err(|_| gone)?;
+        let handoff = Arc::new(Handoff::default());
+        let job = Job { spec, handoff: Arc::clone(&handoff), reply };
+        if self.queue.push(job).map_err(|_| gone)? {
+            // Woken by the child's exec (or exit) itself, or by the spawner
+            // thread when no child took the spec ([`super::berth`]).
+            handoff.wait();
+            if let Some((pid, pidfd)) = handoff.spawned() {
+                // SAFETY: the child stored the pidfd the kernel made for it;
+                // with `spawned()` true the spawner thread leaves it to us.
+                return Ok(Spawned { pid, pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) } });
+            }
+        }
         // The reply is sent, or dropped, only once the spawner thread is done
         // with the spec: this wait is what keeps it alive.
         answer.recv().unwrap_or(Err(gone))
@@ -301,40 +343,72 @@ fn serve(queue: &Queue, me: usize, parent: libc::pid_t, cleared: bool) {
         st.idle.push(me);
         drop(st);
         let unparked = berth.park(parent, cleared);
+        #[cfg(test)]
+        queue.hold_here();
         let mut st = queue.lock();
         st.idle.retain(|i| *i != me);
         let job = st.given[me].take();
         drop(st);
-        match (unparked, job) {
-            (Unparked::Ran(spawned), Some(job)) => {
-                let _ = job.reply.send(Ok(spawned));
-            }
-            (Unparked::Failed(failure), Some(job)) if berth.took() => {
-                let _ = job.reply.send(Err(failure));
-            }
-            // The child died before it took the spec (killed while parked,
-            // or parking failed): the job is not lost, a child is made for
-            // it.
-            (_, Some(job)) => serve_one(job, cleared),
-            (Unparked::Failed(failure), None) => {
-                // Parking failed (`clone` refused: the pids limit?): serve
-                // the next job with a child made for it, then try again.
-                tracing::debug!(
-                    "spawner: cannot park a child ({}: errno {}); the next run's child is \
-                     made for it",
-                    failure.step.describe(),
-                    failure.errno
-                );
-                match queue.pop() {
-                    Some(job) => serve_one(job, cleared),
-                    None => return,
+        let parking_failed = match (unparked, job) {
+            (Unparked::Ended { pidfd, failure }, Some(job)) => {
+                if job.handoff.spawned().is_some() {
+                    // The run took the child (pid and pidfd) from the
+                    // handoff when the kernel woke it at the exec.
+                    let _ = pidfd.into_raw_fd();
+                    continue;
                 }
+                // Reaped by its pidfd: never another process that reused
+                // its pid.
+                let _ = super::process::reap_pidfd(pidfd.as_fd());
+                match failure {
+                    // A step failed after the child took the spec: its exit
+                    // woke the run, which waits for this reply.
+                    Some(failure) if job.handoff.took() => {
+                        let _ = job.reply.send(Err(failure));
+                    }
+                    // The child died before it took the spec (killed while
+                    // parked, or parking failed): the job is not lost, a
+                    // child is made for it.
+                    _ => answer_unclaimed(job, cleared),
+                }
+                None
             }
-            // Told to leave (the loop then finds the queue closed), or
-            // killed while parked: park another.
-            (Unparked::Left | Unparked::Ran(_), None) => {}
+            (Unparked::NotCreated(_), Some(job)) => {
+                answer_unclaimed(job, cleared);
+                None
+            }
+            (Unparked::Ended { pidfd, failure }, None) => {
+                let _ = super::process::reap_pidfd(pidfd.as_fd());
+                failure
+            }
+            (Unparked::NotCreated(failure), None) => Some(failure),
+        };
+        if let Some(failure) = parking_failed {
+            // Parking failed (`clone` refused: the pids limit?): serve the
+            // next job with a child made for it, then try again.
+            tracing::debug!(
+                "spawner: cannot park a child ({}: errno {}); the next run's child is made \
+                 for it",
+                failure.step.describe(),
+                failure.errno
+            );
+            match queue.pop() {
+                Some(job) => serve_one(job, cleared),
+                None => return,
+            }
         }
+        // Else: told to leave (the loop then finds the queue closed), or
+        // killed while parked, or done: park another.
     }
+}
+
+/// Serves a job given to a parked child that never took it with a child
+/// made for it, then wakes the run waiting on its handoff (which then
+/// reads the reply).
+fn answer_unclaimed(job: Job, cleared: bool) {
+    let handoff = Arc::clone(&job.handoff);
+    serve_one(job, cleared);
+    handoff.release();
 }
 
 /// Serves `job` with a child made for it.
@@ -571,6 +645,80 @@ mod tests {
                 "parked child {pid} outlived its spawner"
             );
         }
+    }
+
+    /// Sets or clears the hold of `spawner`'s threads after `park`; when
+    /// setting, waits until `n` threads are held.
+    fn hold(spawner: &Spawner, on: bool, n: usize) {
+        use std::sync::atomic::Ordering;
+        spawner.queue.hold.store(on, Ordering::Release);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while on && spawner.queue.held.load(Ordering::Acquire) < n {
+            assert!(std::time::Instant::now() < deadline, "no thread held");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// The run learns that its child exec'd from the child's exec itself:
+    /// the spawn returns while the spawner thread that parked the child is
+    /// held on its way back from `park`, before it could answer.
+    #[test]
+    fn the_exec_itself_wakes_the_run() {
+        let spawner = Spawner::start(crate::seccomp::program(false), 1, "test-exec").unwrap();
+        let parked = parked_children(&spawner, "test-exec", 1);
+        hold(&spawner, true, 0);
+        let (tx, rx) = mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let _ = tx.send(child_status(|s| spawner.spawn(s)));
+            });
+            let status = rx.recv_timeout(std::time::Duration::from_secs(10));
+            // The thread is held from its child's exec on: it could not
+            // have answered.
+            hold(&spawner, true, 1);
+            hold(&spawner, false, 0);
+            let status = status.expect("the spawn waited for the spawner thread");
+            assert_eq!(status_field(&status, "Pid"), parked[0].to_string(), "{status}");
+            assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
+        });
+        parked_children(&spawner, "test-exec", 1);
+    }
+
+    /// A spawn given to a parked child that died before it took the spec
+    /// is served by a child made for it, and its run woken to read the
+    /// answer.
+    #[test]
+    fn a_spawn_given_to_a_dead_parked_child_is_served() {
+        let spawner = Spawner::start(crate::seccomp::program(false), 1, "test-dead").unwrap();
+        let parked = parked_children(&spawner, "test-dead", 1);
+        // Held after `park` returns: the dead child's berth stays listed as
+        // parked, so the next spawn is given to it.
+        hold(&spawner, true, 0);
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(parked[0]), nix::sys::signal::SIGKILL)
+            .unwrap();
+        hold(&spawner, true, 1);
+        assert_eq!(spawner.parked(), 1, "the dead child's berth is still listed");
+        let (tx, rx) = mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut pid = 0;
+                let status = child_status(|s| {
+                    let r = spawner.spawn(s);
+                    pid = r.as_ref().map_or(0, |sp| sp.pid);
+                    r
+                });
+                let _ = tx.send((pid, status));
+            });
+            let early = rx.recv_timeout(std::time::Duration::from_millis(50));
+            hold(&spawner, false, 0);
+            assert!(early.is_err(), "answered before the thread looked at the berth");
+            let (pid, status) = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .expect("the run was not woken for the answer");
+            assert_ne!(pid, parked[0]);
+            assert_eq!(status_field(&status, "Pid"), pid.to_string(), "{status}");
+            assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
+        });
     }
 
     /// A parked child killed while it waits is reaped and replaced; the
