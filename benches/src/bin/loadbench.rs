@@ -23,6 +23,11 @@
 //!   Not in the default set.
 //! - `daemon-normal`: the same as `daemon` with `audit_synchronous =
 //!   "normal"` (no fsync but at checkpoints). Not in the default set.
+//! - `daemon-b`: the same as `daemon`, with the daemons of another build
+//!   (`--bin-dir-b DIR`): two builds compared run by run in one invocation,
+//!   where comparing two invocations would compare the host's moods (on the
+//!   dev machine the sequential daemon ratio moves by 0.1-0.3x between
+//!   invocations, by well under 0.05x within one). Not in the default set.
 //! - `executor-rpc`: `execute` sent straight to the `daemon` stack's
 //!   executor socket (JSON-RPC): the executor daemon without skilld. Each
 //!   client thread keeps its connection for the next run while it is
@@ -81,6 +86,7 @@ enum Variant {
     DaemonShm,
     DaemonNormal,
     DaemonFull,
+    DaemonB,
     ExecutorRpc,
     Engine,
     Engine1g,
@@ -88,7 +94,7 @@ enum Variant {
     Firejail,
 }
 
-const ALL: [Variant; 12] = [
+const ALL: [Variant; 13] = [
     Variant::Bare,
     Variant::Cli,
     Variant::Daemon,
@@ -96,6 +102,7 @@ const ALL: [Variant; 12] = [
     Variant::DaemonShm,
     Variant::DaemonNormal,
     Variant::DaemonFull,
+    Variant::DaemonB,
     Variant::ExecutorRpc,
     Variant::Engine,
     Variant::Engine1g,
@@ -117,6 +124,7 @@ impl Variant {
             Variant::DaemonShm => "daemon-shm",
             Variant::DaemonNormal => "daemon-normal",
             Variant::DaemonFull => "daemon-full",
+            Variant::DaemonB => "daemon-b",
             Variant::ExecutorRpc => "executor-rpc",
             Variant::Engine => "engine",
             Variant::Engine1g => "engine1g",
@@ -141,6 +149,8 @@ struct Opts {
     skills: Vec<String>,
     variants: Vec<Variant>,
     bin_dir: PathBuf,
+    /// The other build's daemons, for `daemon-b`.
+    bin_dir_b: Option<PathBuf>,
     audit_dir: Option<PathBuf>,
     /// Sequential runs: idle time before each run (0: back to back).
     gap: Duration,
@@ -150,8 +160,8 @@ fn usage() -> ! {
     eprintln!(
         "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
          [--loaded-skills N] [--skills sh-cat,bin-cat] \
-         [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,daemon-full,executor-rpc,engine,engine1g,bwrap,firejail] \
-         [--bin-dir DIR] [--audit-dir DIR] [--gap-ms MS]\n       loadbench --engine-worker MB"
+         [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,daemon-full,daemon-b,executor-rpc,engine,engine1g,bwrap,firejail] \
+         [--bin-dir DIR] [--bin-dir-b DIR] [--audit-dir DIR] [--gap-ms MS]\n       loadbench --engine-worker MB"
     );
     std::process::exit(2)
 }
@@ -176,11 +186,13 @@ fn parse_opts() -> Opts {
                     Variant::DaemonShm
                         | Variant::DaemonNormal
                         | Variant::DaemonFull
+                        | Variant::DaemonB
                         | Variant::ExecutorRpc
                 )
             })
             .collect(),
         bin_dir: exe_dir,
+        bin_dir_b: None,
         audit_dir: None,
         gap: Duration::ZERO,
     };
@@ -203,6 +215,7 @@ fn parse_opts() -> Opts {
                     .collect();
             }
             "--bin-dir" => o.bin_dir = PathBuf::from(val()),
+            "--bin-dir-b" => o.bin_dir_b = Some(PathBuf::from(val())),
             "--audit-dir" => o.audit_dir = Some(PathBuf::from(val())),
             "--gap-ms" => {
                 o.gap = Duration::from_millis(u64::try_from(num(val())).unwrap_or(u64::MAX))
@@ -296,7 +309,7 @@ struct Stack {
 impl Stack {
     fn start(
         name: &'static str,
-        o: &Opts,
+        bin_dir: &Path,
         base: &Path,
         roots: &[PathBuf],
         audit_dir: &Path,
@@ -340,7 +353,7 @@ impl Stack {
             ),
         )
         .unwrap();
-        let mut executor = Command::new(o.bin_dir.join("ongrid-executor"))
+        let mut executor = Command::new(bin_dir.join("ongrid-executor"))
             .arg("serve")
             .arg("--config")
             .arg(base.join("executor.toml"))
@@ -351,7 +364,7 @@ impl Stack {
             .spawn()
             .expect("start ongrid-executor (cargo build --release --workspace --bins)");
         wait_socket(&mut executor, &ex_sock, &base.join("executor.log"));
-        let mut skilld = Command::new(o.bin_dir.join("ongrid-skilld"))
+        let mut skilld = Command::new(bin_dir.join("ongrid-skilld"))
             .arg("--config")
             .arg(base.join("skilld.toml"))
             .env_remove("ONGRID_SKILLS_EXTERNAL_DIRS")
@@ -709,7 +722,8 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
         | Variant::Daemon10k
         | Variant::DaemonShm
         | Variant::DaemonNormal
-        | Variant::DaemonFull => {
+        | Variant::DaemonFull
+        | Variant::DaemonB => {
             let stack = &ctx.stacks[v.name()];
             let conn = cl.conns.entry(stack.name).or_insert_with(|| Http::connect(&stack.socket));
             let name = skill_name(dir.file_name().unwrap().to_str().unwrap());
@@ -1248,7 +1262,7 @@ fn main() {
         if o.variants.contains(&variant) {
             let s = Stack::start(
                 variant.name(),
-                &o,
+                &o.bin_dir,
                 &base.join(dir),
                 std::slice::from_ref(&skills_root),
                 &audit_dir,
@@ -1257,12 +1271,34 @@ fn main() {
             stacks.insert(variant.name(), s);
         }
     }
+    if o.variants.contains(&Variant::DaemonB) {
+        let Some(dir) = o.bin_dir_b.clone() else {
+            eprintln!("daemon-b needs --bin-dir-b DIR (the other build's daemons)");
+            std::process::exit(2);
+        };
+        for bin in ["ongrid-executor", "ongrid-skilld"] {
+            if !dir.join(bin).exists() {
+                eprintln!("{} missing in --bin-dir-b {}", bin, dir.display());
+                std::process::exit(2);
+            }
+        }
+        println!("daemon-b: the daemons of {}", dir.display());
+        let s = Stack::start(
+            "daemon-b",
+            &dir,
+            &base.join("stack-b"),
+            std::slice::from_ref(&skills_root),
+            &audit_dir,
+            manifests.len(),
+        );
+        stacks.insert("daemon-b", s);
+    }
     if o.variants.contains(&Variant::DaemonShm) {
         let shm =
             tempfile::Builder::new().prefix("loadbench-audit").tempdir_in("/dev/shm").unwrap();
         let s = Stack::start(
             "daemon-shm",
-            &o,
+            &o.bin_dir,
             &base.join("stack-shm"),
             std::slice::from_ref(&skills_root),
             shm.path(),
@@ -1278,7 +1314,7 @@ fn main() {
         println!("generated {} packs in {:.1} s", o.loaded_skills, t0.elapsed().as_secs_f64());
         let s = Stack::start(
             "daemon10k",
-            &o,
+            &o.bin_dir,
             &base.join("stack10k"),
             &[skills_root.clone(), many],
             &audit_dir,
