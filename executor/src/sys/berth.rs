@@ -40,7 +40,7 @@
 //! them owns the pidfd, who answers): see [`Handoff::spawned`].
 
 use std::ffi::{c_int, c_void};
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering};
 
 use super::child::{self, ChildSpec, SpawnFailure, Step};
@@ -51,14 +51,12 @@ const WAITING: u32 = 0;
 const GO: u32 = 1;
 /// Exit without running anything.
 const LEAVE: u32 = 2;
-/// The child took the spec (stored by the child, read after `clone`).
-const TAKEN: u32 = 3;
 
 /// One spawner thread's place for its parked child. Lives as long as the
 /// spawner, so a late wake-up never touches freed memory.
 #[derive(Debug, Default)]
 pub struct Berth {
-    /// The futex word: [`WAITING`], [`GO`], [`LEAVE`] or [`TAKEN`].
+    /// The futex word: [`WAITING`], [`GO`] or [`LEAVE`].
     state: AtomicU32,
     /// The `&ChildSpec` of [`GO`].
     spec: AtomicPtr<c_void>,
@@ -86,8 +84,9 @@ pub struct Handoff {
     took: AtomicBool,
     pid: AtomicI32,
     pidfd: AtomicI32,
-    /// The failed step (0: none), after `took`.
+    /// The failed step (0: none) and its errno, after `took`.
     step: AtomicU32,
+    errno: AtomicI32,
 }
 
 impl Default for Handoff {
@@ -98,6 +97,7 @@ impl Default for Handoff {
             pid: AtomicI32::new(0),
             pidfd: AtomicI32::new(-1),
             step: AtomicU32::new(0),
+            errno: AtomicI32::new(0),
         }
     }
 }
@@ -133,28 +133,44 @@ impl Handoff {
             .then(|| (self.pid.load(Ordering::Acquire), self.pidfd.load(Ordering::Acquire)))
     }
 
+    /// The step that failed after the child took the spec, if one did
+    /// (final once it is gone).
+    pub fn failure(&self) -> Option<SpawnFailure> {
+        match self.step.load(Ordering::Acquire) {
+            0 => None,
+            step => Some(SpawnFailure {
+                step: Step::from_u32(step).unwrap_or(Step::Exec),
+                errno: self.errno.load(Ordering::Acquire),
+            }),
+        }
+    }
+
     /// The child took the spec (final once it is gone).
     pub fn took(&self) -> bool {
         self.took.load(Ordering::Acquire)
     }
 
-    /// Zeroes `done` and wakes the run: no child took the spec, and the
-    /// answer was sent the other way. The run may free the handoff as soon
-    /// as it sees the zero, so the caller must keep its own reference.
+    /// Zeroes `done` and wakes the run if nothing did yet: no child took
+    /// the spec and the answer was sent the other way, or the job is
+    /// dropped (a panicking spawner thread must not leave its run waiting).
+    /// The caller keeps the handoff alive for the call.
     pub fn release(&self) {
-        self.done.store(0, Ordering::Release);
-        // SAFETY: FUTEX_WAKE (shared, as `wait` waits) on a word of this
-        // handoff, which the caller keeps alive.
-        unsafe { libc::syscall(libc::SYS_futex, self.done.as_ptr(), libc::FUTEX_WAKE, 1) };
+        if self.done.swap(0, Ordering::AcqRel) != 0 {
+            // SAFETY: FUTEX_WAKE (shared, as `wait` waits) on a word of
+            // this handoff, which the caller keeps alive.
+            unsafe { libc::syscall(libc::SYS_futex, self.done.as_ptr(), libc::FUTEX_WAKE, 1) };
+        }
     }
 }
 
 /// How a parked child left its berth.
 #[derive(Debug)]
 pub enum Unparked {
-    /// It exec'd or exited; `failure` if a step failed (recorded by the
-    /// child). Not reaped: it may be the run's child.
-    Ended { pidfd: OwnedFd, failure: Option<SpawnFailure> },
+    /// It exec'd or exited; `failure` if a step failed before it took a
+    /// spec (recorded by the child; one after is in the handoff). Not
+    /// reaped, and its pidfd not owned: it may be the run's child
+    /// ([`Handoff::spawned`]); else the caller wraps and reaps it.
+    Ended { pidfd: RawFd, failure: Option<SpawnFailure> },
     /// `clone` failed.
     NotCreated(SpawnFailure),
 }
@@ -240,7 +256,7 @@ extern "C" fn parked_main(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the berth passed by `park`, alive for the spawner's
     // life, which outlasts this child (whose parent-death signal is set).
     let berth = unsafe { &*arg.cast::<Berth>() };
-    let mut handoff = None;
+    let mut handoff: Option<&Handoff> = None;
     let failed = match park_here(berth) {
         Ok(Some((spec, given))) => {
             handoff = Some(given);
@@ -261,10 +277,12 @@ extern "C" fn parked_main(arg: *mut c_void) -> c_int {
         }
         Err(e) => e,
     };
-    if let Some(handoff) = handoff {
-        handoff.step.store(failed.0 as u32, Ordering::Release);
+    match handoff {
+        // After taking the spec the failure is the run's: both the run and
+        // the spawner thread read it from the handoff.
+        Some(handoff) => child::record(&handoff.step, &handoff.errno, failed),
+        None => child::record(&berth.step, &berth.errno, failed),
     }
-    child::record(&berth.step, &berth.errno, failed);
     // SAFETY: _exit ends only this child without touching the shared heap.
     unsafe { libc::_exit(127) }
 }
@@ -308,11 +326,11 @@ fn park_here(berth: &Berth) -> Result<Option<(&ChildSpec<'_>, &Handoff)>, (Step,
         // The kernel zeroes `done` and wakes the run at our exec or exit
         // from here on: set before `took`, so a run that sees `took` is
         // always woken.
-        libc::syscall(libc::SYS_set_tid_address, handoff.done.as_ptr());
-        handoff.pid.store(libc::syscall(libc::SYS_getpid) as libc::pid_t, Ordering::Relaxed);
+        // It returns the caller's tid: in its own thread group, its pid.
+        let pid = libc::syscall(libc::SYS_set_tid_address, handoff.done.as_ptr());
+        handoff.pid.store(libc::pid_t::try_from(pid).unwrap_or(0), Ordering::Relaxed);
         handoff.pidfd.store(berth.pidfd.load(Ordering::Relaxed), Ordering::Relaxed);
         handoff.took.store(true, Ordering::Release);
-        berth.state.store(TAKEN, Ordering::Release);
         // SAFETY: `give` stored a live spec before GO, kept alive by its
         // giver until `park` returns or the handoff says we exec'd.
         Ok(Some((&*spec, handoff)))

@@ -289,6 +289,8 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
     // `pidfd_at` is a local of this frame too.
     let (pid, pidfd) = unsafe { clone_vfork(child_main, arg, share, &raw mut pidfd_at) }
         .map_err(|errno| SpawnFailure { step: Step::Clone, errno })?;
+    // SAFETY: the kernel made this pidfd for us and nothing else owns it.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     let step = shared.step.load(Ordering::Acquire);
     if step != 0 {
         let errno = shared.errno.load(Ordering::Acquire);
@@ -302,7 +304,8 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
 /// on the calling thread's child stack, with every signal blocked around
 /// it. Returns once the child has exec'd or exited: its pid and pidfd, or
 /// `clone`'s errno. The kernel stores the pidfd at `pidfd_at` before the
-/// child runs, so the child can read it there.
+/// child runs, so the child can read it there; the caller owns it (it may
+/// give it away meanwhile: a raw number, which nothing closes here).
 ///
 /// # Safety
 ///
@@ -314,7 +317,7 @@ pub(super) unsafe fn clone_vfork(
     arg: *mut c_void,
     extra: c_int,
     pidfd_at: *mut c_int,
-) -> Result<(libc::pid_t, OwnedFd), i32> {
+) -> Result<(libc::pid_t, RawFd), i32> {
     // The calling thread's child stack, reused from one spawn to the next
     // (no 256 KiB allocation, zeroing or page faults per spawn): the thread
     // is suspended while a child runs on it, and no child uses it after
@@ -352,9 +355,9 @@ pub(super) unsafe fn clone_vfork(
     if pid == -1 {
         return Err(clone_errno);
     }
-    // SAFETY: on success the kernel stored a new pidfd that nothing else
-    // owns at `pidfd_at`, valid (the caller's contract).
-    Ok((pid, unsafe { OwnedFd::from_raw_fd(*pidfd_at) }))
+    // SAFETY: `pidfd_at` is valid (the caller's contract); on success the
+    // kernel stored the new pidfd there.
+    Ok((pid, unsafe { *pidfd_at }))
 }
 
 extern "C" fn child_main(arg: *mut c_void) -> c_int {

@@ -39,7 +39,7 @@
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
@@ -190,6 +190,15 @@ struct Job {
     /// Where a parked child given the job tells the run it exec'd.
     handoff: Arc<Handoff>,
     reply: mpsc::SyncSender<Result<Spawned, SpawnFailure>>,
+}
+
+impl Drop for Job {
+    /// A run given to a parked child waits on the handoff: once the job is
+    /// answered (the reply sent before this), or dropped on any path, it is
+    /// woken if the child's exec or exit has not woken it already.
+    fn drop(&mut self) {
+        self.handoff.release();
+    }
 }
 
 /// A `&ChildSpec` crossing to the spawner thread.
@@ -350,34 +359,42 @@ fn serve(queue: &Queue, me: usize, parent: libc::pid_t, cleared: bool) {
         let job = st.given[me].take();
         drop(st);
         let parking_failed = match (unparked, job) {
-            (Unparked::Ended { pidfd, failure }, Some(job)) => {
+            (Unparked::Ended { pidfd, .. }, Some(job)) => {
                 if job.handoff.spawned().is_some() {
                     // The run took the child (pid and pidfd) from the
                     // handoff when the kernel woke it at the exec.
-                    let _ = pidfd.into_raw_fd();
                     continue;
                 }
+                // SAFETY: the kernel made this pidfd for the child, and with
+                // `spawned()` false the run did not take it.
+                let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
                 // Reaped by its pidfd: never another process that reused
                 // its pid.
                 let _ = super::process::reap_pidfd(pidfd.as_fd());
-                match failure {
+                if job.handoff.took() {
                     // A step failed after the child took the spec: its exit
                     // woke the run, which waits for this reply.
-                    Some(failure) if job.handoff.took() => {
-                        let _ = job.reply.send(Err(failure));
-                    }
+                    let failure = job.handoff.failure();
+                    let _ =
+                        job.reply.send(Err(failure
+                            .unwrap_or(SpawnFailure { step: Step::Exec, errno: libc::ECHILD })));
+                } else {
                     // The child died before it took the spec (killed while
                     // parked, or parking failed): the job is not lost, a
-                    // child is made for it.
-                    _ => answer_unclaimed(job, cleared),
+                    // child is made for it (the job's drop then wakes the
+                    // run, which reads the reply).
+                    serve_one(job, cleared);
                 }
                 None
             }
             (Unparked::NotCreated(_), Some(job)) => {
-                answer_unclaimed(job, cleared);
+                serve_one(job, cleared);
                 None
             }
             (Unparked::Ended { pidfd, failure }, None) => {
+                // SAFETY: the kernel made this pidfd for the child; no run
+                // was given it.
+                let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
                 let _ = super::process::reap_pidfd(pidfd.as_fd());
                 failure
             }
@@ -400,15 +417,6 @@ fn serve(queue: &Queue, me: usize, parent: libc::pid_t, cleared: bool) {
         // Else: told to leave (the loop then finds the queue closed), or
         // killed while parked, or done: park another.
     }
-}
-
-/// Serves a job given to a parked child that never took it with a child
-/// made for it, then wakes the run waiting on its handoff (which then
-/// reads the reply).
-fn answer_unclaimed(job: Job, cleared: bool) {
-    let handoff = Arc::clone(&job.handoff);
-    serve_one(job, cleared);
-    handoff.release();
 }
 
 /// Serves `job` with a child made for it.
@@ -659,28 +667,44 @@ mod tests {
         }
     }
 
+    /// Runs `child_status` through `spawner` on a thread of its own; the
+    /// receiver gets the spawned pid and the status. A run that never
+    /// returns leaves the thread behind, and the test fails on its timeout
+    /// instead of hanging.
+    fn spawn_apart(spawner: &Arc<Spawner>) -> mpsc::Receiver<(i32, String)> {
+        let (tx, rx) = mpsc::channel();
+        let spawner = Arc::clone(spawner);
+        std::thread::spawn(move || {
+            let mut pid = 0;
+            let status = child_status(|s| {
+                let r = spawner.spawn(s);
+                pid = r.as_ref().map_or(0, |sp| sp.pid);
+                r
+            });
+            let _ = tx.send((pid, status));
+        });
+        rx
+    }
+
     /// The run learns that its child exec'd from the child's exec itself:
     /// the spawn returns while the spawner thread that parked the child is
     /// held on its way back from `park`, before it could answer.
     #[test]
     fn the_exec_itself_wakes_the_run() {
-        let spawner = Spawner::start(crate::seccomp::program(false), 1, "test-exec").unwrap();
+        let spawner =
+            Arc::new(Spawner::start(crate::seccomp::program(false), 1, "test-exec").unwrap());
         let parked = parked_children(&spawner, "test-exec", 1);
         hold(&spawner, true, 0);
-        let (tx, rx) = mpsc::channel();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let _ = tx.send(child_status(|s| spawner.spawn(s)));
-            });
-            let status = rx.recv_timeout(std::time::Duration::from_secs(10));
-            // The thread is held from its child's exec on: it could not
-            // have answered.
-            hold(&spawner, true, 1);
-            hold(&spawner, false, 0);
-            let status = status.expect("the spawn waited for the spawner thread");
-            assert_eq!(status_field(&status, "Pid"), parked[0].to_string(), "{status}");
-            assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
-        });
+        let run = spawn_apart(&spawner);
+        let answer = run.recv_timeout(std::time::Duration::from_secs(10));
+        // The thread is held from its child's exec on: it could not have
+        // answered.
+        hold(&spawner, true, 1);
+        hold(&spawner, false, 0);
+        let (pid, status) = answer.expect("the spawn waited for the spawner thread");
+        assert_eq!(pid, parked[0]);
+        assert_eq!(status_field(&status, "Pid"), parked[0].to_string(), "{status}");
+        assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
         parked_children(&spawner, "test-exec", 1);
     }
 
@@ -689,7 +713,8 @@ mod tests {
     /// answer.
     #[test]
     fn a_spawn_given_to_a_dead_parked_child_is_served() {
-        let spawner = Spawner::start(crate::seccomp::program(false), 1, "test-dead").unwrap();
+        let spawner =
+            Arc::new(Spawner::start(crate::seccomp::program(false), 1, "test-dead").unwrap());
         let parked = parked_children(&spawner, "test-dead", 1);
         // Held after `park` returns: the dead child's berth stays listed as
         // parked, so the next spawn is given to it.
@@ -698,27 +723,16 @@ mod tests {
             .unwrap();
         hold(&spawner, true, 1);
         assert_eq!(spawner.parked(), 1, "the dead child's berth is still listed");
-        let (tx, rx) = mpsc::channel();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let mut pid = 0;
-                let status = child_status(|s| {
-                    let r = spawner.spawn(s);
-                    pid = r.as_ref().map_or(0, |sp| sp.pid);
-                    r
-                });
-                let _ = tx.send((pid, status));
-            });
-            let early = rx.recv_timeout(std::time::Duration::from_millis(50));
-            hold(&spawner, false, 0);
-            assert!(early.is_err(), "answered before the thread looked at the berth");
-            let (pid, status) = rx
-                .recv_timeout(std::time::Duration::from_secs(10))
-                .expect("the run was not woken for the answer");
-            assert_ne!(pid, parked[0]);
-            assert_eq!(status_field(&status, "Pid"), pid.to_string(), "{status}");
-            assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
-        });
+        let run = spawn_apart(&spawner);
+        let early = run.recv_timeout(std::time::Duration::from_millis(50));
+        hold(&spawner, false, 0);
+        assert!(early.is_err(), "answered before the thread looked at the berth");
+        let (pid, status) = run
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the run was not woken for the answer");
+        assert_ne!(pid, parked[0]);
+        assert_eq!(status_field(&status, "Pid"), pid.to_string(), "{status}");
+        assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
     }
 
     /// A parked child killed while it waits is reaped and replaced; the
