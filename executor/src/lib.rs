@@ -99,16 +99,26 @@
 //!    steps 4a and 4b, sets its parent-death signal and waits in the
 //!    thread's berth (`sys`'s `berth`: a futex, the table shared, nothing
 //!    of a run held) until a run gives it its prepared spec and wakes it;
-//!    it then takes steps 4c to 5 as a child made for the run does. A run
-//!    that finds no child parked waits for the next thread that is done,
-//!    which makes one for it.
+//!    it then takes steps 4c to 5 as a child made for the run does. With
+//!    the spec the run gives a handoff whose word the child makes its
+//!    clear-child-tid address: the kernel wakes the run at the child's
+//!    `exec` (or exit), before it lets the spawner thread out of `clone`,
+//!    so the run is not woken second-hand. A run that finds no child
+//!    parked waits for the next thread that is done, which makes one for
+//!    it. Before the clone (or the hand-over) the run moves the
+//!    descriptors its child keeps (the three pipe ends and the Landlock
+//!    ruleset) onto a band of low numbers reserved at start (`sys`'s
+//!    `fdtable`), so that step 4d copies a few descriptors, not the ~100
+//!    that the executor holds below the floor under load.
 //! 4. In the child, raw syscalls only: (4a) default signal dispositions;
 //!    (4b) new session (`setsid`, no controlling terminal); (4c) join the
 //!    cgroups; (4d) a
-//!    descriptor table of its own holding only what is below the floor
-//!    (`close_range(floor, ~0, CLOSE_RANGE_UNSHARE)`; the cgroup files and
-//!    the executor's other long-lived descriptors live above it: `sys`'s
-//!    `fdtable`); pipes on 0, 1, 2 and every other fd close-on-exec;
+//!    descriptor table of its own holding only what is below its floor
+//!    (`close_range(floor, ~0, CLOSE_RANGE_UNSHARE)`; the floor is the top
+//!    of the band its descriptors were placed on, else the table's floor,
+//!    above which the cgroup files and the executor's other long-lived
+//!    descriptors live: `sys`'s `fdtable`); pipes on 0, 1, 2 and every
+//!    other fd close-on-exec;
 //!    `chdir` into the run
 //!    directory; rlimits (CORE 0, NOFILE, FSIZE, CPU, AS); `no_new_privs`;
 //!    clear supplementary groups, drop the bounding set (inherited empty
