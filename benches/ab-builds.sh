@@ -1,0 +1,27 @@
+#!/bin/bash
+# Two builds side by side in each loadbench invocation (`daemon` and
+# `daemon-b`), alternating which build is `daemon` from round to round.
+#
+# usage: benches/ab-builds.sh OUT ROUNDS DIR_A DIR_B [loadbench args...]
+#   DIR_A, DIR_B: folders holding each build's ongrid-executor and
+#   ongrid-skilld (cargo build --release --workspace --bins, copied);
+#   loadbench itself is taken from DIR_A.
+# Example (BENCHMARKS.md, twenty-second pass):
+#   benches/ab-builds.sh /tmp/ab.txt 4 /tmp/bin-new /tmp/bin-old \
+#       --iters 1000 --warmup 50 --conc 1 --skills bin-cat,sh-cat
+set -euo pipefail
+if [ $# -lt 4 ]; then
+    sed -n '2,12p' "$0" >&2
+    exit 2
+fi
+out=$1 rounds=$2 a=$3 b=$4
+shift 4
+: > "$out"
+for r in $(seq "$rounds"); do
+    if [ $((r % 2)) = 1 ]; then x=$a y=$b; else x=$b y=$a; fi
+    echo "== round $r: daemon=$x daemon-b=$y" >> "$out"
+    chrt -f 10 "$a/loadbench" "$@" --variants bare,daemon,daemon-b \
+        --bin-dir "$x" --bin-dir-b "$y" 2>&1 |
+        grep -E '^skill |^(bare|daemon|daemon-b) +[0-9]|setup_us: mean|CPU per run' >> "$out" || true
+done
+cat "$out"
