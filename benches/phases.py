@@ -10,9 +10,12 @@ system call's entry and exit (tracefs, with each thread's process id)
 while the command runs, then splits each run of a skill named `run` (as
 loadbench's skills are) into phases, from the kernel's own timestamps:
 
-  clone       the parent's clone/clone3 entry -> the child exists
-  child       the child exists -> its execve entry (a bare spawn's glibc
-              steps, or the sandbox's step 4)
+  clone       the parent's clone/clone3 entry -> the child exists; for a
+              child made ahead of its run (parked in a spawner thread's
+              berth, grouped as `... parked`): the run's futex wake-up
+              of the berth -> the child returns from its futex wait
+  child       the child exists (or returns from its wait) -> its execve
+              entry (a bare spawn's glibc steps, or the sandbox's step 4)
   execve      execve entry -> the new image runs
   skill       the new image runs -> its exit_group entry
   exit        exit_group entry -> the process is a zombie
@@ -49,7 +52,7 @@ from tracefs import LINE, main, overflowed
 EVENTS = ('sched/sched_process_fork', 'sched/sched_process_exec', 'sched/sched_process_exit',
           'sched/sched_switch', 'raw_syscalls/sys_enter', 'raw_syscalls/sys_exit')
 SYSCALL = re.compile(r'NR (-?\d+) (?:\((\w+)|= (-?\d+))')
-CLONE, CLONE3, EXECVE, EXIT_GROUP, WAIT4, WAITID = 56, 435, 59, 231, 61, 247
+CLONE, CLONE3, EXECVE, EXIT_GROUP, WAIT4, WAITID, FUTEX = 56, 435, 59, 231, 61, 247, 202
 READS, WRITES = (0, 19, 45, 47), (1, 20, 44, 46)
 PHASES = ('clone', 'child', 'execve', 'skill', 'exit', 'reap')
 AROUND = ('request', 'prepare', 'report', 'answer')
@@ -62,12 +65,12 @@ class Thread:
     def __init__(self):
         self.events = []
 
-    def last_before(self, t, kind, nrs):
+    def last_before(self, t, kind, nrs, value=None):
         found = None
         for e in self.events:
             if e[0] >= t:
                 break
-            if e[1] == kind and e[2] in nrs:
+            if e[1] == kind and e[2] in nrs and (value is None or e[3] == value):
                 found = e
         return found
 
@@ -142,6 +145,22 @@ def parse(path):
         reaped = min((r for r in reaped if r), default=None, key=lambda r: r[0])
         if not (clone and execve and exit_group and reaped):
             continue
+        # A child made ahead: it waited on a futex after it was forked; the
+        # run starts it with a FUTEX_WAKE on the same word from a thread of
+        # the spawning process. Its phases start at that wake-up.
+        parked = False
+        woke = child.last_before(execve[0], 'sys_exit', (FUTEX,))
+        waited = woke and child.last_before(woke[0], 'sys_enter', (FUTEX,))
+        if waited and waited[0] > forked:
+            wakes = [th.last_before(woke[0], 'sys_enter', (FUTEX,), waited[3])
+                     for tid, th in threads.items()
+                     if tgid.get(tid, tid) == process and tid != pid]
+            wake = max((w for w in wakes if w), default=None, key=lambda w: w[0])
+            # No wake-up after it began to wait: the run came first (the
+            # child never slept on it), timed from the fork as before.
+            if wake and wake[0] >= waited[0]:
+                parked = True
+                clone, forked = wake, woke[0]
         # The creating thread, and its process when that is not loadbench's
         # own (the engine worker is a loadbench process too).
         who = comm.get(parent, '?')
@@ -150,6 +169,8 @@ def parse(path):
             who = 'bare'
         elif owner != 'loadbench':
             who = f'{who} ({owner})'
+        if parked:
+            who += ' parked'
         outside = {}
         if process != main_pid:
             outside = around(io[main_pid], io[process], clone[0], reaped[0])
