@@ -574,17 +574,17 @@ pub fn spawn(
         let [i, o, e] = spec.stdio;
         bands.place([Some(i), Some(o), Some(e), spec.landlock])
     });
-    if let Some(placed) = &placed {
-        if let [Some(i), Some(o), Some(e), landlock] = placed.fds() {
+    match placed.as_ref().map(|p| (p.fds(), p.top())) {
+        Some(([Some(i), Some(o), Some(e), landlock], top)) => {
             spec.stdio = [i, o, e];
             spec.landlock = landlock;
-            spec.share_below = Some(placed.top());
+            spec.share_below = Some(top);
         }
-    }
-    if spec.share_below.is_none() {
-        spec.share_below = sys::fdtable::floor().filter(|floor| {
-            sys::fdtable::all_below(*floor, spec.stdio.into_iter().chain(spec.landlock))
-        });
+        _ => {
+            spec.share_below = sys::fdtable::floor().filter(|floor| {
+                sys::fdtable::all_below(*floor, spec.stdio.into_iter().chain(spec.landlock))
+            });
+        }
     }
     // Steps 3-5 (in the child): see sys::child.
     let spawned = match spawner {

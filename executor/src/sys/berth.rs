@@ -134,7 +134,8 @@ impl Handoff {
     }
 
     /// The step that failed after the child took the spec, if one did
-    /// (final once it is gone).
+    /// (final once it is gone). With [`Handoff::spawned`] also `None`, no
+    /// child took the spec.
     pub fn failure(&self) -> Option<SpawnFailure> {
         match self.step.load(Ordering::Acquire) {
             0 => None,
@@ -143,11 +144,6 @@ impl Handoff {
                 errno: self.errno.load(Ordering::Acquire),
             }),
         }
-    }
-
-    /// The child took the spec (final once it is gone).
-    pub fn took(&self) -> bool {
-        self.took.load(Ordering::Acquire)
     }
 
     /// Zeroes `done` and wakes the run if nothing did yet: no child took

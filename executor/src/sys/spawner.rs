@@ -39,7 +39,7 @@
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
@@ -365,25 +365,18 @@ fn serve(queue: &Queue, me: usize, parent: libc::pid_t, cleared: bool) {
                     // handoff when the kernel woke it at the exec.
                     continue;
                 }
-                // SAFETY: the kernel made this pidfd for the child, and with
-                // `spawned()` false the run did not take it.
-                let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-                // Reaped by its pidfd: never another process that reused
-                // its pid.
-                let _ = super::process::reap_pidfd(pidfd.as_fd());
-                if job.handoff.took() {
+                reap(pidfd);
+                match job.handoff.failure() {
                     // A step failed after the child took the spec: its exit
                     // woke the run, which waits for this reply.
-                    let failure = job.handoff.failure();
-                    let _ =
-                        job.reply.send(Err(failure
-                            .unwrap_or(SpawnFailure { step: Step::Exec, errno: libc::ECHILD })));
-                } else {
+                    Some(failure) => {
+                        let _ = job.reply.send(Err(failure));
+                    }
                     // The child died before it took the spec (killed while
                     // parked, or parking failed): the job is not lost, a
                     // child is made for it (the job's drop then wakes the
                     // run, which reads the reply).
-                    serve_one(job, cleared);
+                    None => serve_one(job, cleared),
                 }
                 None
             }
@@ -392,10 +385,7 @@ fn serve(queue: &Queue, me: usize, parent: libc::pid_t, cleared: bool) {
                 None
             }
             (Unparked::Ended { pidfd, failure }, None) => {
-                // SAFETY: the kernel made this pidfd for the child; no run
-                // was given it.
-                let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-                let _ = super::process::reap_pidfd(pidfd.as_fd());
+                reap(pidfd);
                 failure
             }
             (Unparked::NotCreated(failure), None) => Some(failure),
@@ -417,6 +407,15 @@ fn serve(queue: &Queue, me: usize, parent: libc::pid_t, cleared: bool) {
         // Else: told to leave (the loop then finds the queue closed), or
         // killed while parked, or done: park another.
     }
+}
+
+/// Reaps a parked child that no run took, by its pidfd (never another
+/// process that reused its pid), and closes the pidfd.
+fn reap(pidfd: RawFd) {
+    // SAFETY: the kernel made this pidfd for the child at `clone`, and no
+    // run took it (`Handoff::spawned` false, or no run was given it).
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    let _ = super::process::reap_pidfd(pidfd.as_fd());
 }
 
 /// Serves `job` with a child made for it.
