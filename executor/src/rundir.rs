@@ -130,7 +130,9 @@ impl RunDir {
     }
 
     /// Makes the home ready for another run: removes the run directory
-    /// (without following symlinks) and makes a new one, when the home is
+    /// (without following symlinks) and makes a new one, handed to the
+    /// same owner as the last (most runs have the owner of the run before
+    /// them, so their `chown` is done here, off their path), when the home is
     /// as it was made: a directory of mode 0711 owned by the executor's
     /// user, with no other entry and no user or ACL extended attribute (a
     /// skill running as uid 0 owns it too and could have changed any of
@@ -184,7 +186,8 @@ impl RunDir {
         if names.iter().any(|n| n.starts_with(b"user.") || n.starts_with(b"system.posix_acl")) {
             return Err(reuse("an extended attribute was set on it"));
         }
-        self.fresh(&home, None)
+        let owner = self.owner;
+        self.fresh(&home, owner)
     }
 
     /// Hands the run directory to `owner` = `(uid, gid)`; `None` gives it
@@ -217,6 +220,11 @@ impl RunDir {
             owner: None,
             rulesets: crate::landlock::Cache::default(),
         }
+    }
+
+    /// Who the run directory was handed to (`None`: the executor's user).
+    pub fn owner(&self) -> Option<(u32, u32)> {
+        self.owner
     }
 
     /// The run directory (the skill's cwd).
@@ -304,6 +312,24 @@ mod tests {
         assert!(d.renew().is_err(), "a changed mode");
         std::fs::set_permissions(d.home(), std::fs::Permissions::from_mode(0o711)).unwrap();
         d.renew().expect("renew once the mode is back");
+
+        // The owner of the last run's directory gets the new one (made as
+        // root here; unprivileged, a chown to another user fails).
+        if nix::unistd::geteuid().is_root() {
+            use std::os::unix::fs::MetadataExt;
+            d.chown(Some((65534, 65534))).unwrap();
+            let before = d.path().to_owned();
+            d.renew().expect("renew a handed-over directory");
+            assert_ne!(d.path(), before);
+            let st = std::fs::metadata(d.path()).unwrap();
+            assert_eq!((st.uid(), st.gid(), st.mode() & 0o7777), (65534, 65534, 0o700));
+            assert_eq!(d.owner(), Some((65534, 65534)));
+            d.chown(None).unwrap();
+            d.renew().unwrap();
+            assert_eq!(std::fs::metadata(d.path()).unwrap().uid(), 0);
+        } else {
+            println!("SKIP: handing the run directory over needs root");
+        }
 
         match crate::sys::xattr::set(d.home(), c"user.note", b"x") {
             Ok(()) => assert!(d.renew().is_err(), "a user attribute"),

@@ -272,10 +272,11 @@ impl Slot {
         cgroup: RunCgroup,
         mut run_dir: RunDir,
     ) -> Result<Slot, SpawnError> {
+        let owner = run_dir.owner();
         if let Err(e) = run_dir.renew() {
             tracing::debug!("janitor: a slot's directory is made anew: {e}");
             run_dir.remove();
-            let (id, run_dir) = Self::fresh_dir(config, host, None)?;
+            let (id, run_dir) = Self::fresh_dir(config, host, owner)?;
             return Ok(Slot { id, run_dir, cgroup: Some(cgroup), stdio: Stdio::ahead() });
         }
         let id = run_dir.home().file_name().map(|n| n.to_string_lossy().into_owned());
