@@ -11,6 +11,7 @@ use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -201,6 +202,15 @@ pub struct RunCgroup {
     /// The OOM kill count of the memory leaf when this run got it (not 0
     /// when the leaf served an earlier run: [`RunCgroup::recycle`]).
     oom_base: u64,
+    /// The v2 leaf was seen unpopulated since this run began: no process
+    /// of the run is left, and none can come (nothing joins an empty leaf
+    /// but what the executor puts there), so it is not read again; the
+    /// next run's [`RunCgroup::recycle`] clears it.
+    emptied: AtomicBool,
+    /// The OOM kill count read once [`RunCgroup::emptied`] was set (so the
+    /// run's last), or [`u64::MAX`]: the next run's baseline without
+    /// another read.
+    oom_final: AtomicU64,
     /// Files read or reset after every run, opened on first use and kept
     /// while the leaves serve runs ([`Kept`]).
     kept: KeptFiles,
@@ -307,6 +317,8 @@ impl RunCgroup {
             memsw: false,
             limits: None,
             oom_base: 0,
+            emptied: AtomicBool::new(false),
+            oom_final: AtomicU64::new(u64::MAX),
             kept: KeptFiles::default(),
             report: CgroupReport::default(),
         };
@@ -508,7 +520,17 @@ impl RunCgroup {
     /// `cgroup.events` says `populated 0`; without a v2 leaf, the listing
     /// leaf's `cgroup.procs` is empty.
     fn is_empty(&self) -> bool {
-        self.v2_unpopulated().unwrap_or_else(|| self.pids().is_empty())
+        if self.emptied.load(Ordering::Acquire) {
+            return true;
+        }
+        match self.v2_unpopulated() {
+            Some(true) => {
+                self.emptied.store(true, Ordering::Release);
+                true
+            }
+            Some(false) => false,
+            None => self.pids().is_empty(),
+        }
     }
 
     /// Whether the v2 leaf's `cgroup.events` says `populated 0`; `None`
@@ -537,7 +559,11 @@ impl RunCgroup {
     /// True if and only if the kernel OOM-killed a process of the run (the
     /// leaf's count went up since the run got it).
     pub fn oom_killed(&self) -> bool {
-        self.oom_count() > self.oom_base
+        let count = self.oom_count();
+        if self.emptied.load(Ordering::Acquire) {
+            self.oom_final.store(count, Ordering::Release);
+        }
+        count > self.oom_base
     }
 
     /// Makes the leaves of a finished run ready for another run, off the
@@ -563,8 +589,8 @@ impl RunCgroup {
             // leaf first and exits if a later join fails, descendants inherit
             // every membership, and no skill can write a `cgroup.procs`), so
             // the v1 listings (an open, a pid list and a close each) are not
-            // read.
-            if self.v2_unpopulated() != Some(true) {
+            // read. Seen by the run's end already: not read again.
+            if !self.emptied.load(Ordering::Acquire) && self.v2_unpopulated() != Some(true) {
                 return false;
             }
         } else {
@@ -591,7 +617,11 @@ impl RunCgroup {
                 return false;
             }
         }
-        self.oom_base = self.oom_count();
+        self.oom_base = match self.oom_final.swap(u64::MAX, Ordering::AcqRel) {
+            u64::MAX => self.oom_count(),
+            last => last,
+        };
+        self.emptied.store(false, Ordering::Release);
         true
     }
 

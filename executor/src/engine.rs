@@ -639,6 +639,67 @@ mod tests {
         }
     }
 
+    /// Leaves seen empty at one run's end are read afresh for the next run
+    /// they serve: the background process of a run on recycled leaves is
+    /// killed when its main process exits, as on new leaves.
+    #[test]
+    fn recycled_leaves_still_kill_what_a_run_leaves_behind() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: recycled_leaves_still_kill_what_a_run_leaves_behind needs root");
+            return;
+        }
+        if nix::unistd::User::from_name(crate::config::DEFAULT_RUN_AS).ok().flatten().is_none() {
+            eprintln!("SKIP: run-as user missing (scripts/test creates it)");
+            return;
+        }
+        let runtime = tempfile::tempdir().unwrap();
+        let script = concat!(
+            "#!/bin/sh\n",
+            "args=$(cat)\n",
+            "case $args in\n",
+            "*bg*) sleep 30 </dev/null >/dev/null 2>&1 & echo \"{\\\"pid\\\":$!}\" ;;\n",
+            "*) echo '{}' ;;\n",
+            "esac\n",
+        );
+        let (_skill, manifest) = skill("bg", 10, script);
+        let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
+        let engine = Engine::new(config).unwrap();
+        if engine.host().cgroups.v2.is_none() {
+            eprintln!("SKIP: recycled_leaves_still_kill_what_a_run_leaves_behind: no cgroup v2");
+            return;
+        }
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let run = |args: &str| {
+            let req = RunRequest { manifest_path: manifest.clone(), args: args.into() };
+            let r = rt.block_on(engine.run(req, &mut |_| {}, std::future::pending()));
+            std::thread::sleep(Duration::from_millis(30));
+            r
+        };
+        for i in 0..6 {
+            let r = run(&format!(r#"{{"i":{i}}}"#));
+            assert_eq!(r.exit_code, Some(0), "run {i}: {r:?}");
+        }
+        for round in 0..3 {
+            let r = run(r#"{"bg":true}"#);
+            assert_eq!(r.exit_code, Some(0), "{r:?}");
+            let pid = r.result.as_ref().and_then(|v| v.to_value()["pid"].as_i64());
+            let pid = i32::try_from(pid.expect("the pid")).unwrap();
+            let gone = (0..200).any(|_| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
+                let alive = stat.is_ok_and(|s| {
+                    s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+                });
+                if alive {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                !alive
+            });
+            assert!(gone, "round {round}: the background sleep {pid} outlived its run");
+        }
+        let counts = engine.run_slots();
+        assert!(counts.ready >= 6, "the runs took recycled slots: {counts:?}");
+    }
+
     /// The OOM verdict is this run's own on reused leaves: a run that blows
     /// its memory bound is reported so, and the runs after it, which get
     /// its recycled leaves (their files kept open and read again), are not.

@@ -418,8 +418,14 @@ pub async fn supervise(
                     exit = Some(e);
                     // Step 7: the main process is gone; its leftovers go now
                     // (`cgroup.kill` takes forks in flight too, `killpg` the
-                    // session's group; nothing is left to kill after it).
-                    tree.kill_rest();
+                    // session's group; nothing is left to kill after it). A
+                    // cgroup that is already empty (most runs) needs none:
+                    // its `cgroup.events` is read instead of a write to
+                    // `cgroup.kill`, which takes the cgroup mutex the other
+                    // runs' joins wait on.
+                    if !tree.is_empty() {
+                        tree.kill_rest();
+                    }
                     killed = true;
                     drain_until = (Instant::now() + DRAIN).min(hard_deadline.max(Instant::now()));
                 }
