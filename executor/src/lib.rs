@@ -14,7 +14,8 @@
 //! - [`dynmods`]: `favordynmods` on the cgroup hierarchies, so a cgroup
 //!   join after an idle gap does not wait an RCU grace period.
 //! - [`resolve`]: canonical paths by opening the file once (not a
-//!   `readlink` per component), the file kept for its metadata and bytes.
+//!   `readlink` per component; none at all for a plain path that opens
+//!   crossing no symbolic link), the file kept for its metadata and bytes.
 //! - [`rundir`]: the private per-run directory.
 //! - [`supervise`]: steps 6 and 7, I/O bounds, deadline, tree kill.
 //! - [`reaper`]: reaping main processes and orphans.
@@ -138,8 +139,9 @@
 //!    with one `wait4(WNOHANG)` once both pipes are at end of file (most
 //!    runs), and waited on through its pidfd, registered only then, when
 //!    it has not ended yet or 10 ms after the start.
-//! 7. On any end, kill the whole tree (`cgroup.kill`; SIGCONT with SIGTERM
-//!    so stopped processes see it), reap (the executor is a child subreaper,
+//! 7. On any end, kill the whole tree (`cgroup.kill`, not needed when the
+//!    v2 leaf is already unpopulated at the main process's exit; SIGCONT
+//!    with SIGTERM so stopped processes see it), reap (the executor is a child subreaper,
 //!    so orphans are reaped too), remove the cgroups and the run directory
 //!    (from the engine's second run on, a janitor thread does it right
 //!    after the report is written, as the run's pipes and pidfd are
