@@ -445,14 +445,16 @@ impl RunCgroup {
         self.v2.as_ref().or(self.pids.as_ref()).or(self.memory.as_ref())
     }
 
-    /// Pids currently in the run.
+    /// Pids currently in the run (none when they cannot be listed).
     pub fn pids(&self) -> Vec<i32> {
-        let Some(dir) = self.listing() else { return Vec::new() };
-        fs::read_to_string(dir.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
+        self.listed().unwrap_or_default()
+    }
+
+    /// Pids currently in the run; `None` without a listing leaf or when
+    /// its `cgroup.procs` cannot be read (never taken for "no process").
+    fn listed(&self) -> Option<Vec<i32>> {
+        let procs = fs::read_to_string(self.listing()?.join("cgroup.procs")).ok()?;
+        Some(procs.lines().filter_map(|l| l.trim().parse().ok()).collect())
     }
 
     /// True when the run can be killed as a whole.
@@ -517,8 +519,9 @@ impl RunCgroup {
     }
 
     /// True when no process is left in the run: the v2 leaf's
-    /// `cgroup.events` says `populated 0`; without a v2 leaf, the listing
-    /// leaf's `cgroup.procs` is empty.
+    /// `cgroup.events` says `populated 0`; without a v2 leaf (or when it
+    /// cannot be read), the listing leaf's `cgroup.procs` was read and is
+    /// empty. A file that cannot be read never counts as empty.
     fn is_empty(&self) -> bool {
         if self.emptied.load(Ordering::Acquire) {
             return true;
@@ -529,8 +532,23 @@ impl RunCgroup {
                 true
             }
             Some(false) => false,
-            None => self.pids().is_empty(),
+            None => self.listed().is_some_and(|p| p.is_empty()),
         }
+    }
+
+    /// True when the v2 leaf was read as `populated 0` since the run began
+    /// (read now unless seen already): what lets the kill at the main
+    /// process's exit and the recycle's reads be skipped. `false` without
+    /// a v2 leaf or when its `cgroup.events` cannot be read.
+    pub fn seen_empty(&self) -> bool {
+        if self.emptied.load(Ordering::Acquire) {
+            return true;
+        }
+        let empty = self.v2_unpopulated() == Some(true);
+        if empty {
+            self.emptied.store(true, Ordering::Release);
+        }
+        empty
     }
 
     /// Whether the v2 leaf's `cgroup.events` says `populated 0`; `None`
@@ -677,6 +695,57 @@ mod tests {
 
     use super::*;
     use crate::{Config, Engine};
+
+    /// A leaf counts as empty only on a read that says so: `populated 0`
+    /// (then remembered until the recycle), or, when `cgroup.events`
+    /// cannot be read, a `cgroup.procs` read with no pid. A file that
+    /// cannot be read is never "no process left" (the kill at the main
+    /// process's exit is skipped only on `seen_empty`).
+    #[test]
+    fn only_a_read_that_says_so_makes_a_leaf_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let leaf = || RunCgroup {
+            v2: Some(dir.path().to_owned()),
+            pids: None,
+            memory: None,
+            procs: Vec::new(),
+            kill_file: None,
+            v2_limits: false,
+            memsw: false,
+            limits: None,
+            oom_base: 0,
+            emptied: AtomicBool::new(false),
+            oom_final: AtomicU64::new(u64::MAX),
+            kept: KeptFiles::default(),
+            report: CgroupReport::default(),
+        };
+        let forget = |mut cg: RunCgroup| cg.v2 = None;
+
+        // Neither file readable: not empty, whatever is asked.
+        let cg = leaf();
+        assert!(!cg.seen_empty() && !cg.is_empty() && !cg.wait_empty(Duration::ZERO));
+        forget(cg);
+        // No events file, an empty listing: empty by the listing, but not
+        // `seen_empty` (that needs the v2 leaf's own word).
+        std::fs::write(dir.path().join("cgroup.procs"), "").unwrap();
+        let cg = leaf();
+        assert!(cg.is_empty() && !cg.seen_empty());
+        forget(cg);
+        std::fs::write(dir.path().join("cgroup.procs"), "42\n").unwrap();
+        let cg = leaf();
+        assert!(!cg.is_empty());
+        forget(cg);
+        // `populated 1`, then `populated 0`: remembered once seen.
+        let events = dir.path().join("cgroup.events");
+        std::fs::write(&events, "populated 1\nfrozen 0\n").unwrap();
+        let cg = leaf();
+        assert!(!cg.seen_empty() && !cg.is_empty());
+        std::fs::write(&events, "populated 0\nfrozen 0\n").unwrap();
+        assert!(cg.seen_empty());
+        std::fs::write(&events, "populated 1\nfrozen 0\n").unwrap();
+        assert!(cg.seen_empty() && cg.is_empty(), "remembered until the recycle");
+        forget(cg);
+    }
 
     /// Small files come back in one read, larger ones whole.
     #[test]

@@ -26,7 +26,10 @@
 //! symbolic link, so it is its own canonical name: one system call, and no
 //! walk through `/proc` (~6 µs a path here, three paths a run; BENCHMARKS.md
 //! twenty-third pass). Any error of that open (a link on the way, an old
-//! kernel, a filter) leaves the answer to the way above.
+//! kernel, a filter) leaves the answer to the way above. (On a
+//! case-insensitive directory the name is kept as written, where the link
+//! would give the stored spelling: a root and a path spelt differently
+//! then fail the comparison, which refuses the run rather than allow it.)
 
 use std::fs::{self, File, OpenOptions};
 use std::io;

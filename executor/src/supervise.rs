@@ -142,6 +142,12 @@ impl Tree<'_> {
         self.cgroup.is_some_and(|c| c.can_kill() && c.wait_empty(Duration::ZERO))
     }
 
+    /// True when the run's v2 leaf was read as unpopulated (a failed read
+    /// is not empty): nothing is left to kill.
+    fn seen_empty(&self) -> bool {
+        self.cgroup.is_some_and(RunCgroup::seen_empty)
+    }
+
     /// Kills what is left once the main process is gone (its pidfd no
     /// longer names a process to signal).
     fn kill_rest(&self) {
@@ -423,7 +429,7 @@ pub async fn supervise(
                     // its `cgroup.events` is read instead of a write to
                     // `cgroup.kill`, which takes the cgroup mutex the other
                     // runs' joins wait on.
-                    if !tree.is_empty() {
+                    if !tree.seen_empty() {
                         tree.kill_rest();
                     }
                     killed = true;
