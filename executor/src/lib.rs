@@ -141,11 +141,11 @@
 //!    it has not ended yet or 10 ms after the start.
 //! 7. On any end, kill the whole tree (`cgroup.kill`, not needed when the
 //!    v2 leaf is already unpopulated at the main process's exit; SIGCONT
-//!    with SIGTERM so stopped processes see it), reap (the executor is a child subreaper,
-//!    so orphans are reaped too), remove the cgroups and the run directory
-//!    (from the engine's second run on, a janitor thread does it right
-//!    after the report is written, as the run's pipes and pidfd are
-//!    closed then, and keeps slots ready: `janitor`; a finished run's
+//!    with SIGTERM so stopped processes see it), reap (the executor is a
+//!    child subreaper, so orphans are reaped too), remove the cgroups and
+//!    the run directory (from the engine's second run on, a janitor thread
+//!    does it right after the report is written, as the run's pipes and
+//!    pidfd are closed then, and keeps slots ready: `janitor`; a finished run's
 //!    leaves, once provably empty and reset, serve a later run with a fresh
 //!    run directory in the same slot directory, once that is found as it
 //!    was made, instead of being removed and made again). If the
