@@ -307,7 +307,20 @@ impl RunCgroup {
         memory_bytes: u64,
         max_pids: u32,
     ) -> Result<Self, CgroupError> {
-        let mut cg = RunCgroup {
+        let mut cg = RunCgroup::unmade();
+        let made = cg.make(h, id, memory_bytes, max_pids);
+        match made {
+            Ok(()) => Ok(cg),
+            Err(e) => {
+                cg.remove();
+                Err(e)
+            }
+        }
+    }
+
+    /// No leaf yet: what [`RunCgroup::make`] fills in.
+    fn unmade() -> Self {
+        RunCgroup {
             v2: None,
             pids: None,
             memory: None,
@@ -321,14 +334,6 @@ impl RunCgroup {
             oom_final: AtomicU64::new(u64::MAX),
             kept: KeptFiles::default(),
             report: CgroupReport::default(),
-        };
-        let made = cg.make(h, id, memory_bytes, max_pids);
-        match made {
-            Ok(()) => Ok(cg),
-            Err(e) => {
-                cg.remove();
-                Err(e)
-            }
         }
     }
 
@@ -523,17 +528,7 @@ impl RunCgroup {
     /// cannot be read), the listing leaf's `cgroup.procs` was read and is
     /// empty. A file that cannot be read never counts as empty.
     fn is_empty(&self) -> bool {
-        if self.emptied.load(Ordering::Acquire) {
-            return true;
-        }
-        match self.v2_unpopulated() {
-            Some(true) => {
-                self.emptied.store(true, Ordering::Release);
-                true
-            }
-            Some(false) => false,
-            None => self.listed().is_some_and(|p| p.is_empty()),
-        }
+        self.v2_empty().unwrap_or_else(|| self.listed().is_some_and(|p| p.is_empty()))
     }
 
     /// True when the v2 leaf was read as `populated 0` since the run began
@@ -541,14 +536,20 @@ impl RunCgroup {
     /// process's exit and the recycle's reads be skipped. `false` without
     /// a v2 leaf or when its `cgroup.events` cannot be read.
     pub fn seen_empty(&self) -> bool {
+        self.v2_empty() == Some(true)
+    }
+
+    /// [`RunCgroup::v2_unpopulated`], remembered once it said `true`
+    /// ([`RunCgroup::emptied`]).
+    fn v2_empty(&self) -> Option<bool> {
         if self.emptied.load(Ordering::Acquire) {
-            return true;
+            return Some(true);
         }
-        let empty = self.v2_unpopulated() == Some(true);
+        let empty = self.v2_unpopulated()?;
         if empty {
             self.emptied.store(true, Ordering::Release);
         }
-        empty
+        Some(empty)
     }
 
     /// Whether the v2 leaf's `cgroup.events` says `populated 0`; `None`
@@ -608,7 +609,7 @@ impl RunCgroup {
             // every membership, and no skill can write a `cgroup.procs`), so
             // the v1 listings (an open, a pid list and a close each) are not
             // read. Seen by the run's end already: not read again.
-            if !self.emptied.load(Ordering::Acquire) && self.v2_unpopulated() != Some(true) {
+            if !self.seen_empty() {
                 return false;
             }
         } else {
@@ -704,20 +705,10 @@ mod tests {
     #[test]
     fn only_a_read_that_says_so_makes_a_leaf_empty() {
         let dir = tempfile::tempdir().unwrap();
-        let leaf = || RunCgroup {
-            v2: Some(dir.path().to_owned()),
-            pids: None,
-            memory: None,
-            procs: Vec::new(),
-            kill_file: None,
-            v2_limits: false,
-            memsw: false,
-            limits: None,
-            oom_base: 0,
-            emptied: AtomicBool::new(false),
-            oom_final: AtomicU64::new(u64::MAX),
-            kept: KeptFiles::default(),
-            report: CgroupReport::default(),
+        let leaf = || {
+            let mut cg = RunCgroup::unmade();
+            cg.v2 = Some(dir.path().to_owned());
+            cg
         };
         let forget = |mut cg: RunCgroup| cg.v2 = None;
 

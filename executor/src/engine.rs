@@ -639,20 +639,64 @@ mod tests {
         }
     }
 
+    /// An engine of its own (as root, with the run-as user) and one skill,
+    /// run one request at a time with a pause after each for the janitor
+    /// to recycle the run's leaves into the pool: the next run gets them.
+    struct Recycling {
+        engine: Engine,
+        rt: tokio::runtime::Runtime,
+        manifest: PathBuf,
+        _skill: tempfile::TempDir,
+        _runtime: tempfile::TempDir,
+    }
+
+    impl Recycling {
+        /// `None` after a visible SKIP naming `test` when not root or
+        /// without the run-as user.
+        fn new(
+            test: &str,
+            name: &str,
+            script: &str,
+            tune: impl FnOnce(&mut Config),
+        ) -> Option<Self> {
+            if !nix::unistd::geteuid().is_root() {
+                eprintln!("SKIP: {test} needs root (cgroups)");
+                return None;
+            }
+            let user = nix::unistd::User::from_name(crate::config::DEFAULT_RUN_AS);
+            if user.ok().flatten().is_none() {
+                eprintln!("SKIP: run-as user missing (scripts/test creates it)");
+                return None;
+            }
+            let runtime = tempfile::tempdir().unwrap();
+            let (skill, manifest) = skill(name, 10, script);
+            let mut config =
+                Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
+            tune(&mut config);
+            Some(Recycling {
+                engine: Engine::new(config).unwrap(),
+                rt: tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap(),
+                manifest,
+                _skill: skill,
+                _runtime: runtime,
+            })
+        }
+
+        fn run(&self, args: &str) -> RunReport {
+            let req = RunRequest { manifest_path: self.manifest.clone(), args: args.into() };
+            let r = self.rt.block_on(self.engine.run(req, &mut |_| {}, std::future::pending()));
+            // Time for the janitor to recycle the leaves into the pool.
+            std::thread::sleep(Duration::from_millis(30));
+            r
+        }
+    }
+
     /// Leaves seen empty at one run's end are read afresh for the next run
     /// they serve: the background process of a run on recycled leaves is
     /// killed when its main process exits, as on new leaves.
     #[test]
     fn recycled_leaves_still_kill_what_a_run_leaves_behind() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIP: recycled_leaves_still_kill_what_a_run_leaves_behind needs root");
-            return;
-        }
-        if nix::unistd::User::from_name(crate::config::DEFAULT_RUN_AS).ok().flatten().is_none() {
-            eprintln!("SKIP: run-as user missing (scripts/test creates it)");
-            return;
-        }
-        let runtime = tempfile::tempdir().unwrap();
+        let test = "recycled_leaves_still_kill_what_a_run_leaves_behind";
         let script = concat!(
             "#!/bin/sh\n",
             "args=$(cat)\n",
@@ -661,20 +705,12 @@ mod tests {
             "*) echo '{}' ;;\n",
             "esac\n",
         );
-        let (_skill, manifest) = skill("bg", 10, script);
-        let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
-        let engine = Engine::new(config).unwrap();
-        if engine.host().cgroups.v2.is_none() {
-            eprintln!("SKIP: recycled_leaves_still_kill_what_a_run_leaves_behind: no cgroup v2");
+        let Some(t) = Recycling::new(test, "bg", script, |_| {}) else { return };
+        if t.engine.host().cgroups.v2.is_none() {
+            eprintln!("SKIP: {test}: no cgroup v2");
             return;
         }
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let run = |args: &str| {
-            let req = RunRequest { manifest_path: manifest.clone(), args: args.into() };
-            let r = rt.block_on(engine.run(req, &mut |_| {}, std::future::pending()));
-            std::thread::sleep(Duration::from_millis(30));
-            r
-        };
+        let run = |args: &str| t.run(args);
         for i in 0..6 {
             let r = run(&format!(r#"{{"i":{i}}}"#));
             assert_eq!(r.exit_code, Some(0), "run {i}: {r:?}");
@@ -696,7 +732,7 @@ mod tests {
             });
             assert!(gone, "round {round}: the background sleep {pid} outlived its run");
         }
-        let counts = engine.run_slots();
+        let counts = t.engine.run_slots();
         assert!(counts.ready >= 6, "the runs took recycled slots: {counts:?}");
     }
 
@@ -705,15 +741,7 @@ mod tests {
     /// its recycled leaves (their files kept open and read again), are not.
     #[test]
     fn reused_leaves_report_only_their_own_oom() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIP: reused_leaves_report_only_their_own_oom needs root (cgroups)");
-            return;
-        }
-        if nix::unistd::User::from_name(crate::config::DEFAULT_RUN_AS).ok().flatten().is_none() {
-            eprintln!("SKIP: run-as user missing (scripts/test creates it)");
-            return;
-        }
-        let runtime = tempfile::tempdir().unwrap();
+        let test = "reused_leaves_report_only_their_own_oom";
         // {"hog":true}: hold 96 MB in the shell (a command substitution)
         // under a 32 MiB bound; otherwise echo the args and exit 3 (an OOM
         // kill is the verdict only for a run that did not exit 0).
@@ -725,24 +753,14 @@ mod tests {
             "*) printf '%s' \"$args\"; exit 3 ;;\n",
             "esac\n",
         );
-        let (_skill, manifest) = skill("oom", 10, script);
-        let mut config =
-            Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
-        config.limits.memory_bytes = 32 << 20;
-        let engine = Engine::new(config).unwrap();
-        let c = &engine.host().cgroups;
+        let tune = |c: &mut Config| c.limits.memory_bytes = 32 << 20;
+        let Some(t) = Recycling::new(test, "oom", script, tune) else { return };
+        let c = &t.engine.host().cgroups;
         if c.v1_memory.is_none() && !c.v2_limits {
-            eprintln!("SKIP: reused_leaves_report_only_their_own_oom: no memory cgroup here");
+            eprintln!("SKIP: {test}: no memory cgroup here");
             return;
         }
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let run = |args: &str| {
-            let req = RunRequest { manifest_path: manifest.clone(), args: args.into() };
-            let r = rt.block_on(engine.run(req, &mut |_| {}, std::future::pending()));
-            // Time for the janitor to recycle the leaves into the pool.
-            std::thread::sleep(Duration::from_millis(30));
-            r
-        };
+        let run = |args: &str| t.run(args);
         for round in 0..2 {
             for i in 0..5 {
                 let r = run(&format!(r#"{{"i":{i}}}"#));
