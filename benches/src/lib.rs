@@ -4,8 +4,8 @@
 //!
 //! - [`sorted`], [`pct`]: the percentile arithmetic the tools report with.
 //! - [`Samples`]: what one variant measured (latencies, setup times, runs,
-//!   wall time, the host's busy CPU time), filled the same way by both
-//!   tools; [`host_busy`] reads the latter.
+//!   wall time, the host's busy and stolen CPU time), filled the same way
+//!   by both tools; [`HostTime`] reads the latter.
 //! - [`write_packs`]: many valid packs on disk (the scan bench, `loadbench
 //!   --loaded-skills`).
 //! - [`first_line`], [`kernel_release`]: the machine facts every tool's
@@ -80,8 +80,12 @@ pub struct Samples {
     /// concurrent (throughput is `runs / wall`).
     pub wall: Duration,
     /// CPU time the whole host was busy during the concurrent rounds, all
-    /// CPUs and processes together ([`host_busy`]); zero when sequential.
+    /// CPUs and processes together, steal not included ([`HostTime`]);
+    /// zero when sequential.
     pub busy: Duration,
+    /// CPU time the hypervisor gave to others while this guest's CPUs
+    /// wanted to run, over the same rounds ([`HostTime::steal`]).
+    pub steal: Duration,
 }
 
 impl Samples {
@@ -91,16 +95,17 @@ impl Samples {
         self.wall += elapsed;
     }
 
-    /// One concurrent round: its wall time, the host's busy CPU time over
-    /// it, and each run's latency and setup.
+    /// One concurrent round: its wall time, the host's CPU time over it,
+    /// and each run's latency and setup.
     pub fn record_round(
         &mut self,
         wall: Duration,
-        busy: Duration,
+        host: HostTime,
         runs: Vec<(Duration, Option<u64>)>,
     ) {
         self.wall += wall;
-        self.busy += busy;
+        self.busy += host.busy;
+        self.steal += host.steal;
         for (elapsed, setup_us) in runs {
             self.add(elapsed, setup_us);
         }
@@ -125,22 +130,58 @@ pub fn kernel_release() -> String {
         .unwrap_or_default()
 }
 
-/// CPU time the host has spent busy since boot, all CPUs together: the
-/// first line of `/proc/stat` less `idle` and `iowait` (clock ticks, so
-/// 10 ms steps; a difference over many rounds averages them out). `None`
-/// without `/proc`.
-pub fn host_busy() -> Option<Duration> {
-    let stat = fs::read_to_string("/proc/stat").ok()?;
-    let ticks: Vec<u64> =
-        stat.lines().next()?.split_whitespace().skip(1).map_while(|t| t.parse().ok()).collect();
-    // Guest time is counted in `user` already.
-    let [user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = ticks[..] else {
-        return None;
-    };
-    let busy = user + nice + system + irq + softirq + steal;
+/// CPU time of the whole host since boot, all CPUs together, from the
+/// first line of `/proc/stat` (clock ticks, so 10 ms steps; a difference
+/// over many rounds averages them out).
+///
+/// `steal` is kept apart from `busy`: on a shared host it is the time the
+/// hypervisor ran other guests while this one's CPUs wanted to run, work
+/// nobody here did, and it comes and goes with the neighbours (seen here:
+/// from ~0 to a third of both CPUs within minutes). The tools print it so
+/// that a noisy round shows as one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostTime {
+    /// User, nice, system, irq and softirq time (guest time is in `user`).
+    pub busy: Duration,
+    /// Time stolen by the hypervisor.
+    pub steal: Duration,
+}
+
+impl HostTime {
+    /// The host's time since boot; `None` without `/proc`.
+    pub fn now() -> Option<HostTime> {
+        HostTime::parse(&fs::read_to_string("/proc/stat").ok()?, clock_ticks()?)
+    }
+
+    /// From the text of `/proc/stat`, at `hz` ticks per second.
+    pub fn parse(stat: &str, hz: u64) -> Option<HostTime> {
+        let cpu = stat.lines().next()?.strip_prefix("cpu ")?;
+        let ticks: Vec<u64> = cpu.split_whitespace().map_while(|t| t.parse().ok()).collect();
+        let [user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = ticks[..] else {
+            return None;
+        };
+        let time = |t: u64| Duration::from_micros(t.saturating_mul(1_000_000) / hz.max(1));
+        Some(HostTime { busy: time(user + nice + system + irq + softirq), steal: time(steal) })
+    }
+
+    /// What passed between `before` and `self`.
+    #[must_use]
+    pub fn since(self, before: HostTime) -> HostTime {
+        HostTime {
+            busy: self.busy.saturating_sub(before.busy),
+            steal: self.steal.saturating_sub(before.steal),
+        }
+    }
+
+    /// Steal as a share of `cpus` CPUs over `wall`, in percent.
+    pub fn steal_share(steal: Duration, wall: Duration, cpus: usize) -> f64 {
+        steal.as_secs_f64() / (wall.as_secs_f64() * cpus as f64).max(1e-9) * 100.0
+    }
+}
+
+fn clock_ticks() -> Option<u64> {
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100);
-    let hz = u64::try_from(hz).ok().filter(|h| *h > 0)?;
-    Some(Duration::from_micros(busy.saturating_mul(1_000_000) / hz))
+    u64::try_from(hz).ok().filter(|h| *h > 0)
 }
 
 #[cfg(test)]
@@ -148,16 +189,31 @@ mod tests {
     use super::*;
 
     /// A CPU kept busy for 300 ms shows in the host's busy time (ticks of
-    /// 10 ms: at least 200 ms of it).
+    /// 10 ms: at least 200 ms of it, counting what the hypervisor stole).
     #[test]
-    fn host_busy_counts_a_busy_cpu() {
-        let before = host_busy().expect("/proc/stat");
+    fn host_time_counts_a_busy_cpu() {
+        let before = HostTime::now().expect("/proc/stat");
         let t0 = std::time::Instant::now();
         while t0.elapsed() < Duration::from_millis(300) {
             std::hint::spin_loop();
         }
-        let busy = host_busy().expect("/proc/stat").saturating_sub(before);
-        assert!(busy >= Duration::from_millis(200), "{busy:?}");
+        let spent = HostTime::now().expect("/proc/stat").since(before);
+        assert!(spent.busy + spent.steal >= Duration::from_millis(200), "{spent:?}");
+    }
+
+    /// Steal is read from its own column, not counted as busy.
+    #[test]
+    fn steal_is_kept_apart_from_busy() {
+        let stat = "cpu  100 1 20 5000 7 2 3 40 0 0\ncpu0 50 0 10 2500 3 1 1 20 0 0\n";
+        let t = HostTime::parse(stat, 100).unwrap();
+        assert_eq!(t.busy, Duration::from_millis(1260));
+        assert_eq!(t.steal, Duration::from_millis(400));
+        let later = HostTime::parse("cpu  200 1 20 5000 7 2 3 90 0 0\n", 100).unwrap();
+        let d = later.since(t);
+        assert_eq!((d.busy, d.steal), (Duration::from_secs(1), Duration::from_millis(500)));
+        assert_eq!(HostTime::steal_share(d.steal, Duration::from_millis(500), 2), 50.0);
+        assert_eq!(HostTime::parse("cpu0 1 2 3 4 5 6 7 8\n", 100), None, "the total line first");
+        assert_eq!(HostTime::parse("cpu  1 2 3\n", 100), None, "too few columns");
     }
 
     /// Samples add up rounds: wall and busy time summed, every run kept.
@@ -165,9 +221,10 @@ mod tests {
     fn rounds_add_up() {
         let mut s = Samples::default();
         let ms = Duration::from_millis;
-        s.record_round(ms(10), ms(15), vec![(ms(2), Some(5)), (ms(3), None)]);
-        s.record_round(ms(20), ms(30), vec![(ms(4), Some(7))]);
-        assert_eq!((s.runs, s.wall, s.busy), (3, ms(30), ms(45)));
+        let host = |busy, steal| HostTime { busy: ms(busy), steal: ms(steal) };
+        s.record_round(ms(10), host(15, 1), vec![(ms(2), Some(5)), (ms(3), None)]);
+        s.record_round(ms(20), host(30, 2), vec![(ms(4), Some(7))]);
+        assert_eq!((s.runs, s.wall, s.busy, s.steal), (3, ms(30), ms(45), ms(3)));
         assert_eq!(s.lat_us, [2000.0, 3000.0, 4000.0]);
         assert_eq!(s.setup_us, [5.0, 7.0]);
     }

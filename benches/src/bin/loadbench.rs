@@ -58,7 +58,9 @@
 //! run: each daemon's, the sandboxed skills' (the executor's children),
 //! the bare skills' (loadbench's own children, when no other variant
 //! spawns any), and with clients at once the whole host's (`/proc/stat`)
-//! with how busy the host was.
+//! with how busy the host was. Every set's header and every host line give
+//! the share of the CPUs the hypervisor gave to other guests meanwhile
+//! (steal), which the host's CPU per run leaves out.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -781,7 +783,12 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
 
 // ---------------------------------------------------------------- phases
 
-use ongrid_benches::{first_line, host_busy, kernel_release, pct, sorted, Samples};
+use ongrid_benches::{first_line, kernel_release, pct, sorted, HostTime, Samples};
+
+/// CPUs this process may run on (1 when unknown).
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
@@ -860,7 +867,7 @@ fn concurrent(
             let idx = (round + k) % n;
             let v = variants[idx];
             let barrier = Barrier::new(conc + 1);
-            let (wall, busy, results) = std::thread::scope(|s| {
+            let (wall, host, results) = std::thread::scope(|s| {
                 let handles: Vec<_> = clients
                     .iter()
                     .map(|cl| {
@@ -872,15 +879,15 @@ fn concurrent(
                         })
                     })
                     .collect();
-                let busy0 = host_busy();
+                let host0 = HostTime::now();
                 barrier.wait();
                 let t0 = Instant::now();
                 let results: Vec<_> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
-                let busy = host_busy().zip(busy0).map(|(b, b0)| b.saturating_sub(b0));
-                (t0.elapsed(), busy.unwrap_or_default(), results)
+                let host = HostTime::now().zip(host0).map(|(h, h0)| h.since(h0));
+                (t0.elapsed(), host.unwrap_or_default(), results)
             });
             if round >= warm_rounds {
-                out[idx].record_round(wall, busy, results);
+                out[idx].record_round(wall, host, results);
             }
         }
     }
@@ -1047,15 +1054,16 @@ fn print_table(variants: &[Variant], samples: &[Samples]) {
     // With clients at once: the whole host's CPU per run, every process and
     // the kernel included, and how busy the host was (near 100 %: the
     // throughput is bounded by CPU).
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let cpus = cpus();
     for (v, s) in variants.iter().zip(samples) {
         if !s.busy.is_zero() {
             println!(
-                "{:<10} host CPU per run {:.0} us (all processes, /proc/stat); host busy {:.0} % \
-                 of {cpus} CPUs",
+                "{:<10} host CPU per run {:.0} us (all processes, /proc/stat, steal apart); host \
+                 busy {:.0} % of {cpus} CPUs, stolen {:.0} %",
                 v.name(),
                 s.busy.as_secs_f64() / s.runs.max(1) as f64 * 1e6,
-                s.busy.as_secs_f64() / (s.wall.as_secs_f64() * cpus as f64).max(1e-9) * 100.0
+                s.busy.as_secs_f64() / (s.wall.as_secs_f64() * cpus as f64).max(1e-9) * 100.0,
+                HostTime::steal_share(s.steal, s.wall, cpus)
             );
         }
     }
@@ -1208,7 +1216,7 @@ fn main() {
         "loadbench: {} | kernel {} | {} CPUs | euid {} | iters {} warmup {} conc {:?}",
         std::env::args().collect::<Vec<_>>().join(" "),
         kernel_release(),
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        cpus(),
         nix::unistd::geteuid(),
         o.iters,
         o.warmup,
@@ -1347,17 +1355,24 @@ fn main() {
         for &conc in &o.conc {
             let variants: Vec<Variant> =
                 o.variants.iter().copied().filter(|v| conc == 1 || !v.sequential_only()).collect();
-            let t0 = Instant::now();
+            let (t0, host0) = (Instant::now(), HostTime::now());
             let (samples, mark) = if conc == 1 {
                 sequential(&ctx, &variants, manifest)
             } else {
                 concurrent(&ctx, &variants, manifest, conc)
             };
+            // The share of the CPUs the hypervisor gave to other guests
+            // meanwhile: the rounds of a set share it (variants alternate),
+            // but a high one makes every figure of the set noisier.
+            let stolen = HostTime::now().zip(host0).map_or(0.0, |(h, h0)| {
+                HostTime::steal_share(h.since(h0).steal, t0.elapsed(), cpus())
+            });
             println!(
-                "\nskill {kind}, {} ({} s, loadavg {}):",
+                "\nskill {kind}, {} ({} s, loadavg {}, stolen {stolen:.0} % of {} CPUs):",
                 if conc == 1 { "sequential".to_owned() } else { format!("{conc} clients") },
                 t0.elapsed().as_secs(),
-                first_line("/proc/loadavg")
+                first_line("/proc/loadavg"),
+                cpus()
             );
             print_table(&variants, &samples);
             print_metrics(&ctx, &variants, &samples, &mark);

@@ -226,7 +226,7 @@ fn run_one(
     }
 }
 
-use ongrid_benches::{first_line, host_busy, kernel_release, pct, sorted, Samples};
+use ongrid_benches::{first_line, kernel_release, pct, sorted, HostTime, Samples};
 
 /// Sequential: every iteration runs each variant once, in a rotating order.
 fn sequential(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
@@ -261,7 +261,7 @@ fn concurrent(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
             let idx = (round + k) % n;
             let v = o.variants[idx];
             let barrier = Barrier::new(o.conc + 1);
-            let (wall, busy, results) = std::thread::scope(|s| {
+            let (wall, host, results) = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..o.conc)
                     .map(|_| {
                         s.spawn(|| {
@@ -280,15 +280,15 @@ fn concurrent(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
                         })
                     })
                     .collect();
-                let busy0 = host_busy();
+                let host0 = HostTime::now();
                 barrier.wait();
                 let t0 = Instant::now();
                 let results: Vec<_> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
-                let busy = host_busy().zip(busy0).map(|(b, b0)| b.saturating_sub(b0));
-                (t0.elapsed(), busy.unwrap_or_default(), results)
+                let host = HostTime::now().zip(host0).map(|(h, h0)| h.since(h0));
+                (t0.elapsed(), host.unwrap_or_default(), results)
             });
             if round >= warm_rounds {
-                out[idx].record_round(wall, busy, results);
+                out[idx].record_round(wall, host, results);
             }
         }
     }
@@ -408,11 +408,15 @@ fn main() {
             );
         }
         for (v, s) in o.variants.iter().zip(&samples).filter(|(_, s)| !s.busy.is_zero()) {
-            // With runs at once: the whole host's CPU per run, all processes.
+            // With runs at once: the whole host's CPU per run, all processes,
+            // and how much of the CPUs the hypervisor gave to others.
+            let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
             println!(
-                "{} host CPU per run {:.0} us (all processes, /proc/stat)",
+                "{} host CPU per run {:.0} us (all processes, /proc/stat, steal apart); stolen \
+                 {:.0} % of {cpus} CPUs",
                 v.name(),
-                s.busy.as_secs_f64() / s.runs.max(1) as f64 * 1e6
+                s.busy.as_secs_f64() / s.runs.max(1) as f64 * 1e6,
+                HostTime::steal_share(s.steal, s.wall, cpus)
             );
         }
         if let Some(i) = o.variants.iter().position(|v| *v == Variant::Engine) {
