@@ -45,6 +45,12 @@
 //! `bwrap` and `firejail` are skipped (with a note) when not installed;
 //! `benches/run.sh` installs them.
 //!
+//! Skills (`--skills`, each a pack whose entry copies stdin to stdout):
+//! `bin-cat` (`/bin/cat`, dynamically linked), `sh-cat` (`exec cat` from
+//! `/bin/sh`) and `static-cat` (raw system calls, no C library, so no
+//! start-up CPU probing: what the boxes themselves cost, see
+//! `build_static_cat`).
+//!
 //! `--gap-ms MS` idles that long before each sequential run (the state an
 //! agent's calls find the host in: every thread parked, caches cold).
 //!
@@ -161,7 +167,7 @@ struct Opts {
 fn usage() -> ! {
     eprintln!(
         "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
-         [--loaded-skills N] [--skills sh-cat,bin-cat] \
+         [--loaded-skills N] [--skills sh-cat,bin-cat,static-cat] \
          [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,daemon-full,daemon-b,executor-rpc,engine,engine1g,bwrap,firejail] \
          [--bin-dir DIR] [--bin-dir-b DIR] [--audit-dir DIR] [--gap-ms MS]\n       loadbench --engine-worker MB"
     );
@@ -242,7 +248,8 @@ fn make_skill(base: &Path, kind: &str) -> PathBuf {
         "bin-cat" => {
             fs::copy("/bin/cat", &entry).unwrap();
         }
-        other => panic!("unknown skill {other} (sh-cat, bin-cat)"),
+        "static-cat" => build_static_cat(&dir, &entry),
+        other => panic!("unknown skill {other} (sh-cat, bin-cat, static-cat)"),
     }
     fs::set_permissions(&entry, fs::Permissions::from_mode(0o755)).unwrap();
     fs::write(
@@ -254,6 +261,53 @@ fn make_skill(base: &Path, kind: &str) -> PathBuf {
     )
     .unwrap();
     dir.join("skill.json")
+}
+
+/// `static-cat`: stdin to stdout with raw system calls, linked without a C
+/// library, so its own start costs next to nothing. glibc's start-up probes
+/// the CPU with ~100 `cpuid` instructions, each a trap to the hypervisor
+/// in a guest (~10 µs each on some of this project's machines), which a
+/// dynamically linked skill (`bin-cat`, `sh-cat`) pays on every run, bare
+/// or boxed alike: with this skill the ratios show what the boxes
+/// themselves cost. Built here with the C compiler cargo links with
+/// (x86_64 only).
+fn build_static_cat(dir: &Path, entry: &Path) {
+    const SOURCE: &str = r#"
+static long sys3(long n, long a, long b, long c) {
+    long r;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+    return r;
+}
+static char buf[65536];
+void _start(void) {
+    for (;;) {
+        long n = sys3(0 /* read */, 0, (long)buf, sizeof buf);
+        if (n <= 0) break;
+        for (long off = 0; off < n;) {
+            long w = sys3(1 /* write */, 1, (long)buf + off, n - off);
+            if (w <= 0) sys3(60 /* exit */, 1, 0, 0);
+            off += w;
+        }
+    }
+    sys3(60 /* exit */, 0, 0, 0);
+    for (;;) {}
+}
+"#;
+    let arch = std::env::consts::ARCH;
+    if arch != "x86_64" {
+        panic!("static-cat is written for x86_64, not {arch}");
+    }
+    let src = dir.join("static-cat.c");
+    fs::write(&src, SOURCE).unwrap();
+    let cc = std::env::var_os("CC").unwrap_or_else(|| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-O2", "-static", "-nostdlib", "-fno-stack-protector", "-o"])
+        .arg(entry)
+        .arg(&src)
+        .status()
+        .unwrap_or_else(|e| panic!("static-cat: cannot run {}: {e}", cc.to_string_lossy()));
+    assert!(status.success(), "static-cat: {} failed: {status}", cc.to_string_lossy());
+    fs::remove_file(&src).unwrap();
 }
 
 fn skill_name(kind: &str) -> String {
