@@ -2,7 +2,7 @@
 # The issue 7 measurements, as BENCHMARKS.md ("Load: one skill every way")
 # records them. Run as root on an otherwise quiet machine.
 #
-#   benches/run.sh            # loadbench (both skills, sequential and 8 clients)
+#   benches/run.sh            # loadbench (all three skills, sequential and 8 clients)
 #   benches/run.sh --micro    # also the criterion micro benches and the scan bench
 #   ITERS=200 benches/run.sh  # shorter
 #
@@ -38,7 +38,7 @@ CHRT=""
 command -v chrt >/dev/null 2>&1 && CHRT="chrt -f 10"
 {
     echo "== $(uname -a)"
-    echo "== $(nproc) CPUs, $(grep MemTotal /proc/meminfo), $(rustc --version)"
+    echo "== $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)), $(grep MemTotal /proc/meminfo), $(rustc --version)"
     echo "== bwrap $(bwrap --version 2>/dev/null || echo missing), $(firejail --version 2>/dev/null | head -1 || echo firejail missing)"
     # shellcheck disable=SC2086
     $CHRT "$BIN"/loadbench --iters "$ITERS" --warmup "$WARMUP" --bin-dir "$BIN"
@@ -46,6 +46,12 @@ command -v chrt >/dev/null 2>&1 && CHRT="chrt -f 10"
     # shellcheck disable=SC2086
     $CHRT "$BIN"/loadbench --iters "$ITERS" --warmup "$WARMUP" --bin-dir "$BIN" --conc 1 \
         --skills bin-cat --variants bare,engine,executor-rpc,daemon-shm,daemon
+    # The boxes' own cost, with a skill whose start-up costs next to nothing
+    # (no C library, so none of glibc's cpuid probing, which traps to the
+    # hypervisor in a guest: BENCHMARKS.md, twenty-fourth pass).
+    # shellcheck disable=SC2086
+    $CHRT "$BIN"/loadbench --iters "$ITERS" --warmup "$WARMUP" --bin-dir "$BIN" \
+        --skills static-cat --variants bare,engine,executor-rpc,daemon,bwrap,firejail
 } 2>&1 | tee "$OUT"
 
 if [ "${1:-}" = "--micro" ]; then
