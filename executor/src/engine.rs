@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -66,6 +66,43 @@ pub enum EngineError {
     Instance(#[from] InstanceError),
 }
 
+/// How long the only run in flight watches for its child's `exec` before
+/// it sleeps (`sys::berth`'s `Handoff::wait`): about what a child made
+/// ahead takes from its wake-up to its `exec` on the dev machines. Sleeping
+/// lets the run's vCPU halt, and a halted vCPU costs the wake-up at the
+/// `exec` ~28 µs on a guest that halts its idle vCPUs at once
+/// (BENCHMARKS.md, twenty-second and twenty-fourth passes). Not with other
+/// runs in flight (their work wants the CPU) nor on one CPU (the child
+/// does).
+pub const EXEC_SPIN: Duration = Duration::from_micros(150);
+
+/// How long a run watches for its child's `exec` without sleeping: the
+/// engine's `budget` ([`EXEC_SPIN`] with more than one CPU) when it is the
+/// only run in flight, else not at all.
+fn spin_for(active: usize, budget: Duration) -> Duration {
+    if active == 1 {
+        budget
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// Counts a run in [`Engine`]'s `active` while it lives.
+struct Active<'a>(&'a AtomicUsize);
+
+impl<'a> Active<'a> {
+    fn enter(active: &'a AtomicUsize) -> Self {
+        active.fetch_add(1, Ordering::Relaxed);
+        Active(active)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Runs skills under the configured sandbox.
 ///
 /// The engine makes its process a child subreaper (orphans of skills are
@@ -87,6 +124,11 @@ pub struct Engine {
     /// Creates the children (dropped after the runs, before the instance).
     spawners: Spawners,
     runs: AtomicU64,
+    /// Runs between their plan and their report now.
+    active: AtomicUsize,
+    /// [`EXEC_SPIN`] with more than one CPU, else zero (the child needs
+    /// the only one).
+    exec_spin: Duration,
     /// Landlock rulesets built, and taken from a slot's cache.
     rulesets: [AtomicU64; 2],
     /// Manifests of runs named by path, parsed once per file content.
@@ -137,6 +179,12 @@ impl Engine {
             janitor: Janitor::default(),
             spawners,
             runs: AtomicU64::new(0),
+            active: AtomicUsize::new(0),
+            exec_spin: if std::thread::available_parallelism().is_ok_and(|n| n.get() > 1) {
+                EXEC_SPIN
+            } else {
+                Duration::ZERO
+            },
             rulesets: [AtomicU64::new(0), AtomicU64::new(0)],
             instance,
         })
@@ -292,6 +340,7 @@ impl Engine {
             Err(e) => return RunReport::not_run(fallback_name, e.outcome(), e.to_string()),
         };
         let skill = plan.manifest.name().to_string();
+        let _active = Active::enter(&self.active);
         // Step 2: prepare everything in the parent, in a fresh slot (run
         // directory and cgroup leaves) made ahead of time when one is ready.
         let warm = self.runs.fetch_add(1, Ordering::Relaxed) > 0;
@@ -318,8 +367,11 @@ impl Engine {
             r.sandbox = Some(prep.report.clone());
             return r;
         }
-        // Steps 3-5: spawn (the child applies the sandbox and execs).
-        let child = match spawn::spawn(&mut prep, &plan.entry, &plan.args, &self.spawners) {
+        // Steps 3-5: spawn (the child applies the sandbox and execs). The
+        // only run in flight watches for its child's exec without sleeping
+        // for a while ([`EXEC_SPIN`]); with others, its CPU is theirs.
+        let spin = spin_for(self.active.load(Ordering::Relaxed), self.exec_spin);
+        let child = match spawn::spawn(&mut prep, &plan.entry, &plan.args, &self.spawners, spin) {
             Ok(c) => c,
             Err(e) => {
                 let mut r = RunReport::not_run(skill, e.outcome(), e.to_string());
@@ -489,6 +541,23 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
+
+    /// Only the one run in flight spins, and only as long as the engine's
+    /// budget; the runs in flight are counted while their guard lives.
+    #[test]
+    fn only_the_one_run_in_flight_spins_for_its_exec() {
+        let active = AtomicUsize::new(0);
+        let first = Active::enter(&active);
+        assert_eq!(spin_for(active.load(Ordering::Relaxed), EXEC_SPIN), EXEC_SPIN);
+        assert_eq!(spin_for(active.load(Ordering::Relaxed), Duration::ZERO), Duration::ZERO);
+        let second = Active::enter(&active);
+        assert_eq!(spin_for(active.load(Ordering::Relaxed), EXEC_SPIN), Duration::ZERO);
+        drop(first);
+        assert_eq!(spin_for(active.load(Ordering::Relaxed), EXEC_SPIN), EXEC_SPIN);
+        drop(second);
+        assert_eq!(active.load(Ordering::Relaxed), 0);
+        assert_eq!(spin_for(0, EXEC_SPIN), Duration::ZERO);
+    }
 
     /// A skill folder (0755) holding `skill.json` (`name`, `timeout`) and
     /// an executable `run.sh` of `script`; returns it and the manifest.

@@ -104,7 +104,9 @@
 //!    the spec the run gives a handoff whose word the child makes its
 //!    clear-child-tid address: the kernel wakes the run at the child's
 //!    `exec` (or exit), before it lets the spawner thread out of `clone`,
-//!    so the run is not woken second-hand. A run that finds no child
+//!    so the run is not woken second-hand; the only run in flight watches
+//!    that word without sleeping for up to [`engine::EXEC_SPIN`] first,
+//!    so its vCPU does not halt meanwhile. A run that finds no child
 //!    parked waits for the next thread that is done, which makes one for
 //!    it. Before the clone (or the hand-over) the run moves the
 //!    descriptors its child keeps (the three pipe ends and the Landlock

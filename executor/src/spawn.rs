@@ -7,6 +7,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use nix::fcntl::OFlag;
 use nix::sys::resource::{getrlimit, Resource};
@@ -518,7 +519,9 @@ fn prefill_stdin(fd: OwnedFd, args: &[u8]) -> Option<(OwnedFd, usize)> {
 
 /// Spawn sequence steps 3 to 5: create the child, which applies the
 /// sandbox and execs the entry, on the slot's pipes (made here when it
-/// has none). `args` go into its stdin first (`prefill_stdin`).
+/// has none). `args` go into its stdin first (`prefill_stdin`). `spin`:
+/// how long a child made ahead may be watched for its `exec` without
+/// sleeping (`sys::spawner`'s `spawn_spinning`; zero: sleep at once).
 ///
 /// # Errors
 ///
@@ -529,6 +532,7 @@ pub fn spawn(
     entry: &Path,
     args: &[u8],
     spawners: &Spawners,
+    spin: Duration,
 ) -> Result<Child, SpawnError> {
     let stdio = match prep.stdio.take() {
         Some(stdio) => stdio,
@@ -591,7 +595,7 @@ pub fn spawn(
     let spawned = match spawner {
         Some(spawner) => {
             spec.seccomp = &[];
-            spawner.spawn(&spec)
+            spawner.spawn_spinning(&spec, spin)
         }
         None => sys::child::spawn(&spec),
     };

@@ -42,6 +42,7 @@ use std::io;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use super::berth::{Berth, Handoff, Unparked};
 use super::child::{self, ChildSpec, SpawnFailure, Spawned, Step};
@@ -250,17 +251,28 @@ impl Spawner {
         Ok(spawner)
     }
 
+    /// [`Spawner::spawn_spinning`] without the spin (the tests').
+    #[cfg(test)]
+    pub fn spawn(&self, spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
+        self.spawn_spinning(spec, Duration::ZERO)
+    }
+
     /// Creates the child of `spec` on a spawner thread: a parked child
     /// takes it ([`super::berth`]), else one made for it ([`child::spawn`]);
     /// `spec.seccomp` should be empty (the thread's filter applies). Blocks
     /// the calling thread until the child has exec'd or failed, as
-    /// [`child::spawn`] does.
+    /// [`child::spawn`] does; for up to `spin` of that without sleeping,
+    /// when a parked child took it ([`Handoff::wait`]).
     ///
     /// # Errors
     ///
     /// As [`child::spawn`]; a spawner that is gone is a `clone` failure
     /// (`EAGAIN`).
-    pub fn spawn(&self, spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
+    pub fn spawn_spinning(
+        &self,
+        spec: &ChildSpec<'_>,
+        spin: Duration,
+    ) -> Result<Spawned, SpawnFailure> {
         // A parked child cannot report a malformed spec before using it.
         child::check_spec(spec)?;
         let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };
@@ -271,7 +283,7 @@ impl Spawner {
         if self.queue.push(job).map_err(|_| gone)? {
             // Woken by the child's exec (or exit) itself, or by the spawner
             // thread when no child took the spec ([`super::berth`]).
-            handoff.wait();
+            handoff.wait(spin);
             if let Some((pid, pidfd)) = handoff.spawned() {
                 // SAFETY: the child stored the pidfd the kernel made for it;
                 // with `spawned()` true the spawner thread leaves it to us.
