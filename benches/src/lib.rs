@@ -8,7 +8,7 @@
 //!   by both tools; [`HostTime`] reads the latter.
 //! - [`write_packs`]: many valid packs on disk (the scan bench, `loadbench
 //!   --loaded-skills`).
-//! - [`first_line`], [`kernel_release`]: the machine facts every tool's
+//! - [`first_line`], [`kernel_release`], [`cpus`]: the machine facts every tool's
 //!   header prints (`/proc/loadavg`, the kernel).
 
 use std::fs;
@@ -173,10 +173,16 @@ impl HostTime {
         }
     }
 
-    /// Steal as a share of `cpus` CPUs over `wall`, in percent.
-    pub fn steal_share(steal: Duration, wall: Duration, cpus: usize) -> f64 {
-        steal.as_secs_f64() / (wall.as_secs_f64() * cpus as f64).max(1e-9) * 100.0
+    /// A time (busy or stolen) as a share of `cpus` CPUs over `wall`, in
+    /// percent.
+    pub fn share(time: Duration, wall: Duration, cpus: usize) -> f64 {
+        time.as_secs_f64() / (wall.as_secs_f64() * cpus as f64).max(1e-9) * 100.0
     }
+}
+
+/// CPUs this process may run on (1 when unknown).
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
 fn clock_ticks() -> Option<u64> {
@@ -211,7 +217,7 @@ mod tests {
         let later = HostTime::parse("cpu  200 1 20 5000 7 2 3 90 0 0\n", 100).unwrap();
         let d = later.since(t);
         assert_eq!((d.busy, d.steal), (Duration::from_secs(1), Duration::from_millis(500)));
-        assert_eq!(HostTime::steal_share(d.steal, Duration::from_millis(500), 2), 50.0);
+        assert_eq!(HostTime::share(d.steal, Duration::from_millis(500), 2), 50.0);
         assert_eq!(HostTime::parse("cpu0 1 2 3 4 5 6 7 8\n", 100), None, "the total line first");
         assert_eq!(HostTime::parse("cpu  1 2 3\n", 100), None, "too few columns");
     }

@@ -837,12 +837,7 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
 
 // ---------------------------------------------------------------- phases
 
-use ongrid_benches::{first_line, kernel_release, pct, sorted, HostTime, Samples};
-
-/// CPUs this process may run on (1 when unknown).
-fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-}
+use ongrid_benches::{cpus, first_line, kernel_release, pct, sorted, HostTime, Samples};
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
@@ -1116,8 +1111,8 @@ fn print_table(variants: &[Variant], samples: &[Samples]) {
                  busy {:.0} % of {cpus} CPUs, stolen {:.0} %",
                 v.name(),
                 s.busy.as_secs_f64() / s.runs.max(1) as f64 * 1e6,
-                s.busy.as_secs_f64() / (s.wall.as_secs_f64() * cpus as f64).max(1e-9) * 100.0,
-                HostTime::steal_share(s.steal, s.wall, cpus)
+                HostTime::share(s.busy, s.wall, cpus),
+                HostTime::share(s.steal, s.wall, cpus)
             );
         }
     }
@@ -1418,9 +1413,9 @@ fn main() {
             // The share of the CPUs the hypervisor gave to other guests
             // meanwhile: the rounds of a set share it (variants alternate),
             // but a high one makes every figure of the set noisier.
-            let stolen = HostTime::now().zip(host0).map_or(0.0, |(h, h0)| {
-                HostTime::steal_share(h.since(h0).steal, t0.elapsed(), cpus())
-            });
+            let stolen = HostTime::now()
+                .zip(host0)
+                .map_or(0.0, |(h, h0)| HostTime::share(h.since(h0).steal, t0.elapsed(), cpus()));
             println!(
                 "\nskill {kind}, {} ({} s, loadavg {}, stolen {stolen:.0} % of {} CPUs):",
                 if conc == 1 { "sequential".to_owned() } else { format!("{conc} clients") },

@@ -226,7 +226,7 @@ fn run_one(
     }
 }
 
-use ongrid_benches::{first_line, kernel_release, pct, sorted, HostTime, Samples};
+use ongrid_benches::{cpus, first_line, kernel_release, pct, sorted, HostTime, Samples};
 
 /// Sequential: every iteration runs each variant once, in a rotating order.
 fn sequential(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
@@ -410,13 +410,13 @@ fn main() {
         for (v, s) in o.variants.iter().zip(&samples).filter(|(_, s)| !s.busy.is_zero()) {
             // With runs at once: the whole host's CPU per run, all processes,
             // and how much of the CPUs the hypervisor gave to others.
-            let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+            let cpus = cpus();
             println!(
                 "{} host CPU per run {:.0} us (all processes, /proc/stat, steal apart); stolen \
                  {:.0} % of {cpus} CPUs",
                 v.name(),
                 s.busy.as_secs_f64() / s.runs.max(1) as f64 * 1e6,
-                HostTime::steal_share(s.steal, s.wall, cpus)
+                HostTime::share(s.steal, s.wall, cpus)
             );
         }
         if let Some(i) = o.variants.iter().position(|v| *v == Variant::Engine) {
