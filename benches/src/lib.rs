@@ -5,7 +5,8 @@
 //! - [`sorted`], [`pct`]: the percentile arithmetic the tools report with.
 //! - [`Samples`]: what one variant measured (latencies, setup times, runs,
 //!   wall time, the host's busy and stolen CPU time), filled the same way
-//!   by both tools; [`HostTime`] reads the latter.
+//!   by both tools; [`HostTime`] reads the latter, [`cpu_wakeups`] the
+//!   interrupts by which one CPU wakes another.
 //! - [`write_packs`]: many valid packs on disk (the scan bench, `loadbench
 //!   --loaded-skills`).
 //! - [`first_line`], [`kernel_release`], [`cpus`]: the machine facts every tool's
@@ -86,6 +87,11 @@ pub struct Samples {
     /// CPU time the hypervisor gave to others while this guest's CPUs
     /// wanted to run, over the same rounds ([`HostTime::steal`]).
     pub steal: Duration,
+    /// Interrupts by which one CPU woke another during the runs
+    /// ([`cpu_wakeups`]); `None` when not counted, or when a count failed.
+    pub wakeups: Option<u64>,
+    /// [`Samples::add_wakeups`] was called.
+    wakeups_counted: bool,
 }
 
 impl Samples {
@@ -109,6 +115,23 @@ impl Samples {
         for (elapsed, setup_us) in runs {
             self.add(elapsed, setup_us);
         }
+    }
+
+    /// Adds the wake-ups counted over some of the runs; `None` (not
+    /// counted) leaves the total unknown for good.
+    pub fn add_wakeups(&mut self, n: Option<u64>) {
+        let first = !self.wakeups_counted;
+        self.wakeups_counted = true;
+        self.wakeups = match (first, self.wakeups, n) {
+            (true, _, n) => n,
+            (false, Some(w), Some(n)) => Some(w + n),
+            _ => None,
+        };
+    }
+
+    /// Wake-ups of another CPU per run, when every run's were counted.
+    pub fn wakeups_per_run(&self) -> Option<f64> {
+        self.wakeups.filter(|_| self.runs > 0).map(|w| w as f64 / self.runs as f64)
     }
 
     fn add(&mut self, elapsed: Duration, setup_us: Option<u64>) {
@@ -180,6 +203,42 @@ impl HostTime {
     }
 }
 
+/// Interrupts by which one CPU has made another run something since boot,
+/// all CPUs together: the `RES` (rescheduling) and `CAL` (function call)
+/// lines of `/proc/interrupts`.
+///
+/// On a guest whose idle vCPUs halt (`haltpoll.guest_halt_poll_ns=0`, as
+/// on the dev machines), waking a thread whose CPU is idle sends one of
+/// them, and the woken vCPU runs only once the hypervisor schedules it
+/// again: tens of microseconds each (BENCHMARKS.md, twenty-second and
+/// twenty-fourth passes). Counted per run, they show how many such hops a
+/// path takes. `None` without `/proc/interrupts` or without either line.
+pub fn cpu_wakeups() -> Option<u64> {
+    parse_wakeups(&fs::read_to_string("/proc/interrupts").ok()?)
+}
+
+/// [`cpu_wakeups`] from the text of `/proc/interrupts`: the per-CPU counts
+/// of its `RES:` and `CAL:` lines (as many as the header names CPUs).
+pub fn parse_wakeups(text: &str) -> Option<u64> {
+    let mut lines = text.lines();
+    let cpus = lines.next()?.split_whitespace().filter(|c| c.starts_with("CPU")).count();
+    let mut found = 0;
+    let mut sum = 0u64;
+    for line in lines {
+        let mut fields = line.split_whitespace();
+        if !matches!(fields.next(), Some("RES:" | "CAL:")) {
+            continue;
+        }
+        let counts: Vec<u64> = fields.take(cpus).map_while(|c| c.parse().ok()).collect();
+        if counts.len() != cpus {
+            return None;
+        }
+        sum += counts.iter().sum::<u64>();
+        found += 1;
+    }
+    (found == 2).then_some(sum)
+}
+
 /// CPUs this process may run on (1 when unknown).
 pub fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
@@ -220,6 +279,41 @@ mod tests {
         assert_eq!(HostTime::share(d.steal, Duration::from_millis(500), 2), 50.0);
         assert_eq!(HostTime::parse("cpu0 1 2 3 4 5 6 7 8\n", 100), None, "the total line first");
         assert_eq!(HostTime::parse("cpu  1 2 3\n", 100), None, "too few columns");
+    }
+
+    /// Only the rescheduling and function-call lines count, every CPU's
+    /// column of them, and nothing without both.
+    #[test]
+    fn wakeups_are_the_res_and_cal_columns() {
+        let text = "           CPU0       CPU1       \n\
+                    \x20 1:         9          0   IO-APIC   1-edge      i8042\n\
+                    LOC:      1000       2000   Local timer interrupts\n\
+                    RES:        10         20   Rescheduling interrupts\n\
+                    CAL:       300        400   Function call interrupts\n\
+                    TLB:         5          6   TLB shootdowns\n";
+        assert_eq!(parse_wakeups(text), Some(730));
+        let no_cal = text.replace("CAL:", "XYZ:");
+        assert_eq!(parse_wakeups(&no_cal), None);
+        let short = text.replace("400   Function", "Function");
+        assert_eq!(parse_wakeups(&short), None, "a column missing");
+        assert!(cpu_wakeups().is_some(), "this host has /proc/interrupts with both lines");
+    }
+
+    /// Wake-ups add up over the runs they were counted for; one lost count
+    /// makes the total unknown rather than low.
+    #[test]
+    fn wakeups_add_up_or_are_unknown() {
+        let mut s = Samples::default();
+        assert_eq!(s.wakeups_per_run(), None);
+        for n in [3, 5] {
+            s.record(Duration::from_millis(1), None);
+            s.add_wakeups(Some(n));
+        }
+        assert_eq!(s.wakeups_per_run(), Some(4.0));
+        s.record(Duration::from_millis(1), None);
+        s.add_wakeups(None);
+        s.add_wakeups(Some(7));
+        assert_eq!((s.wakeups, s.wakeups_per_run()), (None, None));
     }
 
     /// Samples add up rounds: wall and busy time summed, every run kept.

@@ -66,7 +66,11 @@
 //! spawns any), and with clients at once the whole host's (`/proc/stat`)
 //! with how busy the host was. Every set's header and every host line give
 //! the share of the CPUs the hypervisor gave to other guests meanwhile
-//! (steal), which the host's CPU per run leaves out.
+//! (steal), which the host's CPU per run leaves out. Per variant, how
+//! many times per run one CPU woke another (`RES` and `CAL` interrupts of
+//! `/proc/interrupts`, the whole host's, read around each sequential run
+//! and each concurrent round): on a guest whose idle vCPUs halt, each is a
+//! wait for the hypervisor, so they count the hops a path pays for.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -837,7 +841,9 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
 
 // ---------------------------------------------------------------- phases
 
-use ongrid_benches::{cpus, first_line, kernel_release, pct, sorted, HostTime, Samples};
+use ongrid_benches::{
+    cpu_wakeups, cpus, first_line, kernel_release, pct, sorted, HostTime, Samples,
+};
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
@@ -882,9 +888,13 @@ fn sequential(ctx: &Ctx<'_>, variants: &[Variant], manifest: &Path) -> (Vec<Samp
             if !o.gap.is_zero() {
                 std::thread::sleep(o.gap);
             }
+            // Read outside the run's time; what the daemons do after a
+            // report (a slot's recycling) falls in the next run's count.
+            let woken = cpu_wakeups();
             let (el, setup) = run_one(variants[idx], ctx, &mut cl, manifest);
             if i >= o.warmup {
                 out[idx].record(el, setup);
+                out[idx].add_wakeups(cpu_wakeups().zip(woken).map(|(b, a)| b.saturating_sub(a)));
             }
         }
     }
@@ -929,14 +939,18 @@ fn concurrent(
                     })
                     .collect();
                 let host0 = HostTime::now();
+                let woken0 = cpu_wakeups();
                 barrier.wait();
                 let t0 = Instant::now();
                 let results: Vec<_> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
                 let host = HostTime::now().zip(host0).map(|(h, h0)| h.since(h0));
-                (t0.elapsed(), host.unwrap_or_default(), results)
+                let woken = cpu_wakeups().zip(woken0).map(|(b, a)| b.saturating_sub(a));
+                (t0.elapsed(), host.unwrap_or_default(), (results, woken))
             });
             if round >= warm_rounds {
+                let (results, woken) = results;
                 out[idx].record_round(wall, host, results);
+                out[idx].add_wakeups(woken);
             }
         }
     }
@@ -1113,6 +1127,18 @@ fn print_table(variants: &[Variant], samples: &[Samples]) {
                 s.busy.as_secs_f64() / s.runs.max(1) as f64 * 1e6,
                 HostTime::share(s.busy, s.wall, cpus),
                 HostTime::share(s.steal, s.wall, cpus)
+            );
+        }
+    }
+    // How many times per run one CPU had to wake another (or make it run
+    // something): on a guest whose idle vCPUs halt, each is a wait for the
+    // hypervisor to run that vCPU again.
+    for (v, s) in variants.iter().zip(samples) {
+        if let Some(w) = s.wakeups_per_run() {
+            println!(
+                "{:<10} wake-ups of another CPU per run {w:.1} (RES + CAL interrupts, \
+                 /proc/interrupts, whole host)",
+                v.name()
             );
         }
     }
