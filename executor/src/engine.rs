@@ -379,7 +379,10 @@ impl Engine {
                 return r;
             }
         };
-        let setup = started.elapsed().saturating_sub(*held);
+        // Setup ends at the child's exec as the child timed it: the run's
+        // thread may get a CPU only later (under the default scheduling
+        // policy it can wait behind the skill it just started).
+        let setup = child.exec_at.saturating_duration_since(started).saturating_sub(*held);
         let setup_us = u64::try_from(setup.as_micros()).unwrap_or(u64::MAX);
         // Without a cgroup the watchdog kills the run's process group.
         let _pgid = prep.cgroup.is_none().then(|| self.instance.record_pgid(child.pid)).flatten();
@@ -594,6 +597,63 @@ mod tests {
         let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
         let engine = Engine::new(config).unwrap();
         Some((runtime, skill, manifest, engine))
+    }
+
+    /// `setup_us` ends when the child calls `execve`, not when the run's
+    /// thread gets to run after it. Made to happen every time: the run's
+    /// thread and the skill share one CPU, and the skill (a child of a
+    /// spawner thread, which carries `SCHED_FIFO` here) keeps it busy for a
+    /// while after its exec, so the run's thread (`SCHED_OTHER`) runs only
+    /// when the skill is done. Root only (`SCHED_FIFO`).
+    #[test]
+    fn setup_ends_at_the_childs_exec_however_late_the_run_gets_a_cpu() {
+        // For the run-as user's SKIP; this engine is not used.
+        let Some((runtime, _cat, cat, _)) = cat_engine("late") else { return };
+        let busy = "#!/bin/sh\ni=0\nwhile [ $i -lt 400000 ]; do i=$((i+1)); done\necho '{}'\n";
+        let (_busy, manifest) = skill("late", 10, busy);
+        let runtime_dir = runtime.path().to_owned();
+        let report = std::thread::spawn(move || {
+            let mut cpu0 = nix::sched::CpuSet::new();
+            cpu0.set(0).unwrap();
+            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu0).unwrap();
+            if crate::sys::process::set_thread_fifo(Some(10)).is_err() {
+                return None;
+            }
+            let config = Config { runtime_dir: Some(runtime_dir), ..Config::default() };
+            let engine = Engine::new(config).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let run = |manifest: PathBuf| {
+                let (report, _, _) = rt.block_on(engine.run_source_then(
+                    ManifestSource::Path(manifest),
+                    b"{}".to_vec(),
+                    None,
+                    &mut |_| {},
+                    std::future::ready(true),
+                    std::future::pending(),
+                ));
+                report
+            };
+            // The first run starts the spawner threads, which (and so the
+            // children) inherit the policy and the CPU; the run's thread
+            // then goes back to the default.
+            assert_eq!(run(cat).outcome, Outcome::Ok);
+            crate::sys::process::set_thread_fifo(None).expect("back to SCHED_OTHER");
+            Some(run(manifest))
+        })
+        .join()
+        .unwrap();
+        let Some(report) = report else {
+            println!("SKIP: SCHED_FIFO refused (it needs root)");
+            return;
+        };
+        assert_eq!(report.outcome, Outcome::Ok, "{report:?}");
+        assert!(report.duration_ms >= 50, "the skill kept its CPU too briefly: {report:?}");
+        assert!(
+            report.setup_us < report.duration_ms * 1000 / 2,
+            "setup counted the skill's own time: {} us of {} ms",
+            report.setup_us,
+            report.duration_ms
+        );
     }
 
     /// A finished run's pipes and pidfd stay open until its `AfterReport`

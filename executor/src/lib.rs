@@ -132,7 +132,11 @@
 //!    is already in place when the child came from a spawner thread.
 //! 5. `execve` the entry with argv = `[entry]` and the prepared environment.
 //!    A failing step writes (step, errno) into the parent's memory and
-//!    exits; the parent reports `sandbox_failed` or `spawn_failed`.
+//!    exits; the parent reports `sandbox_failed` or `spawn_failed`. Just
+//!    before the call the child stores the time (`CLOCK_MONOTONIC`, through
+//!    the vDSO) in the run's memory: the report's `setup_us` ends there,
+//!    not when the run's thread next gets a CPU, which under the default
+//!    scheduling policy can be after the skill has run.
 //! 6. Supervise ([`supervise`]): args to stdin then EOF (args that fit in
 //!    the pipe, nearly all, are put there with the EOF behind them before
 //!    step 3, so the skill never waits on the executor for them), stdout up

@@ -6,8 +6,9 @@ use std::ffi::{c_char, CString};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
 use nix::sys::resource::{getrlimit, Resource};
@@ -153,6 +154,9 @@ pub struct Child {
     pub stdout: OwnedFd,
     /// Read end of its stderr (non-blocking).
     pub stderr: OwnedFd,
+    /// When it called `execve`, as it timed it (step 5): the end of the
+    /// run's setup, however late the run's thread got to run after it.
+    pub exec_at: Instant,
 }
 
 fn cstring(skill: &str, what: &str, bytes: &[u8]) -> Result<CString, SpawnError> {
@@ -548,6 +552,7 @@ pub fn spawn(
     let envp: Vec<*const c_char> =
         prep.envp.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
     let procs: Vec<RawFd> = prep.cgroup.as_ref().map(RunCgroup::procs_fds).unwrap_or_default();
+    let exec_ns = AtomicU64::new(0);
     // Step 3: a spawner thread carrying the run's seccomp program creates
     // the child, which inherits the filter; without one (it could not
     // start) the child installs the program itself in step 4i.
@@ -570,6 +575,7 @@ pub fn spawn(
         seccomp: prep.seccomp,
         parent: own_pid(),
         bounding_cleared: false,
+        exec_at: Some(&exec_ns),
     };
     // The child shares the table until its cgroups are joined, then keeps
     // only what is below its floor (sys::fdtable): the top of the band its
@@ -606,8 +612,29 @@ pub fn spawn(
             SpawnError::Sandbox { skill: skill.to_owned(), step, errno }
         }
     })?;
+    let exec_at = exec_instant(exec_ns.load(Ordering::Acquire));
     drop((placed, stdin_r, stdout_w, stderr_w));
-    Ok(Child { pid: spawned.pid, pidfd: spawned.pidfd, stdin, stdout: stdout_r, stderr: stderr_r })
+    Ok(Child {
+        pid: spawned.pid,
+        pidfd: spawned.pidfd,
+        stdin,
+        stdout: stdout_r,
+        stderr: stderr_r,
+        exec_at,
+    })
+}
+
+/// The [`Instant`] of a `CLOCK_MONOTONIC` reading `ns` the child took
+/// (the clock `Instant` reads on Linux): now, less the time since. Now
+/// when it took none (0) or the clock cannot be read.
+fn exec_instant(ns: u64) -> Instant {
+    let now = Instant::now();
+    match sys::child::monotonic_now_ns() {
+        Some(t) if ns != 0 => {
+            now.checked_sub(Duration::from_nanos(t.saturating_sub(ns))).unwrap_or(now)
+        }
+        _ => now,
+    }
 }
 
 #[cfg(test)]

@@ -359,7 +359,7 @@ pub async fn supervise(
     sink: &mut (dyn FnMut(&str) + Send),
     cancel: impl Future<Output = ()>,
 ) -> Supervised {
-    let Child { pid, pidfd, stdin, stdout, stderr } = child;
+    let Child { pid, pidfd, stdin, stdout, stderr, exec_at: _ } = child;
     reaper.track(pid);
     let start = Instant::now();
     let deadline = start + bounds.timeout;

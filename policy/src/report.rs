@@ -174,7 +174,8 @@ pub struct RunReport {
     pub limit: Option<LimitKind>,
     /// Wall time from request to report, milliseconds.
     pub duration_ms: u64,
-    /// Sandbox setup time (validation to exec), microseconds.
+    /// Sandbox setup time, microseconds: from validation to the child's
+    /// `execve` call, as the child timed it (a hold for `start` excluded).
     #[serde(default)]
     pub setup_us: u64,
     /// Bounded tail of stderr.

@@ -138,3 +138,23 @@ pub fn async_pidfd(
     }
     .map_err(tokio::io::unix::AsyncFdRegisterError::into_parts)
 }
+
+/// Tests: puts the calling thread in `SCHED_FIFO` at `priority`, or back
+/// in `SCHED_OTHER` with `None`.
+///
+/// # Errors
+///
+/// The errno of `sched_setscheduler` (`EPERM` without `CAP_SYS_NICE`).
+#[cfg(test)]
+pub(crate) fn set_thread_fifo(priority: Option<i32>) -> std::io::Result<()> {
+    let (policy, sched_priority) = match priority {
+        Some(p) => (libc::SCHED_FIFO, p),
+        None => (libc::SCHED_OTHER, 0),
+    };
+    let param = libc::sched_param { sched_priority };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid local.
+    if unsafe { libc::sched_setscheduler(0, policy, &raw const param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

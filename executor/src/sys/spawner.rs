@@ -445,6 +445,7 @@ mod tests {
     use std::ffi::{c_char, CString};
     use std::io::Read;
     use std::os::fd::AsRawFd;
+    use std::sync::atomic::AtomicU64;
 
     use super::*;
 
@@ -494,6 +495,7 @@ mod tests {
             seccomp: &[],
             parent: nix::unistd::getpid().as_raw(),
             bounding_cleared: false,
+            exec_at: None,
         };
         let spawned = spawn(&spec)?;
         drop((in_r, in_w, out_w, err_w));
@@ -608,6 +610,41 @@ mod tests {
         let refused =
             child_status_result(|s| child::spawn(&ChildSpec { share_below: Some(3), ..*s }));
         assert_eq!(refused, Err(SpawnFailure { step: Step::Clone, errno: libc::EINVAL }));
+        drop(spawner);
+    }
+
+    /// Now on `CLOCK_MONOTONIC`, in nanoseconds.
+    fn now_ns() -> u64 {
+        child::monotonic_now_ns().expect("CLOCK_MONOTONIC")
+    }
+
+    /// A child times its own `execve`, parked or made for the run: the
+    /// time it stores falls between the spawn's call and its return, so a
+    /// caller that gets to run late still knows when the setup ended.
+    #[test]
+    fn the_child_times_its_own_exec() {
+        let spawner = Spawner::start(crate::seccomp::program(false), 2, "test-exec-at").unwrap();
+        for parked in [true, false, true] {
+            let at = AtomicU64::new(0);
+            let (before, returned) = (now_ns(), std::cell::Cell::new(0));
+            let status = child_status(|s| {
+                let spec = ChildSpec { exec_at: Some(&at), ..*s };
+                let r = if parked { spawner.spawn(&spec) } else { child::spawn(&spec) };
+                returned.set(now_ns());
+                r
+            });
+            assert_eq!(status_field(&status, "NoNewPrivs"), "1", "{status}");
+            let at = at.load(std::sync::atomic::Ordering::Acquire);
+            assert!(before < at && at <= returned.get(), "{before} < {at} <= {returned:?}");
+        }
+        // A failed exec is timed too, and still reported as failed.
+        let at = AtomicU64::new(0);
+        let missing = CString::new("/nonexistent/entry").unwrap();
+        let failed = child_status_result(|s| {
+            spawner.spawn(&ChildSpec { path: &missing, exec_at: Some(&at), ..*s })
+        });
+        assert_eq!(failed.map(|_| ()).unwrap_err().step, Step::Exec);
+        assert_ne!(at.load(std::sync::atomic::Ordering::Acquire), 0);
         drop(spawner);
     }
 
