@@ -73,7 +73,8 @@ pub enum EngineError {
 /// `exec` ~28 µs on a guest that halts its idle vCPUs at once
 /// (BENCHMARKS.md, twenty-second and twenty-fourth passes). Not with other
 /// runs in flight (their work wants the CPU) nor on one CPU (the child
-/// does).
+/// does). The watching yields the CPU between looks, so a child queued on
+/// the run's CPU runs at once (twenty-fifth pass).
 pub const EXEC_SPIN: Duration = Duration::from_micros(150);
 
 /// How long a run watches for its child's `exec` without sleeping: the

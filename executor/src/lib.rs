@@ -106,7 +106,8 @@
 //!    `exec` (or exit), before it lets the spawner thread out of `clone`,
 //!    so the run is not woken second-hand; the only run in flight watches
 //!    that word without sleeping for up to [`engine::EXEC_SPIN`] first,
-//!    so its vCPU does not halt meanwhile. A run that finds no child
+//!    so its vCPU does not halt meanwhile (yielding its CPU between looks,
+//!    so a child queued there runs at once). A run that finds no child
 //!    parked waits for the next thread that is done, which makes one for
 //!    it. Before the clone (or the hand-over) the run moves the
 //!    descriptors its child keeps (the three pipe ends and the Landlock

@@ -107,7 +107,8 @@ impl Handoff {
     /// exited, or the spawner thread released the handoff.
     ///
     /// With a nonzero `spin`, first watches the word for that long without
-    /// sleeping (the caller decides when the CPU is not wanted elsewhere:
+    /// sleeping, yielding the CPU between looks (the caller decides when
+    /// the CPU is not wanted elsewhere:
     /// `engine`'s [`EXEC_SPIN`](crate::engine::EXEC_SPIN)). A thread asleep
     /// in `futex` lets its vCPU halt, and on a guest whose idle vCPUs halt
     /// at once the `exec`'s wake-up then waits for the host to run that
@@ -118,9 +119,10 @@ impl Handoff {
         if !spin.is_zero() {
             let since = std::time::Instant::now();
             while self.done.load(Ordering::Acquire) != 0 && since.elapsed() < spin {
-                for _ in 0..32 {
-                    std::hint::spin_loop();
-                }
+                // `sched_yield`, not a pause: a child the scheduler queued
+                // on this CPU (the other one busy) runs at once, rather
+                // than after the spin.
+                std::thread::yield_now();
             }
         }
         while self.done.load(Ordering::Acquire) != 0 {

@@ -756,6 +756,39 @@ mod tests {
         parked_children(&spawner, "test-exec", 1);
     }
 
+    /// A run watching for its child's exec yields its CPU meanwhile: a
+    /// child queued behind it there runs at once. Made to happen every
+    /// time: the run and the spawner thread (so its child) are on one CPU
+    /// in `SCHED_FIFO` at one priority, where nothing but a yield or a
+    /// sleep lets the child run, and the spin's budget is long. Root only.
+    #[test]
+    fn a_spinning_run_lets_a_child_on_its_cpu_go_first() {
+        let budget = std::time::Duration::from_millis(400);
+        let took = std::thread::spawn(move || {
+            let mut cpu0 = nix::sched::CpuSet::new();
+            cpu0.set(0).unwrap();
+            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu0).unwrap();
+            if super::super::process::set_thread_fifo(Some(10)).is_err() {
+                return None;
+            }
+            let spawner = Spawner::start(crate::seccomp::program(false), 1, "test-yield").unwrap();
+            parked_children(&spawner, "test-yield", 1);
+            let t0 = std::time::Instant::now();
+            let status = child_status(|s| spawner.spawn_spinning(s, budget));
+            let took = t0.elapsed();
+            super::super::process::set_thread_fifo(None).unwrap();
+            assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
+            Some(took)
+        })
+        .join()
+        .unwrap();
+        let Some(took) = took else {
+            println!("SKIP: SCHED_FIFO refused (it needs root)");
+            return;
+        };
+        assert!(took < budget / 2, "the child ran only after the spin: {took:?}");
+    }
+
     /// A spawn given to a parked child that died before it took the spec
     /// is served by a child made for it, and its run woken to read the
     /// answer.
