@@ -5,6 +5,13 @@
 #   benches/run.sh            # loadbench (all three skills, sequential and 8 clients)
 #   benches/run.sh --micro    # also the criterion micro benches and the scan bench
 #   ITERS=200 benches/run.sh  # shorter
+#   SCHED=fifo benches/run.sh # every process in SCHED_FIFO 10 (chrt)
+#
+# By default every process runs in the default scheduling policy, as the
+# daemons do under systemd. Passes one to twenty-four ran under chrt -f 10
+# (less noise); since the twenty-fifth the executor behaves differently in
+# a real-time policy (no exec spin; its skills leave the policy at exec),
+# so that is no longer the daemons' production behaviour (BENCHMARKS.md).
 #
 # Installs bubblewrap and firejail with apt when missing (Debian/Ubuntu).
 # The binaries are copied to a private directory first, so that a rebuild
@@ -35,11 +42,12 @@ trap 'rm -rf "$BIN"' EXIT
 cp target/release/ongrid-executor target/release/ongrid-skilld target/release/loadbench "$BIN"/
 
 CHRT=""
-command -v chrt >/dev/null 2>&1 && CHRT="chrt -f 10"
+if [ "${SCHED:-other}" = fifo ] && command -v chrt >/dev/null 2>&1; then CHRT="chrt -f 10"; fi
 {
     echo "== $(uname -a)"
     echo "== $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)), $(grep MemTotal /proc/meminfo), $(rustc --version)"
     echo "== bwrap $(bwrap --version 2>/dev/null || echo missing), $(firejail --version 2>/dev/null | head -1 || echo firejail missing)"
+    echo "== scheduling: ${CHRT:-default policy}"
     # shellcheck disable=SC2086
     $CHRT "$BIN"/loadbench --iters "$ITERS" --warmup "$WARMUP" --bin-dir "$BIN"
     # The latency decomposition of the daemon path (not in the default set).

@@ -73,7 +73,9 @@ pub enum EngineError {
 /// `exec` ~28 µs on a guest that halts its idle vCPUs at once
 /// (BENCHMARKS.md, twenty-second and twenty-fourth passes). Not with other
 /// runs in flight (their work wants the CPU) nor on one CPU (the child
-/// does). The watching yields the CPU between looks, so a child queued on
+/// does), nor in a real-time policy (the child leaves it before its
+/// `exec`, and a real-time thread spinning on its CPU would then hold it
+/// up). The watching yields the CPU between looks, so a child queued on
 /// the run's CPU runs at once (twenty-fifth pass).
 pub const EXEC_SPIN: Duration = Duration::from_micros(150);
 
@@ -181,7 +183,9 @@ impl Engine {
             spawners,
             runs: AtomicU64::new(0),
             active: AtomicUsize::new(0),
-            exec_spin: if std::thread::available_parallelism().is_ok_and(|n| n.get() > 1) {
+            exec_spin: if std::thread::available_parallelism().is_ok_and(|n| n.get() > 1)
+                && !sys::process::real_time()
+            {
                 EXEC_SPIN
             } else {
                 Duration::ZERO
@@ -655,6 +659,68 @@ mod tests {
             report.setup_us,
             report.duration_ms
         );
+    }
+
+    /// A skill never runs with the executor's real-time policy or
+    /// negative nice value, which children inherit, and cannot take them
+    /// back: from inside the sandbox it reads its own policy, nice value
+    /// and limits, with an executor in `SCHED_FIFO` at nice -5 whose
+    /// limits allow both. Root only.
+    #[test]
+    fn a_skill_gets_neither_the_executors_real_time_policy_nor_its_priority() {
+        let Some((runtime, _cat, cat, _)) = cat_engine("sched") else { return };
+        let probe = "#!/bin/sh\nread -r stat < /proc/self/stat\nset -- $stat\n\
+                     rt=$(grep 'Max realtime priority' /proc/self/limits | tr -s ' ' | cut -d' ' -f4)\n\
+                     ni=$(grep 'Max nice priority' /proc/self/limits | tr -s ' ' | cut -d' ' -f4)\n\
+                     echo \"{\\\"nice\\\":${19},\\\"policy\\\":${41},\\\"rtprio\\\":$rt,\\\"nicelim\\\":$ni}\"\n";
+        let (_probe, manifest) = skill("sched", 10, probe);
+        let runtime_dir = runtime.path().to_owned();
+        let report = std::thread::spawn(move || {
+            if crate::sys::process::set_thread_fifo(Some(10)).is_err()
+                || crate::sys::process::set_thread_nice(-5).is_err()
+            {
+                return None;
+            }
+            // Limits that would let it take them back (per process: nothing
+            // else here depends on them), where raising them is allowed.
+            use nix::sys::resource::{setrlimit, Resource};
+            let raised = setrlimit(Resource::RLIMIT_RTPRIO, 10, 10).is_ok()
+                && setrlimit(Resource::RLIMIT_NICE, 25, 25).is_ok();
+            let config = Config { runtime_dir: Some(runtime_dir), ..Config::default() };
+            let engine = Engine::new(config).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let run = |manifest: PathBuf| {
+                let (report, _, _) = rt.block_on(engine.run_source_then(
+                    ManifestSource::Path(manifest),
+                    b"{}".to_vec(),
+                    None,
+                    &mut |_| {},
+                    std::future::ready(true),
+                    std::future::pending(),
+                ));
+                report
+            };
+            // The spawner threads start with the first run, in this policy.
+            assert_eq!(run(cat).outcome, Outcome::Ok);
+            Some((run(manifest), raised))
+        })
+        .join()
+        .unwrap();
+        let Some((report, raised)) = report else {
+            println!("SKIP: SCHED_FIFO or nice -5 refused (it needs root)");
+            return;
+        };
+        assert_eq!(report.outcome, Outcome::Ok, "{report:?}");
+        let seen = report.result.as_ref().expect("the probe's JSON").to_value();
+        assert_eq!(seen["policy"], 0, "SCHED_OTHER: {seen}");
+        assert_eq!(seen["nice"], 0, "{seen}");
+        assert_eq!((&seen["rtprio"], &seen["nicelim"]), (&0.into(), &0.into()), "{seen}");
+        if !raised {
+            println!(
+                "SKIP (part): RLIMIT_RTPRIO and RLIMIT_NICE could not be raised here (no \
+                 CAP_SYS_RESOURCE), so the skill's limits of 0 are the executor's own"
+            );
+        }
     }
 
     /// A finished run's pipes and pidfd stay open until its `AfterReport`

@@ -124,7 +124,8 @@
 //!    descriptors live: `sys`'s `fdtable`); pipes on 0, 1, 2 and every
 //!    other fd close-on-exec;
 //!    `chdir` into the run
-//!    directory; rlimits (CORE 0, NOFILE, FSIZE, CPU, AS); `no_new_privs`;
+//!    directory; rlimits (CORE 0, NOFILE, FSIZE, CPU, AS, RTPRIO 0, NICE
+//!    0); `no_new_privs`;
 //!    clear supplementary groups, drop the bounding set (inherited empty
 //!    from a spawner thread when no capability is granted), switch to the
 //!    run-as user and set exactly the granted capabilities (ambient too);
@@ -137,7 +138,11 @@
 //!    before the call the child stores the time (`CLOCK_MONOTONIC`, through
 //!    the vDSO) in the run's memory: the report's `setup_us` ends there,
 //!    not when the run's thread next gets a CPU, which under the default
-//!    scheduling policy can be after the skill has run.
+//!    scheduling policy can be after the skill has run. Then it leaves a
+//!    real-time policy or negative nice value inherited from the executor
+//!    (the skill gets the default scheduling; RTPRIO and NICE limits of 0
+//!    keep it there); last, so that up to here it keeps the executor's
+//!    priority (a real-time executor does not spin for the exec).
 //! 6. Supervise ([`supervise`]): args to stdin then EOF (args that fit in
 //!    the pipe, nearly all, are put there with the EOF behind them before
 //!    step 3, so the skill never waits on the executor for them), stdout up

@@ -55,12 +55,14 @@ pub enum Step {
     Landlock,
     /// `seccomp(SECCOMP_SET_MODE_FILTER)`.
     Seccomp,
+    /// Back to the default scheduling policy and a nice value of 0 or more.
+    Scheduling,
     /// `execve` of the entry.
     Exec,
 }
 
 impl Step {
-    const ALL: [Step; 19] = [
+    const ALL: [Step; 20] = [
         Step::Clone,
         Step::Setsid,
         Step::Cgroup,
@@ -79,6 +81,7 @@ impl Step {
         Step::ParentDeath,
         Step::Landlock,
         Step::Seccomp,
+        Step::Scheduling,
         Step::Exec,
     ];
 
@@ -97,6 +100,7 @@ impl Step {
             Step::CloseFds => "close inherited file descriptors",
             Step::Chdir => "enter the per-run directory",
             Step::Rlimits => "set resource limits",
+            Step::Scheduling => "reset the scheduling policy and priority",
             Step::NoNewPrivs => "set no_new_privs",
             Step::Setgroups => "clear supplementary groups",
             Step::CapBounding => "drop the capability bounding set",
@@ -224,6 +228,7 @@ thread_local! {
     static CHILD_STACK: std::cell::Cell<Option<Box<[u8]>>> = const { std::cell::Cell::new(None) };
 }
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+pub(super) const SCHED_DEADLINE: c_int = 6;
 const SECCOMP_SET_MODE_FILTER: c_long = 1;
 const CLOSE_RANGE_CLOEXEC: c_long = 1 << 2;
 const CLOSE_RANGE_UNSHARE: c_long = 1 << 1;
@@ -577,6 +582,29 @@ fn sandbox(
             if libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) == 0 {
                 at.store(monotonic_ns(&now), Ordering::Release);
             }
+        }
+        // Then the default scheduling: a real-time policy or a negative
+        // nice value the executor runs with (children inherit them) is
+        // not the skill's, and with RLIMIT_RTPRIO and RLIMIT_NICE at 0 it
+        // cannot take them back. Last, after the timing: from here on a
+        // real-time thread of the executor on this CPU comes first.
+        let policy = libc::syscall(libc::SYS_sched_getscheduler, 0);
+        let policy = check(policy, Step::Scheduling)? & !c_long::from(libc::SCHED_RESET_ON_FORK);
+        if [libc::SCHED_FIFO, libc::SCHED_RR, SCHED_DEADLINE].contains(&(policy as c_int)) {
+            let param = libc::sched_param { sched_priority: 0 };
+            check(
+                libc::syscall(libc::SYS_sched_setscheduler, 0, libc::SCHED_OTHER, &raw const param),
+                Step::Scheduling,
+            )?;
+        }
+        // The raw call returns 20 - nice.
+        if check(libc::syscall(libc::SYS_getpriority, libc::PRIO_PROCESS, 0), Step::Scheduling)?
+            > 20
+        {
+            check(
+                libc::syscall(libc::SYS_setpriority, libc::PRIO_PROCESS, 0, 0),
+                Step::Scheduling,
+            )?;
         }
         libc::syscall(libc::SYS_execve, spec.path.as_ptr(), spec.argv.as_ptr(), spec.envp.as_ptr());
         Err((Step::Exec, errno()))

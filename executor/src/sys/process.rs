@@ -139,6 +139,14 @@ pub fn async_pidfd(
     .map_err(tokio::io::unix::AsyncFdRegisterError::into_parts)
 }
 
+/// Whether the calling thread runs in a real-time policy (`SCHED_FIFO`,
+/// `SCHED_RR` or `SCHED_DEADLINE`).
+pub fn real_time() -> bool {
+    // SAFETY: no arguments but pid 0, the calling thread.
+    let policy = unsafe { libc::sched_getscheduler(0) } & !libc::SCHED_RESET_ON_FORK;
+    [libc::SCHED_FIFO, libc::SCHED_RR, super::child::SCHED_DEADLINE].contains(&policy)
+}
+
 /// Tests: puts the calling thread in `SCHED_FIFO` at `priority`, or back
 /// in `SCHED_OTHER` with `None`.
 ///
@@ -154,6 +162,21 @@ pub(crate) fn set_thread_fifo(priority: Option<i32>) -> std::io::Result<()> {
     let param = libc::sched_param { sched_priority };
     // SAFETY: pid 0 is the calling thread; `param` is a valid local.
     if unsafe { libc::sched_setscheduler(0, policy, &raw const param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Tests: sets the calling thread's nice value.
+///
+/// # Errors
+///
+/// The errno of `setpriority` (`EACCES` lowering it without
+/// `CAP_SYS_NICE`).
+#[cfg(test)]
+pub(crate) fn set_thread_nice(nice: i32) -> std::io::Result<()> {
+    // SAFETY: integer arguments only; `who` 0 is the calling thread.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())

@@ -773,12 +773,16 @@ mod tests {
             }
             let spawner = Spawner::start(crate::seccomp::program(false), 1, "test-yield").unwrap();
             parked_children(&spawner, "test-yield", 1);
-            let t0 = std::time::Instant::now();
-            let status = child_status(|s| spawner.spawn_spinning(s, budget));
-            let took = t0.elapsed();
+            // Until the child reaches its `exec`, as it timed it: there it
+            // leaves SCHED_FIFO, and the rest waits for the spin anyway.
+            let (t0, at) = (now_ns(), AtomicU64::new(0));
+            let status = child_status(|s| {
+                spawner.spawn_spinning(&ChildSpec { exec_at: Some(&at), ..*s }, budget)
+            });
             super::super::process::set_thread_fifo(None).unwrap();
             assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
-            Some(took)
+            let at = at.load(std::sync::atomic::Ordering::Acquire);
+            Some(std::time::Duration::from_nanos(at.saturating_sub(t0)))
         })
         .join()
         .unwrap();
