@@ -175,7 +175,7 @@ fn rlimit_table(plan: &Plan, root: bool) -> Vec<(&'static str, Resource, u64, u6
         ("RLIMIT_FSIZE", Resource::RLIMIT_FSIZE, l.fsize_bytes, l.fsize_bytes),
         ("RLIMIT_CPU", Resource::RLIMIT_CPU, cpu, cpu + 1),
         ("RLIMIT_AS", Resource::RLIMIT_AS, l.address_space_bytes, l.address_space_bytes),
-        // No real-time policy, no nice value below 0 (step 4e resets both).
+        // No real-time policy, no nice value below 0 (step 5 resets both).
         ("RLIMIT_RTPRIO", Resource::RLIMIT_RTPRIO, 0, 0),
         ("RLIMIT_NICE", Resource::RLIMIT_NICE, 0, 0),
     ];

@@ -100,7 +100,6 @@ impl Step {
             Step::CloseFds => "close inherited file descriptors",
             Step::Chdir => "enter the per-run directory",
             Step::Rlimits => "set resource limits",
-            Step::Scheduling => "reset the scheduling policy and priority",
             Step::NoNewPrivs => "set no_new_privs",
             Step::Setgroups => "clear supplementary groups",
             Step::CapBounding => "drop the capability bounding set",
@@ -112,6 +111,7 @@ impl Step {
             Step::ParentDeath => "set the parent-death signal",
             Step::Landlock => "enforce the Landlock ruleset",
             Step::Seccomp => "install the seccomp filter",
+            Step::Scheduling => "reset the scheduling policy and priority",
             Step::Exec => "execute the entry",
         }
     }
@@ -447,9 +447,10 @@ fn sandbox(
     fprog: &libc::sock_fprog,
     sharing: bool,
 ) -> Result<std::convert::Infallible, (Step, i32)> {
-    // SAFETY: every call below is a raw syscall whose pointer arguments
-    // point to locals of this frame or to data the parent keeps alive
-    // (`spec`, `fprog`) for the duration of the child; none allocates.
+    // SAFETY: every call below is a raw syscall (or `clock_gettime`, which
+    // reads the vDSO or makes one) whose pointer arguments point to locals
+    // of this frame or to data the parent keeps alive (`spec`, `fprog`,
+    // `exec_at`) for the duration of the child; none allocates.
     unsafe {
         // Step 4c: cgroups (v2 leaf for the tree kill, v1 leaves for limits).
         for fd in spec.cgroup_procs {
