@@ -210,6 +210,17 @@ pub(crate) mod sys;
 pub fn map_large_allocations() -> bool {
     sys::memory::map_large_allocations(sys::memory::LARGE_ALLOCATION)
 }
+
+/// Blocks `SIGCHLD` in the calling thread, and so in every thread made
+/// after it (`sys::process::block_sigchld`). The binary calls it first,
+/// before any thread.
+///
+/// # Errors
+///
+/// The error of `pthread_sigmask`.
+pub fn block_sigchld() -> std::io::Result<()> {
+    sys::process::block_sigchld()
+}
 pub mod systemd;
 
 pub use config::{Config, ConfigError, LandlockMode};

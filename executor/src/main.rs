@@ -222,6 +222,10 @@ fn main() -> ExitCode {
     // Before any thread: large buffers (a flooding skill's stdout) on
     // their own mappings, given back when freed.
     executor::map_large_allocations();
+    // Before any thread too: SIGCHLD would only wake a thread to drop it.
+    if let Err(e) = executor::block_sigchld() {
+        eprintln!("ongrid-executor: cannot block SIGCHLD ({e}); each run's exit wakes a thread");
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -357,3 +357,41 @@ fn pack_changed_between_scan_and_run_is_rejected() {
     let r = s.execute("echo", &json!({"n": 5}));
     assert_eq!(r.status, 200);
 }
+
+/// The field `key` (hex mask) of a `/proc/.../status` text.
+fn status_mask(status: &str, key: &str) -> u64 {
+    let hex = status.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_default().trim();
+    u64::from_str_radix(hex, 16).unwrap_or_default()
+}
+
+/// Every thread of the executor blocks SIGCHLD, so its runs' exits leave
+/// the signal pending for the process instead of waking a thread only to
+/// drop it (one wake-up per run, BENCHMARKS.md twenty-fifth pass); the
+/// runs still end and report as before.
+#[test]
+fn the_executor_blocks_sigchld_and_runs_still_end() {
+    let s = Stack::start();
+    for n in 0..3 {
+        let r = s.execute("echo", &json!({ "n": n }));
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let executor = s.executor_pid().unwrap();
+    let sigchld = 1u64 << (libc::SIGCHLD - 1);
+    let tasks = fs::read_dir(format!("/proc/{executor}/task")).unwrap();
+    let mut threads = 0;
+    for task in tasks.flatten() {
+        let status = fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        if status.is_empty() {
+            continue; // a thread that ended meanwhile
+        }
+        threads += 1;
+        assert_ne!(status_mask(&status, "SigBlk:") & sigchld, 0, "{status}");
+    }
+    assert!(threads >= 4, "{threads} threads");
+    let status = fs::read_to_string(format!("/proc/{executor}/status")).unwrap();
+    assert_ne!(
+        status_mask(&status, "ShdPnd:") & sigchld,
+        0,
+        "runs' exits left it pending: {status}"
+    );
+}

@@ -139,6 +139,36 @@ pub fn async_pidfd(
     .map_err(tokio::io::unix::AsyncFdRegisterError::into_parts)
 }
 
+/// Blocks `SIGCHLD` in the calling thread (threads made after inherit the
+/// mask; children reset theirs in step 4a).
+///
+/// Nothing in the executor waits for the signal: runs reap their main
+/// process by pid or pidfd and orphans with `waitpid`. But a child's exit
+/// queues it for the executor and, while the spawner thread that made the
+/// child blocks every signal (it does around `clone`, and a thread with a
+/// child parked is always in `clone`), the kernel does not count it as
+/// ignored: it wakes another thread of the executor to take it, which then
+/// drops it. One wake-up of a thread, often on the other CPU, per run.
+/// Blocked in every thread, the signal stays pending once and wakes no one.
+///
+/// # Errors
+///
+/// The error of `pthread_sigmask`.
+pub fn block_sigchld() -> io::Result<()> {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a local set;
+    // pthread_sigmask only reads it (no old mask asked for).
+    let r = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&raw mut set);
+        libc::sigaddset(&raw mut set, libc::SIGCHLD);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut())
+    };
+    match r {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
 /// Whether the calling thread runs in a real-time policy (`SCHED_FIFO`,
 /// `SCHED_RR` or `SCHED_DEADLINE`).
 pub fn real_time() -> bool {
