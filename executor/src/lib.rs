@@ -154,7 +154,9 @@
 //! 7. On any end, kill the whole tree (`cgroup.kill`, not needed when the
 //!    v2 leaf is already unpopulated at the main process's exit; SIGCONT
 //!    with SIGTERM so stopped processes see it), reap (the executor is a
-//!    child subreaper, so orphans are reaped too), remove the cgroups and
+//!    child subreaper, so orphans are reaped too; by pid, pidfd and
+//!    `waitpid`, never by `SIGCHLD`, which every thread of the binary
+//!    blocks, so an exit wakes no thread), remove the cgroups and
 //!    the run directory (from the engine's second run on, a janitor thread
 //!    does it right after the report is written, as the run's pipes and
 //!    pidfd are closed then, and keeps slots ready: `janitor`; a finished run's
