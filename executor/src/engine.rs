@@ -604,6 +604,26 @@ mod tests {
         Some((runtime, skill, manifest, engine))
     }
 
+    /// A new engine (runtime directory `dir`) and a runtime on the calling
+    /// thread, as a function running one manifest with `{}`. The engine
+    /// starts its spawner threads at its first run, from this thread, so
+    /// they (and their children) take this thread's policy and CPUs.
+    fn engine_on_this_thread(dir: PathBuf) -> impl Fn(PathBuf) -> RunReport {
+        let engine = Engine::new(Config { runtime_dir: Some(dir), ..Config::default() }).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        move |manifest| {
+            let (report, _, _) = rt.block_on(engine.run_source_then(
+                ManifestSource::Path(manifest),
+                b"{}".to_vec(),
+                None,
+                &mut |_| {},
+                std::future::ready(true),
+                std::future::pending(),
+            ));
+            report
+        }
+    }
+
     /// `setup_us` ends when the child calls `execve`, not when the run's
     /// thread gets to run after it. Made to happen every time: the run's
     /// thread and the skill share one CPU, and the skill (a child of a
@@ -618,31 +638,16 @@ mod tests {
         let (_busy, manifest) = skill("late", 10, busy);
         let runtime_dir = runtime.path().to_owned();
         let report = std::thread::spawn(move || {
-            let mut cpu0 = nix::sched::CpuSet::new();
-            cpu0.set(0).unwrap();
-            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu0).unwrap();
-            if crate::sys::process::set_thread_fifo(Some(10)).is_err() {
+            crate::sys::process::pin_thread_to_first_cpu();
+            if crate::sys::process::set_thread_policy(libc::SCHED_FIFO, 10).is_err() {
                 return None;
             }
-            let config = Config { runtime_dir: Some(runtime_dir), ..Config::default() };
-            let engine = Engine::new(config).unwrap();
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            let run = |manifest: PathBuf| {
-                let (report, _, _) = rt.block_on(engine.run_source_then(
-                    ManifestSource::Path(manifest),
-                    b"{}".to_vec(),
-                    None,
-                    &mut |_| {},
-                    std::future::ready(true),
-                    std::future::pending(),
-                ));
-                report
-            };
+            let run = engine_on_this_thread(runtime_dir);
             // The first run starts the spawner threads, which (and so the
             // children) inherit the policy and the CPU; the run's thread
             // then goes back to the default.
             assert_eq!(run(cat).outcome, Outcome::Ok);
-            crate::sys::process::set_thread_fifo(None).expect("back to SCHED_OTHER");
+            crate::sys::process::set_thread_policy(libc::SCHED_OTHER, 0).expect("SCHED_OTHER");
             Some(run(manifest))
         })
         .join()
@@ -676,7 +681,7 @@ mod tests {
         let (_probe, manifest) = skill("sched", 10, probe);
         let runtime_dir = runtime.path().to_owned();
         let report = std::thread::spawn(move || {
-            if crate::sys::process::set_thread_fifo(Some(10)).is_err()
+            if crate::sys::process::set_thread_policy(libc::SCHED_FIFO, 10).is_err()
                 || crate::sys::process::set_thread_nice(-5).is_err()
             {
                 return None;
@@ -686,20 +691,7 @@ mod tests {
             use nix::sys::resource::{setrlimit, Resource};
             let raised = setrlimit(Resource::RLIMIT_RTPRIO, 10, 10).is_ok()
                 && setrlimit(Resource::RLIMIT_NICE, 25, 25).is_ok();
-            let config = Config { runtime_dir: Some(runtime_dir), ..Config::default() };
-            let engine = Engine::new(config).unwrap();
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            let run = |manifest: PathBuf| {
-                let (report, _, _) = rt.block_on(engine.run_source_then(
-                    ManifestSource::Path(manifest),
-                    b"{}".to_vec(),
-                    None,
-                    &mut |_| {},
-                    std::future::ready(true),
-                    std::future::pending(),
-                ));
-                report
-            };
+            let run = engine_on_this_thread(runtime_dir);
             // The spawner threads start with the first run, in this policy.
             assert_eq!(run(cat).outcome, Outcome::Ok);
             Some((run(manifest), raised))

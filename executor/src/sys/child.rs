@@ -228,7 +228,14 @@ thread_local! {
     static CHILD_STACK: std::cell::Cell<Option<Box<[u8]>>> = const { std::cell::Cell::new(None) };
 }
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-pub(super) const SCHED_DEADLINE: c_int = 6;
+const SCHED_DEADLINE: c_int = 6;
+
+/// Whether `policy` (as `sched_getscheduler` returns it, with or without
+/// `SCHED_RESET_ON_FORK`) is a real-time one.
+pub(super) fn real_time_policy(policy: c_int) -> bool {
+    let policy = policy & !libc::SCHED_RESET_ON_FORK;
+    [libc::SCHED_FIFO, libc::SCHED_RR, SCHED_DEADLINE].contains(&policy)
+}
 const SECCOMP_SET_MODE_FILTER: c_long = 1;
 const CLOSE_RANGE_CLOEXEC: c_long = 1 << 2;
 const CLOSE_RANGE_UNSHARE: c_long = 1 << 1;
@@ -589,9 +596,8 @@ fn sandbox(
         // not the skill's, and with RLIMIT_RTPRIO and RLIMIT_NICE at 0 it
         // cannot take them back. Last, after the timing: from here on a
         // real-time thread of the executor on this CPU comes first.
-        let policy = libc::syscall(libc::SYS_sched_getscheduler, 0);
-        let policy = check(policy, Step::Scheduling)? & !c_long::from(libc::SCHED_RESET_ON_FORK);
-        if [libc::SCHED_FIFO, libc::SCHED_RR, SCHED_DEADLINE].contains(&(policy as c_int)) {
+        let policy = check(libc::syscall(libc::SYS_sched_getscheduler, 0), Step::Scheduling)?;
+        if real_time_policy(policy as c_int) {
             let param = libc::sched_param { sched_priority: 0 };
             check(
                 libc::syscall(libc::SYS_sched_setscheduler, 0, libc::SCHED_OTHER, &raw const param),

@@ -155,41 +155,37 @@ pub fn async_pidfd(
 ///
 /// The error of `pthread_sigmask`.
 pub fn block_sigchld() -> io::Result<()> {
-    // SAFETY: sigemptyset/sigaddset initialise and fill a local set;
-    // pthread_sigmask only reads it (no old mask asked for).
-    let r = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&raw mut set);
-        libc::sigaddset(&raw mut set, libc::SIGCHLD);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut())
-    };
-    match r {
-        0 => Ok(()),
-        e => Err(io::Error::from_raw_os_error(e)),
-    }
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGCHLD);
+    set.thread_block().map_err(io::Error::from)
 }
 
 /// Whether the calling thread runs in a real-time policy (`SCHED_FIFO`,
 /// `SCHED_RR` or `SCHED_DEADLINE`).
 pub fn real_time() -> bool {
     // SAFETY: no arguments but pid 0, the calling thread.
-    let policy = unsafe { libc::sched_getscheduler(0) } & !libc::SCHED_RESET_ON_FORK;
-    [libc::SCHED_FIFO, libc::SCHED_RR, super::child::SCHED_DEADLINE].contains(&policy)
+    super::child::real_time_policy(unsafe { libc::sched_getscheduler(0) })
 }
 
-/// Tests: puts the calling thread in `SCHED_FIFO` at `priority`, or back
-/// in `SCHED_OTHER` with `None`.
+/// Tests: keeps the calling thread (and the threads and children it makes
+/// after) on the first CPU.
+#[cfg(test)]
+pub(crate) fn pin_thread_to_first_cpu() {
+    let mut first = nix::sched::CpuSet::new();
+    first.set(0).unwrap();
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &first).unwrap();
+}
+
+/// Tests: puts the calling thread in scheduling `policy` at `priority`
+/// (0 but for the real-time policies).
 ///
 /// # Errors
 ///
 /// The errno of `sched_setscheduler` (`EPERM` without `CAP_SYS_NICE`).
 #[cfg(test)]
-pub(crate) fn set_thread_fifo(priority: Option<i32>) -> std::io::Result<()> {
-    let (policy, sched_priority) = match priority {
-        Some(p) => (libc::SCHED_FIFO, p),
-        None => (libc::SCHED_OTHER, 0),
-    };
-    let param = libc::sched_param { sched_priority };
+pub(crate) fn set_thread_policy(policy: libc::c_int, priority: i32) -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: priority };
     // SAFETY: pid 0 is the calling thread; `param` is a valid local.
     if unsafe { libc::sched_setscheduler(0, policy, &raw const param) } != 0 {
         return Err(std::io::Error::last_os_error());

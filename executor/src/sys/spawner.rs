@@ -765,10 +765,8 @@ mod tests {
     fn a_spinning_run_lets_a_child_on_its_cpu_go_first() {
         let budget = std::time::Duration::from_millis(400);
         let took = std::thread::spawn(move || {
-            let mut cpu0 = nix::sched::CpuSet::new();
-            cpu0.set(0).unwrap();
-            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu0).unwrap();
-            if super::super::process::set_thread_fifo(Some(10)).is_err() {
+            super::super::process::pin_thread_to_first_cpu();
+            if super::super::process::set_thread_policy(libc::SCHED_FIFO, 10).is_err() {
                 return None;
             }
             let spawner = Spawner::start(crate::seccomp::program(false), 1, "test-yield").unwrap();
@@ -779,7 +777,7 @@ mod tests {
             let status = child_status(|s| {
                 spawner.spawn_spinning(&ChildSpec { exec_at: Some(&at), ..*s }, budget)
             });
-            super::super::process::set_thread_fifo(None).unwrap();
+            super::super::process::set_thread_policy(libc::SCHED_OTHER, 0).unwrap();
             assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
             let at = at.load(std::sync::atomic::Ordering::Acquire);
             Some(std::time::Duration::from_nanos(at.saturating_sub(t0)))
