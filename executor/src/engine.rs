@@ -657,10 +657,10 @@ mod tests {
             return;
         };
         assert_eq!(report.outcome, Outcome::Ok, "{report:?}");
-        assert!(report.duration_ms >= 50, "the skill kept its CPU too briefly: {report:?}");
+        assert!(report.duration_ms >= 300, "the CPU was not held after the exec: {report:?}");
         assert!(
-            report.setup_us < report.duration_ms * 1000 / 2,
-            "setup counted the skill's own time: {} us of {} ms",
+            report.setup_us < 150_000,
+            "setup counted time after the exec: {} us of {} ms",
             report.setup_us,
             report.duration_ms
         );
