@@ -4,6 +4,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::quiet_stream::QuietStream;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{ACCEPT, CONTENT_TYPE, HOST};
@@ -12,7 +13,6 @@ use hyper_util::rt::TokioIo;
 use policy::RawJson;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::net::UnixStream;
 
 /// Largest answer body read (a skill's result is capped by the executor
 /// at 16 MiB by default; the report wraps it).
@@ -107,7 +107,10 @@ impl DaemonClient {
         body: Option<Vec<u8>>,
         accept: &str,
     ) -> Result<Response<Incoming>, ClientError> {
-        let stream = UnixStream::connect(&self.socket)
+        // Registered for reading only: the daemon's read of the request
+        // would otherwise come back as a write-readiness wake-up of this
+        // runtime, for nothing (`QuietStream`).
+        let stream = QuietStream::connect(&self.socket)
             .await
             .map_err(|source| ClientError::Connect { socket: self.socket.clone(), source })?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
