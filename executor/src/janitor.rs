@@ -50,6 +50,15 @@ pub(crate) const TRIM_AFTER: Duration = Duration::from_secs(1);
 const MAX_IDLE: Duration = Duration::from_secs(30);
 /// Finished runs waiting for removal beyond which a run removes its own.
 const MAX_TRASH: usize = 64;
+/// Finished runs that wake the janitor together while it is gathering
+/// them (it recycled one a moment ago) and the pool is at its depth: a
+/// wake-up per run costs a context switch, and on a VM often a halted
+/// vCPU woken (BENCHMARKS.md, twenty-sixth pass).
+const RECYCLE_BATCH: usize = POOL_DEPTH;
+/// How long the janitor gathers finished runs after recycling before it
+/// takes them unwoken (a batch that does not fill) or goes to sleep; the
+/// longest a finished run's directory outlives it for want of a batch.
+const GATHER_FOR: Duration = Duration::from_millis(20);
 
 /// A finished run's leaves and directory.
 type Used = (Option<RunCgroup>, RunDir);
@@ -90,15 +99,23 @@ struct State {
     ready: Vec<(Instant, Slot)>,
     /// The janitor thread runs (refills wanted).
     started: bool,
+    /// The janitor sleeps until woken: a finished run wakes it at once
+    /// (while it gathers them, only a batch does).
+    asleep: bool,
+    /// A finished run's [`Wake`] is on its way to the janitor.
+    woken: bool,
     stop: bool,
 }
 
 impl Shared {
     fn run(&self, config: &Config, host: &Host) {
         let mut state = relock(&self.state);
+        // Finished runs were recycled since the janitor last slept.
+        let mut gathering = false;
         loop {
             // First what runs wait for: one finished slot made ready.
             if let Some((cgroup, run_dir)) = state.used.pop() {
+                gathering = true;
                 let room = !state.stop && state.ready.len() < MAX_READY;
                 drop(state);
                 let slot = match cgroup {
@@ -142,6 +159,20 @@ impl Shared {
                 }
                 continue;
             }
+            if gathering {
+                // More finished runs are likely to follow: they wake the
+                // janitor in batches meanwhile ([`Janitor::discard_later`]),
+                // and what came without a wake-up is taken after this.
+                gathering = false;
+                state = self
+                    .wake
+                    .wait_timeout(state, GATHER_FOR)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+                state.woken = false;
+                continue;
+            }
+            state.asleep = true;
             if state.ready.len() > POOL_DEPTH {
                 // Reused leaves beyond the pool go once the engine is idle.
                 let (guard, wait) = self
@@ -149,6 +180,7 @@ impl Shared {
                     .wait_timeout(state, TRIM_AFTER)
                     .unwrap_or_else(PoisonError::into_inner);
                 state = guard;
+                (state.asleep, state.woken) = (false, false);
                 if wait.timed_out() && state.ready.len() > POOL_DEPTH {
                     let excess = state.ready.len() - POOL_DEPTH;
                     let oldest: Vec<_> = state.ready.drain(..excess).collect();
@@ -157,6 +189,7 @@ impl Shared {
                 continue;
             }
             state = self.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
+            (state.asleep, state.woken) = (false, false);
         }
     }
 }
@@ -290,7 +323,9 @@ impl Janitor {
     /// [`Wake`] is dropped rather than now: a run drops it once its report
     /// is written, so the janitor's wake-up (a `futex` wake, often an
     /// inter-processor interrupt to wake the other CPU) is off the report's
-    /// path.
+    /// path. A janitor that recycled finished runs a moment ago is not
+    /// woken for each: only for [`RECYCLE_BATCH`] of them, or when the
+    /// pool runs low; it takes the rest within [`GATHER_FOR`].
     pub(crate) fn discard_later(
         &self,
         cgroup: Option<RunCgroup>,
@@ -302,7 +337,14 @@ impl Janitor {
         {
             let dir = std::mem::replace(run_dir, RunDir::detached());
             state.used.push((cgroup, dir));
-            return Wake(Some(Arc::clone(&self.shared)));
+            // One wake-up on its way is enough: the janitor takes every
+            // finished run there is when it wakes.
+            let now = !state.woken
+                && (state.asleep
+                    || state.used.len() >= RECYCLE_BATCH
+                    || state.ready.len() < POOL_DEPTH);
+            state.woken |= now;
+            return Wake(now.then(|| Arc::clone(&self.shared)));
         }
         drop(state);
         remove((cgroup, std::mem::replace(run_dir, RunDir::detached())));
@@ -396,5 +438,47 @@ mod tests {
         drop(janitor);
         assert!(!home.exists(), "dropping the janitor removes its trash: {}", home.display());
         assert!(leaves.iter().all(|l| !l.exists()), "{leaves:?}");
+    }
+
+    /// Finished runs that come back to back wake the janitor in batches,
+    /// not each: 12 of them, discarded one after the other, wake it at
+    /// most 8 times (without batches, 12). A sleeping janitor is woken by
+    /// the first; while that wake-up is on its way, no other is sent, and
+    /// while it gathers, only a batch of [`RECYCLE_BATCH`] sends one (more
+    /// only if this thread is held up for a gathering's length). Those
+    /// that did not wake it are still recycled, soon.
+    #[test]
+    fn finished_runs_back_to_back_wake_the_janitor_in_batches() {
+        let runtime = tempfile::tempdir().unwrap();
+        let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
+        let engine = Engine::new(config.clone()).unwrap();
+        let host = engine.host().clone();
+        if host.cgroups.v2.is_none() {
+            println!("SKIP: finished_runs_back_to_back_wake_the_janitor_in_batches: no cgroup v2 leaves here (needs root)");
+            return;
+        }
+        let bounds = (config.limits.memory_bytes, config.limits.max_pids);
+        let janitor = Janitor::default();
+        let slots: Vec<Slot> =
+            (0..12).map(|_| janitor.take(true, &config, &host, bounds, None).unwrap()).collect();
+        // The pool refilled behind the takes, and the janitor asleep.
+        let settled = Instant::now();
+        while !relock(&janitor.shared.state).asleep {
+            assert!(settled.elapsed() < Duration::from_secs(10), "the janitor never slept");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut wakes = 0;
+        for slot in slots {
+            let Slot { cgroup, mut run_dir, .. } = slot;
+            let wake = janitor.discard_later(cgroup, &mut run_dir, true);
+            wakes += usize::from(wake.0.is_some());
+        }
+        assert!(wakes >= 1, "a sleeping janitor is woken");
+        assert!(wakes <= 8, "{wakes} wake-ups for 12 finished runs");
+        let waited = Instant::now();
+        while !relock(&janitor.shared.state).used.is_empty() {
+            assert!(waited.elapsed() < Duration::from_secs(5), "finished runs left unrecycled");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }

@@ -159,7 +159,8 @@
 //!    blocks, so an exit wakes no thread), remove the cgroups and
 //!    the run directory (from the engine's second run on, a janitor thread
 //!    does it right after the report is written, as the run's pipes and
-//!    pidfd are closed then, and keeps slots ready: `janitor`; a finished run's
+//!    pidfd are closed then, or within 20 ms with the next runs' (woken
+//!    for a batch of them), and keeps slots ready: `janitor`; a finished run's
 //!    leaves, once provably empty and reset, serve a later run with a fresh
 //!    run directory in the same slot directory, once that is found as it
 //!    was made, instead of being removed and made again). If the
