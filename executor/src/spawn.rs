@@ -450,8 +450,14 @@ impl Spawners {
         }
         self.pools[usize::from(network)]
             .get_or_init(|| {
-                let threads =
-                    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
+                // Two per CPU, 4 to 8: a thread whose parked child a run
+                // took is busy until it has parked another, and a run that
+                // finds none parked waits for a thread to make its child
+                // (two more hand-offs). With 8 clients on 2 CPUs, 4 threads
+                // against 2: runs/s higher or equal in 8 of 8 rounds, p50
+                // lower in 6 (BENCHMARKS.md, twenty-sixth pass).
+                let threads = std::thread::available_parallelism()
+                    .map_or(4, |n| n.get().saturating_mul(2).clamp(4, 8));
                 match Spawner::start(seccomp::program(network), threads, "ongrid-spawner") {
                     Ok(s) => Some(s),
                     Err(e) => {
