@@ -4,7 +4,6 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::quiet_stream::QuietStream;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{ACCEPT, CONTENT_TYPE, HOST};
@@ -13,6 +12,8 @@ use hyper_util::rt::TokioIo;
 use policy::RawJson;
 use serde::Deserialize;
 use serde_json::Value;
+
+use crate::quiet_stream::QuietStream;
 
 /// Largest answer body read (a skill's result is capped by the executor
 /// at 16 MiB by default; the report wraps it).
