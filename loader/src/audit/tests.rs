@@ -448,15 +448,20 @@ async fn the_journal_empties_under_a_steady_stream_of_rows() {
     audit.record(big(0)).await.unwrap();
     let path = super::journal::journal_path(&normal.db);
     let size = || std::fs::metadata(&path).map_or(0, |m| m.len());
-    // ~6 MiB of lines, appended back to back.
+    // ~6 MiB of lines, appended back to back. How far past EMPTY_AT the
+    // file grows before it is cut depends on how fast the thread's
+    // transaction and `fsync` are against the appends (3.6 MiB seen on a
+    // loaded CI host): what must hold is that it is cut while they go on.
     let rows = 400;
-    let mut largest = 0;
+    let (mut largest, mut last, mut cut) = (0, 0, false);
     for i in 1..rows {
         audit.record(big(i)).await.unwrap();
-        largest = largest.max(size());
+        let now = size();
+        cut |= now < last;
+        (largest, last) = (largest.max(now), now);
     }
     assert!(largest >= super::journal::EMPTY_AT, "the stream was too small: {largest}");
-    assert!(largest < 3 * super::journal::EMPTY_AT, "the journal was not emptied: {largest} bytes");
+    assert!(cut, "the journal was not emptied during the stream: {largest} bytes at most");
     assert_eq!(audit.count().await.unwrap(), i64::try_from(rows).unwrap());
     assert_eq!(errors.get(), 0);
 }
