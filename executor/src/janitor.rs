@@ -398,19 +398,31 @@ mod tests {
     use super::*;
     use crate::Engine;
 
-    /// With no ready slot, a run takes a finished run's slot recycled on
-    /// its path (the same leaves and home, a new run directory) before it
-    /// makes one; a slot without leaves is not recycled but removed.
-    #[test]
-    fn an_empty_pool_recycles_a_finished_slot_before_making_one() {
+    /// A runtime directory, an engine on it (kept for its instance's
+    /// cgroups), its configuration and host; `None` after a visible SKIP
+    /// without cgroup v2 leaves (not root).
+    fn slot_host(test: &str) -> Option<(tempfile::TempDir, Engine, Config, Host)> {
         let runtime = tempfile::tempdir().unwrap();
         let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
         let engine = Engine::new(config.clone()).unwrap();
         let host = engine.host().clone();
         if host.cgroups.v2.is_none() {
-            println!("SKIP: an_empty_pool_recycles_a_finished_slot_before_making_one: no cgroup v2 leaves here (needs root)");
-            return;
+            println!("SKIP: {test}: no cgroup v2 leaves here (needs root)");
+            return None;
         }
+        Some((runtime, engine, config, host))
+    }
+
+    /// With no ready slot, a run takes a finished run's slot recycled on
+    /// its path (the same leaves and home, a new run directory) before it
+    /// makes one; a slot without leaves is not recycled but removed.
+    #[test]
+    fn an_empty_pool_recycles_a_finished_slot_before_making_one() {
+        let Some((_runtime, _engine, config, host)) =
+            slot_host("an_empty_pool_recycles_a_finished_slot_before_making_one")
+        else {
+            return;
+        };
         let bounds = (config.limits.memory_bytes, config.limits.max_pids);
         let janitor = Janitor::default();
         // Not started (warm = false): nothing refills behind the test.
@@ -449,14 +461,11 @@ mod tests {
     /// that did not wake it are still recycled, soon.
     #[test]
     fn finished_runs_back_to_back_wake_the_janitor_in_batches() {
-        let runtime = tempfile::tempdir().unwrap();
-        let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
-        let engine = Engine::new(config.clone()).unwrap();
-        let host = engine.host().clone();
-        if host.cgroups.v2.is_none() {
-            println!("SKIP: finished_runs_back_to_back_wake_the_janitor_in_batches: no cgroup v2 leaves here (needs root)");
+        let Some((_runtime, _engine, config, host)) =
+            slot_host("finished_runs_back_to_back_wake_the_janitor_in_batches")
+        else {
             return;
-        }
+        };
         let bounds = (config.limits.memory_bytes, config.limits.max_pids);
         let janitor = Janitor::default();
         let slots: Vec<Slot> =
