@@ -7,6 +7,8 @@
 //!   wall time, the host's busy and stolen CPU time), filled the same way
 //!   by both tools; [`HostTime`] reads the latter, [`cpu_wakeups`] the
 //!   interrupts by which one CPU wakes another.
+//! - [`run_round`]: one concurrent round of the clients, timed while all
+//!   of them run ([`Round`]).
 //! - [`write_packs`]: many valid packs on disk (the scan bench, `loadbench
 //!   --loaded-skills`).
 //! - [`first_line`], [`kernel_release`], [`cpus`]: the machine facts every tool's
@@ -16,6 +18,10 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
+
+mod round;
+
+pub use round::{run_round, Round};
 
 /// A sorted copy of `v` (total order, NaN last).
 pub fn sorted(v: &[f64]) -> Vec<f64> {
@@ -77,18 +83,28 @@ pub struct Samples {
     pub setup_us: Vec<f64>,
     /// Runs measured.
     pub runs: usize,
-    /// Wall time the runs took: summed when sequential, per round when
-    /// concurrent (throughput is `runs / wall`).
+    /// Runs that ended inside `wall`: all of them when sequential; when
+    /// concurrent, those that ended while every client was still running
+    /// (throughput is `rate_runs / wall`).
+    pub rate_runs: usize,
+    /// Wall time the runs took: summed when sequential; when concurrent,
+    /// each round's from its start until its first client had made its
+    /// share of runs (the others then stop after the run they are in).
     pub wall: Duration,
-    /// CPU time the whole host was busy during the concurrent rounds, all
+    /// Each concurrent round's wall time until its last client was done:
+    /// `wall` plus the drain, when fewer clients than asked were running
+    /// (the measure before the twenty-seventh pass: `runs / drained`).
+    pub drained: Duration,
+    /// CPU time the whole host was busy over `wall` when concurrent, all
     /// CPUs and processes together, steal not included ([`HostTime`]);
     /// zero when sequential.
     pub busy: Duration,
     /// CPU time the hypervisor gave to others while this guest's CPUs
-    /// wanted to run, over the same rounds ([`HostTime::steal`]).
+    /// wanted to run, over the same time ([`HostTime::steal`]).
     pub steal: Duration,
-    /// Interrupts by which one CPU woke another during the runs
-    /// ([`cpu_wakeups`]); `None` when not counted, or when a count failed.
+    /// Interrupts by which one CPU woke another during the sequential runs
+    /// or over the concurrent `wall` ([`cpu_wakeups`]); `None` when not
+    /// counted, or when a count failed.
     pub wakeups: Option<u64>,
     /// [`Samples::add_wakeups`] was called.
     wakeups_counted: bool,
@@ -98,23 +114,37 @@ impl Samples {
     /// One sequential run: its latency counts as its wall time too.
     pub fn record(&mut self, elapsed: Duration, setup_us: Option<u64>) {
         self.add(elapsed, setup_us);
+        self.rate_runs += 1;
         self.wall += elapsed;
+        self.drained += elapsed;
     }
 
-    /// One concurrent round: its wall time, the host's CPU time over it,
-    /// and each run's latency and setup.
-    pub fn record_round(
-        &mut self,
-        wall: Duration,
-        host: HostTime,
-        runs: Vec<(Duration, Option<u64>)>,
-    ) {
-        self.wall += wall;
-        self.busy += host.busy;
-        self.steal += host.steal;
+    /// One concurrent round ([`Round`]): each run's latency and setup, and
+    /// what the round's full-concurrency time holds.
+    pub fn record_round(&mut self, round: Round, runs: Vec<(Duration, Option<u64>)>) {
+        self.wall += round.wall;
+        self.drained += round.drained;
+        self.rate_runs += round.rate_runs;
+        self.busy += round.host.busy;
+        self.steal += round.host.steal;
         for (elapsed, setup_us) in runs {
             self.add(elapsed, setup_us);
         }
+    }
+
+    /// Runs per second: the runs that ended inside the timed wall time.
+    pub fn runs_per_s(&self) -> f64 {
+        self.rate_runs as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// Runs per second counting each round until its last client was done.
+    pub fn drained_runs_per_s(&self) -> f64 {
+        self.runs as f64 / self.drained.as_secs_f64().max(1e-9)
+    }
+
+    /// The host's busy CPU time per run over the timed wall time.
+    pub fn busy_per_run(&self) -> Duration {
+        self.busy / u32::try_from(self.rate_runs.max(1)).unwrap_or(u32::MAX)
     }
 
     /// Adds the wake-ups counted over some of the runs; `None` (not
@@ -131,7 +161,7 @@ impl Samples {
 
     /// Wake-ups of another CPU per run, when every run's were counted.
     pub fn wakeups_per_run(&self) -> Option<f64> {
-        self.wakeups.filter(|_| self.runs > 0).map(|w| w as f64 / self.runs as f64)
+        self.wakeups.filter(|_| self.rate_runs > 0).map(|w| w as f64 / self.rate_runs as f64)
     }
 
     fn add(&mut self, elapsed: Duration, setup_us: Option<u64>) {
@@ -316,16 +346,28 @@ mod tests {
         assert_eq!((s.wakeups, s.wakeups_per_run()), (None, None));
     }
 
-    /// Samples add up rounds: wall and busy time summed, every run kept.
+    /// Samples add up rounds: wall and busy time summed, every run kept;
+    /// the rate counts only the runs inside the timed wall time.
     #[test]
     fn rounds_add_up() {
         let mut s = Samples::default();
         let ms = Duration::from_millis;
-        let host = |busy, steal| HostTime { busy: ms(busy), steal: ms(steal) };
-        s.record_round(ms(10), host(15, 1), vec![(ms(2), Some(5)), (ms(3), None)]);
-        s.record_round(ms(20), host(30, 2), vec![(ms(4), Some(7))]);
-        assert_eq!((s.runs, s.wall, s.busy, s.steal), (3, ms(30), ms(45), ms(3)));
-        assert_eq!(s.lat_us, [2000.0, 3000.0, 4000.0]);
+        let round = |wall, rate_runs, busy, steal, drained| Round {
+            wall: ms(wall),
+            rate_runs,
+            host: HostTime { busy: ms(busy), steal: ms(steal) },
+            drained: ms(drained),
+            wakeups: None,
+        };
+        s.record_round(round(10, 2, 15, 1, 12), vec![(ms(2), Some(5)), (ms(3), None)]);
+        s.record_round(round(20, 1, 30, 2, 30), vec![(ms(4), Some(7)), (ms(9), None)]);
+        assert_eq!((s.runs, s.rate_runs, s.wall, s.drained), (4, 3, ms(30), ms(42)));
+        assert_eq!((s.busy, s.steal, s.busy_per_run()), (ms(45), ms(3), ms(15)));
+        assert!((s.runs_per_s() - 100.0).abs() < 1e-9);
+        assert!((s.drained_runs_per_s() - 4.0 / 0.042).abs() < 1e-9);
+        assert_eq!(s.lat_us, [2000.0, 3000.0, 4000.0, 9000.0]);
         assert_eq!(s.setup_us, [5.0, 7.0]);
+        s.add_wakeups(Some(6));
+        assert_eq!(s.wakeups_per_run(), Some(2.0));
     }
 }

@@ -80,7 +80,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::{Barrier, Mutex};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use executor::{Config, Engine, RunRequest};
@@ -863,7 +863,7 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
 // ---------------------------------------------------------------- phases
 
 use ongrid_benches::{
-    cpu_wakeups, cpus, first_line, kernel_release, pct, sorted, HostTime, Samples,
+    cpu_wakeups, cpus, first_line, kernel_release, pct, run_round, sorted, HostTime, Samples,
 };
 
 fn mean(v: &[f64]) -> f64 {
@@ -923,8 +923,9 @@ fn sequential(ctx: &Ctx<'_>, variants: &[Variant], manifest: &Path) -> (Vec<Samp
 }
 
 /// `conc` client threads (each with its own keep-alive connection) run one
-/// variant at a time, `per` runs each; variants alternate round by round.
-/// Throughput is runs / wall time of the rounds.
+/// variant at a time, up to `per` runs each; variants alternate round by
+/// round. Throughput counts each round while all its clients run
+/// ([`run_round`]).
 fn concurrent(
     ctx: &Ctx<'_>,
     variants: &[Variant],
@@ -946,32 +947,13 @@ fn concurrent(
         for k in 0..n {
             let idx = (round + k) % n;
             let v = variants[idx];
-            let barrier = Barrier::new(conc + 1);
-            let (wall, host, results) = std::thread::scope(|s| {
-                let handles: Vec<_> = clients
-                    .iter()
-                    .map(|cl| {
-                        let barrier = &barrier;
-                        s.spawn(move || {
-                            let mut cl = cl.lock().unwrap();
-                            barrier.wait();
-                            (0..per).map(|_| run_one(v, ctx, &mut cl, manifest)).collect::<Vec<_>>()
-                        })
-                    })
-                    .collect();
-                let host0 = HostTime::now();
-                let woken0 = cpu_wakeups();
-                barrier.wait();
-                let t0 = Instant::now();
-                let results: Vec<_> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
-                let host = HostTime::now().zip(host0).map(|(h, h0)| h.since(h0));
-                let woken = cpu_wakeups().zip(woken0).map(|(b, a)| b.saturating_sub(a));
-                (t0.elapsed(), host.unwrap_or_default(), (results, woken))
+            let clients: Vec<&Mutex<Client>> = clients.iter().collect();
+            let (timed, results) = run_round(clients, per, |cl| {
+                run_one(v, ctx, &mut cl.lock().unwrap_or_else(PoisonError::into_inner), manifest)
             });
             if round >= warm_rounds {
-                let (results, woken) = results;
-                out[idx].record_round(wall, host, results);
-                out[idx].add_wakeups(woken);
+                out[idx].record_round(timed, results);
+                out[idx].add_wakeups(timed.wakeups);
             }
         }
     }
@@ -1115,7 +1097,7 @@ fn print_table(variants: &[Variant], samples: &[Samples]) {
     let bare = variants.iter().position(|v| *v == Variant::Bare);
     let stats = |s: &Samples| {
         let l = sorted(&s.lat_us);
-        (pct(&l, 0.5), s.runs as f64 / s.wall.as_secs_f64().max(1e-9))
+        (pct(&l, 0.5), s.runs_per_s())
     };
     let (bare_p50, bare_rps) = bare.map_or((f64::NAN, f64::NAN), |b| stats(&samples[b]));
     for (v, s) in variants.iter().zip(samples) {
@@ -1145,9 +1127,22 @@ fn print_table(variants: &[Variant], samples: &[Samples]) {
                 "{:<10} host CPU per run {:.0} us (all processes, /proc/stat, steal apart); host \
                  busy {:.0} % of {cpus} CPUs, stolen {:.0} %",
                 v.name(),
-                s.busy.as_secs_f64() / s.runs.max(1) as f64 * 1e6,
+                s.busy_per_run().as_secs_f64() * 1e6,
                 HostTime::share(s.busy, s.wall, cpus),
                 HostTime::share(s.steal, s.wall, cpus)
+            );
+        }
+    }
+    // The measure before the twenty-seventh pass: each round until its
+    // last client was done, drain included.
+    let bare_drained = bare.map_or(f64::NAN, |b| samples[b].drained_runs_per_s());
+    for (v, s) in variants.iter().zip(samples) {
+        if s.drained > s.wall {
+            println!(
+                "{:<10} rounds until their last client was done: {:.0} runs/s, x bare {:.2}",
+                v.name(),
+                s.drained_runs_per_s(),
+                s.drained_runs_per_s() / bare_drained
             );
         }
     }

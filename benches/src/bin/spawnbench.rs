@@ -33,7 +33,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use executor::{Config, Engine, RunRequest};
@@ -226,7 +225,7 @@ fn run_one(
     }
 }
 
-use ongrid_benches::{cpus, first_line, kernel_release, pct, sorted, HostTime, Samples};
+use ongrid_benches::{cpus, first_line, kernel_release, pct, run_round, sorted, HostTime, Samples};
 
 /// Sequential: every iteration runs each variant once, in a rotating order.
 fn sequential(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
@@ -249,7 +248,8 @@ fn sequential(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
 }
 
 /// `conc` threads (one current-thread runtime each) run one variant at a
-/// time, `per` runs each; variants alternate round by round.
+/// time, up to `per` runs each; variants alternate round by round.
+/// Throughput counts each round while all its threads run ([`run_round`]).
 fn concurrent(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
     let mut out: Vec<Samples> = o.variants.iter().map(|_| Samples::default()).collect();
     let per = 10usize;
@@ -260,35 +260,19 @@ fn concurrent(o: &Opts, ctx: &Ctx<'_>, manifest: &Path) -> Vec<Samples> {
         for k in 0..n {
             let idx = (round + k) % n;
             let v = o.variants[idx];
-            let barrier = Barrier::new(o.conc + 1);
-            let (wall, host, results) = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..o.conc)
-                    .map(|_| {
-                        s.spawn(|| {
-                            let rt = tokio::runtime::Builder::new_current_thread()
-                                .enable_all()
-                                .build()
-                                .unwrap();
-                            barrier.wait();
-                            (0..per)
-                                .map(|_| {
-                                    let t0 = Instant::now();
-                                    let setup = run_one(v, ctx, &rt, manifest);
-                                    (t0.elapsed(), setup)
-                                })
-                                .collect::<Vec<_>>()
-                        })
-                    })
-                    .collect();
-                let host0 = HostTime::now();
-                barrier.wait();
+            // One current-thread runtime per client, built outside the round.
+            let runtimes: Vec<_> = (0..o.conc)
+                .map(|_| {
+                    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+                })
+                .collect();
+            let (timed, results) = run_round(runtimes, per, |rt| {
                 let t0 = Instant::now();
-                let results: Vec<_> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
-                let host = HostTime::now().zip(host0).map(|(h, h0)| h.since(h0));
-                (t0.elapsed(), host.unwrap_or_default(), results)
+                let setup = run_one(v, ctx, rt, manifest);
+                (t0.elapsed(), setup)
             });
             if round >= warm_rounds {
-                out[idx].record_round(wall, host, results);
+                out[idx].record_round(timed, results);
             }
         }
     }
@@ -387,7 +371,7 @@ fn main() {
             let l = sorted(&s.lat_us);
             let p50 = pct(&l, 0.5);
             let mean = l.iter().sum::<f64>() / l.len().max(1) as f64;
-            let rps = s.runs as f64 / s.wall.as_secs_f64().max(1e-9);
+            let rps = s.runs_per_s();
             let cpu = pct(&sorted(&s.cpu_us), 0.5);
             let (ratio, added) = match bare_p50 {
                 Some(b) => (format!("{:.2}", p50 / b), format!("{:+.0}", p50 - b)),
@@ -415,7 +399,7 @@ fn main() {
                 "{} host CPU per run {:.0} us (all processes, /proc/stat, steal apart); stolen \
                  {:.0} % of {cpus} CPUs",
                 v.name(),
-                s.busy.as_secs_f64() / s.runs.max(1) as f64 * 1e6,
+                s.busy_per_run().as_secs_f64() * 1e6,
                 HostTime::share(s.steal, s.wall, cpus)
             );
         }
