@@ -21,9 +21,17 @@
 //! the spawner thread that created it ends, as the executor's threads do
 //! when it dies; a run sets it again after the uid change (step 4h).
 //!
-//! The spawner thread stays in `clone` (`CLONE_VFORK`) while its child is
-//! parked, as it does while a child made for a run works up to `execve`:
-//! one parked child per spawner thread. A child told to leave
+//! The spawner thread waits while its child is parked and until it has
+//! exec'd or exited: one parked child per spawner thread, on the thread's
+//! child stack. It waits asleep in `futex` on the berth's `alive` word, not
+//! suspended in `clone(CLONE_VFORK)` as while a child made for a run works
+//! up to `execve`: that sleep is uninterruptible and counts in the load
+//! average, and an idle executor read one per spawner thread on `uptime`
+//! (BENCHMARKS.md, twenty-seventh pass). The kernel zeroes `alive` when the
+//! child exits or execs before it took a spec (it is the child's
+//! clear-child-tid word until then); once it took one, the run zeroes it
+//! after the kernel zeroed the handoff's word ([`Berth::child_gone`]). A
+//! child told to leave
 //! ([`Berth::leave`], when the spawner closes) exits without running
 //! anything; one killed while parked is reaped and replaced.
 //!
@@ -71,6 +79,11 @@ pub struct Berth {
     /// The failed step (0: none) and its errno, as in `child::spawn`.
     step: AtomicU32,
     errno: AtomicI32,
+    /// 1 while the parked child may still run on the spawner thread's child
+    /// stack: zeroed by the kernel when it exits or execs before taking a
+    /// spec (its clear-child-tid word until then), else by the run it took
+    /// ([`Berth::child_gone`]). The spawner thread waits on it.
+    alive: AtomicU32,
 }
 
 /// Where a run and the parked child that takes its spec meet: the child's
@@ -87,6 +100,9 @@ pub struct Handoff {
     /// The failed step (0: none) and its errno, after `took`.
     step: AtomicU32,
     errno: AtomicI32,
+    /// The spawner thread zeroed `done` ([`Handoff::release`]), not the
+    /// kernel at the child's exec or exit.
+    released: AtomicBool,
 }
 
 impl Default for Handoff {
@@ -98,6 +114,7 @@ impl Default for Handoff {
             pidfd: AtomicI32::new(-1),
             step: AtomicU32::new(0),
             errno: AtomicI32::new(0),
+            released: AtomicBool::new(false),
         }
     }
 }
@@ -142,6 +159,14 @@ impl Handoff {
         }
     }
 
+    /// Whether the spawner thread, not the child's exec or exit, ended the
+    /// wait: then the thread is done with its berth (it answers the run
+    /// another way); else the run tells it ([`Berth::child_gone`]). Final
+    /// once `done` is zero.
+    pub fn released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
     /// `(pid, pidfd)` when the child took the spec and no step failed: it
     /// exec'd the entry (or was killed on the way; its exit then says so),
     /// and the pidfd is the run's to own. Else `None`: the spawner thread
@@ -170,6 +195,8 @@ impl Handoff {
     /// dropped (a panicking spawner thread must not leave its run waiting).
     /// The caller keeps the handoff alive for the call.
     pub fn release(&self) {
+        // Before `done`: a run that sees it zero sees this too.
+        self.released.store(true, Ordering::Release);
         if self.done.swap(0, Ordering::AcqRel) != 0 {
             // SAFETY: FUTEX_WAKE (shared, as `wait` waits) on a word of
             // this handoff, which the caller keeps alive.
@@ -200,22 +227,37 @@ impl Berth {
         self.state.store(WAITING, Ordering::Release);
     }
 
-    /// Creates a child into the berth and blocks the calling thread until
-    /// it has exec'd a spec given meanwhile, failed or left.
+    /// Creates a child into the berth and blocks the calling thread, asleep
+    /// in `futex`, until it has exec'd a spec given meanwhile, failed or
+    /// left.
     /// `parent`: the executor's pid; `cleared`: the calling thread's
     /// bounding set is empty.
     pub fn park(&self, parent: libc::pid_t, cleared: bool) -> Unparked {
         self.parent.store(parent, Ordering::Relaxed);
         self.cleared.store(cleared, Ordering::Relaxed);
         self.pidfd.store(-1, Ordering::Relaxed);
+        self.alive.store(1, Ordering::Relaxed);
         let arg = std::ptr::from_ref(self).cast_mut().cast::<c_void>();
         // SAFETY: `parked_main` ends with `execve` or `_exit`, uses only raw
         // system calls, and reads the berth, which outlives the call (it
-        // lives as long as the spawner; `clone_vfork` returns once the child
-        // exec'd or exited). The pidfd goes into the berth's word, which the
-        // kernel writes before the child runs.
-        let created =
-            unsafe { child::clone_vfork(parked_main, arg, libc::CLONE_FILES, self.pidfd.as_ptr()) };
+        // lives as long as the spawner). `wait_gone` returns once `alive`
+        // is zero: the kernel zeroes it when the child exits or execs
+        // before it took a spec; after, the child's clear-child-tid word is
+        // the run's handoff, and the run zeroes `alive` once the kernel
+        // zeroed that (`child_gone`), or the spawner thread's own release
+        // of the handoff came first (the child died before it took the
+        // spec: the kernel zeroed `alive`). The pidfd goes into the berth's
+        // word, which the kernel writes before the child runs.
+        let created = unsafe {
+            child::clone_parked(
+                parked_main,
+                arg,
+                libc::CLONE_FILES,
+                self.pidfd.as_ptr(),
+                self.alive.as_ptr(),
+                || self.wait_gone(),
+            )
+        };
         let (_pid, pidfd) = match created {
             Ok(created) => created,
             Err(errno) => return Unparked::NotCreated(SpawnFailure { step: Step::Clone, errno }),
@@ -243,6 +285,38 @@ impl Berth {
         self.spec.store(std::ptr::from_ref(spec).cast_mut().cast(), Ordering::Relaxed);
         self.handoff.store(std::ptr::from_ref(handoff).cast_mut(), Ordering::Relaxed);
         self.state.store(GO, Ordering::Release);
+    }
+
+    /// Blocks until `alive` is zero, asleep in `futex` (interruptibly: it
+    /// does not count in the load average, as a thread suspended in
+    /// `clone(CLONE_VFORK)` would). Shared, not private: the kernel's
+    /// clear-child-tid wake-up is a shared one. With every signal blocked
+    /// (`clone_parked`) the only failure is EAGAIN, once the word is zero
+    /// and the child gone; spurious wake-ups loop.
+    fn wait_gone(&self) {
+        while self.alive.load(Ordering::Acquire) != 0 {
+            // SAFETY: FUTEX_WAIT on a word of this live berth.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.alive.as_ptr(),
+                    libc::FUTEX_WAIT,
+                    1,
+                    std::ptr::null::<libc::timespec>(),
+                );
+            }
+        }
+    }
+
+    /// Tells the spawner thread that the child given a spec from this berth
+    /// has exec'd or exited: called by the run once the kernel zeroed its
+    /// handoff's `done` word (not [`Handoff::released`]), which the child
+    /// made its clear-child-tid word in place of `alive`.
+    pub fn child_gone(&self) {
+        self.alive.store(0, Ordering::Release);
+        // SAFETY: FUTEX_WAKE (shared, as `wait_gone` waits) on a word of
+        // this live berth.
+        unsafe { libc::syscall(libc::SYS_futex, self.alive.as_ptr(), libc::FUTEX_WAKE, 1) };
     }
 
     /// Tells the parked child to exit; [`Berth::wake`] it after.

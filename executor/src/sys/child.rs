@@ -243,8 +243,10 @@ const CLOSE_RANGE_UNSHARE: c_long = 1 << 1;
 /// The calling thread's errno (in a child: see the SAFETY note).
 pub(super) fn errno() -> i32 {
     // SAFETY: __errno_location returns a valid pointer to the calling
-    // thread's errno (in the child: the suspended parent thread's, which is
-    // what posix_spawn relies on too).
+    // thread's errno (in the child: its parent thread's, which is suspended
+    // (what posix_spawn relies on too) or, for a parked child, asleep with
+    // every signal blocked and no system call that fails before the child
+    // is gone: `clone_parked`).
     unsafe { *libc::__errno_location() }
 }
 
@@ -373,6 +375,75 @@ pub(super) unsafe fn clone_vfork(
     }
     // SAFETY: `pidfd_at` is valid (the caller's contract); on success the
     // kernel stored the new pidfd there.
+    Ok((pid, unsafe { *pidfd_at }))
+}
+
+/// `clone(CLONE_VM | CLONE_PIDFD | CLONE_CHILD_CLEARTID | extra)` running
+/// `main(arg)` on the calling thread's child stack, as [`clone_vfork`] does,
+/// but without `CLONE_VFORK`: the calling thread goes on at once and calls
+/// `wait`, which must return only once the child has exec'd or exited;
+/// the stack is not reused before. The kernel zeroes `*clear_at` and wakes
+/// a `futex` waiter on it then, unless the child moved its clear-child-tid
+/// word meanwhile (`set_tid_address`). Every signal stays blocked in the
+/// calling thread until `wait` returned, so no handler runs on it while
+/// the child, which shares its thread-local storage (`errno`), works.
+/// Returns the child's pid and pidfd, or `clone`'s errno (and `wait` is
+/// not called).
+///
+/// A thread suspended in `clone(CLONE_VFORK)` is in uninterruptible sleep,
+/// which the load average counts: a spawner thread keeping a child parked
+/// that way added one to an idle host's load for good. One in `wait`
+/// sleeps interruptibly.
+///
+/// # Safety
+///
+/// As [`clone_vfork`]; `clear_at` must stay valid until `wait` returned,
+/// and `wait` must return only once the child has exec'd or exited.
+pub(super) unsafe fn clone_parked(
+    main: extern "C" fn(*mut c_void) -> c_int,
+    arg: *mut c_void,
+    extra: c_int,
+    pidfd_at: *mut c_int,
+    clear_at: *mut u32,
+    wait: impl FnOnce(),
+) -> Result<(libc::pid_t, RawFd), i32> {
+    let mut stack = CHILD_STACK
+        .with(|cell| cell.take())
+        .unwrap_or_else(|| vec![0u8; CHILD_STACK_BYTES].into_boxed_slice());
+    let top = {
+        let end = stack.as_mut_ptr_range().end as usize;
+        (end & !15) as *mut c_void
+    };
+    let flags =
+        libc::CLONE_VM | libc::CLONE_PIDFD | libc::CLONE_CHILD_CLEARTID | extra | libc::SIGCHLD;
+    // SAFETY: as in `clone_vfork`.
+    let old = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        old
+    };
+    // SAFETY: the caller's contract covers `main`, `arg`, `pidfd_at` (the
+    // parent_tid argument, where CLONE_PIDFD stores the pidfd) and
+    // `clear_at` (the child_tid argument of CLONE_CHILD_CLEARTID); `stack`
+    // stays in this frame until `wait` returned, when the child is off it.
+    let pid = unsafe {
+        libc::clone(main, top, flags, arg, pidfd_at, std::ptr::null_mut::<c_void>(), clear_at)
+    };
+    let clone_errno = errno();
+    if pid != -1 {
+        wait();
+    }
+    // SAFETY: restores the mask saved above; `old` is a valid sigset_t.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+    CHILD_STACK.with(|cell| cell.set(Some(stack)));
+    if pid == -1 {
+        return Err(clone_errno);
+    }
+    // SAFETY: as in `clone_vfork`.
     Ok((pid, unsafe { *pidfd_at }))
 }
 

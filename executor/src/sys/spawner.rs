@@ -121,10 +121,10 @@ impl Queue {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Gives `job` to a parked child (`Ok(true)`: its handoff tells the
-    /// outcome first), else queues it (`Ok(false)`: the reply tells it);
+    /// Gives `job` to a parked child (`Ok(Some(berth))`: its handoff tells
+    /// the outcome first), else queues it (`Ok(None)`: the reply tells it);
     /// gives it back when the spawner is closed.
-    fn push(&self, job: Job) -> Result<bool, Job> {
+    fn push(&self, job: Job) -> Result<Option<usize>, Job> {
         let mut st = self.lock();
         if st.closed {
             return Err(job);
@@ -140,12 +140,12 @@ impl Queue {
             st.given[i] = Some(job);
             drop(st);
             berth.wake();
-            return Ok(true);
+            return Ok(Some(i));
         }
         st.jobs.push_back(job);
         drop(st);
         self.ready.notify_one();
-        Ok(false)
+        Ok(None)
     }
 
     /// The next job without waiting, or `Err(())` once closed and empty.
@@ -280,10 +280,15 @@ impl Spawner {
         let spec = SpecPtr(std::ptr::from_ref(spec).cast());
         let handoff = Arc::new(Handoff::default());
         let job = Job { spec, handoff: Arc::clone(&handoff), reply };
-        if self.queue.push(job).map_err(|_| gone)? {
+        if let Some(berth) = self.queue.push(job).map_err(|_| gone)? {
             // Woken by the child's exec (or exit) itself, or by the spawner
             // thread when no child took the spec ([`super::berth`]).
             handoff.wait(spin);
+            if !handoff.released() {
+                // The kernel woke us: the spawner thread still waits for
+                // the child to be gone.
+                self.queue.berths[berth].child_gone();
+            }
             if let Some((pid, pidfd)) = handoff.spawned() {
                 // SAFETY: the child stored the pidfd the kernel made for it;
                 // with `spawned()` true the spawner thread leaves it to us.
@@ -701,6 +706,45 @@ mod tests {
                 "parked child {pid} outlived its spawner"
             );
         }
+    }
+
+    /// A thread with a child parked sleeps interruptibly: a thread in
+    /// uninterruptible sleep (`D`, as one suspended in `clone(CLONE_VFORK)`
+    /// is) counts in the load average, so an idle executor read one per
+    /// spawner thread on `uptime`. Before, after a spawn, and with the
+    /// replacement parked.
+    #[test]
+    fn threads_with_a_child_parked_do_not_count_in_the_load_average() {
+        fn states(name: &str) -> Vec<(String, char)> {
+            let mut out = Vec::new();
+            for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+                let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+                if comm.trim() != name {
+                    continue;
+                }
+                let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+                // The state follows the parenthesised name.
+                let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+                let wchan = std::fs::read_to_string(task.path().join("wchan")).unwrap_or_default();
+                out.push((wchan, state.unwrap_or('?')));
+            }
+            out
+        }
+        let spawner = Spawner::start(crate::seccomp::program(false), 2, "test-load").unwrap();
+        for round in 0..2 {
+            parked_children(&spawner, "test-load", 2);
+            // A thread parks its child right after it left `park_children`'s
+            // count; let it get to its wait.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let threads = states("test-load");
+            assert_eq!(threads.len(), 2, "{threads:?}");
+            assert!(
+                threads.iter().all(|(_, state)| *state == 'S'),
+                "round {round}: spawner threads (wchan, state): {threads:?}"
+            );
+            child_status(|s| spawner.spawn(s));
+        }
+        drop(spawner);
     }
 
     /// Sets or clears the hold of `spawner`'s threads after `park`; when
