@@ -96,15 +96,17 @@
 //!    µs). A one-shot `run` has one child, which installs it (step 4i).
 //!    The child shares the executor's descriptor table (`CLONE_FILES`)
 //!    until its cgroups are joined, when the kernel allows it: see step 4.
-//!    A spawner thread creates its child ahead of the run: the child takes
+//!    A spawner thread creates its child ahead of the run (without
+//!    `CLONE_VFORK`: the thread waits in `futex`, not in uninterruptible
+//!    sleep, which the load average would count): the child takes
 //!    steps 4a and 4b, sets its parent-death signal and waits in the
 //!    thread's berth (`sys`'s `berth`: a futex, the table shared, nothing
 //!    of a run held) until a run gives it its prepared spec and wakes it;
 //!    it then takes steps 4c to 5 as a child made for the run does. With
 //!    the spec the run gives a handoff whose word the child makes its
 //!    clear-child-tid address: the kernel wakes the run at the child's
-//!    `exec` (or exit), before it lets the spawner thread out of `clone`,
-//!    so the run is not woken second-hand; the only run in flight watches
+//!    `exec` (or exit), and the run then tells the spawner thread, so the
+//!    run is not woken second-hand; the only run in flight watches
 //!    that word without sleeping for up to [`engine::EXEC_SPIN`] first,
 //!    so its vCPU does not halt meanwhile (yielding its CPU between looks,
 //!    so a child queued there runs at once). A run that finds no child

@@ -54,6 +54,13 @@
 //! `--gap-ms MS` idles that long before each sequential run (the state an
 //! agent's calls find the host in: every thread parked, caches cold).
 //!
+//! With clients at once, each round of a variant starts them together and
+//! ends for the throughput when the first of them has made its 10 runs
+//! (the others stop after the run they are in): runs/s, the host's CPU
+//! per run and the wake-ups count the time while all of them ran, the
+//! later runs their latency only (`ongrid_benches::run_round`); the rate
+//! over each whole round, drain included, is printed too.
+//!
 //! Prints p50/p90/p99 latency, runs/s and the ratio of each to `bare`, the
 //! daemons' VmRSS (idle, after the scan, after the load), and the
 //! executor's `ongrid_sandbox_setup_seconds` histogram (scraped from
@@ -69,7 +76,7 @@
 //! (steal), which the host's CPU per run leaves out. Per variant, how
 //! many times per run one CPU woke another (`RES` and `CAL` interrupts of
 //! `/proc/interrupts`, the whole host's, read around each sequential run
-//! and each concurrent round): on a guest whose idle vCPUs halt, each is a
+//! and over each concurrent round's timed part): on a guest whose idle vCPUs halt, each is a
 //! wait for the hypervisor, so they count the hops a path pays for.
 
 use std::collections::BTreeMap;
