@@ -230,8 +230,13 @@ async fn serve_connection(
     let io = Tracked { inner: stream, activity: Arc::clone(&activity) };
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
-    let tick = (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
-    let mut idle_check = tokio::time::interval(tick);
+    // With a request in flight the connection is looked at every `busy_tick`
+    // (is the client reading its answer?); with none, not before it can
+    // have been idle for `idle_timeout`: an idle connection wakes nothing
+    // until then.
+    let busy_tick = (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let idle_check = tokio::time::sleep(busy_tick);
+    tokio::pin!(idle_check);
     let result = loop {
         tokio::select! {
             r = conn.as_mut() => break r,
@@ -239,16 +244,20 @@ async fn serve_connection(
                 conn.as_mut().graceful_shutdown();
                 break conn.await;
             }
-            _ = idle_check.tick() => {
-                let why = if in_flight.load(Ordering::Acquire) == 0 {
-                    activity.quiet_for(idle_timeout).then_some("idle")
+            () = &mut idle_check => {
+                let (why, next) = if in_flight.load(Ordering::Acquire) == 0 {
+                    let quiet = activity.quiet_for(idle_timeout).then_some("idle");
+                    (quiet, activity.quiet_until(idle_timeout))
                 } else {
-                    activity.write_blocked_for(idle_timeout).then_some("client not reading")
+                    let blocked =
+                        activity.write_blocked_for(idle_timeout).then_some("client not reading");
+                    (blocked, tokio::time::Instant::now() + busy_tick)
                 };
                 if let Some(why) = why {
                     tracing::debug!(uid = caller.uid, timeout = ?idle_timeout, "closing the connection: {why}");
                     return;
                 }
+                idle_check.as_mut().reset(next);
             }
         }
     };
@@ -287,6 +296,13 @@ impl Activity {
     fn quiet_for(&self, d: Duration) -> bool {
         let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         self.now().saturating_sub(self.last_io.load(Ordering::Acquire)) >= ms
+    }
+
+    /// When the connection will have been quiet for `d` if nothing moves
+    /// before.
+    fn quiet_until(&self, d: Duration) -> tokio::time::Instant {
+        let last = Duration::from_millis(self.last_io.load(Ordering::Acquire));
+        tokio::time::Instant::from_std(self.start + last + d)
     }
 
     fn write_blocked_for(&self, d: Duration) -> bool {

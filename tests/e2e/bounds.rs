@@ -3,7 +3,8 @@
 //! sends nothing, a slow-loris head, an idle keep-alive connection and an
 //! idle or byte-at-a-time executor connection, and a client that does
 //! not read its answer are closed after their timeouts, so they cannot hold a slot for ever; a request in flight is
-//! never cut for being quiet. (Body and line size caps: `malformed`.)
+//! never cut for being quiet; an idle connection wakes neither daemon
+//! before its timeout. (Body and line size caps: `malformed`.)
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -223,4 +224,68 @@ fn executor_connections_are_capped_and_idle_ones_are_cut() {
         .find_map(|l| l.strip_prefix("ongrid_executor_idle_closed_total "))
         .and_then(|v| v.trim().parse::<u64>().ok());
     assert!(closed.is_some_and(|n| n >= 2), "ongrid_executor_idle_closed_total: {closed:?}");
+}
+
+/// Times the threads of process `pid` were switched in, so far.
+fn switches(pid: u32) -> u64 {
+    let mut n = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        n += status
+            .lines()
+            .filter(|l| l.starts_with("voluntary_ctxt") || l.starts_with("nonvoluntary_ctxt"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    n
+}
+
+/// With the default idle timeouts (60 s), a client's keep-alive connection
+/// left open after a run, and skilld's connection to the executor kept
+/// for the next run, wake neither daemon while they stay idle: each used
+/// to look at its idle connection every second, so an idle host's daemons
+/// kept waking for a minute after the last run.
+#[test]
+fn idle_connections_wake_neither_daemon() {
+    let s = Stack::start();
+    let body = json!({"args": {"message": "hi"}}).to_string();
+    let mut c = UnixStream::connect(&s.socket).unwrap();
+    c.write_all(
+        format!(
+            "POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let whole = |raw: &[u8]| {
+        crate::harness::parse_response(raw)
+            .is_some_and(|r| serde_json::from_slice::<serde_json::Value>(&r.body).is_ok())
+    };
+    while !whole(&got) {
+        let n = c.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before the answer: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let r = crate::harness::parse_response(&got).unwrap();
+    assert_eq!((r.status, &r.json()["outcome"]), (200, &json!("ok")), "{}", r.json());
+    // What follows a run once settles first (the janitor's trim after 1 s,
+    // the audit rows' ingest and sync).
+    std::thread::sleep(Duration::from_secs(3));
+    let pids = [s.executor_pid().expect("executor"), s.skilld_pid()];
+    let before: Vec<u64> = pids.iter().map(|p| switches(*p)).collect();
+    std::thread::sleep(Duration::from_secs(4));
+    let woke: Vec<u64> = pids.iter().zip(&before).map(|(p, b)| switches(*p) - b).collect();
+    assert!(
+        woke.iter().all(|n| *n <= 1),
+        "thread switches over 4 idle seconds (executor, skilld): {woke:?}"
+    );
+    // Both connections are still open: the client's is answered on.
+    c.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let n = c.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&buf[..n]));
 }

@@ -441,6 +441,10 @@ impl Stack {
         self.executor.as_ref().map(Child::id)
     }
 
+    pub fn skilld_pid(&self) -> u32 {
+        self.skilld.id()
+    }
+
     /// SIGKILLs ongrid-skilld and waits for it (it is not restarted).
     pub fn kill_skilld(&mut self) {
         let _ = self.skilld.kill();

@@ -166,9 +166,12 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
     let mut stopping = shared.stopping.is_cancelled();
     let mut hup = tokio::time::interval(HUP_POLL);
     let idle_timeout = Duration::from_secs(shared.engine.config().idle_timeout_seconds);
-    let mut idle_check = tokio::time::interval(
-        (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1)),
-    );
+    // While runs are in flight the idle time is looked at every `busy_tick`
+    // (it counts from the end of the last run); with none, not before it
+    // can be over: an idle connection wakes nothing until then.
+    let busy_tick = (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let idle_check = tokio::time::sleep(idle_timeout);
+    tokio::pin!(idle_check);
     let mut last_request = tokio::time::Instant::now();
     loop {
         tokio::select! {
@@ -192,9 +195,10 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
                     token.cancel();
                 }
             }
-            _ = idle_check.tick(), if reading && !idle_timeout.is_zero() => {
-                if !ctx.runs.is_empty() {
+            () = &mut idle_check, if reading && !idle_timeout.is_zero() => {
+                let next = if !ctx.runs.is_empty() {
                     last_request = tokio::time::Instant::now();
+                    last_request + busy_tick
                 } else if last_request.elapsed() >= idle_timeout {
                     tracing::debug!(
                         "executor: closing the connection of {peer}: no request for {} s",
@@ -202,7 +206,11 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
                     );
                     shared.metrics.idle_closed_total.inc();
                     break;
-                }
+                } else {
+                    // Only a request moves this on, and it is seen then.
+                    last_request + idle_timeout
+                };
+                idle_check.as_mut().reset(next);
             }
             () = shared.stopping.cancelled(), if !stopping => stopping = true,
             () = ctx.runs.wait(), if !reading || stopping => break,
