@@ -733,7 +733,7 @@ mod tests {
         let spawner = Spawner::start(crate::seccomp::program(false), 2, "test-load").unwrap();
         for round in 0..2 {
             parked_children(&spawner, "test-load", 2);
-            // A thread parks its child right after it left `park_children`'s
+            // A thread parks its child right after it left `parked_children`'s
             // count; let it get to its wait.
             std::thread::sleep(std::time::Duration::from_millis(50));
             let threads = states("test-load");
