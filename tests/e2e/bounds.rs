@@ -137,15 +137,7 @@ fn skilld_connections_are_capped_and_slow_or_idle_clients_are_cut() {
     let big = "a".repeat(900_000);
     let body = json!({"args": {"s": big}}).to_string();
     let mut c = UnixStream::connect(&s.socket).unwrap();
-    c.write_all(
-        format!(
-            "POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .unwrap();
+    send_execute(&mut c, &body);
     std::thread::sleep(Duration::from_secs(4));
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut got = Vec::new();
@@ -226,6 +218,17 @@ fn executor_connections_are_capped_and_idle_ones_are_cut() {
     assert!(closed.is_some_and(|n| n >= 2), "ongrid_executor_idle_closed_total: {closed:?}");
 }
 
+/// Writes a keep-alive `POST /v1/skills/echo/execute` with `body` on `c`.
+fn send_execute(c: &mut UnixStream, body: &str) {
+    let head = format!(
+        "POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    c.write_all(body.as_bytes()).unwrap();
+}
+
 /// Times the threads of process `pid` were switched in, so far.
 fn switches(pid: u32) -> u64 {
     let mut n = 0;
@@ -250,15 +253,7 @@ fn idle_connections_wake_neither_daemon() {
     let s = Stack::start();
     let body = json!({"args": {"message": "hi"}}).to_string();
     let mut c = UnixStream::connect(&s.socket).unwrap();
-    c.write_all(
-        format!(
-            "POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .unwrap();
+    send_execute(&mut c, &body);
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];

@@ -142,21 +142,7 @@ impl Handoff {
                 std::thread::yield_now();
             }
         }
-        while self.done.load(Ordering::Acquire) != 0 {
-            // SAFETY: FUTEX_WAIT on a word of this live handoff. Shared (not
-            // FUTEX_PRIVATE_FLAG): the kernel's clear-child-tid wake-up is a
-            // shared one. Returns at once if the word changed; EINTR and
-            // spurious wake-ups loop.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    self.done.as_ptr(),
-                    libc::FUTEX_WAIT,
-                    1,
-                    std::ptr::null::<libc::timespec>(),
-                );
-            }
-        }
+        sleep_while_set(&self.done);
     }
 
     /// Whether the spawner thread, not the child's exec or exit, ended the
@@ -198,9 +184,7 @@ impl Handoff {
         // Before `done`: a run that sees it zero sees this too.
         self.released.store(true, Ordering::Release);
         if self.done.swap(0, Ordering::AcqRel) != 0 {
-            // SAFETY: FUTEX_WAKE (shared, as `wait` waits) on a word of
-            // this handoff, which the caller keeps alive.
-            unsafe { libc::syscall(libc::SYS_futex, self.done.as_ptr(), libc::FUTEX_WAKE, 1) };
+            wake_one(&self.done);
         }
     }
 }
@@ -294,18 +278,7 @@ impl Berth {
     /// (`clone_parked`) the only failure is EAGAIN, once the word is zero
     /// and the child gone; spurious wake-ups loop.
     fn wait_gone(&self) {
-        while self.alive.load(Ordering::Acquire) != 0 {
-            // SAFETY: FUTEX_WAIT on a word of this live berth.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    self.alive.as_ptr(),
-                    libc::FUTEX_WAIT,
-                    1,
-                    std::ptr::null::<libc::timespec>(),
-                );
-            }
-        }
+        sleep_while_set(&self.alive);
     }
 
     /// Tells the spawner thread that the child given a spec from this berth
@@ -314,9 +287,7 @@ impl Berth {
     /// made its clear-child-tid word in place of `alive`.
     pub fn child_gone(&self) {
         self.alive.store(0, Ordering::Release);
-        // SAFETY: FUTEX_WAKE (shared, as `wait_gone` waits) on a word of
-        // this live berth.
-        unsafe { libc::syscall(libc::SYS_futex, self.alive.as_ptr(), libc::FUTEX_WAKE, 1) };
+        wake_one(&self.alive);
     }
 
     /// Tells the parked child to exit; [`Berth::wake`] it after.
@@ -337,6 +308,33 @@ impl Berth {
             );
         }
     }
+}
+
+/// Sleeps in `futex` while `word` (a clear-child-tid word: 1 until the
+/// kernel or its other owner zeroes it) is not zero. Shared, not
+/// `FUTEX_PRIVATE_FLAG`: the kernel's clear-child-tid wake-up is a shared
+/// one. Returns at once if the word changed; EINTR and spurious wake-ups
+/// loop.
+fn sleep_while_set(word: &AtomicU32) {
+    while word.load(Ordering::Acquire) != 0 {
+        // SAFETY: FUTEX_WAIT on a live word the caller borrows.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAIT,
+                1,
+                std::ptr::null::<libc::timespec>(),
+            );
+        }
+    }
+}
+
+/// Wakes one [`sleep_while_set`] waiter on `word`, just zeroed.
+fn wake_one(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE (shared, as `sleep_while_set` waits) on a live
+    // word the caller borrows.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, 1) };
 }
 
 /// The parked child: steps 4a and 4b, the parent-death signal, then wait

@@ -336,46 +336,18 @@ pub(super) unsafe fn clone_vfork(
     extra: c_int,
     pidfd_at: *mut c_int,
 ) -> Result<(libc::pid_t, RawFd), i32> {
-    // The calling thread's child stack, reused from one spawn to the next
-    // (no 256 KiB allocation, zeroing or page faults per spawn): the thread
-    // is suspended while a child runs on it, and no child uses it after
-    // `clone` returned (it exec'd or exited).
-    let mut stack = CHILD_STACK
-        .with(|cell| cell.take())
-        .unwrap_or_else(|| vec![0u8; CHILD_STACK_BYTES].into_boxed_slice());
-    // The stack grows down: pass its 16-byte aligned top.
-    let top = {
-        let end = stack.as_mut_ptr_range().end as usize;
-        (end & !15) as *mut c_void
-    };
-    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | extra | libc::SIGCHLD;
-
-    // SAFETY: sigfillset initialises the set it is given; pthread_sigmask
-    // only reads `all` and writes `old`, both valid locals.
-    let old = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        old
-    };
-    // SAFETY: the caller's contract covers `main` and `arg`; CLONE_VFORK
-    // keeps this frame (and `stack`) until the child exec'd or exited.
-    // With CLONE_PIDFD the kernel stores the pidfd through the parent_tid
-    // argument, a valid `c_int` (the caller's contract).
-    let pid = unsafe { libc::clone(main, top, flags, arg, pidfd_at) };
-    let clone_errno = errno();
-    // SAFETY: restores the mask saved above; `old` is a valid sigset_t.
+    // SAFETY: the caller's contract; CLONE_VFORK keeps this thread in
+    // `clone` until the child exec'd or exited, so there is nothing to wait.
     unsafe {
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        clone_on_child_stack(
+            main,
+            arg,
+            libc::CLONE_VFORK | extra,
+            pidfd_at,
+            std::ptr::null_mut(),
+            || {},
+        )
     }
-    CHILD_STACK.with(|cell| cell.set(Some(stack)));
-    if pid == -1 {
-        return Err(clone_errno);
-    }
-    // SAFETY: `pidfd_at` is valid (the caller's contract); on success the
-    // kernel stored the new pidfd there.
-    Ok((pid, unsafe { *pidfd_at }))
 }
 
 /// `clone(CLONE_VM | CLONE_PIDFD | CLONE_CHILD_CLEARTID | extra)` running
@@ -407,16 +379,52 @@ pub(super) unsafe fn clone_parked(
     clear_at: *mut u32,
     wait: impl FnOnce(),
 ) -> Result<(libc::pid_t, RawFd), i32> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        clone_on_child_stack(
+            main,
+            arg,
+            libc::CLONE_CHILD_CLEARTID | extra,
+            pidfd_at,
+            clear_at,
+            wait,
+        )
+    }
+}
+
+/// `clone(CLONE_VM | CLONE_PIDFD | flags)` running `main(arg)` on the
+/// calling thread's child stack, with every signal blocked in the calling
+/// thread until `wait` (called only when `clone` succeeded) returned; the
+/// stack is put back for the next child after it. `clear_at` is the
+/// `child_tid` argument (null without `CLONE_CHILD_CLEARTID`).
+///
+/// # Safety
+///
+/// As [`clone_parked`]: the child must be off the stack when `wait`
+/// returns (with `CLONE_VFORK`, `clone` itself waited).
+unsafe fn clone_on_child_stack(
+    main: extern "C" fn(*mut c_void) -> c_int,
+    arg: *mut c_void,
+    flags: c_int,
+    pidfd_at: *mut c_int,
+    clear_at: *mut u32,
+    wait: impl FnOnce(),
+) -> Result<(libc::pid_t, RawFd), i32> {
+    // The calling thread's child stack, reused from one spawn to the next
+    // (no 256 KiB allocation, zeroing or page faults per spawn): no child
+    // uses it once `wait` returned (it exec'd or exited).
     let mut stack = CHILD_STACK
         .with(|cell| cell.take())
         .unwrap_or_else(|| vec![0u8; CHILD_STACK_BYTES].into_boxed_slice());
+    // The stack grows down: pass its 16-byte aligned top.
     let top = {
         let end = stack.as_mut_ptr_range().end as usize;
         (end & !15) as *mut c_void
     };
-    let flags =
-        libc::CLONE_VM | libc::CLONE_PIDFD | libc::CLONE_CHILD_CLEARTID | extra | libc::SIGCHLD;
-    // SAFETY: as in `clone_vfork`.
+    let flags = libc::CLONE_VM | libc::CLONE_PIDFD | flags | libc::SIGCHLD;
+
+    // SAFETY: sigfillset initialises the set it is given; pthread_sigmask
+    // only reads `all` and writes `old`, both valid locals.
     let old = unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
@@ -426,8 +434,8 @@ pub(super) unsafe fn clone_parked(
     };
     // SAFETY: the caller's contract covers `main`, `arg`, `pidfd_at` (the
     // parent_tid argument, where CLONE_PIDFD stores the pidfd) and
-    // `clear_at` (the child_tid argument of CLONE_CHILD_CLEARTID); `stack`
-    // stays in this frame until `wait` returned, when the child is off it.
+    // `clear_at` (the child_tid argument); `stack` stays in this frame
+    // until `wait` returned, when the child is off it.
     let pid = unsafe {
         libc::clone(main, top, flags, arg, pidfd_at, std::ptr::null_mut::<c_void>(), clear_at)
     };
@@ -443,7 +451,8 @@ pub(super) unsafe fn clone_parked(
     if pid == -1 {
         return Err(clone_errno);
     }
-    // SAFETY: as in `clone_vfork`.
+    // SAFETY: `pidfd_at` is valid (the caller's contract); on success the
+    // kernel stored the new pidfd there.
     Ok((pid, unsafe { *pidfd_at }))
 }
 
