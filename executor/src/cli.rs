@@ -60,6 +60,12 @@ pub enum Command {
         /// executor.toml (default: /etc/ongrid/executor.toml if it exists).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Also stop (as on SIGTERM) when standard input reaches end of
+        /// file: for a parent that runs the executor as its child (as
+        /// `ongrid-skill up` does) and holds the pipe's other end, so the
+        /// executor never outlives it, however it ends.
+        #[arg(long)]
+        stop_on_stdin_eof: bool,
     },
 }
 
@@ -73,5 +79,7 @@ Under systemd: a socket passed by socket activation (LISTEN_FDS, e.g.
 ongrid-executor.socket) is served instead and left in place at exit;
 READY=1 is sent once the socket accepts, STOPPING=1 when the drain starts
 (NOTIFY_SOCKET, Type=notify).
-SIGTERM or Ctrl-C: stop accepting, let runs finish within their deadlines,
-then exit 0. Exit 70: the configuration, socket or engine could not be set up.";
+SIGTERM or Ctrl-C (or, with --stop-on-stdin-eof, the end of standard input):
+stop accepting, let runs finish within their deadlines, then exit 0. SIGHUP
+is logged and ignored: executor.toml is read at start (restart to apply
+it). Exit 70: the configuration, socket or engine could not be set up.";

@@ -84,7 +84,7 @@ fn run(
     print(&report, json)
 }
 
-fn serve(config: Option<PathBuf>) -> anyhow::Result<u8> {
+fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8> {
     // Before any thread or child: this edits the environment and marks the
     // inherited socket close-on-exec (the watchdog must not hold it).
     let inherited = executor::systemd::take_listener().context("socket activation")?;
@@ -163,7 +163,8 @@ fn serve(config: Option<PathBuf>) -> anyhow::Result<u8> {
         };
         // SIGTERM and SIGINT are caught from here on, before READY=1: a stop
         // right after readiness is a graceful one, not the default action.
-        let signal = shutdown_signal().context("listening for SIGTERM and SIGINT")?;
+        let signal = shutdown_signal(stop_on_stdin_eof)
+            .context("listening for SIGTERM, SIGINT and SIGHUP")?;
         // The socket accepts and the engine is up: runs are served from here.
         executor::systemd::ready("serving");
         let shutdown = async {
@@ -178,18 +179,56 @@ fn serve(config: Option<PathBuf>) -> anyhow::Result<u8> {
     })
 }
 
-/// Starts listening for SIGTERM and SIGINT now; the future completes on
-/// the first of them.
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+/// Starts listening for SIGTERM and SIGINT now (and, with
+/// `stdin_eof`, for the end of standard input); the future completes on
+/// the first of them. SIGHUP is logged and otherwise ignored from now on:
+/// its default action would end the privileged daemon (a closed terminal,
+/// a `pkill -HUP` meant for skilld), and there is nothing to reload.
+fn shutdown_signal(stdin_eof: bool) -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut parent_gone = if stdin_eof { Some(stdin_closed()?) } else { None };
     Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("executor: SIGTERM"),
-            _ = int.recv() => tracing::info!("executor: SIGINT"),
+        loop {
+            tokio::select! {
+                _ = term.recv() => return tracing::info!("executor: SIGTERM"),
+                _ = int.recv() => return tracing::info!("executor: SIGINT"),
+                _ = hup.recv() => tracing::warn!(
+                    "executor: SIGHUP ignored: executor.toml is read at start; restart the \
+                     executor to apply a change (skills and manifests are read at each run)"
+                ),
+                _ = async { parent_gone.as_mut().unwrap().await }, if parent_gone.is_some() => {
+                    return tracing::warn!(
+                        "executor: standard input closed (the parent is gone): stopping"
+                    );
+                }
+            }
         }
     })
+}
+
+/// A receiver that completes when standard input reaches end of file (or
+/// fails). Read on a thread of its own, asleep in `read` until then: not a
+/// blocking task of the runtime, whose shutdown would wait for it.
+fn stdin_closed() -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
+    use std::io::Read;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new().name("ongrid-stdin".into()).spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = [0u8; 256];
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        let _ = tx.send(());
+    })?;
+    Ok(rx)
 }
 
 fn print(report: &policy::RunReport, json: bool) -> anyhow::Result<u8> {
@@ -238,7 +277,7 @@ fn main() -> ExitCode {
         Command::Run { manifest, tool, args, config, json } => {
             run(manifest, tool, args, config, json)
         }
-        Command::Serve { config } => serve(config),
+        Command::Serve { config, stop_on_stdin_eof } => serve(config, stop_on_stdin_eof),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -1,6 +1,7 @@
 //! `ongrid-skill up`: starts both daemons, answers `curl`, stops cleanly on
-//! SIGTERM and SIGINT with no process or socket left; and the README's
-//! "API examples" run exactly as written against it.
+//! SIGTERM, SIGINT and SIGHUP with no process or socket left, and leaves
+//! no executor behind when it is killed; and the README's "API examples"
+//! run exactly as written against it.
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -14,7 +15,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use crate::harness::{bin, free_port, processes_with, temp_dir, write_skill};
+use crate::harness::{bin, free_port, process_alive, processes_with, temp_dir, write_skill};
 
 /// A running `ongrid-skill up` and what it printed until ready.
 struct Up {
@@ -211,6 +212,78 @@ fn up_starts_answers_curl_and_stops_cleanly_on_sigterm() {
     assert_eq!(r.json()["executor"], "up");
 
     up.stop(Signal::SIGTERM);
+}
+
+/// Runs the `echo` example through `up`'s socket; its result.
+fn run_echo(up: &Up) -> Value {
+    let out = Command::new(bin("ongrid-skill"))
+        .args(["run", "echo", "--args", r#"{"message":"still here"}"#, "--socket"])
+        .arg(up.socket())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), up.log());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Waits up to `secs` for `cond`.
+fn eventually(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
+
+#[test]
+fn a_stray_sighup_leaves_the_executor_serving_and_a_closed_terminal_stops_up() {
+    let (_tmp, base) = temp_dir("ongrid-e2e-up-hup-");
+    let up = Up::start(&base, &[]);
+    let executor = up.executor_pid();
+    // A SIGHUP meant for skilld's rescan (`pkill -HUP ongrid`): its default
+    // action would end the executor, and `up` with it.
+    kill(Pid::from_raw(executor), Signal::SIGHUP).unwrap();
+    assert!(
+        eventually(10, || up.log().contains("SIGHUP ignored")),
+        "no log line for the SIGHUP:\n{}",
+        up.log()
+    );
+    assert!(process_alive(executor, "ongrid-executor"), "executor gone:\n{}", up.log());
+    assert_eq!(run_echo(&up)["message"], "still here");
+    // The terminal `up` runs in closes: both daemons stop, exit 0.
+    up.stop(Signal::SIGHUP);
+}
+
+#[test]
+fn a_killed_up_leaves_no_executor_behind() {
+    let (_tmp, base) = temp_dir("ongrid-e2e-up-kill-");
+    let mut up = Up::start(&base, &[]);
+    let executor = up.executor_pid();
+    assert_eq!(run_echo(&up)["message"], "still here");
+    // No handler runs on SIGKILL: only the closed pipe tells the executor.
+    kill(Pid::from_raw(i32::try_from(up.child.id()).unwrap()), Signal::SIGKILL).unwrap();
+    up.child.wait().unwrap();
+    let gone = eventually(20, || !process_alive(executor, "ongrid-executor"));
+    if !gone {
+        // Not left running past the test.
+        let _ = kill(Pid::from_raw(executor), Signal::SIGTERM);
+    }
+    assert!(gone, "the executor {executor} outlived a killed `up`:\n{}", up.log());
+    let runtime = up.runtime.display().to_string();
+    assert!(
+        eventually(10, || processes_with(&runtime).is_empty()),
+        "processes left in {runtime}: {:?}",
+        processes_with(&runtime)
+    );
+    assert!(up.log().contains("standard input closed"), "{}", up.log());
+    assert!(!up.runtime.join("executor.sock").exists(), "the executor left its socket");
+    // skilld's socket is left (nothing ran to remove it); the next `up` in
+    // the same runtime dir starts over it.
+    let again = Up::start(&base, &[]);
+    assert_eq!(run_echo(&again)["message"], "still here");
+    again.stop(Signal::SIGTERM);
 }
 
 /// The fenced `sh` block of README.md's "API examples" section.

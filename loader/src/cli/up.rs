@@ -2,8 +2,8 @@
 //! the one-command demo. Starts `ongrid-executor serve` as a child process
 //! and `ongrid-skilld` in this process, in the foreground, on sockets under
 //! a local runtime directory, with the bundled example skills plus any
-//! `--skills` packs; prints the lines to try; stops both on Ctrl-C or
-//! SIGTERM.
+//! `--skills` packs; prints the lines to try; stops both on Ctrl-C,
+//! SIGTERM or SIGHUP (the terminal it runs in closed).
 //!
 //! # Runtime directory
 //!
@@ -31,7 +31,10 @@
 //! `PATH`. Its generated configuration admits only the current uid on its
 //! socket (mode 0600), accepts entries owned by root or the current user,
 //! and asks for Landlock best effort (every report says what was enforced).
-//! As root, skills run as `ongrid-skill` (else `nobody`, with a note); as
+//! It runs with `--stop-on-stdin-eof` and its standard input a pipe whose
+//! other end only `up` holds: however `up` ends (SIGKILL included), the
+//! executor sees the pipe close and stops, so it never outlives `up` as
+//! an orphaned root daemon. As root, skills run as `ongrid-skill` (else `nobody`, with a note); as
 //! another user they run as that user, without a cgroup or an identity
 //! change, and each report's `sandbox.degraded` says so.
 //!
@@ -47,7 +50,7 @@
 //!
 //! # Exit codes
 //!
-//! 0 after Ctrl-C or SIGTERM (both daemons stopped, sockets removed), 1 if
+//! 0 after Ctrl-C, SIGTERM or SIGHUP (both daemons stopped, sockets removed), 1 if
 //! a daemon could not start or the executor died, 2 on a usage error.
 
 use std::fs;
@@ -92,8 +95,8 @@ const EXECUTOR_STOP: Duration = Duration::from_secs(45);
 /// Arguments of `up`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Exit codes: 0 after Ctrl-C or SIGTERM, 1 if a daemon could not start or the
-executor died, 2 usage error.")]
+Exit codes: 0 after Ctrl-C, SIGTERM or SIGHUP, 1 if a daemon could not start
+or the executor died, 2 usage error.")]
 pub struct Args {
     /// A skill root (a folder of packs, or one pack) to serve besides the
     /// examples; repeatable.
@@ -256,13 +259,16 @@ impl Plan {
 
     async fn serve(self, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
         // Handlers first: a signal during start-up stops cleanly too.
-        let (mut term, mut int) =
-            match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-                (Ok(t), Ok(i)) => (t, i),
-                (Err(e), _) | (_, Err(e)) => {
-                    return fail(&Failure::start(format!("signal handlers: {e}")), err)
-                }
-            };
+        let (mut term, mut int, mut hup) = match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::hangup()),
+        ) {
+            (Ok(t), Ok(i), Ok(h)) => (t, i, h),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                return fail(&Failure::start(format!("signal handlers: {e}")), err)
+            }
+        };
         if let Err(f) = self.prepare_dir() {
             return fail(&f, err);
         }
@@ -272,13 +278,16 @@ impl Plan {
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
+            // Stops when this process ends, however it ends: the pipe's
+            // write end is `parent_alive`, held until `up` returns.
+            .arg("--stop-on-stdin-eof")
             // Its own socket, not one passed to `up`; and only `up` itself
             // may talk to a service manager it runs under.
             .env_remove("NOTIFY_SOCKET")
             .env_remove("LISTEN_FDS")
             .env_remove("LISTEN_PID")
             .env_remove("LISTEN_FDNAMES")
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::inherit())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -292,10 +301,13 @@ impl Plan {
                 return fail(&f, err);
             }
         };
+        // Never written to; closed (by the kernel if need be) when `up` ends.
+        let parent_alive = executor.stdin.take();
         let started = tokio::select! {
             r = wait_for_socket(&mut executor, &executor_socket) => r,
             _ = term.recv() => Err(Failure::start("stopped (SIGTERM) during start-up")),
             _ = int.recv() => Err(Failure::start("stopped (SIGINT) during start-up")),
+            _ = hup.recv() => Err(Failure::start("stopped (SIGHUP) during start-up")),
         };
         if let Err(f) = started {
             stop_executor(&mut executor).await;
@@ -326,6 +338,7 @@ impl Plan {
         let (code, why) = tokio::select! {
             _ = term.recv() => (ExitCode::SUCCESS, "SIGTERM".to_owned()),
             _ = int.recv() => (ExitCode::SUCCESS, "SIGINT".to_owned()),
+            _ = hup.recv() => (ExitCode::SUCCESS, "SIGHUP (the terminal closed)".to_owned()),
             st = executor.wait() => (
                 ExitCode::FAILURE,
                 format!("ongrid-executor exited unexpectedly ({})", describe(st)),
@@ -336,6 +349,7 @@ impl Plan {
         // deadlines while ongrid-skilld drains the requests waiting on them.
         shutdown.cancel();
         stop_executor(&mut executor).await;
+        drop(parent_alive);
         let _ = serving.await;
         self.cleanup();
         if code == ExitCode::FAILURE {
