@@ -52,7 +52,7 @@ from tracefs import LINE, main, overflowed
 EVENTS = ('sched/sched_process_fork', 'sched/sched_process_exec', 'sched/sched_process_exit',
           'sched/sched_switch', 'raw_syscalls/sys_enter', 'raw_syscalls/sys_exit')
 SYSCALL = re.compile(r'NR (-?\d+) (?:\((\w+)|= (-?\d+))')
-CLONE, CLONE3, EXECVE, EXIT_GROUP, WAIT4, WAITID, FUTEX = 56, 435, 59, 231, 61, 247, 202
+CLONE, CLONE3, EXECVE, EXIT, EXIT_GROUP, WAIT4, WAITID, FUTEX = 56, 435, 59, 60, 231, 61, 247, 202
 READS, WRITES = (0, 19, 45, 47), (1, 20, 44, 46)
 PHASES = ('clone', 'child', 'execve', 'skill', 'exit', 'reap')
 AROUND = ('request', 'prepare', 'report', 'answer')
@@ -137,7 +137,9 @@ def parse(path):
         child = threads[pid]
         clone = threads[parent].last_before(forked + 0.5, 'sys_enter', (CLONE, CLONE3))
         execve = child.last_before(done, 'sys_enter', (EXECVE,))
-        exit_group = child.first_after(done, 'sys_enter', (EXIT_GROUP,))
+        # `exit` too: loadbench's static-cat has no C library and ends its only
+        # thread with it.
+        exit_group = child.first_after(done, 'sys_enter', (EXIT, EXIT_GROUP))
         zombie = zombies[pid]
         process = tgid.get(parent, parent)
         reaped = [th.first_after(zombie - 1, 'sys_exit', (WAIT4, WAITID), pid)
