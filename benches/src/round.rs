@@ -95,12 +95,18 @@ mod tests {
     fn the_rate_stops_at_the_first_client_done() {
         use std::sync::atomic::AtomicUsize;
         let fast_runs = AtomicUsize::new(0);
-        // Client 0 runs at once; client 1's one run lasts until client 0
-        // has made its share, and 20 ms more.
+        let slow_started = AtomicBool::new(false);
+        // Client 0's runs take no time once client 1 is in its run (so it
+        // cannot find the round over before it starts); client 1's one run
+        // lasts until client 0 has made its share, and 20 ms more.
         let (round, runs) = run_round(vec![0u8, 1], 5, |who: &mut u8| {
             if *who == 0 {
+                while !slow_started.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 fast_runs.fetch_add(1, Ordering::SeqCst);
             } else {
+                slow_started.store(true, Ordering::SeqCst);
                 while fast_runs.load(Ordering::SeqCst) < 5 {
                     std::thread::sleep(Duration::from_millis(1));
                 }
