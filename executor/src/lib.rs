@@ -28,6 +28,8 @@
 //! - [`server`]: `ongrid-executor serve`, the executor wire on a Unix
 //!   socket (peer check, admission and queue, cancellation, shutdown).
 //! - [`metrics`]: the executor's Prometheus metrics on an injected registry.
+//! - [`journald`]: log lines with journald's `<N>` priorities, no
+//!   timestamp, when stderr is the journal's stream.
 //! - [`sweep`]: removing what a dead executor left (by the watchdog, and
 //!   by every executor at start).
 //! - `sys`: the only unsafe code (raw syscalls, the child's sequence, the
@@ -194,6 +196,7 @@ pub mod dynmods;
 pub mod engine;
 pub mod instance;
 mod janitor;
+pub mod journald;
 pub mod landlock;
 pub mod metrics;
 pub mod parsed;

@@ -11,6 +11,7 @@ use clap::Parser;
 use executor::cli::{Cli, Command};
 use executor::{Config, Engine, RunRequest};
 use policy::Outcome;
+use tracing::Level;
 
 fn exit_code(outcome: Outcome) -> u8 {
     match outcome {
@@ -99,7 +100,10 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
             enabled.join(" ")
         ),
         Ok(other) => tracing::info!("executor: cgroup delegation: {other:?}"),
-        Err(e) => eprintln!("ongrid-executor: {e:#}; runs get what the cgroup offers as it is"),
+        Err(e) => executor::journald::eprint(
+            Level::WARN,
+            &format!("ongrid-executor: {e:#}; runs get what the cgroup offers as it is"),
+        ),
     }
     // Cgroup joins without an RCU grace period after idle gaps.
     if config.cgroup_favordynmods && nix::unistd::geteuid().is_root() {
@@ -263,16 +267,17 @@ fn main() -> ExitCode {
     executor::map_large_allocations();
     // Before any thread too: SIGCHLD would only wake a thread to drop it.
     if let Err(e) = executor::block_sigchld() {
-        eprintln!("ongrid-executor: cannot block SIGCHLD ({e}); each run's exit wakes a thread");
+        executor::journald::eprint(
+            Level::WARN,
+            &format!("ongrid-executor: cannot block SIGCHLD ({e}); each run's exit wakes a thread"),
+        );
     }
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ONGRID_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+    // Under systemd, lines for the journal (priorities, no timestamp).
+    let _ = executor::journald::try_init(
+        tracing_subscriber::EnvFilter::try_from_env("ONGRID_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+    );
     let result = match cli.command {
         Command::Run { manifest, tool, args, config, json } => {
             run(manifest, tool, args, config, json)
@@ -282,7 +287,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("ongrid-executor: {e:#}");
+            executor::journald::eprint(Level::ERROR, &format!("ongrid-executor: {e:#}"));
             ExitCode::from(70)
         }
     }

@@ -24,6 +24,8 @@
 //! - [`daemon`]: start-up (bind, first scan) and the serving loop, with the
 //!   shutdown signal passed in.
 //! - [`systemd`]: readiness notifications and the socket-activated listener.
+//! - [`journald`]: log lines with journald's `<N>` priorities, no timestamp,
+//!   when stderr is the journal's stream.
 //! - [`server`]: the Unix-socket listener: peer credentials
 //!   ([`server::Caller`]), connection cap, HTTP/1.1 per connection.
 //! - [`quiet_stream`]: the Unix stream both sockets of the daemon use,
@@ -96,6 +98,7 @@ pub mod daemon_cli;
 pub mod entry;
 pub mod event;
 pub mod executor_client;
+pub mod journald;
 pub mod manifest_file;
 pub mod metrics;
 pub mod quiet_stream;

@@ -6,6 +6,7 @@
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -26,8 +27,21 @@ struct Up {
     log: PathBuf,
 }
 
+/// What `up`'s stderr is told it is: `$JOURNAL_STREAM` unset, naming the
+/// log file (as systemd names the journal's stream), or naming another file.
+#[derive(Clone, Copy, PartialEq)]
+enum Stream {
+    Plain,
+    Journal,
+    Elsewhere,
+}
+
 impl Up {
     fn start(base: &Path, extra: &[&Path]) -> Self {
+        Self::start_with(base, extra, Stream::Plain)
+    }
+
+    fn start_with(base: &Path, extra: &[&Path], stream: Stream) -> Self {
         if nix::unistd::geteuid().is_root() {
             ongrid_tests::host::skill_user();
         }
@@ -40,11 +54,20 @@ impl Up {
         for dir in extra {
             cmd.arg("--skills").arg(dir);
         }
+        let stderr = fs::File::create(&log).unwrap();
+        let meta = stderr.metadata().unwrap();
+        match stream {
+            Stream::Plain => cmd.env_remove("JOURNAL_STREAM"),
+            Stream::Journal => cmd.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino())),
+            Stream::Elsewhere => {
+                cmd.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino() + 1))
+            }
+        };
         let mut child = cmd
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(fs::File::create(&log).unwrap())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
@@ -284,6 +307,49 @@ fn a_killed_up_leaves_no_executor_behind() {
     let again = Up::start(&base, &[]);
     assert_eq!(run_echo(&again)["message"], "still here");
     again.stop(Signal::SIGTERM);
+}
+
+/// Whether `line` holds an RFC 3339 date and time (`2026-12-03T22:20:47`).
+fn has_timestamp(line: &str) -> bool {
+    let pattern = b"dddd-dd-ddTdd:";
+    line.as_bytes().windows(pattern.len()).any(|w| {
+        w.iter().zip(pattern).all(|(c, p)| if *p == b'd' { c.is_ascii_digit() } else { c == p })
+    })
+}
+
+#[test]
+fn under_systemd_log_lines_carry_journald_priorities_and_no_timestamp() {
+    let (_tmp, base) = temp_dir("ongrid-e2e-up-journal-");
+    let up = Up::start_with(&base, &[], Stream::Journal);
+    // A warning from the executor, an info line from skilld.
+    kill(Pid::from_raw(up.executor_pid()), Signal::SIGHUP).unwrap();
+    assert!(eventually(10, || up.log().contains("SIGHUP ignored")), "{}", up.log());
+    let log = up.log();
+    let line = |needle: &str| -> String {
+        log.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{needle}:\n{log}"))
+            .into()
+    };
+    let registered = line(r#"registered subprocess skill "echo""#);
+    assert!(registered.starts_with("<6>loader::app: skill loader: "), "{registered}");
+    let hup = line("SIGHUP ignored");
+    assert!(hup.starts_with("<4>ongrid_executor: executor: SIGHUP ignored"), "{hup}");
+    // journald stamps each line itself.
+    let stamped: Vec<&str> = log.lines().filter(|l| has_timestamp(l)).collect();
+    assert!(stamped.is_empty(), "{stamped:?}");
+    up.stop(Signal::SIGTERM);
+
+    // A `$JOURNAL_STREAM` naming another file (inherited from a service
+    // whose stderr this is not) changes nothing.
+    let (_tmp, base) = temp_dir("ongrid-e2e-up-journal-");
+    let up = Up::start_with(&base, &[], Stream::Elsewhere);
+    let log = up.log();
+    let registered =
+        log.lines().find(|l| l.contains(r#"registered subprocess skill "echo""#)).unwrap();
+    assert!(has_timestamp(registered) && registered.contains(" INFO "), "{registered}");
+    assert!(!registered.starts_with('<'), "{registered}");
+    up.stop(Signal::SIGTERM);
 }
 
 /// The fenced `sh` block of README.md's "API examples" section.

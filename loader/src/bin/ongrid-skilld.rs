@@ -18,19 +18,17 @@ use loader::daemon::Daemon;
 use loader::daemon_cli::Args;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
+use tracing::Level;
 
 const EX_CONFIG: u8 = 78;
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // Under systemd, lines for the journal (priorities, no timestamp).
+    let _ = loader::journald::try_init(
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    );
     let overrides = Overrides {
         socket: args.socket,
         executor_socket: args.executor_socket,
@@ -43,7 +41,7 @@ fn main() -> ExitCode {
     {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("ongrid-skilld: configuration: {e}");
+            loader::journald::eprint(Level::ERROR, &format!("ongrid-skilld: configuration: {e}"));
             return ExitCode::from(EX_CONFIG);
         }
     };
@@ -55,14 +53,14 @@ fn main() -> ExitCode {
     let inherited = match loader::systemd::take_listener() {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("ongrid-skilld: {e}");
+            loader::journald::eprint(Level::ERROR, &format!("ongrid-skilld: {e}"));
             return ExitCode::FAILURE;
         }
     };
     match serve(settings, inherited) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ongrid-skilld: {e:#}");
+            loader::journald::eprint(Level::ERROR, &format!("ongrid-skilld: {e:#}"));
             ExitCode::FAILURE
         }
     }

@@ -142,14 +142,10 @@ impl Failure {
 ///
 /// I/O errors writing `out` or `err`.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(io::stderr)
-        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
-        .try_init();
+    let _ = crate::journald::try_init(
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    );
     let plan = match Plan::new(args, err) {
         Ok(p) => p,
         Err(f) => return fail(&f, err),
