@@ -352,12 +352,14 @@ impl Engine {
         let l = &plan.granted.limits;
         let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
         let bounds = (l.memory_bytes, l.max_pids);
-        let slot = self.janitor.take(warm, &self.config, &self.host, bounds, owner);
-        let mut prep =
-            match slot.and_then(|slot| spawn::prepare(&self.config, &self.host, &plan, slot)) {
-                Ok(p) => p,
-                Err(e) => return RunReport::not_run(skill, e.outcome(), e.to_string()),
-            };
+        // The pool's refill is asked for once the child has its spec.
+        let taken = self.janitor.take(warm, &self.config, &self.host, bounds, owner);
+        let (mut prep, refill) = match taken.and_then(|(slot, refill)| {
+            spawn::prepare(&self.config, &self.host, &plan, slot).map(|p| (p, refill))
+        }) {
+            Ok(p) => p,
+            Err(e) => return RunReport::not_run(skill, e.outcome(), e.to_string()),
+        };
         if prep.report.landlock.status != Enforcement::None {
             self.rulesets[usize::from(prep.landlock_reused)].fetch_add(1, Ordering::Relaxed);
         }
@@ -376,7 +378,9 @@ impl Engine {
         // only run in flight watches for its child's exec without sleeping
         // for a while ([`EXEC_SPIN`]); with others, its CPU is theirs.
         let spin = spin_for(self.active.load(Ordering::Relaxed), self.exec_spin);
-        let child = match spawn::spawn(&mut prep, &plan.entry, &plan.args, &self.spawners, spin) {
+        let spawned =
+            spawn::spawn(&mut prep, &plan.entry, &plan.args, &self.spawners, spin, || drop(refill));
+        let child = match spawned {
             Ok(c) => c,
             Err(e) => {
                 let mut r = RunReport::not_run(skill, e.outcome(), e.to_string());

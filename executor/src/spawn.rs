@@ -535,6 +535,8 @@ fn prefill_stdin(fd: OwnedFd, args: &[u8]) -> Option<(OwnedFd, usize)> {
 /// has none). `args` go into its stdin first (`prefill_stdin`). `spin`:
 /// how long a child made ahead may be watched for its `exec` without
 /// sleeping (`sys::spawner`'s `spawn_spinning`; zero: sleep at once).
+/// `meanwhile` runs once the child has its spec (else once it exists),
+/// off the path to its `exec`.
 ///
 /// # Errors
 ///
@@ -546,6 +548,7 @@ pub fn spawn(
     args: &[u8],
     spawners: &Spawners,
     spin: Duration,
+    meanwhile: impl FnOnce(),
 ) -> Result<Child, SpawnError> {
     let stdio = match prep.stdio.take() {
         Some(stdio) => stdio,
@@ -610,9 +613,13 @@ pub fn spawn(
     let spawned = match spawner {
         Some(spawner) => {
             spec.seccomp = &[];
-            spawner.spawn_spinning(&spec, spin)
+            spawner.spawn_spinning(&spec, spin, meanwhile)
         }
-        None => sys::child::spawn(&spec),
+        None => {
+            let spawned = sys::child::spawn(&spec);
+            meanwhile();
+            spawned
+        }
     };
     let spawned = spawned.map_err(|SpawnFailure { step, errno }| {
         if step == Step::Exec {

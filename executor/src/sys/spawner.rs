@@ -254,7 +254,7 @@ impl Spawner {
     /// [`Spawner::spawn_spinning`] without the spin (the tests').
     #[cfg(test)]
     pub fn spawn(&self, spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
-        self.spawn_spinning(spec, Duration::ZERO)
+        self.spawn_spinning(spec, Duration::ZERO, || {})
     }
 
     /// Creates the child of `spec` on a spawner thread: a parked child
@@ -262,7 +262,9 @@ impl Spawner {
     /// `spec.seccomp` should be empty (the thread's filter applies). Blocks
     /// the calling thread until the child has exec'd or failed, as
     /// [`child::spawn`] does; for up to `spin` of that without sleeping,
-    /// when a parked child took it ([`Handoff::wait`]).
+    /// when a parked child took it ([`Handoff::wait`]). `meanwhile` runs
+    /// once the spec is handed over, while the child works towards its
+    /// `exec`: what the run has to do that its child need not wait for.
     ///
     /// # Errors
     ///
@@ -272,6 +274,7 @@ impl Spawner {
         &self,
         spec: &ChildSpec<'_>,
         spin: Duration,
+        meanwhile: impl FnOnce(),
     ) -> Result<Spawned, SpawnFailure> {
         // A parked child cannot report a malformed spec before using it.
         child::check_spec(spec)?;
@@ -280,7 +283,9 @@ impl Spawner {
         let spec = SpecPtr(std::ptr::from_ref(spec).cast());
         let handoff = Arc::new(Handoff::default());
         let job = Job { spec, handoff: Arc::clone(&handoff), reply };
-        if let Some(berth) = self.queue.push(job).map_err(|_| gone)? {
+        let berth = self.queue.push(job).map_err(|_| gone)?;
+        meanwhile();
+        if let Some(berth) = berth {
             // Woken by the child's exec (or exit) itself, or by the spawner
             // thread when no child took the spec ([`super::berth`]).
             handoff.wait(spin);
@@ -819,7 +824,7 @@ mod tests {
             // leaves SCHED_FIFO, and the rest waits for the spin anyway.
             let (t0, at) = (now_ns(), AtomicU64::new(0));
             let status = child_status(|s| {
-                spawner.spawn_spinning(&ChildSpec { exec_at: Some(&at), ..*s }, budget)
+                spawner.spawn_spinning(&ChildSpec { exec_at: Some(&at), ..*s }, budget, || {})
             });
             super::super::process::set_thread_policy(libc::SCHED_OTHER, 0).unwrap();
             assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
