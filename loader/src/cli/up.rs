@@ -34,9 +34,10 @@
 //! It runs with `--stop-on-stdin-eof` and its standard input a pipe whose
 //! other end only `up` holds: however `up` ends (SIGKILL included), the
 //! executor sees the pipe close and stops, so it never outlives `up` as
-//! an orphaned root daemon. As root, skills run as `ongrid-skill` (else `nobody`, with a note); as
-//! another user they run as that user, without a cgroup or an identity
-//! change, and each report's `sandbox.degraded` says so.
+//! an orphaned root daemon. As root, skills run as `ongrid-skill` (else
+//! `nobody`, with a note); as another user they run as that user, without
+//! a cgroup or an identity change, and each report's `sandbox.degraded`
+//! says so.
 //!
 //! # Permissions and audit
 //!
@@ -50,8 +51,9 @@
 //!
 //! # Exit codes
 //!
-//! 0 after Ctrl-C, SIGTERM or SIGHUP (both daemons stopped, sockets removed), 1 if
-//! a daemon could not start or the executor died, 2 on a usage error.
+//! 0 after Ctrl-C, SIGTERM or SIGHUP (both daemons stopped, sockets
+//! removed), 1 if a daemon could not start or the executor died, 2 on a
+//! usage error.
 
 use std::fs;
 use std::io::{self, Write};
