@@ -22,6 +22,8 @@
 //!   [`Manifest`] per tool, shared by the loader and the executor.
 //! - [`yaml`]: bounded YAML → JSON (no anchors, aliases or tags; depth,
 //!   node and size limits) for that frontmatter.
+//! - [`journald`]: the daemons' log lines for journald (`<N>` priority,
+//!   no timestamp) and when stderr is its stream.
 //! - [`wire`]: the executor wire (newline-delimited JSON-RPC 2.0, capped lines):
 //!   `execute`, `ping` and `metrics` requests, and the replies the loader reads.
 //!
@@ -35,6 +37,7 @@
 pub mod approval;
 pub mod class;
 pub mod env;
+pub mod journald;
 pub mod limits;
 pub mod manifest;
 pub mod name;
