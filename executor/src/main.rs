@@ -193,8 +193,15 @@ fn shutdown_signal(stdin_eof: bool) -> std::io::Result<impl std::future::Future<
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
-    let mut parent_gone = if stdin_eof { Some(stdin_closed()?) } else { None };
+    let stdin = if stdin_eof { Some(stdin_closed()?) } else { None };
     Ok(async move {
+        let parent_gone = async {
+            match stdin {
+                Some(closed) => drop(closed.await),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(parent_gone);
         loop {
             tokio::select! {
                 _ = term.recv() => return tracing::info!("executor: SIGTERM"),
@@ -203,7 +210,7 @@ fn shutdown_signal(stdin_eof: bool) -> std::io::Result<impl std::future::Future<
                     "executor: SIGHUP ignored: executor.toml is read at start; restart the \
                      executor to apply a change (skills and manifests are read at each run)"
                 ),
-                _ = async { parent_gone.as_mut().unwrap().await }, if parent_gone.is_some() => {
+                () = &mut parent_gone => {
                     return tracing::warn!(
                         "executor: standard input closed (the parent is gone): stopping"
                     );
