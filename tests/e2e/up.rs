@@ -16,7 +16,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use crate::harness::{bin, free_port, process_alive, processes_with, temp_dir, write_skill};
+use crate::harness::{
+    bin, eventually, free_port, process_alive, processes_with, temp_dir, write_skill,
+};
 
 /// A running `ongrid-skill up` and what it printed until ready.
 struct Up {
@@ -248,18 +250,6 @@ fn run_echo(up: &Up) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// Waits up to `secs` for `cond`.
-fn eventually(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    cond()
-}
-
 #[test]
 fn a_stray_sighup_leaves_the_executor_serving_and_a_closed_terminal_stops_up() {
     let (_tmp, base) = temp_dir("ongrid-e2e-up-hup-");
@@ -269,7 +259,7 @@ fn a_stray_sighup_leaves_the_executor_serving_and_a_closed_terminal_stops_up() {
     // action would end the executor, and `up` with it.
     kill(Pid::from_raw(executor), Signal::SIGHUP).unwrap();
     assert!(
-        eventually(10, || up.log().contains("SIGHUP ignored")),
+        eventually(Duration::from_secs(10), || up.log().contains("SIGHUP ignored")),
         "no log line for the SIGHUP:\n{}",
         up.log()
     );
@@ -288,7 +278,7 @@ fn a_killed_up_leaves_no_executor_behind() {
     // No handler runs on SIGKILL: only the closed pipe tells the executor.
     kill(Pid::from_raw(i32::try_from(up.child.id()).unwrap()), Signal::SIGKILL).unwrap();
     up.child.wait().unwrap();
-    let gone = eventually(20, || !process_alive(executor, "ongrid-executor"));
+    let gone = eventually(Duration::from_secs(20), || !process_alive(executor, "ongrid-executor"));
     if !gone {
         // Not left running past the test.
         let _ = kill(Pid::from_raw(executor), Signal::SIGTERM);
@@ -296,7 +286,7 @@ fn a_killed_up_leaves_no_executor_behind() {
     assert!(gone, "the executor {executor} outlived a killed `up`:\n{}", up.log());
     let runtime = up.runtime.display().to_string();
     assert!(
-        eventually(10, || processes_with(&runtime).is_empty()),
+        eventually(Duration::from_secs(10), || processes_with(&runtime).is_empty()),
         "processes left in {runtime}: {:?}",
         processes_with(&runtime)
     );
@@ -323,7 +313,11 @@ fn under_systemd_log_lines_carry_journald_priorities_and_no_timestamp() {
     let up = Up::start_with(&base, &[], Stream::Journal);
     // A warning from the executor, an info line from skilld.
     kill(Pid::from_raw(up.executor_pid()), Signal::SIGHUP).unwrap();
-    assert!(eventually(10, || up.log().contains("SIGHUP ignored")), "{}", up.log());
+    assert!(
+        eventually(Duration::from_secs(10), || up.log().contains("SIGHUP ignored")),
+        "{}",
+        up.log()
+    );
     let log = up.log();
     let line = |needle: &str| -> String {
         log.lines()
