@@ -9,6 +9,8 @@
 //!   interrupts by which one CPU wakes another.
 //! - [`run_round`]: one concurrent round of the clients, timed while all
 //!   of them run ([`Round`]).
+//! - [`settle`]: waits, untimed, until the kernel work a run left behind
+//!   (`bwrap`'s namespace teardown) is done ([`Settled`], [`host_cpu`]).
 //! - [`write_packs`]: many valid packs on disk (the scan bench, `loadbench
 //!   --loaded-skills`).
 //! - [`first_line`], [`kernel_release`], [`cpus`]: the machine facts every tool's
@@ -20,8 +22,10 @@ use std::path::Path;
 use std::time::Duration;
 
 mod round;
+mod settle;
 
 pub use round::{run_round, Round};
+pub use settle::{host_cpu, settle, Quiet, Settled};
 
 /// A sorted copy of `v` (total order, NaN last).
 pub fn sorted(v: &[f64]) -> Vec<f64> {
@@ -108,6 +112,9 @@ pub struct Samples {
     pub wakeups: Option<u64>,
     /// [`Samples::add_wakeups`] was called.
     wakeups_counted: bool,
+    /// After each run (or round) that leaves kernel work behind it, the
+    /// untimed wait until the host was quiet again ([`settle`]).
+    pub settled: Vec<Settled>,
 }
 
 impl Samples {

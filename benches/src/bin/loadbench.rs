@@ -54,6 +54,14 @@
 //! `--gap-ms MS` idles that long before each sequential run (the state an
 //! agent's calls find the host in: every thread parked, caches cold).
 //!
+//! `--settle` waits, untimed, after each `bwrap` and `firejail` run (or
+//! round) until the host is quiet again (`ongrid_benches::settle`): their
+//! namespaces are torn down after they exit, 1.5-2 ms of kernel CPU per
+//! `bwrap` run here, which otherwise lands on the next variant's run. It
+//! prints that CPU next to an idle host's over the same wait. The wait
+//! leaves the next run after ~66 ms of idle time, as `--gap-ms` does
+//! (BENCHMARKS.md, twenty-ninth pass).
+//!
 //! With clients at once, each round of a variant starts them together and
 //! ends for the throughput when the first of them has made its 10 runs
 //! (the others stop after the run they are in): runs/s, the host's CPU
@@ -152,6 +160,13 @@ impl Variant {
         }
     }
 
+    /// Its runs leave kernel work behind them (the teardown of their
+    /// namespaces) that lands on the next variant's run; with `--settle`
+    /// each is followed by an untimed [`settle`].
+    fn leaves_teardown(self) -> bool {
+        matches!(self, Variant::Bwrap | Variant::Firejail)
+    }
+
     /// Runs inside a single worker process: sequential only.
     fn sequential_only(self) -> bool {
         matches!(self, Variant::Engine | Variant::Engine1g)
@@ -173,6 +188,9 @@ struct Opts {
     audit_dir: Option<PathBuf>,
     /// Sequential runs: idle time before each run (0: back to back).
     gap: Duration,
+    /// Wait untimed after each `bwrap` and `firejail` run (or round) until
+    /// the host is quiet, and report what the wait saw.
+    settle: bool,
 }
 
 fn usage() -> ! {
@@ -180,7 +198,7 @@ fn usage() -> ! {
         "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
          [--loaded-skills N] [--skills sh-cat,bin-cat,static-cat] \
          [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,daemon-full,daemon-b,executor-rpc,engine,engine1g,bwrap,firejail] \
-         [--bin-dir DIR] [--bin-dir-b DIR] [--audit-dir DIR] [--gap-ms MS]\n       loadbench --engine-worker MB"
+         [--bin-dir DIR] [--bin-dir-b DIR] [--audit-dir DIR] [--gap-ms MS] [--settle]\n       loadbench --engine-worker MB"
     );
     std::process::exit(2)
 }
@@ -214,6 +232,7 @@ fn parse_opts() -> Opts {
         bin_dir_b: None,
         audit_dir: None,
         gap: Duration::ZERO,
+        settle: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -236,6 +255,7 @@ fn parse_opts() -> Opts {
             "--bin-dir" => o.bin_dir = PathBuf::from(val()),
             "--bin-dir-b" => o.bin_dir_b = Some(PathBuf::from(val())),
             "--audit-dir" => o.audit_dir = Some(PathBuf::from(val())),
+            "--settle" => o.settle = true,
             "--gap-ms" => {
                 o.gap = Duration::from_millis(u64::try_from(num(val())).unwrap_or(u64::MAX))
             }
@@ -870,7 +890,8 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
 // ---------------------------------------------------------------- phases
 
 use ongrid_benches::{
-    cpu_wakeups, cpus, first_line, kernel_release, pct, run_round, sorted, HostTime, Samples,
+    cpu_wakeups, cpus, first_line, kernel_release, pct, run_round, settle, sorted, HostTime, Quiet,
+    Samples,
 };
 
 fn mean(v: &[f64]) -> f64 {
@@ -924,6 +945,9 @@ fn sequential(ctx: &Ctx<'_>, variants: &[Variant], manifest: &Path) -> (Vec<Samp
                 out[idx].record(el, setup);
                 out[idx].add_wakeups(cpu_wakeups().zip(woken).map(|(b, a)| b.saturating_sub(a)));
             }
+            if o.settle {
+                after_run(variants[idx], i >= o.warmup, &mut out[idx]);
+            }
         }
     }
     (out, mark.unwrap_or_else(|| Mark::take(ctx)))
@@ -962,9 +986,44 @@ fn concurrent(
                 out[idx].record_round(timed, results);
                 out[idx].add_wakeups(timed.wakeups);
             }
+            if o.settle {
+                after_run(v, round >= warm_rounds, &mut out[idx]);
+            }
         }
     }
     (out, mark.unwrap_or_else(|| Mark::take(ctx)))
+}
+
+/// The same wait as [`after_run`]'s on the idle host, before anything
+/// runs: what its CPU figure holds when no run left anything behind.
+fn print_idle_settle() {
+    let runs: Vec<_> = (0..10).filter_map(|_| settle(Quiet::default())).collect();
+    if runs.is_empty() {
+        println!("note: the host's CPU time cannot be read: no wait after bwrap and firejail");
+        return;
+    }
+    let cpu = sorted(&runs.iter().map(|x| x.cpu.as_secs_f64() * 1e6).collect::<Vec<_>>());
+    let waited = sorted(&runs.iter().map(|x| x.waited.as_secs_f64() * 1e3).collect::<Vec<_>>());
+    println!(
+        "untimed wait after each bwrap and firejail run until the host is quiet (5 ms under 5 % \
+         busy, at least 60 ms); on the idle host: {:.0} ms, host CPU p50 {:.0} us",
+        pct(&waited, 0.5),
+        pct(&cpu, 0.5)
+    );
+}
+
+/// After a run (or round) of `v`: when it leaves kernel work behind,
+/// waits untimed until the host is quiet again, so that the work falls on
+/// no other variant's run, and keeps what the wait saw when `measured`.
+fn after_run(v: Variant, measured: bool, s: &mut Samples) {
+    if !v.leaves_teardown() {
+        return;
+    }
+    if let Some(settled) = settle(Quiet::default()) {
+        if measured {
+            s.settled.push(settled);
+        }
+    }
 }
 
 /// The daemons' histograms and CPU when the measured runs start.
@@ -1156,6 +1215,28 @@ fn print_table(variants: &[Variant], samples: &[Samples]) {
     // How many times per run one CPU had to wake another (or make it run
     // something): on a guest whose idle vCPUs halt, each is a wait for the
     // hypervisor to run that vCPU again.
+    // What the untimed waits after `bwrap` and `firejail` saw: their
+    // namespaces' teardown, a cost their callers do not wait for.
+    for (v, s) in variants.iter().zip(samples) {
+        if s.settled.is_empty() {
+            continue;
+        }
+        let waited =
+            sorted(&s.settled.iter().map(|x| x.waited.as_secs_f64() * 1e3).collect::<Vec<_>>());
+        let cpu = sorted(&s.settled.iter().map(|x| x.cpu.as_secs_f64() * 1e6).collect::<Vec<_>>());
+        let capped = s.settled.iter().filter(|x| x.capped).count();
+        println!(
+            "{:<10} after each run, untimed: host quiet again after p50 {:.0} ms (p90 {:.0}, \
+             capped {capped}/{}), host CPU meanwhile p50 {:.0} us (p90 {:.0}; every task, idle \
+             host included)",
+            v.name(),
+            pct(&waited, 0.5),
+            pct(&waited, 0.9),
+            s.settled.len(),
+            pct(&cpu, 0.5),
+            pct(&cpu, 0.9)
+        );
+    }
     for (v, s) in variants.iter().zip(samples) {
         if let Some(w) = s.wakeups_per_run() {
             println!(
@@ -1334,6 +1415,9 @@ fn main() {
         }
         found.unwrap_or_default()
     });
+    if o.settle && o.variants.iter().any(|v| v.leaves_teardown()) {
+        print_idle_settle();
+    }
     for bin in ["ongrid-executor", "ongrid-skilld"] {
         if !o.bin_dir.join(bin).exists() {
             eprintln!("{} missing: cargo build --release --workspace --bins", bin);
