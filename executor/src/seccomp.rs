@@ -7,6 +7,11 @@
 //! (and ABI 6 scopes only abstract sockets). `socketpair(2)` stays allowed
 //! (in-process IPC, no name to reach anything).
 //!
+//! Calls that can name another process by pid (`prlimit64`, `setpriority`,
+//! the `sched_set*` family, `ioprio_set`, `migrate_pages`, `move_pages`)
+//! are allowed only on the caller itself ([`SELF_ONLY`]); SysV IPC is
+//! denied (its objects outlive the run and escape its cgroup).
+//!
 //! Denied calls fail with `EPERM` (`clone3` with `ENOSYS`, so libc falls back
 //! to `clone`, whose flags the filter can inspect); a non-native
 //! architecture kills the process, and x32 syscall numbers (bit 30) fail.
@@ -111,11 +116,56 @@ pub const DENIED: &[libc::c_long] = &[
     libc::SYS_open_by_handle_at,
     libc::SYS_kcmp,
     libc::SYS_syslog,
+    // Watching every access to a mount or filesystem (unprivileged since
+    // Linux 5.13 with FAN_REPORT_FID): a side channel on the host's files.
+    libc::SYS_fanotify_init,
+    // Advice on another process's memory (by pidfd): forcing it out.
+    libc::SYS_process_madvise,
+    libc::SYS_process_mrelease,
+    // SysV IPC: its objects outlive the run, live outside every cgroup
+    // limit and are shared by every run as the same user (a run left
+    // 400 MiB of shared memory behind, another read it back).
+    libc::SYS_shmget,
+    libc::SYS_shmat,
+    libc::SYS_shmctl,
+    libc::SYS_msgget,
+    libc::SYS_msgsnd,
+    libc::SYS_msgrcv,
+    libc::SYS_msgctl,
+    libc::SYS_semget,
+    libc::SYS_semop,
+    libc::SYS_semtimedop,
+    libc::SYS_semctl,
     #[cfg(target_arch = "x86_64")]
     libc::SYS_iopl,
     #[cfg(target_arch = "x86_64")]
     libc::SYS_ioperm,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_modify_ldt,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_uselib,
 ];
+
+/// Calls that take another process's pid (first argument): allowed only on
+/// the caller itself (pid 0), as libc's own wrappers pass it (`setrlimit`,
+/// `sched_setaffinity(0, ..)`). Otherwise a run could set the limits,
+/// priority, CPUs or memory placement of any process of its user outside
+/// the sandbox (another run, a granted root's executor: an `RLIMIT_CPU` of
+/// 1 s has the kernel kill it), which neither Landlock's signal scope nor
+/// the lack of capabilities stops.
+pub const SELF_ONLY: &[libc::c_long] = &[
+    libc::SYS_prlimit64,
+    libc::SYS_sched_setaffinity,
+    libc::SYS_sched_setscheduler,
+    libc::SYS_sched_setparam,
+    libc::SYS_sched_setattr,
+    libc::SYS_migrate_pages,
+    libc::SYS_move_pages,
+];
+
+/// `which` of `setpriority` and `ioprio_set` naming one process.
+const PRIO_PROCESS: u32 = 0;
+const IOPRIO_WHO_PROCESS: u32 = 1;
 
 /// What the filter does with one syscall number that is not simply allowed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +180,13 @@ enum Special {
     Ioctl,
     /// `personality`: only the query and `PER_LINUX`.
     Personality,
+    /// [`SELF_ONLY`]: `EPERM` unless the pid (first argument) is 0.
+    SelfPid,
+    /// `setpriority`, `ioprio_set`: `EPERM` unless `which` is this value
+    /// (one process) and `who` is 0 (the caller): no other process, no
+    /// process group, no user (`PRIO_USER` with 0 would renice every
+    /// process of the skill user on the host).
+    SelfWho(u32),
 }
 
 /// The instructions that decide a `Special` syscall; each path ends in a
@@ -158,6 +215,20 @@ fn special_block(s: Special) -> Vec<Insn> {
             jump(JEQ_K, 0, 1, 0),
             stmt(RET_K, eperm),
             stmt(RET_K, RET_ALLOW),
+        ],
+        Special::SelfPid => vec![
+            stmt(LD_W_ABS, off_arg_lo(0)),
+            jump(JEQ_K, 0, 0, 1),
+            stmt(RET_K, RET_ALLOW),
+            stmt(RET_K, eperm),
+        ],
+        Special::SelfWho(which) => vec![
+            stmt(LD_W_ABS, off_arg_lo(0)),
+            jump(JEQ_K, which, 0, 3),
+            stmt(LD_W_ABS, off_arg_lo(1)),
+            jump(JEQ_K, 0, 0, 1),
+            stmt(RET_K, RET_ALLOW),
+            stmt(RET_K, eperm),
         ],
     }
 }
@@ -205,7 +276,7 @@ fn search(table: &[(u32, Special)]) -> Vec<Insn> {
 /// is allowed either way.
 ///
 /// The syscall number is looked up by binary search (about 7 comparisons),
-/// not a linear scan of the ~45 special numbers: the kernel runs the filter
+/// not a linear scan of the ~70 special numbers: the kernel runs the filter
 /// once per syscall number when it is attached, to build its cache of
 /// always-allowed calls, so a linear program made each spawn pay ~0.1 ms in
 /// `seccomp(2)` on this machine; see BENCHMARKS.md. The decisions are those
@@ -235,6 +306,9 @@ fn build(network: bool) -> Vec<Insn> {
     table.push((nr(libc::SYS_clone), Special::Clone));
     table.push((nr(libc::SYS_ioctl), Special::Ioctl));
     table.push((nr(libc::SYS_personality), Special::Personality));
+    table.extend(SELF_ONLY.iter().map(|&n| (nr(n), Special::SelfPid)));
+    table.push((nr(libc::SYS_setpriority), Special::SelfWho(PRIO_PROCESS)));
+    table.push((nr(libc::SYS_ioprio_set), Special::SelfWho(IOPRIO_WHO_PROCESS)));
     if !network {
         table.push((nr(libc::SYS_socket), Special::Deny));
     }
@@ -308,11 +382,17 @@ mod tests {
         }
         p.push(jump(JEQ_K, nr(libc::SYS_clone3), 0, 1));
         p.push(stmt(RET_K, errno(libc::ENOSYS)));
+        let selves = SELF_ONLY.iter().map(|&n| (n, Special::SelfPid));
         for (n, s) in [
             (libc::SYS_clone, Special::Clone),
             (libc::SYS_ioctl, Special::Ioctl),
             (libc::SYS_personality, Special::Personality),
-        ] {
+            (libc::SYS_setpriority, Special::SelfWho(PRIO_PROCESS)),
+            (libc::SYS_ioprio_set, Special::SelfWho(IOPRIO_WHO_PROCESS)),
+        ]
+        .into_iter()
+        .chain(selves)
+        {
             let block = special_block(s);
             p.push(jump(JEQ_K, nr(n), 0, u8::try_from(block.len()).unwrap()));
             p.extend(block);
@@ -323,8 +403,10 @@ mod tests {
 
     #[test]
     fn search_tree_agrees_with_the_linear_program_for_every_number() {
-        let argsets: [[u64; 6]; 8] = [
+        let argsets: [[u64; 6]; 10] = [
             [0; 6],
+            [0, 7, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0],
             [0x1000_0000 | 17, 0x5412, 0, 0, 0, 0],
             [0x01_1200 | 17, 0x541C, 0, 0, 0, 0],
             [0xffff_ffff, 0x5401, 0, 0, 0, 0],
@@ -364,7 +446,7 @@ mod tests {
             // An allowed call runs a handful of instructions, not the whole
             // list (the kernel runs the filter for every number on attach).
             let longest = (0..500).map(|n| run_counted(tree, AUDIT_ARCH, n, [0; 6]).1).max();
-            assert!(longest.unwrap_or(0) <= 16, "{longest:?} instructions");
+            assert!(longest.unwrap_or(0) <= 18, "{longest:?} instructions");
             let linear_steps = run_counted(&linear, AUDIT_ARCH, 0, [0; 6]).1;
             assert!(linear_steps > 2 * longest.unwrap_or(0), "{linear_steps} vs {longest:?}");
         }
@@ -401,5 +483,33 @@ mod tests {
         assert_eq!(call(open, libc::SYS_socket, [1, 1, 0, 0, 0, 0]), RET_ALLOW, "AF_UNIX");
         assert_eq!(call(open, libc::SYS_socketpair, [1, 1, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(call(open, libc::SYS_ptrace, z), eperm);
+    }
+
+    #[test]
+    fn another_process_cannot_be_named_only_the_caller() {
+        let eperm = errno(libc::EPERM);
+        for network in [false, true] {
+            let p = program(network);
+            for &n in SELF_ONLY {
+                assert_eq!(call(p, n, [0, 7, 0, 0, 0, 0]), RET_ALLOW, "{n} on itself");
+                assert_eq!(call(p, n, [4242, 7, 0, 0, 0, 0]), eperm, "{n} on pid 4242");
+                assert_eq!(call(p, n, [1 << 32, 7, 0, 0, 0, 0]), RET_ALLOW, "{n}: int pid");
+            }
+            let prio = libc::SYS_setpriority;
+            assert_eq!(call(p, prio, [0, 0, 19, 0, 0, 0]), RET_ALLOW, "nice(19)");
+            assert_eq!(call(p, prio, [0, 4242, 19, 0, 0, 0]), eperm, "another process");
+            assert_eq!(call(p, prio, [1, 0, 19, 0, 0, 0]), eperm, "its process group");
+            assert_eq!(call(p, prio, [2, 0, 19, 0, 0, 0]), eperm, "its user, every process");
+            let io = libc::SYS_ioprio_set;
+            assert_eq!(call(p, io, [1, 0, 3 << 13, 0, 0, 0]), RET_ALLOW, "itself idle");
+            assert_eq!(call(p, io, [1, 4242, 3 << 13, 0, 0, 0]), eperm, "another process");
+            assert_eq!(call(p, io, [3, 0, 3 << 13, 0, 0, 0]), eperm, "its user");
+            // Reading stays open.
+            assert_eq!(call(p, libc::SYS_getpriority, [2, 0, 0, 0, 0, 0]), RET_ALLOW);
+            assert_eq!(call(p, libc::SYS_sched_getaffinity, [4242, 0, 0, 0, 0, 0]), RET_ALLOW);
+            for n in [libc::SYS_shmget, libc::SYS_msgget, libc::SYS_semget, libc::SYS_shmat] {
+                assert_eq!(call(p, n, [0; 6]), eperm, "SysV IPC {n}");
+            }
+        }
     }
 }

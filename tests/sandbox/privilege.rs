@@ -146,6 +146,14 @@ denied_syscalls! {
     seccomp_denies_kexec_load: "kexec_load", false;
     seccomp_denies_tiocsti: "tiocsti", false;
     seccomp_denies_tiocsti_high_bits: "tiocsti_high", false;
+    seccomp_denies_fanotify_init: "fanotify_init", true;
+}
+
+/// §(b) 30: the 16-bit segment table (x86-64 only).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn seccomp_denies_modify_ldt() {
+    denied("modify_ldt", true);
 }
 
 fn victim() -> Victim {
@@ -183,6 +191,96 @@ fn process_vm_readv_of_a_same_user_process_fails() {
     let skill = attack("vm_readv");
     let run = skill.run(&Config::new(), &a);
     blocked_with(&run, &[libc::EPERM, libc::EACCES, libc::ENOSYS]);
+    no_leftovers(&skill, &g);
+}
+
+/// The nice value (field 19 of `/proc/PID/stat`) and core limit of `pid`.
+fn sched_state(pid: i32) -> (String, String) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after_comm = &stat[stat.rfind(')').expect("comm") + 2..];
+    let nice = after_comm.split(' ').nth(16).unwrap_or("").to_owned();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let core =
+        limits.lines().find(|l| l.starts_with("Max core file size")).unwrap_or("").to_owned();
+    (nice, core)
+}
+
+/// Every call of the `interfere` case failed with EPERM.
+fn all_refused(run: &ongrid_tests::Run) {
+    let r = blocked(run);
+    let errnos = r["errnos"].as_object().cloned().unwrap_or_default();
+    assert_eq!(errnos.len(), 5, "{}", run.dump());
+    for (call, e) in &errnos {
+        assert_eq!(e, &json!(libc::EPERM), "{call}:\n{}", run.dump());
+    }
+}
+
+/// §(b) 31: a run cannot set the limits, niceness, CPUs, scheduling policy
+/// or I/O class of a same-user process outside the sandbox (each works
+/// unsandboxed), which Landlock's signal scope does not cover.
+#[test]
+fn another_process_cannot_be_reniced_or_limited() {
+    let Some(g) = shared("another_process_cannot_be_reniced_or_limited") else { return };
+    let (uid, gid) = host::skill_user();
+    let mut first = victim();
+    let base = unsandboxed(
+        Path::new(crate::ATTACK),
+        uid,
+        gid,
+        &args("interfere", json!({"pid": first.pid})),
+    );
+    assert_eq!(base["done"].as_array().map(Vec::len), Some(5), "baseline: {base}");
+    assert_ne!(sched_state(first.pid).0, "0", "baseline: the victim was not reniced");
+    let mut v = victim();
+    let before = sched_state(v.pid);
+    let skill = attack("interfere");
+    let run = skill.run(&Config::new(), &args("interfere", json!({"pid": v.pid})));
+    all_refused(&run);
+    assert_eq!(sched_state(v.pid), before, "the victim changed:\n{}", run.dump());
+    assert!(v.alive() && first.alive());
+    no_leftovers(&skill, &g);
+}
+
+/// As granted root, the run cannot set the limits of the executor side of
+/// the run either (an `RLIMIT_CPU` of 1 s would have the kernel kill it).
+#[test]
+fn granted_root_cannot_limit_the_executor() {
+    let Some(g) = shared("granted_root_cannot_limit_the_executor") else { return };
+    let skill = attack("interfere_root").with("sandbox", json!({"run_as": "root"}));
+    let config = Config::new().grant(skill.name(), "run_as = [\"root\"]");
+    let run = skill.run(&config, &args("interfere", json!({"pid": 0})));
+    assert_eq!(run.report.sandbox.as_ref().map(|s| s.uid), Some(0), "{}", run.dump());
+    all_refused(&run);
+    no_leftovers(&skill, &g);
+}
+
+/// The same calls on the run itself (pid 0, as libc's wrappers pass) still
+/// work: `nice`, `setrlimit`, `sched_setaffinity(0, ..)`.
+#[test]
+fn a_run_may_still_renice_and_limit_itself() {
+    let Some(g) = shared("a_run_may_still_renice_and_limit_itself") else { return };
+    let skill = attack("interfere_self");
+    let run = skill.run(&Config::new(), &args("interfere_self", json!({})));
+    let r = run.result();
+    assert_eq!(r["done"].as_array().map(Vec::len), Some(5), "{}", run.dump());
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 30: SysV shared memory, message queues and semaphores are refused:
+/// their objects would outlive the run, escape its memory limit and be
+/// shared with every other run (each works unsandboxed).
+#[test]
+fn sysv_ipc_is_refused() {
+    let Some(g) = shared("sysv_ipc_is_refused") else { return };
+    let (uid, gid) = host::skill_user();
+    let base = unsandboxed(Path::new(crate::ATTACK), uid, gid, &args("sysv_ipc", json!({})));
+    assert_eq!(base["made"].as_array().map(Vec::len), Some(3), "baseline: {base}");
+    let skill = attack("sysv_ipc");
+    let run = skill.run(&Config::new(), &args("sysv_ipc", json!({})));
+    let r = blocked(&run);
+    for call in ["shmget", "msgget", "semget"] {
+        assert_eq!(r["errnos"][call], json!(libc::EPERM), "{call}:\n{}", run.dump());
+    }
     no_leftovers(&skill, &g);
 }
 

@@ -86,6 +86,11 @@ fn syscall(name: &str) -> Result<Value, i32> {
             "bpf" => libc::syscall(libc::SYS_bpf, 0, p, 128),
             "perf_event_open" => libc::syscall(libc::SYS_perf_event_open, p, 0, -1, -1, 0),
             "kexec_load" => libc::syscall(libc::SYS_kexec_load, 0, 0, std::ptr::null::<u8>(), 0),
+            // FAN_CLASS_NOTIF | FAN_REPORT_FID: allowed without privilege.
+            "fanotify_init" => libc::syscall(libc::SYS_fanotify_init, 0x200, libc::O_RDONLY),
+            // Reads the LDT (func 0) into `buf`.
+            #[cfg(target_arch = "x86_64")]
+            "modify_ldt" => libc::syscall(libc::SYS_modify_ldt, 0, p, 128),
             "unshare_user" => libc::c_long::from(libc::unshare(libc::CLONE_NEWUSER)),
             "clone_newns" => {
                 let flags = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::SIGCHLD;
@@ -201,9 +206,88 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
             }
         }
         "cmdline_scan" => return scan_proc(param(args, "needle")),
+        "interfere" => return interfere(pid),
+        "interfere_self" => return interfere(0),
+        "sysv_ipc" => return sysv_ipc(),
         _ => Err(-1),
     };
     outcome(case, r)
+}
+
+/// Sets the limits, niceness, CPUs, policy and I/O class of process `pid`
+/// (0: itself, as libc's wrappers do), each to a harmless value: its core
+/// limit to 0, nice 19, every CPU, `SCHED_OTHER`, best-effort I/O. Every
+/// call that worked is in `done`, the errno of every other in `errnos`.
+fn interfere(pid: libc::pid_t) -> Value {
+    let core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
+    let mut cpus: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for c in 0..libc::CPU_SETSIZE as usize {
+        // SAFETY: c < CPU_SETSIZE.
+        unsafe { libc::CPU_SET(c, &mut cpus) };
+    }
+    let param = libc::sched_param { sched_priority: 0 };
+    let be4 = (2 << 13) | 4;
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    let mut done = Vec::new();
+    let mut errnos = serde_json::Map::new();
+    let mut record = |name: &str, r: libc::c_long| {
+        if r >= 0 {
+            done.push(name.to_owned());
+        } else {
+            errnos.insert(name.to_owned(), json!(errno()));
+        }
+    };
+    // SAFETY: plain integers and a pointer to `core`, which outlives the call.
+    let r = unsafe { libc::prlimit(pid, libc::RLIMIT_CORE, &core, std::ptr::null_mut()) };
+    record("prlimit64", r.into());
+    // SAFETY: plain integers.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, pid.unsigned_abs(), 19) };
+    record("setpriority", r.into());
+    // SAFETY: a pointer to `cpus` (`size` bytes), which outlives the call.
+    let r = unsafe { libc::sched_setaffinity(pid, size, &cpus) };
+    record("sched_setaffinity", r.into());
+    // SAFETY: a pointer to `param`, which outlives the call.
+    let r = unsafe { libc::sched_setscheduler(pid, libc::SCHED_OTHER, &param) };
+    record("sched_setscheduler", r.into());
+    // SAFETY: plain integers.
+    let r = unsafe { libc::syscall(libc::SYS_ioprio_set, 1, pid, be4) };
+    record("ioprio_set", r);
+    json!({"attempt": "interfere", "pid": pid, "succeeded": !done.is_empty(), "done": done,
+           "errnos": errnos})
+}
+
+/// Creates a SysV shared memory segment, message queue and semaphore set
+/// (private keys, removed again at once when made).
+fn sysv_ipc() -> Value {
+    let mut made = Vec::new();
+    let mut errnos = serde_json::Map::new();
+    let flags = libc::IPC_CREAT | 0o600;
+    for name in ["shmget", "msgget", "semget"] {
+        // SAFETY: the get calls take integers only.
+        let id = unsafe {
+            match name {
+                "shmget" => libc::shmget(libc::IPC_PRIVATE, 4096, flags),
+                "msgget" => libc::msgget(libc::IPC_PRIVATE, flags),
+                _ => libc::semget(libc::IPC_PRIVATE, 1, flags),
+            }
+        };
+        if id < 0 {
+            errnos.insert(name.to_owned(), json!(errno()));
+            continue;
+        }
+        made.push(name);
+        // SAFETY: removing the object just made, by id; IPC_RMID ignores
+        // the null buffer.
+        unsafe {
+            match name {
+                "shmget" => libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+                "msgget" => libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+                _ => libc::semctl(id, 0, libc::IPC_RMID),
+            };
+        }
+    }
+    json!({"attempt": "sysv_ipc", "succeeded": !made.is_empty(), "made": made, "errnos": errnos})
 }
 
 /// Tries to loosen its own cgroup limits and to move itself to the root

@@ -104,7 +104,9 @@ fn main() {
             net::attempt(&case, &args)
         }
         "syscall" | "kill" | "kill_all" | "ptrace" | "process_vm_readv" | "cmdline_scan"
-        | "cgroup_escape" => kernel::attempt(&case, &args),
+        | "cgroup_escape" | "interfere" | "interfere_self" | "sysv_ipc" => {
+            kernel::attempt(&case, &args)
+        }
         "forkbomb" | "memhog" | "memsplit" | "cpu_spin" | "flood_stdout" | "flood_stderr"
         | "fsize" | "nofile" | "address_space" | "disk_fill" => limits::attempt(&case, &args),
         "sleep"
