@@ -137,14 +137,7 @@ impl Daemon {
     pub async fn run(self, shutdown: CancellationToken) {
         let metrics = self.metrics.map(|listener| {
             let router = api::metrics_router(Arc::clone(&self.app));
-            let stop = shutdown.clone();
-            tokio::spawn(async move {
-                let serve = axum::serve(listener, router)
-                    .with_graceful_shutdown(async move { stop.cancelled().await });
-                if let Err(e) = serve.await {
-                    tracing::error!(error = %e, "metrics listener failed");
-                }
-            })
+            tokio::spawn(crate::metrics_listener::serve(listener, router, shutdown.clone()))
         });
         server::serve(self.api, api::router(Arc::clone(&self.app)), self.opts, shutdown).await;
         if let Some(task) = metrics {

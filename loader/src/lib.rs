@@ -45,6 +45,8 @@
 //!   at a time per connection, a finished run's connection kept briefly
 //!   for the next.
 //! - [`metrics`]: the Prometheus metrics in an injected registry.
+//! - [`metrics_listener`]: the TCP listener of `/metrics`, bounded so that
+//!   no one outside the socket group can take what the API needs.
 //! - [`client`]: the HTTP client the CLI talks to the daemon with.
 //!
 //! # Loader rules
@@ -101,6 +103,7 @@ pub mod executor_client;
 pub mod journald;
 pub mod manifest_file;
 pub mod metrics;
+pub mod metrics_listener;
 pub mod quiet_stream;
 pub mod registry;
 pub mod replay;
