@@ -20,6 +20,8 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(v["jsonrpc"], "2.0");
             let enc = match &reply {
                 Reply::Stderr { id, line } => wire::encode_stderr(id, line),
+                Reply::Queued { id } => wire::encode_queued(id),
+                Reply::Started { id } => wire::encode_started(id),
                 Reply::Result { id, result } => wire::encode_result(id, result),
                 Reply::Error { id, code, message } => wire::encode_error_code(id, *code, message),
             };

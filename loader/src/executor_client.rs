@@ -163,6 +163,10 @@ impl Drop for Conn {
 pub enum RunEvent {
     /// One line the skill wrote on stderr.
     Stderr(String),
+    /// The run waits for one of the executor's run slots.
+    Queued,
+    /// The run got its slot after [`RunEvent::Queued`] and starts now.
+    Started,
     /// The final report; nothing follows.
     Report(Box<Reported>),
 }
@@ -354,6 +358,9 @@ fn reply_error(reply: Reply) -> ExecutorError {
         }
         Reply::Error { code, message, .. } => ExecutorError::Remote { code, message },
         Reply::Stderr { .. } => ExecutorError::Protocol("unexpected stderr notification".into()),
+        Reply::Queued { .. } | Reply::Started { .. } => {
+            ExecutorError::Protocol("unexpected queue notification".into())
+        }
         Reply::Result { .. } => ExecutorError::Protocol("unexpected result".into()),
     }
 }
@@ -383,6 +390,8 @@ impl RunConnection {
         }
         match self.next_reply().await? {
             Reply::Stderr { line, .. } => Ok(RunEvent::Stderr(line)),
+            Reply::Queued { .. } => Ok(RunEvent::Queued),
+            Reply::Started { .. } => Ok(RunEvent::Started),
             Reply::Result { result, .. } => {
                 self.finished = true;
                 // The run is over and nothing else came: the connection

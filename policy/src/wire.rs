@@ -4,6 +4,12 @@
 //! requests; the executor answers with `stderr` notifications for the run
 //! and then one response whose `result` is the [`RunReport`].
 //!
+//! A run that has to wait for one of the executor's run slots is announced
+//! with a `queued` notification, and a `started` one when it gets its slot
+//! (`{"jsonrpc":"2.0","method":"queued","params":{"id":ID}}`): the caller's
+//! clock for the skill's timeout starts then, not while the run waited.
+//! A run that starts at once gets neither.
+//!
 //! A held run: `execute` with `"hold": true` is checked and prepared by
 //! the executor (manifest, admission, run slot, cgroup, run directory,
 //! Landlock ruleset), but nothing is spawned before a `start`
@@ -252,6 +258,18 @@ pub enum Reply {
         /// The line, without its newline.
         line: String,
     },
+    /// A `queued` notification: the run waits for one of the executor's
+    /// run slots (sent only when it has to wait).
+    Queued {
+        /// The id of the run.
+        id: Value,
+    },
+    /// A `started` notification: a queued run got its slot and starts now
+    /// (sent only after a `queued`).
+    Started {
+        /// The id of the run.
+        id: Value,
+    },
     /// A successful response; for `execute`, `result` is a [`RunReport`].
     Result {
         /// The id of the request.
@@ -275,7 +293,8 @@ pub enum Reply {
 /// # Errors
 ///
 /// [`WireError::Parse`] when it is not JSON, [`WireError::InvalidRequest`]
-/// when it is not a JSON-RPC 2.0 response or a `stderr` notification.
+/// when it is not a JSON-RPC 2.0 response or a `stderr`, `queued` or
+/// `started` notification.
 pub fn decode_reply(line: &[u8]) -> Result<Reply, WireError> {
     // The whole line is checked as JSON first (members a reply does not
     // use, and the raw `result`, are skipped below without being read).
@@ -290,16 +309,19 @@ pub fn decode_reply(line: &[u8]) -> Result<Reply, WireError> {
         return Err(WireError::InvalidRequest("jsonrpc must be \"2.0\"".into()));
     }
     if let Some(method) = r.method {
-        if method.as_str() != Some("stderr") {
+        let name = method.as_str().unwrap_or("");
+        if !matches!(name, "stderr" | "queued" | "started") {
             return Err(WireError::MethodNotFound(method.to_string().chars().take(64).collect()));
         }
         let mut params = match r.params {
             Some(Value::Object(p)) => p,
-            _ => return Err(WireError::InvalidParams("stderr params must be an object".into())),
+            _ => return Err(WireError::InvalidParams(format!("{name} params must be an object"))),
         };
         let id = params.remove("id").unwrap_or(Value::Null);
-        return match params.remove("line") {
-            Some(Value::String(line)) => Ok(Reply::Stderr { id, line }),
+        return match (name, params.remove("line")) {
+            ("queued", _) => Ok(Reply::Queued { id }),
+            ("started", _) => Ok(Reply::Started { id }),
+            (_, Some(Value::String(line))) => Ok(Reply::Stderr { id, line }),
             _ => Err(WireError::InvalidParams("stderr line must be a string".into())),
         };
     }
@@ -348,6 +370,16 @@ pub fn encode_stderr(id: &Value, text: &str) -> Vec<u8> {
     line(
         &serde_json::json!({"jsonrpc": "2.0", "method": "stderr", "params": {"id": id, "line": text}}),
     )
+}
+
+/// Encodes a `queued` notification for run `id`: it waits for a run slot.
+pub fn encode_queued(id: &Value) -> Vec<u8> {
+    line(&serde_json::json!({"jsonrpc": "2.0", "method": "queued", "params": {"id": id}}))
+}
+
+/// Encodes a `started` notification for run `id`: it left the queue.
+pub fn encode_started(id: &Value) -> Vec<u8> {
+    line(&serde_json::json!({"jsonrpc": "2.0", "method": "started", "params": {"id": id}}))
 }
 
 /// Encodes the final response of a run.
@@ -534,6 +566,10 @@ mod tests {
             decode_reply(&l[..l.len() - 1]).unwrap(),
             Reply::Stderr { id: json!(1), line: "warn: x".into() }
         );
+        let l = encode_queued(&json!(4));
+        assert_eq!(decode_reply(&l[..l.len() - 1]).unwrap(), Reply::Queued { id: json!(4) });
+        let l = encode_started(&json!(4));
+        assert_eq!(decode_reply(&l[..l.len() - 1]).unwrap(), Reply::Started { id: json!(4) });
         let l = encode_error_code(&json!(1), code::BUSY, "full");
         assert_eq!(
             decode_reply(&l[..l.len() - 1]).unwrap(),

@@ -15,7 +15,8 @@
 //! [`packs`] (the example packs in the real sandbox against loopback
 //! listeners), [`faults`] (daemons SIGKILLed mid-run, the audit database on
 //! a full or read-only file system, the executor socket gone, packs changed
-//! after the scan), [`bounds`] (connection caps, header and idle timeouts).
+//! after the scan), [`bounds`] (connection caps, header and idle timeouts),
+//! [`queue`] (runs waiting for an executor slot).
 
 mod harness;
 
@@ -28,6 +29,7 @@ mod load;
 mod malformed;
 mod mcp;
 mod packs;
+mod queue;
 mod reload;
 mod restart;
 mod rogue;

@@ -866,7 +866,9 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
                 wait_readable(&s);
                 s.read_until(b'\n', &mut line).unwrap();
                 match policy::wire::decode_reply(line.trim_ascii_end()).expect("reply") {
-                    policy::wire::Reply::Stderr { .. } => {}
+                    policy::wire::Reply::Stderr { .. }
+                    | policy::wire::Reply::Queued { .. }
+                    | policy::wire::Reply::Started { .. } => {}
                     policy::wire::Reply::Result { result, .. } => {
                         let result = result.to_value();
                         assert_eq!(result["outcome"], "ok", "executor-rpc run: {result}");

@@ -164,20 +164,34 @@ async fn execute_run(
     };
     let queued = Instant::now();
     let waiting = GaugeGuard::new(&shared.metrics.runs_queued);
-    let slot = tokio::select! {
-        biased;
-        () = ctx.token.cancelled() => {
-            tracing::info!("executor: run {skill:?} cancelled while queued (peer {})", ctx.peer);
-            return;
+    // A run that has to wait says so, and says when it starts: the
+    // caller's clock for the skill's timeout must not count the wait.
+    let slot = match shared.slots.clone().try_acquire_owned() {
+        Ok(_) if ctx.token.is_cancelled() => return,
+        Ok(slot) => slot,
+        Err(_) => {
+            ctx.send(wire::encode_queued(id));
+            let slot = tokio::select! {
+                biased;
+                () = ctx.token.cancelled() => {
+                    tracing::info!(
+                        "executor: run {skill:?} cancelled while queued (peer {})",
+                        ctx.peer
+                    );
+                    return;
+                }
+                () = shared.stopping.cancelled() => {
+                    return busy(ctx, id, skill, "the executor is shutting down");
+                }
+                slot = shared.slots.clone().acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    // The semaphore is never closed.
+                    Err(_) => return,
+                },
+            };
+            ctx.send(wire::encode_started(id));
+            slot
         }
-        () = shared.stopping.cancelled() => {
-            return busy(ctx, id, skill, "the executor is shutting down");
-        }
-        slot = shared.slots.clone().acquire_owned() => match slot {
-            Ok(slot) => slot,
-            // The semaphore is never closed.
-            Err(_) => return,
-        },
     };
     drop(waiting);
     let metrics = &shared.metrics;

@@ -287,11 +287,15 @@ pub async fn execute(
         Ok(c) => c,
         Err(e) => return Err(executor_error(&app, &name, e, row).await),
     };
+    let timeout = manifest.timeout();
     let mut run = Run {
         app: Arc::clone(&app),
         skill,
         conn,
         deadline,
+        timeout,
+        queue_timeout: app.limits().queue_timeout,
+        queued: false,
         started,
         row: Some(row),
         _permit: permit,
@@ -396,7 +400,17 @@ struct Run {
     app: Arc<App>,
     skill: Arc<Skill>,
     conn: RunConnection,
+    /// When to give up on the executor: the skill's timeout plus
+    /// [`REPORT_SLACK`] after the run started, or skilld's queue timeout
+    /// after the executor said the run waits for a slot.
     deadline: tokio::time::Instant,
+    /// The skill's timeout.
+    timeout: Duration,
+    /// How long a run may wait in the executor's queue.
+    queue_timeout: Duration,
+    /// The executor said the run waits for a slot, and not yet that it
+    /// started.
+    queued: bool,
     started: Instant,
     row: Option<RunRow>,
     _permit: OwnedSemaphorePermit,
@@ -404,13 +418,39 @@ struct Run {
 }
 
 impl Run {
+    /// The next stderr line or the report. The skill's timeout counts from
+    /// the run's start: a run the executor queues (all its run slots busy)
+    /// may wait up to skilld's queue timeout for one, then is answered
+    /// `busy` (closing the connection cancels it in the queue).
     async fn next(&mut self) -> Result<RunEvent, ExecutorError> {
-        match tokio::time::timeout_at(self.deadline, self.conn.next()).await {
-            Ok(r) => r,
-            Err(_) => Err(ExecutorError::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "no report from the executor past the skill's timeout",
-            ))),
+        loop {
+            let event = match tokio::time::timeout_at(self.deadline, self.conn.next()).await {
+                Ok(r) => r?,
+                Err(_) if self.queued => {
+                    return Err(ExecutorError::Busy(format!(
+                        "its run slots stayed full for {} s",
+                        self.queue_timeout.as_secs()
+                    )));
+                }
+                Err(_) => {
+                    return Err(ExecutorError::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no report from the executor past the skill's timeout",
+                    )));
+                }
+            };
+            let now = tokio::time::Instant::now();
+            match event {
+                RunEvent::Queued => {
+                    self.queued = true;
+                    self.deadline = now + self.queue_timeout;
+                }
+                RunEvent::Started => {
+                    self.queued = false;
+                    self.deadline = now + self.timeout + REPORT_SLACK;
+                }
+                other => return Ok(other),
+            }
         }
     }
 
@@ -483,6 +523,10 @@ fn ndjson(
         let (mut line, done) = match event {
             Ok(RunEvent::Stderr(line)) => {
                 (json!({"event": "stderr", "line": line}).to_string(), false)
+            }
+            // `Run::next` keeps these to itself.
+            Ok(RunEvent::Queued | RunEvent::Started) => {
+                return Some((Ok(Bytes::new()), (run, None, false)));
             }
             Ok(RunEvent::Report(reported)) => match run.finish(&reported.report).await {
                 // The executor's text of the report, so its `result` goes

@@ -1,0 +1,91 @@
+//! Runs that wait for one of the executor's run slots.
+//!
+//! The executor announces a run that has to wait (`queued`) and its start
+//! (`started`); skilld times the skill from the start, and answers `busy`
+//! when the executor's slots stay full longer than its queue timeout. Before,
+//! skilld timed the skill from the moment it sent the request: with 17 slow
+//! runs in flight and 16 executor slots, the seventeenth was killed midway
+//! and answered 503 `executor_unavailable` from a healthy executor.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use policy::wire::{self, ExecuteParams, Reply};
+use serde_json::{json, Value};
+
+use crate::harness::Stack;
+
+/// Sends `execute` for `skill` on a new executor connection.
+fn execute(s: &Stack, id: u64, skill: &str) -> BufReader<UnixStream> {
+    let mut c = UnixStream::connect(&s.executor_socket).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let manifest = s.skills.join(skill).join("skill.json");
+    let params = ExecuteParams {
+        manifest: manifest.display().to_string(),
+        args: json!({}),
+        session_id: None,
+        class: None,
+        tool: None,
+        hold: false,
+    };
+    c.write_all(&wire::encode_execute(id, &params)).unwrap();
+    BufReader::new(c)
+}
+
+fn reply(r: &mut BufReader<UnixStream>) -> Reply {
+    let mut line = Vec::new();
+    r.read_until(b'\n', &mut line).expect("a reply within 20 s");
+    wire::decode_reply(line.trim_ascii_end()).unwrap_or_else(|e| {
+        panic!("not a reply ({e}): {}", String::from_utf8_lossy(&line));
+    })
+}
+
+#[test]
+fn the_executor_says_when_a_run_waits_for_a_slot_and_when_it_starts() {
+    let s = Stack::start_with("max_concurrent_runs = 1", "");
+    // The only slot: its first line is its own stderr, no queue notice.
+    let mut first = execute(&s, 1, "sleeper");
+    match reply(&mut first) {
+        Reply::Stderr { line, .. } => assert!(line.starts_with("pid="), "{line}"),
+        other => panic!("the first run did not start at once: {other:?}"),
+    }
+    let mut second = execute(&s, 2, "echo");
+    assert_eq!(reply(&mut second), Reply::Queued { id: json!(2) });
+    // Closing the first connection cancels its run and frees the slot.
+    drop(first);
+    assert_eq!(reply(&mut second), Reply::Started { id: json!(2) });
+    let report = loop {
+        match reply(&mut second) {
+            Reply::Stderr { .. } => {}
+            Reply::Result { id, result } => {
+                assert_eq!(id, json!(2));
+                break result.to_value();
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(report["outcome"], json!("ok"), "{report}");
+}
+
+#[test]
+fn a_run_the_executor_cannot_start_in_time_is_answered_busy() {
+    let s = Stack::start_with("max_concurrent_runs = 1", "queue_timeout_seconds = 1");
+    // Holds the executor's only slot for 30 s.
+    let mut holder = execute(&s, 1, "sleeper");
+    assert!(matches!(reply(&mut holder), Reply::Stderr { .. }));
+    let t0 = Instant::now();
+    let r = s.execute("echo", &json!({}));
+    let waited = t0.elapsed();
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    let body: Value = r.json();
+    assert_eq!(body["error"]["code"], json!("busy"), "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("run slots stayed full"), "{message}");
+    assert!(waited < Duration::from_secs(10), "answered after {waited:?}");
+    // The request was cancelled in the executor's queue: once the slot is
+    // free, a new run starts at once.
+    drop(holder);
+    let r = s.execute("echo", &json!({"n": 1}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}
