@@ -646,7 +646,8 @@ fn classes_not_allowed_for_the_peer_are_denied() {
 }
 
 /// Beyond `max_concurrent_runs` + `max_queued_runs` an `execute` gets the
-/// BUSY error at once; a queued run starts when a slot frees up.
+/// BUSY error at once; a queued run is told so (`queued`), and starts
+/// (`started`) when a slot frees up.
 #[test]
 fn busy_beyond_the_cap_and_the_queue() {
     if !can_run() {
@@ -666,6 +667,9 @@ fn busy_beyond_the_cap_and_the_queue() {
     b.execute(2, &quick, json!({}));
     wait_gauge("runs_queued", &server.metrics.runs_queued, 1);
     let queued_at = Instant::now();
+    // B is told it waits for a slot (A was not).
+    let v = b.recv();
+    assert_eq!((&v["method"], &v["params"]["id"]), (&json!("queued"), &json!(2)), "{v}");
     let mut c = server.client();
     c.execute(3, &quick, json!({}));
     let v = c.recv();
@@ -675,6 +679,8 @@ fn busy_beyond_the_cap_and_the_queue() {
     std::thread::sleep(Duration::from_millis(100));
     let queued_for = queued_at.elapsed().as_secs_f64();
     drop(a);
+    let v = b.recv();
+    assert_eq!((&v["method"], &v["params"]["id"]), (&json!("started"), &json!(2)), "{v}");
     let (_, v) = b.run_result();
     assert_eq!(v["result"]["outcome"], "ok", "{v}");
     assert!(common::procs_with(&mark).is_empty());
