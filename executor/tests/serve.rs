@@ -1420,3 +1420,49 @@ fn next_engine_sweeps_dead_instances_only() {
     }
     let _ = std::fs::remove_dir_all(runs.join(&live));
 }
+
+/// A peer that sends requests and never reads the answers is not read from
+/// once about 4 MiB of answers wait for it: before, the executor read all
+/// it was sent and kept every answer (230 MB in 11 s), until the peer hung
+/// up. Its answers all come once it reads.
+#[test]
+fn a_peer_that_never_reads_its_answers_is_not_read_from() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let mut c = server.client();
+    c.stream.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    // Each request names an unknown method with a 60 KiB id, which the
+    // error answer repeats.
+    let id = "x".repeat(60 << 10);
+    let line = format!("{{\"jsonrpc\":\"2.0\",\"id\":\"{id}\",\"method\":\"nosuch\"}}\n");
+    let mut sent = 0usize;
+    let stalled = loop {
+        if sent * line.len() >= 64 << 20 {
+            break false;
+        }
+        match c.stream.write_all(line.as_bytes()) {
+            Ok(()) => sent += 1,
+            Err(e) => {
+                assert!(
+                    matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ),
+                    "{e}"
+                );
+                break true;
+            }
+        }
+    };
+    let bytes = sent * line.len();
+    assert!(stalled, "the executor read all {bytes} bytes of requests nobody read answers to");
+    assert!(bytes < 16 << 20, "{bytes} bytes read before the executor stopped");
+    // Reading the answers lets it go on: every complete request is answered.
+    for _ in 0..sent {
+        let v = c.recv();
+        assert_eq!(v["error"]["code"], json!(code::METHOD_NOT_FOUND), "{}", &v.to_string()[..200]);
+        assert_eq!(v["id"].as_str().map(str::len), Some(id.len()));
+    }
+}

@@ -8,7 +8,7 @@ use policy::{Outcome, RunReport};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use super::connection::{ConnCtx, GaugeGuard, Outgoing};
+use super::connection::{ConnCtx, GaugeGuard};
 use crate::engine::{relock, ManifestSource};
 
 /// Longest session id quoted in logs.
@@ -200,7 +200,7 @@ async fn execute_run(
     let tx = ctx.sender();
     let stderr_id = id.clone();
     let mut sink = move |line: &str| {
-        let _ = tx.send(Outgoing::Line(wire::encode_stderr(&stderr_id, line)));
+        tx.send(wire::encode_stderr(&stderr_id, line));
     };
     // Serialising a Value cannot fail (every key is a string).
     let args = serde_json::to_vec(&params.args).unwrap_or_default();

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream as StdStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use serde_json::Value;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -39,6 +40,59 @@ const HUP_POLL: Duration = Duration::from_millis(50);
 /// How long a refused peer or a finished connection gets to take its last
 /// lines before the socket is closed anyway.
 const FLUSH: Duration = Duration::from_secs(2);
+/// Past this many bytes of answers waiting for the peer to read them, the
+/// connection reads no more requests until the writer catches up.
+pub(super) const BACKLOG: usize = 4 << 20;
+
+/// The bytes queued for the peer and not written yet. Without a bound, a
+/// peer that sends requests and never reads the answers (`id`s of 1 MB
+/// each, answered by errors that repeat them) grew the root executor by
+/// its whole input: 230 MB in 11 s, released only when it hung up.
+#[derive(Debug, Default)]
+pub(super) struct Backlog {
+    bytes: AtomicUsize,
+    drained: Notify,
+}
+
+impl Backlog {
+    fn add(&self, n: usize) {
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// `n` bytes written (or dropped); wakes the reader when the backlog
+    /// falls under [`BACKLOG`].
+    fn done(&self, n: usize) {
+        let update = |b: usize| Some(b.saturating_sub(n));
+        // The closure never returns None.
+        let before = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, update);
+        let before = before.unwrap_or_else(|b| b);
+        if before >= BACKLOG && before.saturating_sub(n) < BACKLOG {
+            self.drained.notify_one();
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.bytes.load(Ordering::Relaxed) >= BACKLOG
+    }
+}
+
+/// Queues lines for the peer, counted in the connection's [`Backlog`].
+#[derive(Debug, Clone)]
+pub(super) struct Lines {
+    tx: mpsc::UnboundedSender<Outgoing>,
+    backlog: Arc<Backlog>,
+}
+
+impl Lines {
+    /// Queues one encoded line (dropped if the peer is gone).
+    pub(super) fn send(&self, line: Vec<u8>) {
+        let n = line.len();
+        self.backlog.add(n);
+        if self.tx.send(Outgoing::Line(line)).is_err() {
+            self.backlog.done(n);
+        }
+    }
+}
 
 /// What the commands of one connection share.
 #[derive(Debug, Clone)]
@@ -48,9 +102,10 @@ pub(super) struct ConnCtx {
     /// Who is on the other end.
     pub(super) peer: Peer,
     /// Lines to write (the writer task owns the socket's write half).
-    /// Unbounded, yet bounded per run: stderr streaming stops at the run's
-    /// `stderr_bytes` and the report carries at most the stdout cap.
-    tx: mpsc::UnboundedSender<Outgoing>,
+    /// A run's lines are bounded (stderr streaming stops at the run's
+    /// `stderr_bytes`, the report carries at most the stdout cap); the
+    /// answers to requests are bounded by [`BACKLOG`].
+    lines: Lines,
     /// Cancelled when the client is gone (or the drain is over); the runs
     /// of this connection pass it to the engine as their cancel future.
     pub(super) token: CancellationToken,
@@ -64,18 +119,18 @@ pub(super) struct ConnCtx {
 impl ConnCtx {
     /// Queues one encoded line for the peer (dropped if the peer is gone).
     pub(super) fn send(&self, line: Vec<u8>) {
-        let _ = self.tx.send(Outgoing::Line(line));
+        self.lines.send(line);
     }
 
     /// Queues `then`, dropped once the lines queued before it are written
     /// (or dropped with the queue if the peer is gone).
     pub(super) fn after_sent(&self, then: AfterReport) {
-        let _ = self.tx.send(Outgoing::Then(Box::new(then)));
+        let _ = self.lines.tx.send(Outgoing::Then(Box::new(then)));
     }
 
     /// A sender for a run's stderr sink.
-    pub(super) fn sender(&self) -> mpsc::UnboundedSender<Outgoing> {
-        self.tx.clone()
+    pub(super) fn sender(&self) -> Lines {
+        self.lines.clone()
     }
 }
 
@@ -144,16 +199,17 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
         }
     };
     let (tx, rx) = mpsc::unbounded_channel();
+    let backlog = Arc::new(Backlog::default());
     let token = shared.kill.child_token();
     // However this task ends, its runs are cancelled.
     let _cancel_runs = token.clone().drop_guard();
-    let mut writer = tokio::spawn(write_lines(wr, rx, token.clone()));
+    let mut writer = tokio::spawn(write_lines(wr, rx, Arc::clone(&backlog), token.clone()));
     let runs = TaskTracker::new();
     runs.close();
     let ctx = ConnCtx {
         shared: Arc::clone(&shared),
         peer,
-        tx,
+        lines: Lines { tx, backlog: Arc::clone(&backlog) },
         token: token.clone(),
         runs,
         held: Arc::default(),
@@ -174,8 +230,11 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
     tokio::pin!(idle_check);
     let mut last_request = tokio::time::Instant::now();
     loop {
+        // A peer that does not read its answers is not read from either.
+        let backlogged = backlog.full();
         tokio::select! {
-            r = read(&rd, &mut buf), if reading => match r {
+            () = backlog.drained.notified(), if reading && backlogged => {}
+            r = read(&rd, &mut buf), if reading && !backlogged => match r {
                 Ok(0) => reading = false,
                 Ok(n) => {
                     for item in lines.push(&buf[..n]) {
@@ -295,6 +354,7 @@ fn hung_up(stream: &StdStream) -> bool {
 async fn write_lines(
     wr: StdStream,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    backlog: Arc<Backlog>,
     token: CancellationToken,
 ) {
     let mut wr = Some(wr);
@@ -306,15 +366,17 @@ async fn write_lines(
                 continue;
             }
         };
-        let Some(stream) = wr.take() else { continue };
-        match write_all(stream, &line).await {
-            Ok(stream) => wr = Some(stream),
-            Err(e) => {
-                // The stream is gone with the error: the rest is dropped.
-                tracing::debug!("executor: write: {e}; cancelling the connection's runs");
-                token.cancel();
+        if let Some(stream) = wr.take() {
+            match write_all(stream, &line).await {
+                Ok(stream) => wr = Some(stream),
+                Err(e) => {
+                    // The stream is gone with the error: the rest is dropped.
+                    tracing::debug!("executor: write: {e}; cancelling the connection's runs");
+                    token.cancel();
+                }
             }
         }
+        backlog.done(line.len());
     }
     if let Some(wr) = wr {
         let _ = wr.shutdown(std::net::Shutdown::Write);
@@ -366,6 +428,25 @@ mod tests {
         assert!(got == expect, "the bytes arrive in order");
     }
 
+    /// The backlog is full from [`BACKLOG`] bytes on, and wakes the reader
+    /// once it falls under it again, even when the wake comes first.
+    #[tokio::test]
+    async fn the_backlog_stops_and_wakes_the_reader() {
+        let b = Backlog::default();
+        b.add(BACKLOG - 1);
+        assert!(!b.full());
+        b.add(2);
+        assert!(b.full());
+        b.done(1);
+        assert!(b.full());
+        b.done(1);
+        assert!(!b.full());
+        // The wake was given before anyone waited: it is kept.
+        tokio::time::timeout(Duration::from_secs(5), b.drained.notified()).await.expect("woken");
+        b.done(BACKLOG);
+        assert_eq!(b.bytes.load(Ordering::Relaxed), 0, "never below zero");
+    }
+
     /// What follows a report in the queue is dropped only once the lines
     /// before it are written: the peer can read them then.
     #[tokio::test]
@@ -389,7 +470,7 @@ mod tests {
         tx.send(Outgoing::Line(b"report\n".to_vec())).unwrap();
         tx.send(Outgoing::Then(Box::new(Probe(peer, seen_tx)))).unwrap();
         drop(tx);
-        let writer = write_lines(a_wr, rx, CancellationToken::new());
+        let writer = write_lines(a_wr, rx, Arc::default(), CancellationToken::new());
         tokio::time::timeout(Duration::from_secs(10), writer).await.expect("no hang");
         assert_eq!(seen.recv().unwrap(), b"report\n", "written before the then was dropped");
     }
