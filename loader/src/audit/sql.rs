@@ -291,6 +291,26 @@ fn use_approvals(db: &Connection, id: i64, r: &Record) -> Result<(), WriteError>
     Ok(())
 }
 
+/// What an allowed run's row left open by an earlier skilld says once
+/// this one opens the database.
+pub(super) const INTERRUPTED: &str = "interrupted";
+
+/// Completes every allowed run's row that an earlier skilld left open (it
+/// stopped or crashed before the run's report): its run ended with that
+/// skilld's executor connection, unreported. Returns how many.
+pub(super) fn close_interrupted(db: &Connection) -> rusqlite::Result<usize> {
+    db.execute(
+        "UPDATE audit SET outcome = ?1, error = ?2, finished_at = ?3
+         WHERE outcome IS NULL AND decision = 'allow'",
+        params![
+            INTERRUPTED,
+            "skilld stopped before the run's report: the run ended with its executor \
+             connection, unreported",
+            now_ms(),
+        ],
+    )
+}
+
 /// Completes a row.
 pub(super) fn update(db: &Connection, done: &Done) -> Result<(), WriteError> {
     let n = db

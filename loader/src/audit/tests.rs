@@ -411,9 +411,12 @@ async fn a_journal_left_by_a_crash_is_replayed_once_at_the_next_open() {
         let want = |id, skill: &str, outcome: Option<&str>| {
             (id, skill.to_owned(), outcome.map(str::to_owned))
         };
+        // Rows 1 and 2 were left open by the daemon that crashed: its runs
+        // ended with it, unreported.
+        let left = Some("interrupted");
         assert_eq!(
             db_rows(&normal.db),
-            [want(1, "one", None), want(2, "two", None), want(3, "three", Some("ok"))]
+            [want(1, "one", left), want(2, "two", left), want(3, "three", Some("ok"))]
         );
         match mode {
             AuditSync::Full => assert!(!journal_path(&normal.db).exists()),
@@ -561,4 +564,34 @@ async fn each_wait_for_a_row_is_timed_once_under_its_row() {
     assert_eq!(audit.count().await.unwrap(), 3);
     assert_eq!((count("decision"), count("completion"), count("refusal")), (2, 1, 1));
     assert_eq!(errors.get(), 0);
+}
+
+/// A row an earlier skilld left open (it was killed mid-run) is completed
+/// as `interrupted` when the next one opens the database; its own rows in
+/// flight are not touched.
+#[tokio::test]
+async fn rows_left_open_by_an_earlier_skilld_are_completed_as_interrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let s = settings(dir.path(), 0);
+    let first = Audit::start(&s, errors.clone(), &syncs()).unwrap();
+    let open = first.record(record("left", &[])).await.unwrap();
+    let done = first.record(record("done", &[])).await.unwrap();
+    let ok = Finish { outcome: "ok".into(), exit_code: Some(0), ..Finish::default() };
+    first.finish(done, ok.clone()).await.unwrap();
+    first.flush().await;
+    drop(first);
+
+    let second = Audit::start(&s, errors, &syncs()).unwrap();
+    let mine = second.record(record("mine", &[])).await.unwrap();
+    let rows = second.query(Query { limit: 10, ..Query::default() }).await.unwrap();
+    let by_id = |id: i64| rows.iter().find(|e| e.id == id).unwrap();
+    let left = by_id(open);
+    assert_eq!(left.outcome.as_deref(), Some("interrupted"), "{left:?}");
+    assert!(left.error.as_deref().unwrap_or("").contains("skilld stopped"), "{left:?}");
+    assert!(left.finished_at.is_some());
+    assert_eq!(by_id(done).outcome.as_deref(), Some("ok"));
+    // This skilld's own run in flight stays open until it finishes.
+    assert_eq!(by_id(mine).outcome, None);
+    second.finish(mine, ok).await.unwrap();
 }

@@ -43,6 +43,9 @@ pub(super) struct Worker {
     prune_due: bool,
     /// When the journal's lines are to be written, if any wait.
     ingest_due: Option<Instant>,
+    /// The rows an earlier skilld left open were closed (on the first
+    /// open only: later, open rows are this skilld's runs in flight).
+    swept: bool,
 }
 
 impl Worker {
@@ -65,6 +68,7 @@ impl Worker {
             inserts: 0,
             prune_due: false,
             ingest_due: None,
+            swept: false,
         }
     }
 
@@ -314,6 +318,21 @@ impl Worker {
                 if let Err(e) = sql::prune(&mut db, &self.settings) {
                     tracing::warn!(error = %e, "audit: retention failed");
                 }
+            }
+            if !self.swept {
+                // Before this skilld's first row: every open one is an
+                // earlier skilld's, whose runs ended with it.
+                match sql::close_interrupted(&db) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::warn!(
+                        rows = n,
+                        "audit: completed the rows of runs an earlier skilld left unreported \
+                         as {:?}",
+                        sql::INTERRUPTED
+                    ),
+                    Err(e) => return Err(self.unavailable(&e)),
+                }
+                self.swept = true;
             }
             self.db = Some(db);
         }
