@@ -119,7 +119,7 @@ impl QuietStream {
 /// replaced nor closed before the `AsyncFd` drops it (which deregisters
 /// first), so the contract the `unsafe` version asks for holds.
 #[allow(deprecated)]
-fn register(stream: StdStream, interest: Interest) -> io::Result<AsyncFd<StdStream>> {
+pub(crate) fn register(stream: StdStream, interest: Interest) -> io::Result<AsyncFd<StdStream>> {
     AsyncFd::with_interest(stream, interest)
 }
 

@@ -30,7 +30,9 @@
 use std::convert::Infallible;
 use std::fs;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::UnixStream as StdStream;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -43,6 +45,7 @@ use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::Interest;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
@@ -225,8 +228,29 @@ async fn serve_connection(
             Ok::<_, Infallible>(response.map(|body| Body::new(Guarded { body, _guard: guard })))
         }
     });
+    // A client may shut its write side once its request is sent (`nc -N`,
+    // socat at the end of its input) and still read the answer: hyper goes
+    // on after a read EOF (`half_close`, with which it no longer looks for
+    // one mid-request either), and only a hang-up (`POLLHUP`, both
+    // directions closed), seen on a duplicate of the socket registered for
+    // its events, ends the connection, and with it the request's run.
+    let watch = match stream
+        .get_ref()
+        .try_clone()
+        .and_then(|w| crate::quiet_stream::register(w, Interest::READABLE))
+    {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the connection for a hang-up; closing it");
+            return;
+        }
+    };
     let mut builder = http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(header_timeout).max_buf_size(64 << 10);
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .max_buf_size(64 << 10)
+        .half_close(true);
     let io = Tracked { inner: stream, activity: Arc::clone(&activity) };
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
@@ -244,6 +268,21 @@ async fn serve_connection(
                 conn.as_mut().graceful_shutdown();
                 break conn.await;
             }
+            // Woken by each new event on the socket (a request's bytes, an
+            // end of file, a hang-up): nothing is read here.
+            r = watch.readable() => match r {
+                Ok(mut ready) => {
+                    if hung_up(watch.get_ref()) {
+                        tracing::debug!(uid = caller.uid, "the client hung up; closing the connection");
+                        return;
+                    }
+                    ready.clear_ready();
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, uid = caller.uid, "connection watch failed; closing");
+                    return;
+                }
+            },
             () = &mut idle_check => {
                 let (why, next) = if in_flight.load(Ordering::Acquire) == 0 {
                     let quiet = activity.quiet_for(idle_timeout).then_some("idle");
@@ -263,6 +302,20 @@ async fn serve_connection(
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, uid = caller.uid, "connection ended with an error");
+    }
+}
+
+/// Returns true if and only if the peer closed its end in both directions:
+/// a Unix socket reports `POLLHUP` then, but only `POLLIN` (EOF) after a
+/// `shutdown(SHUT_WR)`.
+fn hung_up(stream: &StdStream) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(_) => {
+            fds[0].revents().is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
+        }
+        Err(_) => false,
     }
 }
 

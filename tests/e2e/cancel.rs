@@ -106,3 +106,33 @@ fn sleeper_pids(s: &Stack) -> Vec<i32> {
         })
         .collect()
 }
+
+/// A client that shuts its write side once the request is sent (`nc -N`,
+/// socat at the end of its input) is not gone: it gets its answer, for a
+/// plain request and for a run. Before, skilld took the end of file for a
+/// hang-up: no answer, and the run was cancelled.
+#[test]
+fn a_half_closed_client_gets_its_answer() {
+    let s = Stack::start();
+    let ask = |req: String| {
+        let mut c = UnixStream::connect(&s.socket).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(req.as_bytes()).unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = Vec::new();
+        let _ = c.read_to_end(&mut answer);
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+    let got = ask("GET /v1/skills/echo HTTP/1.1\r\nHost: localhost\r\n\r\n".into());
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+    // `finisher` sleeps a second before its result: the end of file comes
+    // well before the report.
+    let body = json!({"args": {}}).to_string();
+    let got = ask(format!(
+        "POST /v1/skills/finisher/execute HTTP/1.1\r\nHost: localhost\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}\n{}", s.logs());
+    assert!(got.contains(r#""done":true"#), "{got:?}");
+}
