@@ -634,6 +634,24 @@ mod tests {
     }
 
     #[test]
+    fn serde_json_private_raw_value_token_is_json_but_not_a_reply() {
+        // serde_json's `Value` refuses an object keyed by its private
+        // `RawValue` token (fuzz wire_reply, crash-8f55b833): the line is
+        // JSON, so it is an invalid request, never a parse error or a panic.
+        let line = b"{\"jsonrpc\":\"2.0\",\"method\":\"stderr\",\"params\":\n{\"$serde_json::private::RawValue\":0,\"line\":\"x\"}}";
+        let e = decode_reply(line).unwrap_err();
+        assert!(matches!(e, WireError::InvalidRequest(_)), "{e:?}");
+        // In a result, the raw text is kept as it came.
+        let line = br#"{"jsonrpc":"2.0","id":1,"result":{"$serde_json::private::RawValue":0}}"#;
+        match decode_reply(line).unwrap() {
+            Reply::Result { result, .. } => {
+                assert_eq!(result.get(), r#"{"$serde_json::private::RawValue":0}"#);
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[test]
     fn line_buffer_splits_and_caps() {
         let mut b = LineBuffer::new(8);
         let out = b.push(b"abc\nde");
