@@ -70,7 +70,13 @@ async fn rows_survive_a_sigkill_right_after_the_answer() {
     assert!(finished.is_some());
     let mode: String = db.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
     assert_eq!(mode, "wal");
-    assert_eq!(std::fs::metadata(&journal).unwrap().len(), 0, "the journal was not emptied");
+    // Emptied once the replayed rows are committed: a moment after they
+    // can be read.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::metadata(&journal).unwrap().len() != 0 {
+        assert!(std::time::Instant::now() < until, "the journal was not emptied");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     assert!(d.log().contains("journal replayed"), "{}", d.log());
     // A new row takes an id past the replayed ones.
     let r = d.client().post("/v1/skills/echo/execute", &json!({"args": {"n": 8}})).await.unwrap();
