@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use policy::{
-    GrantError, GrantedSandbox, Manifest, ManifestError, Outcome, SkillMd, SkillMdError,
+    ArgsError, GrantError, GrantedSandbox, Manifest, ManifestError, Outcome, SkillMd, SkillMdError,
     ValidateOptions, MAX_MANIFEST_BYTES, SKILL_MD_FILE_NAME,
 };
 
@@ -273,15 +273,17 @@ pub fn euid() -> u32 {
     *EUID.get_or_init(|| nix::unistd::geteuid().as_raw())
 }
 
-/// Whether `args` is one JSON object, checked without building it.
+/// Whether `args` is one JSON object with unique keys ([`policy::Args`]):
+/// the skill reads these bytes, so they are checked by the same rules as
+/// the loader's copy, whoever sent them.
 fn args_object(args: &[u8]) -> Result<(), String> {
-    // JSON is UTF-8; the strings skipped below are not checked by the parser.
-    std::str::from_utf8(args).map_err(|e| format!("not JSON: {e}"))?;
-    serde_json::from_slice::<serde::de::IgnoredAny>(args).map_err(|e| format!("not JSON: {e}"))?;
-    // One valid JSON value: an object when its first byte opens one.
-    match args.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{') => Ok(()),
-        _ => Err("not a JSON object".into()),
+    match policy::Args::from_slice(args) {
+        Ok(_) => Ok(()),
+        Err(ArgsError::NotJson(e)) => Err(format!("not JSON: {e}")),
+        Err(ArgsError::NotObject) => Err("not a JSON object".into()),
+        Err(ArgsError::DuplicateKey(k)) => {
+            Err(format!("the key {k:?} is given twice in one object"))
+        }
     }
 }
 

@@ -268,6 +268,9 @@ fn args_must_be_one_json_object() {
         (b"{} {}", "not JSON"),
         (b"{\"a\":\"\xff\"}", "not JSON"),
         (b"{\"a\":1,}", "not JSON"),
+        // The skill and the loader's schema must read the same value.
+        (b"{\"a\":{\"b\":[1,2,{\"c\":null}]},\"a\":2}", "\"a\" is given twice"),
+        (b"{\"a\":[{\"k\":1,\"k\":1}]}", "\"k\" is given twice"),
     ] {
         let (r, _) = run_bytes(&engine, &m, args);
         assert_eq!(r.outcome, Outcome::InvalidArgs, "{}: {r:?}", String::from_utf8_lossy(args));
@@ -277,8 +280,16 @@ fn args_must_be_one_json_object() {
             assert!(!error.contains("not a JSON object"), "{error}");
         }
     }
-    for args in [&b"{}"[..], b"{\"a\":{\"b\":[1,2,{\"c\":null}]},\"a\":2}", b" {\"\\u00e9\":1} "] {
+    for args in [
+        &b"{}"[..],
+        b"{\"a\":{\"b\":[1,2,{\"c\":null}]},\"b\":2}",
+        b" {\"\\u00e9\":1} ",
+        b"{\"z\":1.50,\"a\":123456789012345678901234567890}",
+    ] {
         let (r, _) = run_bytes(&engine, &m, args);
         assert_eq!(r.outcome, Outcome::Ok, "{}: {r:?}", String::from_utf8_lossy(args));
+        // `cat`: the skill read the bytes as given.
+        let text = std::str::from_utf8(args).unwrap().trim();
+        assert_eq!(r.result.as_ref().map(|j| j.get()), Some(text));
     }
 }

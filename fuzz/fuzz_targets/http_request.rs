@@ -114,7 +114,7 @@ fn answer(stream: std::os::unix::net::UnixStream, mode: ExecutorMode) {
             let mut ok = RunReport::not_run(&skill, Outcome::Ok, "");
             ok.error = None;
             ok.exit_code = Some(0);
-            ok.result = Some(policy::RawJson::from_value(&params.args));
+            ok.result = Some(params.args.clone());
             match mode {
                 ExecutorMode::Report => wire::encode_report(&id, &ok),
                 ExecutorMode::StderrThenReport => {
@@ -347,7 +347,10 @@ fn input(u: &mut Unstructured<'_>) -> arbitrary::Result<Input> {
                     // too far ahead, by an unknown key, or the same key twice.
                     let h = harness();
                     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
-                    let subject = Subject { skill, args: &args_v, session_id: session.as_deref() };
+                    // The body carries `args_v` as serde_json writes it.
+                    let text = serde_json::to_vec(&args_v).unwrap();
+                    let args_a = policy::Args::from_slice(&text).expect("args of a Map");
+                    let subject = Subject { skill, args: &args_a, session_id: session.as_deref() };
                     let mut list = Vec::new();
                     for _ in 0..u.int_in_range(0..=3)? {
                         let key = u.choose(&h.keys)?;

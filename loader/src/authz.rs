@@ -76,8 +76,8 @@ pub struct RunRequest<'a> {
     pub skill: &'a str,
     /// The skill's class.
     pub class: SkillClass,
-    /// The args (approvals are signed over them).
-    pub args: &'a Value,
+    /// The args (approvals are signed over their text).
+    pub args: &'a policy::Args,
     /// The request's session id.
     pub session_id: Option<&'a str>,
     /// `"confirm": true` in the request.
@@ -347,7 +347,7 @@ mod tests {
         let z = authz("");
         let ops = z.identify(&caller(1000, 1));
         let dev = z.identify(&caller(1001, 2000));
-        let args = json!({"n": 1});
+        let args = policy::Args::from_slice(br#"{"n": 1}"#).unwrap();
         let req = |class, confirm, approvals: &'static [Value]| RunRequest {
             skill: "s",
             class,

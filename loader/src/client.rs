@@ -10,7 +10,7 @@ use hyper::header::{ACCEPT, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use policy::RawJson;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::quiet_stream::QuietStream;
@@ -150,7 +150,11 @@ impl DaemonClient {
     /// # Errors
     ///
     /// [`ClientError`].
-    pub async fn post(&self, path: &str, body: &Value) -> Result<ApiResponse, ClientError> {
+    pub async fn post<B: Serialize + ?Sized>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<ApiResponse, ClientError> {
         let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let response = self.send(Method::POST, path, Some(bytes), "application/json").await?;
         read_json(response).await
@@ -163,10 +167,10 @@ impl DaemonClient {
     /// # Errors
     ///
     /// [`ClientError`].
-    pub async fn execute_stream(
+    pub async fn execute_stream<B: Serialize + ?Sized>(
         &self,
         name: &str,
-        body: &Value,
+        body: &B,
         mut on_event: impl FnMut(Value, &[u8]),
     ) -> Result<ApiResponse, ClientError> {
         let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Protocol(e.to_string()))?;

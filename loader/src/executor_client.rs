@@ -467,7 +467,7 @@ mod tests {
     fn params() -> ExecuteParams {
         ExecuteParams {
             manifest: "/s/skill.json".into(),
-            args: json!({}),
+            args: policy::RawJson::from_slice(b"{}").unwrap(),
             session_id: None,
             class: None,
             tool: None,

@@ -6,8 +6,9 @@
 //!
 //! An approver signs (Ed25519, RFC 8032, through `ed25519-dalek`) the
 //! 32-byte [`digest`]: SHA-256 of the canonical JSON (object keys sorted by
-//! their UTF-8 bytes, no whitespace, serde_json's escaping and number
-//! spelling) of
+//! their UTF-8 bytes, no whitespace, serde_json's string escaping, numbers
+//! as written in the request: the skill reads the args' text, so the
+//! signature covers their spelling) of
 //!
 //! ```json
 //! {"args":{...},"context":"ongrid-skills approval v1","expires_at":1764000000,"session_id":"s-42","skill":"rotate_logs"}
@@ -46,7 +47,10 @@ use std::fmt;
 use base64::Engine;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
+
+use crate::args::Args;
 use sha2::{Digest, Sha256};
 
 use crate::permission::DenyReason;
@@ -84,8 +88,8 @@ pub struct Approval {
 pub struct Subject<'a> {
     /// The skill's name.
     pub skill: &'a str,
-    /// The args object.
-    pub args: &'a Value,
+    /// The args object, as the skill will read it.
+    pub args: &'a Args,
     /// The request's `session_id`.
     pub session_id: Option<&'a str>,
 }
@@ -360,53 +364,92 @@ pub fn digest(subject: &Subject<'_>, expires_at: u64) -> [u8; 32] {
 
 /// The canonical JSON text whose SHA-256 is signed.
 pub fn signed_message(subject: &Subject<'_>, expires_at: u64) -> String {
-    let message = serde_json::json!({
-        "args": subject.args,
-        "context": CONTEXT,
-        "expires_at": expires_at,
-        "session_id": subject.session_id,
-        "skill": subject.skill,
-    });
-    canonical_json(&message)
-}
-
-/// Canonical JSON: object keys sorted by their UTF-8 bytes at every depth,
-/// no whitespace; strings and numbers as serde_json writes them.
-pub fn canonical_json(v: &Value) -> String {
-    let mut out = String::new();
-    write_canonical(v, &mut out);
+    // Members in the sorted order of their keys.
+    let mut out = String::from("{\"args\":");
+    out.push_str(&canonical_json(subject.args.raw()));
+    out.push_str(",\"context\":");
+    out.push_str(&Value::from(CONTEXT).to_string());
+    out.push_str(",\"expires_at\":");
+    out.push_str(&expires_at.to_string());
+    out.push_str(",\"session_id\":");
+    out.push_str(&Value::from(subject.session_id).to_string());
+    out.push_str(",\"skill\":");
+    out.push_str(&Value::from(subject.skill).to_string());
+    out.push('}');
     out
 }
 
-fn write_canonical(v: &Value, out: &mut String) {
-    match v {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+/// Canonical JSON of valid JSON `text`: object keys sorted by their UTF-8
+/// bytes at every depth, no whitespace, strings as serde_json writes them,
+/// numbers as written (the skill reads the text, so `1E3` and `1000`, or
+/// two integers past 2^64 that round to one `f64`, are different requests).
+/// Text that is not JSON yields `null` (an [`Args`] always is).
+#[must_use]
+pub fn canonical_json(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    if write_canonical(text.trim_ascii(), &mut out).is_err() {
+        return "null".to_owned();
+    }
+    out
+}
+
+fn write_canonical(text: &str, out: &mut String) -> Result<(), serde_json::Error> {
+    match text.as_bytes().first() {
+        Some(b'{') => {
+            let mut map = serde_json::from_str::<MapEntries<'_>>(text)?.0;
+            map.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
             out.push('{');
-            for (i, k) in keys.iter().enumerate() {
+            for (i, (k, v)) in map.iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
-                out.push_str(&Value::String((*k).clone()).to_string());
+                out.push_str(&Value::from(k.as_str()).to_string());
                 out.push(':');
-                if let Some(child) = map.get(*k) {
-                    write_canonical(child, out);
-                }
+                write_canonical(v.get(), out)?;
             }
             out.push('}');
         }
-        Value::Array(items) => {
+        Some(b'[') => {
+            let items: Vec<&RawValue> = serde_json::from_str(text)?;
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
-                write_canonical(item, out);
+                write_canonical(item.get(), out)?;
             }
             out.push(']');
         }
-        scalar => out.push_str(&scalar.to_string()),
+        Some(b'"') => out.push_str(&Value::String(serde_json::from_str(text)?).to_string()),
+        // Numbers, `true`, `false`, `null`: as written.
+        _ => out.push_str(text),
+    }
+    Ok(())
+}
+
+/// An object's members in their order, values as text.
+struct MapEntries<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for MapEntries<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = MapEntries<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<MapEntries<'de>, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
+                    out.push((k, v));
+                }
+                Ok(MapEntries(out))
+            }
+        }
+        d.deserialize_map(V)
     }
 }
 
@@ -423,7 +466,6 @@ pub fn hex(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
 
     use super::*;
 
@@ -440,21 +482,41 @@ mod tests {
         (a, b, stranger, approvers)
     }
 
-    fn subject(args: &Value) -> Subject<'_> {
+    fn subject(args: &Args) -> Subject<'_> {
         Subject { skill: "rotate_logs", args, session_id: Some("s-42") }
+    }
+
+    fn parse(text: &str) -> Args {
+        Args::from_slice(text.as_bytes()).unwrap()
     }
 
     #[test]
     fn canonical_json_sorts_keys_and_drops_whitespace() {
-        let v: Value =
-            serde_json::from_str(r#"{ "b": [1, {"z": null, "a": "é\n"}], "a": 1.5, "B": true }"#)
-                .unwrap();
-        assert_eq!(canonical_json(&v), r#"{"B":true,"a":1.5,"b":[1,{"a":"é\n","z":null}]}"#);
+        let text = r#"{ "b": [1, {"z": null, "a": "\u00e9\n"}], "a": 1.5, "B": true }"#;
+        assert_eq!(canonical_json(text), r#"{"B":true,"a":1.5,"b":[1,{"a":"é\n","z":null}]}"#);
+        assert_eq!(canonical_json("{"), "null");
+    }
+
+    #[test]
+    fn numbers_are_signed_as_written() {
+        // Two integers that one f64 holds are still two requests: the
+        // skill reads the text, so an approval of one is not of the other.
+        let one = parse(r#"{"id": 12345678901234567890123}"#);
+        let other = parse(r#"{"id": 12345678901234567890124}"#);
+        assert_eq!(one.value(), other.value());
+        assert_ne!(digest(&subject(&one), NOW), digest(&subject(&other), NOW));
+        assert!(signed_message(&subject(&one), NOW).contains(r#"{"id":12345678901234567890123}"#));
+        let spelled = parse(r#"{"n": 1E3, "m": 1.50}"#);
+        assert!(signed_message(&subject(&spelled), NOW).contains(r#"{"m":1.50,"n":1E3}"#));
+        // Key order and whitespace are not part of it.
+        let x = parse(r#"{"b":1,"a":[true, null]}"#);
+        let y = parse("{ \"a\" : [ true ,null ] ,\"b\":1 }");
+        assert_eq!(digest(&subject(&x), NOW), digest(&subject(&y), NOW));
     }
 
     #[test]
     fn the_signed_message_is_fixed() {
-        let args = json!({"older_than_days": 30});
+        let args = parse(r#"{"older_than_days": 30}"#);
         assert_eq!(
             signed_message(&subject(&args), NOW),
             r#"{"args":{"older_than_days":30},"context":"ongrid-skills approval v1","expires_at":1764000000,"session_id":"s-42","skill":"rotate_logs"}"#
@@ -466,7 +528,7 @@ mod tests {
     #[test]
     fn two_distinct_keys_verify() {
         let (a, b, _, approvers) = keys();
-        let args = json!({"older_than_days": 30});
+        let args = parse(r#"{"older_than_days": 30}"#);
         let s = subject(&args);
         let got =
             verify(&[a.approve(&s, NOW + 600), b.approve(&s, NOW + 60)], &approvers, &s, NOW, 900)
@@ -481,7 +543,7 @@ mod tests {
     #[test]
     fn every_rejection_has_its_reason() {
         let (a, b, stranger, approvers) = keys();
-        let args = json!({"older_than_days": 30});
+        let args = parse(r#"{"older_than_days": 30}"#);
         let s = subject(&args);
         let ok_a = a.approve(&s, NOW + 600);
         let ok_b = b.approve(&s, NOW + 600);
@@ -493,7 +555,7 @@ mod tests {
         forged_no_digest.digest = None;
         let mut stolen_id = stranger.approve(&s, NOW + 600);
         stolen_id.key_id = b.key_id();
-        let other_args = json!({"older_than_days": 1});
+        let other_args = parse(r#"{"older_than_days": 1}"#);
         let changed = b.approve(&subject(&other_args), NOW + 600);
         let mut bad_b64 = ok_b.clone();
         bad_b64.signature = "***".into();

@@ -10,6 +10,8 @@
 //!   [`SkillGrant`], and the [`GrantedSandbox`] a run gets.
 //! - [`limits`]: default resource limits and their bounds.
 //! - [`report`]: the [`RunReport`] every run ends with, and what the sandbox enforced.
+//! - [`args`]: [`Args`], a run's args object kept as the text the caller
+//!   sent (unique keys; the skill reads it exactly).
 //! - [`raw_json`]: [`RawJson`], a JSON value kept as the text it arrived as
 //!   (a skill's result is returned verbatim).
 //! - [`path`]: pure, component-wise path rules (lexical containment, normal form).
@@ -35,6 +37,7 @@
 #![deny(missing_docs)]
 
 pub mod approval;
+pub mod args;
 pub mod class;
 pub mod env;
 pub mod journald;
@@ -51,6 +54,7 @@ pub mod skillmd;
 pub mod wire;
 pub mod yaml;
 
+pub use args::{Args, ArgsError};
 pub use class::SkillClass;
 pub use env::EnvName;
 pub use limits::Limits;

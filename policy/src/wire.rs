@@ -56,8 +56,10 @@ pub mod code {
 pub struct ExecuteParams {
     /// Absolute path of the skill's `skill.json`.
     pub manifest: String,
-    /// The args object, passed to the skill's stdin verbatim.
-    pub args: Value,
+    /// The args, passed to the skill's stdin exactly as sent. Any JSON
+    /// here: the executor checks them as [`crate::Args`] when it plans the
+    /// run, and reports `invalid_args` like a one-shot run would.
+    pub args: RawJson,
     /// Caller's session id, for logs and audit.
     #[serde(default)]
     pub session_id: Option<String>,
@@ -183,11 +185,20 @@ pub fn decode_line(line: &[u8]) -> Result<Request, (Value, WireError)> {
         Some(Value::String(m)) => m.clone(),
         _ => return Err((id, WireError::InvalidRequest("method must be a string".into()))),
     };
-    let params = obj.remove("params").unwrap_or(Value::Null);
     match method.as_str() {
-        "execute" => match serde_json::from_value::<ExecuteParams>(params) {
-            Ok(params) => Ok(Request::Execute { id, params }),
-            Err(e) => Err((id, WireError::InvalidParams(e.to_string()))),
+        // Read again from the line's text, so the args reach the skill as
+        // they were sent (a `Value` would sort keys and round numbers).
+        "execute" => match serde_json::from_slice::<ExecuteLine<'_>>(line) {
+            Ok(ExecuteLine { params: Some(raw) }) => {
+                match serde_json::from_str::<ExecuteParams>(raw.get()) {
+                    Ok(params) => Ok(Request::Execute { id, params }),
+                    Err(e) => Err((id, WireError::InvalidParams(e.to_string()))),
+                }
+            }
+            Ok(ExecuteLine { params: None }) => {
+                Err((id, WireError::InvalidParams("execute needs params".into())))
+            }
+            Err(e) => Err((id, WireError::InvalidRequest(e.to_string()))),
         },
         "ping" => Ok(Request::Ping { id }),
         "metrics" => Ok(Request::Metrics { id }),
@@ -196,6 +207,13 @@ pub fn decode_line(line: &[u8]) -> Result<Request, (Value, WireError)> {
             Err((id, WireError::MethodNotFound(shown)))
         }
     }
+}
+
+/// An `execute` line's `params`, as text.
+#[derive(Deserialize)]
+struct ExecuteLine<'a> {
+    #[serde(borrow, default)]
+    params: Option<&'a serde_json::value::RawValue>,
 }
 
 /// The `start` notification: `params` is `{"id": ID}`, the id a number or
@@ -214,7 +232,15 @@ fn decode_start(obj: &serde_json::Map<String, Value>) -> Result<Request, WireErr
 
 /// Encodes a request line (with its `\n`).
 pub fn encode_execute(id: u64, params: &ExecuteParams) -> Vec<u8> {
-    line(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "execute", "params": params}))
+    // A struct, not `json!`: the args go out as their text.
+    #[derive(Serialize)]
+    struct Line<'a> {
+        jsonrpc: &'static str,
+        id: u64,
+        method: &'static str,
+        params: &'a ExecuteParams,
+    }
+    line(&Line { jsonrpc: "2.0", id, method: "execute", params })
 }
 
 /// Encodes the `start` notification of the held run `id` (with its `\n`).
@@ -469,7 +495,7 @@ mod tests {
     fn execute_round_trip() {
         let p = ExecuteParams {
             manifest: "/s/skill.json".into(),
-            args: json!({"a": 1}),
+            args: RawJson::from_slice(br#"{"z":1.50,"a":123456789012345678901234567890}"#).unwrap(),
             session_id: None,
             class: None,
             tool: None,
@@ -477,6 +503,8 @@ mod tests {
         };
         let l = encode_execute(7, &p);
         assert!(!l.windows(4).any(|w| w == b"hold"), "hold is left out when false");
+        let text = br#""args":{"z":1.50,"a":123456789012345678901234567890}"#;
+        assert!(l.windows(text.len()).any(|w| w == text), "args as sent");
         assert_eq!(l.last(), Some(&b'\n'));
         match decode_line(&l[..l.len() - 1]).unwrap() {
             Request::Execute { id, params } => {
@@ -488,10 +516,25 @@ mod tests {
     }
 
     #[test]
+    fn execute_args_are_read_as_text_and_checked_later() {
+        // Not an object, a key twice: decoded as sent; the executor's plan
+        // refuses them with an `invalid_args` report.
+        for args in [r#"{"a":1,"a":2}"#, "[1]", r#"{"b":1E3,"a":"\u00e9"}"#] {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"execute","params":{{"manifest":"/x","args":{args}}}}}"#
+            );
+            match decode_line(line.as_bytes()).unwrap() {
+                Request::Execute { params, .. } => assert_eq!(params.args.get(), args),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn a_held_execute_and_its_start_round_trip() {
         let p = ExecuteParams {
             manifest: "/s/skill.json".into(),
-            args: json!({}),
+            args: RawJson::from_slice(b"{}").unwrap(),
             session_id: None,
             class: None,
             tool: None,
@@ -526,6 +569,8 @@ mod tests {
             (br#"{"jsonrpc":"2.0","id":4,"method":"execute","params":{"manifest":1,"args":{}}}"#, code::INVALID_PARAMS, json!(4)),
             (br#"{"jsonrpc":"2.0","id":5,"method":"execute","params":{"manifest":"/x","args":{},"evil":1}}"#, code::INVALID_PARAMS, json!(5)),
             (br#"{"jsonrpc":"2.0","id":6,"method":"execute","params":{"manifest":"/x","args":{},"hold":"yes"}}"#, code::INVALID_PARAMS, json!(6)),
+            (br#"{"jsonrpc":"2.0","id":9,"method":"execute","params":null}"#, code::INVALID_PARAMS, json!(9)),
+            (br#"{"jsonrpc":"2.0","id":10,"method":"execute","params":{},"params":{}}"#, code::INVALID_REQUEST, json!(10)),
             (br#"{"jsonrpc":"2.0","method":"execute","params":{}}"#, code::INVALID_REQUEST, Value::Null),
             (br#"{"jsonrpc":"2.0","method":"start"}"#, code::INVALID_PARAMS, Value::Null),
             (br#"{"jsonrpc":"2.0","method":"start","params":{"id":null}}"#, code::INVALID_PARAMS, Value::Null),

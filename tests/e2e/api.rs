@@ -137,3 +137,78 @@ fn the_result_is_returned_verbatim() {
         assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{printed}\n"), "stream {stream}");
     }
 }
+
+/// The args reach the skill's stdin as the caller sent them (DESIGN.md §2:
+/// "stdin receives the args JSON exactly"): key order, number spelling and
+/// escapes, through the API and `ongrid-skill run`. `echo` is `cat`, so its
+/// result is its stdin. A key given twice is refused before anything runs:
+/// the schema would check one value while the skill read another.
+#[test]
+fn the_args_reach_the_skill_exactly() {
+    let s = Stack::start();
+    let args = r#"{"zeta":1.50,"n":123456789012345678901234567890,"e":1E3,"s":"\u00e9\/"}"#;
+    let body = format!(r#"{{"args":{args}}}"#);
+    let post = |accept: &str| {
+        crate::harness::http(
+            &s.socket,
+            "POST",
+            "/v1/skills/echo/execute",
+            accept,
+            Some(body.as_bytes()),
+        )
+    };
+    let r = post("application/json");
+    assert_eq!(r.status, 200, "{}", s.logs());
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(text.contains(&format!(r#""result":{args}"#)), "{text}");
+    let r = post("application/x-ndjson");
+    let last = String::from_utf8_lossy(&r.body).lines().last().unwrap_or_default().to_owned();
+    assert!(last.contains(&format!(r#""result":{args}"#)), "{last}");
+
+    let out = std::process::Command::new(crate::harness::bin("ongrid-skill"))
+        .args(["run", "echo", "--args", args, "--socket"])
+        .arg(&s.socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{args}\n"));
+
+    // The schema still reads the parsed copy.
+    let r = crate::harness::http(
+        &s.socket,
+        "POST",
+        "/v1/skills/echo/execute",
+        "application/json",
+        Some(br#"{"args":{"n":1.5}}"#),
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["code"], "invalid_args", "{}", r.json());
+
+    // A key twice: 400, no run, in the API and the CLI.
+    let before = s.scrape();
+    let r = crate::harness::http(
+        &s.socket,
+        "POST",
+        "/v1/skills/echo/execute",
+        "application/json",
+        Some(br#"{"args":{"n":1,"n":"x; rm -rf /"}}"#),
+    );
+    assert_eq!(r.status, 400);
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "bad_request", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains(r#""n" twice"#), "{e}");
+    let out = std::process::Command::new(crate::harness::bin("ongrid-skill"))
+        .args(["run", "echo", "--args", r#"{"n":1,"n":2}"#, "--socket"])
+        .arg(&s.socket)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("twice"));
+    let runs = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("ongrid_executions_total{") && l.contains("skill=\"echo\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert_eq!(runs(&s.scrape()), runs(&before), "a refused body is not an execution");
+}

@@ -48,8 +48,8 @@ fn readme_approval_walkthrough_runs_as_written() {
     // Refused first, with the reason and exit 5.
     assert!(stderr.contains("approvals_required"), "{ctx}");
     assert_eq!(stdout.matches("refused: exit 5").count(), 2, "{ctx}");
-    // The signed run printed its result.
-    assert!(stdout.lines().any(|l| l == r#"{"days":30}"#), "{ctx}");
+    // The signed run printed its result: `cat` of the args as sent.
+    assert!(stdout.lines().any(|l| l == r#"{"days": 30}"#), "{ctx}");
     // The replay was refused.
     assert!(stderr.contains("approval_replayed"), "{ctx}");
     // audit: a header and three rows, newest first.

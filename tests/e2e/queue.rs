@@ -23,7 +23,7 @@ fn execute(s: &Stack, id: u64, skill: &str) -> BufReader<UnixStream> {
     let manifest = s.skills.join(skill).join("skill.json");
     let params = ExecuteParams {
         manifest: manifest.display().to_string(),
-        args: json!({}),
+        args: policy::RawJson::from_slice(b"{}").unwrap(),
         session_id: None,
         class: None,
         tool: None,

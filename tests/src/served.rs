@@ -257,7 +257,7 @@ extern "C" fn stop_all() {
 /// error, or sends no report within `hang_after` (the skill's timeout
 /// plus the kill grace plus slack, from [`crate::run::run`]).
 pub fn run(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Duration) -> Run {
-    let args: Value = serde_json::from_slice(&opts.args).unwrap_or_else(|e| {
+    let args = policy::RawJson::from_slice(&opts.args).unwrap_or_else(|e| {
         panic!("served runs take JSON args ({e}); raw bytes are a one-shot input")
     });
     let s = served(config, &opts.env);

@@ -202,8 +202,8 @@ async fn execute_run(
     let mut sink = move |line: &str| {
         tx.send(wire::encode_stderr(&stderr_id, line));
     };
-    // Serialising a Value cannot fail (every key is a string).
-    let args = serde_json::to_vec(&params.args).unwrap_or_default();
+    // The args as the loader's caller sent them (DESIGN.md §2).
+    let args = params.args.get().as_bytes().to_vec();
     let started = Instant::now();
     let gave_up = AtomicBool::new(false);
     // Polled by this task, on a runtime thread (see the module docs of

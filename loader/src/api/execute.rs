@@ -37,7 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use http_body_util::BodyExt;
 use policy::wire::ExecuteParams;
-use policy::{DenyReason, Outcome, RunReport};
+use policy::{Args, DenyReason, Outcome, RunReport};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
@@ -65,9 +65,10 @@ const MAX_SESSION_ID: usize = 256;
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExecuteRequest {
-    /// The args object (default `{}`).
-    #[serde(default = "empty_object")]
-    pub args: Value,
+    /// The args object (default `{}`), kept as sent: the skill reads this
+    /// text, the schema and the audit its parsed copy.
+    #[serde(default)]
+    pub args: Args,
     /// The caller's session, for logs and audit.
     #[serde(default)]
     pub session_id: Option<String>,
@@ -77,10 +78,6 @@ pub struct ExecuteRequest {
     /// Signed approvals for `dangerous` skills (issue 5).
     #[serde(default)]
     pub approvals: Vec<Value>,
-}
-
-fn empty_object() -> Value {
-    json!({})
 }
 
 /// The handler.
@@ -100,7 +97,8 @@ pub async fn execute(
         .ok_or_else(|| ApiError::NotFound(format!("no skill named {name:?}")))?;
     let bytes = read_body(body, &headers, app.limits()).await?;
     let req = parse_request(&bytes)?;
-    tracing::debug!(skill = skill.name(), args = %req.args, "execute request");
+    // Args may hold what a caller would not want logged: their size only.
+    tracing::debug!(skill = skill.name(), args_bytes = req.args.raw().len(), "execute request");
 
     let count = |outcome: Outcome| {
         app.metrics().executions_total.with_label_values(&[skill.name(), outcome.as_str()]).inc();
@@ -115,10 +113,10 @@ pub async fn execute(
         caller_pid: who.pid,
         role: who.role.clone(),
         mode: who.mode.as_str().to_owned(),
-        args: Some(req.args.clone()),
+        args: Some(req.args.value().clone()),
         ..Record::default()
     };
-    if let Err(violations) = skill.check_args(&req.args) {
+    if let Err(violations) = skill.check_args(req.args.value()) {
         count(Outcome::InvalidArgs);
         tracing::info!(skill = skill.name(), violations = violations.len(), "args rejected");
         let e = ApiError::InvalidArgs { skill: name, violations };
@@ -149,7 +147,7 @@ pub async fn execute(
     // JSON); a path that is not is refused after the decision's row.
     let mut params = skill.registered().manifest_path().to_str().map(|m| ExecuteParams {
         manifest: m.to_owned(),
-        args: req.args,
+        args: req.args.into_raw(),
         session_id: req.session_id,
         class: Some(manifest.class()),
         tool: skill.registered().tool().map(str::to_owned),
@@ -595,7 +593,7 @@ async fn read_body(body: Body, headers: &HeaderMap, limits: &Limits) -> Result<B
 
 fn parse_request(bytes: &[u8]) -> Result<ExecuteRequest, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(ExecuteRequest { args: empty_object(), ..ExecuteRequest::default() });
+        return Ok(ExecuteRequest::default());
     }
     // An object (serde would also read a struct from an array), parsed
     // once, straight into the request.
@@ -608,9 +606,6 @@ fn parse_request(bytes: &[u8]) -> Result<ExecuteRequest, ApiError> {
     }
     let req: ExecuteRequest = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::BadRequest(format!("request body: {e}")))?;
-    if !req.args.is_object() {
-        return Err(ApiError::BadRequest("args must be a JSON object".into()));
-    }
     if req.session_id.as_ref().is_some_and(|s| s.len() > MAX_SESSION_ID) {
         return Err(ApiError::BadRequest(format!("session_id longer than {MAX_SESSION_ID} bytes")));
     }
@@ -653,13 +648,13 @@ mod tests {
 
     #[test]
     fn request_bodies() {
-        assert_eq!(parse_request(b"").unwrap().args, json!({}));
-        assert_eq!(parse_request(b" \n").unwrap().args, json!({}));
-        assert_eq!(parse_request(b"{}").unwrap().args, json!({}));
+        assert_eq!(parse_request(b"").unwrap().args.raw(), "{}");
+        assert_eq!(parse_request(b" \n").unwrap().args.raw(), "{}");
+        assert_eq!(parse_request(b"{}").unwrap().args.raw(), "{}");
         let r =
             parse_request(br#"{"args":{"a":1},"session_id":"s","confirm":true,"approvals":[{}]}"#)
                 .unwrap();
-        assert_eq!(r.args, json!({"a": 1}));
+        assert_eq!(r.args.value(), &json!({"a": 1}));
         assert!(r.confirm);
         for bad in [
             &b"{"[..],
@@ -672,10 +667,18 @@ mod tests {
             br#"{"args":{}} trailing"#,
             br#"[{}]"#,
             br#"{"args":{},"args":{}}"#,
+            br#"{"args":{"a":1,"a":2}}"#,
+            br#"{"args":{"a":{"b":1,"b":1}}}"#,
         ] {
             let Err(e) = parse_request(bad) else { panic!("{:?}", String::from_utf8_lossy(bad)) };
             assert_eq!(e.code(), "bad_request", "{:?}", String::from_utf8_lossy(bad));
         }
+        let e = parse_request(br#"{"args":{"p":"/ok","p":"/etc"}}"#).unwrap_err();
+        assert!(e.to_string().contains(r#"key "p" twice"#), "{e}");
+        // The skill gets the text as sent: key order, number spelling.
+        let r =
+            parse_request(br#"{"args":{"z":1.50,"n":123456789012345678901234567890}}"#).unwrap();
+        assert_eq!(r.args.raw(), r#"{"z":1.50,"n":123456789012345678901234567890}"#);
         let long = format!(r#"{{"session_id":"{}"}}"#, "x".repeat(MAX_SESSION_ID + 1));
         assert!(parse_request(long.as_bytes()).is_err());
     }

@@ -4,7 +4,8 @@
 //! execute body's `approvals` array takes (and `run --approval` reads).
 //!
 //! The approval is for exactly that skill, those args (compared as
-//! canonical JSON: key order and whitespace do not matter), that session
+//! canonical JSON: key order and whitespace do not matter, the spelling
+//! of numbers does, as the skill reads the text), that session
 //! id, until the expiry; the daemon accepts it once, and only if the expiry
 //! is at most `approval_max_ttl_seconds` (default 900) ahead when used.
 //! The key file must not be readable by group or others.
@@ -17,7 +18,6 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use policy::approval::{SecretKey, Subject};
-use serde_json::Value;
 
 use super::remote::exit;
 
@@ -63,10 +63,11 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         }
         Some(s) => s.to_owned(),
     };
-    let skill_args: Value = match serde_json::from_str(&text) {
-        Ok(v @ Value::Object(_)) => v,
-        Ok(_) => return usage(err, "--args must be a JSON object".into()),
-        Err(e) => return usage(err, format!("--args is not JSON: {e}")),
+    // Signed as written: send the same text with the run (key order and
+    // whitespace may differ, numbers and values may not).
+    let skill_args = match policy::Args::from_slice(text.as_bytes()) {
+        Ok(a) => a,
+        Err(e) => return usage(err, format!("--args: {e}")),
     };
     let key = match read_key(&args.key) {
         Ok(k) => k,

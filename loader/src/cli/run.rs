@@ -11,7 +11,8 @@ use std::io::{self, Read, Write};
 use std::process::ExitCode;
 
 use policy::RawJson;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::remote::{self, exit, DaemonArgs};
 use crate::client::encode_segment;
@@ -46,6 +47,17 @@ pub struct Args {
     pub approval: Vec<String>,
 }
 
+/// The request body (a struct, so the args go out as their text).
+#[derive(Serialize)]
+struct Body<'a> {
+    args: &'a policy::Args,
+    confirm: bool,
+    #[serde(skip_serializing_if = "<[Value]>::is_empty")]
+    approvals: &'a [Value],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<&'a str>,
+}
+
 /// Runs the skill.
 ///
 /// # Errors
@@ -61,14 +73,11 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         }
         Some(s) => s.to_owned(),
     };
-    let skill_args: Value = match serde_json::from_str(&text) {
-        Ok(v @ Value::Object(_)) => v,
-        Ok(_) => {
-            writeln!(err, "ongrid-skill: --args must be a JSON object")?;
-            return Ok(ExitCode::from(exit::USAGE));
-        }
+    // Sent as written: the skill reads this text (key order, numbers).
+    let skill_args = match policy::Args::from_slice(text.as_bytes()) {
+        Ok(a) => a,
         Err(e) => {
-            writeln!(err, "ongrid-skill: --args is not JSON: {e}")?;
+            writeln!(err, "ongrid-skill: --args: {e}")?;
             return Ok(ExitCode::from(exit::USAGE));
         }
     };
@@ -93,13 +102,12 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
             }
         }
     }
-    let mut body = json!({"args": skill_args, "confirm": args.confirm});
-    if !approvals.is_empty() {
-        body["approvals"] = Value::Array(approvals);
-    }
-    if let Some(id) = &args.session_id {
-        body["session_id"] = json!(id);
-    }
+    let body = Body {
+        args: &skill_args,
+        confirm: args.confirm,
+        approvals: &approvals,
+        session_id: args.session_id.as_deref(),
+    };
     let client = args.daemon.client();
     let answer = if args.stream {
         let mut report = None;

@@ -51,7 +51,9 @@ impl Keys {
 
 /// `key`'s approval of running `wipe` with `args` in session `s-1`.
 pub fn approve(key: &SecretKey, args: &Value, expires_at: u64) -> Value {
-    let subject = Subject { skill: "wipe", args, session_id: Some("s-1") };
+    // The body sends `args` as serde_json writes it: sign that text.
+    let args = policy::Args::from_slice(&serde_json::to_vec(args).unwrap()).unwrap();
+    let subject = Subject { skill: "wipe", args: &args, session_id: Some("s-1") };
     serde_json::to_value(key.approve(&subject, expires_at)).unwrap()
 }
 

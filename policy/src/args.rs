@@ -1,0 +1,297 @@
+//! [`Args`]: a run's args object, kept as the text the caller sent.
+//!
+//! DESIGN.md §2: the skill's stdin "receives the args JSON exactly". The
+//! loader validates a parsed copy against the skill's schema, but what
+//! reaches the skill is the caller's text: its key order, number spelling
+//! (`12345678901234567890123`, `1.50`, `1e3`) and string escapes, never a
+//! re-serialised [`Value`]. The one change is framing: a value sent across
+//! several lines loses the whitespace between its tokens (see [`RawJson`]).
+//!
+//! Because the skill reads the text and the schema reads the parsed copy,
+//! both must see the same object, so a key given twice in any object is
+//! refused: a parser that keeps the first of two `"path"` keys would
+//! otherwise run with a value the schema never checked. The text must also
+//! be what a [`Value`] reads (UTF-8, numbers in range, depth at most 128).
+
+use std::cell::Cell;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::Value;
+
+use crate::raw_json::RawJson;
+
+/// Why a text is not an args object.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgsError {
+    /// Not one JSON value (or not UTF-8, or a number out of range).
+    #[error("args are not JSON: {0}")]
+    NotJson(String),
+    /// JSON, but not an object.
+    #[error("args must be a JSON object")]
+    NotObject,
+    /// A key given twice in one object.
+    #[error("args give the key {0:?} twice in one object")]
+    DuplicateKey(String),
+}
+
+/// A validated args object: its text as sent, and the parsed copy the
+/// loader checks and records.
+#[derive(Clone)]
+pub struct Args {
+    raw: RawJson,
+    value: Value,
+}
+
+impl Args {
+    /// Validates `bytes` (surrounding whitespace allowed) as an args object.
+    ///
+    /// # Errors
+    ///
+    /// [`ArgsError`] when it is not one JSON object with unique keys.
+    pub fn from_slice(bytes: &[u8]) -> Result<Self, ArgsError> {
+        let raw = RawJson::from_slice(bytes).map_err(|e| ArgsError::NotJson(e.to_string()))?;
+        Self::from_raw(raw)
+    }
+
+    /// `{}`.
+    #[must_use]
+    pub fn empty() -> Self {
+        Self { raw: RawJson::from_value(&Value::Object(serde_json::Map::new())), value: empty() }
+    }
+
+    fn from_raw(raw: RawJson) -> Result<Self, ArgsError> {
+        let text = raw.get();
+        if !text.starts_with('{') {
+            // Valid JSON (RawJson checked it) that is not an object.
+            return Err(ArgsError::NotObject);
+        }
+        // What the schema and the audit see.
+        let value = parse_unique(text)?;
+        Ok(Self { raw, value })
+    }
+
+    /// The text sent to the skill's stdin.
+    #[must_use]
+    pub fn raw(&self) -> &str {
+        self.raw.get()
+    }
+
+    /// The text, for the executor wire.
+    #[must_use]
+    pub fn into_raw(self) -> RawJson {
+        self.raw
+    }
+
+    /// The parsed object (key order not kept; large numbers as `f64`).
+    #[must_use]
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+}
+
+fn empty() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
+/// Equal when the texts are equal: two spellings of one object differ.
+impl PartialEq for Args {
+    fn eq(&self, other: &Self) -> bool {
+        self.raw == other.raw
+    }
+}
+
+impl Eq for Args {}
+
+/// The size only: args may hold what a caller would not want in a log.
+impl fmt::Debug for Args {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Args({} bytes)", self.raw().len())
+    }
+}
+
+impl Serialize for Args {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.raw.serialize(s)
+    }
+}
+
+/// Read as raw text: exact from `serde_json::from_slice`/`from_str`; from
+/// a [`Value`] it is that value's serialisation.
+impl<'de> Deserialize<'de> for Args {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawJson::deserialize(d)?;
+        Self::from_raw(raw).map_err(de::Error::custom)
+    }
+}
+
+/// Parses `text` (valid JSON) into a [`Value`], refusing a key given twice
+/// in any object. Built here rather than by `Value`'s own visitor, which
+/// reads an object keyed by serde_json's private raw-value token as the
+/// value inside it: the schema would check one object and the skill read
+/// another.
+fn parse_unique(text: &str) -> Result<Value, ArgsError> {
+    let dup = Cell::new(None);
+    let mut de = serde_json::Deserializer::from_str(text);
+    match Unique(&dup).deserialize(&mut de) {
+        Ok(v) => Ok(v),
+        Err(e) => Err(match dup.take() {
+            Some(key) => ArgsError::DuplicateKey(key),
+            None => ArgsError::NotJson(e.to_string()),
+        }),
+    }
+}
+
+/// Builds the value token by token; the first key seen twice in one object
+/// is left in the cell.
+#[derive(Clone, Copy)]
+struct Unique<'a>(&'a Cell<Option<String>>);
+
+impl<'de> DeserializeSeed<'de> for Unique<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Unique<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+        Ok(Value::from(n))
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
+        Ok(Value::from(n))
+    }
+    fn visit_f64<E>(self, n: f64) -> Result<Value, E> {
+        // The parser yields finite numbers only.
+        Ok(serde_json::Number::from_f64(n).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_owned()))
+    }
+    fn visit_string<E>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element_seed(self)? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let v = map.next_value_seed(self)?;
+            if out.contains_key(&key) {
+                self.0.set(Some(key));
+                return Err(de::Error::custom("duplicate key"));
+            }
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_text_is_kept_exactly() {
+        for text in [
+            r#"{"z":1,"a":2}"#,
+            r#"{"big":123456789012345678901234567890,"n":1.50,"e":1E3}"#,
+            r#"{ "s" : "\u00e9\/x", "t":"é" }"#,
+            r#"{"nested":{"b":[1,{"a":null}],"a":true}}"#,
+            "{}",
+        ] {
+            let a = Args::from_slice(text.as_bytes()).unwrap();
+            assert_eq!(a.raw(), text);
+            assert_eq!(serde_json::to_string(&a).unwrap(), text);
+            let via_struct: Args = serde_json::from_str(text).unwrap();
+            assert_eq!(via_struct, a);
+        }
+        let a = Args::from_slice(br#"{"z":1,"a":{"k":[2]}}"#).unwrap();
+        assert_eq!(a.value(), &json!({"a": {"k": [2]}, "z": 1}));
+    }
+
+    #[test]
+    fn a_value_over_several_lines_loses_only_whitespace() {
+        let a = Args::from_slice(b"{\n  \"b\": \"x y\",\n  \"a\": 2\n}\n").unwrap();
+        assert_eq!(a.raw(), r#"{"b":"x y","a":2}"#);
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused_at_any_depth() {
+        for (text, key) in [
+            (r#"{"path":"/ok","path":"/etc/shadow"}"#, "path"),
+            (r#"{"a":{"x":1,"y":2,"x":3}}"#, "x"),
+            (r#"{"a":[{"k":1},{"k":2,"k":3}]}"#, "k"),
+            (r#"{"\u0061":1,"a":2}"#, "a"),
+        ] {
+            assert_eq!(
+                Args::from_slice(text.as_bytes()).unwrap_err(),
+                ArgsError::DuplicateKey(key.into()),
+                "{text}"
+            );
+        }
+        // The same key in sibling objects is fine.
+        Args::from_slice(br#"{"a":{"k":1},"b":{"k":2},"k":3}"#).unwrap();
+        let e = serde_json::from_str::<Args>(r#"{"a":1,"a":1}"#).unwrap_err();
+        assert!(e.to_string().contains("twice"), "{e}");
+    }
+
+    #[test]
+    fn what_is_not_an_object_is_refused() {
+        for text in ["[]", "1", "\"{}\"", "null", " [ {} ]"] {
+            assert_eq!(
+                Args::from_slice(text.as_bytes()).unwrap_err(),
+                ArgsError::NotObject,
+                "{text}"
+            );
+        }
+        for text in [&b"{"[..], b"{} {}", b"{\"a\":1e999}", b"{\"\xff\":1}", b""] {
+            assert!(matches!(Args::from_slice(text), Err(ArgsError::NotJson(_))), "{text:?}");
+        }
+        let deep = format!("{}{}", "{\"a\":".repeat(200), "}".repeat(200));
+        assert!(matches!(Args::from_slice(deep.as_bytes()), Err(ArgsError::NotJson(_))));
+    }
+
+    #[test]
+    fn serde_json_private_token_is_an_ordinary_key() {
+        // serde_json's `Value` would read this as `{}`: the schema would
+        // check an empty object while the skill reads the text.
+        let text = r#"{"$serde_json::private::RawValue":"{\"a\":1}","b":2}"#;
+        let a = Args::from_slice(text.as_bytes()).unwrap();
+        assert_eq!(a.raw(), text);
+        let obj = a.value().as_object().unwrap();
+        assert_eq!(obj.len(), 2);
+        assert_eq!(obj["b"], 2);
+    }
+
+    #[test]
+    fn debug_shows_the_size_not_the_values() {
+        let a = Args::from_slice(br#"{"token":"hunter2"}"#).unwrap();
+        assert_eq!(format!("{a:?}"), "Args(19 bytes)");
+    }
+}
