@@ -50,6 +50,12 @@ impl Mcp {
         stdin.flush().unwrap();
     }
 
+    fn send_raw(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
     fn recv(&self) -> Value {
         let line = self.lines.recv_timeout(Duration::from_secs(30)).expect("an MCP answer");
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON on stdout ({e}): {line}"))
@@ -132,6 +138,23 @@ fn mcp_handshake_list_and_calls_against_both_daemons() {
     assert_eq!(result["structuredContent"]["exit_code"], 3);
     let text = result["content"][0]["text"].as_str().unwrap();
     assert!(text.contains("exit_nonzero") && text.contains("boom"), "{text}");
+
+    // The arguments reach the skill as the client wrote them (echo is
+    // `cat`); a key given twice is refused before anything runs.
+    let args = r#"{"z":1.50,"big":123456789012345678901234567890,"s":"\u00e9"}"#;
+    mcp.send_raw(&format!(
+        r#"{{"jsonrpc":"2.0","id":40,"method":"tools/call","params":{{"name":"echo","arguments":{args}}}}}"#
+    ));
+    let exact = mcp.recv();
+    assert_eq!(exact["id"], 40, "{exact}");
+    assert_eq!(exact["result"]["content"][0]["text"], args, "{exact}");
+    mcp.send_raw(
+        r#"{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{"name":"echo","arguments":{"n":1,"n":2}}}"#,
+    );
+    let dup = mcp.recv();
+    assert_eq!(dup["id"], 41, "{dup}");
+    assert_eq!(dup["error"]["code"], -32602, "{dup}");
+    assert!(dup["error"]["message"].as_str().unwrap().contains(r#""n" twice"#), "{dup}");
 
     // Args not matching the schema: isError with the reason, nothing ran.
     let refused = mcp.call(6, "strict", json!({"depth": -1}));

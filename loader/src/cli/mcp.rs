@@ -32,8 +32,10 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use policy::RawJson;
-use serde_json::{json, Map, Value};
+use policy::{ArgsError, RawJson};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -98,6 +100,24 @@ fn error(id: &Value, code: i64, message: impl Into<String>) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message.into()}})
 }
 
+/// A `tools/call` line, for its arguments' text.
+#[derive(Deserialize)]
+struct CallLine {
+    params: Option<CallParams>,
+}
+
+#[derive(Deserialize)]
+struct CallParams {
+    arguments: Option<Box<RawValue>>,
+}
+
+/// The execute body of a `tools/call` (a struct: the args go as text).
+#[derive(Serialize)]
+struct CallBody<'a> {
+    args: &'a policy::Args,
+    session_id: &'a str,
+}
+
 /// A `tools/call` result.
 fn tool_result(text: String, structured: Value, is_error: bool) -> Value {
     json!({
@@ -153,7 +173,7 @@ impl Server {
             "initialize" => response(&id, initialize(&params)),
             "ping" => response(&id, json!({})),
             "tools/list" => self.list_tools(&id).await,
-            "tools/call" => self.call_tool(&id, &params).await,
+            "tools/call" => self.call_tool(&id, &params, None).await,
             other => {
                 let shown: String = other.chars().take(64).collect();
                 error(&id, code::METHOD_NOT_FOUND, format!("method not found: {shown}"))
@@ -179,20 +199,32 @@ impl Server {
         }
     }
 
-    /// Runs a `tools/call` to its end and returns its answer.
-    pub async fn call_tool(&self, id: &Value, params: &Value) -> Value {
+    /// Runs a `tools/call` to its end and returns its answer. `arguments`
+    /// is `params.arguments` as the message's text, when the caller kept
+    /// it: the skill then reads it exactly (else `params`' copy is sent).
+    pub async fn call_tool(
+        &self,
+        id: &Value,
+        params: &Value,
+        arguments: Option<&RawValue>,
+    ) -> Value {
         let Some(name) = params.get("name").and_then(Value::as_str) else {
             return error(id, code::INVALID_PARAMS, "params.name must be a string");
         };
-        let args = match params.get("arguments") {
-            None | Some(Value::Null) => Value::Object(Map::new()),
-            Some(v @ Value::Object(_)) => v.clone(),
-            Some(_) => {
+        let text = match (arguments, params.get("arguments")) {
+            (Some(raw), _) if raw.get() != "null" => raw.get().to_owned(),
+            (Some(_), _) | (None, None | Some(Value::Null)) => "{}".to_owned(),
+            (None, Some(v)) => v.to_string(),
+        };
+        let args = match policy::Args::from_slice(text.as_bytes()) {
+            Ok(a) => a,
+            Err(ArgsError::NotObject) => {
                 return error(id, code::INVALID_PARAMS, "params.arguments must be an object")
             }
+            Err(e) => return error(id, code::INVALID_PARAMS, format!("params.arguments: {e}")),
         };
         let path = format!("/v1/skills/{}/execute", encode_segment(name));
-        let body = json!({"args": args, "session_id": self.session});
+        let body = CallBody { args: &args, session_id: &self.session };
         let r = match self.client.post(&path, &body).await {
             Ok(r) => r,
             Err(e) => {
@@ -371,12 +403,18 @@ where
         if is_call {
             let id = msg["id"].clone();
             let params = msg.get("params").cloned().unwrap_or(Value::Null);
+            // The arguments as sent (a `Value` sorts keys, rounds numbers and
+            // keeps the last of a key given twice, which `Args` refuses).
+            let arguments = serde_json::from_slice::<CallLine>(&line)
+                .ok()
+                .and_then(|l| l.params)
+                .and_then(|p| p.arguments);
             let (task_server, tx) = (server.clone(), tx.clone());
             let key = id.to_string();
             // Held across the spawn: the task's own removal comes after.
             let mut in_flight = server.calls();
             let task = calls.spawn(async move {
-                let answer = task_server.call_tool(&id, &params).await;
+                let answer = task_server.call_tool(&id, &params, arguments.as_deref()).await;
                 task_server.calls().remove(&id.to_string());
                 let _ = tx.send(answer);
             });
