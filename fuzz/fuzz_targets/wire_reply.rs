@@ -1,17 +1,64 @@
 //! The loader's side of the wire: `decode_reply` on any line. What decodes
 //! re-encodes (with the executor's encoders) to the same reply.
 //!
-//! The oracle for "is this JSON" is serde_json's `Value`, with one catch: it
-//! refuses some valid JSON as data, not syntax (an object whose first key is
-//! serde_json's private `RawValue` token). Such a line is JSON, so
-//! `decode_reply` may take it or call it an invalid request, never a parse
-//! error.
+//! The oracle for "is this JSON" is serde_json's parser driven by a visitor
+//! that keeps nothing ([`Plain`]), not a `Value`: `Value`'s visitor treats an
+//! object whose first key is serde_json's private `RawValue` token as a raw
+//! value, refusing valid JSON (as a data error) and, when that member is
+//! followed by a syntax error, reporting the data error first. Such a line
+//! is JSON or not by the parser alone; `decode_reply` may then take it or
+//! call it an invalid request, never a parse error.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use policy::wire::{self, code, decode_reply, Reply, WireError};
-use serde_json::error::Category;
 use serde_json::Value;
+
+/// Any JSON value, as the parser reads it (UTF-8, number range, depth),
+/// with no special keys.
+struct Plain;
+
+impl<'de> serde::Deserialize<'de> for Plain {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(PlainVisitor)
+    }
+}
+
+struct PlainVisitor;
+
+impl<'de> serde::de::Visitor<'de> for PlainVisitor {
+    type Value = Plain;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Plain, E> {
+        Ok(Plain)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Plain, E> {
+        Ok(Plain)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Plain, E> {
+        Ok(Plain)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Plain, E> {
+        Ok(Plain)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Plain, E> {
+        Ok(Plain)
+    }
+    fn visit_unit<E>(self) -> Result<Plain, E> {
+        Ok(Plain)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Plain, A::Error> {
+        while a.next_element::<Plain>()?.is_some() {}
+        Ok(Plain)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Plain, A::Error> {
+        while a.next_entry::<String, Plain>()?.is_some() {}
+        Ok(Plain)
+    }
+}
 
 fn strip(mut l: Vec<u8>) -> Vec<u8> {
     assert_eq!(l.pop(), Some(b'\n'));
@@ -21,10 +68,7 @@ fn strip(mut l: Vec<u8>) -> Vec<u8> {
 
 fuzz_target!(|data: &[u8]| {
     let parsed = serde_json::from_slice::<Value>(data);
-    let is_json = match &parsed {
-        Ok(_) => true,
-        Err(e) => e.classify() == Category::Data,
-    };
+    let is_json = serde_json::from_slice::<Plain>(data).is_ok();
     match decode_reply(data) {
         Ok(reply) => {
             assert!(is_json, "decoded a reply that is not JSON");
