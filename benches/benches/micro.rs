@@ -109,6 +109,12 @@ fn args_validation(c: &mut Criterion) {
     g.bench_function("cached_invalid", |b| {
         b.iter(|| skill.check_args(black_box(&bad)));
     });
+    // What skilld does to the body's args before the schema: keep the
+    // text, check its keys are unique, build the parsed copy.
+    let text = serde_json::to_vec(&good).unwrap();
+    g.bench_function("args_as_sent", |b| {
+        b.iter(|| policy::Args::from_slice(black_box(&text)).expect("args"));
+    });
     // Contrast: what a per-request compile would cost.
     g.bench_function("compile_then_validate", |b| {
         b.iter(|| {

@@ -78,6 +78,12 @@ impl Args {
         self.raw.get()
     }
 
+    /// The text as a [`RawJson`].
+    #[must_use]
+    pub fn raw_json(&self) -> &RawJson {
+        &self.raw
+    }
+
     /// The text, for the executor wire.
     #[must_use]
     pub fn into_raw(self) -> RawJson {

@@ -173,6 +173,12 @@ fn the_args_reach_the_skill_exactly() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{args}\n"));
 
+    // The audit trail holds the same text.
+    let audit = s.get("/v1/audit?skill=echo&limit=10");
+    assert_eq!(audit.status, 200);
+    let text = String::from_utf8_lossy(&audit.body).into_owned();
+    assert!(text.contains(&format!(r#""args":{args}"#)), "{text}");
+
     // The schema still reads the parsed copy.
     let r = crate::harness::http(
         &s.socket,

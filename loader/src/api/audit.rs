@@ -13,8 +13,7 @@ use std::sync::Arc;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::{Extension, Json};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
 use super::ApiError;
 use crate::app::App;
@@ -45,7 +44,7 @@ pub async fn list(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
     query: Result<Query<AuditQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Listing>, ApiError> {
     let who = app.authz().identify(&caller);
     if !app.authz().may_read_audit(&who) {
         return Err(ApiError::Forbidden(format!(
@@ -83,5 +82,13 @@ pub async fn list(
         })
         .await
         .map_err(|e| ApiError::AuditUnavailable(e.to_string()))?;
-    Ok(Json(json!({"total": rows.len(), "items": rows})))
+    Ok(Json(Listing { total: rows.len(), items: rows }))
+}
+
+/// The answer: a struct, not `json!`, so each row's args and result keep
+/// their text.
+#[derive(Debug, Serialize)]
+pub struct Listing {
+    items: Vec<audit::Entry>,
+    total: usize,
 }

@@ -113,7 +113,7 @@ pub async fn execute(
         caller_pid: who.pid,
         role: who.role.clone(),
         mode: who.mode.as_str().to_owned(),
-        args: Some(req.args.value().clone()),
+        args: Some(req.args.raw_json().clone()),
         ..Record::default()
     };
     if let Err(violations) = skill.check_args(req.args.value()) {

@@ -135,7 +135,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec};
 
 use serde::Serialize;
-use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::config::{AuditSettings, AuditSync};
@@ -202,8 +201,8 @@ pub struct Record {
     pub approvers: Vec<String>,
     /// The approvals used: replay key and expiry (unix seconds).
     pub approvals_used: Vec<(String, u64)>,
-    /// The args.
-    pub args: Option<Value>,
+    /// The args, as the caller sent them (the text the skill reads).
+    pub args: Option<policy::RawJson>,
     /// For a refusal: the outcome (`denied`, `invalid_args`) ...
     pub outcome: Option<String>,
     /// ... and the message.
@@ -260,12 +259,12 @@ pub struct Entry {
     pub reason: String,
     /// Approver key ids.
     pub approvers: Vec<String>,
-    /// Args JSON (a string when truncated).
-    pub args: Value,
+    /// Args JSON as sent (a string when truncated).
+    pub args: policy::RawJson,
     /// Args were cut.
     pub args_truncated: bool,
-    /// Result JSON (a string when truncated).
-    pub result: Value,
+    /// Result JSON as the skill printed it (a string when truncated).
+    pub result: policy::RawJson,
     /// Result was cut.
     pub result_truncated: bool,
     /// Outcome.

@@ -385,11 +385,13 @@ pub(super) fn select(db: &Connection, q: &Query) -> rusqlite::Result<Vec<Entry>>
     rows.collect()
 }
 
-/// Stored JSON text back as JSON; a cut text stays a string.
-fn stored_json(text: Option<String>) -> Value {
+/// Stored JSON text back as JSON, as it was written; a cut text (not
+/// JSON) becomes a string.
+fn stored_json(text: Option<String>) -> policy::RawJson {
     match text {
-        None => Value::Null,
-        Some(t) => serde_json::from_str(&t).unwrap_or(Value::String(t)),
+        None => policy::RawJson::from_value(&Value::Null),
+        Some(t) => policy::RawJson::from_slice(t.as_bytes())
+            .unwrap_or_else(|_| policy::RawJson::from_value(&Value::String(t))),
     }
 }
 
@@ -406,11 +408,11 @@ pub(super) fn bounded(text: String, max: usize) -> (String, bool) {
     (text[..end].to_owned(), true)
 }
 
-pub(super) fn json_field(v: Option<&Value>) -> (Option<String>, bool) {
+pub(super) fn json_field(v: Option<&policy::RawJson>) -> (Option<String>, bool) {
     match v {
         None => (None, false),
         Some(v) => {
-            let (text, cut) = bounded(v.to_string(), FIELD_MAX_BYTES);
+            let (text, cut) = bounded(v.get().to_owned(), FIELD_MAX_BYTES);
             (Some(text), cut)
         }
     }
