@@ -284,6 +284,7 @@ fn args_object(args: &[u8]) -> Result<(), String> {
         Err(ArgsError::DuplicateKey(k)) => {
             Err(format!("the key {k:?} is given twice in one object"))
         }
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -279,6 +279,8 @@ pub fn verify(
         ));
     }
     let mut out: Vec<Verified> = Vec::with_capacity(approvals.len());
+    // Computed at the first signature to check, then reused.
+    let mut args: Option<String> = None;
     for (i, a) in approvals.iter().enumerate() {
         let which = format!("approval {i} (key {})", short(&a.key_id));
         let Some(approver) = approvers.iter().find(|p| p.key_id == a.key_id) else {
@@ -315,7 +317,8 @@ pub fn verify(
                 format!("{which}: signature is not base64 of 64 bytes"),
             ));
         };
-        let d = digest(subject, a.expires_at);
+        let args = args.get_or_insert_with(|| canonical_json(subject.args.raw()));
+        let d = digest_with(args, subject, a.expires_at);
         let expected = hex(&d);
         if approver.key.verify_strict(&d, &Signature::from_bytes(&sig)).is_err() {
             let claimed = a.digest.as_deref().map(str::to_ascii_lowercase);
@@ -359,14 +362,24 @@ pub fn key_id(public_key: &[u8; 32]) -> String {
 
 /// The digest an approver signs: SHA-256 of [`signed_message`].
 pub fn digest(subject: &Subject<'_>, expires_at: u64) -> [u8; 32] {
-    Sha256::digest(signed_message(subject, expires_at).as_bytes()).into()
+    digest_with(&canonical_json(subject.args.raw()), subject, expires_at)
+}
+
+/// [`digest`] with the args' canonical JSON computed already (once per
+/// request, not once per approval).
+fn digest_with(args: &str, subject: &Subject<'_>, expires_at: u64) -> [u8; 32] {
+    Sha256::digest(message(args, subject, expires_at).as_bytes()).into()
 }
 
 /// The canonical JSON text whose SHA-256 is signed.
 pub fn signed_message(subject: &Subject<'_>, expires_at: u64) -> String {
+    message(&canonical_json(subject.args.raw()), subject, expires_at)
+}
+
+fn message(args: &str, subject: &Subject<'_>, expires_at: u64) -> String {
     // Members in the sorted order of their keys.
     let mut out = String::from("{\"args\":");
-    out.push_str(&canonical_json(subject.args.raw()));
+    out.push_str(args);
     out.push_str(",\"context\":");
     out.push_str(&Value::from(CONTEXT).to_string());
     out.push_str(",\"expires_at\":");

@@ -10,8 +10,14 @@
 //! Because the skill reads the text and the schema reads the parsed copy,
 //! both must see the same object, so a key given twice in any object is
 //! refused: a parser that keeps the first of two `"path"` keys would
-//! otherwise run with a value the schema never checked. The text must also
-//! be what a [`Value`] reads (UTF-8, numbers in range, depth at most 128).
+//! otherwise run with a value the schema never checked. So are the key
+//! serde_json reserves ([`RESERVED_KEY`]) and nesting past
+//! [`MAX_ARGS_DEPTH`]; the text must also be UTF-8 with numbers in range.
+//!
+//! One difference is left between the two readers: a number with more
+//! digits than an `f64` holds (an integer past 2^53, say) is checked by the
+//! schema as its nearest `f64`, while the skill reads every digit. A
+//! schema's `maximum` of `1e20` passes `100000000000000000001`.
 
 use std::cell::Cell;
 use std::fmt;
@@ -34,6 +40,12 @@ pub enum ArgsError {
     /// A key given twice in one object.
     #[error("args give the key {0:?} twice in one object")]
     DuplicateKey(String),
+    /// The key serde_json reserves ([`RESERVED_KEY`]).
+    #[error("args use the key {RESERVED_KEY:?}, which serde_json reserves")]
+    ReservedKey,
+    /// Nested deeper than [`MAX_ARGS_DEPTH`].
+    #[error("args nest arrays and objects deeper than {MAX_ARGS_DEPTH} levels")]
+    TooDeep,
 }
 
 /// A validated args object: its text as sent, and the parsed copy the
@@ -138,27 +150,50 @@ impl<'de> Deserialize<'de> for Args {
     }
 }
 
+/// Deepest nesting of arrays and objects accepted in args. The executor
+/// wire wraps them in two more objects, and serde_json reads 128 levels.
+pub const MAX_ARGS_DEPTH: usize = 64;
+
+/// The key serde_json reserves for its raw values: `Value` reads an object
+/// with it as first key as the value inside, or refuses it, so neither the
+/// schema's copy nor any serde_json reader of the audit trail could be
+/// trusted with it.
+pub const RESERVED_KEY: &str = "$serde_json::private::RawValue";
+
 /// Parses `text` (valid JSON) into a [`Value`], refusing a key given twice
-/// in any object. Built here rather than by `Value`'s own visitor, which
-/// reads an object keyed by serde_json's private raw-value token as the
-/// value inside it: the schema would check one object and the skill read
-/// another.
+/// in any object, the reserved key, and nesting past [`MAX_ARGS_DEPTH`].
+/// Built here rather than by `Value`'s own visitor, which treats
+/// [`RESERVED_KEY`] specially.
 fn parse_unique(text: &str) -> Result<Value, ArgsError> {
-    let dup = Cell::new(None);
+    let why = Cell::new(None);
     let mut de = serde_json::Deserializer::from_str(text);
-    match Unique(&dup).deserialize(&mut de) {
+    match (Unique { why: &why, depth: 0 }).deserialize(&mut de) {
         Ok(v) => Ok(v),
-        Err(e) => Err(match dup.take() {
-            Some(key) => ArgsError::DuplicateKey(key),
-            None => ArgsError::NotJson(e.to_string()),
-        }),
+        Err(e) => Err(why.take().unwrap_or_else(|| ArgsError::NotJson(e.to_string()))),
     }
 }
 
-/// Builds the value token by token; the first key seen twice in one object
-/// is left in the cell.
+/// Builds the value token by token; the first refusal is left in the cell.
 #[derive(Clone, Copy)]
-struct Unique<'a>(&'a Cell<Option<String>>);
+struct Unique<'a> {
+    why: &'a Cell<Option<ArgsError>>,
+    depth: usize,
+}
+
+impl Unique<'_> {
+    fn refuse<E: de::Error>(self, why: ArgsError) -> E {
+        let e = E::custom(&why);
+        self.why.set(Some(why));
+        e
+    }
+
+    fn inner<E: de::Error>(self) -> Result<Self, E> {
+        if self.depth >= MAX_ARGS_DEPTH {
+            return Err(self.refuse(ArgsError::TooDeep));
+        }
+        Ok(Self { why: self.why, depth: self.depth + 1 })
+    }
+}
 
 impl<'de> DeserializeSeed<'de> for Unique<'_> {
     type Value = Value;
@@ -197,19 +232,23 @@ impl<'de> Visitor<'de> for Unique<'_> {
         Ok(Value::Null)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let inner = self.inner()?;
         let mut out = Vec::new();
-        while let Some(v) = seq.next_element_seed(self)? {
+        while let Some(v) = seq.next_element_seed(inner)? {
             out.push(v);
         }
         Ok(Value::Array(out))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let inner = self.inner()?;
         let mut out = serde_json::Map::new();
         while let Some(key) = map.next_key::<String>()? {
-            let v = map.next_value_seed(self)?;
+            if key == RESERVED_KEY {
+                return Err(self.refuse(ArgsError::ReservedKey));
+            }
+            let v = map.next_value_seed(inner)?;
             if out.contains_key(&key) {
-                self.0.set(Some(key));
-                return Err(de::Error::custom("duplicate key"));
+                return Err(self.refuse(ArgsError::DuplicateKey(key)));
             }
             out.insert(key, v);
         }
@@ -284,15 +323,26 @@ mod tests {
     }
 
     #[test]
-    fn serde_json_private_token_is_an_ordinary_key() {
-        // serde_json's `Value` would read this as `{}`: the schema would
-        // check an empty object while the skill reads the text.
-        let text = r#"{"$serde_json::private::RawValue":"{\"a\":1}","b":2}"#;
-        let a = Args::from_slice(text.as_bytes()).unwrap();
-        assert_eq!(a.raw(), text);
-        let obj = a.value().as_object().unwrap();
-        assert_eq!(obj.len(), 2);
-        assert_eq!(obj["b"], 2);
+    fn serde_json_reserved_key_and_deep_nesting_are_refused() {
+        // serde_json's `Value` reads the first as `{}` and refuses the
+        // second: the schema would check another object, and readers of
+        // the audit trail would choke on it.
+        for text in [
+            r#"{"$serde_json::private::RawValue":"{\"a\":1}","b":2}"#,
+            r#"{"x":[{"$serde_json::private::RawValue":0}]}"#,
+        ] {
+            assert_eq!(Args::from_slice(text.as_bytes()).unwrap_err(), ArgsError::ReservedKey);
+        }
+        let nest = |n: usize| format!("{{\"a\":{}1{}}}", "[".repeat(n - 1), "]".repeat(n - 1));
+        Args::from_slice(nest(MAX_ARGS_DEPTH).as_bytes()).unwrap();
+        assert_eq!(
+            Args::from_slice(nest(MAX_ARGS_DEPTH + 1).as_bytes()).unwrap_err(),
+            ArgsError::TooDeep
+        );
+        // What is accepted fits an executor line, which serde_json reads.
+        let args = Args::from_slice(nest(MAX_ARGS_DEPTH).as_bytes()).unwrap();
+        let line = format!(r#"{{"jsonrpc":"2.0","id":1,"params":{{"args":{}}}}}"#, args.raw());
+        serde_json::from_str::<Value>(&line).unwrap();
     }
 
     #[test]

@@ -370,9 +370,9 @@ pub(super) fn select(db: &Connection, q: &Query) -> rusqlite::Result<Vec<Entry>>
             decision: r.get(8)?,
             reason: r.get(9)?,
             approvers: serde_json::from_str(&approvers).unwrap_or_default(),
-            args: stored_json(r.get(11)?),
+            args: stored_json(r.get(11)?, r.get(12)?),
             args_truncated: r.get(12)?,
-            result: stored_json(r.get(13)?),
+            result: stored_json(r.get(13)?, r.get(14)?),
             result_truncated: r.get(14)?,
             outcome: r.get(15)?,
             error: r.get(16)?,
@@ -385,14 +385,16 @@ pub(super) fn select(db: &Connection, q: &Query) -> rusqlite::Result<Vec<Entry>>
     rows.collect()
 }
 
-/// Stored JSON text back as JSON, as it was written; a cut text (not
-/// JSON) becomes a string.
-fn stored_json(text: Option<String>) -> policy::RawJson {
-    match text {
-        None => policy::RawJson::from_value(&Value::Null),
-        Some(t) => policy::RawJson::from_slice(t.as_bytes())
-            .unwrap_or_else(|_| policy::RawJson::from_value(&Value::String(t))),
-    }
+/// Stored JSON text back as JSON, as it was written. A cut text, or one a
+/// serde_json `Value` would not read (a skill's result may use the key
+/// serde_json reserves), becomes a string, so every client can read the
+/// listing.
+pub(super) fn stored_json(text: Option<String>, truncated: bool) -> policy::RawJson {
+    let Some(t) = text else { return policy::RawJson::from_value(&Value::Null) };
+    let raw = (!truncated && serde_json::from_str::<Value>(&t).is_ok())
+        .then(|| policy::RawJson::from_slice(t.as_bytes()).ok())
+        .flatten();
+    raw.unwrap_or_else(|| policy::RawJson::from_value(&Value::String(t)))
 }
 
 /// `text` cut to at most `max` bytes on a character boundary, and whether

@@ -596,3 +596,21 @@ async fn rows_left_open_by_an_earlier_skilld_are_completed_as_interrupted() {
     assert_eq!(by_id(mine).outcome, None);
     second.finish(mine, ok).await.unwrap();
 }
+
+#[test]
+fn stored_json_is_served_so_that_any_client_can_read_it() {
+    use super::sql::stored_json;
+    // As written, spelling and order kept.
+    let t = r#"{"z": 1.50, "a": 123456789012345678901234567890}"#;
+    assert_eq!(stored_json(Some(t.into()), false).get(), t);
+    // A cut text is a string even when the cut left valid JSON.
+    let cut = stored_json(Some("123456".into()), true);
+    assert_eq!(cut.to_value(), serde_json::json!("123456"));
+    // A result with the key serde_json reserves: a string, or a client
+    // reading the listing as a `Value` would fail on the whole page.
+    let reserved = r#"{"$serde_json::private::RawValue":0}"#;
+    let served = stored_json(Some(reserved.into()), false);
+    assert_eq!(served.to_value(), serde_json::json!(reserved));
+    assert!(serde_json::from_str::<serde_json::Value>(served.get()).is_ok());
+    assert_eq!(stored_json(None, false).get(), "null");
+}

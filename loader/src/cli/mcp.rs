@@ -405,10 +405,14 @@ where
             let params = msg.get("params").cloned().unwrap_or(Value::Null);
             // The arguments as sent (a `Value` sorts keys, rounds numbers and
             // keeps the last of a key given twice, which `Args` refuses).
-            let arguments = serde_json::from_slice::<CallLine>(&line)
-                .ok()
-                .and_then(|l| l.params)
-                .and_then(|p| p.arguments);
+            let arguments = match serde_json::from_slice::<CallLine>(&line) {
+                Ok(l) => l.params.and_then(|p| p.arguments),
+                Err(e) => {
+                    // E.g. `params` or `arguments` given twice.
+                    let _ = tx.send(error(&id, code::INVALID_PARAMS, format!("params: {e}")));
+                    continue;
+                }
+            };
             let (task_server, tx) = (server.clone(), tx.clone());
             let key = id.to_string();
             // Held across the spawn: the task's own removal comes after.
