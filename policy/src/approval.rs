@@ -47,7 +47,6 @@ use std::fmt;
 use base64::Engine;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::args::Args;
@@ -392,79 +391,7 @@ fn message(args: &str, subject: &Subject<'_>, expires_at: u64) -> String {
     out
 }
 
-/// Canonical JSON of valid JSON `text`: object keys sorted by their UTF-8
-/// bytes at every depth, no whitespace, strings as serde_json writes them,
-/// numbers as written (the skill reads the text, so `1E3` and `1000`, or
-/// two integers past 2^64 that round to one `f64`, are different requests).
-/// Text that is not JSON yields `null` (an [`Args`] always is).
-#[must_use]
-pub fn canonical_json(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    if write_canonical(text.trim_ascii(), &mut out).is_err() {
-        return "null".to_owned();
-    }
-    out
-}
-
-fn write_canonical(text: &str, out: &mut String) -> Result<(), serde_json::Error> {
-    match text.as_bytes().first() {
-        Some(b'{') => {
-            let mut map = serde_json::from_str::<MapEntries<'_>>(text)?.0;
-            map.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push('{');
-            for (i, (k, v)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::from(k.as_str()).to_string());
-                out.push(':');
-                write_canonical(v.get(), out)?;
-            }
-            out.push('}');
-        }
-        Some(b'[') => {
-            let items: Vec<&RawValue> = serde_json::from_str(text)?;
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(item.get(), out)?;
-            }
-            out.push(']');
-        }
-        Some(b'"') => out.push_str(&Value::String(serde_json::from_str(text)?).to_string()),
-        // Numbers, `true`, `false`, `null`: as written.
-        _ => out.push_str(text),
-    }
-    Ok(())
-}
-
-/// An object's members in their order, values as text.
-struct MapEntries<'a>(Vec<(String, &'a RawValue)>);
-
-impl<'de: 'a, 'a> serde::Deserialize<'de> for MapEntries<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = MapEntries<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<MapEntries<'de>, A::Error> {
-                let mut out = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
-                    out.push((k, v));
-                }
-                Ok(MapEntries(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
+pub use crate::canonical::canonical_json;
 
 /// Lower-case hex.
 pub fn hex(bytes: &[u8]) -> String {

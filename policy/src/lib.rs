@@ -12,6 +12,8 @@
 //! - [`report`]: the [`RunReport`] every run ends with, and what the sandbox enforced.
 //! - [`args`]: [`Args`], a run's args object kept as the text the caller
 //!   sent (unique keys; the skill reads it exactly).
+//! - [`canonical`]: canonical JSON of a text (sorted keys, numbers as
+//!   written) for the approvals' digest, in one pass.
 //! - [`raw_json`]: [`RawJson`], a JSON value kept as the text it arrived as
 //!   (a skill's result is returned verbatim).
 //! - [`path`]: pure, component-wise path rules (lexical containment, normal form).
@@ -38,6 +40,7 @@
 
 pub mod approval;
 pub mod args;
+pub mod canonical;
 pub mod class;
 pub mod env;
 pub mod journald;
