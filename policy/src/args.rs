@@ -70,7 +70,8 @@ impl Args {
     /// `{}`.
     #[must_use]
     pub fn empty() -> Self {
-        Self { raw: RawJson::from_value(&Value::Object(serde_json::Map::new())), value: empty() }
+        let value = Value::Object(serde_json::Map::new());
+        Self { raw: RawJson::from_value(&value), value }
     }
 
     fn from_raw(raw: RawJson) -> Result<Self, ArgsError> {
@@ -107,10 +108,6 @@ impl Args {
     pub fn value(&self) -> &Value {
         &self.value
     }
-}
-
-fn empty() -> Value {
-    Value::Object(serde_json::Map::new())
 }
 
 impl Default for Args {
