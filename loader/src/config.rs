@@ -13,7 +13,7 @@
 //! metrics_listen = "127.0.0.1:9464"   # "" disables the listener
 //! max_body_bytes = 1048576
 //! max_connections = 256
-//! max_concurrent_runs = 64
+//! max_concurrent_runs = 64             # runs at once, each until its answer is taken
 //! queue_timeout_seconds = 10
 //! request_timeout_seconds = 30
 //! header_timeout_seconds = 10         # a request head must arrive within this
@@ -201,7 +201,8 @@ pub struct FileConfig {
     pub max_body_bytes: Option<usize>,
     /// Client connections served at once; more wait in the kernel backlog.
     pub max_connections: Option<usize>,
-    /// Runs forwarded to the executor at once; more queue.
+    /// Runs forwarded to the executor at once, each counted until its
+    /// answer has been handed to the client's connection; more queue.
     pub max_concurrent_runs: Option<usize>,
     /// How long a run may queue for a slot before it is answered `busy`.
     pub queue_timeout_seconds: Option<u64>,

@@ -7,7 +7,7 @@
 //! runs in flight and 16 executor slots, the seventeenth was killed midway
 //! and answered 503 `executor_unavailable` from a healthy executor.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -88,4 +88,57 @@ fn a_run_the_executor_cannot_start_in_time_is_answered_busy() {
     drop(holder);
     let r = s.execute("echo", &json!({"n": 1}));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}
+
+/// A run's slot covers its answer until the connection has taken it: with
+/// skilld's only slot held by a 3 MB answer its client does not read, the
+/// next run waits and is answered busy; once the answer is read in full
+/// (nothing lost), runs go on. In both answer modes. Before, the slot was
+/// let go with the report, so unread answers piled up in skilld's memory,
+/// one per connection.
+#[test]
+fn an_answer_not_yet_taken_holds_its_run_slot() {
+    let s = Stack::start_with("", "max_concurrent_runs = 1\nqueue_timeout_seconds = 1\n");
+    crate::harness::write_skill(
+        &s.skills,
+        "big",
+        "",
+        "printf '{\"s\":\"'\n/usr/bin/head -c 3000000 /dev/zero | /usr/bin/tr '\\0' a\nprintf '\"}'",
+    );
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
+    for accept in ["application/json", "application/x-ndjson"] {
+        let mut a = UnixStream::connect(&s.socket).unwrap();
+        a.write_all(
+            format!(
+                "POST /v1/skills/big/execute HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\n\
+                 Connection: close\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n\
+                 {{\"args\":{{}}}}"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        // The answer has begun: its head came.
+        a.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut head = [0u8; 12];
+        a.read_exact(&mut head).unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200", "{accept}");
+
+        let r = s.execute("echo", &json!({}));
+        assert_eq!(r.status, 503, "{accept}: {}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.json()["error"]["code"], json!("busy"), "{accept}");
+
+        let mut rest = head.to_vec();
+        a.read_to_end(&mut rest).unwrap();
+        let answer = crate::harness::parse_response(&rest).expect("a whole answer");
+        let report = if accept == "application/json" {
+            answer.json()
+        } else {
+            answer.events().pop().expect("a report line")["report"].clone()
+        };
+        assert_eq!(report["outcome"], json!("ok"), "{accept}");
+        assert_eq!(report["result"]["s"].as_str().map(str::len), Some(3_000_000), "{accept}");
+
+        let r = s.execute("echo", &json!({"n": 1}));
+        assert_eq!(r.status, 200, "{accept}: {}", String::from_utf8_lossy(&r.body));
+    }
 }

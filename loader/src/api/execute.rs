@@ -35,6 +35,7 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
+use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use policy::wire::ExecuteParams;
 use policy::{Args, DenyReason, Outcome, RunReport};
@@ -42,6 +43,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::answer::{self, Answer};
 use super::ApiError;
 use crate::app::{App, Limits};
 use crate::audit::{AuditError, Finish, Record, RunRow};
@@ -296,7 +298,7 @@ pub async fn execute(
         queued: false,
         started,
         row: Some(row),
-        _permit: permit,
+        slot: Some(permit),
         _in_flight: in_flight,
     };
     // Wait for the first event before choosing the status, so that a busy
@@ -307,7 +309,14 @@ pub async fn execute(
     };
 
     if wants_ndjson(&headers) {
-        let mut response = Body::from_stream(ndjson(run, first)).into_response();
+        // The report line in slices: the stream lets go of the run, and so
+        // of its slot, once the last one is taken (`answer`).
+        let lines = ndjson(run, first).flat_map(|line| {
+            futures_util::stream::iter(
+                answer::slices(line.unwrap_or_else(|e| match e {})).map(Ok::<_, Infallible>),
+            )
+        });
+        let mut response = Body::from_stream(lines).into_response();
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(NDJSON));
         return Ok(response);
     }
@@ -315,8 +324,10 @@ pub async fn execute(
     loop {
         if let RunEvent::Report(reported) = event {
             run.finish(&reported.report).await?;
-            // The executor's encoding of the report, as it sent it.
-            return Ok(json_response(reported.json.get().to_owned()));
+            // The executor's encoding of the report, as it sent it, holding
+            // the run's slot until it is handed over (`answer`).
+            let json = reported.json.get().to_owned();
+            return Ok(json_response(Body::new(Answer::new(json.into(), run.slot.take()))));
         }
         event = match run.next().await {
             Ok(ev) => ev,
@@ -411,7 +422,8 @@ struct Run {
     queued: bool,
     started: Instant,
     row: Option<RunRow>,
-    _permit: OwnedSemaphorePermit,
+    /// The run slot: held until the answer is handed over (`answer`).
+    slot: Option<OwnedSemaphorePermit>,
     _in_flight: InFlight,
 }
 
@@ -555,8 +567,8 @@ fn ndjson(
 }
 
 /// A 200 whose body is `json`, a JSON document.
-fn json_response(json: String) -> Response {
-    let mut response = Response::new(Body::from(json));
+fn json_response(json: Body) -> Response {
+    let mut response = Response::new(json);
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));

@@ -5,6 +5,8 @@
 //!   `GET /v1/tools?format=openai|mcp|anthropic`, showing only what the
 //!   caller may run.
 //! - [`execute`]: `POST /v1/skills/{name}/execute` (JSON or NDJSON stream).
+//! - [`answer`]: a run's answer in slices, holding the run's slot until
+//!   the connection has taken it.
 //! - [`audit`]: `GET /v1/audit` (root and `audit = true` callers only).
 //! - [`admin`]: `POST /v1/reload`, `GET /v1/health`, and `GET /metrics` on
 //!   the separate loopback listener ([`metrics_router`]).
@@ -27,6 +29,7 @@ use crate::app::App;
 use crate::server::Caller;
 
 pub mod admin;
+pub mod answer;
 pub mod audit;
 pub mod error;
 pub mod execute;
