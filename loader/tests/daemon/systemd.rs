@@ -67,15 +67,18 @@ async fn serves_an_inherited_socket_and_leaves_it_in_place() {
     nix::fcntl::fcntl(&listener, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
         .unwrap();
     let (notify, path) = notify_socket(&env);
-    // The wrapper (bash: fd numbers over 9) moves the socket to fd 3 and sets LISTEN_PID to its own
-    // pid, which `exec` hands to the daemon.
+    // The wrapper moves the socket to fd 3 and sets LISTEN_PID to its own
+    // pid, which `exec` hands to the daemon. A socket that is fd 3 already
+    // (the lowest number free while other tests run) stays: `3<&3 3<&-`
+    // would close it.
+    let redirect = if fd == 3 { String::new() } else { format!("3<&{fd} {fd}<&-") };
     let mut d = Skilld::spawn(&env, &[&skills], "", |c| {
         let program = c.get_program().to_owned();
         let args: Vec<_> = c.get_args().map(ToOwned::to_owned).collect();
         let mut wrapped = std::process::Command::new("/bin/bash");
         wrapped
             .arg("-c")
-            .arg(format!("LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\" 3<&{fd} {fd}<&-"))
+            .arg(format!("LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" \"$@\" {redirect}"))
             .arg(program)
             .args(args);
         for (k, v) in c.get_envs() {
