@@ -13,6 +13,7 @@
 //! | `ongrid_run_duration_seconds` | histogram | `skill` |
 //! | `ongrid_run_queue_wait_seconds` | histogram | |
 //! | `ongrid_runs_in_flight` | gauge | |
+//! | `ongrid_answers_unsent` | gauge | |
 //! | `ongrid_skills_registered` | gauge | |
 //! | `ongrid_manifest_errors_total` | counter | `reason` |
 //! | `ongrid_reloads_total` | counter | |
@@ -60,6 +61,9 @@ pub struct Metrics {
     pub run_queue_wait_seconds: Histogram,
     /// Runs forwarded to the executor and not finished.
     pub runs_in_flight: IntGauge,
+    /// Answers of finished runs that the client's connection has not
+    /// taken yet; each holds its run slot (`api::answer`).
+    pub answers_unsent: IntGauge,
     /// Skills in the current registry.
     pub skills_registered: IntGauge,
     /// Manifests, files and roots skipped by scans, by reason.
@@ -113,6 +117,10 @@ impl Metrics {
                 .buckets(buckets),
             )?,
             runs_in_flight: IntGauge::new("ongrid_runs_in_flight", "Runs not finished yet.")?,
+            answers_unsent: IntGauge::new(
+                "ongrid_answers_unsent",
+                "Answers of finished runs not yet taken by the client, each holding a run slot.",
+            )?,
             skills_registered: IntGauge::new(
                 "ongrid_skills_registered",
                 "Skills in the current registry.",
@@ -164,6 +172,7 @@ impl Metrics {
         registry.register(Box::new(m.run_duration_seconds.clone()))?;
         registry.register(Box::new(m.run_queue_wait_seconds.clone()))?;
         registry.register(Box::new(m.runs_in_flight.clone()))?;
+        registry.register(Box::new(m.answers_unsent.clone()))?;
         registry.register(Box::new(m.skills_registered.clone()))?;
         registry.register(Box::new(m.manifest_errors_total.clone()))?;
         registry.register(Box::new(m.reloads_total.clone()))?;
@@ -187,10 +196,18 @@ impl Metrics {
         self.runs_in_flight.inc();
         InFlight(self.runs_in_flight.clone())
     }
+
+    /// A guard counting one answer in `ongrid_answers_unsent` until it is
+    /// dropped.
+    pub fn answer_unsent(&self) -> InFlight {
+        self.answers_unsent.inc();
+        InFlight(self.answers_unsent.clone())
+    }
 }
 
-/// Decrements `ongrid_runs_in_flight` when dropped, however the run ends
-/// (including a client that goes away mid-run).
+/// Decrements its gauge (`ongrid_runs_in_flight`, `ongrid_answers_unsent`)
+/// when dropped, however the run or answer ends (including a client that
+/// goes away midway).
 #[derive(Debug)]
 pub struct InFlight(IntGauge);
 
@@ -302,6 +319,10 @@ mod tests {
         drop(a);
         drop(b);
         assert_eq!(m.runs_in_flight.get(), 0);
+        let c = m.answer_unsent();
+        assert_eq!((m.answers_unsent.get(), m.runs_in_flight.get()), (1, 0));
+        drop(c);
+        assert_eq!(m.answers_unsent.get(), 0);
     }
 
     #[test]

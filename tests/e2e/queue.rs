@@ -93,7 +93,8 @@ fn a_run_the_executor_cannot_start_in_time_is_answered_busy() {
 /// A run's slot covers its answer until the connection has taken it: with
 /// skilld's only slot held by a 3 MB answer its client does not read, the
 /// next run waits and is answered busy; once the answer is read in full
-/// (nothing lost), runs go on. In both answer modes. Before, the slot was
+/// (nothing lost), runs go on; `ongrid_answers_unsent` counts the answer
+/// meanwhile. In both answer modes. Before, the slot was
 /// let go with the report, so unread answers piled up in skilld's memory,
 /// one per connection.
 #[test]
@@ -126,6 +127,10 @@ fn an_answer_not_yet_taken_holds_its_run_slot() {
         let r = s.execute("echo", &json!({}));
         assert_eq!(r.status, 503, "{accept}: {}", String::from_utf8_lossy(&r.body));
         assert_eq!(r.json()["error"]["code"], json!("busy"), "{accept}");
+        // The operator sees why: one answer not taken, no run in flight.
+        let text = s.scrape();
+        assert!(text.contains("\nongrid_answers_unsent 1\n"), "{accept}: {text}");
+        assert!(text.contains("\nongrid_runs_in_flight 0\n"), "{accept}: {text}");
 
         let mut rest = head.to_vec();
         a.read_to_end(&mut rest).unwrap();
@@ -140,5 +145,6 @@ fn an_answer_not_yet_taken_holds_its_run_slot() {
 
         let r = s.execute("echo", &json!({"n": 1}));
         assert_eq!(r.status, 200, "{accept}: {}", String::from_utf8_lossy(&r.body));
+        assert!(s.scrape().contains("\nongrid_answers_unsent 0\n"), "{accept}");
     }
 }

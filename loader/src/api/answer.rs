@@ -13,7 +13,7 @@
 //! (`idle_timeout` with its writes blocked, [`crate::server`]), which drops
 //! the answer and the slot with it. Answers held in skilld are so bounded
 //! by `max_concurrent_runs` times the largest report, whatever the number
-//! of connections.
+//! of connections; `ongrid_answers_unsent` counts them meanwhile.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -21,27 +21,26 @@ use std::task::{Context, Poll};
 
 use axum::body::Bytes;
 use hyper::body::{Frame, SizeHint};
-use tokio::sync::OwnedSemaphorePermit;
-
 /// Bytes handed to hyper at a time.
 pub const SLICE: usize = 64 << 10;
 
-/// A JSON answer's body: `bytes` in slices, with `slot` let go as the last
-/// one is taken (or when the body is dropped: a connection cut).
+/// A JSON answer's body: `bytes` in slices, with `held` (the run slot and
+/// the `ongrid_answers_unsent` count) let go as the last one is taken, or
+/// when the body is dropped (a connection cut).
 #[derive(Debug)]
-pub struct Answer {
+pub struct Answer<H> {
     rest: Bytes,
-    slot: Option<OwnedSemaphorePermit>,
+    held: Option<H>,
 }
 
-impl Answer {
-    /// The body `bytes`, holding `slot` until they are all taken.
-    pub fn new(bytes: Bytes, slot: Option<OwnedSemaphorePermit>) -> Self {
-        Answer { rest: bytes, slot }
+impl<H> Answer<H> {
+    /// The body `bytes`, holding `held` until they are all taken.
+    pub fn new(bytes: Bytes, held: H) -> Self {
+        Answer { rest: bytes, held: Some(held) }
     }
 }
 
-impl hyper::body::Body for Answer {
+impl<H: Unpin> hyper::body::Body for Answer<H> {
     type Data = Bytes;
     type Error = Infallible;
 
@@ -52,7 +51,7 @@ impl hyper::body::Body for Answer {
         let this = self.get_mut();
         let frame = next_slice(&mut this.rest);
         if this.rest.is_empty() {
-            this.slot = None;
+            this.held = None;
         }
         Poll::Ready(frame.map(|b| Ok(Frame::data(b))))
     }
@@ -93,7 +92,7 @@ mod tests {
         let slots = Arc::new(Semaphore::new(1));
         let text: Vec<u8> = (0..SLICE * 2 + 10).map(|i| (i % 251) as u8).collect();
         let permit = Arc::clone(&slots).try_acquire_owned().unwrap();
-        let mut body = Answer::new(Bytes::from(text.clone()), Some(permit));
+        let mut body = Answer::new(Bytes::from(text.clone()), permit);
         assert_eq!(hyper::body::Body::size_hint(&body).exact(), Some(text.len() as u64));
         let mut got = Vec::new();
         let mut frames = 0;
@@ -114,7 +113,7 @@ mod tests {
     fn a_dropped_answer_frees_its_slot_and_an_empty_one_holds_nothing() {
         let slots = Arc::new(Semaphore::new(1));
         let permit = Arc::clone(&slots).try_acquire_owned().unwrap();
-        let body = Answer::new(Bytes::from_static(b"{}"), Some(permit));
+        let body = Answer::new(Bytes::from_static(b"{}"), permit);
         assert_eq!(slots.available_permits(), 0);
         drop(body);
         assert_eq!(slots.available_permits(), 1);

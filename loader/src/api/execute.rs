@@ -299,7 +299,8 @@ pub async fn execute(
         started,
         row: Some(row),
         slot: Some(permit),
-        _in_flight: in_flight,
+        in_flight: Some(in_flight),
+        unsent: None,
     };
     // Wait for the first event before choosing the status, so that a busy
     // or failing executor is a 503 in both modes.
@@ -327,7 +328,8 @@ pub async fn execute(
             // The executor's encoding of the report, as it sent it, holding
             // the run's slot until it is handed over (`answer`).
             let json = reported.json.get().to_owned();
-            return Ok(json_response(Body::new(Answer::new(json.into(), run.slot.take()))));
+            let held = (run.slot.take(), app.metrics().answer_unsent());
+            return Ok(json_response(Body::new(Answer::new(json.into(), held))));
         }
         event = match run.next().await {
             Ok(ev) => ev,
@@ -424,7 +426,11 @@ struct Run {
     row: Option<RunRow>,
     /// The run slot: held until the answer is handed over (`answer`).
     slot: Option<OwnedSemaphorePermit>,
-    _in_flight: InFlight,
+    /// Counts the run in `ongrid_runs_in_flight` until its report.
+    in_flight: Option<InFlight>,
+    /// Counts a streamed answer in `ongrid_answers_unsent` from its report
+    /// line until the stream lets go of the run.
+    unsent: Option<InFlight>,
 }
 
 impl Run {
@@ -542,6 +548,8 @@ fn ndjson(
                 // The executor's text of the report, so its `result` goes
                 // out as the skill printed it.
                 Ok(()) => {
+                    run.in_flight = None;
+                    run.unsent = Some(run.app.metrics().answer_unsent());
                     (format!(r#"{{"event":"report","report":{}}}"#, reported.json.get()), true)
                 }
                 Err(e) => (json!({"event": "error", "error": e.body()["error"]}).to_string(), true),
