@@ -94,9 +94,9 @@ fn a_run_the_executor_cannot_start_in_time_is_answered_busy() {
 /// skilld's only slot held by a 3 MB answer its client does not read, the
 /// next run waits and is answered busy; once the answer is read in full
 /// (nothing lost), runs go on; `ongrid_answers_unsent` counts the answer
-/// meanwhile. In both answer modes. Before, the slot was
-/// let go with the report, so unread answers piled up in skilld's memory,
-/// one per connection.
+/// meanwhile. In both answer modes. Before, the slot was let go with the
+/// report, so unread answers piled up in skilld's memory, one per
+/// connection.
 #[test]
 fn an_answer_not_yet_taken_holds_its_run_slot() {
     let s = Stack::start_with("", "max_concurrent_runs = 1\nqueue_timeout_seconds = 1\n");

@@ -21,6 +21,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Bytes;
 use hyper::body::{Frame, SizeHint};
+
 /// Bytes handed to hyper at a time.
 pub const SLICE: usize = 64 << 10;
 
