@@ -261,6 +261,11 @@ async fn serve_connection(
     let busy_tick = (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
     let idle_check = tokio::time::sleep(busy_tick);
     tokio::pin!(idle_check);
+    // Set once the client has shut its write side: the watch is then left
+    // alone (tokio never clears a read-closed readiness, so it would be
+    // ready at once on every turn: the loop spun a CPU and starved the
+    // request) and a hang-up is looked for on each tick instead.
+    let mut half_closed = false;
     let result = loop {
         tokio::select! {
             r = conn.as_mut() => break r,
@@ -270,13 +275,18 @@ async fn serve_connection(
             }
             // Woken by each new event on the socket (a request's bytes, an
             // end of file, a hang-up): nothing is read here.
-            r = watch.readable() => match r {
+            r = watch.readable(), if !half_closed => match r {
                 Ok(mut ready) => {
                     if hung_up(watch.get_ref()) {
                         tracing::debug!(uid = caller.uid, "the client hung up; closing the connection");
                         return;
                     }
-                    ready.clear_ready();
+                    if ready.ready().is_read_closed() {
+                        tracing::debug!(uid = caller.uid, "the client shut its write side");
+                        half_closed = true;
+                    } else {
+                        ready.clear_ready();
+                    }
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, uid = caller.uid, "connection watch failed; closing");
@@ -284,6 +294,10 @@ async fn serve_connection(
                 }
             },
             () = &mut idle_check => {
+                if half_closed && hung_up(watch.get_ref()) {
+                    tracing::debug!(uid = caller.uid, "the client hung up; closing the connection");
+                    return;
+                }
                 let (why, next) = if in_flight.load(Ordering::Acquire) == 0 {
                     let quiet = activity.quiet_for(idle_timeout).then_some("idle");
                     (quiet, activity.quiet_until(idle_timeout))

@@ -110,7 +110,12 @@ fn sleeper_pids(s: &Stack) -> Vec<i32> {
 /// A client that shuts its write side once the request is sent (`nc -N`,
 /// socat at the end of its input) is not gone: it gets its answer, for a
 /// plain request and for a run. Before, skilld took the end of file for a
-/// hang-up: no answer, and the run was cancelled.
+/// hang-up: no answer, and the run was cancelled. Then, the end of file
+/// left the connection's watch ready on every turn (tokio never clears a
+/// read-closed readiness): skilld spun a CPU for the whole run and, now and
+/// then, starved it until the client gave up. The run costs skilld next to
+/// no CPU now, and a client that closes its other side too mid-run still
+/// has its run killed.
 #[test]
 fn a_half_closed_client_gets_its_answer() {
     let s = Stack::start();
@@ -128,11 +133,47 @@ fn a_half_closed_client_gets_its_answer() {
     // `finisher` sleeps a second before its result: the end of file comes
     // well before the report.
     let body = json!({"args": {}}).to_string();
-    let got = ask(format!(
-        "POST /v1/skills/finisher/execute HTTP/1.1\r\nHost: localhost\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    ));
+    let post = |skill: &str| {
+        format!(
+            "POST /v1/skills/{skill}/execute HTTP/1.1\r\nHost: localhost\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let cpu_before = cpu_ticks(s.skilld_pid());
+    let got = ask(post("finisher"));
+    let spent = cpu_ticks(s.skilld_pid()) - cpu_before;
     assert!(got.starts_with("HTTP/1.1 200"), "{got:?}\n{}", s.logs());
     assert!(got.contains(r#""done":true"#), "{got:?}");
+    // A one-second run: a spinning skilld spent ~100 ticks (one CPU).
+    assert!(spent < 30, "skilld spent {spent} ticks of CPU on a 1 s run");
+
+    // Half-closed, then gone altogether mid-run: the run is killed.
+    let mut c = UnixStream::connect(&s.socket).unwrap();
+    c.write_all(post("sleeper").as_bytes()).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut found = None;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            found = sleeper_pids(&s).first().copied();
+            found.is_some()
+        }),
+        "sleeper never started\n{}",
+        s.logs()
+    );
+    let pid = found.unwrap();
+    assert!(process_running(pid), "sleeper {pid} running");
+    drop(c);
+    assert!(
+        eventually(Duration::from_secs(5), || !process_alive(pid, "sleep")),
+        "sleeper {pid} still running after the half-closed client left\n{}",
+        s.logs()
+    );
+}
+
+/// User plus system CPU time of process `pid` so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }

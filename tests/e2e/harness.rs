@@ -396,7 +396,9 @@ impl Stack {
             .arg("--config")
             .arg(stack.base.join("skilld.toml"))
             .env_remove("ONGRID_SKILLS_EXTERNAL_DIRS")
-            .env("RUST_LOG", "info")
+            // `E2E_SKILLD_LOG=debug` (and `E2E_EXECUTOR_LOG`) to chase a
+            // failure: the logs are printed with it.
+            .env("RUST_LOG", std::env::var("E2E_SKILLD_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap())
@@ -416,7 +418,7 @@ impl Stack {
             .arg("serve")
             .arg("--config")
             .arg(self.base.join("executor.toml"))
-            .env("ONGRID_LOG", "info")
+            .env("ONGRID_LOG", std::env::var("E2E_EXECUTOR_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap())
