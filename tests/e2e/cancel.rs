@@ -73,16 +73,7 @@ fn client_disconnecting_mid_run_kills_the_run() {
             read_pid(&mut conn)
         } else {
             // No stream to read the pid from: find the sleeper in /proc.
-            let mut found = None;
-            assert!(
-                eventually(Duration::from_secs(10), || {
-                    found = sleeper_pids(&s).first().copied();
-                    found.is_some()
-                }),
-                "sleeper never started\n{}",
-                s.logs()
-            );
-            found.unwrap()
+            started_sleeper(&s)
         };
         assert!(process_running(pid), "{mode}: sleeper {pid} running");
         drop(conn);
@@ -95,6 +86,20 @@ fn client_disconnecting_mid_run_kills_the_run() {
     assert!(s.both_alive());
     let r = s.execute("echo", &json!({"n": 5}));
     assert_eq!(r.json()["result"], json!({"n": 5}));
+}
+
+/// The pid of this stack's `sleeper` once it runs (10 s at most).
+fn started_sleeper(s: &Stack) -> i32 {
+    let mut found = None;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            found = sleeper_pids(s).first().copied();
+            found.is_some()
+        }),
+        "sleeper never started\n{}",
+        s.logs()
+    );
+    found.unwrap()
 }
 
 /// Live `sleep` processes started from this stack's skills directory.
@@ -152,16 +157,7 @@ fn a_half_closed_client_gets_its_answer() {
     let mut c = UnixStream::connect(&s.socket).unwrap();
     c.write_all(post("sleeper").as_bytes()).unwrap();
     c.shutdown(std::net::Shutdown::Write).unwrap();
-    let mut found = None;
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            found = sleeper_pids(&s).first().copied();
-            found.is_some()
-        }),
-        "sleeper never started\n{}",
-        s.logs()
-    );
-    let pid = found.unwrap();
+    let pid = started_sleeper(&s);
     assert!(process_running(pid), "sleeper {pid} running");
     drop(c);
     assert!(
