@@ -28,8 +28,12 @@ pub const LOADER_USER: &str = "ongrid";
 pub const DEFAULT_MAX_LINE_BYTES: usize = policy::wire::MAX_LINE_BYTES;
 /// Smallest `runs_tmpfs_bytes` (1 MiB).
 pub const MIN_RUNS_TMPFS_BYTES: u64 = 1 << 20;
-/// Largest default size of the runs tmpfs (1 GiB).
+/// Largest default size of the runs tmpfs when runs have no memory cgroup
+/// (1 GiB).
 pub const DEFAULT_RUNS_TMPFS_BYTES: u64 = 1 << 30;
+/// Largest size the runs tmpfs is given by default (1 PiB: well inside what
+/// the kernel's `size=` takes, where an overflow would mean "no limit").
+pub const MAX_RUNS_TMPFS_BYTES: u64 = 1 << 50;
 /// Default `idle_timeout_seconds`.
 pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u64 = 60;
 /// Default `hold_timeout_seconds`.
@@ -61,8 +65,10 @@ pub struct Config {
     /// Size of the tmpfs the executor (as root) mounts on
     /// `<runtime_dir>/runs` unless a tmpfs is mounted there already: the
     /// bound on all runs' files together (each run's own files are also
-    /// charged to its memory cgroup). Default: 1 GiB or a quarter of RAM,
-    /// whichever is less.
+    /// charged to its memory cgroup). Default, with a memory cgroup per run:
+    /// `max_concurrent_runs` times the largest `memory_bytes` a run may
+    /// have, so that no run can fill it for another; without one, 1 GiB or
+    /// a quarter of RAM, whichever is less.
     pub runs_tmpfs_bytes: Option<u64>,
     /// Landlock requirement.
     pub landlock: LandlockMode,
@@ -235,6 +241,12 @@ impl Config {
                 format!("must be at least {MIN_RUNS_TMPFS_BYTES}"),
             ));
         }
+        if self.runs_tmpfs_bytes.is_some_and(|b| b > MAX_RUNS_TMPFS_BYTES) {
+            return Err(invalid(
+                "runs_tmpfs_bytes",
+                format!("must be at most {MAX_RUNS_TMPFS_BYTES}"),
+            ));
+        }
         if self.max_timeout_seconds == 0 {
             return Err(invalid("max_timeout_seconds", "must be at least 1".to_owned()));
         }
@@ -333,11 +345,34 @@ impl Config {
         Duration::from_secs(self.max_timeout_seconds)
     }
 
-    /// Size of the runs tmpfs: `runs_tmpfs_bytes`, else the lesser of
+    /// The most memory one run may be given: the default `memory_bytes`,
+    /// or a larger one a skill's grant lets its manifest ask for.
+    pub fn largest_run_memory(&self) -> u64 {
+        self.skills.values().filter_map(|g| g.memory_bytes).fold(self.limits.memory_bytes, u64::max)
+    }
+
+    /// What the runs tmpfs must hold so that no run can fill it for
+    /// another: every run slot's run at its memory bound (a run's files
+    /// are charged to its memory cgroup, so none can write more).
+    pub fn runs_tmpfs_need(&self) -> u64 {
+        let slots = u64::try_from(self.max_concurrent_runs).unwrap_or(u64::MAX);
+        slots
+            .saturating_mul(self.largest_run_memory())
+            .clamp(MIN_RUNS_TMPFS_BYTES, MAX_RUNS_TMPFS_BYTES)
+    }
+
+    /// Size of the runs tmpfs the executor mounts: `runs_tmpfs_bytes`,
+    /// else [`Config::runs_tmpfs_need`] when each run has a memory cgroup
+    /// (`memcg`: the tmpfs size is a ceiling, not a reservation; the runs'
+    /// cgroups bound what it really holds), else, with nothing bounding a
+    /// run's files but the tmpfs itself, the lesser of
     /// [`DEFAULT_RUNS_TMPFS_BYTES`] and a quarter of RAM.
-    pub fn runs_tmpfs_bytes(&self) -> u64 {
+    pub fn runs_tmpfs_bytes(&self, memcg: bool) -> u64 {
         if let Some(b) = self.runs_tmpfs_bytes {
             return b;
+        }
+        if memcg {
+            return self.runs_tmpfs_need();
         }
         let ram = nix::sys::sysinfo::sysinfo().map(|i| i.ram_total()).unwrap_or(u64::MAX);
         (ram / 4).clamp(MIN_RUNS_TMPFS_BYTES, DEFAULT_RUNS_TMPFS_BYTES)
@@ -466,6 +501,24 @@ mod tests {
     }
 
     #[test]
+    fn the_runs_tmpfs_holds_every_slot_at_its_memory_bound() {
+        let text = "max_concurrent_runs = 4\n[limits]\nmemory_bytes = 1048576\n\
+                    [skills.big]\nmemory_bytes = 8388608\n[skills.small]\nmemory_bytes = 1024\n";
+        let c = Config::parse(text, Path::new("x.toml")).unwrap();
+        assert_eq!(c.largest_run_memory(), 8 << 20);
+        assert_eq!(c.runs_tmpfs_need(), 32 << 20);
+        assert_eq!(c.runs_tmpfs_bytes(true), 32 << 20);
+        // Without a memory cgroup only the tmpfs bounds the runs' files.
+        assert!(c.runs_tmpfs_bytes(false) <= DEFAULT_RUNS_TMPFS_BYTES);
+        let set = Config { runs_tmpfs_bytes: Some(2 << 20), ..c.clone() };
+        assert_eq!((set.runs_tmpfs_bytes(true), set.runs_tmpfs_bytes(false)), (2 << 20, 2 << 20));
+        // The defaults: 16 slots of 512 MiB.
+        assert_eq!(Config::default().runs_tmpfs_need(), 8 << 30);
+        let huge = Config { max_concurrent_runs: usize::MAX, ..c };
+        assert_eq!(huge.runs_tmpfs_need(), MAX_RUNS_TMPFS_BYTES);
+    }
+
+    #[test]
     fn unknown_and_bad_fields_are_errors() {
         for (text, needle) in [
             ("runas = \"x\"", "unknown field"),
@@ -483,6 +536,8 @@ mod tests {
             ("max_connections = 0", "max_connections"),
             ("hold_timeout_seconds = 0", "hold_timeout_seconds"),
             ("max_line_bytes = 10", "max_line_bytes"),
+            ("runs_tmpfs_bytes = 4096", "runs_tmpfs_bytes"),
+            ("runs_tmpfs_bytes = 2251799813685249", "runs_tmpfs_bytes"),
             ("allowed_uids = [-1]", "allowed_uids"),
             ("[[peers]]\nclasses = [\"safe\"]", "peers"),
             ("[[peers]]\nuid = 1\nuser = \"x\"\nclasses = []", "peers"),

@@ -27,11 +27,18 @@
 //!   `<runtime_dir>/runs` already (an earlier instance's, or the one
 //!   ongrid-executor.service provides with `TemporaryFileSystem=`, as the
 //!   hardened unit keeps no `CAP_SYS_ADMIN`), the first instance mounts one
-//!   (`ongrid-runs`, `runs_tmpfs_bytes`, nosuid, nodev, noexec). Files a
-//!   run writes there are charged to the run's memory cgroup (memcg charges
-//!   tmpfs pages to the cgroup of the task that faults them in, v1 and v2),
-//!   so a run's disk use is bounded by its `memory_bytes`, and all runs'
-//!   together by the tmpfs size, never the host's disk. Every instance
+//!   (`ongrid-runs`, nosuid, nodev, noexec). Files a run writes there are
+//!   charged to the run's memory cgroup (memcg charges tmpfs pages, and
+//!   the inodes and dentries of its files, to the cgroup of the task that
+//!   makes them, v1 and v2), so a run's disk use is bounded by its
+//!   `memory_bytes`, never the host's disk. So that no run can fill the
+//!   tmpfs for the others, it is sized for every run slot's run at its
+//!   memory bound ([`Config::runs_tmpfs_need`]: a ceiling, not a
+//!   reservation) and counts no inodes of its own (`nr_inodes=0`); an
+//!   earlier instance's smaller mount is grown, and a provided one that is
+//!   smaller is reported in every run's `degraded`. Without a memory cgroup
+//!   the tmpfs size (`runs_tmpfs_bytes`, default 1 GiB or a quarter of
+//!   RAM) is what bounds all runs' files together. Every instance
 //!   holds a shared lock on `.runs-users.lock` for its lifetime; the last
 //!   one to leave (the exclusive lock taken under `.runs-mount.lock`)
 //!   unmounts it, so temporary runtime directories are not left mounted.
@@ -55,6 +62,7 @@ use crate::cgroup::Hierarchies;
 use crate::config::Config;
 use crate::sweep::{self, Swept, GUARD, INSTANCE_PREFIX, NEW_PREFIX, PGID_PREFIX};
 use crate::sys;
+use crate::sys::mount::TmpfsSize;
 
 /// The hidden subcommand that runs the watchdog.
 pub const WATCHDOG_COMMAND: &str = "watchdog";
@@ -152,15 +160,74 @@ fn tmpfs_mounted_on(runs: &Path) -> bool {
 }
 
 /// Where a run's files go and what bounds them; `Err` is a degraded note.
-fn runs_tmpfs(runs: &Path, bytes: u64) -> Result<(), String> {
-    if tmpfs_mounted_on(runs) {
-        return Ok(());
+/// With a memory cgroup per run (`memcg`) the tmpfs must hold every run
+/// slot's run at its memory bound, inodes included, or one run could fill
+/// it for the others: the executor's own mount is made so (or grown so, if
+/// an earlier instance made it smaller); a provided one that is not is
+/// reported.
+fn runs_tmpfs(runs: &Path, config: &Config, memcg: bool) -> Result<(), String> {
+    let want = TmpfsSize { bytes: config.runs_tmpfs_bytes(memcg), unlimited_inodes: memcg };
+    if !tmpfs_mounted_on(runs) {
+        sys::mount::mount_tmpfs(runs, want).map_err(|e| {
+            format!(
+                "disk: cannot mount a tmpfs on {}: {e}; run directories are on the host's \
+                 filesystem, bounded per file only (RLIMIT_FSIZE)",
+                runs.display()
+            )
+        })?;
+    } else if memcg && mount_at(runs).is_some_and(|(_, s)| s == sys::mount::RUNS_SOURCE) {
+        if let Some((bytes, inodes)) = tmpfs_room(runs) {
+            if bytes < want.bytes || inodes != 0 {
+                let grown = TmpfsSize { bytes: bytes.max(want.bytes), unlimited_inodes: true };
+                if let Err(e) = sys::mount::remount_tmpfs(runs, grown) {
+                    tracing::warn!("runs tmpfs {}: cannot grow it: {e}", runs.display());
+                }
+            }
+        }
     }
-    sys::mount::mount_tmpfs(runs, bytes).map_err(|e| {
+    if memcg {
+        if let Some(note) = shared_room_note(runs, config) {
+            return Err(note);
+        }
+    }
+    Ok(())
+}
+
+/// The tmpfs on `runs`: bytes of file data it may hold, and its inode count
+/// (0: not counted).
+fn tmpfs_room(runs: &Path) -> Option<(u64, u64)> {
+    let s = nix::sys::statvfs::statvfs(runs).ok()?;
+    Some((s.blocks().saturating_mul(s.fragment_size()), s.files()))
+}
+
+/// Why the runs tmpfs (mounted on `runs`) lets runs fill it for one
+/// another, if it does: it holds less than [`Config::runs_tmpfs_need`], or
+/// it counts inodes (the runs' memory cgroups bound those already, and a
+/// count of its own is one more thing runs share).
+fn shared_room_note(runs: &Path, config: &Config) -> Option<String> {
+    let (bytes, inodes) = tmpfs_room(runs)?;
+    let need = config.runs_tmpfs_need();
+    let mib = |b: u64| b >> 20;
+    let mut short = Vec::new();
+    if bytes < need {
+        short.push(format!(
+            "holds {} MiB where {} runs at {} MiB need {}",
+            mib(bytes),
+            config.max_concurrent_runs,
+            mib(config.largest_run_memory()),
+            mib(need)
+        ));
+    }
+    if inodes != 0 {
+        short.push(format!(
+            "counts inodes ({inodes}, where nr_inodes=0 leaves them to each run's memory cgroup)"
+        ));
+    }
+    (!short.is_empty()).then(|| {
         format!(
-            "disk: cannot mount a tmpfs on {}: {e}; run directories are on the host's \
-             filesystem, bounded per file only (RLIMIT_FSIZE)",
-            runs.display()
+            "disk: the runs tmpfs on {} {}: runs can fill it for one another",
+            runs.display(),
+            short.join(" and ")
         )
     })
 }
@@ -273,10 +340,11 @@ impl Instance {
         let users = flock(users, FlockArg::LockShared).map_err(err("lock", &users_path))?;
         // Sweep before mounting: a fresh mount would hide what is there.
         sweep::sweep(&runtime, &bases, SWEEP_MIN_AGE);
+        let memcg = hierarchies.v2_limits || hierarchies.v1_memory.is_some();
         if root {
-            if let Err(note) = runs_tmpfs(&runs, config.runs_tmpfs_bytes()) {
+            if let Err(note) = runs_tmpfs(&runs, config, memcg) {
                 notes.push(note);
-            } else if !hierarchies.v2_limits && hierarchies.v1_memory.is_none() {
+            } else if !memcg {
                 notes.push(
                     "disk: no memory cgroup; one run can fill the runs tmpfs shared by all runs"
                         .to_owned(),

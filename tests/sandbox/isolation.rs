@@ -15,7 +15,7 @@ use ongrid_tests::{host, Config, SkillDir};
 use policy::Outcome;
 use serde_json::json;
 
-use crate::{args, attack, blocked_with, no_leftovers, shared};
+use crate::{args, attack, blocked_with, exclusive, no_leftovers, shared};
 
 /// What the neighbour writes into its run directory.
 const SECRET: &str = "ONGRID-NEIGHBOUR-SECRET";
@@ -93,4 +93,35 @@ fn a_concurrent_run_is_out_of_reach() {
     });
     no_leftovers(&neighbour, &g);
     no_leftovers(&intruder, &g);
+}
+
+/// A run's files are charged to its memory cgroup, and the runs tmpfs they
+/// share has room for every run slot's run at its memory bound: three runs
+/// with the default limits (512 MiB of memory, files of at most 64 MiB)
+/// that each keep 420 MiB of files at once all get their room, where a
+/// tmpfs of 1 GiB for all runs let two of them leave the third none
+/// (ENOSPC).
+#[test]
+fn runs_cannot_fill_the_disk_for_one_another() {
+    let Some(g) = exclusive("runs_cannot_fill_the_disk_for_one_another") else { return };
+    let skill = attack("disk_share").with("timeout_seconds", json!(30));
+    let fill = args("disk_fill", json!({"file_mb": 60, "cap_mb": 420, "hold_ms": 3000}));
+    let runs: Vec<_> = std::thread::scope(|s| {
+        let each: Vec<_> = (0..3).map(|_| s.spawn(|| skill.run(&Config::new(), &fill))).collect();
+        each.into_iter().map(|h| h.join().expect("a filling run")).collect()
+    });
+    for run in &runs {
+        run.expect(Outcome::Ok);
+        if run.report.sandbox.as_ref().is_some_and(|s| s.cgroup.memory.is_none()) {
+            println!("SKIP: runs_cannot_fill_the_disk_for_one_another: no memory cgroup");
+            return;
+        }
+        assert_eq!(
+            run.result()["succeeded"],
+            json!(true),
+            "a run was left no room:\n{}",
+            run.dump()
+        );
+    }
+    no_leftovers(&skill, &g);
 }

@@ -212,6 +212,8 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
                     total += 1;
                 }
             }
+            // Files kept for a while, to fill the runs tmpfs alongside other runs.
+            std::thread::sleep(std::time::Duration::from_millis(num(args, "hold_ms", 0)));
             json!({"attempt": case, "succeeded": total >= cap_mb, "mib": total, "errno": err})
         }
         "nofile" => {
