@@ -134,8 +134,11 @@
 //!    from a spawner thread when no capability is granted), switch to the
 //!    run-as user and set exactly the granted capabilities (ambient too);
 //!    `PR_SET_PDEATHSIG(SIGKILL)`; Landlock; seccomp (without the network
-//!    grant `socket(2)` fails for every family, `AF_UNIX` included), which
-//!    is already in place when the child came from a spawner thread.
+//!    grant `socket(2)` fails for every family, `AF_UNIX` included, and
+//!    `socketpair(2)` gives stream and seqpacket pairs only; a run whose
+//!    uid may own files outside the box cannot change any file's
+//!    metadata), which is already in place when the child came from a
+//!    spawner thread.
 //! 5. `execve` the entry with argv = `[entry]` and the prepared environment.
 //!    A failing step writes (step, errno) into the parent's memory and
 //!    exits; the parent reports `sandbox_failed` or `spawn_failed`. Just

@@ -125,6 +125,11 @@ pub struct RunAs {
     pub gid: u32,
     /// True when the executor switches to this user (it is root).
     pub switch: bool,
+    /// The configured `run_as` user, switched to and not root: a user of
+    /// its own that owns no file outside its run directory, so it may keep
+    /// changing its files' metadata (`seccomp::Variant::lock_metadata`).
+    /// Root, a granted user and the executor's own uid own files outside.
+    pub dedicated: bool,
 }
 
 /// A validated run, ready for the sandbox to be built.
@@ -474,12 +479,13 @@ impl Plan {
                 .flatten()
                 .map(|u| u.name)
                 .unwrap_or_else(|| euid.to_string());
-            return Ok(RunAs { name, uid: euid.as_raw(), gid, switch: false });
+            return Ok(RunAs { name, uid: euid.as_raw(), gid, switch: false, dedicated: false });
         }
         let name = granted.run_as.clone().unwrap_or_else(|| config.run_as.clone());
         let (uid, gid) =
             user(&name, stamp).ok_or_else(|| PlanError::UnknownUser { user: name.clone() })?;
-        Ok(RunAs { name, uid, gid, switch: true })
+        let dedicated = name == config.run_as && uid != 0;
+        Ok(RunAs { name, uid, gid, switch: true, dedicated })
     }
 }
 

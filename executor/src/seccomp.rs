@@ -5,7 +5,19 @@
 //! (D-Bus, a lax `docker.sock`, the loader's socket) would otherwise be
 //! reachable, since Landlock cannot restrict `connect` to one before ABI 9
 //! (and ABI 6 scopes only abstract sockets). `socketpair(2)` stays allowed
-//! (in-process IPC, no name to reach anything).
+//! for `AF_UNIX` stream and seqpacket pairs only (in-process IPC): an
+//! unbound datagram socket could `sendto` any pathname socket (`/dev/log`,
+//! journald's) by name.
+//!
+//! A run whose uid may own files outside the box (root, a user the
+//! operator granted, the executor's own uid when it is not root) gets the
+//! `lock_metadata` variant: Landlock does not cover a file's mode, owner,
+//! extended attributes (ACLs among them) or times, and uid 0 owns the
+//! host's files, so a granted-root run could `chmod 4755` or `chmod 0666`
+//! any of them. Every call that changes them ([`METADATA`]), by path or by
+//! descriptor, fails, and so does taking a lease (`F_SETLEASE`, which
+//! would stall whoever opens the file next). The dedicated run-as user owns
+//! nothing outside its run directory and keeps them (`touch`, `tar`).
 //!
 //! Calls that can name another process by pid (`prlimit64`, `setpriority`,
 //! the `sched_set*` family, `ioprio_set`, `migrate_pages`, `move_pages`)
@@ -15,8 +27,8 @@
 //! Denied calls fail with `EPERM` (`clone3` with `ENOSYS`, so libc falls back
 //! to `clone`, whose flags the filter can inspect); a non-native
 //! architecture kills the process, and x32 syscall numbers (bit 30) fail.
-//! The program is built once per process (two variants: with and without
-//! the network grant); the child only attaches it. Arguments are compared on their low 32 bits, which is what the kernel
+//! The program is built once per process (four variants: with or without
+//! the network grant, metadata locked or not); the child only attaches it. Arguments are compared on their low 32 bits, which is what the kernel
 //! uses for `int`/`unsigned int` parameters (the `TIOCSTI` check is immune to
 //! high bits, CVE-2019-10063).
 
@@ -29,6 +41,7 @@ const JGE_K: u16 = 0x35;
 const JSET_K: u16 = 0x45;
 const RET_K: u16 = 0x06;
 const JA: u16 = 0x05;
+const ALU_AND_K: u16 = 0x54;
 
 const RET_KILL_PROCESS: u32 = 0x8000_0000;
 const RET_ERRNO: u32 = 0x0005_0000;
@@ -49,6 +62,12 @@ const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 const TIOCSTI: u32 = 0x5412;
 const TIOCLINUX: u32 = 0x541C;
 const PERSONALITY_QUERY: u32 = 0xffff_ffff;
+const F_SETLEASE: u32 = 1024;
+const AF_UNIX: u32 = 1;
+/// The socket type in `socketpair`'s second argument (below the flags).
+const SOCK_TYPE_MASK: u32 = 0xf;
+const SOCK_STREAM: u32 = 1;
+const SOCK_SEQPACKET: u32 = 5;
 /// Every `CLONE_NEW*` flag `clone(2)` accepts (`CLONE_NEWTIME` shares its
 /// bit with the exit signal there and only exists for `clone3`/`unshare`).
 pub const CLONE_NEW_MASK: u32 = 0x0002_0000 // NEWNS
@@ -119,6 +138,13 @@ pub const DENIED: &[libc::c_long] = &[
     // Watching every access to a mount or filesystem (unprivileged since
     // Linux 5.13 with FAN_REPORT_FID): a side channel on the host's files.
     libc::SYS_fanotify_init,
+    // The same for any directory the user may read (`/tmp`, `/etc`): the
+    // names and timing of other users' files, where Landlock lets the run
+    // neither list nor open the directory.
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_inotify_init,
+    libc::SYS_inotify_init1,
+    libc::SYS_inotify_add_watch,
     // Advice on another process's memory (by pidfd): forcing it out.
     libc::SYS_process_madvise,
     libc::SYS_process_mrelease,
@@ -145,6 +171,60 @@ pub const DENIED: &[libc::c_long] = &[
     #[cfg(target_arch = "x86_64")]
     libc::SYS_uselib,
 ];
+
+/// `setxattrat(2)` and `removexattrat(2)` (Linux 6.13; one number on
+/// every architecture).
+const SYS_SETXATTRAT: libc::c_long = 463;
+const SYS_REMOVEXATTRAT: libc::c_long = 466;
+
+/// Calls that change a file's mode, owner, extended attributes or times,
+/// by path or by descriptor: denied to runs whose uid may own files
+/// outside the box (see the module docs).
+pub const METADATA: &[libc::c_long] = &[
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_chmod,
+    libc::SYS_fchmod,
+    libc::SYS_fchmodat,
+    libc::SYS_fchmodat2,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_chown,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_lchown,
+    libc::SYS_fchown,
+    libc::SYS_fchownat,
+    libc::SYS_setxattr,
+    libc::SYS_lsetxattr,
+    libc::SYS_fsetxattr,
+    SYS_SETXATTRAT,
+    libc::SYS_removexattr,
+    libc::SYS_lremovexattr,
+    libc::SYS_fremovexattr,
+    SYS_REMOVEXATTRAT,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_utime,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_utimes,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_futimesat,
+    libc::SYS_utimensat,
+];
+
+/// Which of the four programs a run gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Variant {
+    /// The network grant: `socket(2)` and every `socketpair(2)` allowed.
+    pub network: bool,
+    /// The run's uid may own files outside the box: [`METADATA`] and
+    /// `F_SETLEASE` denied.
+    pub lock_metadata: bool,
+}
+
+impl Variant {
+    /// 0 to 3, one per program.
+    pub fn index(self) -> usize {
+        usize::from(self.network) | usize::from(self.lock_metadata) << 1
+    }
+}
 
 /// Calls that take another process's pid (first argument): allowed only on
 /// the caller itself (pid 0), as libc's own wrappers pass it (`setrlimit`,
@@ -187,6 +267,10 @@ enum Special {
     /// process group, no user (`PRIO_USER` with 0 would renice every
     /// process of the skill user on the host).
     SelfWho(u32),
+    /// `socketpair`: only `AF_UNIX` stream and seqpacket pairs.
+    Socketpair,
+    /// `fcntl`: `EPERM` for `F_SETLEASE`.
+    Fcntl,
 }
 
 /// The instructions that decide a `Special` syscall; each path ends in a
@@ -230,6 +314,22 @@ fn special_block(s: Special) -> Vec<Insn> {
             stmt(RET_K, RET_ALLOW),
             stmt(RET_K, eperm),
         ],
+        Special::Socketpair => vec![
+            stmt(LD_W_ABS, off_arg_lo(0)),
+            jump(JEQ_K, AF_UNIX, 0, 5),
+            stmt(LD_W_ABS, off_arg_lo(1)),
+            stmt(ALU_AND_K, SOCK_TYPE_MASK),
+            jump(JEQ_K, SOCK_STREAM, 1, 0),
+            jump(JEQ_K, SOCK_SEQPACKET, 0, 1),
+            stmt(RET_K, RET_ALLOW),
+            stmt(RET_K, eperm),
+        ],
+        Special::Fcntl => vec![
+            stmt(LD_W_ABS, off_arg_lo(1)),
+            jump(JEQ_K, F_SETLEASE, 0, 1),
+            stmt(RET_K, eperm),
+            stmt(RET_K, RET_ALLOW),
+        ],
     }
 }
 
@@ -270,25 +370,25 @@ fn search(table: &[(u32, Special)]) -> Vec<Insn> {
     out
 }
 
-/// Builds the filter. `network` = true allows `socket(2)` for every
-/// family; false denies it for every family, `AF_UNIX` included (TCP, UDP,
-/// ICMP, netlink, vsock, pathname and abstract Unix sockets); `socketpair`
-/// is allowed either way.
+/// Builds the filter. `network` allows `socket(2)` and `socketpair(2)` for
+/// every family; without it `socket` is denied for every family, `AF_UNIX`
+/// included (TCP, UDP, ICMP, netlink, vsock, pathname and abstract Unix
+/// sockets), and `socketpair` allowed for `AF_UNIX` stream and seqpacket
+/// pairs only. `lock_metadata` denies [`METADATA`] and `F_SETLEASE`.
 ///
 /// The syscall number is looked up by binary search (about 7 comparisons),
-/// not a linear scan of the ~70 special numbers: the kernel runs the filter
+/// not a linear scan of the ~90 special numbers: the kernel runs the filter
 /// once per syscall number when it is attached, to build its cache of
 /// always-allowed calls, so a linear program made each spawn pay ~0.1 ms in
 /// `seccomp(2)` on this machine; see BENCHMARKS.md. The decisions are those
 /// of the linear reference program in the tests, number by number.
-pub fn program(network: bool) -> &'static [Insn] {
-    static DENY_NET: std::sync::OnceLock<Vec<Insn>> = std::sync::OnceLock::new();
-    static ALLOW_NET: std::sync::OnceLock<Vec<Insn>> = std::sync::OnceLock::new();
-    let cell = if network { &ALLOW_NET } else { &DENY_NET };
-    cell.get_or_init(|| build(network))
+pub fn program(v: Variant) -> &'static [Insn] {
+    static PROGRAMS: [std::sync::OnceLock<Vec<Insn>>; 4] =
+        [const { std::sync::OnceLock::new() }; 4];
+    PROGRAMS[v.index()].get_or_init(|| build(v))
 }
 
-fn build(network: bool) -> Vec<Insn> {
+fn build(v: Variant) -> Vec<Insn> {
     let mut p = vec![
         // Non-native ABI (32-bit x86 via int 0x80, ...): kill.
         stmt(LD_W_ABS, OFF_ARCH),
@@ -309,8 +409,13 @@ fn build(network: bool) -> Vec<Insn> {
     table.extend(SELF_ONLY.iter().map(|&n| (nr(n), Special::SelfPid)));
     table.push((nr(libc::SYS_setpriority), Special::SelfWho(PRIO_PROCESS)));
     table.push((nr(libc::SYS_ioprio_set), Special::SelfWho(IOPRIO_WHO_PROCESS)));
-    if !network {
+    if !v.network {
         table.push((nr(libc::SYS_socket), Special::Deny));
+        table.push((nr(libc::SYS_socketpair), Special::Socketpair));
+    }
+    if v.lock_metadata {
+        table.extend(METADATA.iter().map(|&n| (nr(n), Special::Deny)));
+        table.push((nr(libc::SYS_fcntl), Special::Fcntl));
     }
     table.sort_unstable_by_key(|(n, _)| *n);
     table.dedup_by_key(|(n, _)| *n);
@@ -343,6 +448,7 @@ mod tests {
             let k = i.k as usize;
             match i.code {
                 LD_W_ABS => acc = u32::from_le_bytes(data[k..k + 4].try_into().unwrap()),
+                ALU_AND_K => acc &= i.k,
                 RET_K => return (i.k, steps),
                 JA => pc += k,
                 JEQ_K | JGE_K | JSET_K => {
@@ -363,8 +469,15 @@ mod tests {
         run(p, AUDIT_ARCH, nr(n), args)
     }
 
+    const VARIANTS: [Variant; 4] = [
+        Variant { network: false, lock_metadata: false },
+        Variant { network: true, lock_metadata: false },
+        Variant { network: false, lock_metadata: true },
+        Variant { network: true, lock_metadata: true },
+    ];
+
     /// The straightforward linear program the search tree must agree with.
-    fn linear_reference(network: bool) -> Vec<Insn> {
+    fn linear_reference(v: Variant) -> Vec<Insn> {
         let eperm = errno(libc::EPERM);
         let mut p = vec![
             stmt(LD_W_ABS, OFF_ARCH),
@@ -376,13 +489,17 @@ mod tests {
             p.push(jump(JGE_K, X32_SYSCALL_BIT, 0, 1));
             p.push(stmt(RET_K, eperm));
         }
-        for &n in DENIED.iter().chain((!network).then_some(&libc::SYS_socket)) {
+        let socket = (!v.network).then_some(&libc::SYS_socket);
+        let metadata = METADATA.iter().filter(|_| v.lock_metadata);
+        for &n in DENIED.iter().chain(socket).chain(metadata) {
             p.push(jump(JEQ_K, nr(n), 0, 1));
             p.push(stmt(RET_K, eperm));
         }
         p.push(jump(JEQ_K, nr(libc::SYS_clone3), 0, 1));
         p.push(stmt(RET_K, errno(libc::ENOSYS)));
         let selves = SELF_ONLY.iter().map(|&n| (n, Special::SelfPid));
+        let pairs = (!v.network).then_some((libc::SYS_socketpair, Special::Socketpair));
+        let fcntl = v.lock_metadata.then_some((libc::SYS_fcntl, Special::Fcntl));
         for (n, s) in [
             (libc::SYS_clone, Special::Clone),
             (libc::SYS_ioctl, Special::Ioctl),
@@ -392,6 +509,8 @@ mod tests {
         ]
         .into_iter()
         .chain(selves)
+        .chain(pairs)
+        .chain(fcntl)
         {
             let block = special_block(s);
             p.push(jump(JEQ_K, nr(n), 0, u8::try_from(block.len()).unwrap()));
@@ -403,7 +522,7 @@ mod tests {
 
     #[test]
     fn search_tree_agrees_with_the_linear_program_for_every_number() {
-        let argsets: [[u64; 6]; 10] = [
+        let argsets: [[u64; 6]; 15] = [
             [0; 6],
             [0, 7, 0, 0, 0, 0],
             [1, 0, 0, 0, 0, 0],
@@ -414,10 +533,17 @@ mod tests {
             [1, 1, 0, 0, 0, 0],
             [2, 1, 0, 0, 0, 0],
             [10, 2, 0, 0, 0, 0],
+            // socketpair: AF_UNIX datagram, seqpacket | SOCK_CLOEXEC, raw;
+            // fcntl: F_SETLEASE, F_SETLEASE in the high bits only.
+            [1, 2, 0, 0, 0, 0],
+            [1, 0x8_0005, 0, 0, 0, 0],
+            [1, 3, 0, 0, 0, 0],
+            [3, 1024, 1, 0, 0, 0],
+            [3, 1024 << 32, 1, 0, 0, 0],
         ];
-        for network in [false, true] {
-            let tree = program(network);
-            let linear = linear_reference(network);
+        for v in VARIANTS {
+            let tree = program(v);
+            let linear = linear_reference(v);
             // Every jump lands inside the program.
             for (i, insn) in tree.iter().enumerate() {
                 let far = match insn.code {
@@ -438,7 +564,7 @@ mod tests {
                         assert_eq!(
                             run(tree, arch, n, *args),
                             run(&linear, arch, n, *args),
-                            "network {network}, nr {n}, args {args:x?}, arch {arch:#x}"
+                            "{v:?}, nr {n}, args {args:x?}, arch {arch:#x}"
                         );
                     }
                 }
@@ -454,7 +580,7 @@ mod tests {
 
     #[test]
     fn decisions() {
-        let p = program(false);
+        let p = program(VARIANTS[0]);
         let p = p.to_vec();
         let eperm = errno(libc::EPERM);
         let z = [0; 6];
@@ -477,19 +603,52 @@ mod tests {
         assert_eq!(call(&p, libc::SYS_socket, [2, 1, 0, 0, 0, 0]), eperm, "AF_INET");
         assert_eq!(call(&p, libc::SYS_socket, [10, 2, 0, 0, 0, 0]), eperm, "AF_INET6");
         assert_eq!(call(&p, libc::SYS_socket, [16, 3, 0, 0, 0, 0]), eperm, "AF_NETLINK");
-        assert_eq!(call(&p, libc::SYS_socketpair, [1, 1, 0, 0, 0, 0]), RET_ALLOW, "socketpair");
-        let open = program(true);
+        let pair = |family: u64, ty: u64| call(&p, libc::SYS_socketpair, [family, ty, 0, 0, 0, 0]);
+        assert_eq!(pair(1, 1), RET_ALLOW, "AF_UNIX stream pair");
+        assert_eq!(pair(1, 0x8_0805), RET_ALLOW, "seqpacket, CLOEXEC | NONBLOCK");
+        assert_eq!(pair(1, 2), eperm, "a datagram pair can sendto any pathname socket");
+        assert_eq!(pair(1, 0x8_0002), eperm, "datagram with flags");
+        assert_eq!(pair(1, 3), eperm, "SOCK_RAW is a datagram socket for AF_UNIX");
+        assert_eq!(pair(30, 1), eperm, "AF_TIPC");
+        for n in [libc::SYS_inotify_init1, libc::SYS_inotify_add_watch] {
+            assert_eq!(call(&p, n, z), eperm, "inotify {n}");
+        }
+        // The dedicated run-as user keeps its own files' metadata.
+        for &n in METADATA {
+            assert_eq!(call(&p, n, z), RET_ALLOW, "{n} unlocked");
+        }
+        assert_eq!(call(&p, libc::SYS_fcntl, [3, 1024, 1, 0, 0, 0]), RET_ALLOW);
+        let open = program(VARIANTS[1]);
         assert_eq!(call(open, libc::SYS_socket, [2, 1, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(call(open, libc::SYS_socket, [1, 1, 0, 0, 0, 0]), RET_ALLOW, "AF_UNIX");
         assert_eq!(call(open, libc::SYS_socketpair, [1, 1, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(call(open, libc::SYS_socketpair, [1, 2, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(call(open, libc::SYS_ptrace, z), eperm);
+    }
+
+    #[test]
+    fn a_locked_run_changes_no_files_metadata() {
+        let eperm = errno(libc::EPERM);
+        for v in &VARIANTS[2..] {
+            let p = program(*v);
+            for &n in METADATA {
+                assert_eq!(call(p, n, [0; 6]), eperm, "{v:?}: {n}");
+            }
+            let fcntl = |cmd: u64| call(p, libc::SYS_fcntl, [3, cmd, 1, 0, 0, 0]);
+            assert_eq!(fcntl(1024), eperm, "F_SETLEASE");
+            assert_eq!(fcntl(1025), RET_ALLOW, "F_GETLEASE");
+            assert_eq!(fcntl(u64::from(libc::F_SETFD as u32)), RET_ALLOW, "F_SETFD");
+            assert_eq!(fcntl(u64::from(libc::F_SETLK as u32)), RET_ALLOW, "record locks");
+            assert_eq!(call(p, libc::SYS_openat, [0; 6]), RET_ALLOW);
+            assert_eq!(call(p, libc::SYS_newfstatat, [0; 6]), RET_ALLOW);
+        }
     }
 
     #[test]
     fn another_process_cannot_be_named_only_the_caller() {
         let eperm = errno(libc::EPERM);
-        for network in [false, true] {
-            let p = program(network);
+        for v in VARIANTS {
+            let p = program(v);
             for &n in SELF_ONLY {
                 assert_eq!(call(p, n, [0, 7, 0, 0, 0, 0]), RET_ALLOW, "{n} on itself");
                 assert_eq!(call(p, n, [4242, 7, 0, 0, 0, 0]), eperm, "{n} on pid 4242");

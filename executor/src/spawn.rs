@@ -126,8 +126,8 @@ pub struct Prepared {
     pub landlock_reused: bool,
     landlock: Option<OwnedFd>,
     seccomp: &'static [seccomp::Insn],
-    /// Which of the two seccomp programs (`seccomp::program(network)`).
-    network: bool,
+    /// Which of the four seccomp programs (`seccomp::program`).
+    variant: seccomp::Variant,
     rlimits: Vec<(u32, u64, u64)>,
     identity: Option<Identity>,
     capabilities: u64,
@@ -379,6 +379,8 @@ pub fn prepare(
         .collect::<Result<Vec<_>, _>>()?;
     let cwd = cstring(&skill, "run directory", run_dir.path().as_os_str().as_bytes())?;
 
+    let variant =
+        seccomp::Variant { network: plan.granted.network, lock_metadata: !plan.run_as.dedicated };
     let report = SandboxReport {
         uid: plan.run_as.uid,
         gid: plan.run_as.gid,
@@ -403,8 +405,8 @@ pub fn prepare(
         report,
         landlock_reused: ll.reused,
         landlock: ll.fd,
-        seccomp: seccomp::program(plan.granted.network),
-        network: plan.granted.network,
+        seccomp: seccomp::program(variant),
+        variant,
         rlimits,
         identity: plan
             .run_as
@@ -421,12 +423,13 @@ pub fn prepare(
 }
 
 /// The engine's spawner threads (`sys::spawner`): one pool per seccomp
-/// program (with and without the network grant), started on first use.
+/// program ([`seccomp::Variant`]: the network grant, metadata locked),
+/// started on first use.
 /// A child created by one inherits the pool's filter instead of compiling
 /// it (~90 µs per spawn on the dev machine).
 #[derive(Debug, Default)]
 pub struct Spawners {
-    pools: [OnceLock<Option<Spawner>>; 2],
+    pools: [OnceLock<Option<Spawner>>; 4],
     /// No spawner threads: every child installs the filter itself.
     inline: bool,
 }
@@ -441,14 +444,14 @@ impl Spawners {
         Spawners { inline: true, ..Spawners::default() }
     }
 
-    /// The pool for `seccomp::program(network)`, `None` when inline or
+    /// The pool for `seccomp::program(variant)`, `None` when inline or
     /// when its threads could not start (logged once; the children then
     /// install the filter).
-    fn get(&self, network: bool) -> Option<&Spawner> {
+    fn get(&self, variant: seccomp::Variant) -> Option<&Spawner> {
         if self.inline {
             return None;
         }
-        self.pools[usize::from(network)]
+        self.pools[variant.index()]
             .get_or_init(|| {
                 // Two per CPU, 4 to 8: a thread whose parked child a run
                 // took is busy until it has parked another, and a run that
@@ -458,7 +461,7 @@ impl Spawners {
                 // lower in 6 (BENCHMARKS.md, twenty-sixth pass).
                 let threads = std::thread::available_parallelism()
                     .map_or(4, |n| n.get().saturating_mul(2).clamp(4, 8));
-                match Spawner::start(seccomp::program(network), threads, "ongrid-spawner") {
+                match Spawner::start(seccomp::program(variant), threads, "ongrid-spawner") {
                     Ok(s) => Some(s),
                     Err(e) => {
                         tracing::warn!(
@@ -570,7 +573,7 @@ pub fn spawn(
     // start) the child installs the program itself in step 4i.
     // Its bounding set is empty: a run granted capabilities (they must stay
     // in the bounding set) goes without one.
-    let spawner = if prep.capabilities == 0 { spawners.get(prep.network) } else { None };
+    let spawner = if prep.capabilities == 0 { spawners.get(prep.variant) } else { None };
     let mut spec = ChildSpec {
         path: &prep.path,
         argv: &argv,

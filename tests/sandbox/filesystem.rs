@@ -4,14 +4,15 @@
 //! root without capabilities) so that Unix permissions alone would allow
 //! the attempt and only the sandbox stops it.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use ongrid_tests::run::unsandboxed;
 use ongrid_tests::skill::set_mode;
 use ongrid_tests::{Config, SkillDir};
 use serde_json::{json, Value};
 
-use crate::{args, attack, blocked, blocked_with, outside, shared, Guard};
+use crate::{allowed, args, attack, blocked, blocked_with, outside, shared, Guard};
 
 /// Files and dirs the test planted outside the sandbox, removed on drop.
 struct Planted(Vec<PathBuf>);
@@ -275,5 +276,64 @@ fn hostile_run_dir_is_cleaned_without_following_links() {
     assert!(crate::removed_soon(Path::new(cwd)), "run dir {cwd} left behind");
     assert!(kept.exists(), "cleanup followed a symlink out of the run dir");
     assert!(Path::new("/etc/passwd").exists());
+    done(&skill, &g);
+}
+
+/// Landlock does not cover file metadata, and uid 0 owns the host's files:
+/// a run granted root (no capabilities) cannot change the mode, owner,
+/// extended attributes or times of a root-owned file outside the box, by
+/// path (`/var/tmp`) or through a read-only descriptor (a file in the
+/// skill's own folder, which Landlock lets it open), nor take a lease on
+/// it. Unsandboxed as root every probe works; each writes back what the
+/// file has, and the file is checked unchanged after the run.
+#[test]
+fn granted_root_cannot_change_file_metadata() {
+    let Some(g) = shared("granted_root_cannot_change_file_metadata") else { return };
+    let mut planted = Planted(vec![]);
+    let (skill, config) = as_root("metadata_root");
+    let outside = planted.file(outside(&skill, "/var/tmp", "meta"), "x", 0o600);
+    let inside = skill.path().join("readable");
+    std::fs::write(&inside, "x").expect("a file in the skill folder");
+    set_mode(&inside, 0o644);
+    let a = args("metadata", json!({"path": outside, "fd_path": inside}));
+    let stamp = |p: &Path| {
+        let m = std::fs::metadata(p).expect("stat");
+        (m.mode(), m.uid(), m.gid(), m.modified().ok())
+    };
+    let before = (stamp(&outside), stamp(&inside));
+    let base = unsandboxed(Path::new(crate::ATTACK), 0, 0, &a);
+    assert_eq!(
+        base["errnos"].as_object().map(|e| e.values().all(|v| v == 0)),
+        Some(true),
+        "baseline: {base}"
+    );
+    let run = skill.run(&config, &a);
+    ran_as_root(&run);
+    let r = blocked(&run);
+    let errnos = r["errnos"].as_object().expect("errnos");
+    assert_eq!(errnos.len(), 9, "every probe ran: {r}");
+    for (call, e) in errnos {
+        assert_eq!(e, &json!(libc::EPERM), "{call}: {r}");
+    }
+    assert_eq!((stamp(&outside), stamp(&inside)), before, "a file's metadata changed");
+    done(&skill, &g);
+}
+
+/// The dedicated run-as user owns nothing outside its run directory and
+/// keeps changing its own files' metadata there (`touch`, `tar`, `cp -p`).
+#[test]
+fn the_skill_user_changes_its_own_files_metadata() {
+    let Some(g) = shared("the_skill_user_changes_its_own_files_metadata") else { return };
+    let skill = attack("metadata_own");
+    let a = args("metadata", json!({"path": "mine", "fd_path": "also-mine", "create": true}));
+    let run = skill.run(&Config::new(), &a);
+    let r = allowed(&run);
+    let errnos = r["errnos"].as_object().expect("errnos");
+    assert_eq!(errnos.len(), 9, "every probe ran: {r}");
+    for (call, e) in errnos {
+        // user.* extended attributes are not supported on every tmpfs.
+        let ok = e == &json!(0) || (call.ends_with("setxattr") && e == &json!(libc::EOPNOTSUPP));
+        assert!(ok, "{call}: {r}");
+    }
     done(&skill, &g);
 }

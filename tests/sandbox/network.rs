@@ -6,7 +6,9 @@ use std::io::ErrorKind;
 use std::net::{TcpListener, UdpSocket};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener};
+use std::path::Path;
 
+use ongrid_tests::run::unsandboxed;
 use ongrid_tests::{host, Config};
 use serde_json::json;
 
@@ -133,5 +135,31 @@ fn pathname_unix_socket_outside_is_unreachable() {
     blocked(&run);
     l.set_nonblocking(true).expect("nonblocking");
     assert!(l.accept().is_err(), "the socket got a connection from the sandbox");
+    no_leftovers(&skill, &g);
+}
+
+/// §(b) 23: a datagram pair (no `socket(2)` needed) cannot send to a
+/// pathname datagram socket outside the sandbox by name (`/dev/log`,
+/// journald's socket): `socketpair` is allowed for stream and seqpacket
+/// pairs only. As the same user unsandboxed the datagram arrives.
+#[test]
+fn pathname_datagram_socket_outside_is_unreachable() {
+    let Some(g) = shared("pathname_datagram_socket_outside_is_unreachable") else { return };
+    let skill = attack("path_dgram");
+    let dir = tempfile::Builder::new().prefix("ongrid-sbx-dgram-").tempdir().expect("dir");
+    ongrid_tests::skill::set_mode(dir.path(), 0o777);
+    let path = dir.path().join("log");
+    let l = std::os::unix::net::UnixDatagram::bind(&path).expect("bind socket");
+    ongrid_tests::skill::set_mode(&path, 0o777);
+    l.set_nonblocking(true).expect("nonblocking");
+    let a = args("unix_dgram", json!({"path": path}));
+    let (uid, gid) = host::skill_user();
+    let base = unsandboxed(Path::new(crate::ATTACK), uid, gid, &a);
+    assert_eq!(base["succeeded"], json!(true), "baseline: the datagram was not sent: {base}");
+    let mut buf = [0u8; 64];
+    assert_eq!(l.recv(&mut buf).ok(), Some(12), "baseline: nothing arrived");
+    let run = skill.run(&Config::new(), &a);
+    blocked_with(&run, &[libc::EPERM]);
+    assert!(l.recv(&mut buf).is_err(), "a datagram from the sandbox arrived");
     no_leftovers(&skill, &g);
 }

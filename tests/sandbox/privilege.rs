@@ -147,6 +147,7 @@ denied_syscalls! {
     seccomp_denies_tiocsti: "tiocsti", false;
     seccomp_denies_tiocsti_high_bits: "tiocsti_high", false;
     seccomp_denies_fanotify_init: "fanotify_init", true;
+    seccomp_denies_inotify_init1: "inotify_init1", true;
 }
 
 /// §(b) 30: the 16-bit segment table (x86-64 only).

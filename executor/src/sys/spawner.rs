@@ -459,6 +459,11 @@ mod tests {
 
     use super::*;
 
+    /// The default run's program: no network, its own files' metadata.
+    fn test_program() -> &'static [crate::seccomp::Insn] {
+        crate::seccomp::program(crate::seccomp::Variant { network: false, lock_metadata: false })
+    }
+
     fn status_field(status: &str, key: &str) -> String {
         status
             .lines()
@@ -525,7 +530,7 @@ mod tests {
     /// no program, and the filter stays off the other threads.
     #[test]
     fn children_inherit_the_filter_and_nothing_else_gets_it() {
-        let program = crate::seccomp::program(false);
+        let program = test_program();
         let spawner = Spawner::start(program, 2, "test-spawner").expect("spawner");
         for _ in 0..3 {
             let status = child_status(|s| spawner.spawn(s));
@@ -563,7 +568,7 @@ mod tests {
     /// ends its threads.
     #[test]
     fn concurrent_callers_are_each_served_once() {
-        let spawner = Spawner::start(crate::seccomp::program(false), 2, "test-queue").unwrap();
+        let spawner = Spawner::start(test_program(), 2, "test-queue").unwrap();
         std::thread::scope(|s| {
             for _ in 0..6 {
                 s.spawn(|| {
@@ -605,7 +610,7 @@ mod tests {
         let high = super::super::fdtable::lift_file(std::fs::File::open("/dev/null").unwrap());
         assert!(u32::try_from(high.as_raw_fd()).unwrap() >= floor);
         let before: Vec<_> = (0..3).map(identity).chain([identity(high.as_raw_fd())]).collect();
-        let spawner = Spawner::start(crate::seccomp::program(false), 2, "test-share").unwrap();
+        let spawner = Spawner::start(test_program(), 2, "test-share").unwrap();
         for shared in [true, false] {
             let share = shared.then_some(floor);
             let status = child_status(|s| spawner.spawn(&ChildSpec { share_below: share, ..*s }));
@@ -633,7 +638,7 @@ mod tests {
     /// caller that gets to run late still knows when the setup ended.
     #[test]
     fn the_child_times_its_own_exec() {
-        let spawner = Spawner::start(crate::seccomp::program(false), 2, "test-exec-at").unwrap();
+        let spawner = Spawner::start(test_program(), 2, "test-exec-at").unwrap();
         for parked in [true, false, true] {
             let at = AtomicU64::new(0);
             let (before, returned) = (now_ns(), std::cell::Cell::new(0));
@@ -691,7 +696,7 @@ mod tests {
     /// leave: none is left, alive or a zombie.
     #[test]
     fn children_are_parked_ahead_run_the_spawns_and_leave_with_the_spawner() {
-        let spawner = Spawner::start(crate::seccomp::program(false), 2, "test-park").unwrap();
+        let spawner = Spawner::start(test_program(), 2, "test-park").unwrap();
         let before = parked_children(&spawner, "test-park", 2);
         let mut ran = 0;
         let status = child_status(|s| {
@@ -735,7 +740,7 @@ mod tests {
             }
             out
         }
-        let spawner = Spawner::start(crate::seccomp::program(false), 2, "test-load").unwrap();
+        let spawner = Spawner::start(test_program(), 2, "test-load").unwrap();
         for round in 0..2 {
             parked_children(&spawner, "test-load", 2);
             // A thread parks its child right after it left `parked_children`'s
@@ -788,8 +793,7 @@ mod tests {
     /// held on its way back from `park`, before it could answer.
     #[test]
     fn the_exec_itself_wakes_the_run() {
-        let spawner =
-            Arc::new(Spawner::start(crate::seccomp::program(false), 1, "test-exec").unwrap());
+        let spawner = Arc::new(Spawner::start(test_program(), 1, "test-exec").unwrap());
         let parked = parked_children(&spawner, "test-exec", 1);
         hold(&spawner, true, 0);
         let run = spawn_apart(&spawner);
@@ -818,7 +822,7 @@ mod tests {
             if super::super::process::set_thread_policy(libc::SCHED_FIFO, 10).is_err() {
                 return None;
             }
-            let spawner = Spawner::start(crate::seccomp::program(false), 1, "test-yield").unwrap();
+            let spawner = Spawner::start(test_program(), 1, "test-yield").unwrap();
             parked_children(&spawner, "test-yield", 1);
             // Until the child reaches its `exec`, as it timed it: there it
             // leaves SCHED_FIFO, and the rest waits for the spin anyway.
@@ -845,8 +849,7 @@ mod tests {
     /// answer.
     #[test]
     fn a_spawn_given_to_a_dead_parked_child_is_served() {
-        let spawner =
-            Arc::new(Spawner::start(crate::seccomp::program(false), 1, "test-dead").unwrap());
+        let spawner = Arc::new(Spawner::start(test_program(), 1, "test-dead").unwrap());
         let parked = parked_children(&spawner, "test-dead", 1);
         // Held after `park` returns: the dead child's berth stays listed as
         // parked, so the next spawn is given to it.
@@ -871,7 +874,7 @@ mod tests {
     /// next spawn is served.
     #[test]
     fn a_parked_child_killed_is_replaced() {
-        let spawner = Spawner::start(crate::seccomp::program(false), 1, "test-kill").unwrap();
+        let spawner = Spawner::start(test_program(), 1, "test-kill").unwrap();
         let first = parked_children(&spawner, "test-kill", 1);
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(first[0]), nix::sys::signal::SIGKILL)
             .unwrap();

@@ -88,6 +88,7 @@ fn syscall(name: &str) -> Result<Value, i32> {
             "kexec_load" => libc::syscall(libc::SYS_kexec_load, 0, 0, std::ptr::null::<u8>(), 0),
             // FAN_CLASS_NOTIF | FAN_REPORT_FID: allowed without privilege.
             "fanotify_init" => libc::syscall(libc::SYS_fanotify_init, 0x200, libc::O_RDONLY),
+            "inotify_init1" => libc::syscall(libc::SYS_inotify_init1, libc::IN_CLOEXEC),
             // Reads the LDT (func 0) into `buf`.
             #[cfg(target_arch = "x86_64")]
             "modify_ldt" => libc::syscall(libc::SYS_modify_ldt, 0, p, 128),

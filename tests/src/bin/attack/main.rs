@@ -24,6 +24,7 @@
 mod fs;
 mod kernel;
 mod limits;
+mod meta;
 mod net;
 mod probe;
 mod tree;
@@ -100,9 +101,9 @@ fn main() {
         | "mknod" | "exec_setuid" | "persist" | "exists" | "messy_run_dir" => {
             fs::attempt(&case, &args)
         }
-        "tcp_connect" | "udp_send" | "icmp" | "raw_socket" | "unix_abstract" | "unix_path" => {
-            net::attempt(&case, &args)
-        }
+        "metadata" => meta::attempt(&case, &args),
+        "tcp_connect" | "udp_send" | "icmp" | "raw_socket" | "unix_abstract" | "unix_path"
+        | "unix_dgram" => net::attempt(&case, &args),
         "syscall" | "kill" | "kill_all" | "ptrace" | "process_vm_readv" | "cmdline_scan"
         | "cgroup_escape" | "interfere" | "interfere_self" | "sysv_ipc" => {
             kernel::attempt(&case, &args)

@@ -3,7 +3,7 @@
 
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -77,6 +77,12 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
         "unix_path" => {
             UnixStream::connect(param(args, "path")).map(|_| json!({})).map_err(|e| io_errno(&e))
         }
+        // No socket(2) needed: an unbound datagram socket from a pair can
+        // still send to any pathname socket by name (`/dev/log`).
+        "unix_dgram" => UnixDatagram::pair()
+            .and_then(|(a, _b)| a.send_to(b"ongrid-dgram", param(args, "path")))
+            .map(|n| json!({"sent": n}))
+            .map_err(|e| io_errno(&e)),
         _ => Err(-1),
     };
     outcome(case, r)
