@@ -173,3 +173,41 @@ fn cpu_ticks(pid: u32) -> u64 {
     let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
     fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
+
+/// Clients that send a whole request and hang up at once, before their
+/// run starts or while it runs: every decision's row is completed (as
+/// `cancelled`, or with the run's outcome when it ended first), none is
+/// left looking like a run in progress (before, most of them were, until
+/// the next start called them `interrupted`).
+#[test]
+fn a_client_gone_before_its_run_starts_leaves_no_open_row() {
+    let s = Stack::start();
+    let body = json!({"args": {"n": 1}, "session_id": "hang-up"}).to_string();
+    let req = format!(
+        "POST /v1/skills/echo/execute HTTP/1.1\r\nHost: localhost\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    for _ in 0..40 {
+        let mut c = UnixStream::connect(&s.socket).unwrap();
+        c.write_all(req.as_bytes()).unwrap();
+        drop(c);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // (skilld may close some connections before it reads their request:
+    // those leave no row at all.)
+    std::thread::sleep(Duration::from_millis(500));
+    let mut rows = Vec::new();
+    let settled = eventually(Duration::from_secs(10), || {
+        let audit = s.get("/v1/audit?skill=echo&limit=100").json();
+        rows = audit["items"].as_array().cloned().unwrap_or_default();
+        rows.retain(|r| r["session_id"] == "hang-up");
+        !rows.is_empty() && rows.iter().all(|r| !r["outcome"].is_null())
+    });
+    let open: Vec<_> = rows.iter().filter(|r| r["outcome"].is_null()).map(|r| &r["id"]).collect();
+    assert!(settled, "{} of {} rows left open, ids {open:?}", open.len(), rows.len());
+    for r in &rows {
+        assert_eq!(r["decision"], "allow", "{r}");
+        assert!(r["finished_at"].is_number(), "{r}");
+    }
+}

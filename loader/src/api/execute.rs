@@ -168,29 +168,28 @@ pub async fn execute(
     };
     // The executor's side is polled first: the row is often written in
     // place, synchronously (`Audit`'s writer), and the held request should
-    // be on its way before that.
-    let (row_id, pre) = match fast {
+    // be on its way before that. The row's id goes into its `RunRow` as it
+    // arrives, inside the join: a client gone while the other side is
+    // still pending drops the guard, which completes the row `cancelled`.
+    let audit = app.audit();
+    let decided = async {
+        let id = audit.record_before_run(record).await?;
+        Ok::<_, AuditError>(RunRow::new(audit.clone(), Some(id)))
+    };
+    let (decided, pre) = match fast {
         Some((permit, p)) => {
-            let (held, row) = tokio::join!(
-                biased;
-                app.executor().execute_held(p),
-                app.audit().record_before_run(record)
-            );
+            let (held, row) = tokio::join!(biased; app.executor().execute_held(p), decided);
             (row, Pre::Held(permit, held))
         }
         None => {
-            let (opened, row) = tokio::join!(
-                biased;
-                app.executor().open(),
-                app.audit().record_before_run(record)
-            );
+            let (opened, row) = tokio::join!(biased; app.executor().open(), decided);
             (row, Pre::Opened(opened))
         }
     };
-    let row_id = match row_id {
-        Ok(id) => {
+    let row = match decided {
+        Ok(row) => {
             grant.keep();
-            Some(id)
+            row
         }
         Err(AuditError::Replayed(key_id)) => {
             drop(grant);
@@ -217,16 +216,15 @@ pub async fn execute(
                 error = %e,
                 "running unaudited (audit_required = false)"
             );
-            None
+            RunRow::new(audit.clone(), None)
         }
     };
-    let row = RunRow::new(app.audit().clone(), row_id);
     tracing::info!(
         skill = skill.name(),
         uid = who.uid,
         role = %who.role,
         mode = %who.mode,
-        reason = run_reason(&row_id),
+        reason = run_reason(row.id()),
         "run allowed"
     );
 
@@ -346,7 +344,7 @@ enum Pre {
     Opened(Result<Opened, ExecutorError>),
 }
 
-fn run_reason(row: &Option<i64>) -> &'static str {
+fn run_reason(row: Option<i64>) -> &'static str {
     if row.is_some() {
         "audited"
     } else {

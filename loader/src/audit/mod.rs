@@ -327,10 +327,10 @@ struct Waits {
     refusal: Histogram,
 }
 
-/// Which wait a request is timed in.
+/// Which wait a request is timed in (a decision's: in
+/// [`Audit::record_before_run`]).
 #[derive(Clone, Copy)]
 enum Row {
-    Decision,
     Completion,
     Refusal,
 }
@@ -417,7 +417,6 @@ impl Audit {
         let r = self.ask(job).await;
         if let Some(w) = &self.waits {
             let h = match row {
-                Row::Decision => &w.decision,
                 Row::Completion => &w.completion,
                 Row::Refusal => &w.refusal,
             };
@@ -463,8 +462,26 @@ impl Audit {
     /// # Errors
     ///
     /// As [`Audit::record`].
+    ///
+    /// A caller dropped before it has the id leaves no row open: the
+    /// thread completes a row whose id it could not hand over, and one
+    /// handed over but never taken is completed here, both as `cancelled`
+    /// (nothing ran). Once the id is returned, the caller holds it in a
+    /// [`RunRow`] at once.
     pub async fn record_before_run(&self, record: Record) -> Result<i64, AuditError> {
-        self.ask_timed(Row::Decision, |tx| Job::Record(Box::new(record), tx, true)).await
+        let started = std::time::Instant::now();
+        let (tx, rx) = oneshot::channel();
+        if let Some(job) =
+            self.journal.try_append(Job::Record(Box::new(record), tx, true), &self.tx)
+        {
+            self.tx.send(job).map_err(|_| AuditError::Closed)?;
+        }
+        let mut unclaimed = Unclaimed { rx, audit: self };
+        let r = (&mut unclaimed.rx).await.map_err(|_| AuditError::Closed);
+        if let Some(w) = &self.waits {
+            w.decision.observe(started.elapsed().as_secs_f64());
+        }
+        r?
     }
 
     /// Completes row `id`; returns once committed, or journaled.
@@ -524,6 +541,32 @@ impl Audit {
     }
 }
 
+/// What completes a decision's row whose caller went away before its run
+/// started.
+pub(super) fn unclaimed() -> Finish {
+    Finish {
+        outcome: "cancelled".into(),
+        error: Some("the client went away before the run started".into()),
+        ..Finish::default()
+    }
+}
+
+/// The receiving end of [`Audit::record_before_run`]'s id: dropped with
+/// the id in it (sent, never taken: the caller was dropped meanwhile), it
+/// completes that row.
+struct Unclaimed<'a> {
+    rx: oneshot::Receiver<Result<i64, AuditError>>,
+    audit: &'a Audit,
+}
+
+impl Drop for Unclaimed<'_> {
+    fn drop(&mut self) {
+        if let Ok(Ok(id)) = self.rx.try_recv() {
+            self.audit.finish_detached(id, unclaimed());
+        }
+    }
+}
+
 /// An allowed run's row, completed by [`RunRow::finish`]; dropped
 /// unfinished (the client went away), it is completed as `cancelled`.
 #[derive(Debug)]
@@ -538,6 +581,11 @@ impl RunRow {
     /// not required).
     pub fn new(audit: Audit, id: Option<i64>) -> Self {
         Self { audit, id, started: std::time::Instant::now() }
+    }
+
+    /// The row's id, if it was written.
+    pub fn id(&self) -> Option<i64> {
+        self.id
     }
 
     /// Completes the row and waits for the commit (which covers the

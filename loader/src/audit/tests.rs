@@ -614,3 +614,40 @@ fn stored_json_is_served_so_that_any_client_can_read_it() {
     assert!(serde_json::from_str::<serde_json::Value>(served.get()).is_ok());
     assert_eq!(stored_json(None, false).get(), "null");
 }
+
+/// A decision's row whose caller is dropped before it has the id (the
+/// client went away): completed `cancelled`, whether the thread had not
+/// handed the id over yet or had and nobody took it. None stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_whose_caller_went_away_is_completed_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let audit = Audit::start(&settings(dir.path(), 0), errors.clone(), &syncs()).unwrap();
+    let safe = |skill: &str| Record { class: "safe".into(), ..record(skill, &[]) };
+    for i in 0..40u64 {
+        let r = if i % 2 == 0 { record("rm", &[]) } else { safe("df") };
+        let asked = audit.record_before_run(r);
+        if i % 4 < 2 {
+            // Dropped at its first poll unless that answered (a journaled
+            // row is answered in place): then held as the handler holds it.
+            if let Ok(Ok(id)) = tokio::time::timeout(Duration::ZERO, asked).await {
+                drop(RunRow::new(audit.clone(), Some(id)));
+            }
+        } else {
+            // Dropped after the thread may have answered.
+            let mut asked = Box::pin(asked);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let _ = std::future::Future::poll(asked.as_mut(), &mut cx);
+            std::thread::sleep(Duration::from_millis(2));
+            drop(asked);
+        }
+    }
+    let rows = audit.query(Query { limit: 100, ..Query::default() }).await.unwrap();
+    assert_eq!(rows.len(), 40);
+    for e in &rows {
+        assert_eq!(e.outcome.as_deref(), Some("cancelled"), "{e:?}");
+        assert!(e.error.as_deref().is_some_and(|t| t.starts_with("the client went away")));
+        assert!(e.finished_at.is_some(), "{e:?}");
+    }
+    assert_eq!(errors.get(), 0);
+}

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use super::journal::{self, Journal, INGEST_AFTER};
 use super::sql::{self, run_cached, Done, Row, WriteError};
 use super::syncer::{sync_commits, wal_path, Syncer};
-use super::{AuditError, Job, PRUNE_EVERY};
+use super::{unclaimed, AuditError, Finish, Job, PRUNE_EVERY};
 use crate::config::{AuditSettings, AuditSync};
 
 /// Most critical run rows remembered until their completion.
@@ -231,7 +231,11 @@ impl Worker {
                     match r {
                         Ok(id) if early => {
                             group.written += 1;
-                            let _ = reply.send(Ok(id));
+                            if reply.send(Ok(id)).is_err() {
+                                // The handler went away before it had the
+                                // id: nothing ran, nobody will finish it.
+                                self.finish(&mut group, id, &unclaimed(), None);
+                            }
                         }
                         Ok(id) => {
                             group.written += 1;
@@ -242,27 +246,7 @@ impl Worker {
                         }
                     }
                 }
-                Job::Finish(id, finish, reply) => {
-                    // Its row may be journaled and not yet written (the
-                    // journal failed since): write the journal's rows first.
-                    if self.journal.has_pending() {
-                        self.commit(&mut group);
-                        self.ingest();
-                    }
-                    self.journal.completed_directly(id);
-                    group.critical |= self.critical.remove(&id);
-                    match self.stage(&mut group, |db| sql::update(db, &Done::new(id, &finish))) {
-                        Ok(()) => {
-                            group.written += 1;
-                            group.waiters.push(Waiter::Finish(reply));
-                        }
-                        Err(e) => {
-                            if let Some(reply) = reply {
-                                let _ = reply.send(Err(e));
-                            }
-                        }
-                    }
-                }
+                Job::Finish(id, finish, reply) => self.finish(&mut group, id, &finish, reply),
                 Job::Query(q, reply) => {
                     self.commit(&mut group);
                     self.ingest();
@@ -296,6 +280,35 @@ impl Worker {
             }
         }
         self.commit(&mut group);
+    }
+
+    /// Completes row `id` in `group`; `reply` hears of the commit.
+    fn finish(
+        &mut self,
+        group: &mut Group,
+        id: i64,
+        finish: &Finish,
+        reply: Option<oneshot::Sender<Result<(), AuditError>>>,
+    ) {
+        // Its row may be journaled and not yet written (the journal failed
+        // since): write the journal's rows first.
+        if self.journal.has_pending() {
+            self.commit(group);
+            self.ingest();
+        }
+        self.journal.completed_directly(id);
+        group.critical |= self.critical.remove(&id);
+        match self.stage(group, |db| sql::update(db, &Done::new(id, finish))) {
+            Ok(()) => {
+                group.written += 1;
+                group.waiters.push(Waiter::Finish(reply));
+            }
+            Err(e) => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(e));
+                }
+            }
+        }
     }
 
     fn unavailable(&self, e: &rusqlite::Error) -> AuditError {
