@@ -238,3 +238,23 @@ fn malformed_jsonrpc_never_crashes_or_wedges_the_executor() {
     assert_eq!(report["result"], json!({"n": 3}));
     still_works(&mut s, 4);
 }
+
+/// A 405 names the methods of the route it came to (RFC 9110 §15.5.6):
+/// the execute and reload routes take POST only, the others GET (and
+/// HEAD); the body is the API's JSON error.
+#[test]
+fn a_wrong_method_is_told_the_routes_own_methods() {
+    let s = Stack::start();
+    for (method, path, allow) in [
+        ("GET", "/v1/skills/echo/execute", "POST"),
+        ("GET", "/v1/reload", "POST"),
+        ("POST", "/v1/health", "GET,HEAD"),
+        ("DELETE", "/v1/skills", "GET,HEAD"),
+        ("PUT", "/v1/skills/echo", "GET,HEAD"),
+    ] {
+        let r = crate::harness::http(&s.socket, method, path, "application/json", None);
+        assert_eq!(r.status, 405, "{method} {path}");
+        assert_eq!(r.header("allow"), Some(allow), "{method} {path}");
+        assert_eq!(r.json()["error"]["code"], "method_not_allowed", "{method} {path}");
+    }
+}

@@ -115,16 +115,10 @@ impl ApiError {
 }
 
 impl IntoResponse for ApiError {
+    /// The status and JSON body. A 405's `Allow` header is the router's
+    /// (axum adds the methods of the route that matched when none is set).
     fn into_response(self) -> Response {
-        let mut response = (self.status(), Json(self.body())).into_response();
-        if matches!(self, ApiError::MethodNotAllowed) {
-            // Every route of the API is either GET or POST.
-            response.headers_mut().insert(
-                axum::http::header::ALLOW,
-                axum::http::HeaderValue::from_static("GET, POST"),
-            );
-        }
-        response
+        (self.status(), Json(self.body())).into_response()
     }
 }
 
