@@ -16,7 +16,7 @@
 //! max_concurrent_runs = 64             # runs at once, each until its answer is taken
 //! queue_timeout_seconds = 10
 //! request_timeout_seconds = 30
-//! header_timeout_seconds = 10         # a request head must arrive within this
+//! header_timeout_seconds = 10         # a request head must be complete this long after its first byte
 //! idle_timeout_seconds = 60           # a connection with no request in progress is closed after
 //! socket_group = "ongrid"             # who may connect at all (with socket_mode 0660)
 //! approval_max_ttl_seconds = 900
@@ -208,7 +208,8 @@ pub struct FileConfig {
     pub queue_timeout_seconds: Option<u64>,
     /// How long a client may take to send its request body.
     pub request_timeout_seconds: Option<u64>,
-    /// How long a client may take to send its request head.
+    /// How long a client may take to send a request head, from its first
+    /// byte.
     pub header_timeout_seconds: Option<u64>,
     /// How long a connection may stay idle (no request in progress, no
     /// byte moved) before it is closed.

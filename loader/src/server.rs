@@ -14,11 +14,13 @@
 //!
 //! A client cannot hold one of the `max_connections` slots for ever:
 //!
-//! - the request head must arrive within `header_timeout` (hyper's
-//!   header read timeout; a slow-loris sending one byte a second is cut);
+//! - a request head must be complete within `header_timeout` of its first
+//!   byte (a slow-loris sending one byte a second is cut);
 //! - a connection with no request in progress and no byte read or written
 //!   for `idle_timeout` is closed: one that never sends anything, or sits
-//!   idle on keep-alive after its answers;
+//!   idle on keep-alive after its answers. (hyper's own header read timeout
+//!   is not used: it also runs while a keep-alive connection waits for its
+//!   next request, which cut every idle connection at `header_timeout`.)
 //! - an answer whose writes have been blocked (the client does not read)
 //!   for `idle_timeout` ends the connection;
 //! - a request body must arrive within the request timeout (408, in the
@@ -217,7 +219,9 @@ async fn serve_connection(
     let activity = Arc::new(Activity::new());
     let in_flight = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&in_flight);
+    let heads = Arc::clone(&activity);
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        heads.head_done();
         req.extensions_mut().insert(caller);
         let router = router.clone();
         // Counted from the head until the answer's body is dropped (fully
@@ -248,10 +252,14 @@ async fn serve_connection(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
+        .header_read_timeout(None)
         .max_buf_size(64 << 10)
         .half_close(true);
-    let io = Tracked { inner: stream, activity: Arc::clone(&activity) };
+    let io = Tracked {
+        inner: stream,
+        activity: Arc::clone(&activity),
+        requests: Arc::clone(&in_flight),
+    };
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     // With a request in flight the connection is looked at every `busy_tick`
@@ -287,6 +295,12 @@ async fn serve_connection(
                     } else {
                         ready.clear_ready();
                     }
+                    // Bytes between requests start a head: it is looked
+                    // at again when `header_timeout` is up.
+                    let head_due = tokio::time::Instant::now() + header_timeout;
+                    if in_flight.load(Ordering::Acquire) == 0 && idle_check.deadline() > head_due {
+                        idle_check.as_mut().reset(head_due);
+                    }
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, uid = caller.uid, "connection watch failed; closing");
@@ -299,8 +313,13 @@ async fn serve_connection(
                     return;
                 }
                 let (why, next) = if in_flight.load(Ordering::Acquire) == 0 {
-                    let quiet = activity.quiet_for(idle_timeout).then_some("idle");
-                    (quiet, activity.quiet_until(idle_timeout))
+                    let why = if activity.head_late(header_timeout) {
+                        Some("request head not complete within header_timeout")
+                    } else {
+                        activity.quiet_for(idle_timeout).then_some("idle")
+                    };
+                    let next = activity.quiet_until(idle_timeout);
+                    (why, activity.head_due(header_timeout).map_or(next, |h| h.min(next)))
                 } else {
                     let blocked =
                         activity.write_blocked_for(idle_timeout).then_some("client not reading");
@@ -340,6 +359,9 @@ struct Activity {
     start: std::time::Instant,
     last_io: AtomicU64,
     blocked_since: AtomicU64,
+    /// When the first byte of a request head not yet complete was read
+    /// (0: none).
+    head_since: AtomicU64,
 }
 
 impl Activity {
@@ -348,7 +370,32 @@ impl Activity {
             start: std::time::Instant::now(),
             last_io: AtomicU64::new(0),
             blocked_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(0),
         }
+    }
+
+    /// Bytes read with no request in progress: a head begins, unless one
+    /// already has.
+    fn head_begins(&self) {
+        let _ =
+            self.head_since.compare_exchange(0, self.now(), Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// A head is complete (its request is being served).
+    fn head_done(&self) {
+        self.head_since.store(0, Ordering::Release);
+    }
+
+    /// When the head in progress will have taken `d`, if one is.
+    fn head_due(&self, d: Duration) -> Option<tokio::time::Instant> {
+        let since = self.head_since.load(Ordering::Acquire);
+        (since != 0)
+            .then(|| tokio::time::Instant::from_std(self.start + Duration::from_millis(since) + d))
+    }
+
+    /// A head has been in progress for `d` or more.
+    fn head_late(&self, d: Duration) -> bool {
+        self.head_due(d).is_some_and(|due| due <= tokio::time::Instant::now())
     }
 
     /// Milliseconds since `start`, at least 1.
@@ -379,11 +426,14 @@ impl Activity {
     }
 }
 
-/// The socket, recording its reads and writes in an [`Activity`].
+/// The socket, recording its reads and writes in an [`Activity`], and
+/// bytes read while no request is in progress (`requests`) as the start
+/// of a head.
 #[derive(Debug)]
 struct Tracked {
     inner: QuietStream,
     activity: Arc<Activity>,
+    requests: Arc<AtomicUsize>,
 }
 
 impl AsyncRead for Tracked {
@@ -396,6 +446,9 @@ impl AsyncRead for Tracked {
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.activity.moved();
+            if self.requests.load(Ordering::Acquire) == 0 {
+                self.activity.head_begins();
+            }
         }
         r
     }

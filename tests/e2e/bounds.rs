@@ -284,3 +284,55 @@ fn idle_connections_wake_neither_daemon() {
     let n = c.read(&mut buf).unwrap();
     assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&buf[..n]));
 }
+
+/// `header_timeout` bounds a request head from its first byte, and
+/// `idle_timeout` a connection with no request: a keep-alive connection
+/// idle after its answer stays open past the header timeout (hyper's
+/// own header timer, used before, cut it there) until the idle one; a
+/// slow head is still cut at the header timeout.
+#[test]
+fn skilld_header_and_idle_timeouts_are_separate() {
+    let s = Stack::start_with(EXECUTOR, "header_timeout_seconds = 1\nidle_timeout_seconds = 4\n");
+
+    let mut idle = UnixStream::connect(&s.socket).unwrap();
+    idle.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 4096];
+    let n = idle.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&buf[..n]));
+    let answered = Instant::now();
+
+    // Meanwhile a slow head on another connection: cut after ~1 s.
+    let mut slow = UnixStream::connect(&s.socket).unwrap();
+    let started = Instant::now();
+    let mut cut = None;
+    for b in
+        b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+    {
+        if slow.write_all(&[*b]).is_err() || server_done(&mut slow) {
+            cut = Some(started.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cut = cut.expect("a slow head was never cut");
+    assert!(cut < Duration::from_secs(3), "slow head cut after {cut:?}");
+
+    let closed = closed_within(&mut idle, Duration::from_secs(10)).map(|_| answered.elapsed());
+    let closed = closed.expect("an idle keep-alive connection was never closed");
+    assert!(
+        closed >= Duration::from_millis(3500) && closed < Duration::from_secs(8),
+        "idle keep-alive closed {closed:?} after its answer (header 1 s, idle 4 s)"
+    );
+    // It was open, and usable, past the header timeout: a second request
+    // on a fresh idle connection after 2 s is answered.
+    let mut again = UnixStream::connect(&s.socket).unwrap();
+    again.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    again.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let n = again.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    std::thread::sleep(Duration::from_secs(2));
+    again.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let n = again.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "the second request after 2 s idle: {n} bytes");
+}
