@@ -170,6 +170,20 @@ impl App {
         summary
     }
 
+    /// The longest a run of a registered skill may take from its start to
+    /// its report: its timeout and the report's slack. skilld's drain waits
+    /// that long for the runs in flight.
+    pub fn longest_run(&self) -> std::time::Duration {
+        let longest = self
+            .registry()
+            .current()
+            .iter()
+            .map(|s| s.registered().manifest().timeout())
+            .max()
+            .unwrap_or_default();
+        longest + crate::api::execute::REPORT_SLACK
+    }
+
     /// The registry.
     pub fn registry(&self) -> &Registry {
         &self.registry

@@ -128,7 +128,6 @@ impl Daemon {
             max_connections: settings.max_connections,
             header_timeout: settings.header_timeout,
             idle_timeout: settings.idle_timeout,
-            drain: std::time::Duration::from_secs(10),
         };
         Ok(Self { app, api, socket_inherited, metrics, opts })
     }
@@ -139,7 +138,21 @@ impl Daemon {
             let router = api::metrics_router(Arc::clone(&self.app));
             tokio::spawn(crate::metrics_listener::serve(listener, router, shutdown.clone()))
         });
-        server::serve(self.api, api::router(Arc::clone(&self.app)), self.opts, shutdown).await;
+        let draining =
+            server::serve(self.api, api::router(Arc::clone(&self.app)), self.opts, shutdown).await;
+        // Runs in flight may end within their deadlines, as the executor
+        // lets them (the longest a registered skill may take, with the
+        // report's slack); what is left then is cut and recorded so.
+        let deadline = self.app.longest_run();
+        if !draining.wait(deadline).await {
+            tracing::warn!(
+                connections = draining.open(),
+                deadline_seconds = deadline.as_secs(),
+                "drain deadline passed; ending the runs still in flight"
+            );
+            self.app.audit().stopping();
+            draining.abort().await;
+        }
         if let Some(task) = metrics {
             let _ = task.await;
         }

@@ -95,8 +95,35 @@ pub struct ServeOptions {
     /// without reading or writing a byte (and how long an answer's writes
     /// may stay blocked) before it is closed.
     pub idle_timeout: Duration,
-    /// How long [`serve`] waits for requests in progress after shutdown.
-    pub drain: Duration,
+}
+
+/// The connections still open when [`serve`] stopped accepting: each
+/// finishes the request it is serving (hyper's graceful shutdown) unless
+/// [`Draining::abort`] ends it first.
+#[derive(Debug)]
+pub struct Draining {
+    tracker: TaskTracker,
+    abort: CancellationToken,
+}
+
+impl Draining {
+    /// Waits up to `deadline` for every connection to end; true if they did.
+    pub async fn wait(&self, deadline: Duration) -> bool {
+        tokio::time::timeout(deadline, self.tracker.wait()).await.is_ok()
+    }
+
+    /// The connections still open: how many.
+    pub fn open(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// Ends every connection still open (their requests' futures are
+    /// dropped: a run in flight is cancelled and its audit row completed)
+    /// and waits, briefly, for their tasks to go.
+    pub async fn abort(self) {
+        self.abort.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.tracker.wait()).await;
+    }
 }
 
 /// Why the client socket could not be bound.
@@ -144,15 +171,19 @@ pub async fn bind(path: &Path, mode: u32) -> Result<UnixListener, BindError> {
     Ok(listener)
 }
 
-/// Serves `router` on `listener` until `shutdown` is cancelled.
+/// Serves `router` on `listener` until `shutdown` is cancelled, then
+/// closes the listener (a client that comes now is refused at once, or,
+/// on a socket systemd passed and keeps, waits in its backlog for the next
+/// start) and returns the connections still open.
 pub async fn serve(
     listener: UnixListener,
     router: Router,
     opts: ServeOptions,
     shutdown: CancellationToken,
-) {
+) -> Draining {
     let permits = Arc::new(Semaphore::new(opts.max_connections));
     let tracker = TaskTracker::new();
+    let abort = CancellationToken::new();
     let mut backoff = Duration::from_millis(10);
     loop {
         // Wait for a free slot before accepting, so excess clients queue in
@@ -196,17 +227,23 @@ pub async fn serve(
             }
         };
         let router = router.clone();
-        let shutdown = shutdown.clone();
+        let ends = Ends { shutdown: shutdown.clone(), abort: abort.clone() };
         let timeouts = (opts.header_timeout, opts.idle_timeout);
         tracker.spawn(async move {
             let _permit = permit;
-            serve_connection(stream, caller, router, timeouts, shutdown).await;
+            serve_connection(stream, caller, router, timeouts, ends).await;
         });
     }
+    drop(listener);
     tracker.close();
-    if tokio::time::timeout(opts.drain, tracker.wait()).await.is_err() {
-        tracing::warn!(connections = tracker.len(), "drain deadline passed; closing connections");
-    }
+    Draining { tracker, abort }
+}
+
+/// What ends a connection from outside: `shutdown` lets its request in
+/// progress finish, `abort` does not.
+struct Ends {
+    shutdown: CancellationToken,
+    abort: CancellationToken,
 }
 
 async fn serve_connection(
@@ -214,7 +251,7 @@ async fn serve_connection(
     caller: Caller,
     router: Router,
     (header_timeout, idle_timeout): (Duration, Duration),
-    shutdown: CancellationToken,
+    ends: Ends,
 ) {
     let activity = Arc::new(Activity::new());
     let in_flight = Arc::new(AtomicUsize::new(0));
@@ -277,9 +314,12 @@ async fn serve_connection(
     let result = loop {
         tokio::select! {
             r = conn.as_mut() => break r,
-            () = shutdown.cancelled() => {
+            () = ends.shutdown.cancelled() => {
                 conn.as_mut().graceful_shutdown();
-                break conn.await;
+                tokio::select! {
+                    r = conn.as_mut() => break r,
+                    () = ends.abort.cancelled() => return,
+                }
             }
             // Woken by each new event on the socket (a request's bytes, an
             // end of file, a hang-up): nothing is read here.

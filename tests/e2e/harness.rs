@@ -460,6 +460,15 @@ impl Stack {
     }
 
     /// Signals the executor without waiting.
+    pub fn signal_skilld(&self, sig: Signal) {
+        signal(&self.skilld, sig);
+    }
+
+    /// Waits up to `timeout` for the signalled skilld to exit.
+    pub fn wait_skilld(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        wait_exit(&mut self.skilld, timeout)
+    }
+
     pub fn signal_executor(&self, sig: Signal) {
         signal(self.executor.as_ref().expect("executor running"), sig);
     }

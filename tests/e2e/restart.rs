@@ -80,3 +80,27 @@ fn executor_killed_during_a_run() {
     );
     assert_runs(&s, 4);
 }
+
+/// SIGTERM to skilld during a run: it stops accepting at once (a new
+/// client is refused, not left hanging in the backlog until skilld
+/// exits), lets the run in flight finish and answer, then exits 0.
+#[test]
+fn skilld_sigterm_during_a_run_refuses_new_clients_and_lets_it_finish() {
+    let mut s = Stack::start();
+    let socket = s.socket.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let run = std::thread::spawn(move || crate::cancel::stream_with_pid(&socket, "finisher", &tx));
+    rx.recv_timeout(Duration::from_secs(30)).expect("the run never started");
+    s.signal_skilld(Signal::SIGTERM);
+    // Refused while the run (1 s) is still going.
+    let refused = eventually(Duration::from_millis(300), || {
+        std::os::unix::net::UnixStream::connect(&s.socket).is_err()
+    });
+    assert!(!run.is_finished(), "the run ended before the check");
+    assert!(refused, "skilld still accepts connections while it drains\n{}", s.logs());
+    let rest = run.join().unwrap();
+    assert!(rest.contains("\"outcome\":\"ok\""), "{rest}\n{}", s.logs());
+    assert!(rest.contains("\"result\":{\"done\":true}"), "{rest}");
+    let st = s.wait_skilld(Duration::from_secs(20)).expect("skilld exits after its drain");
+    assert!(st.success(), "{st}\n{}", s.logs());
+}

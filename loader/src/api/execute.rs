@@ -58,7 +58,7 @@ pub const NDJSON: &str = "application/x-ndjson";
 
 /// How long past the skill's own timeout the loader waits for the
 /// executor's report (the executor's grace period plus slack).
-const REPORT_SLACK: Duration = Duration::from_secs(15);
+pub(crate) const REPORT_SLACK: Duration = Duration::from_secs(15);
 
 /// Longest `session_id` accepted.
 const MAX_SESSION_ID: usize = 256;

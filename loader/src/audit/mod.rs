@@ -317,6 +317,8 @@ pub struct Audit {
     required: bool,
     /// `ongrid_audit_wait_seconds{row}`, when observed ([`Audit::observe_waits`]).
     waits: Option<Arc<Waits>>,
+    /// Set by [`Audit::stopping`]: runs cut from now on were cut by skilld.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The children of `ongrid_audit_wait_seconds` by `row`.
@@ -391,7 +393,7 @@ impl Audit {
             }
             return Err(e);
         }
-        Ok(Self { tx, journal, required: settings.required, waits: None })
+        Ok(Self { tx, journal, required: settings.required, waits: None, stopping: Arc::default() })
     }
 
     /// Times every wait for a row in `waits` (`ongrid_audit_wait_seconds`,
@@ -428,6 +430,12 @@ impl Audit {
     /// Whether runs are refused when the audit cannot be written.
     pub fn required(&self) -> bool {
         self.required
+    }
+
+    /// skilld is stopping and cuts the runs still in flight: a [`RunRow`]
+    /// dropped from now on says so, rather than that its client went away.
+    pub fn stopping(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::Release);
     }
 
     async fn ask<T>(
@@ -606,11 +614,16 @@ impl RunRow {
 impl Drop for RunRow {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
+            let why = if self.audit.stopping.load(std::sync::atomic::Ordering::Acquire) {
+                "ongrid-skilld stopped before the run ended"
+            } else {
+                "the client went away before the run ended"
+            };
             self.audit.finish_detached(
                 id,
                 Finish {
                     outcome: "cancelled".into(),
-                    error: Some("the client went away before the run ended".into()),
+                    error: Some(why.into()),
                     duration_ms: Some(elapsed_ms(self.started)),
                     ..Finish::default()
                 },

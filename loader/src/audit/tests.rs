@@ -651,3 +651,20 @@ async fn a_decision_whose_caller_went_away_is_completed_cancelled() {
     }
     assert_eq!(errors.get(), 0);
 }
+
+/// A run cut because skilld stops says so, not that its client left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cut_by_a_stopping_skilld_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let audit = Audit::start(&settings(dir.path(), 0), errors, &syncs()).unwrap();
+    let left = audit.record_before_run(record("rm", &[])).await.unwrap();
+    drop(RunRow::new(audit.clone(), Some(left)));
+    audit.stopping();
+    let cut = audit.record_before_run(record("rm", &[])).await.unwrap();
+    drop(RunRow::new(audit.clone(), Some(cut)));
+    let rows = audit.query(Query { limit: 10, ..Query::default() }).await.unwrap();
+    let error = |id: i64| rows.iter().find(|e| e.id == id).and_then(|e| e.error.clone());
+    assert_eq!(error(left).as_deref(), Some("the client went away before the run ended"));
+    assert_eq!(error(cut).as_deref(), Some("ongrid-skilld stopped before the run ended"));
+}
