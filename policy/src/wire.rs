@@ -148,6 +148,11 @@ impl WireError {
     }
 }
 
+/// Longest string `id` a request may carry: every notification and answer
+/// of a run repeats it (one per stderr line), so a long one would multiply
+/// the executor's write queue.
+pub const MAX_ID_BYTES: usize = 256;
+
 /// Decodes one line (without its `\n`) into a request. Returns the id it
 /// could recover alongside any error, so the error response can carry it.
 ///
@@ -161,6 +166,12 @@ pub fn decode_line(line: &[u8]) -> Result<Request, (Value, WireError)> {
         return Err((Value::Null, WireError::InvalidRequest("not an object".into())));
     };
     let id = match obj.remove("id") {
+        Some(Value::String(s)) if s.len() > MAX_ID_BYTES => {
+            return Err((
+                Value::Null,
+                WireError::InvalidRequest(format!("id longer than {MAX_ID_BYTES} bytes")),
+            ))
+        }
         Some(id @ (Value::Number(_) | Value::String(_))) => id,
         Some(_) => {
             return Err((
@@ -555,6 +566,14 @@ mod tests {
 
     #[test]
     fn bad_lines_get_the_right_code() {
+        let with_id =
+            |n: usize| format!(r#"{{"jsonrpc":"2.0","id":"{}","method":"ping"}}"#, "i".repeat(n));
+        let longest = "i".repeat(MAX_ID_BYTES);
+        assert_eq!(
+            decode_line(with_id(MAX_ID_BYTES).as_bytes()).unwrap(),
+            Request::Ping { id: json!(longest) }
+        );
+        let long_id = with_id(MAX_ID_BYTES + 1);
         let cases: &[(&[u8], i64, Value)] = &[
             (b"", code::PARSE_ERROR, Value::Null),
             (b"{", code::PARSE_ERROR, Value::Null),
@@ -562,6 +581,7 @@ mod tests {
             (b"[]", code::INVALID_REQUEST, Value::Null),
             (br#"{"jsonrpc":"2.0","method":"ping"}"#, code::INVALID_REQUEST, Value::Null),
             (br#"{"jsonrpc":"2.0","id":{},"method":"ping"}"#, code::INVALID_REQUEST, Value::Null),
+            (long_id.as_bytes(), code::INVALID_REQUEST, Value::Null),
             (br#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#, code::INVALID_REQUEST, json!(1)),
             (br#"{"jsonrpc":"2.0","id":"a","method":5}"#, code::INVALID_REQUEST, json!("a")),
             (br#"{"jsonrpc":"2.0","id":2,"method":"rm"}"#, code::METHOD_NOT_FOUND, json!(2)),
