@@ -24,6 +24,7 @@
 //! audit_required = true                # false: run unaudited when the DB fails
 //! audit_max_rows = 1000000             # 0 = no row cap
 //! audit_max_age_days = 90              # 0 = keep forever
+//! audit_max_bytes = 1073741824         # 0 = no size cap
 //! audit_synchronous = "interval"       # or "full", "normal" (see [`AuditSync`])
 //! audit_sync_interval_ms = 100         # "interval": the longest a commit waits for its fsync
 //!
@@ -69,6 +70,8 @@ pub const DEFAULT_AUDIT_DB: &str = "/var/lib/ongrid/audit.db";
 pub const DEFAULT_AUDIT_MAX_ROWS: u64 = 1_000_000;
 /// Default of `audit_max_age_days`.
 pub const DEFAULT_AUDIT_MAX_AGE_DAYS: u64 = 90;
+/// Default of `audit_max_bytes` (1 GiB).
+pub const DEFAULT_AUDIT_MAX_BYTES: u64 = 1 << 30;
 /// Default of `audit_sync_interval_ms`.
 pub const DEFAULT_AUDIT_SYNC_INTERVAL_MS: u64 = 100;
 /// Longest `audit_sync_interval_ms` accepted (one minute).
@@ -176,6 +179,9 @@ pub struct AuditSettings {
     pub max_rows: u64,
     /// Drop rows older than this many days (0 = keep forever).
     pub max_age_days: u64,
+    /// Drop the oldest rows while the rows take more than this many bytes
+    /// of the database (0 = no cap).
+    pub max_bytes: u64,
     /// When a commit reaches the disk.
     pub synchronous: AuditSync,
     /// With [`AuditSync::Interval`], the longest a commit waits for its
@@ -231,6 +237,8 @@ pub struct FileConfig {
     pub audit_max_rows: Option<u64>,
     /// Age cap of the audit trail in days (0 = none).
     pub audit_max_age_days: Option<u64>,
+    /// Size cap of the audit trail in bytes (0 = none).
+    pub audit_max_bytes: Option<u64>,
     /// `interval` (default), `full` or `normal`.
     pub audit_synchronous: Option<AuditSync>,
     /// With `interval`: milliseconds between a commit and its `fsync`.
@@ -447,6 +455,7 @@ impl FileConfig {
             required: self.audit_required.unwrap_or(true),
             max_rows: self.audit_max_rows.unwrap_or(DEFAULT_AUDIT_MAX_ROWS),
             max_age_days: self.audit_max_age_days.unwrap_or(DEFAULT_AUDIT_MAX_AGE_DAYS),
+            max_bytes: self.audit_max_bytes.unwrap_or(DEFAULT_AUDIT_MAX_BYTES),
             synchronous: self.audit_synchronous.unwrap_or_default(),
             sync_interval: match self.audit_sync_interval_ms {
                 None => Duration::from_millis(DEFAULT_AUDIT_SYNC_INTERVAL_MS),
@@ -652,6 +661,7 @@ mod tests {
                audit_required = false
                audit_max_rows = 10
                audit_max_age_days = 0
+               audit_max_bytes = 4096
                audit_synchronous = "normal"
                audit_sync_interval_ms = 250
                [[callers]]
@@ -684,6 +694,7 @@ mod tests {
                 required: false,
                 max_rows: 10,
                 max_age_days: 0,
+                max_bytes: 4096,
                 synchronous: AuditSync::Normal,
                 sync_interval: Duration::from_millis(250),
             }

@@ -125,8 +125,11 @@
 //! # Retention
 //!
 //! At open and every [`PRUNE_EVERY`] inserts: rows beyond `audit_max_rows`
-//! (oldest first) and rows older than `audit_max_age_days` are deleted, and
-//! so are used approvals past their expiry.
+//! (oldest first), rows older than `audit_max_age_days` and, while the rows
+//! take more than `audit_max_bytes` of the database, the oldest rows are
+//! deleted, and so are used approvals past their expiry. (A caller refused
+//! again and again writes a row each time, with up to 64 KiB of args: the
+//! size cap bounds the file whatever the rows hold.)
 
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};

@@ -111,8 +111,49 @@ pub(super) fn prune(db: &mut Connection, settings: &AuditSettings) -> rusqlite::
             params![now_ms().saturating_sub(age_ms)],
         )?;
     }
+    if settings.max_bytes > 0 {
+        shrink_to(&tx, settings.max_bytes)?;
+    }
     tx.execute("DELETE FROM used_approvals WHERE expires_at < ?1", params![now_ms() / 1000])?;
     tx.commit()
+}
+
+/// Bytes of the database's pages in use (free pages, which new rows reuse,
+/// not counted).
+pub(super) fn used_bytes(db: &Connection) -> rusqlite::Result<u64> {
+    let pragma = |name: &str| db.query_row(&format!("PRAGMA {name}"), [], |r| r.get::<_, i64>(0));
+    let pages = pragma("page_count")?.saturating_sub(pragma("freelist_count")?);
+    Ok(u64::try_from(pages.saturating_mul(pragma("page_size")?)).unwrap_or(0))
+}
+
+/// Deletes the oldest rows while the pages in use exceed `max_bytes`, each
+/// time the share of the rows that the excess is of the pages in use:
+/// the file stops growing there, whatever each row holds (refused
+/// requests' args included).
+fn shrink_to(db: &Connection, max_bytes: u64) -> rusqlite::Result<()> {
+    loop {
+        let used = used_bytes(db)?;
+        if used <= max_bytes {
+            break;
+        }
+        let rows: i64 = db.query_row("SELECT count(*) FROM audit", [], |r| r.get(0))?;
+        let share = (used - max_bytes) as f64 / used as f64;
+        #[allow(clippy::cast_possible_truncation)] // at most `rows`
+        let batch = ((rows as f64 * share).ceil() as i64).max(1);
+        let gone = db.execute(
+            "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)",
+            params![batch],
+        )?;
+        if gone == 0 {
+            break;
+        }
+        tracing::warn!(
+            rows = gone,
+            max_bytes,
+            "audit: oldest rows deleted to stay under audit_max_bytes"
+        );
+    }
+    Ok(())
 }
 
 /// A decision's row as inserted: what a journal line holds and what the

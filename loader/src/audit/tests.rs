@@ -14,6 +14,7 @@ fn settings(dir: &std::path::Path, max_rows: u64) -> AuditSettings {
         required: true,
         max_rows,
         max_age_days: 0,
+        max_bytes: 0,
         synchronous: AuditSync::Full,
         sync_interval: Duration::from_millis(100),
     }
@@ -667,4 +668,34 @@ async fn a_run_cut_by_a_stopping_skilld_says_so() {
     let error = |id: i64| rows.iter().find(|e| e.id == id).and_then(|e| e.error.clone());
     assert_eq!(error(left).as_deref(), Some("the client went away before the run ended"));
     assert_eq!(error(cut).as_deref(), Some("ongrid-skilld stopped before the run ended"));
+}
+
+/// `audit_max_bytes`: rows with large args (a caller refused again and
+/// again) stop the database growing past the cap; the newest rows stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rows_stay_under_the_byte_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let capped = AuditSettings { max_bytes: 1 << 20, ..settings(dir.path(), 0) };
+    let audit = Audit::start(&capped, errors.clone(), &syncs()).unwrap();
+    let big = RawJson::from_value(&json!({"pad": "x".repeat(30_000)}));
+    for i in 0..400 {
+        let r = Record {
+            decision: "deny",
+            args: Some(big.clone()),
+            skill: format!("s{i}"),
+            ..record("rm", &[])
+        };
+        audit.record(r).await.unwrap();
+    }
+    drop(audit);
+    // 400 rows of 30 KB would be ~12 MB; pruned at open (and every 100).
+    let audit = Audit::start(&capped, errors.clone(), &syncs()).unwrap();
+    let rows = audit.query(Query { limit: 1000, ..Query::default() }).await.unwrap();
+    assert!(rows.len() < 40 && rows.len() >= 10, "{} rows kept", rows.len());
+    assert_eq!(rows[0].skill, "s399", "the newest row stays");
+    drop(audit);
+    let db = rusqlite::Connection::open(dir.path().join("audit.db")).unwrap();
+    assert!(super::sql::used_bytes(&db).unwrap() <= 1 << 20);
+    assert_eq!(errors.get(), 0);
 }
