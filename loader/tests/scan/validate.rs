@@ -72,6 +72,26 @@ fn every_problem_is_listed_with_path_and_reason() {
 }
 
 #[test]
+fn a_schema_that_does_not_compile_fails() {
+    let t = Tree::new();
+    t.exe("pack/run");
+    let m = t.manifest(
+        "pack",
+        r#"{"name":"bad_schema","description":"d","entry":"run","schema":{"properties":{"a":{"pattern":"("}}}}"#,
+    );
+    let run = Cli::new(&["validate"]).arg(&m).run();
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    let want = format!(
+        "error {}: build \"bad_schema\": schema in {} does not compile: ",
+        m.display(),
+        m.display()
+    );
+    assert!(lines[0].starts_with(&want), "{lines:?}");
+    assert_eq!(lines[1..], ["0 valid, 1 failed"]);
+}
+
+#[test]
 fn missing_paths_and_empty_folders_fail() {
     let t = Tree::new();
     let missing = t.base.join("missing");
