@@ -5,8 +5,12 @@
 //! `skill loader: build "NAME": REASON` (DESIGN.md §2) and leaves its name
 //! free for the next manifest that names it. The checks, cheapest first:
 //!
-//! 1. the entry resolves under its allow-list root ([`crate::entry`]);
-//! 2. the schema compiles ([`crate::validators::compile`]); the compiled
+//! 1. the manifest's path is UTF-8: the executor wire names the manifest
+//!    as a JSON string, so a skill at any other path could be listed but
+//!    never run (the entry needs no such check: the executor resolves it
+//!    itself, from the manifest);
+//! 2. the entry resolves under its allow-list root ([`crate::entry`]);
+//! 3. the schema compiles ([`crate::validators::compile`]); the compiled
 //!    validator is handed on with the skill, so that the registry does not
 //!    compile it again.
 //!
@@ -26,6 +30,10 @@ use crate::validators::{self, Compiled};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
+    /// The manifest's path is not UTF-8, so the executor cannot be asked
+    /// to run it.
+    #[error("manifest path is not UTF-8")]
+    ManifestPathNotUtf8,
     /// The entry is refused.
     #[error(transparent)]
     Entry(#[from] EntryError),
@@ -61,6 +69,9 @@ pub fn build(
     scope: EntryScope<'_>,
     tool: Option<&str>,
 ) -> Result<Built, BuildError> {
+    if manifest_path.to_str().is_none() {
+        return Err(BuildError::ManifestPathNotUtf8);
+    }
     // `manifest_path` came from walking the root (or joining a file name
     // to it), so it has a parent.
     let dir = manifest_path.parent().unwrap_or(scope.root);
@@ -79,6 +90,7 @@ pub fn build(
 mod tests {
     use std::ffi::OsStr;
     use std::fs;
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
 
@@ -131,5 +143,16 @@ mod tests {
             let want = format!("schema in {} does not compile: ", path.display());
             assert!(e.to_string().starts_with(&want), "{e}");
         }
+    }
+
+    #[test]
+    fn a_manifest_path_that_is_not_utf8_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = fs::canonicalize(tmp.path()).unwrap();
+        let path = pack(&root, OsStr::from_bytes(b"n\xffu"));
+        let scope = EntryScope { root: &root, all_roots: &[] };
+        let e = build(manifest(r#"{"type":"object"}"#), path, scope, None).unwrap_err();
+        assert!(matches!(e, BuildError::ManifestPathNotUtf8), "{e:?}");
+        assert_eq!(e.to_string(), "manifest path is not UTF-8");
     }
 }
