@@ -303,6 +303,8 @@ enum Job {
     Query(Query, oneshot::Sender<Result<Vec<Entry>, AuditError>>),
     UsedApprovals(oneshot::Sender<Result<Vec<(String, u64)>, AuditError>>),
     Count(oneshot::Sender<Result<i64, AuditError>>),
+    /// Can the trail be written? ([`Audit::health`])
+    Health(oneshot::Sender<Result<(), AuditError>>),
     /// Lines were journaled: write them in time (`true`: now).
     Ingest(bool),
     /// Write every journaled line now and empty the journal.
@@ -512,6 +514,19 @@ impl Audit {
     /// [`AuditError`].
     pub async fn used_approvals(&self) -> Result<Vec<(String, u64)>, AuditError> {
         self.ask(Job::UsedApprovals).await
+    }
+
+    /// Whether the trail can be written, as far as can be told without
+    /// writing a row (`GET /v1/health`): the database opens and reads,
+    /// and the last write did not fail. After a failed write it stays
+    /// unavailable until a write succeeds again (a full file system that
+    /// was freed shows once the next row is written).
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`]: why not.
+    pub async fn health(&self) -> Result<(), AuditError> {
+        self.ask(Job::Health).await
     }
 
     /// The number of rows.

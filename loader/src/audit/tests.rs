@@ -249,6 +249,48 @@ async fn an_unwritable_database_is_an_error_and_a_metric_then_recovers() {
     assert_eq!(errors.get(), 2);
 }
 
+#[tokio::test]
+async fn health_says_why_the_trail_cannot_be_written_until_it_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let start =
+        |s: &AuditSettings| Audit::start(s, IntCounter::new("e", "e").unwrap(), &syncs()).unwrap();
+    // A directory that does not exist, then does.
+    let missing = dir.path().join("missing");
+    let audit = start(&settings(&missing, 0));
+    let e = audit.health().await.unwrap_err();
+    assert!(e.to_string().contains("missing/audit.db"), "{e}");
+    std::fs::create_dir(&missing).unwrap();
+    assert_eq!(audit.health().await, Ok(()));
+    drop(audit);
+
+    // A file that is not a database.
+    let corrupt = dir.path().join("corrupt");
+    std::fs::create_dir(&corrupt).unwrap();
+    std::fs::write(corrupt.join("audit.db"), vec![b'x'; 8192]).unwrap();
+    let audit = start(&settings(&corrupt, 0));
+    let e = audit.health().await.unwrap_err();
+    assert!(e.to_string().contains("not a database"), "{e}");
+    drop(audit);
+
+    // A write that failed (another process holds the database locked):
+    // unavailable until a write succeeds again, though reads work.
+    let fine = dir.path().join("fine");
+    std::fs::create_dir(&fine).unwrap();
+    let s = settings(&fine, 0);
+    let audit = start(&s);
+    audit.record(record("rm", &[])).await.unwrap();
+    assert_eq!(audit.health().await, Ok(()));
+    let other = rusqlite::Connection::open(&s.db).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let e = audit.record(record("rm", &[])).await.unwrap_err();
+    assert!(e.to_string().contains("locked"), "{e}");
+    assert_eq!(audit.health().await, Err(e.clone()));
+    other.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(audit.health().await, Err(e), "known to work only once a write does");
+    audit.record(record("rm", &[])).await.unwrap();
+    assert_eq!(audit.health().await, Ok(()));
+}
+
 #[test]
 fn bounded_cuts_on_a_character_boundary() {
     assert_eq!(bounded("abc".into(), 3), ("abc".into(), false));

@@ -46,6 +46,9 @@ pub(super) struct Worker {
     /// The rows an earlier skilld left open were closed (on the first
     /// open only: later, open rows are this skilld's runs in flight).
     swept: bool,
+    /// A write into the open database failed with this, and none
+    /// succeeded since (the database not opening is seen by opening it).
+    failing: Option<AuditError>,
 }
 
 impl Worker {
@@ -69,6 +72,7 @@ impl Worker {
             prune_due: false,
             ingest_due: None,
             swept: false,
+            failing: None,
         }
     }
 
@@ -120,14 +124,20 @@ impl Worker {
         self.ingest_due = None;
         let lines = self.journal.take_pending();
         if !lines.is_empty() {
+            // `wrote`: the database opened, the write failed.
             let written = match self.connection() {
-                Ok(db) => journal::write_lines(db, &lines, false).map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
+                Ok(db) => {
+                    journal::write_lines(db, &lines, false).map_err(|e| (true, e.to_string()))
+                }
+                Err(e) => Err((false, e.to_string())),
             };
             match written {
                 Ok(counts) => self.ingested(counts),
-                Err(message) => {
+                Err((wrote, message)) => {
                     let e = AuditError::Unavailable { path: self.settings.db.clone(), message };
+                    if wrote {
+                        self.failing = Some(e.clone());
+                    }
                     // Counted once per failed try, not per line: the lines
                     // are kept and written by a later one.
                     self.fail(&e);
@@ -143,6 +153,9 @@ impl Worker {
     /// Counts `n` rows and completions written from the journal, `lost`
     /// of them completions whose row is missing.
     fn ingested(&mut self, (n, lost): (usize, usize)) {
+        if n > 0 {
+            self.failing = None;
+        }
         let before = self.inserts;
         self.inserts += n as u64;
         if self.inserts / PRUNE_EVERY != before / PRUNE_EVERY {
@@ -182,6 +195,7 @@ impl Worker {
                     path: self.settings.db.clone(),
                     message: e.to_string(),
                 };
+                self.failing = Some(e.clone());
                 self.fail(&e);
                 self.ingest_due = Some(Instant::now() + INGEST_RETRY);
             }
@@ -272,6 +286,10 @@ impl Worker {
                     self.commit(&mut group);
                     let _ = reply.send(self.read(sql::used_approvals));
                 }
+                Job::Health(reply) => {
+                    self.commit(&mut group);
+                    let _ = reply.send(self.health());
+                }
                 Job::Count(reply) => {
                     self.commit(&mut group);
                     self.ingest();
@@ -349,8 +367,13 @@ impl Worker {
     ) -> Result<T, AuditError> {
         let open = group.open;
         let mut lost = false;
+        // The database opened, the write failed.
+        let mut wrote = true;
         let r = match self.connection() {
-            Err(e) => Err(e),
+            Err(e) => {
+                wrote = false;
+                Err(e)
+            }
             Ok(db) => {
                 let begun = if open { Ok(()) } else { run_cached(db, "BEGIN") };
                 match begun {
@@ -385,6 +408,9 @@ impl Worker {
                 tracing::error!(error = %e, "audit: cannot write the audit trail");
             }
             Err(e @ AuditError::Unavailable { .. }) => {
+                if wrote {
+                    self.failing = Some(e.clone());
+                }
                 self.fail(e);
                 let e = e.clone();
                 self.abort(group, &e);
@@ -400,6 +426,19 @@ impl Worker {
         self.errors.inc();
         tracing::error!(error = %e, "audit: cannot write the audit trail");
         self.db = None;
+    }
+
+    /// Whether the trail can be written, as far as can be told without
+    /// writing a row: the journal's rows go in (when any wait), the
+    /// database opens and reads, and the last write into it did not fail.
+    /// A failed write (a full file system) is only known to be over once
+    /// a write succeeds again.
+    fn health(&mut self) -> Result<(), AuditError> {
+        if self.journal.has_pending() {
+            self.ingest();
+        }
+        self.read(|db| db.prepare_cached("SELECT 1 FROM audit LIMIT 1")?.exists([]))?;
+        self.failing.clone().map_or(Ok(()), Err)
     }
 
     /// The group's transaction failed: every job of it fails with `e`.
@@ -433,6 +472,7 @@ impl Worker {
         let r = r.and_then(|()| self.made_durable(group.critical));
         match r {
             Ok(()) => {
+                self.failing = None;
                 let before = self.inserts;
                 self.inserts += group.written as u64;
                 for w in group.waiters.drain(..) {
@@ -445,6 +485,7 @@ impl Worker {
             }
             Err(e) => {
                 tracing::error!(error = %e, "audit: cannot write the audit trail");
+                self.failing = Some(e.clone());
                 self.abort(group, &e);
             }
         }
