@@ -21,7 +21,7 @@
 //! The scan does file-system reads only; it never logs. The caller prints
 //! or traces [`ScanReport::events`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::FileType;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -116,8 +116,15 @@ struct Resolved {
 /// The mutable state of one scan.
 struct Session<'a> {
     opts: &'a ValidateOptions,
+    /// The canonical roots of every target (a manifest target's folder
+    /// too): where an absolute entry may point.
     all_roots: Vec<PathBuf>,
+    /// The canonical roots walked so far.
+    walked: Vec<PathBuf>,
     first_seen: HashMap<SkillName, PathBuf>,
+    /// With [`Scanner::scan_targets`]: every manifest loaded so far, to
+    /// load each once however many targets reach it.
+    loaded: Option<HashSet<PathBuf>>,
     report: ScanReport,
 }
 
@@ -129,19 +136,33 @@ impl Scanner {
 
     /// Scans `roots` in order (typically [`roots::parse_dirs`] of
     /// `ONGRID_SKILLS_EXTERNAL_DIRS`). Never fails: problems are events.
+    /// A manifest under two nested roots is loaded under each, so the
+    /// second is logged as a duplicate: the operator's roots overlap.
     pub fn scan<P: AsRef<Path>>(&self, roots: &[P]) -> ScanReport {
         let targets: Vec<ScanTarget> =
             roots.iter().map(|r| ScanTarget::Root(r.as_ref().to_path_buf())).collect();
-        self.scan_targets(&targets)
+        self.run(&targets, false)
     }
 
-    /// Scans roots and single manifests in order. Every target is resolved
-    /// first, so an absolute entry may name any root of the scan.
+    /// Scans roots and single manifests in order (`ongrid-skill
+    /// validate`). Every target is resolved first, so an absolute entry
+    /// may name any root of the scan. Each manifest file is loaded once,
+    /// however many targets reach it (a folder and a manifest in it, or
+    /// nested folders), so that none is reported as a duplicate of itself.
+    /// The scan's manifest paths are canonical (a canonical root, then
+    /// real directories and a regular file), so the same file is the same
+    /// path.
     pub fn scan_targets(&self, targets: &[ScanTarget]) -> ScanReport {
+        self.run(targets, true)
+    }
+
+    fn run(&self, targets: &[ScanTarget], load_once: bool) -> ScanReport {
         let mut session = Session {
             opts: &self.opts,
             all_roots: Vec::new(),
+            walked: Vec::new(),
             first_seen: HashMap::new(),
+            loaded: load_once.then(HashSet::new),
             report: ScanReport::default(),
         };
         let resolved: Vec<Resolved> =
@@ -169,13 +190,17 @@ impl Session<'_> {
                     Ok(c) => c,
                     Err(e) => return self.skip_root(root, e),
                 };
-                if self.all_roots.contains(&canonical) {
+                if self.walked.contains(&canonical) {
                     self.report
                         .events
                         .push(ScanEvent::RootRepeated { root: root.clone(), canonical });
                     return None;
                 }
-                self.all_roots.push(canonical.clone());
+                self.walked.push(canonical.clone());
+                // A manifest target in this folder may have named it already.
+                if !self.all_roots.contains(&canonical) {
+                    self.all_roots.push(canonical.clone());
+                }
                 Some(Resolved { root: canonical, manifest: None })
             }
             ScanTarget::Manifest(path) => {
@@ -234,6 +259,11 @@ impl Session<'_> {
             let kind = kind_of(file_type);
             self.report.events.push(ScanEvent::NotRegular { path, kind });
             return;
+        }
+        if let Some(loaded) = &mut self.loaded {
+            if !loaded.insert(path.clone()) {
+                return;
+            }
         }
         self.load(root, path);
     }
