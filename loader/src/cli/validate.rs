@@ -18,6 +18,7 @@ use policy::path::is_within;
 use policy::ValidateOptions;
 use serde_json::json;
 
+use super::printable;
 use crate::event::ScanEvent;
 use crate::scan::{ScanTarget, Scanner};
 
@@ -137,7 +138,9 @@ pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result
         writeln!(out, "{text}")?;
     } else {
         for f in &findings {
-            writeln!(out, "{:<5} {}: {}", f.status.word(), f.path.display(), f.message)?;
+            let path = f.path.display().to_string();
+            let (path, message) = (printable::line(&path), printable::line(&f.message));
+            writeln!(out, "{:<5} {path}: {message}", f.status.word())?;
         }
         writeln!(out, "{ok} valid, {failed} failed")?;
     }
