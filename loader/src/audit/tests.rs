@@ -67,7 +67,7 @@ async fn rows_are_written_completed_and_read_back() {
     used.sort();
     assert_eq!(used, [("aa:d1".to_owned(), far), ("bb:d1".to_owned(), far)]);
 
-    let rows = audit.query(Query { limit: 10, ..Query::default() }).await.unwrap();
+    let rows = audit.query(Query { limit: 10, ..Query::default() }).await.unwrap().items;
     assert_eq!(rows.len(), 1);
     let e = &rows[0];
     assert_eq!((e.decision.as_str(), e.reason.as_str()), ("allow", "dual_signed"));
@@ -78,9 +78,9 @@ async fn rows_are_written_completed_and_read_back() {
     assert_eq!(e.exit_code, Some(0));
     assert!(e.finished_at.is_some() && e.duration_ms.is_some());
     let none = Query { skill: Some("other".into()), limit: 10, ..Query::default() };
-    assert!(audit.query(none).await.unwrap().is_empty());
+    assert!(audit.query(none).await.unwrap().items.is_empty());
     let future = Query { since_ms: Some(now_ms() + 60_000), limit: 10, ..Query::default() };
-    assert!(audit.query(future).await.unwrap().is_empty());
+    assert!(audit.query(future).await.unwrap().items.is_empty());
     assert_eq!(errors.get(), 0);
 
     // A restarted daemon sees the used approvals.
@@ -206,7 +206,7 @@ async fn concurrent_rows_share_commits_and_a_replay_rolls_back_only_its_own() {
     }
     assert_eq!(replayed, 1);
     assert_eq!(audit.count().await.unwrap(), 40);
-    let rows = audit.query(Query { limit: 100, ..Query::default() }).await.unwrap();
+    let rows = audit.query(Query { limit: 100, ..Query::default() }).await.unwrap().items;
     assert!(rows.iter().filter(|e| e.skill != "first").all(|e| e.outcome.as_deref() == Some("ok")));
     assert_eq!(errors.get(), 0);
     // Completing a row that is not there is an error, not a silent
@@ -229,7 +229,7 @@ async fn retention_keeps_the_newest_rows() {
         audit.record(record(&format!("s{i}"), &[])).await.unwrap();
     }
     assert_eq!(audit.count().await.unwrap(), 15);
-    let newest = audit.query(Query { limit: 1, ..Query::default() }).await.unwrap();
+    let newest = audit.query(Query { limit: 1, ..Query::default() }).await.unwrap().items;
     assert_eq!(newest[0].skill, format!("s{}", PRUNE_EVERY + 4));
 }
 
@@ -411,6 +411,46 @@ async fn safe_rows_are_journaled_then_written_into_the_database() {
     }
     assert_eq!(db_rows(&full.db).len(), 2);
     assert!(!super::journal::journal_path(&full.db).exists());
+}
+
+/// A read while the journal's rows cannot be written into the database
+/// (here a trigger refuses every insert, as a lock or a full disk would)
+/// answers the rows it can read, marked incomplete, with why (named once:
+/// `audit database X unavailable: ...`); once the rows go in, it is whole.
+#[tokio::test]
+async fn a_read_that_lacks_journaled_rows_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let interval = AuditSettings { synchronous: AuditSync::Interval, ..settings(dir.path(), 0) };
+    let audit = Audit::start(&interval, IntCounter::new("e", "e").unwrap(), &syncs()).unwrap();
+    let safe =
+        |skill: &str| Record { class: "safe".into(), decision: "deny", ..record(skill, &[]) };
+    let all = || Query { limit: 10, ..Query::default() };
+    // The first row opens the database (and the journal).
+    audit.record(safe("df")).await.unwrap();
+    let trail = audit.query(all()).await.unwrap();
+    assert_eq!((trail.items.len(), &trail.incomplete), (1, &None));
+
+    let other = rusqlite::Connection::open(&interval.db).unwrap();
+    other
+        .execute_batch(
+            "CREATE TRIGGER refuse BEFORE INSERT ON audit \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    audit.record(safe("du")).await.unwrap();
+    assert_eq!(journal_lines(&interval).len(), 1, "journaled, answered");
+    let trail = audit.query(all()).await.unwrap();
+    let names: Vec<&str> = trail.items.iter().map(|e| e.skill.as_str()).collect();
+    assert_eq!(names, ["df"], "the database lacks the journaled row");
+    let incomplete = trail.incomplete.expect("the answer says it is incomplete");
+    assert_eq!(incomplete.unwritten, 1);
+    let want = format!("audit database {} unavailable: refused by the test", interval.db.display());
+    assert_eq!(incomplete.reason, want);
+
+    other.execute_batch("DROP TRIGGER refuse").unwrap();
+    let trail = audit.query(all()).await.unwrap();
+    let names: Vec<&str> = trail.items.iter().map(|e| e.skill.as_str()).collect();
+    assert_eq!((names, trail.incomplete), (vec!["du", "df"], None));
 }
 
 /// What a crash leaves in the journal is written into the database when it
@@ -627,7 +667,7 @@ async fn rows_left_open_by_an_earlier_skilld_are_completed_as_interrupted() {
 
     let second = Audit::start(&s, errors, &syncs()).unwrap();
     let mine = second.record(record("mine", &[])).await.unwrap();
-    let rows = second.query(Query { limit: 10, ..Query::default() }).await.unwrap();
+    let rows = second.query(Query { limit: 10, ..Query::default() }).await.unwrap().items;
     let by_id = |id: i64| rows.iter().find(|e| e.id == id).unwrap();
     let left = by_id(open);
     assert_eq!(left.outcome.as_deref(), Some("interrupted"), "{left:?}");

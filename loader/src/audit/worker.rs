@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use super::journal::{self, Journal, INGEST_AFTER};
 use super::sql::{self, run_cached, Done, Row, WriteError};
 use super::syncer::{sync_commits, wal_path, Syncer};
-use super::{AuditError, Job, PRUNE_EVERY};
+use super::{AuditError, Incomplete, Job, Trail, PRUNE_EVERY};
 use crate::config::{AuditSettings, AuditSync};
 
 /// Most critical run rows remembered until their completion.
@@ -117,24 +117,34 @@ impl Worker {
         }
     }
 
-    /// Writes the journal's lines into the database, if any wait, then
-    /// empties the journal when that is due; on a failure the lines wait
-    /// for the next try ([`INGEST_RETRY`]).
+    /// [`Worker::try_ingest`], whose failure is logged, counted and tried
+    /// again later.
     fn ingest(&mut self) {
+        let _ = self.try_ingest();
+    }
+
+    /// Writes the journal's lines into the database, if any wait, then
+    /// empties the journal when that is due; on a failure (logged and
+    /// counted) the lines wait for the next try ([`INGEST_RETRY`]).
+    ///
+    /// # Errors
+    ///
+    /// Why the lines could not be written.
+    fn try_ingest(&mut self) -> Result<(), AuditError> {
         self.ingest_due = None;
         let lines = self.journal.take_pending();
         if !lines.is_empty() {
-            // `wrote`: the database opened, the write failed.
+            let path = self.settings.db.clone();
+            // `wrote`: the database opened, the write failed. An error of
+            // the opening names the database already.
             let written = match self.connection() {
-                Ok(db) => {
-                    journal::write_lines(db, &lines, false).map_err(|e| (true, e.to_string()))
-                }
-                Err(e) => Err((false, e.to_string())),
+                Ok(db) => journal::write_lines(db, &lines, false)
+                    .map_err(|e| (true, AuditError::Unavailable { path, message: e.to_string() })),
+                Err(e) => Err((false, e)),
             };
             match written {
                 Ok(counts) => self.ingested(counts),
-                Err((wrote, message)) => {
-                    let e = AuditError::Unavailable { path: self.settings.db.clone(), message };
+                Err((wrote, e)) => {
                     if wrote {
                         self.failing = Some(e.clone());
                     }
@@ -143,11 +153,12 @@ impl Worker {
                     self.fail(&e);
                     self.journal.put_back(lines);
                     self.ingest_due = Some(Instant::now() + INGEST_RETRY);
-                    return;
+                    return Err(e);
                 }
             }
         }
         self.empty_journal(false);
+        Ok(())
     }
 
     /// Counts `n` rows and completions written from the journal, `lost`
@@ -279,8 +290,15 @@ impl Worker {
                 }
                 Job::Query(q, reply) => {
                     self.commit(&mut group);
-                    self.ingest();
-                    let _ = reply.send(self.read(|db| sql::select(db, &q)));
+                    // Rows journaled before the read and not in the
+                    // database: the answer says it lacks them.
+                    let unwritten = self.try_ingest().err();
+                    let items = self.read(|db| sql::select(db, &q));
+                    let incomplete = unwritten.map(|e| Incomplete {
+                        unwritten: self.journal.pending_lines(),
+                        reason: e.to_string(),
+                    });
+                    let _ = reply.send(items.map(|items| Trail { items, incomplete }));
                 }
                 Job::UsedApprovals(reply) => {
                     self.commit(&mut group);
