@@ -137,12 +137,7 @@ impl App {
                     this.metrics.manifest_errors_total.with_label_values(&[event.kind()]).inc();
                 }
             }
-            let (snapshot, rejected) = Snapshot::build(report);
-            for r in &rejected {
-                tracing::warn!("{r}");
-                this.metrics.manifest_errors_total.with_label_values(&["schema"]).inc();
-            }
-            snapshot
+            Snapshot::build(report)
         })
         .await;
         let snapshot = match scanned {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use policy::SkillName;
 
-use crate::entry::EntryError;
+use crate::build::BuildError;
 use crate::manifest_file::ParseError;
 use crate::roots::RootError;
 
@@ -67,14 +67,15 @@ pub enum ScanEvent {
         /// What went wrong.
         error: ParseError,
     },
-    /// The manifest is valid but its entry is refused.
+    /// The manifest is valid but its skill cannot be built: its entry is
+    /// refused, or its schema does not compile.
     Build {
         /// The skill's name.
         name: SkillName,
         /// The manifest.
         manifest: PathBuf,
-        /// What is wrong with the entry.
-        error: EntryError,
+        /// What is wrong.
+        error: BuildError,
     },
     /// Something named `skill.json` that is not a regular file.
     NotRegular {
@@ -295,6 +296,7 @@ impl fmt::Display for ScanEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::entry::EntryError;
 
     fn name(s: &str) -> SkillName {
         SkillName::new(s).unwrap()
@@ -327,10 +329,10 @@ mod tests {
                 ScanEvent::Build {
                     name: name("disk_usage"),
                     manifest: m.clone(),
-                    error: EntryError::Escapes {
+                    error: BuildError::Entry(EntryError::Escapes {
                         entry: PathBuf::from("/etc/passwd"),
                         root: PathBuf::from("/skills"),
-                    },
+                    }),
                 },
                 "skill loader: build \"disk_usage\": entry /etc/passwd escapes allowlist root /skills",
             ),
@@ -338,9 +340,22 @@ mod tests {
                 ScanEvent::Build {
                     name: name("disk_usage"),
                     manifest: m.clone(),
-                    error: EntryError::Missing { entry: PathBuf::from("/skills/disk/run") },
+                    error: BuildError::Entry(EntryError::Missing {
+                        entry: PathBuf::from("/skills/disk/run"),
+                    }),
                 },
                 "skill loader: build \"disk_usage\": entry /skills/disk/run does not exist",
+            ),
+            (
+                ScanEvent::Build {
+                    name: name("disk_usage"),
+                    manifest: m.clone(),
+                    error: BuildError::Schema {
+                        manifest: m.clone(),
+                        message: "\"(\" is not a valid regular expression".into(),
+                    },
+                },
+                "skill loader: build \"disk_usage\": schema in /skills/disk/skill.json does not compile: \"(\" is not a valid regular expression",
             ),
             (
                 ScanEvent::Root { root: PathBuf::from("rel"), error: RootError::Relative },

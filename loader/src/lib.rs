@@ -7,6 +7,8 @@
 //! - [`scan`]: [`Scanner`] walks the roots and returns a [`ScanReport`].
 //! - [`manifest_file`]: bounded, non-blocking reading of one `skill.json`.
 //! - [`entry`]: resolving a manifest's `entry` under its allow-list root.
+//! - [`build`]: the checks of a valid manifest before its skill is
+//!   registered (entry, schema compiled), each failure a `build` line.
 //! - [`event`]: [`ScanEvent`], one per decision; `Display` is the log line.
 //! - [`skill`]: [`RegisteredSkill`], a manifest plus its canonical paths
 //!   (and, for a SKILL.md tool, the tool's name: `source` `skill.md`).
@@ -92,6 +94,7 @@ pub mod api;
 pub mod app;
 pub mod audit;
 pub mod authz;
+pub mod build;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -1,8 +1,9 @@
 //! The daemon's registry: the skills of the last scan, swapped atomically
-//! on reload. Every schema is compiled once at scan time (a skill whose
-//! schema does not compile is not registered); the compiled validators are
-//! then kept in a bounded cache per snapshot ([`crate::validators`]) and
-//! compiled again on a request when they were dropped.
+//! on reload. Every schema is compiled once by the scan (a skill whose
+//! schema does not compile is not registered: [`crate::build`]); the
+//! compiled validators the scan hands on are kept in a bounded cache per
+//! snapshot ([`crate::validators`]) and compiled again on a request when
+//! they were dropped.
 //!
 //! A [`Snapshot`] is immutable. [`Registry::current`] hands out an
 //! `Arc<Snapshot>`, and a run holds an `Arc<Skill>` from it, so a reload
@@ -54,18 +55,9 @@ impl Skill {
     /// The validator's message when the schema does not compile (an
     /// unknown `$ref`, a bad regex, a keyword of the wrong type).
     pub fn new(registered: RegisteredSkill) -> Result<Self, String> {
-        Self::in_cache(registered, 0, Arc::new(ValidatorCache::new(1)))
-    }
-
-    /// Compiles the schema of `registered` into `validators` as `slot`.
-    fn in_cache(
-        registered: RegisteredSkill,
-        slot: usize,
-        validators: Arc<ValidatorCache>,
-    ) -> Result<Self, String> {
-        let compiled = validators::compile(registered.manifest().schema())?;
-        validators.insert(slot, compiled);
-        Ok(Self { registered, slot, validators })
+        let validators = Arc::new(ValidatorCache::new(1));
+        validators.insert(0, validators::compile(registered.manifest().schema())?);
+        Ok(Self { registered, slot: 0, validators })
     }
 
     /// The scan's view of the skill.
@@ -121,30 +113,6 @@ impl Skill {
     }
 }
 
-/// A skill the scan accepted whose schema does not compile; it is not
-/// registered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SchemaRejected {
-    /// The skill's name.
-    pub name: String,
-    /// Its manifest.
-    pub manifest: std::path::PathBuf,
-    /// The compiler's message.
-    pub error: String,
-}
-
-impl fmt::Display for SchemaRejected {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "skill loader: build \"{}\": schema in {} does not compile: {}",
-            self.name,
-            self.manifest.display(),
-            self.error
-        )
-    }
-}
-
 /// The registered skills of one scan, by name.
 #[derive(Debug, Default)]
 pub struct Snapshot {
@@ -153,32 +121,23 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Builds a snapshot from a scan, compiling every schema. Skills whose
-    /// schema does not compile are left out and returned.
-    pub fn build(report: ScanReport) -> (Self, Vec<SchemaRejected>) {
-        Self::build_with(report, validators::DEFAULT_CAPACITY)
-    }
-
-    /// [`Snapshot::build`], keeping at most `cached` compiled validators.
-    pub fn build_with(report: ScanReport, cached: usize) -> (Self, Vec<SchemaRejected>) {
-        let mut skipped = report.events.iter().filter(|e| e.is_skip()).count();
-        let mut skills = BTreeMap::new();
-        let mut rejected = Vec::new();
-        let cache = Arc::new(ValidatorCache::new(cached));
-        for (slot, registered) in report.skills.into_iter().enumerate() {
-            let name = registered.name().as_str().to_owned();
-            let manifest = registered.manifest_path().to_path_buf();
-            match Skill::in_cache(registered, slot, Arc::clone(&cache)) {
-                Ok(skill) => {
-                    skills.insert(name, Arc::new(skill));
-                }
-                Err(error) => {
-                    skipped += 1;
-                    rejected.push(SchemaRejected { name, manifest, error });
-                }
-            }
-        }
-        (Self { skills, skipped }, rejected)
+    /// Builds a snapshot from a scan, taking over the validators it
+    /// compiled (each skill's slot in the cache is its index in
+    /// `report.skills`).
+    pub fn build(report: ScanReport) -> Self {
+        let skipped = report.events.iter().filter(|e| e.is_skip()).count();
+        let cache = report.validators;
+        let skills = report
+            .skills
+            .into_iter()
+            .enumerate()
+            .map(|(slot, registered)| {
+                let name = registered.name().as_str().to_owned();
+                let skill = Skill { registered, slot, validators: Arc::clone(&cache) };
+                (name, Arc::new(skill))
+            })
+            .collect();
+        Self { skills, skipped }
     }
 
     /// The skill named `name`.
@@ -277,18 +236,20 @@ mod tests {
 
     #[test]
     fn validators_are_bounded_and_compiled_again_when_dropped() {
-        let report = ScanReport {
-            skills: (0..5)
-                .map(|i| skill(&format!("s{i}"), r#"{"type":"object","required":["a"]}"#))
-                .collect(),
-            events: vec![],
-            ..ScanReport::default()
-        };
-        let (snap, rejected) = Snapshot::build_with(report, 2);
-        assert!(rejected.is_empty());
+        let skills: Vec<RegisteredSkill> = (0..5)
+            .map(|i| skill(&format!("s{i}"), r#"{"type":"object","required":["a"]}"#))
+            .collect();
+        // As the scan leaves them: every schema compiled in order, the
+        // last ones held.
+        let validators = Arc::new(ValidatorCache::new(2));
+        for (slot, s) in skills.iter().enumerate() {
+            validators.insert(slot, validators::compile(s.manifest().schema()).unwrap());
+        }
+        let snap = Snapshot::build(ScanReport { skills, validators, ..ScanReport::default() });
         assert_eq!(snap.registered(), 5);
         let s0 = snap.get("s0").unwrap();
         assert!(!s0.validators.contains(s0.slot), "dropped: only the last 2 are held");
+        assert!(snap.get("s4").unwrap().validators.contains(4));
         assert_eq!(s0.check_args(&json!({"a": 1})), Ok(()));
         assert!(s0.check_args(&json!({})).is_err());
         assert!(s0.validators.contains(s0.slot));
@@ -296,23 +257,36 @@ mod tests {
     }
 
     #[test]
-    fn a_schema_that_does_not_compile_is_skipped_not_fatal() {
-        let report = ScanReport {
-            skills: vec![
-                skill("good", r#"{"type":"object"}"#),
-                skill("bad_ref", r##"{"$ref":"https://example.invalid/s.json"}"##),
-                skill("bad_regex", r#"{"type":"object","properties":{"a":{"pattern":"("}}}"#),
-            ],
-            events: vec![],
-            ..ScanReport::default()
+    fn a_schema_that_does_not_compile_leaves_its_name_to_the_next_manifest() {
+        use std::fs;
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = fs::canonicalize(tmp.path()).unwrap();
+        let pack = |dir: &str, schema: &str| {
+            let dir = root.join(dir);
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("run"), "#!/bin/sh\n").unwrap();
+            fs::set_permissions(dir.join("run"), fs::Permissions::from_mode(0o755)).unwrap();
+            let text =
+                format!(r#"{{"name":"same","description":"d","entry":"run","schema":{schema}}}"#);
+            fs::write(dir.join("skill.json"), text).unwrap();
+            dir.join("skill.json")
         };
-        let (snap, rejected) = Snapshot::build(report);
-        assert_eq!(snap.registered(), 1);
-        assert_eq!(snap.skipped(), 2);
-        assert!(snap.get("good").is_some());
-        let names: Vec<&str> = rejected.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, ["bad_ref", "bad_regex"]);
-        assert!(rejected[0].to_string().starts_with("skill loader: build \"bad_ref\": schema in "));
+        pack("a", r#"{"properties":{"a":{"pattern":"("}}}"#);
+        let good = pack("b", r#"{"type":"object","required":["n"]}"#);
+        let report = crate::Scanner::default().scan(&[&root]);
+        let lines: Vec<String> = report.events.iter().map(ToString::to_string).collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].starts_with("skill loader: build \"same\": schema in "), "{lines:?}");
+        assert!(lines[1].starts_with("skill loader: registered subprocess skill \"same\""));
+        let snap = Snapshot::build(report);
+        assert_eq!((snap.registered(), snap.skipped()), (1, 1));
+        let s = snap.get("same").unwrap();
+        assert_eq!(s.registered().manifest_path(), good);
+        // The scan's compiled validator is the one the registry uses.
+        assert!(s.validators.contains(s.slot));
+        assert!(s.check_args(&json!({})).is_err());
+        assert_eq!(s.check_args(&json!({"n": 1})), Ok(()));
     }
 
     #[test]
@@ -328,7 +302,7 @@ mod tests {
 
     #[test]
     fn replace_keeps_old_readers_valid() {
-        let (snap, _) = Snapshot::build(ScanReport {
+        let snap = Snapshot::build(ScanReport {
             skills: vec![skill("a", r#"{"type":"object"}"#)],
             events: vec![],
             ..ScanReport::default()

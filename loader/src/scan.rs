@@ -13,26 +13,31 @@
 //! loop under a root cannot make the walk recurse. Every regular file named
 //! `skill.json` is a manifest; anything else with that name is skipped with
 //! an event. Errors never stop the scan: each one becomes a [`ScanEvent`]
-//! and the walk goes on. The first manifest of a name wins (earlier root,
-//! then lexical order); later ones are skipped.
+//! and the walk goes on. A valid manifest is then built ([`crate::build`]:
+//! its entry resolved, its schema compiled); one that fails is skipped and
+//! does not take its name. The first manifest of a name that builds wins
+//! (earlier root, then lexical order); later ones are skipped.
 //!
 //! The scan does file-system reads only; it never logs. The caller prints
 //! or traces [`ScanReport::events`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::FileType;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use policy::{Manifest, SkillName, ValidateOptions};
 use walkdir::WalkDir;
 
-use crate::entry::{self, EntryScope};
+use crate::build::{self, Built};
+use crate::entry::EntryScope;
 use crate::event::{ScanEvent, WalkError};
 use crate::manifest_file;
 use crate::requirements::{self, Check, ProcessEnv};
 use crate::roots::{self, RootError};
 use crate::skill::RegisteredSkill;
+use crate::validators::ValidatorCache;
 
 /// The file name of a manifest.
 pub const MANIFEST_FILE_NAME: &str = "skill.json";
@@ -72,6 +77,11 @@ pub enum ScanTarget {
 pub struct ScanReport {
     /// Registered skills, at most one per name.
     pub skills: Vec<RegisteredSkill>,
+    /// The compiled args validators of `skills`, keyed by their index
+    /// there: every schema is compiled by the scan (one that does not
+    /// compile is not registered), and the most recently compiled ones
+    /// are kept for the registry ([`crate::registry::Snapshot::build`]).
+    pub validators: Arc<ValidatorCache>,
     /// What happened, in order; each `Display`s as its log line.
     pub events: Vec<ScanEvent>,
     /// The requirement checks of every valid SKILL.md, in scan order.
@@ -106,8 +116,15 @@ struct Resolved {
 /// The mutable state of one scan.
 struct Session<'a> {
     opts: &'a ValidateOptions,
+    /// The canonical roots of every target (a manifest target's folder
+    /// too): where an absolute entry may point.
     all_roots: Vec<PathBuf>,
+    /// The canonical roots walked so far.
+    walked: Vec<PathBuf>,
     first_seen: HashMap<SkillName, PathBuf>,
+    /// With [`Scanner::scan_targets`]: every manifest loaded so far, to
+    /// load each once however many targets reach it.
+    loaded: Option<HashSet<PathBuf>>,
     report: ScanReport,
 }
 
@@ -119,19 +136,33 @@ impl Scanner {
 
     /// Scans `roots` in order (typically [`roots::parse_dirs`] of
     /// `ONGRID_SKILLS_EXTERNAL_DIRS`). Never fails: problems are events.
+    /// A manifest under two nested roots is loaded under each, so the
+    /// second is logged as a duplicate: the operator's roots overlap.
     pub fn scan<P: AsRef<Path>>(&self, roots: &[P]) -> ScanReport {
         let targets: Vec<ScanTarget> =
             roots.iter().map(|r| ScanTarget::Root(r.as_ref().to_path_buf())).collect();
-        self.scan_targets(&targets)
+        self.run(&targets, false)
     }
 
-    /// Scans roots and single manifests in order. Every target is resolved
-    /// first, so an absolute entry may name any root of the scan.
+    /// Scans roots and single manifests in order (`ongrid-skill
+    /// validate`). Every target is resolved first, so an absolute entry
+    /// may name any root of the scan. Each manifest file is loaded once,
+    /// however many targets reach it (a folder and a manifest in it, or
+    /// nested folders), so that none is reported as a duplicate of itself.
+    /// The scan's manifest paths are canonical (a canonical root, then
+    /// real directories and a regular file), so the same file is the same
+    /// path.
     pub fn scan_targets(&self, targets: &[ScanTarget]) -> ScanReport {
+        self.run(targets, true)
+    }
+
+    fn run(&self, targets: &[ScanTarget], load_once: bool) -> ScanReport {
         let mut session = Session {
             opts: &self.opts,
             all_roots: Vec::new(),
+            walked: Vec::new(),
             first_seen: HashMap::new(),
+            loaded: load_once.then(HashSet::new),
             report: ScanReport::default(),
         };
         let resolved: Vec<Resolved> =
@@ -159,13 +190,17 @@ impl Session<'_> {
                     Ok(c) => c,
                     Err(e) => return self.skip_root(root, e),
                 };
-                if self.all_roots.contains(&canonical) {
+                if self.walked.contains(&canonical) {
                     self.report
                         .events
                         .push(ScanEvent::RootRepeated { root: root.clone(), canonical });
                     return None;
                 }
-                self.all_roots.push(canonical.clone());
+                self.walked.push(canonical.clone());
+                // A manifest target in this folder may have named it already.
+                if !self.all_roots.contains(&canonical) {
+                    self.all_roots.push(canonical.clone());
+                }
                 Some(Resolved { root: canonical, manifest: None })
             }
             ScanTarget::Manifest(path) => {
@@ -225,6 +260,11 @@ impl Session<'_> {
             self.report.events.push(ScanEvent::NotRegular { path, kind });
             return;
         }
+        if let Some(loaded) = &mut self.loaded {
+            if !loaded.insert(path.clone()) {
+                return;
+            }
+        }
         self.load(root, path);
     }
 
@@ -280,7 +320,9 @@ impl Session<'_> {
     }
 
     /// Registers a valid manifest (of a `skill.json`, or of one `tool` of
-    /// a SKILL.md) unless its name is taken or its entry is refused.
+    /// a SKILL.md) unless its name is taken or it fails to build (its
+    /// entry, its schema: [`crate::build`]). A manifest that fails leaves
+    /// the name free for the next one.
     fn register(&mut self, root: &Path, path: PathBuf, manifest: Manifest, tool: Option<&str>) {
         let events = &mut self.report.events;
         let name = manifest.name().clone();
@@ -288,39 +330,36 @@ impl Session<'_> {
             events.push(ScanEvent::Duplicate { name, manifest: path, first: first.clone() });
             return;
         }
-        // `path` came from walking `root` (or joining a file name to it),
-        // so it has a parent.
-        let dir = path.parent().unwrap_or(root);
+        let ignored = manifest.ignored_fields().to_vec();
+        let clamped = manifest.timeout_clamped_from().map(|r| (r, manifest.timeout().as_secs()));
         let scope = EntryScope { root, all_roots: &self.all_roots };
-        let entry = match entry::resolve(manifest.entry(), dir, scope) {
-            Ok(e) => e,
+        let Built { skill, validator } = match build::build(manifest, path.clone(), scope, tool) {
+            Ok(b) => b,
             Err(error) => {
                 events.push(ScanEvent::Build { name, manifest: path, error });
                 return;
             }
         };
         events.push(ScanEvent::Registered { name: name.clone(), manifest: path.clone() });
-        if !manifest.ignored_fields().is_empty() {
+        if !ignored.is_empty() {
             events.push(ScanEvent::IgnoredFields {
                 name: name.clone(),
                 manifest: path.clone(),
-                fields: manifest.ignored_fields().to_vec(),
+                fields: ignored,
             });
         }
-        if let Some(requested) = manifest.timeout_clamped_from() {
+        if let Some((requested, granted)) = clamped {
             events.push(ScanEvent::TimeoutClamped {
                 name: name.clone(),
                 manifest: path.clone(),
                 requested,
-                granted: manifest.timeout().as_secs(),
+                granted,
             });
         }
-        self.first_seen.insert(name, path.clone());
-        let skill = RegisteredSkill::new(manifest, entry, path, root.to_path_buf());
-        self.report.skills.push(match tool {
-            Some(t) => skill.with_tool(t),
-            None => skill,
-        });
+        self.first_seen.insert(name, path);
+        // The skill's slot in the cache is its place in `skills`.
+        self.report.validators.insert(self.report.skills.len(), validator);
+        self.report.skills.push(skill);
     }
 }
 
@@ -384,7 +423,10 @@ mod tests {
         assert_eq!(report.registered(), 0);
         assert!(matches!(
             &report.events[..],
-            [ScanEvent::Build { error: entry::EntryError::Escapes { .. }, .. }]
+            [ScanEvent::Build {
+                error: build::BuildError::Entry(crate::entry::EntryError::Escapes { .. }),
+                ..
+            }]
         ));
     }
 

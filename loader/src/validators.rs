@@ -1,5 +1,8 @@
-//! The compiled args validators of a registry, compiled on a skill's first
-//! request and kept in a bounded cache (least recently used out).
+//! The compiled args validators of a registry, kept in a bounded cache
+//! (least recently used out). The scan compiles every schema (one that
+//! does not compile is not registered) and leaves the last ones compiled
+//! in its report's cache, which the registry snapshot takes over; a
+//! validator dropped since is compiled again on its skill's next request.
 //!
 //! A compiled `jsonschema::Validator` takes ~1.6 KB; compiling one takes
 //! ~13 µs against ~0.2 µs to use it. Holding one per skill for 10,000
@@ -50,6 +53,13 @@ impl fmt::Debug for ValidatorCache {
             .field("capacity", &self.capacity)
             .field("len", &self.len())
             .finish()
+    }
+}
+
+impl Default for ValidatorCache {
+    /// An empty cache of [`DEFAULT_CAPACITY`].
+    fn default() -> Self {
+        Self::new(DEFAULT_CAPACITY)
     }
 }
 

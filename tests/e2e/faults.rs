@@ -1,7 +1,8 @@
 //! Faults (issue 9 item 3), beyond `restart` and `cancel`: the executor
 //! SIGKILLed mid-run (its watchdog kills the runs; with the watchdog gone
 //! too, the next executor sweeps what was left), ongrid-skilld SIGKILLed
-//! mid-run, the audit database on a full and on a read-only file system,
+//! mid-run, the audit database on a full and on a read-only file system
+//! or unusable (not a database, no folder: `/v1/health` says so),
 //! the executor's socket removed or replaced, and a pack changed between
 //! the scan and the run.
 
@@ -285,6 +286,7 @@ fn audit_on_a_full_or_read_only_file_system_refuses_runs() {
     }
     assert!(refused, "runs go on with a full audit file system\n{}", s.logs());
     assert_audit_503(&s, "full");
+    assert_health_audit_unavailable(&s, "full", "full");
     assert!(audit_errors(&s) > before, "ongrid_audit_write_errors_total did not grow");
     fs::remove_file(&fill).unwrap();
     assert!(
@@ -292,14 +294,63 @@ fn audit_on_a_full_or_read_only_file_system_refuses_runs() {
         "runs do not come back once space is free\n{}",
         s.logs()
     );
+    assert_health_ok(&s, "space back");
     drop(s);
 
     let fs_ro = Tmpfs::mount("size=1m,mode=0755,ro");
     let s = Stack::start_with("", &format!("audit_db = {}\n", q(&fs_ro.0.join("audit.db"))));
     assert_audit_503(&s, "read-only");
     assert_audit_503(&s, "read-only");
+    assert_health_audit_unavailable(&s, "read-only", "audit.db");
     assert!(audit_errors(&s) >= 2, "ongrid_audit_write_errors_total");
     assert!(s.logs().contains("audit"), "{}", s.logs());
+}
+
+/// `/v1/health` with the audit unusable: 200 (as with the executor
+/// down), `status` `degraded`, `audit` `unavailable` and why, naming
+/// `cause`.
+fn assert_health_audit_unavailable(s: &Stack, what: &str, cause: &str) {
+    let r = s.get("/v1/health");
+    assert_eq!(r.status, 200, "{what}");
+    let h = r.json();
+    assert_eq!(h["status"], "degraded", "{what}: {h}");
+    assert_eq!(h["audit"], "unavailable", "{what}: {h}");
+    assert_eq!(h["executor"], "up", "{what}: {h}");
+    let why = h["audit_error"].as_str().unwrap_or_default();
+    assert!(why.contains(cause), "{what}: {h}");
+}
+
+fn assert_health_ok(s: &Stack, what: &str) {
+    let h = s.get("/v1/health").json();
+    assert_eq!((&h["status"], &h["audit"]), (&json!("ok"), &json!("ok")), "{what}: {h}");
+}
+
+/// An audit database that cannot be used at all (a file that is not a
+/// database, a folder that does not exist): every run is refused 503
+/// `audit_unavailable`, and `/v1/health` says so instead of `ok`; once
+/// the file or folder is fixed, health and runs are back, no restart.
+#[test]
+fn an_unusable_audit_database_is_reported_by_health() {
+    let (_tmp, dir) = temp_dir("ongrid-e2e-audit-");
+    let q = |p: &Path| serde_json::Value::String(p.display().to_string()).to_string();
+    let corrupt = dir.join("corrupt.db");
+    fs::write(&corrupt, vec![b'x'; 8192]).unwrap();
+    let missing = dir.join("missing").join("audit.db");
+    for (db, what, cause) in
+        [(&corrupt, "corrupt file", "not a database"), (&missing, "missing folder", "missing")]
+    {
+        let s = Stack::start_with("", &format!("audit_db = {}\n", q(db)));
+        assert_audit_503(&s, what);
+        assert_health_audit_unavailable(&s, what, cause);
+        if db == &corrupt {
+            fs::remove_file(db).unwrap();
+        } else {
+            fs::create_dir(db.parent().unwrap()).unwrap();
+        }
+        assert_health_ok(&s, what);
+        let r = s.execute("echo", &json!({"n": 1}));
+        assert_eq!(r.status, 200, "{what}: {}", String::from_utf8_lossy(&r.body));
+    }
 }
 
 /// The executor's socket removed, replaced by a regular file, or by a

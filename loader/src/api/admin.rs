@@ -16,6 +16,12 @@ use crate::app::{App, ReloadSummary};
 use crate::metrics;
 use crate::server::Caller;
 
+/// How long `/v1/health` waits for the executor's `ping`.
+const EXECUTOR_PING_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long `/v1/health` waits for the audit thread (busy with a batch and
+/// its `fsync`, or with a database another process holds locked).
+const AUDIT_HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How long `/metrics` waits for the executor's part.
 const EXECUTOR_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -38,17 +44,35 @@ pub async fn reload(
     Ok(Json(app.reload().await))
 }
 
-/// `GET /v1/health` → `{"status":"ok","version":..,"skills":N,"executor":"up"|"down"}`.
-/// The daemon answering is what "ok" means; a down executor is reported,
-/// not an error.
+/// `GET /v1/health` → `{"status":"ok"|"degraded","version":..,"skills":N,
+/// "executor":"up"|"down","audit":"ok"|"unavailable"}`, plus `audit_error`
+/// (why) when the audit is unavailable. Always 200: the daemon answering
+/// is what the answer itself means; what runs need and is missing (the
+/// executor down, an audit trail that cannot be written, so runs are
+/// refused 503) is reported as `degraded`, not as an error.
 pub async fn health(State(app): State<Arc<App>>) -> Json<Value> {
-    let up = app.executor().ping(Duration::from_secs(1)).await;
-    Json(json!({
-        "status": "ok",
+    let (up, audit) = tokio::join!(
+        app.executor().ping(EXECUTOR_PING_TIMEOUT),
+        tokio::time::timeout(AUDIT_HEALTH_TIMEOUT, app.audit().health())
+    );
+    let audit = match audit {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err(format!(
+            "the audit thread did not answer within {} s",
+            AUDIT_HEALTH_TIMEOUT.as_secs()
+        )),
+    };
+    let mut body = json!({
+        "status": if up && audit.is_ok() { "ok" } else { "degraded" },
         "version": env!("CARGO_PKG_VERSION"),
         "skills": app.registry().current().registered(),
         "executor": if up { "up" } else { "down" },
-    }))
+        "audit": if audit.is_ok() { "ok" } else { "unavailable" },
+    });
+    if let (Err(e), Some(obj)) = (audit, body.as_object_mut()) {
+        obj.insert("audit_error".into(), Value::String(e));
+    }
+    Json(body)
 }
 
 /// `GET /metrics`: the loader's metrics followed by the executor's (when

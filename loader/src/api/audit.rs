@@ -6,7 +6,11 @@
 //! `since` is a duration back from now (`90s`, `10m`, `2h`, `7days`:
 //! humantime's syntax); `limit` defaults to 100, at most 1000. Answer:
 //! `{"items":[row...],"total":N}` with the rows of [`crate::audit::Entry`]
-//! (times in unix milliseconds).
+//! (times in unix milliseconds), plus
+//! `"incomplete":{"unwritten":N,"reason":"..."}` when rows the daemon
+//! journaled could not be written into the database before the read (a
+//! database another process holds locked, a full file system): the items
+//! may then lack the newest rows or completions.
 
 use std::sync::Arc;
 
@@ -71,7 +75,7 @@ pub async fn list(
     if !(1..=MAX_QUERY_ROWS).contains(&limit) {
         return Err(ApiError::BadRequest(format!("limit must be within 1..={MAX_QUERY_ROWS}")));
     }
-    let rows = app
+    let trail = app
         .audit()
         .query(audit::Query {
             skill: q.skill,
@@ -82,7 +86,10 @@ pub async fn list(
         })
         .await
         .map_err(|e| ApiError::AuditUnavailable(e.to_string()))?;
-    Ok(Json(Listing { total: rows.len(), items: rows }))
+    if let Some(i) = &trail.incomplete {
+        tracing::warn!(unwritten = i.unwritten, reason = %i.reason, "audit: read of an incomplete trail");
+    }
+    Ok(Json(Listing { total: trail.items.len(), items: trail.items, incomplete: trail.incomplete }))
 }
 
 /// The answer: a struct, not `json!`, so each row's args and result keep
@@ -91,4 +98,7 @@ pub async fn list(
 pub struct Listing {
     items: Vec<audit::Entry>,
     total: usize,
+    /// What the items lack, when they cannot be the whole trail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    incomplete: Option<audit::Incomplete>,
 }

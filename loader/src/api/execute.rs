@@ -146,7 +146,9 @@ pub async fn execute(
         ..base.clone()
     };
     // The executor's request. Its manifest path must be UTF-8 (the wire is
-    // JSON); a path that is not is refused after the decision's row.
+    // JSON): the scan registers no skill whose path is not
+    // (`crate::build`), so the refusal after the decision's row below is
+    // only a guard.
     let mut params = skill.registered().manifest_path().to_str().map(|m| ExecuteParams {
         manifest: m.to_owned(),
         args: req.args.into_raw(),

@@ -343,6 +343,11 @@ impl Journal {
         !self.lock().pending.is_empty()
     }
 
+    /// How many lines wait for the thread.
+    pub(super) fn pending_lines(&self) -> usize {
+        self.lock().pending.len()
+    }
+
     /// The lines appended since the last call, oldest first.
     pub(super) fn take_pending(&self) -> Vec<(Line, usize)> {
         let mut st = self.lock();

@@ -60,7 +60,9 @@
 //! could not; under `interval` the background `fsync` covers the journal
 //! too. The audit thread writes the lines into the database in one
 //! transaction [`journal::INGEST_AFTER`] after the first of them, before
-//! any read of the database (`GET /v1/audit`), and at a clean stop
+//! any read of the database (`GET /v1/audit`; when they cannot be written
+//! then, the read's answer says it lacks them: [`Trail::incomplete`]),
+//! and at a clean stop
 //! ([`Audit::flush`]); it empties the file once all of it is in the
 //! database and the WAL is `fsync`ed, when the file has grown past
 //! [`journal::EMPTY_AT`] or at the stop. When the database is next opened
@@ -284,6 +286,27 @@ pub struct Entry {
     pub duration_ms: Option<i64>,
 }
 
+/// The rows a query read, and whether they can be the whole trail.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trail {
+    /// The rows, newest first.
+    pub items: Vec<Entry>,
+    /// Set when rows or completions journaled before the read could not
+    /// be written into the database first (it is locked by another
+    /// writer, its file system is full...): the items may lack the newest
+    /// rows, or show finished runs as unfinished.
+    pub incomplete: Option<Incomplete>,
+}
+
+/// What a read of the trail lacks ([`Trail::incomplete`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Incomplete {
+    /// Journal lines (rows and completions) not in the database.
+    pub unwritten: usize,
+    /// Why they could not be written.
+    pub reason: String,
+}
+
 /// Filters of a query; newest first.
 #[derive(Debug, Clone, Default)]
 pub struct Query {
@@ -303,9 +326,11 @@ enum Job {
     /// A row; `early`: answered once inserted, before the commit.
     Record(Box<Record>, oneshot::Sender<Result<i64, AuditError>>, bool),
     Finish(i64, Box<Finish>, Option<oneshot::Sender<Result<(), AuditError>>>),
-    Query(Query, oneshot::Sender<Result<Vec<Entry>, AuditError>>),
+    Query(Query, oneshot::Sender<Result<Trail, AuditError>>),
     UsedApprovals(oneshot::Sender<Result<Vec<(String, u64)>, AuditError>>),
     Count(oneshot::Sender<Result<i64, AuditError>>),
+    /// Can the trail be written? ([`Audit::health`])
+    Health(oneshot::Sender<Result<(), AuditError>>),
     /// Lines were journaled: write them in time (`true`: now).
     Ingest(bool),
     /// Write every journaled line now and empty the journal.
@@ -524,12 +549,14 @@ impl Audit {
         }
     }
 
-    /// Reads rows, newest first.
+    /// Reads rows, newest first, once the journal's rows are written into
+    /// the database; when they cannot be, the rows read are returned
+    /// marked [`Trail::incomplete`].
     ///
     /// # Errors
     ///
     /// [`AuditError`].
-    pub async fn query(&self, query: Query) -> Result<Vec<Entry>, AuditError> {
+    pub async fn query(&self, query: Query) -> Result<Trail, AuditError> {
         self.ask(|tx| Job::Query(query, tx)).await
     }
 
@@ -540,6 +567,19 @@ impl Audit {
     /// [`AuditError`].
     pub async fn used_approvals(&self) -> Result<Vec<(String, u64)>, AuditError> {
         self.ask(Job::UsedApprovals).await
+    }
+
+    /// Whether the trail can be written, as far as can be told without
+    /// writing a row (`GET /v1/health`): the database opens and reads,
+    /// and the last write did not fail. After a failed write it stays
+    /// unavailable until a write succeeds again (a full file system that
+    /// was freed shows once the next row is written).
+    ///
+    /// # Errors
+    ///
+    /// [`AuditError`]: why not.
+    pub async fn health(&self) -> Result<(), AuditError> {
+        self.ask(Job::Health).await
     }
 
     /// The number of rows.

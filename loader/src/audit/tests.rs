@@ -68,7 +68,7 @@ async fn rows_are_written_completed_and_read_back() {
     used.sort();
     assert_eq!(used, [("aa:d1".to_owned(), far), ("bb:d1".to_owned(), far)]);
 
-    let rows = audit.query(Query { limit: 10, ..Query::default() }).await.unwrap();
+    let rows = audit.query(Query { limit: 10, ..Query::default() }).await.unwrap().items;
     assert_eq!(rows.len(), 1);
     let e = &rows[0];
     assert_eq!((e.decision.as_str(), e.reason.as_str()), ("allow", "dual_signed"));
@@ -79,9 +79,9 @@ async fn rows_are_written_completed_and_read_back() {
     assert_eq!(e.exit_code, Some(0));
     assert!(e.finished_at.is_some() && e.duration_ms.is_some());
     let none = Query { skill: Some("other".into()), limit: 10, ..Query::default() };
-    assert!(audit.query(none).await.unwrap().is_empty());
+    assert!(audit.query(none).await.unwrap().items.is_empty());
     let future = Query { since_ms: Some(now_ms() + 60_000), limit: 10, ..Query::default() };
-    assert!(audit.query(future).await.unwrap().is_empty());
+    assert!(audit.query(future).await.unwrap().items.is_empty());
     assert_eq!(errors.get(), 0);
 
     // A restarted daemon sees the used approvals.
@@ -207,7 +207,7 @@ async fn concurrent_rows_share_commits_and_a_replay_rolls_back_only_its_own() {
     }
     assert_eq!(replayed, 1);
     assert_eq!(audit.count().await.unwrap(), 40);
-    let rows = audit.query(Query { limit: 100, ..Query::default() }).await.unwrap();
+    let rows = audit.query(Query { limit: 100, ..Query::default() }).await.unwrap().items;
     assert!(rows.iter().filter(|e| e.skill != "first").all(|e| e.outcome.as_deref() == Some("ok")));
     assert_eq!(errors.get(), 0);
     // Completing a row that is not there is an error, not a silent
@@ -230,7 +230,7 @@ async fn retention_keeps_the_newest_rows() {
         audit.record(record(&format!("s{i}"), &[])).await.unwrap();
     }
     assert_eq!(audit.count().await.unwrap(), 15);
-    let newest = audit.query(Query { limit: 1, ..Query::default() }).await.unwrap();
+    let newest = audit.query(Query { limit: 1, ..Query::default() }).await.unwrap().items;
     assert_eq!(newest[0].skill, format!("s{}", PRUNE_EVERY + 4));
 }
 
@@ -248,6 +248,48 @@ async fn an_unwritable_database_is_an_error_and_a_metric_then_recovers() {
     std::fs::create_dir(&missing).unwrap();
     assert_eq!(audit.record(record("rm", &[])).await, Ok(1));
     assert_eq!(errors.get(), 2);
+}
+
+#[tokio::test]
+async fn health_says_why_the_trail_cannot_be_written_until_it_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let start =
+        |s: &AuditSettings| Audit::start(s, IntCounter::new("e", "e").unwrap(), &syncs()).unwrap();
+    // A directory that does not exist, then does.
+    let missing = dir.path().join("missing");
+    let audit = start(&settings(&missing, 0));
+    let e = audit.health().await.unwrap_err();
+    assert!(e.to_string().contains("missing/audit.db"), "{e}");
+    std::fs::create_dir(&missing).unwrap();
+    assert_eq!(audit.health().await, Ok(()));
+    drop(audit);
+
+    // A file that is not a database.
+    let corrupt = dir.path().join("corrupt");
+    std::fs::create_dir(&corrupt).unwrap();
+    std::fs::write(corrupt.join("audit.db"), vec![b'x'; 8192]).unwrap();
+    let audit = start(&settings(&corrupt, 0));
+    let e = audit.health().await.unwrap_err();
+    assert!(e.to_string().contains("not a database"), "{e}");
+    drop(audit);
+
+    // A write that failed (another process holds the database locked):
+    // unavailable until a write succeeds again, though reads work.
+    let fine = dir.path().join("fine");
+    std::fs::create_dir(&fine).unwrap();
+    let s = settings(&fine, 0);
+    let audit = start(&s);
+    audit.record(record("rm", &[])).await.unwrap();
+    assert_eq!(audit.health().await, Ok(()));
+    let other = rusqlite::Connection::open(&s.db).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let e = audit.record(record("rm", &[])).await.unwrap_err();
+    assert!(e.to_string().contains("locked"), "{e}");
+    assert_eq!(audit.health().await, Err(e.clone()));
+    other.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(audit.health().await, Err(e), "known to work only once a write does");
+    audit.record(record("rm", &[])).await.unwrap();
+    assert_eq!(audit.health().await, Ok(()));
 }
 
 #[test]
@@ -370,6 +412,46 @@ async fn safe_rows_are_journaled_then_written_into_the_database() {
     }
     assert_eq!(db_rows(&full.db).len(), 2);
     assert!(!super::journal::journal_path(&full.db).exists());
+}
+
+/// A read while the journal's rows cannot be written into the database
+/// (here a trigger refuses every insert, as a lock or a full disk would)
+/// answers the rows it can read, marked incomplete, with why (named once:
+/// `audit database X unavailable: ...`); once the rows go in, it is whole.
+#[tokio::test]
+async fn a_read_that_lacks_journaled_rows_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let interval = AuditSettings { synchronous: AuditSync::Interval, ..settings(dir.path(), 0) };
+    let audit = Audit::start(&interval, IntCounter::new("e", "e").unwrap(), &syncs()).unwrap();
+    let safe =
+        |skill: &str| Record { class: "safe".into(), decision: "deny", ..record(skill, &[]) };
+    let all = || Query { limit: 10, ..Query::default() };
+    // The first row opens the database (and the journal).
+    audit.record(safe("df")).await.unwrap();
+    let trail = audit.query(all()).await.unwrap();
+    assert_eq!((trail.items.len(), &trail.incomplete), (1, &None));
+
+    let other = rusqlite::Connection::open(&interval.db).unwrap();
+    other
+        .execute_batch(
+            "CREATE TRIGGER refuse BEFORE INSERT ON audit \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+        )
+        .unwrap();
+    audit.record(safe("du")).await.unwrap();
+    assert_eq!(journal_lines(&interval).len(), 1, "journaled, answered");
+    let trail = audit.query(all()).await.unwrap();
+    let names: Vec<&str> = trail.items.iter().map(|e| e.skill.as_str()).collect();
+    assert_eq!(names, ["df"], "the database lacks the journaled row");
+    let incomplete = trail.incomplete.expect("the answer says it is incomplete");
+    assert_eq!(incomplete.unwritten, 1);
+    let want = format!("audit database {} unavailable: refused by the test", interval.db.display());
+    assert_eq!(incomplete.reason, want);
+
+    other.execute_batch("DROP TRIGGER refuse").unwrap();
+    let trail = audit.query(all()).await.unwrap();
+    let names: Vec<&str> = trail.items.iter().map(|e| e.skill.as_str()).collect();
+    assert_eq!((names, trail.incomplete), (vec!["du", "df"], None));
 }
 
 /// What a crash leaves in the journal is written into the database when it
@@ -586,7 +668,7 @@ async fn rows_left_open_by_an_earlier_skilld_are_completed_as_interrupted() {
 
     let second = Audit::start(&s, errors, &syncs()).unwrap();
     let mine = second.record(record("mine", &[])).await.unwrap();
-    let rows = second.query(Query { limit: 10, ..Query::default() }).await.unwrap();
+    let rows = second.query(Query { limit: 10, ..Query::default() }).await.unwrap().items;
     let by_id = |id: i64| rows.iter().find(|e| e.id == id).unwrap();
     let left = by_id(open);
     assert_eq!(left.outcome.as_deref(), Some("interrupted"), "{left:?}");
@@ -643,7 +725,7 @@ async fn a_decision_whose_caller_went_away_is_completed_cancelled() {
             drop(asked);
         }
     }
-    let rows = audit.query(Query { limit: 100, ..Query::default() }).await.unwrap();
+    let rows = audit.query(Query { limit: 100, ..Query::default() }).await.unwrap().items;
     assert_eq!(rows.len(), 40);
     for e in &rows {
         assert_eq!(e.outcome.as_deref(), Some("cancelled"), "{e:?}");
@@ -664,7 +746,7 @@ async fn a_run_cut_by_a_stopping_skilld_says_so() {
     audit.stopping();
     let cut = audit.record_before_run(record("rm", &[])).await.unwrap();
     drop(RunRow::new(audit.clone(), Some(cut)));
-    let rows = audit.query(Query { limit: 10, ..Query::default() }).await.unwrap();
+    let rows = audit.query(Query { limit: 10, ..Query::default() }).await.unwrap().items;
     let error = |id: i64| rows.iter().find(|e| e.id == id).and_then(|e| e.error.clone());
     assert_eq!(error(left).as_deref(), Some("the client went away before the run ended"));
     assert_eq!(error(cut).as_deref(), Some("ongrid-skilld stopped before the run ended"));
@@ -691,7 +773,7 @@ async fn the_rows_stay_under_the_byte_cap() {
     drop(audit);
     // 400 rows of 30 KB would be ~12 MB; pruned at open (and every 100).
     let audit = Audit::start(&capped, errors.clone(), &syncs()).unwrap();
-    let rows = audit.query(Query { limit: 1000, ..Query::default() }).await.unwrap();
+    let rows = audit.query(Query { limit: 1000, ..Query::default() }).await.unwrap().items;
     assert!(rows.len() < 40 && rows.len() >= 10, "{} rows kept", rows.len());
     assert_eq!(rows[0].skill, "s399", "the newest row stays");
     drop(audit);

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use super::journal::{self, Journal, INGEST_AFTER};
 use super::sql::{self, run_cached, Done, Row, WriteError};
 use super::syncer::{sync_commits, wal_path, Syncer};
-use super::{unclaimed, AuditError, Finish, Job, PRUNE_EVERY};
+use super::{unclaimed, AuditError, Finish, Incomplete, Job, Trail, PRUNE_EVERY};
 use crate::config::{AuditSettings, AuditSync};
 
 /// Most critical run rows remembered until their completion.
@@ -46,6 +46,9 @@ pub(super) struct Worker {
     /// The rows an earlier skilld left open were closed (on the first
     /// open only: later, open rows are this skilld's runs in flight).
     swept: bool,
+    /// A write into the open database failed with this, and none
+    /// succeeded since (the database not opening is seen by opening it).
+    failing: Option<AuditError>,
 }
 
 impl Worker {
@@ -69,6 +72,7 @@ impl Worker {
             prune_due: false,
             ingest_due: None,
             swept: false,
+            failing: None,
         }
     }
 
@@ -113,36 +117,56 @@ impl Worker {
         }
     }
 
-    /// Writes the journal's lines into the database, if any wait, then
-    /// empties the journal when that is due; on a failure the lines wait
-    /// for the next try ([`INGEST_RETRY`]).
+    /// [`Worker::try_ingest`], whose failure is logged, counted and tried
+    /// again later.
     fn ingest(&mut self) {
+        let _ = self.try_ingest();
+    }
+
+    /// Writes the journal's lines into the database, if any wait, then
+    /// empties the journal when that is due; on a failure (logged and
+    /// counted) the lines wait for the next try ([`INGEST_RETRY`]).
+    ///
+    /// # Errors
+    ///
+    /// Why the lines could not be written.
+    fn try_ingest(&mut self) -> Result<(), AuditError> {
         self.ingest_due = None;
         let lines = self.journal.take_pending();
         if !lines.is_empty() {
+            let path = self.settings.db.clone();
+            // `wrote`: the database opened, the write failed. An error of
+            // the opening names the database already.
             let written = match self.connection() {
-                Ok(db) => journal::write_lines(db, &lines, false).map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
+                Ok(db) => journal::write_lines(db, &lines, false)
+                    .map_err(|e| (true, AuditError::Unavailable { path, message: e.to_string() })),
+                Err(e) => Err((false, e)),
             };
             match written {
                 Ok(counts) => self.ingested(counts),
-                Err(message) => {
-                    let e = AuditError::Unavailable { path: self.settings.db.clone(), message };
+                Err((wrote, e)) => {
+                    if wrote {
+                        self.failing = Some(e.clone());
+                    }
                     // Counted once per failed try, not per line: the lines
                     // are kept and written by a later one.
                     self.fail(&e);
                     self.journal.put_back(lines);
                     self.ingest_due = Some(Instant::now() + INGEST_RETRY);
-                    return;
+                    return Err(e);
                 }
             }
         }
         self.empty_journal(false);
+        Ok(())
     }
 
     /// Counts `n` rows and completions written from the journal, `lost`
     /// of them completions whose row is missing.
     fn ingested(&mut self, (n, lost): (usize, usize)) {
+        if n > 0 {
+            self.failing = None;
+        }
         let before = self.inserts;
         self.inserts += n as u64;
         if self.inserts / PRUNE_EVERY != before / PRUNE_EVERY {
@@ -182,6 +206,7 @@ impl Worker {
                     path: self.settings.db.clone(),
                     message: e.to_string(),
                 };
+                self.failing = Some(e.clone());
                 self.fail(&e);
                 self.ingest_due = Some(Instant::now() + INGEST_RETRY);
             }
@@ -249,12 +274,23 @@ impl Worker {
                 Job::Finish(id, finish, reply) => self.finish(&mut group, id, &finish, reply),
                 Job::Query(q, reply) => {
                     self.commit(&mut group);
-                    self.ingest();
-                    let _ = reply.send(self.read(|db| sql::select(db, &q)));
+                    // Rows journaled before the read and not in the
+                    // database: the answer says it lacks them.
+                    let unwritten = self.try_ingest().err();
+                    let items = self.read(|db| sql::select(db, &q));
+                    let incomplete = unwritten.map(|e| Incomplete {
+                        unwritten: self.journal.pending_lines(),
+                        reason: e.to_string(),
+                    });
+                    let _ = reply.send(items.map(|items| Trail { items, incomplete }));
                 }
                 Job::UsedApprovals(reply) => {
                     self.commit(&mut group);
                     let _ = reply.send(self.read(sql::used_approvals));
+                }
+                Job::Health(reply) => {
+                    self.commit(&mut group);
+                    let _ = reply.send(self.health());
                 }
                 Job::Count(reply) => {
                     self.commit(&mut group);
@@ -362,8 +398,13 @@ impl Worker {
     ) -> Result<T, AuditError> {
         let open = group.open;
         let mut lost = false;
+        // The database opened, the write failed.
+        let mut wrote = true;
         let r = match self.connection() {
-            Err(e) => Err(e),
+            Err(e) => {
+                wrote = false;
+                Err(e)
+            }
             Ok(db) => {
                 let begun = if open { Ok(()) } else { run_cached(db, "BEGIN") };
                 match begun {
@@ -398,6 +439,9 @@ impl Worker {
                 tracing::error!(error = %e, "audit: cannot write the audit trail");
             }
             Err(e @ AuditError::Unavailable { .. }) => {
+                if wrote {
+                    self.failing = Some(e.clone());
+                }
                 self.fail(e);
                 let e = e.clone();
                 self.abort(group, &e);
@@ -413,6 +457,19 @@ impl Worker {
         self.errors.inc();
         tracing::error!(error = %e, "audit: cannot write the audit trail");
         self.db = None;
+    }
+
+    /// Whether the trail can be written, as far as can be told without
+    /// writing a row: the journal's rows go in (when any wait), the
+    /// database opens and reads, and the last write into it did not fail.
+    /// A failed write (a full file system) is only known to be over once
+    /// a write succeeds again.
+    fn health(&mut self) -> Result<(), AuditError> {
+        if self.journal.has_pending() {
+            self.ingest();
+        }
+        self.read(|db| db.prepare_cached("SELECT 1 FROM audit LIMIT 1")?.exists([]))?;
+        self.failing.clone().map_or(Ok(()), Err)
     }
 
     /// The group's transaction failed: every job of it fails with `e`.
@@ -446,6 +503,7 @@ impl Worker {
         let r = r.and_then(|()| self.made_durable(group.critical));
         match r {
             Ok(()) => {
+                self.failing = None;
                 let before = self.inserts;
                 self.inserts += group.written as u64;
                 for w in group.waiters.drain(..) {
@@ -458,6 +516,7 @@ impl Worker {
             }
             Err(e) => {
                 tracing::error!(error = %e, "audit: cannot write the audit trail");
+                self.failing = Some(e.clone());
                 self.abort(group, &e);
             }
         }

@@ -1,12 +1,17 @@
 //! `ongrid-skill audit [--skill S] [--since DURATION] [--outcome O]
 //! [--decision D] [--limit N] [--json]`: the daemon's audit trail, newest
 //! first, through `GET /v1/audit` (root and callers with `audit = true`
-//! only: the trail holds every caller's args).
+//! only: the trail holds every caller's args). When the daemon could not
+//! write the rows it journaled into the database before reading it (a
+//! database another process holds locked, a full file system), the rows
+//! shown may lack the newest ones: a warning on stderr says so (with
+//! `--json` too; the answer then holds `incomplete`).
 
 use std::io::{self, Write};
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
+use super::printable;
 use super::remote::{self, DaemonArgs};
 use super::table::Table;
 use crate::client::encode_segment;
@@ -56,10 +61,32 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         }
     }
     let path = format!("/v1/audit?{}", query.join("&"));
-    let items = match remote::get_items(&args.daemon, &path, args.json, "audit rows", out, err)? {
-        Ok(items) => items,
-        Err(done) => return Ok(done),
+    let resp = match remote::block_on(args.daemon.client().get(&path))? {
+        Ok(r) => r,
+        Err(e) => return remote::client_error(&e, args.json, err),
     };
+    if !resp.status.is_success() {
+        return remote::api_error(&resp, args.json, err);
+    }
+    if let Some(i) = resp.body.get("incomplete") {
+        let n = i["unwritten"].as_u64().unwrap_or_default();
+        let reason = printable::line(i["reason"].as_str().unwrap_or("unknown"));
+        writeln!(
+            err,
+            "ongrid-skill: warning: the audit trail shown is incomplete: {n} journaled row(s) \
+             or completion(s) could not be written into the database before the read \
+             ({reason}); the newest rows may be missing or show runs unfinished: try again"
+        )?;
+    }
+    if args.json {
+        remote::print_json(&resp.body, out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let items = resp.body["items"].as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        writeln!(err, "no audit rows")?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut table = Table::with_header(&[
         "ID",
         "TIME",

@@ -13,6 +13,8 @@ use std::process::ExitCode;
 
 use serde_json::{json, Value};
 
+use super::printable;
+
 /// Arguments of `check`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -78,9 +80,10 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
     } else {
         for i in &items {
             let status = if i["met"] == true { "ok" } else { "unmet" };
-            let name = i["name"].as_str().unwrap_or_default();
+            // Written by the pack: printed without control characters.
+            let text = |v: &Value| printable::line(v.as_str().unwrap_or_default()).into_owned();
+            let (name, manifest) = (text(&i["name"]), text(&i["manifest"]));
             let source = i["source"].as_str().unwrap_or_default();
-            let manifest = i["manifest"].as_str().unwrap_or_default();
             writeln!(out, "{status:<6}{name} ({source}, {manifest})")?;
             let checks = i["checks"].as_array().map(Vec::as_slice).unwrap_or_default();
             if checks.is_empty() {
@@ -88,14 +91,18 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
             }
             for c in checks {
                 let mark = if c["met"] == true { "ok   " } else { "MISSING" };
-                writeln!(out, "      {mark:<8}{}", c["message"].as_str().unwrap_or_default())?;
+                writeln!(out, "      {mark:<8}{}", text(&c["message"]))?;
             }
             let tools: Vec<&str> = i["tools"]
                 .as_array()
                 .map(|t| t.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
             if source == "skill.md" {
-                let shown = if tools.is_empty() { "none".to_owned() } else { tools.join(", ") };
+                let shown = if tools.is_empty() {
+                    "none".to_owned()
+                } else {
+                    printable::line(&tools.join(", ")).into_owned()
+                };
                 writeln!(out, "      tools: {shown}")?;
             }
         }

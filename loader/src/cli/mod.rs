@@ -29,6 +29,7 @@ pub mod check;
 pub mod keygen;
 pub mod list;
 pub mod mcp;
+pub mod printable;
 pub mod reload;
 pub mod remote;
 pub mod run;

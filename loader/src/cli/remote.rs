@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use hyper::StatusCode;
 use serde_json::Value;
 
+use super::printable;
 use crate::client::{ApiResponse, ClientError, DaemonClient};
 use crate::config::DEFAULT_SOCKET;
 
@@ -117,11 +118,13 @@ pub fn api_error(resp: &ApiResponse, json: bool, err: &mut dyn Write) -> io::Res
     let e = &resp.body["error"];
     let name = e["code"].as_str().unwrap_or("error");
     let message = e["message"].as_str().map_or_else(|| resp.body.to_string(), str::to_owned);
+    let (name, message) = (printable::line(name), printable::line(&message));
     writeln!(err, "ongrid-skill: {name}: {message} ({})", resp.status)?;
     if let Some(violations) = e["violations"].as_array() {
         for v in violations {
             let path = v["path"].as_str().filter(|p| !p.is_empty()).unwrap_or("(args)");
-            writeln!(err, "  {path}: {}", v["message"].as_str().unwrap_or_default())?;
+            let message = v["message"].as_str().unwrap_or_default();
+            writeln!(err, "  {}: {}", printable::line(path), printable::line(message))?;
         }
     }
     Ok(ExitCode::from(code))

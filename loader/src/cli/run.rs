@@ -5,7 +5,10 @@
 //! the outcome, the error and the stderr tail on stderr, exit 1. `--json`
 //! prints the whole run report on stdout (exit 1 still marks a failed
 //! run). `--stream` prints the skill's stderr lines as they come (with
-//! `--json`: the NDJSON events, one per line, on stdout).
+//! `--json`: the NDJSON events, one per line, on stdout). Human output
+//! shows no control character the skill wrote ([`super::printable`]): in
+//! its stderr lines and errors they are escaped, in its result they are
+//! JSON escapes, so the result is the same JSON value.
 
 use std::io::{self, Read, Write};
 use std::process::ExitCode;
@@ -14,6 +17,7 @@ use policy::RawJson;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::printable;
 use super::remote::{self, exit, DaemonArgs};
 use crate::client::encode_segment;
 
@@ -118,11 +122,15 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
                 writeln!(out, "{event}").and_then(|()| out.flush())
             } else {
                 match event["event"].as_str() {
-                    Some("stderr") => writeln!(err, "{}", event["line"].as_str().unwrap_or("")),
+                    Some("stderr") => {
+                        writeln!(err, "{}", printable::line(event["line"].as_str().unwrap_or("")))
+                    }
                     Some("error") => writeln!(
                         err,
                         "ongrid-skill: {}",
-                        event["error"]["message"].as_str().unwrap_or("stream failed")
+                        printable::line(
+                            event["error"]["message"].as_str().unwrap_or("stream failed")
+                        )
                     ),
                     _ => Ok(()),
                 }
@@ -197,19 +205,23 @@ fn print_report(
     }
     if report["outcome"] == "ok" {
         match result {
-            Some(raw) => writeln!(out, "{raw}")?,
-            None => remote::print_json(&report["result"], out)?,
+            Some(raw) => writeln!(out, "{}", printable::json(raw.get()))?,
+            None => {
+                let text =
+                    serde_json::to_string_pretty(&report["result"]).map_err(io::Error::other)?;
+                writeln!(out, "{}", printable::json(&text))?;
+            }
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let skill = report["skill"].as_str().unwrap_or("?");
-    let outcome = report["outcome"].as_str().unwrap_or("?");
-    let error = report["error"].as_str().unwrap_or("");
+    let skill = printable::line(report["skill"].as_str().unwrap_or("?"));
+    let outcome = printable::line(report["outcome"].as_str().unwrap_or("?"));
+    let error = printable::line(report["error"].as_str().unwrap_or(""));
     writeln!(err, "ongrid-skill: skill \"{skill}\" failed: {outcome}: {error}")?;
     let stderr = report["stderr"].as_str().unwrap_or("");
     if !stderr.is_empty() {
         writeln!(err, "stderr (tail):")?;
-        for line in stderr.lines() {
+        for line in printable::lines(stderr) {
             writeln!(err, "  {line}")?;
         }
     }

@@ -34,7 +34,8 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
     let report = super::scan_roots(&args.dirs, err)?;
     for event in &report.events {
         if args.verbose || event.level() > Level::Debug {
-            writeln!(err, "{event}")?;
+            // Paths are the packs' names: printed without control characters.
+            writeln!(err, "{}", super::printable::line(&event.to_string()))?;
         }
     }
     let n = report.registered();

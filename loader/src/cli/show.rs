@@ -3,6 +3,7 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
+use super::printable;
 use super::remote::{self, DaemonArgs};
 use crate::client::encode_segment;
 
@@ -39,7 +40,8 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         remote::print_json(s, out)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let text = |k: &str| s[k].as_str().unwrap_or_default().to_owned();
+    // Written by the pack: printed without its control characters.
+    let text = |k: &str| printable::line(s[k].as_str().unwrap_or_default()).into_owned();
     writeln!(out, "name:         {}", text("name"))?;
     writeln!(out, "description:  {}", text("description"))?;
     writeln!(out, "class:        {}", text("class"))?;
@@ -52,9 +54,10 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
     writeln!(
         out,
         "env_allow:    {}",
-        if env.is_empty() { "(none)".into() } else { env.join(" ") }
+        if env.is_empty() { "(none)".into() } else { printable::line(&env.join(" ")).into_owned() }
     )?;
     writeln!(out, "schema:")?;
-    remote::print_json(&s["schema"], out)?;
+    let schema = serde_json::to_string_pretty(&s["schema"]).map_err(io::Error::other)?;
+    writeln!(out, "{}", printable::json(&schema))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,6 +1,9 @@
-//! Aligned columns for human output.
+//! Aligned columns for human output; every cell printable
+//! ([`super::printable::line`]).
 
 use std::io::{self, Write};
+
+use super::printable;
 
 /// Rows of cells printed with every column padded to its widest cell.
 #[derive(Debug, Default)]
@@ -14,8 +17,16 @@ impl Table {
         Self { rows: vec![header.iter().map(|h| (*h).to_owned()).collect()] }
     }
 
-    /// Appends a row.
+    /// Appends a row; a cell's control characters are escaped (one line
+    /// each, line breaks as `\n`).
     pub fn push(&mut self, row: Vec<String>) {
+        let row = row
+            .into_iter()
+            .map(|cell| match printable::line(&cell) {
+                std::borrow::Cow::Borrowed(_) => cell,
+                std::borrow::Cow::Owned(escaped) => escaped,
+            })
+            .collect();
         self.rows.push(row);
     }
 
@@ -71,6 +82,20 @@ mod tests {
             "NAME       CLASS      ENTRY\n\
              a          dangerous  /x\n\
              long_name  safe       /y/z\n"
+        );
+    }
+
+    #[test]
+    fn cells_are_one_line_without_control_characters() {
+        let mut t = Table::with_header(&["NAME", "DESCRIPTION"]);
+        t.push(vec!["x".into(), "two\nlines \x1b[31mred\x1b[0m \u{9b}2J".into()]);
+        let mut out = Vec::new();
+        t.write(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            "NAME  DESCRIPTION\n\
+             x     two\\nlines \\x1b[31mred\\x1b[0m \\u{9b}2J\n"
         );
     }
 }

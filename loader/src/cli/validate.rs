@@ -4,9 +4,11 @@
 //! walked exactly as the loader walks a root; a single manifest is checked
 //! with its own folder as the root. Every manifest gets one line: `ok` or
 //! `error` with its path and reason, plus `note` lines (ignored fields, a
-//! clamped timeout) that do not fail. Exits 1 if anything failed: a skipped
-//! manifest, a duplicate name, an unreadable path, or a folder without any
-//! `skill.json`.
+//! clamped timeout) that do not fail. A manifest reached through several
+//! PATHs (a folder and its `skill.json`, nested folders, a symlink to a
+//! folder) is checked once, by its canonical path. Exits 1 if anything
+//! failed: a skipped manifest, a duplicate name, an unreadable path, or a
+//! folder without any `skill.json`.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -16,6 +18,7 @@ use policy::path::is_within;
 use policy::ValidateOptions;
 use serde_json::json;
 
+use super::printable;
 use crate::event::ScanEvent;
 use crate::scan::{ScanTarget, Scanner};
 
@@ -60,6 +63,8 @@ impl Finding {
     fn from_event(event: &ScanEvent) -> Self {
         let status = match event {
             ScanEvent::Registered { .. } => Status::Ok,
+            // A folder given twice (by another spelling): checked once.
+            ScanEvent::RootRepeated { .. } => Status::Note,
             e if e.is_skip() => Status::Error,
             _ => Status::Note,
         };
@@ -80,7 +85,9 @@ pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result
     let mut seen = Vec::new();
     for given in &args.paths {
         let path = super::absolute(given);
-        // The same PATH twice would report its skills as duplicates of themselves.
+        // The same PATH twice is checked once; a manifest reached through two
+        // PATHs (a folder and its skill.json, nested folders) is loaded
+        // once by the scan itself (`Scanner::scan_targets`).
         if seen.contains(&path) {
             continue;
         }
@@ -131,7 +138,9 @@ pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result
         writeln!(out, "{text}")?;
     } else {
         for f in &findings {
-            writeln!(out, "{:<5} {}: {}", f.status.word(), f.path.display(), f.message)?;
+            let path = f.path.display().to_string();
+            let (path, message) = (printable::line(&path), printable::line(&f.message));
+            writeln!(out, "{:<5} {path}: {message}", f.status.word())?;
         }
         writeln!(out, "{ok} valid, {failed} failed")?;
     }

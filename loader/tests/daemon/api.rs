@@ -79,7 +79,8 @@ async fn tools_in_openai_and_mcp_formats() {
     assert_eq!(r.body["error"]["code"], "bad_request");
 }
 
-/// `GET /v1/health` reports the executor's state.
+/// `GET /v1/health` reports the executor's and the audit's state; either
+/// one missing is `degraded`, still a 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health() {
     let (_env, ex, d) = setup();
@@ -87,8 +88,12 @@ async fn health() {
     assert_eq!(r.status, 200);
     assert_eq!(r.body["status"], "ok");
     assert_eq!(r.body["executor"], "up");
+    assert_eq!(r.body["audit"], "ok");
+    assert!(r.body.get("audit_error").is_none(), "{}", r.body);
     assert_eq!(r.body["skills"], 5);
     ex.stop().await;
     let r = d.client().get("/v1/health").await.unwrap();
+    assert_eq!(r.status, 200);
     assert_eq!(r.body["executor"], "down");
+    assert_eq!(r.body["status"], "degraded");
 }

@@ -246,3 +246,76 @@ async fn keygen_approve_run_and_audit_commands() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("chmod 600"), "{err}");
 }
+
+/// While the rows the daemon journaled cannot be written into the
+/// database, `ongrid-skill audit` does not pass what it reads for the
+/// whole trail: an error while the database cannot be opened, else the
+/// rows it can read with a warning on stderr (and `incomplete` in the
+/// JSON). The log names the database once in each error. Triggers refuse
+/// the inserts (as a lock or a full disk would) and the deletes of the
+/// retention run at every open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audit_read_while_rows_cannot_be_written_says_so() {
+    let config = format!(
+        "audit_max_rows = 2\n[[callers]]\nuid = {}\nrole = \"auditor\"\nmode = \"read-only\"\n\
+         audit = true\n",
+        me()
+    );
+    let (env, _ex, d) = start("", "", &config);
+    let c = d.client();
+    let socket = d.socket.to_str().unwrap().to_owned();
+    for n in 0..3 {
+        let r = c.post("/v1/skills/echo/execute", &json!({"args": {"n": n}})).await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    crate::skilld::audit_settled(&env.audit_db());
+    let db = rusqlite::Connection::open(env.audit_db()).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER no_insert BEFORE INSERT ON audit \
+           BEGIN SELECT RAISE(ABORT, 'refused by the test'); END; \
+         CREATE TRIGGER no_delete BEFORE DELETE ON audit \
+           BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+    )
+    .unwrap();
+    // Journaled and answered; the thread cannot write it, and then cannot
+    // open the database again (retention's delete is refused).
+    let r = c.post("/v1/skills/echo/execute", &json!({"args": {"n": 9}})).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let refused = |log: &str| log.lines().filter(|l| l.contains("refused by the test")).count();
+    assert!(
+        crate::skilld::eventually(std::time::Duration::from_secs(10), || refused(&d.log()) >= 2)
+            .await,
+        "{}",
+        d.log()
+    );
+    let (code, _, err) = cli(&["audit", "--socket", &socket]);
+    assert_eq!(code, Some(6), "{err}");
+    assert!(err.contains("audit_unavailable"), "{err}");
+    let log = d.log();
+    assert!(!log.contains("unavailable: audit database"), "the database named twice:\n{log}");
+
+    // It opens again, the inserts are still refused: the rows it can read,
+    // said to be incomplete.
+    db.execute_batch("DROP TRIGGER no_delete").unwrap();
+    let (code, out, err) = cli(&["audit", "--socket", &socket]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("ID "), "{out}");
+    assert!(
+        err.starts_with("ongrid-skill: warning: the audit trail shown is incomplete: 2 journaled"),
+        "{err}"
+    );
+    assert!(err.contains("unavailable: refused by the test"), "{err}");
+    let (code, out, err) = cli(&["audit", "--socket", &socket, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("warning: the audit trail shown is incomplete"), "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["incomplete"]["unwritten"], 2, "the run's row and its completion: {v}");
+
+    // Whole again once they go in.
+    db.execute_batch("DROP TRIGGER no_insert").unwrap();
+    let (code, out, err) = cli(&["audit", "--socket", &socket, "--json"]);
+    assert_eq!((code, err.as_str()), (Some(0), ""));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(v.get("incomplete").is_none(), "{v}");
+    assert_eq!(v["total"], 3, "two kept by retention, and the journaled run: {v}");
+}

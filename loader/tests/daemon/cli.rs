@@ -4,8 +4,8 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use crate::setup;
 use crate::skilld::CLI;
+use crate::{setup, Env, FakeExecutor, Skilld};
 
 struct Out {
     code: i32,
@@ -115,4 +115,79 @@ async fn list_show_run_reload_and_exit_codes() {
     let o = cli(s, &["run", "--help"], None).await;
     assert_eq!(o.code, 0);
     assert!(o.stdout.contains("Exit codes:"), "{}", o.stdout);
+}
+
+/// A pack's description and a skill's stderr and result reach the
+/// operator's terminal without their control characters in human output
+/// (escaped, as journalctl does; the result as JSON escapes), and as they
+/// are with `--json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn human_output_escapes_control_characters_and_json_keeps_them() {
+    let env = Env::new();
+    let hostile = |name: &str, exit: u8| {
+        let dir = env.skill(
+            "skills",
+            name,
+            "",
+            &format!(
+                "printf 'a\\033[2Jb\\rc\\n' >&2\nprintf 'next\\n' >&2\n\
+                 printf '{{\"r\":\"\\302\\233x\\177\"}}'\nexit {exit}"
+            ),
+        );
+        let manifest = format!(
+            r#"{{"name":"{name}","entry":"run",
+                "description":"line one\nline two \u001b[31mred\u001b]0;title\u0007 \u009b2J"}}"#
+        );
+        std::fs::write(dir.join("skill.json"), manifest).unwrap();
+    };
+    hostile("ansi", 0);
+    hostile("ansi_fail", 1);
+    let ex = FakeExecutor::start(&env.executor_socket());
+    let d = Skilld::start(&env, &[&env.path("skills")], "");
+    let s = &d.socket;
+    let raw = "line one\nline two \x1b[31mred\x1b]0;title\x07 \u{9b}2J";
+    let shown = "line one\\nline two \\x1b[31mred\\x1b]0;title\\x07 \\u{9b}2J";
+    let no_controls = |text: &str| !text.chars().any(|c| c.is_control() && c != '\n');
+
+    let o = cli(s, &["list"], None).await;
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(no_controls(&o.stdout), "{:?}", o.stdout);
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "one line per skill: {lines:?}");
+    assert!(lines[1].ends_with(shown), "{lines:?}");
+    let o = cli(s, &["list", "--json"], None).await;
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["items"][0]["description"], raw);
+
+    let o = cli(s, &["show", "ansi"], None).await;
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(no_controls(&o.stdout), "{:?}", o.stdout);
+    assert!(o.stdout.contains(&format!("description:  {shown}\n")), "{}", o.stdout);
+    let o = cli(s, &["show", "ansi", "--json"], None).await;
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["description"], raw);
+
+    // The stream: one line each, as the skill wrote them, escaped; the
+    // result the same JSON value, without raw C1 or DEL.
+    let o = cli(s, &["run", "ansi", "--stream"], None).await;
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.stderr, "a\\x1b[2Jb\\rc\nnext\n");
+    assert!(no_controls(&o.stdout), "{:?}", o.stdout);
+    assert_eq!(o.stdout, "{\"r\":\"\\u009bx\\u007f\"}\n");
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["r"], "\u{9b}x\u{7f}");
+    let o = cli(s, &["run", "ansi", "--stream", "--json"], None).await;
+    let first: serde_json::Value = serde_json::from_str(o.stdout.lines().next().unwrap()).unwrap();
+    assert_eq!(first["line"], "a\x1b[2Jb\rc");
+
+    // A failure's stderr tail.
+    let o = cli(s, &["run", "ansi_fail"], None).await;
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(no_controls(&o.stderr), "{:?}", o.stderr);
+    assert!(o.stderr.ends_with("stderr (tail):\n  a\\x1b[2Jb\\rc\n  next\n"), "{}", o.stderr);
+    let o = cli(s, &["run", "ansi_fail", "--json"], None).await;
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["stderr"], "a\x1b[2Jb\rc\nnext\n");
+    drop(d);
+    ex.stop().await;
 }

@@ -53,6 +53,24 @@ fn a_broken_first_manifest_does_not_claim_the_name() {
 }
 
 #[test]
+fn a_schema_that_does_not_compile_does_not_claim_the_name() {
+    let t = Tree::new();
+    let bad = t.manifest(
+        "root/a",
+        r#"{"name":"same","description":"d","entry":"run","schema":{"properties":{"a":{"pattern":"("}}}}"#,
+    );
+    t.exe("root/a/run");
+    let good = t.pack("root/b", "same");
+    let run = Cli::scan_json(&[&t.base.join("root")]).run();
+    let lines = run.stderr_lines();
+    let want =
+        format!("skill loader: build \"same\": schema in {} does not compile: ", bad.display());
+    assert!(lines[0].starts_with(&want), "{lines:?}");
+    assert_eq!(lines[1..], [registered("same", &good), summary(1)]);
+    assert_eq!(run.json()[0]["manifest"], good.to_str().unwrap());
+}
+
+#[test]
 fn nested_roots_register_each_skill_once() {
     let t = Tree::new();
     let m = t.pack("outer/inner/p", "nested");

@@ -33,6 +33,60 @@ fn the_same_path_twice_is_checked_once() {
 }
 
 #[test]
+fn a_manifest_given_as_its_folder_and_as_its_file_is_checked_once() {
+    let t = Tree::new();
+    let m = t.pack("pack", "both");
+    let dir = t.base.join("pack");
+    let ok = format!("ok    {}: registered subprocess skill \"both\"", m.display());
+    for args in [[dir.as_path(), m.as_path()], [m.as_path(), dir.as_path()]] {
+        let run = Cli::new(&["validate"]).arg(args[0]).arg(args[1]).run();
+        assert_eq!(run.code, 0, "{args:?}: {}", run.stdout);
+        let lines: Vec<&str> = run.stdout.lines().collect();
+        assert_eq!(lines[0], ok, "{args:?}: {lines:?}");
+        assert_eq!(lines.last().copied(), Some("1 valid, 0 failed"), "{args:?}: {lines:?}");
+    }
+    // Through another spelling of the folder: `pack/./skill.json`.
+    let run = Cli::new(&["validate"]).arg(&dir).arg(dir.join(".").join("skill.json")).run();
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert_eq!(run.stdout, format!("{ok}\n1 valid, 0 failed\n"));
+}
+
+#[test]
+fn a_manifest_file_does_not_keep_its_folder_from_being_walked() {
+    let t = Tree::new();
+    let top = t.pack("root", "top");
+    let sub = t.pack("root/sub", "sub");
+    let run = Cli::new(&["validate"]).arg(&top).arg(t.base.join("root")).run();
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(run.stdout.contains(&format!("ok    {}:", top.display())), "{}", run.stdout);
+    assert!(run.stdout.contains(&format!("ok    {}:", sub.display())), "{}", run.stdout);
+    assert!(run.stdout.ends_with("2 valid, 0 failed\n"), "{}", run.stdout);
+}
+
+#[test]
+fn nested_folders_and_a_folder_through_a_symlink_are_checked_once() {
+    let t = Tree::new();
+    let m = t.pack("root/pack", "nested");
+    let root = t.base.join("root");
+    let link = t.symlink(&root, "link");
+    let run = Cli::new(&["validate"]).arg(&root).arg(root.join("pack")).arg(&link).run();
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "note  {}: root resolves to {}, already scanned",
+                link.display(),
+                root.display()
+            ),
+            format!("ok    {}: registered subprocess skill \"nested\"", m.display()),
+            "1 valid, 0 failed".to_owned(),
+        ]
+    );
+}
+
+#[test]
 fn a_relative_manifest_path_works() {
     let t = Tree::new();
     t.pack("pack", "rel");
@@ -69,6 +123,26 @@ fn every_problem_is_listed_with_path_and_reason() {
             "1 valid, 3 failed".to_owned(),
         ]
     );
+}
+
+#[test]
+fn a_schema_that_does_not_compile_fails() {
+    let t = Tree::new();
+    t.exe("pack/run");
+    let m = t.manifest(
+        "pack",
+        r#"{"name":"bad_schema","description":"d","entry":"run","schema":{"properties":{"a":{"pattern":"("}}}}"#,
+    );
+    let run = Cli::new(&["validate"]).arg(&m).run();
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    let want = format!(
+        "error {}: build \"bad_schema\": schema in {} does not compile: ",
+        m.display(),
+        m.display()
+    );
+    assert!(lines[0].starts_with(&want), "{lines:?}");
+    assert_eq!(lines[1..], ["0 valid, 1 failed"]);
 }
 
 #[test]

@@ -169,3 +169,33 @@ fn an_unreadable_root_is_reported() {
         ]
     );
 }
+
+#[test]
+fn a_pack_whose_path_is_not_utf8_is_skipped_and_leaves_its_name() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let t = Tree::new();
+    // `root/n\xffu/`: the executor wire names a manifest as a JSON string,
+    // so this pack could be listed but never run.
+    let dir = t.base.join("root").join(OsStr::from_bytes(b"n\xffu"));
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("run"), "#!/bin/sh\necho '{}'\n").unwrap();
+    fs::set_permissions(dir.join("run"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(dir.join("skill.json"), r#"{"name":"nu","description":"d","entry":"run"}"#).unwrap();
+    let good = t.pack("root/z", "nu");
+    let run = Cli::scan_json(&[&t.base.join("root")]).run();
+    assert_eq!(
+        run.stderr_lines(),
+        [
+            "skill loader: build \"nu\": manifest path is not UTF-8".to_owned(),
+            registered("nu", &good),
+            summary(1)
+        ]
+    );
+    assert_eq!(run.names(), ["nu"]);
+    assert_eq!(run.json()[0]["manifest"], good.to_str().unwrap());
+
+    let bad = Cli::new(&["validate"]).arg(dir.join("skill.json")).run();
+    assert_eq!(bad.code, 1, "{}", bad.stdout);
+    assert!(bad.stdout.contains(": build \"nu\": manifest path is not UTF-8\n"), "{}", bad.stdout);
+}

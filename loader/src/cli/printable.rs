@@ -1,0 +1,111 @@
+//! Text from packs and skills made safe to print on a terminal, for the
+//! human output of the commands (never for `--json`).
+//!
+//! A description, a path, a schema or a skill's stderr line is written by
+//! whoever wrote the pack or the skill. Printed raw, its control
+//! characters would be the terminal's commands: `\x1b[2J` clears the
+//! screen, OSC sequences set the window title or a clipboard, `\r` and
+//! line breaks make one line pass for another. So, as `journalctl` and
+//! `systemctl` do, every control character (C0, DEL and C1) except tab is
+//! shown as an escape: `\n` and `\r`, `\x1b` for the other C0 characters
+//! and DEL, `\u{9b}` for C1.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+fn is_escaped(c: char) -> bool {
+    c.is_control() && c != '\t'
+}
+
+/// `text` as one line: every control character but tab escaped, line
+/// breaks included (a table cell, a field, one stderr line).
+pub fn line(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(is_escaped) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if is_escaped(c) && u32::from(c) < 0x80 => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
+            c if is_escaped(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// `text` as lines: each line of it through [`line`], so the line
+/// structure stays and the control characters inside a line are escaped
+/// (a skill's stderr).
+pub fn lines(text: &str) -> impl Iterator<Item = Cow<'_, str>> {
+    text.lines().map(line)
+}
+
+/// A JSON document (a skill's result, a schema) made safe to print while
+/// it stays the same JSON value: DEL and C1 characters, which JSON lets
+/// strings hold raw, become `\u00XX` escapes, and `\r`, which it allows
+/// only as whitespace between tokens, becomes a space. Line breaks and
+/// tabs stay (pretty-printed JSON). Valid JSON holds no other control
+/// character; any would be escaped the same way.
+pub fn json(text: &str) -> Cow<'_, str> {
+    let escaped = |c: char| is_escaped(c) && c != '\n';
+    if !text.chars().any(escaped) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\r' => out.push(' '),
+            c if escaped(c) => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+
+    #[test]
+    fn plain_text_is_borrowed_as_it_is() {
+        let text = "Disk usage of a path\tby mount, ünïcode: 日本";
+        assert!(matches!(line(text), Cow::Borrowed(t) if t == text));
+        assert!(matches!(json(r#"{"a": "b"}"#), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn control_characters_are_escaped_but_tab() {
+        let text = "a\nb\r\x1b[31mred\x07\x00\x7f\u{9b}2J\u{85}\tend";
+        assert_eq!(line(text), "a\\nb\\r\\x1b[31mred\\x07\\x00\\x7f\\u{9b}2J\\u{85}\tend");
+        // An OSC 52 clipboard write.
+        assert_eq!(line("\x1b]52;c;aGk=\x07"), "\\x1b]52;c;aGk=\\x07");
+    }
+
+    #[test]
+    fn lines_keep_their_structure() {
+        let got: Vec<Cow<'_, str>> = lines("one\x1b[2J\ntwo\rthree\r\n\nfour").collect();
+        assert_eq!(got, ["one\\x1b[2J", "two\\rthree", "", "four"]);
+    }
+
+    #[test]
+    fn json_stays_the_same_value() {
+        let text = "{\"a\":\r\"x\u{9b}2J\u{7f}y\",\n  \"b\": [1,\t2]}";
+        let safe = json(text);
+        assert_eq!(safe, "{\"a\": \"x\\u009b2J\\u007fy\",\n  \"b\": [1,\t2]}");
+        let before: Value = serde_json::from_str(text).unwrap();
+        let after: Value = serde_json::from_str(&safe).unwrap();
+        assert_eq!(before, after);
+        assert!(!safe.chars().any(|c| c.is_control() && c != '\n' && c != '\t'));
+    }
+}
