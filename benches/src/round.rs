@@ -67,8 +67,11 @@ pub fn run_round<C: Send, T: Send>(
             .collect();
         let host0 = HostTime::now();
         let woken0 = cpu_wakeups();
-        barrier.wait();
+        // Taken before the clients are let go: after the barrier, this
+        // thread may be scheduled later than a client that already ran
+        // (a round then measured 0 ns, and less than its slowest run).
         let t0 = Instant::now();
+        barrier.wait();
         let runs: Vec<(Instant, T)> =
             handles.into_iter().flat_map(|h| h.join().expect("client thread")).collect();
         let drained = t0.elapsed();
