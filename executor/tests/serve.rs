@@ -289,8 +289,8 @@ fn marker(n: u32) -> String {
     format!("{}.{:06}{}", 700 + n, std::process::id() % 1_000_000, n)
 }
 
-/// `ping` and `metrics` answer on one connection; the connection gauge
-/// counts it.
+/// `ping` (with the longest run timeout, 600 s by default) and `metrics`
+/// answer on one connection; the connection gauge counts it.
 #[test]
 fn ping_and_metrics() {
     if !can_run() {
@@ -299,7 +299,8 @@ fn ping_and_metrics() {
     let server = Server::start(|_| {});
     let mut c = server.client();
     c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
-    assert_eq!(c.recv(), json!({"jsonrpc": "2.0", "id": 1, "result": {"ok": true}}));
+    let pong = json!({"ok": true, "max_timeout_seconds": 600});
+    assert_eq!(c.recv(), json!({"jsonrpc": "2.0", "id": 1, "result": pong}));
     c.send(&json!({"jsonrpc": "2.0", "id": "m", "method": "metrics"}));
     let v = c.recv();
     assert_eq!(v["id"], "m");

@@ -3,6 +3,7 @@
 //! metrics.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,9 @@ use crate::executor_client::ExecutorClient;
 use crate::metrics::Metrics;
 use crate::registry::{Registry, Snapshot};
 use crate::scan::Scanner;
+
+/// How long a reload waits for the executor's `ping` (its longest timeout).
+const PONG_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Limits applied to client requests.
 #[derive(Debug, Clone)]
@@ -43,7 +47,10 @@ pub struct ReloadSummary {
 #[derive(Debug)]
 pub struct App {
     roots: Vec<PathBuf>,
-    scanner: Scanner,
+    /// The executor's longest run timeout, seconds, as its `ping` last said
+    /// (policy's default until it does): manifests asking for more are
+    /// clamped to it, so listings advertise what runs will get.
+    max_timeout: AtomicU64,
     registry: Registry,
     executor: ExecutorClient,
     metrics: Metrics,
@@ -80,7 +87,7 @@ impl App {
             authz: Authz::new(settings),
             audit,
             roots: settings.skills_dirs.clone(),
-            scanner: Scanner::new(ValidateOptions::default()),
+            max_timeout: AtomicU64::new(ValidateOptions::default().max_timeout.as_secs()),
             registry: Registry::default(),
             executor: ExecutorClient::new(&settings.executor_socket),
             metrics,
@@ -122,11 +129,21 @@ impl App {
 
     /// Scans the roots and swaps the registry. Runs in flight keep the
     /// skill they started with. Every scan event is logged at its level.
+    /// The executor is asked first for its longest run timeout (`ping`),
+    /// to which longer manifest timeouts are clamped (a `TimeoutClamped`
+    /// event), so that listings say what runs get.
     pub async fn reload(self: &Arc<Self>) -> ReloadSummary {
         let _one_at_a_time = self.reload_lock.lock().await;
+        if let Some(max) =
+            self.executor.pong(PONG_TIMEOUT).await.and_then(|p| p.max_timeout_seconds)
+        {
+            self.max_timeout.store(max, Ordering::Relaxed);
+        }
+        let max_timeout = Duration::from_secs(self.max_timeout.load(Ordering::Relaxed));
+        let scanner = Scanner::new(ValidateOptions { max_timeout });
         let this = Arc::clone(self);
         let scanned = tokio::task::spawn_blocking(move || {
-            let report = this.scanner.scan(&this.roots);
+            let report = scanner.scan(&this.roots);
             for event in &report.events {
                 match event.level() {
                     Level::Debug => tracing::debug!("{event}"),

@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::socket::{recv, MsgFlags};
 
-use policy::wire::{self, ExecuteParams, LineBuffer, MetricsResult, Reply, MAX_LINE_BYTES};
+use policy::wire::{
+    self, ExecuteParams, LineBuffer, MetricsResult, PingResult, Reply, MAX_LINE_BYTES,
+};
 use policy::{Outcome, RunReport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -340,14 +342,23 @@ impl ExecutorClient {
     /// Returns true if and only if the executor answers `ping` within
     /// `timeout`.
     pub async fn ping(&self, timeout: Duration) -> bool {
+        self.pong(timeout).await.is_some()
+    }
+
+    /// The executor's answer to `ping` within `timeout`, if any: its
+    /// longest run timeout among it.
+    pub async fn pong(&self, timeout: Duration) -> Option<PingResult> {
         let call = async {
             let mut conn = self.connect().await.ok()?;
             let req = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n";
             conn.stream().ok()?.write_all(req).await.ok()?;
             let mut conn = RunConnection::new(conn, 64 << 10);
-            matches!(conn.next_reply().await, Ok(Reply::Result { .. })).then_some(())
+            match conn.next_reply().await {
+                Ok(Reply::Result { result, .. }) => serde_json::from_str(result.get()).ok(),
+                _ => None,
+            }
         };
-        matches!(tokio::time::timeout(timeout, call).await, Ok(Some(())))
+        tokio::time::timeout(timeout, call).await.ok().flatten()
     }
 }
 

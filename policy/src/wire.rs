@@ -108,6 +108,18 @@ pub enum Request {
     },
 }
 
+/// The result of `ping`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PingResult {
+    /// Always true: the executor answers.
+    pub ok: bool,
+    /// The longest timeout a run gets from this executor
+    /// (`max_timeout_seconds` of its configuration; a manifest asking for
+    /// more is clamped). Absent from older executors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_timeout_seconds: Option<u64>,
+}
+
 /// The result of `metrics`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetricsResult {

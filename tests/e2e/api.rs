@@ -218,3 +218,20 @@ fn the_args_reach_the_skill_exactly() {
     };
     assert_eq!(runs(&s.scrape()), runs(&before), "a refused body is not an execution");
 }
+
+/// An executor whose `max_timeout_seconds` is shorter than a manifest's
+/// timeout: skilld advertises the timeout runs will get (the executor's,
+/// from its `ping`), not the manifest's, in the listing and the skill.
+#[test]
+fn the_advertised_timeout_is_the_executors_clamp() {
+    let s = Stack::start_with("max_timeout_seconds = 5\n", "");
+    // The stack's executor may have come up after skilld's first scan.
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
+    let sleeper = s.get("/v1/skills/sleeper").json();
+    assert_eq!(sleeper["timeout_seconds"], 5, "{sleeper}");
+    let list = s.get("/v1/skills").json();
+    let listed = list["items"].as_array().unwrap().iter().find(|i| i["name"] == "sleeper").cloned();
+    assert_eq!(listed.map(|i| i["timeout_seconds"].clone()), Some(json!(5)));
+    // A shorter one is kept.
+    assert_eq!(s.get("/v1/skills/slow").json()["timeout_seconds"], 1);
+}

@@ -32,7 +32,13 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
             tracing::debug!("executor: {}: {e}", ctx.peer);
             ctx.send(wire::encode_error(&id, &e));
         }
-        Ok(Request::Ping { id }) => ctx.send(wire::encode_result(&id, &json!({"ok": true}))),
+        // With the longest timeout a run gets here: skilld advertises no
+        // longer one to its clients.
+        Ok(Request::Ping { id }) => {
+            let max = ctx.shared.engine.config().max_timeout_seconds;
+            let pong = wire::PingResult { ok: true, max_timeout_seconds: Some(max) };
+            ctx.send(wire::encode_result(&id, &pong));
+        }
         Ok(Request::Metrics { id }) => {
             let engine = &ctx.shared.engine;
             ctx.shared.metrics.sync_engine(engine.landlock_rulesets(), engine.run_slots());
