@@ -193,11 +193,16 @@ fn runs_tmpfs(runs: &Path, config: &Config, memcg: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// The tmpfs on `runs`: bytes of file data it may hold, and its inode count
-/// (0: not counted).
+/// The tmpfs on `runs`: bytes of file data it may hold (`u64::MAX` for
+/// `size=0`, no limit, which `statvfs` shows as 0 blocks), and its inode
+/// count (0: not counted).
 fn tmpfs_room(runs: &Path) -> Option<(u64, u64)> {
     let s = nix::sys::statvfs::statvfs(runs).ok()?;
-    Some((s.blocks().saturating_mul(s.fragment_size()), s.files()))
+    let bytes = match s.blocks() {
+        0 => u64::MAX,
+        blocks => blocks.saturating_mul(s.fragment_size()),
+    };
+    Some((bytes, s.files()))
 }
 
 /// Why the runs tmpfs (mounted on `runs`) lets runs fill it for one

@@ -199,6 +199,20 @@ fn a_provided_tmpfs_too_small_for_every_slot_is_reported() {
     }
 }
 
+/// A provided tmpfs without a size limit (`size=0`) and without an inode
+/// count holds every slot's run: no note.
+#[test]
+fn a_provided_tmpfs_without_limits_is_enough() {
+    if !can_run() {
+        return;
+    }
+    let open = run(
+        &Before::Mounted("tmpfs", "mode=0711,size=0,nr_inodes=0,nosuid,nodev".to_owned()),
+        false,
+    );
+    assert!(disk_notes(&open).is_empty(), "{:?}", open.degraded);
+}
+
 /// The executor's own tmpfs, as the run sees it: room for every slot's run
 /// at its memory bound (8 GiB with the defaults) and no inode count, both
 /// when it mounts it and when it finds an earlier instance's smaller one

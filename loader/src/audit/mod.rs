@@ -612,6 +612,9 @@ struct Unclaimed<'a> {
 
 impl Drop for Unclaimed<'_> {
     fn drop(&mut self) {
+        // Closed first: a send after this fails, and the thread completes
+        // the row itself; one before is found here.
+        self.rx.close();
         if let Ok(Ok(id)) = self.rx.try_recv() {
             self.audit.finish_detached(id, unclaimed());
         }
