@@ -10,13 +10,15 @@
 //! journald's) by name.
 //!
 //! A run whose uid may own files outside the box (root, a user the
-//! operator granted, the executor's own uid when it is not root) gets the
-//! `lock_metadata` variant: Landlock does not cover a file's mode, owner,
-//! extended attributes (ACLs among them) or times, and uid 0 owns the
-//! host's files, so a granted-root run could `chmod 4755` or `chmod 0666`
-//! any of them. Every call that changes them ([`METADATA`]), by path or by
-//! descriptor, fails, and so does taking a lease (`F_SETLEASE`, which
-//! would stall whoever opens the file next). The dedicated run-as user owns
+//! operator granted, the executor's own uid when it is not root), or that
+//! keeps a capability over other users' files ([`METADATA_CAPABILITIES`]),
+//! gets the `lock_metadata` variant: Landlock does not cover a file's mode,
+//! owner, extended attributes (ACLs among them), attributes or times, and
+//! uid 0 owns the host's files, so a granted-root run could `chmod 4755`
+//! or `chmod 0666` any of them. Every call that changes them
+//! ([`METADATA`], and the `chattr` `ioctl`s), by path or by descriptor,
+//! fails, and so does taking a lease (`F_SETLEASE`, which would stall
+//! whoever opens the file next). The dedicated run-as user owns
 //! nothing outside its run directory and keeps them (`touch`, `tar`).
 //!
 //! Calls that can name another process by pid (`prlimit64`, `setpriority`,
@@ -61,6 +63,16 @@ const AUDIT_ARCH: u32 = 0xC000_00B7;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 const TIOCSTI: u32 = 0x5412;
 const TIOCLINUX: u32 = 0x541C;
+/// `ioctl`s that change a file's attributes, given ownership only
+/// (`chattr` flags, project id and flags, inode generation); denied with
+/// the rest of [`METADATA`]. The same numbers on x86_64 and aarch64.
+const METADATA_IOCTLS: &[u32] = &[
+    0x4008_6602, // FS_IOC_SETFLAGS
+    0x4004_6602, // FS_IOC32_SETFLAGS
+    0x401c_5820, // FS_IOC_FSSETXATTR
+    0x4008_7602, // FS_IOC_SETVERSION
+    0x4004_7602, // FS_IOC32_SETVERSION
+];
 const PERSONALITY_QUERY: u32 = 0xffff_ffff;
 const F_SETLEASE: u32 = 1024;
 const AF_UNIX: u32 = 1;
@@ -176,6 +188,8 @@ pub const DENIED: &[libc::c_long] = &[
 /// every architecture).
 const SYS_SETXATTRAT: libc::c_long = 463;
 const SYS_REMOVEXATTRAT: libc::c_long = 466;
+/// `file_setattr(2)` (Linux 6.17): the `FS_IOC_FSSETXATTR` fields by path.
+const SYS_FILE_SETATTR: libc::c_long = 469;
 
 /// Calls that change a file's mode, owner, extended attributes or times,
 /// by path or by descriptor: denied to runs whose uid may own files
@@ -200,6 +214,7 @@ pub const METADATA: &[libc::c_long] = &[
     libc::SYS_lremovexattr,
     libc::SYS_fremovexattr,
     SYS_REMOVEXATTRAT,
+    SYS_FILE_SETATTR,
     #[cfg(target_arch = "x86_64")]
     libc::SYS_utime,
     #[cfg(target_arch = "x86_64")]
@@ -208,6 +223,12 @@ pub const METADATA: &[libc::c_long] = &[
     libc::SYS_futimesat,
     libc::SYS_utimensat,
 ];
+
+/// Capabilities that let a run change the metadata of files it does not
+/// own (`CAP_CHOWN`, `CAP_DAC_OVERRIDE`, `CAP_FOWNER`, `CAP_FSETID`,
+/// `CAP_LINUX_IMMUTABLE`, `CAP_SYS_ADMIN`, `CAP_SETFCAP`): a run granted
+/// one gets the locked program even as the dedicated user.
+pub const METADATA_CAPABILITIES: &[u8] = &[0, 1, 3, 4, 9, 21, 31];
 
 /// Which of the four programs a run gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,6 +241,13 @@ pub struct Variant {
 }
 
 impl Variant {
+    /// The program of a run with the network grant or not, as the
+    /// dedicated run-as user or not, keeping `capabilities`.
+    pub fn for_run(network: bool, dedicated: bool, capabilities: &[u8]) -> Self {
+        let privileged = capabilities.iter().any(|c| METADATA_CAPABILITIES.contains(c));
+        Variant { network, lock_metadata: !dedicated || privileged }
+    }
+
     /// 0 to 3, one per program.
     pub fn index(self) -> usize {
         usize::from(self.network) | usize::from(self.lock_metadata) << 1
@@ -256,8 +284,9 @@ enum Special {
     Clone3,
     /// `clone`: `EPERM` with any `CLONE_NEW*` flag.
     Clone,
-    /// `ioctl`: `EPERM` for `TIOCSTI` and `TIOCLINUX`.
-    Ioctl,
+    /// `ioctl`: `EPERM` for `TIOCSTI` and `TIOCLINUX`, and with
+    /// `lock_metadata` for [`METADATA_IOCTLS`] too.
+    Ioctl { lock_metadata: bool },
     /// `personality`: only the query and `PER_LINUX`.
     Personality,
     /// [`SELF_ONLY`]: `EPERM` unless the pid (first argument) is 0.
@@ -286,13 +315,21 @@ fn special_block(s: Special) -> Vec<Insn> {
             stmt(RET_K, eperm),
             stmt(RET_K, RET_ALLOW),
         ],
-        Special::Ioctl => vec![
-            stmt(LD_W_ABS, off_arg_lo(1)),
-            jump(JEQ_K, TIOCSTI, 2, 0),
-            jump(JEQ_K, TIOCLINUX, 1, 0),
-            stmt(RET_K, RET_ALLOW),
-            stmt(RET_K, eperm),
-        ],
+        Special::Ioctl { lock_metadata } => {
+            let denied: Vec<u32> = [TIOCSTI, TIOCLINUX]
+                .into_iter()
+                .chain(METADATA_IOCTLS.iter().copied().filter(|_| lock_metadata))
+                .collect();
+            let n = denied.len();
+            let mut block = vec![stmt(LD_W_ABS, off_arg_lo(1))];
+            // Each match jumps over the rest and the allow, to the EPERM.
+            for (i, cmd) in denied.into_iter().enumerate() {
+                block.push(jump(JEQ_K, cmd, u8::try_from(n - i).unwrap_or(u8::MAX), 0));
+            }
+            block.push(stmt(RET_K, RET_ALLOW));
+            block.push(stmt(RET_K, eperm));
+            block
+        }
         Special::Personality => vec![
             stmt(LD_W_ABS, off_arg_lo(0)),
             jump(JEQ_K, PERSONALITY_QUERY, 2, 0),
@@ -404,7 +441,7 @@ fn build(v: Variant) -> Vec<Insn> {
     let mut table: Vec<(u32, Special)> = DENIED.iter().map(|&n| (nr(n), Special::Deny)).collect();
     table.push((nr(libc::SYS_clone3), Special::Clone3));
     table.push((nr(libc::SYS_clone), Special::Clone));
-    table.push((nr(libc::SYS_ioctl), Special::Ioctl));
+    table.push((nr(libc::SYS_ioctl), Special::Ioctl { lock_metadata: v.lock_metadata }));
     table.push((nr(libc::SYS_personality), Special::Personality));
     table.extend(SELF_ONLY.iter().map(|&n| (nr(n), Special::SelfPid)));
     table.push((nr(libc::SYS_setpriority), Special::SelfWho(PRIO_PROCESS)));
@@ -502,7 +539,7 @@ mod tests {
         let fcntl = v.lock_metadata.then_some((libc::SYS_fcntl, Special::Fcntl));
         for (n, s) in [
             (libc::SYS_clone, Special::Clone),
-            (libc::SYS_ioctl, Special::Ioctl),
+            (libc::SYS_ioctl, Special::Ioctl { lock_metadata: v.lock_metadata }),
             (libc::SYS_personality, Special::Personality),
             (libc::SYS_setpriority, Special::SelfWho(PRIO_PROCESS)),
             (libc::SYS_ioprio_set, Special::SelfWho(IOPRIO_WHO_PROCESS)),
@@ -522,7 +559,7 @@ mod tests {
 
     #[test]
     fn search_tree_agrees_with_the_linear_program_for_every_number() {
-        let argsets: [[u64; 6]; 15] = [
+        let argsets: [[u64; 6]; 17] = [
             [0; 6],
             [0, 7, 0, 0, 0, 0],
             [1, 0, 0, 0, 0, 0],
@@ -540,6 +577,9 @@ mod tests {
             [1, 3, 0, 0, 0, 0],
             [3, 1024, 1, 0, 0, 0],
             [3, 1024 << 32, 1, 0, 0, 0],
+            // ioctl: FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR.
+            [3, 0x4008_6602, 0, 0, 0, 0],
+            [3, 0x401c_5820, 0, 0, 0, 0],
         ];
         for v in VARIANTS {
             let tree = program(v);
@@ -571,8 +611,10 @@ mod tests {
             }
             // An allowed call runs a handful of instructions, not the whole
             // list (the kernel runs the filter for every number on attach).
+            // The locked programs, for rare runs, decide ~25 numbers more.
+            let bound = if v.lock_metadata { 20 } else { 18 };
             let longest = (0..500).map(|n| run_counted(tree, AUDIT_ARCH, n, [0; 6]).1).max();
-            assert!(longest.unwrap_or(0) <= 18, "{longest:?} instructions");
+            assert!(longest.unwrap_or(0) <= bound, "{v:?}: {longest:?} instructions");
             let linear_steps = run_counted(&linear, AUDIT_ARCH, 0, [0; 6]).1;
             assert!(linear_steps > 2 * longest.unwrap_or(0), "{linear_steps} vs {longest:?}");
         }
@@ -641,7 +683,27 @@ mod tests {
             assert_eq!(fcntl(u64::from(libc::F_SETLK as u32)), RET_ALLOW, "record locks");
             assert_eq!(call(p, libc::SYS_openat, [0; 6]), RET_ALLOW);
             assert_eq!(call(p, libc::SYS_newfstatat, [0; 6]), RET_ALLOW);
+            let ioctl = |cmd: u64| call(p, libc::SYS_ioctl, [3, cmd, 0, 0, 0, 0]);
+            for &cmd in METADATA_IOCTLS {
+                assert_eq!(ioctl(u64::from(cmd)), eperm, "{v:?}: ioctl {cmd:#x}");
+            }
+            assert_eq!(ioctl(0x8008_6601), RET_ALLOW, "FS_IOC_GETFLAGS");
+            assert_eq!(ioctl(0x5412), eperm, "TIOCSTI");
+            assert_eq!(ioctl(0x5401), RET_ALLOW, "TCGETS");
         }
+        // Unlocked: chattr's ioctls work on the run's own files.
+        let own = program(VARIANTS[0]);
+        assert_eq!(call(own, libc::SYS_ioctl, [3, 0x4008_6602, 0, 0, 0, 0]), RET_ALLOW);
+    }
+
+    #[test]
+    fn a_capability_over_others_files_locks_metadata_even_for_the_dedicated_user() {
+        assert!(!Variant::for_run(false, true, &[]).lock_metadata);
+        assert!(!Variant::for_run(true, true, &[13]).lock_metadata, "CAP_NET_RAW");
+        for &cap in METADATA_CAPABILITIES {
+            assert!(Variant::for_run(false, true, &[13, cap]).lock_metadata, "cap {cap}");
+        }
+        assert!(Variant::for_run(false, false, &[]).lock_metadata, "not the dedicated user");
     }
 
     #[test]

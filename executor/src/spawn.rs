@@ -379,8 +379,11 @@ pub fn prepare(
         .collect::<Result<Vec<_>, _>>()?;
     let cwd = cstring(&skill, "run directory", run_dir.path().as_os_str().as_bytes())?;
 
-    let variant =
-        seccomp::Variant { network: plan.granted.network, lock_metadata: !plan.run_as.dedicated };
+    let variant = seccomp::Variant::for_run(
+        plan.granted.network,
+        plan.run_as.dedicated,
+        &plan.granted.capabilities,
+    );
     let report = SandboxReport {
         uid: plan.run_as.uid,
         gid: plan.run_as.gid,

@@ -311,7 +311,7 @@ fn granted_root_cannot_change_file_metadata() {
     ran_as_root(&run);
     let r = blocked(&run);
     let errnos = r["errnos"].as_object().expect("errnos");
-    assert_eq!(errnos.len(), 9, "every probe ran: {r}");
+    assert_eq!(errnos.len(), 10, "every probe ran: {r}");
     for (call, e) in errnos {
         assert_eq!(e, &json!(libc::EPERM), "{call}: {r}");
     }
@@ -329,11 +329,40 @@ fn the_skill_user_changes_its_own_files_metadata() {
     let run = skill.run(&Config::new(), &a);
     let r = allowed(&run);
     let errnos = r["errnos"].as_object().expect("errnos");
-    assert_eq!(errnos.len(), 9, "every probe ran: {r}");
+    assert_eq!(errnos.len(), 10, "every probe ran: {r}");
     for (call, e) in errnos {
-        // user.* extended attributes are not supported on every tmpfs.
-        let ok = e == &json!(0) || (call.ends_with("setxattr") && e == &json!(libc::EOPNOTSUPP));
+        // user.* extended attributes and chattr flags are not supported
+        // on every tmpfs.
+        let unsupported = [libc::EOPNOTSUPP, libc::ENOTTY, libc::EINVAL];
+        let ok = e == &json!(0)
+            || ((call.ends_with("setxattr") || call == "setflags")
+                && unsupported.iter().any(|u| e == &json!(u)));
         assert!(ok, "{call}: {r}");
     }
+    done(&skill, &g);
+}
+
+/// A capability over other users' files (`CAP_FOWNER` here) locks file
+/// metadata even for the dedicated run-as user: granted it, a run still
+/// cannot change a root-owned file's mode, owner, attributes or times.
+#[test]
+fn a_run_granted_cap_fowner_cannot_change_file_metadata() {
+    let Some(g) = shared("a_run_granted_cap_fowner_cannot_change_file_metadata") else { return };
+    let mut planted = Planted(vec![]);
+    let skill = attack("metadata_fowner").with("sandbox", json!({"capabilities": ["CAP_FOWNER"]}));
+    let config = Config::new().grant(skill.name(), "capabilities = [\"CAP_FOWNER\"]");
+    let outside = planted.file(outside(&skill, "/var/tmp", "meta"), "x", 0o644);
+    let inside = skill.path().join("readable");
+    std::fs::write(&inside, "x").expect("a file in the skill folder");
+    set_mode(&inside, 0o644);
+    let before = std::fs::metadata(&outside).expect("stat").mode();
+    let run = skill.run(&config, &args("metadata", json!({"path": outside, "fd_path": inside})));
+    let sb = run.report.sandbox.as_ref().expect("sandbox report");
+    assert_eq!(sb.capabilities, ["CAP_FOWNER"], "not granted:\n{}", run.dump());
+    let r = blocked(&run);
+    for (call, e) in r["errnos"].as_object().expect("errnos") {
+        assert_eq!(e, &json!(libc::EPERM), "{call}: {r}");
+    }
+    assert_eq!(std::fs::metadata(&outside).expect("stat").mode(), before);
     done(&skill, &g);
 }

@@ -13,6 +13,8 @@ use serde_json::{json, Map, Value};
 use crate::{errno, param};
 
 const XATTR: &std::ffi::CStr = c"user.ongrid-probe";
+const FS_IOC_GETFLAGS: libc::Ioctl = 0x8008_6601;
+const FS_IOC_SETFLAGS: libc::Ioctl = 0x4008_6602;
 
 /// 0 or the errno of a libc call's result.
 fn rc(r: libc::c_int) -> i32 {
@@ -84,6 +86,17 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
                     libc::fremovexattr(fd, XATTR.as_ptr());
                 }
                 put("fsetxattr", set);
+                // chattr's flags, written back as read.
+                let mut flags: libc::c_long = 0;
+                let get = libc::ioctl(fd, FS_IOC_GETFLAGS, &raw mut flags);
+                put(
+                    "setflags",
+                    if get == 0 {
+                        rc(libc::ioctl(fd, FS_IOC_SETFLAGS, &raw const flags))
+                    } else {
+                        errno()
+                    },
+                );
                 // A lease stalls whoever opens the file next.
                 put("lease", rc(libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK)));
                 libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK);
