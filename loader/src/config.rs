@@ -72,6 +72,9 @@ pub const DEFAULT_AUDIT_MAX_ROWS: u64 = 1_000_000;
 pub const DEFAULT_AUDIT_MAX_AGE_DAYS: u64 = 90;
 /// Default of `audit_max_bytes` (1 GiB).
 pub const DEFAULT_AUDIT_MAX_BYTES: u64 = 1 << 30;
+/// Smallest `audit_max_bytes` other than 0 (1 MiB): below the few pages an
+/// empty database takes, every row would go.
+pub const MIN_AUDIT_MAX_BYTES: u64 = 1 << 20;
 /// Default of `audit_sync_interval_ms`.
 pub const DEFAULT_AUDIT_SYNC_INTERVAL_MS: u64 = 100;
 /// Longest `audit_sync_interval_ms` accepted (one minute).
@@ -455,7 +458,16 @@ impl FileConfig {
             required: self.audit_required.unwrap_or(true),
             max_rows: self.audit_max_rows.unwrap_or(DEFAULT_AUDIT_MAX_ROWS),
             max_age_days: self.audit_max_age_days.unwrap_or(DEFAULT_AUDIT_MAX_AGE_DAYS),
-            max_bytes: self.audit_max_bytes.unwrap_or(DEFAULT_AUDIT_MAX_BYTES),
+            max_bytes: match self.audit_max_bytes {
+                None => DEFAULT_AUDIT_MAX_BYTES,
+                Some(n) if n == 0 || n >= MIN_AUDIT_MAX_BYTES => n,
+                Some(n) => {
+                    return Err(ConfigError::Value {
+                        key: "audit_max_bytes",
+                        message: format!("{n} is below {MIN_AUDIT_MAX_BYTES} (0: no size cap)"),
+                    })
+                }
+            },
             synchronous: self.audit_synchronous.unwrap_or_default(),
             sync_interval: match self.audit_sync_interval_ms {
                 None => Duration::from_millis(DEFAULT_AUDIT_SYNC_INTERVAL_MS),
@@ -661,7 +673,7 @@ mod tests {
                audit_required = false
                audit_max_rows = 10
                audit_max_age_days = 0
-               audit_max_bytes = 4096
+               audit_max_bytes = 2097152
                audit_synchronous = "normal"
                audit_sync_interval_ms = 250
                [[callers]]
@@ -694,7 +706,7 @@ mod tests {
                 required: false,
                 max_rows: 10,
                 max_age_days: 0,
-                max_bytes: 4096,
+                max_bytes: 2 << 20,
                 synchronous: AuditSync::Normal,
                 sync_interval: Duration::from_millis(250),
             }
@@ -731,6 +743,7 @@ mod tests {
             "approval_max_ttl_seconds = 86401",
             "audit_sync_interval_ms = 0",
             "audit_sync_interval_ms = 60001",
+            "audit_max_bytes = 4096",
             "socket_group = \"no-such-group-here\"",
             "[[callers]]\nrole = \"x\"\nmode = \"read-only\"",
             "[[callers]]\nuid = 1\ngid = 1\nrole = \"x\"\nmode = \"read-only\"",

@@ -96,7 +96,8 @@
 //! follows it directly. If a commit fails, every row of its batch is lost;
 //! the completion of a run whose first row was lost finds no row and fails
 //! (logged, counted in `ongrid_audit_write_errors_total`). Args and result are stored as JSON text of at most
-//! [`FIELD_MAX_BYTES`] (cut on a character boundary and marked
+//! [`FIELD_MAX_BYTES`] (a refused request's args at most
+//! [`REFUSED_ARGS_MAX_BYTES`]; cut on a character boundary and marked
 //! `*_truncated`); error texts at most [`ERROR_MAX_BYTES`].
 //!
 //! The approvals a run uses are written in the same transaction as its row,
@@ -129,9 +130,10 @@
 //! At open and every [`PRUNE_EVERY`] inserts: rows beyond `audit_max_rows`
 //! (oldest first), rows older than `audit_max_age_days` and, while the rows
 //! take more than `audit_max_bytes` of the database, the oldest rows are
-//! deleted, and so are used approvals past their expiry. (A caller refused
-//! again and again writes a row each time, with up to 64 KiB of args: the
-//! size cap bounds the file whatever the rows hold.)
+//! deleted, refusals before allowed runs, and so are used approvals past
+//! their expiry. (A caller refused again and again writes a row each time:
+//! the size cap bounds the file whatever the rows hold, and such a flood
+//! pushes out older refusals before any run's row.)
 
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
@@ -154,6 +156,10 @@ mod worker;
 
 /// Largest args or result JSON text stored.
 pub const FIELD_MAX_BYTES: usize = 64 << 10;
+/// Largest args JSON text stored for a refused request (`deny`,
+/// `reject`): anyone who may connect can send refused requests, and the
+/// start of the args is what an operator reads them for.
+pub const REFUSED_ARGS_MAX_BYTES: usize = 4 << 10;
 /// Largest error or reason text stored.
 pub const ERROR_MAX_BYTES: usize = 4 << 10;
 /// Retention runs every this many inserts.

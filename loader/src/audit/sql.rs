@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::{
     now_ms, Entry, Finish, Query, Record, ERROR_MAX_BYTES, FIELD_MAX_BYTES, MAX_QUERY_ROWS,
+    REFUSED_ARGS_MAX_BYTES,
 };
 use crate::config::AuditSettings;
 
@@ -127,10 +128,16 @@ pub(super) fn used_bytes(db: &Connection) -> rusqlite::Result<u64> {
 }
 
 /// Deletes the oldest rows while the pages in use exceed `max_bytes`, each
-/// time the share of the rows that the excess is of the pages in use:
-/// the file stops growing there, whatever each row holds (refused
-/// requests' args included).
+/// time the share of the rows that the excess is of the pages in use,
+/// refusals first (a flood of refused requests pushes out older refusals
+/// before any run's row): the file stops growing there, whatever each row
+/// holds. Stops when no row is left to delete.
 fn shrink_to(db: &Connection, max_bytes: u64) -> rusqlite::Result<()> {
+    const OLDEST: [&str; 2] = [
+        "DELETE FROM audit WHERE id IN
+             (SELECT id FROM audit WHERE decision != 'allow' ORDER BY id LIMIT ?1)",
+        "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)",
+    ];
     loop {
         let used = used_bytes(db)?;
         if used <= max_bytes {
@@ -140,10 +147,13 @@ fn shrink_to(db: &Connection, max_bytes: u64) -> rusqlite::Result<()> {
         let share = (used - max_bytes) as f64 / used as f64;
         #[allow(clippy::cast_possible_truncation)] // at most `rows`
         let batch = ((rows as f64 * share).ceil() as i64).max(1);
-        let gone = db.execute(
-            "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)",
-            params![batch],
-        )?;
+        let mut gone = 0;
+        for sql in OLDEST {
+            gone = db.execute(sql, params![batch])?;
+            if gone > 0 {
+                break;
+            }
+        }
         if gone == 0 {
             break;
         }
@@ -183,7 +193,8 @@ pub(super) struct Row {
 impl Row {
     /// Row `id` of `r`, decided now: args and texts bounded.
     pub(super) fn new(id: i64, r: &Record) -> Self {
-        let (args, args_truncated) = json_field(r.args.as_ref());
+        let max = if r.decision == "allow" { FIELD_MAX_BYTES } else { REFUSED_ARGS_MAX_BYTES };
+        let (args, args_truncated) = json_field(r.args.as_ref(), max);
         let now = now_ms();
         Self {
             id,
@@ -451,11 +462,11 @@ pub(super) fn bounded(text: String, max: usize) -> (String, bool) {
     (text[..end].to_owned(), true)
 }
 
-pub(super) fn json_field(v: Option<&policy::RawJson>) -> (Option<String>, bool) {
+pub(super) fn json_field(v: Option<&policy::RawJson>, max: usize) -> (Option<String>, bool) {
     match v {
         None => (None, false),
         Some(v) => {
-            let (text, cut) = bounded(v.get().to_owned(), FIELD_MAX_BYTES);
+            let (text, cut) = bounded(v.get().to_owned(), max);
             (Some(text), cut)
         }
     }

@@ -752,8 +752,8 @@ async fn a_run_cut_by_a_stopping_skilld_says_so() {
     assert_eq!(error(cut).as_deref(), Some("ongrid-skilld stopped before the run ended"));
 }
 
-/// `audit_max_bytes`: rows with large args (a caller refused again and
-/// again) stop the database growing past the cap; the newest rows stay.
+/// `audit_max_bytes`: rows with large args stop the database growing past
+/// the cap; the newest rows stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rows_stay_under_the_byte_cap() {
     let dir = tempfile::tempdir().unwrap();
@@ -762,12 +762,7 @@ async fn the_rows_stay_under_the_byte_cap() {
     let audit = Audit::start(&capped, errors.clone(), &syncs()).unwrap();
     let big = RawJson::from_value(&json!({"pad": "x".repeat(30_000)}));
     for i in 0..400 {
-        let r = Record {
-            decision: "deny",
-            args: Some(big.clone()),
-            skill: format!("s{i}"),
-            ..record("rm", &[])
-        };
+        let r = Record { args: Some(big.clone()), skill: format!("s{i}"), ..record("rm", &[]) };
         audit.record(r).await.unwrap();
     }
     drop(audit);
@@ -779,5 +774,42 @@ async fn the_rows_stay_under_the_byte_cap() {
     drop(audit);
     let db = rusqlite::Connection::open(dir.path().join("audit.db")).unwrap();
     assert!(super::sql::used_bytes(&db).unwrap() <= 1 << 20);
+    assert_eq!(errors.get(), 0);
+}
+
+/// Under the byte cap refusals go before allowed runs' rows, and a refused
+/// request keeps at most 4 KiB of its args (marked truncated).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_pruned_first_and_keep_short_args() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let capped = AuditSettings { max_bytes: 1 << 20, ..settings(dir.path(), 0) };
+    let audit = Audit::start(&capped, errors.clone(), &syncs()).unwrap();
+    let big = RawJson::from_value(&json!({"pad": "x".repeat(30_000)}));
+    // Ten allowed runs with large args, then a flood of refusals.
+    for i in 0..10 {
+        let r = Record { args: Some(big.clone()), skill: format!("run{i}"), ..record("rm", &[]) };
+        audit.record(r).await.unwrap();
+    }
+    for i in 0..2000 {
+        let r = Record {
+            decision: "deny",
+            args: Some(big.clone()),
+            skill: format!("refused{i}"),
+            ..record("rm", &[])
+        };
+        audit.record(r).await.unwrap();
+    }
+    drop(audit);
+    let audit = Audit::start(&capped, errors.clone(), &syncs()).unwrap();
+    let rows = audit.query(Query { limit: 3000, ..Query::default() }).await.unwrap().items;
+    let runs = rows.iter().filter(|e| e.decision == "allow").count();
+    assert_eq!(runs, 10, "every allowed run's row stays");
+    let refused: Vec<_> = rows.iter().filter(|e| e.decision == "deny").collect();
+    assert!(refused.len() < 2000, "refusals pruned: {}", refused.len());
+    assert_eq!(refused[0].skill, "refused1999", "the newest refusal stays");
+    // A cut text comes back as a JSON string of what was kept.
+    let kept = |e: &Entry| e.args.to_value().as_str().map(str::len);
+    assert!(refused.iter().all(|e| e.args_truncated && kept(e) == Some(REFUSED_ARGS_MAX_BYTES)));
     assert_eq!(errors.get(), 0);
 }
