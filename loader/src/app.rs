@@ -22,6 +22,10 @@ use crate::scan::Scanner;
 
 /// How long a reload waits for the executor's `ping` (its longest timeout).
 const PONG_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest drain on SIGTERM: under systemd's default stop timeout (90 s,
+/// `TimeoutStopSec=` of ongrid-skilld.service), with time left to cut
+/// the runs still going, record them and flush the audit trail.
+pub const MAX_DRAIN: Duration = Duration::from_secs(75);
 
 /// Limits applied to client requests.
 #[derive(Debug, Clone)]
@@ -182,9 +186,10 @@ impl App {
         summary
     }
 
-    /// The longest a run of a registered skill may take from its start to
-    /// its report: its timeout and the report's slack. skilld's drain waits
-    /// that long for the runs in flight.
+    /// The longest a request for a registered skill may take from its
+    /// arrival to its report: the queue timeout, the skill's timeout and
+    /// the report's slack. skilld's drain waits that long for the runs in
+    /// flight, at most [`MAX_DRAIN`].
     pub fn longest_run(&self) -> std::time::Duration {
         let longest = self
             .registry()
@@ -193,7 +198,7 @@ impl App {
             .map(|s| s.registered().manifest().timeout())
             .max()
             .unwrap_or_default();
-        longest + crate::api::execute::REPORT_SLACK
+        (self.limits.queue_timeout + longest + crate::api::execute::REPORT_SLACK).min(MAX_DRAIN)
     }
 
     /// The registry.

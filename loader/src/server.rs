@@ -311,16 +311,17 @@ async fn serve_connection(
     // ready at once on every turn: the loop spun a CPU and starved the
     // request) and a hang-up is looked for on each tick instead.
     let mut half_closed = false;
+    // Set once shutdown has come: the request in progress may finish (the
+    // hang-up and idle checks go on), no new one is read.
+    let mut draining = false;
     let result = loop {
         tokio::select! {
             r = conn.as_mut() => break r,
-            () = ends.shutdown.cancelled() => {
+            () = ends.shutdown.cancelled(), if !draining => {
                 conn.as_mut().graceful_shutdown();
-                tokio::select! {
-                    r = conn.as_mut() => break r,
-                    () = ends.abort.cancelled() => return,
-                }
+                draining = true;
             }
+            () = ends.abort.cancelled() => return,
             // Woken by each new event on the socket (a request's bytes, an
             // end of file, a hang-up): nothing is read here.
             r = watch.readable(), if !half_closed => match r {

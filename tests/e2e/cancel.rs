@@ -21,7 +21,7 @@ pub fn stream_with_pid(socket: &Path, skill: &str, pid: &std::sync::mpsc::Sender
     String::from_utf8_lossy(&rest).into_owned()
 }
 
-fn open_stream(socket: &Path, skill: &str) -> UnixStream {
+pub fn open_stream(socket: &Path, skill: &str) -> UnixStream {
     let mut s = UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let body = json!({"args": {}}).to_string();
@@ -35,7 +35,7 @@ fn open_stream(socket: &Path, skill: &str) -> UnixStream {
     s
 }
 
-fn read_pid(s: &mut UnixStream) -> i32 {
+pub fn read_pid(s: &mut UnixStream) -> i32 {
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
     loop {

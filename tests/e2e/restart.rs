@@ -104,3 +104,24 @@ fn skilld_sigterm_during_a_run_refuses_new_clients_and_lets_it_finish() {
     let st = s.wait_skilld(Duration::from_secs(20)).expect("skilld exits after its drain");
     assert!(st.success(), "{st}\n{}", s.logs());
 }
+
+/// While skilld drains after SIGTERM, a client that hangs up still has its
+/// run killed (the connection's checks go on during the drain), rather
+/// than the run holding its slot until its own deadline.
+#[test]
+fn a_client_gone_during_skilld_drain_has_its_run_killed() {
+    let mut s = Stack::start();
+    let mut conn = crate::cancel::open_stream(&s.socket, "sleeper");
+    let pid = crate::cancel::read_pid(&mut conn);
+    s.signal_skilld(Signal::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(process_running(pid), "the sleeper {pid} died with the SIGTERM alone");
+    drop(conn);
+    assert!(
+        eventually(Duration::from_secs(5), || !process_running(pid)),
+        "the sleeper {pid} outlived its client during the drain\n{}",
+        s.logs()
+    );
+    let st = s.wait_skilld(Duration::from_secs(20)).expect("skilld exits once drained");
+    assert!(st.success(), "{st}");
+}
