@@ -40,6 +40,8 @@ pub fn run_round<C: Send, T: Send>(
     per: usize,
     run: impl Fn(&mut C) -> T + Sync,
 ) -> (Round, Vec<T>) {
+    // Every client ready (its thread started), then the clock, then go.
+    let ready = Barrier::new(clients.len() + 1);
     let barrier = Barrier::new(clients.len() + 1);
     let stop = AtomicBool::new(false);
     // When the first client was done: the instant, the host's time, the
@@ -49,8 +51,9 @@ pub fn run_round<C: Send, T: Send>(
         let handles: Vec<_> = clients
             .into_iter()
             .map(|mut client| {
-                let (barrier, stop, first, run) = (&barrier, &stop, &first, &run);
+                let (ready, barrier, stop, first, run) = (&ready, &barrier, &stop, &first, &run);
                 s.spawn(move || {
+                    ready.wait();
                     barrier.wait();
                     let mut out = Vec::with_capacity(per);
                     while !stop.load(Ordering::Acquire) {
@@ -65,11 +68,13 @@ pub fn run_round<C: Send, T: Send>(
                 })
             })
             .collect();
+        ready.wait();
         let host0 = HostTime::now();
         let woken0 = cpu_wakeups();
-        // Taken before the clients are let go: after the barrier, this
-        // thread may be scheduled later than a client that already ran
-        // (a round then measured 0 ns, and less than its slowest run).
+        // Taken once every client thread has started and before they are
+        // let go: read after the barrier, this thread could be scheduled
+        // later than a client that already ran (a round then measured
+        // 0 ns, and less than its slowest run).
         let t0 = Instant::now();
         barrier.wait();
         let runs: Vec<(Instant, T)> =

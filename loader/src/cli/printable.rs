@@ -8,13 +8,21 @@
 //! line breaks make one line pass for another. So, as `journalctl` and
 //! `systemctl` do, every control character (C0, DEL and C1) except tab is
 //! shown as an escape: `\n` and `\r`, `\x1b` for the other C0 characters
-//! and DEL, `\u{9b}` for C1.
+//! and DEL, `\u{9b}` for C1. So are the bidirectional controls (U+061C,
+//! U+200E-F, U+202A-E, U+2066-9: "Trojan Source"), which make a text
+//! display as another.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
 fn is_escaped(c: char) -> bool {
-    c.is_control() && c != '\t'
+    (c.is_control() && c != '\t') || is_bidi(c)
+}
+
+/// A bidirectional formatting character: it reorders what follows on
+/// the screen.
+fn is_bidi(c: char) -> bool {
+    matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// `text` as one line: every control character but tab escaped, line
@@ -90,6 +98,11 @@ mod tests {
         assert_eq!(line(text), "a\\nb\\r\\x1b[31mred\\x07\\x00\\x7f\\u{9b}2J\\u{85}\tend");
         // An OSC 52 clipboard write.
         assert_eq!(line("\x1b]52;c;aGk=\x07"), "\\x1b]52;c;aGk=\\x07");
+        // A right-to-left override, then an isolate.
+        assert_eq!(line("ab\u{202e}cd\u{2066}e"), "ab\\u{202e}cd\\u{2066}e");
+        let safe = json("\"x\u{202e}y\"");
+        assert_eq!(safe, "\"x\\u202ey\"");
+        assert_eq!(serde_json::from_str::<String>(&safe).unwrap(), "x\u{202e}y");
     }
 
     #[test]
