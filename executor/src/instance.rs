@@ -178,7 +178,9 @@ fn runs_tmpfs(runs: &Path, config: &Config, memcg: bool) -> Result<(), String> {
     } else if memcg && mount_at(runs).is_some_and(|(_, s)| s == sys::mount::RUNS_SOURCE) {
         if let Some((bytes, inodes)) = tmpfs_room(runs) {
             if bytes < want.bytes || inodes != 0 {
-                let grown = TmpfsSize { bytes: bytes.max(want.bytes), unlimited_inodes: true };
+                // `size=0` keeps a mount without a size limit so.
+                let bytes = if bytes == u64::MAX { 0 } else { bytes.max(want.bytes) };
+                let grown = TmpfsSize { bytes, unlimited_inodes: true };
                 if let Err(e) = sys::mount::remount_tmpfs(runs, grown) {
                     tracing::warn!("runs tmpfs {}: cannot grow it: {e}", runs.display());
                 }

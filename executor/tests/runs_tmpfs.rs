@@ -236,3 +236,21 @@ fn the_executors_own_tmpfs_holds_every_slot_at_its_memory_bound() {
         assert_eq!(r["inodes"], 0, "{r}");
     }
 }
+
+/// An earlier instance's mount without a size limit but with an inode
+/// count: its inodes are uncounted, and it stays without a size limit.
+#[test]
+fn an_earlier_unlimited_mount_stays_unlimited() {
+    if !can_run() {
+        return;
+    }
+    let earlier = "mode=0711,size=0,nr_inodes=1000,nosuid,nodev,noexec".to_owned();
+    let seen = run(&Before::Mounted("ongrid-runs", earlier), true);
+    if !seen.memcg {
+        eprintln!("SKIP: no memory cgroup here: the tmpfs alone bounds the runs' files");
+        return;
+    }
+    assert!(disk_notes(&seen).is_empty(), "{:?}", seen.degraded);
+    assert_eq!(seen.result["blocks"], 0, "a size limit was set: {}", seen.result);
+    assert_eq!(seen.result["inodes"], 0, "{}", seen.result);
+}

@@ -12,7 +12,7 @@ pub const RUNS_SOURCE: &str = "ongrid-runs";
 /// How the runs tmpfs is sized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TmpfsSize {
-    /// `size=`: bytes of file data in all.
+    /// `size=`: bytes of file data in all (0: no limit).
     pub bytes: u64,
     /// `nr_inodes=0` (no count of its own) instead of the kernel's default
     /// (half the RAM's pages): right only where each run's memory cgroup
