@@ -15,7 +15,7 @@
 //! | `ongrid_runs_in_flight` | gauge | |
 //! | `ongrid_answers_unsent` | gauge | |
 //! | `ongrid_skills_registered` | gauge | |
-//! | `ongrid_manifest_errors_total` | counter | `reason` |
+//! | `ongrid_manifest_errors_total` | counter | `reason` (the scan event's kind: `parse`, `build`, a schema that does not compile included, `duplicate`...) |
 //! | `ongrid_reloads_total` | counter | |
 //! | `ongrid_http_requests_total` | counter | `route`, `code` |
 //! | `ongrid_executor_up` | gauge | |

@@ -85,7 +85,7 @@ pub async fn list(
             limit,
         })
         .await
-        .map_err(|e| ApiError::AuditUnavailable(e.to_string()))?;
+        .map_err(|e| ApiError::AuditUnreadable(e.to_string()))?;
     if let Some(i) = &trail.incomplete {
         tracing::warn!(unwritten = i.unwritten, reason = %i.reason, "audit: read of an incomplete trail");
     }

@@ -58,6 +58,10 @@ pub enum ApiError {
     /// run is refused (`audit_required`).
     #[error("the run is refused because it cannot be audited: {0}")]
     AuditUnavailable(String),
+    /// 503 `audit_unavailable`: the audit trail cannot be read
+    /// (`GET /v1/audit`).
+    #[error("the audit trail cannot be read: {0}")]
+    AuditUnreadable(String),
     /// 503 `busy`: no run slot, or the executor is at its cap. Carries the
     /// report (outcome `busy`).
     #[error("{}", .0.error.as_deref().unwrap_or("busy"))]
@@ -77,7 +81,8 @@ impl ApiError {
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::ExecutorUnavailable(_)
             | ApiError::Busy(_)
-            | ApiError::AuditUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            | ApiError::AuditUnavailable(_)
+            | ApiError::AuditUnreadable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -88,7 +93,7 @@ impl ApiError {
             ApiError::InvalidArgs { .. } => "invalid_args",
             ApiError::Denied { .. } => "denied",
             ApiError::Forbidden(_) => "forbidden",
-            ApiError::AuditUnavailable(_) => "audit_unavailable",
+            ApiError::AuditUnavailable(_) | ApiError::AuditUnreadable(_) => "audit_unavailable",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::RequestTimeout => "request_timeout",
@@ -135,6 +140,7 @@ mod tests {
             (ApiError::Denied { reason: "confirm_required", message: "d".into() }, 403, "denied"),
             (ApiError::Forbidden("f".into()), 403, "forbidden"),
             (ApiError::AuditUnavailable("db".into()), 503, "audit_unavailable"),
+            (ApiError::AuditUnreadable("db".into()), 503, "audit_unavailable"),
             (ApiError::NotFound("n".into()), 404, "not_found"),
             (ApiError::TooLarge(1), 413, "payload_too_large"),
             (ApiError::ExecutorUnavailable("down".into()), 503, "executor_unavailable"),
@@ -145,6 +151,17 @@ mod tests {
             assert_eq!(b["error"]["code"], code);
             assert!(b["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
         }
+    }
+
+    #[test]
+    fn an_unreadable_trail_is_not_called_a_refused_run() {
+        let e = ApiError::AuditUnreadable("database is locked".into());
+        assert_eq!(
+            e.body()["error"]["message"],
+            "the audit trail cannot be read: database is locked"
+        );
+        let run = ApiError::AuditUnavailable("disk full".into());
+        assert!(run.to_string().starts_with("the run is refused"));
     }
 
     #[test]

@@ -188,7 +188,7 @@ pub async fn execute(
             (row, Pre::Opened(opened))
         }
     };
-    let row = match decided {
+    let mut row = match decided {
         Ok(row) => {
             grant.keep();
             row
@@ -287,6 +287,7 @@ pub async fn execute(
         Ok(c) => c,
         Err(e) => return Err(executor_error(&app, &name, e, row).await),
     };
+    row.handed_over();
     let timeout = manifest.timeout();
     let mut run = Run {
         app: Arc::clone(&app),

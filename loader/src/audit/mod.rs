@@ -634,13 +634,21 @@ pub struct RunRow {
     audit: Audit,
     id: Option<i64>,
     started: std::time::Instant,
+    /// The run was handed to the executor ([`RunRow::handed_over`]).
+    handed_over: bool,
 }
 
 impl RunRow {
     /// The row `id` (`None` when it could not be written and the audit is
     /// not required).
     pub fn new(audit: Audit, id: Option<i64>) -> Self {
-        Self { audit, id, started: std::time::Instant::now() }
+        Self { audit, id, started: std::time::Instant::now(), handed_over: false }
+    }
+
+    /// The run went to the executor: a drop from now on cut a run, not a
+    /// request that never started one.
+    pub fn handed_over(&mut self) {
+        self.handed_over = true;
     }
 
     /// The row's id, if it was written.
@@ -666,10 +674,11 @@ impl RunRow {
 impl Drop for RunRow {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            let why = if self.audit.stopping.load(std::sync::atomic::Ordering::Acquire) {
-                "ongrid-skilld stopped before the run ended"
-            } else {
-                "the client went away before the run ended"
+            let stopping = self.audit.stopping.load(std::sync::atomic::Ordering::Acquire);
+            let why = match (stopping, self.handed_over) {
+                (true, _) => "ongrid-skilld stopped before the run ended",
+                (false, true) => "the client went away before the run ended",
+                (false, false) => "the client went away before the run started",
             };
             self.audit.finish_detached(
                 id,

@@ -748,13 +748,18 @@ async fn a_run_cut_by_a_stopping_skilld_says_so() {
     let errors = IntCounter::new("e", "e").unwrap();
     let audit = Audit::start(&settings(dir.path(), 0), errors, &syncs()).unwrap();
     let left = audit.record_before_run(record("rm", &[])).await.unwrap();
-    drop(RunRow::new(audit.clone(), Some(left)));
+    let mut ran = RunRow::new(audit.clone(), Some(left));
+    ran.handed_over();
+    drop(ran);
+    let queued = audit.record_before_run(record("rm", &[])).await.unwrap();
+    drop(RunRow::new(audit.clone(), Some(queued)));
     audit.stopping();
     let cut = audit.record_before_run(record("rm", &[])).await.unwrap();
     drop(RunRow::new(audit.clone(), Some(cut)));
     let rows = audit.query(Query { limit: 10, ..Query::default() }).await.unwrap().items;
     let error = |id: i64| rows.iter().find(|e| e.id == id).and_then(|e| e.error.clone());
     assert_eq!(error(left).as_deref(), Some("the client went away before the run ended"));
+    assert_eq!(error(queued).as_deref(), Some("the client went away before the run started"));
     assert_eq!(error(cut).as_deref(), Some("ongrid-skilld stopped before the run ended"));
 }
 
