@@ -477,10 +477,16 @@ impl Audit {
         job: impl FnOnce(oneshot::Sender<Result<T, AuditError>>) -> Job,
     ) -> Result<T, AuditError> {
         let (tx, rx) = oneshot::channel();
-        if let Some(job) = self.journal.try_append(job(tx), &self.tx) {
-            self.tx.send(job).map_err(|_| AuditError::Closed)?;
-        }
+        self.submit(job(tx))?;
         rx.await.map_err(|_| AuditError::Closed)?
+    }
+
+    /// Hands `job` to the journal, else to the thread.
+    fn submit(&self, job: Job) -> Result<(), AuditError> {
+        match self.journal.try_append(job, &self.tx) {
+            Some(job) => self.tx.send(job).map_err(|_| AuditError::Closed),
+            None => Ok(()),
+        }
     }
 
     /// Writes a decision whose answer follows it directly (the handler's
@@ -513,11 +519,7 @@ impl Audit {
     pub async fn record_before_run(&self, record: Record) -> Result<i64, AuditError> {
         let started = std::time::Instant::now();
         let (tx, rx) = oneshot::channel();
-        if let Some(job) =
-            self.journal.try_append(Job::Record(Box::new(record), tx, true), &self.tx)
-        {
-            self.tx.send(job).map_err(|_| AuditError::Closed)?;
-        }
+        self.submit(Job::Record(Box::new(record), tx, true))?;
         let mut unclaimed = Unclaimed { rx, audit: self };
         let r = (&mut unclaimed.rx).await.map_err(|_| AuditError::Closed);
         if let Some(w) = &self.waits {
@@ -537,11 +539,7 @@ impl Audit {
 
     /// Completes row `id` without waiting.
     pub fn finish_detached(&self, id: i64, finish: Finish) {
-        if let Some(job) =
-            self.journal.try_append(Job::Finish(id, Box::new(finish), None), &self.tx)
-        {
-            let _ = self.tx.send(job);
-        }
+        let _ = self.submit(Job::Finish(id, Box::new(finish), None));
     }
 
     /// Writes every journaled row into the database and empties the
