@@ -104,10 +104,14 @@ fn a_concurrent_run_is_out_of_reach() {
 #[test]
 fn runs_cannot_fill_the_disk_for_one_another() {
     let Some(g) = exclusive("runs_cannot_fill_the_disk_for_one_another") else { return };
-    let skill = attack("disk_share").with("timeout_seconds", json!(30));
+    // One skill folder per run: a run rewrites its manifest as it starts.
+    let skills: Vec<_> = (0..3)
+        .map(|i| attack(&format!("disk_share_{i}")).with("timeout_seconds", json!(30)))
+        .collect();
     let fill = args("disk_fill", json!({"file_mb": 60, "cap_mb": 420, "hold_ms": 3000}));
     let runs: Vec<_> = std::thread::scope(|s| {
-        let each: Vec<_> = (0..3).map(|_| s.spawn(|| skill.run(&Config::new(), &fill))).collect();
+        let each: Vec<_> =
+            skills.iter().map(|skill| s.spawn(|| skill.run(&Config::new(), &fill))).collect();
         each.into_iter().map(|h| h.join().expect("a filling run")).collect()
     });
     for run in &runs {
@@ -123,5 +127,7 @@ fn runs_cannot_fill_the_disk_for_one_another() {
             run.dump()
         );
     }
-    no_leftovers(&skill, &g);
+    for skill in &skills {
+        no_leftovers(skill, &g);
+    }
 }
