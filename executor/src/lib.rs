@@ -120,7 +120,10 @@
 //!    that the executor holds below the floor under load.
 //! 4. In the child, raw syscalls only: (4a) default signal dispositions;
 //!    (4b) new session (`setsid`, no controlling terminal); (4c) join the
-//!    cgroups; (4d) a
+//!    cgroups (a parked child whose run watches for its exec leaves the
+//!    joins to the run: the run's thread writes the child's pid into the
+//!    leaves' `cgroup.procs` while the child takes 4d to 4i, and the
+//!    child waits for that before step 5: `sys`'s `join`); (4d) a
 //!    descriptor table of its own holding only what is below its floor
 //!    (`close_range(floor, ~0, CLOSE_RANGE_UNSHARE)`; the floor is the top
 //!    of the band its descriptors were placed on, else the table's floor,

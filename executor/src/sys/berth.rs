@@ -52,6 +52,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering};
 
 use super::child::{self, ChildSpec, SpawnFailure, Step};
+use super::join::Joining;
 
 /// The parked child waits for a spec.
 const WAITING: u32 = 0;
@@ -103,6 +104,8 @@ pub struct Handoff {
     /// The spawner thread zeroed `done` ([`Handoff::release`]), not the
     /// kernel at the child's exec or exit.
     released: AtomicBool,
+    /// Whether the run makes the child's cgroup joins ([`super::join`]).
+    pub joining: Joining,
 }
 
 impl Default for Handoff {
@@ -115,6 +118,7 @@ impl Default for Handoff {
             step: AtomicU32::new(0),
             errno: AtomicI32::new(0),
             released: AtomicBool::new(false),
+            joining: Joining::default(),
         }
     }
 }
@@ -143,6 +147,32 @@ impl Handoff {
             }
         }
         sleep_while_set(&self.done);
+    }
+
+    /// The run's half of [`super::join`]: once the child took the spec,
+    /// writes its pid into `procs` and lets it go on to its exec. Spins
+    /// (yielding) until the child took the spec or the spawner thread
+    /// released the handoff (no child took it: one made for the run joins
+    /// itself). Call only after [`Joining::by_run`], on a handoff given to
+    /// a parked child, with the spec's `cgroup_procs`.
+    pub fn join_when_taken(&self, procs: &[RawFd]) {
+        loop {
+            if self.took.load(Ordering::Acquire) {
+                break;
+            }
+            if self.done.load(Ordering::Acquire) == 0 {
+                // Released without a taker, or the child took the spec and
+                // is already gone: `took` tells.
+                if self.took.load(Ordering::Acquire) {
+                    break;
+                }
+                return;
+            }
+            std::thread::yield_now();
+        }
+        // The child stored its pid before `took`; it cannot be reaped
+        // before this run lets the berth go (`Berth::child_gone`).
+        self.joining.join(self.pid.load(Ordering::Acquire), procs);
     }
 
     /// Whether the spawner thread, not the child's exec or exit, ended the
@@ -355,7 +385,7 @@ extern "C" fn parked_main(arg: *mut c_void) -> c_int {
                 len: u16::try_from(spec.seccomp.len()).unwrap_or(0),
                 filter: spec.seccomp.as_ptr().cast_mut(),
             };
-            child::sandbox_and_exec(&spec, &fprog, true)
+            child::sandbox_and_exec(&spec, &fprog, true, Some(&given.joining))
         }
         // Told to leave, or the parent is gone.
         Ok(None) => {

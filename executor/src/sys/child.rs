@@ -14,6 +14,8 @@ use std::ffi::{c_char, c_int, c_long, c_void, CStr};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
+use super::join::Joining;
+
 /// The child's steps, in order. A failure reports the step and the errno.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
@@ -462,7 +464,7 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
     let shared = unsafe { &*arg.cast::<Shared<'_, '_>>() };
     let sharing = shared.spec.share_below.is_some();
     let failed = match fresh_process() {
-        Ok(()) => sandbox_and_exec(shared.spec, &shared.fprog, sharing),
+        Ok(()) => sandbox_and_exec(shared.spec, &shared.fprog, sharing, None),
         Err(e) => e,
     };
     record(&shared.step, &shared.errno, failed);
@@ -516,14 +518,17 @@ pub(super) fn fresh_process() -> Result<(), (Step, i32)> {
 /// The rest of the child's sequence (crate docs, spawn sequence steps 4c
 /// to 5), after [`fresh_process`]. `sharing`: the child shares the
 /// parent's descriptor table (`CLONE_FILES`) and takes its own in step 4d:
-/// the part below `spec.share_below`, or all of it. Returns only on
-/// failure, with the step.
+/// the part below `spec.share_below`, or all of it. `joining`: a parked
+/// child's handoff, which may say that the run makes step 4c's joins
+/// ([`super::join`]); the child then waits for them before `execve`.
+/// Returns only on failure, with the step.
 pub(super) fn sandbox_and_exec(
     spec: &ChildSpec<'_>,
     fprog: &libc::sock_fprog,
     sharing: bool,
+    joining: Option<&Joining>,
 ) -> (Step, i32) {
-    match sandbox(spec, fprog, sharing) {
+    match sandbox(spec, fprog, sharing, joining) {
         Err(failed) => failed,
         Ok(never) => match never {},
     }
@@ -533,17 +538,22 @@ fn sandbox(
     spec: &ChildSpec<'_>,
     fprog: &libc::sock_fprog,
     sharing: bool,
+    joining: Option<&Joining>,
 ) -> Result<std::convert::Infallible, (Step, i32)> {
+    let joined_by_run = joining.filter(|j| j.by_parent());
     // SAFETY: every call below is a raw syscall (or `clock_gettime`, which
     // reads the vDSO or makes one) whose pointer arguments point to locals
     // of this frame or to data the parent keeps alive (`spec`, `fprog`,
     // `exec_at`) for the duration of the child; none allocates.
     unsafe {
-        // Step 4c: cgroups (v2 leaf for the tree kill, v1 leaves for limits).
-        for fd in spec.cgroup_procs {
-            let n = libc::syscall(libc::SYS_write, *fd, c"0".as_ptr(), 1usize);
-            if n != 1 {
-                return Err((Step::Cgroup, errno()));
+        // Step 4c: cgroups (v2 leaf for the tree kill, v1 leaves for limits),
+        // unless the run makes the joins meanwhile (waited for before step 5).
+        if joined_by_run.is_none() {
+            for fd in spec.cgroup_procs {
+                let n = libc::syscall(libc::SYS_write, *fd, c"0".as_ptr(), 1usize);
+                if n != 1 {
+                    return Err((Step::Cgroup, errno()));
+                }
             }
         }
         // Step 4d: a table of our own (sharing the parent's, we have not
@@ -661,6 +671,10 @@ fn sandbox(
                 ),
                 Step::Seccomp,
             )?;
+        }
+        // Step 4c, made by the run: in every cgroup before the exec.
+        if let Some(joining) = joined_by_run {
+            joining.wait()?;
         }
         // Step 5: exec, timed first (through the vDSO, without a system
         // call where the clock source allows; a failed reading leaves the

@@ -7,7 +7,7 @@
 //!
 //! # Async-signal-safety
 //!
-//! [`child`] and [`berth`] run in a `CLONE_VM | CLONE_VFORK` child that
+//! [`child`], [`berth`] and [`join`]'s wait run in a `CLONE_VM | CLONE_VFORK` child that
 //! shares the executor's memory. Code on that path only issues raw system calls on
 //! values the parent built beforehand: no allocation, no locks, no glibc
 //! wrappers that touch shared state (glibc's `setuid` would broadcast to the
@@ -17,6 +17,7 @@
 pub mod berth;
 pub mod child;
 pub mod fdtable;
+pub mod join;
 pub mod landlock;
 pub mod memory;
 pub mod mount;

@@ -262,9 +262,12 @@ impl Spawner {
     /// `spec.seccomp` should be empty (the thread's filter applies). Blocks
     /// the calling thread until the child has exec'd or failed, as
     /// [`child::spawn`] does; for up to `spin` of that without sleeping,
-    /// when a parked child took it ([`Handoff::wait`]). `meanwhile` runs
-    /// once the spec is handed over, while the child works towards its
-    /// `exec`: what the run has to do that its child need not wait for.
+    /// when a parked child took it ([`Handoff::wait`]); with a nonzero
+    /// `spin` the calling thread also makes that child's cgroup joins
+    /// (step 4c, [`super::join`]) while it works. `meanwhile` runs once
+    /// the spec is handed over (and those joins made), while the child
+    /// works towards its `exec`: what the run has to do that its child
+    /// need not wait for.
     ///
     /// # Errors
     ///
@@ -280,10 +283,20 @@ impl Spawner {
         child::check_spec(spec)?;
         let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };
         let (reply, answer) = mpsc::sync_channel(1);
+        let spec_ref = spec;
         let spec = SpecPtr(std::ptr::from_ref(spec).cast());
         let handoff = Arc::new(Handoff::default());
+        // The only run in flight (it spins) makes its parked child's cgroup
+        // joins while the child takes its other steps (`super::join`).
+        let run_joins = !spin.is_zero() && !spec_ref.cgroup_procs.is_empty();
+        if run_joins {
+            handoff.joining.by_run();
+        }
         let job = Job { spec, handoff: Arc::clone(&handoff), reply };
         let berth = self.queue.push(job).map_err(|_| gone)?;
+        if run_joins && berth.is_some() {
+            handoff.join_when_taken(spec_ref.cgroup_procs);
+        }
         meanwhile();
         if let Some(berth) = berth {
             // Woken by the child's exec (or exit) itself, or by the spawner
@@ -868,6 +881,95 @@ mod tests {
         assert_ne!(pid, parked[0]);
         assert_eq!(status_field(&status, "Pid"), pid.to_string(), "{status}");
         assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
+    }
+
+    /// A file standing in for a `cgroup.procs` (what is written to it is
+    /// what a join wrote): open for writing, and its path.
+    fn procs_file(name: &str) -> (std::fs::File, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("ongrid-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cgroup.procs");
+        let file = std::fs::File::create(&path).unwrap();
+        (file, path)
+    }
+
+    /// The only run in flight (it spins) writes its parked child's pid into
+    /// the `cgroup.procs` files itself, and the child execs only after; a
+    /// run that does not spin leaves the child to write "0" itself. A
+    /// failed write is the child's failure at the cgroup step either way,
+    /// and nothing is exec'd.
+    #[test]
+    fn a_spinning_run_makes_its_parked_childs_cgroup_joins() {
+        let spin = Duration::from_millis(50);
+        let spawner = Spawner::start(test_program(), 1, "test-join").unwrap();
+        let (file, path) = procs_file("join");
+        let procs = [file.as_raw_fd()];
+        let parked = parked_children(&spawner, "test-join", 1);
+        let mut pid = 0;
+        let status = child_status(|s| {
+            let r = spawner.spawn_spinning(&ChildSpec { cgroup_procs: &procs, ..*s }, spin, || {});
+            pid = r.as_ref().map_or(0, |sp| sp.pid);
+            r
+        });
+        assert_eq!(pid, parked[0], "not the parked child");
+        assert_eq!(status_field(&status, "Pid"), pid.to_string(), "{status}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), pid.to_string());
+
+        let (file, path) = procs_file("join-self");
+        let procs = [file.as_raw_fd()];
+        parked_children(&spawner, "test-join", 1);
+        let status = child_status(|s| spawner.spawn(&ChildSpec { cgroup_procs: &procs, ..*s }));
+        assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0");
+
+        let read_only = std::fs::File::open(&path).unwrap();
+        let procs = [file.as_raw_fd(), read_only.as_raw_fd()];
+        for spin in [spin, Duration::ZERO] {
+            parked_children(&spawner, "test-join", 1);
+            let failed = child_status_result(|s| {
+                spawner.spawn_spinning(&ChildSpec { cgroup_procs: &procs, ..*s }, spin, || {})
+            });
+            let failure = failed.map(|_| ()).unwrap_err();
+            assert_eq!((failure.step, failure.errno), (Step::Cgroup, libc::EBADF), "spin {spin:?}");
+        }
+        drop(spawner);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    /// A spinning run whose parked child died before it took the spec
+    /// makes no join: the child made for the run joins itself.
+    #[test]
+    fn a_spinning_run_given_a_dead_parked_child_leaves_the_join_to_the_next() {
+        let spawner = Arc::new(Spawner::start(test_program(), 1, "test-join-dead").unwrap());
+        let parked = parked_children(&spawner, "test-join-dead", 1);
+        hold(&spawner, true, 0);
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(parked[0]), nix::sys::signal::SIGKILL)
+            .unwrap();
+        hold(&spawner, true, 1);
+        let (file, path) = procs_file("join-dead");
+        let fd = file.as_raw_fd();
+        let (tx, rx) = mpsc::channel();
+        let run = Arc::clone(&spawner);
+        std::thread::spawn(move || {
+            let procs = [fd];
+            let mut pid = 0;
+            let status = child_status(|s| {
+                let spec = ChildSpec { cgroup_procs: &procs, ..*s };
+                let r = run.spawn_spinning(&spec, Duration::from_millis(50), || {});
+                pid = r.as_ref().map_or(0, |sp| sp.pid);
+                r
+            });
+            let _ = tx.send((pid, status));
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        hold(&spawner, false, 0);
+        let (pid, status) =
+            rx.recv_timeout(Duration::from_secs(10)).expect("the run was not answered");
+        drop(file);
+        assert_ne!(pid, parked[0]);
+        assert_eq!(status_field(&status, "Pid"), pid.to_string(), "{status}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0");
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 
     /// A parked child killed while it waits is reaped and replaced; the

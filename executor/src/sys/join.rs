@@ -1,0 +1,200 @@
+//! Step 4c made by the run for its parked child: the run's thread writes
+//! the child's pid into the leaves' `cgroup.procs` while the child takes
+//! its other steps, and the child waits for that before `execve`.
+//!
+//! A child joining its cgroups itself writes "0" to each `cgroup.procs`:
+//! three writes (the v2 leaf, the v1 `pids` and `memory` leaves), each
+//! making the kernel a new `css_set`, ~35 µs of the child's ~110 µs
+//! between its wake-up and its `exec` on the dev machine (BENCHMARKS.md,
+//! thirty-third pass). The only run in flight has nothing else to do
+//! meanwhile: it watches for the exec without sleeping
+//! (`engine`'s [`EXEC_SPIN`](crate::engine::EXEC_SPIN)). So when it spins,
+//! the run makes the joins itself, on its own CPU, while the child sets up
+//! its descriptors, limits, user and Landlock domain on the other; the
+//! child's last step before the exec is to wait until the run is done,
+//! and it fails with [`Step::Cgroup`] (the run's errno) if a write failed.
+//! With other runs in flight (no spin) the CPU is theirs and the child
+//! joins itself, as a child made for its run always does.
+//!
+//! The pid is the run's to write: it takes it from the handoff only once
+//! the child took the spec (`Handoff::took`), and from then on the pid
+//! cannot be reaped before the run is done (the spawner thread reaps a
+//! parked child only after the run let its berth go), so it is never
+//! another process's. A child gone meanwhile is not moved (the kernel
+//! skips an exiting task); its own failure is the run's.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+
+use super::child::{self, Step};
+
+/// The child writes "0" itself ([`Joining::default`]).
+const BY_CHILD: u32 = 0;
+/// The run will write the child's pid: the child waits before `execve`.
+const PENDING: u32 = 1;
+/// The run wrote it into every `cgroup.procs`.
+const JOINED: u32 = 2;
+/// A write failed: `errno` says why.
+const FAILED: u32 = 3;
+
+/// Who makes the child's cgroup joins, and how they went; the futex word
+/// the child waits on. Lives in the run's handoff.
+#[derive(Debug, Default)]
+pub struct Joining {
+    state: AtomicU32,
+    errno: AtomicI32,
+}
+
+impl Joining {
+    /// The run will make the joins ([`Joining::join`]): set before the
+    /// child can see the spec.
+    pub fn by_run(&self) {
+        self.state.store(PENDING, Ordering::Release);
+    }
+
+    /// Whether the run makes the joins (read by the child at step 4c).
+    pub fn by_parent(&self) -> bool {
+        self.state.load(Ordering::Acquire) != BY_CHILD
+    }
+
+    /// Writes `pid` into each of `procs` (in order, stopping at the first
+    /// failure), then tells the child, waking it if it waits already.
+    /// The caller guarantees `pid` is the unreaped child that took the
+    /// spec, and that `procs` are its run's open `cgroup.procs` files.
+    pub fn join(&self, pid: libc::pid_t, procs: &[RawFd]) {
+        let mut digits = [0u8; 12];
+        let text = decimal(pid, &mut digits);
+        // Never "0" (or less): that would move the executor itself.
+        let mut failed = (pid <= 0).then_some(libc::ESRCH);
+        for fd in procs.iter().take_while(|_| failed.is_none()) {
+            // SAFETY: writes `text`, a live local slice, to a descriptor the
+            // caller keeps open for the call.
+            let n = unsafe { libc::write(*fd, text.as_ptr().cast(), text.len()) };
+            if usize::try_from(n).ok() != Some(text.len()) {
+                failed = Some(if n < 0 { child::errno() } else { libc::EIO });
+                break;
+            }
+        }
+        match failed {
+            Some(errno) => {
+                self.errno.store(errno, Ordering::Relaxed);
+                self.state.store(FAILED, Ordering::Release);
+            }
+            None => self.state.store(JOINED, Ordering::Release),
+        }
+        // SAFETY: FUTEX_WAKE on a live word of this handoff; the child
+        // shares this process's memory, so the private futex is the same.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.state.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1,
+            );
+        }
+    }
+
+    /// The child, before `execve`: waits until the run is done with the
+    /// joins; its failure is the child's at [`Step::Cgroup`]. Raw system
+    /// calls only.
+    pub(super) fn wait(&self) -> Result<(), (Step, i32)> {
+        loop {
+            match self.state.load(Ordering::Acquire) {
+                PENDING => {
+                    // SAFETY: FUTEX_WAIT on a live word (the run keeps the
+                    // handoff until our exec or exit); returns at once if it
+                    // changed meanwhile; EINTR and spurious wake-ups loop.
+                    unsafe {
+                        libc::syscall(
+                            libc::SYS_futex,
+                            self.state.as_ptr(),
+                            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                            PENDING,
+                            std::ptr::null::<libc::timespec>(),
+                        );
+                    }
+                }
+                FAILED => return Err((Step::Cgroup, self.errno.load(Ordering::Relaxed))),
+                _ => return Ok(()),
+            }
+        }
+    }
+}
+
+/// `n` in decimal, in `buf`, without allocating.
+fn decimal(n: libc::pid_t, buf: &mut [u8; 12]) -> &[u8] {
+    let mut v = u64::from(n.unsigned_abs());
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &buf[at..]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Seek};
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    #[test]
+    fn pids_are_written_in_decimal() {
+        let mut buf = [0u8; 12];
+        assert_eq!(decimal(0, &mut buf), b"0");
+        assert_eq!(decimal(7, &mut buf), b"7");
+        assert_eq!(decimal(4_194_304, &mut buf), b"4194304");
+        assert_eq!(decimal(i32::MAX, &mut buf), b"2147483647");
+    }
+
+    /// The child goes on once the run is done, and fails with the run's
+    /// errno when a write failed (here: a descriptor open read-only).
+    #[test]
+    fn the_wait_ends_with_the_runs_outcome() {
+        let dir = std::env::temp_dir().join(format!("ongrid-join-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("procs");
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let joining = Joining::default();
+        assert!(!joining.by_parent());
+        joining.by_run();
+        assert!(joining.by_parent());
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| joining.wait());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(!waiter.is_finished(), "the child went on before the run wrote");
+            joining.join(4321, &[file.as_raw_fd()]);
+            assert_eq!(waiter.join().unwrap(), Ok(()));
+        });
+        let mut written = String::new();
+        file.rewind().unwrap();
+        file.read_to_string(&mut written).unwrap();
+        assert_eq!(written, "4321");
+
+        let read_only = std::fs::File::open(&path).unwrap();
+        let joining = Joining::default();
+        joining.by_run();
+        joining.join(4321, &[file.as_raw_fd(), read_only.as_raw_fd()]);
+        assert_eq!(joining.wait(), Err((Step::Cgroup, libc::EBADF)));
+
+        // No pid is never "0", which would move the writer itself.
+        let before = std::fs::metadata(&path).unwrap().len();
+        let joining = Joining::default();
+        joining.by_run();
+        joining.join(0, &[file.as_raw_fd()]);
+        assert_eq!(joining.wait(), Err((Step::Cgroup, libc::ESRCH)));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), before);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
