@@ -6,7 +6,8 @@
 //! (skills keep that uid, no cgroup).
 //!
 //! Cases: [`api`] list/show/run outcomes, [`reload`], [`restart`] of the
-//! executor, [`cancel`] on client disconnect, [`load`] (200 runs from 20
+//! executor and of skilld's drain on SIGTERM, [`cancel`] on client
+//! disconnect, [`load`] (200 runs from 20
 //! clients), [`malformed`] HTTP and JSON-RPC corpora, [`up`] (the demo
 //! command and the README's curl examples), [`rogue`] (a client skipping
 //! ongrid-skilld cannot exceed `[[peers]]`), [`approvals`] (the README's

@@ -1,12 +1,17 @@
 //! The executor going away and coming back: 503 while it is down, runs
-//! work again once it is back, without restarting ongrid-skilld.
+//! work again once it is back, without restarting ongrid-skilld. And
+//! ongrid-skilld's drain on SIGTERM: runs in flight finish, or are cut at
+//! the drain's deadline.
 
-use std::time::Duration;
+use std::fs;
+use std::io::Read;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::json;
 
-use crate::harness::{eventually, process_alive, process_running, Stack};
+use crate::harness::{eventually, process_alive, process_running, write_skill, Stack};
 
 fn assert_unavailable(s: &Stack) {
     let r = s.execute("echo", &json!({"n": 1}));
@@ -124,4 +129,116 @@ fn a_client_gone_during_skilld_drain_has_its_run_killed() {
     );
     let st = s.wait_skilld(Duration::from_secs(20)).expect("skilld exits once drained");
     assert!(st.success(), "{st}");
+}
+
+/// A run still in flight when skilld's drain budget ends (the queue
+/// timeout, the longest registered skill's timeout and the report's
+/// slack) is cut: the client's stream ends without a report, the skill's
+/// process is killed (the executor sees skilld's connection close),
+/// skilld exits 0 right after the budget, and the run's audit row is
+/// completed and flushed into the database as cut by the stop (not left
+/// open for the next start to call `interrupted`).
+///
+/// To outlive the budget within a test's time, the run is of a skill with
+/// a 60 s timeout whose manifest is then shortened to 1 s, and every other
+/// skill removed, with a reload: the drain's budget follows the registry
+/// (1 s queue + 1 s + 15 s), the run keeps the timeout it started with.
+/// (Stopping the executor instead does not get there: skilld gives up on
+/// a run's report at its own timeout plus the same slack, inside the
+/// budget.)
+#[test]
+fn a_run_outliving_skilld_drain_is_cut_and_recorded_so() {
+    if Command::new("sqlite3").arg("-version").output().is_err() {
+        eprintln!(
+            "SKIP a_run_outliving_skilld_drain_is_cut_and_recorded_so: needs sqlite3 \
+             (reads the audit database skilld left)"
+        );
+        return;
+    }
+    let mut s = Stack::start_with("", "queue_timeout_seconds = 1\n");
+    let pid_then_sleep = "echo \"pid=$$\" >&2\nexec /bin/sleep 60";
+    write_skill(&s.skills, "lingerer", r#","timeout_seconds":60"#, pid_then_sleep);
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
+    let mut conn = crate::cancel::open_stream(&s.socket, "lingerer");
+    let pid = crate::cancel::read_pid(&mut conn);
+
+    for name in ["echo", "fail", "strict", "sleeper", "finisher"] {
+        fs::remove_dir_all(s.skills.join(name)).unwrap();
+    }
+    write_skill(&s.skills, "lingerer", r#","timeout_seconds":1"#, pid_then_sleep);
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
+    let listed = s.get("/v1/skills").json();
+    let timeouts: Vec<_> =
+        listed["items"].as_array().unwrap().iter().map(|i| i["timeout_seconds"].clone()).collect();
+    assert_eq!(timeouts, [json!(1), json!(1)], "{listed}");
+    let budget = Duration::from_secs(1 + 1 + 15);
+
+    // The client reads what is left of its answer until the connection ends.
+    conn.set_read_timeout(Some(budget + Duration::from_secs(20))).unwrap();
+    let client = std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let read = conn.read_to_end(&mut rest).map(drop);
+        (read, String::from_utf8_lossy(&rest).into_owned(), Instant::now())
+    });
+    let term = Instant::now();
+    s.signal_skilld(Signal::SIGTERM);
+
+    // The drain waits for the run until the budget is nearly over.
+    std::thread::sleep(budget - Duration::from_secs(2));
+    assert!(process_running(pid), "the run {pid} was cut before the drain's end\n{}", s.logs());
+    assert!(!client.is_finished(), "the answer ended before the drain's end\n{}", s.logs());
+    assert!(s.wait_skilld(Duration::ZERO).is_none(), "skilld left before its drain's end");
+
+    // Then it is cut, and skilld exits at once.
+    let st = s.wait_skilld(Duration::from_secs(10)).unwrap_or_else(|| {
+        panic!("skilld still draining {:?} after SIGTERM\n{}", term.elapsed(), s.logs())
+    });
+    let took = term.elapsed();
+    assert!(st.success(), "{st}\n{}", s.logs());
+    assert!(took >= budget - Duration::from_millis(500), "skilld exited after {took:?}");
+    assert!(took < budget + Duration::from_secs(5), "skilld exited after {took:?}");
+    assert!(
+        s.logs().contains("drain deadline passed"),
+        "not ended by the drain's deadline\n{}",
+        s.logs()
+    );
+
+    // The client's connection was closed (no hang), and the stream has no
+    // report: the run did not end, it was cut.
+    let (read, rest, ended) = client.join().unwrap();
+    read.unwrap_or_else(|e| panic!("the client's stream did not end: {e}\n{}", s.logs()));
+    assert!(ended.duration_since(term) >= budget - Duration::from_millis(500), "{rest}");
+    assert!(!rest.contains("\"event\":\"report\""), "a report for a cut run: {rest}");
+    assert!(!rest.contains("\"event\":\"error\""), "{rest}");
+    assert!(!rest.ends_with("0\r\n\r\n"), "the cut stream looks complete: {rest:?}");
+
+    // Nothing of the run is left; the executor carries on.
+    assert!(
+        eventually(Duration::from_secs(5), || !process_running(pid)),
+        "the run {pid} outlived skilld\n{}",
+        s.logs()
+    );
+    let executor = i32::try_from(s.executor_pid().unwrap()).unwrap();
+    assert!(process_alive(executor, "ongrid-executor"), "{}", s.logs());
+
+    // The run's row is in the database, completed as cut by the stop, and
+    // no row is left open; the journal is empty.
+    let db = s.base.join("audit.db");
+    let sql = |q: &str| {
+        let out = Command::new("sqlite3").arg(&db).arg(q).output().unwrap();
+        assert!(out.status.success(), "sqlite3: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let rows =
+        sql("SELECT decision, outcome, error, finished_at IS NOT NULL, duration_ms >= 15000 \
+         FROM audit WHERE skill = 'lingerer'");
+    assert_eq!(
+        rows.lines().collect::<Vec<_>>(),
+        ["allow|cancelled|ongrid-skilld stopped before the run ended|1|1"],
+        "{}",
+        s.logs()
+    );
+    assert_eq!(sql("SELECT count(*) FROM audit WHERE outcome IS NULL").trim(), "0");
+    let journal = s.base.join("audit.db-rows");
+    assert!(fs::metadata(&journal).map_or(true, |m| m.len() == 0), "rows left in the journal");
 }
