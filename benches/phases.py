@@ -150,10 +150,15 @@ def parse(path):
         # A child made ahead: it waited on a futex after it was forked; the
         # run starts it with a FUTEX_WAKE on the same word from a thread of
         # the spawning process. Its phases start at that wake-up.
+        # The berth's word is the first the child waits on; a later wait on
+        # another word (for the cgroup joins its run makes) is part of the
+        # child's phase.
         parked = False
-        woke = child.last_before(execve[0], 'sys_exit', (FUTEX,))
-        waited = woke and child.last_before(woke[0], 'sys_enter', (FUTEX,))
-        if waited and waited[0] > forked:
+        first_wait = child.first_after(forked, 'sys_enter', (FUTEX,))
+        waited = first_wait and child.last_before(execve[0], 'sys_enter', (FUTEX,),
+                                                  first_wait[3])
+        woke = waited and child.first_after(waited[0], 'sys_exit', (FUTEX,))
+        if waited and woke and waited[0] > forked and woke[0] < execve[0]:
             wakes = [th.last_before(woke[0], 'sys_enter', (FUTEX,), waited[3])
                      for tid, th in threads.items()
                      if tgid.get(tid, tid) == process and tid != pid]

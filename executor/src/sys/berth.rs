@@ -170,9 +170,15 @@ impl Handoff {
             }
             std::thread::yield_now();
         }
-        // The child stored its pid before `took`; it cannot be reaped
-        // before this run lets the berth go (`Berth::child_gone`).
-        self.joining.join(self.pid.load(Ordering::Acquire), procs);
+        // The child stored its pid and pidfd before `took`. The spawner
+        // thread reaps it only after this run let the berth go
+        // (`Berth::child_gone`), and no wait for "any child" (the orphan
+        // reaper's) runs during the writes: the pid is the child's.
+        let (pid, pidfd) = (self.pid.load(Ordering::Acquire), self.pidfd.load(Ordering::Acquire));
+        let joined = super::process::while_unreaped(pidfd, || self.joining.join(pid, procs));
+        if joined.is_none() {
+            self.joining.gone();
+        }
     }
 
     /// Whether the spawner thread, not the child's exec or exit, ended the

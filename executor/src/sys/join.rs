@@ -16,12 +16,14 @@
 //! With other runs in flight (no spin) the CPU is theirs and the child
 //! joins itself, as a child made for its run always does.
 //!
-//! The pid is the run's to write: it takes it from the handoff only once
-//! the child took the spec (`Handoff::took`), and from then on the pid
-//! cannot be reaped before the run is done (the spawner thread reaps a
-//! parked child only after the run let its berth go), so it is never
-//! another process's. A child gone meanwhile is not moved (the kernel
-//! skips an exiting task); its own failure is the run's.
+//! The pid is the run's to write, never another process's: the run takes
+//! it from the handoff only once the child took the spec (`Handoff::took`);
+//! from then on the spawner thread reaps the child only after the run let
+//! its berth go, and the run writes while holding the lock of every wait
+//! for "any child" (the orphan reaper's), having checked through the
+//! child's pidfd that it is not reaped yet (`process::while_unreaped`). A
+//! child that exited meanwhile is not moved (the kernel skips an exiting
+//! task); its own failure is the run's.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
@@ -92,6 +94,13 @@ impl Joining {
                 1,
             );
         }
+    }
+
+    /// The child was reaped before the run could write its pid: it is
+    /// gone (its own exit is its run's outcome), nothing is written.
+    pub fn gone(&self) {
+        self.errno.store(libc::ESRCH, Ordering::Relaxed);
+        self.state.store(FAILED, Ordering::Release);
     }
 
     /// The child, before `execve`: waits until the run is done with the

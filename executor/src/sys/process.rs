@@ -1,7 +1,7 @@
 //! Waiting for, signalling and reaping processes.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 /// How a process ended, as `wait4` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,13 +20,19 @@ fn cpu_us(tv: libc::timeval) -> u64 {
     secs.saturating_mul(1_000_000).saturating_add(micros)
 }
 
-/// `wait4(pid)`: reaps `pid` (any child with -1). `Ok(None)` when `nohang`
-/// and nothing has exited yet.
+/// Held by every wait for "any child" ([`wait`] with -1) and by
+/// [`while_unreaped`]: no child is reaped by pid -1 while it is held.
+static ANY_CHILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `wait4(pid)`: reaps `pid` (any child with -1, while holding the lock
+/// that [`while_unreaped`] takes). `Ok(None)` when `nohang` and nothing has
+/// exited yet.
 ///
 /// # Errors
 ///
 /// The errno of `wait4` (`ECHILD`: not our child, or already reaped).
 pub fn wait(pid: libc::pid_t, nohang: bool) -> io::Result<Option<(libc::pid_t, Exit)>> {
+    let _any = (pid == -1).then(|| ANY_CHILD.lock().unwrap_or_else(|e| e.into_inner()));
     let mut status: libc::c_int = 0;
     // SAFETY: rusage is plain data; zeroed is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -50,6 +56,35 @@ pub fn wait(pid: libc::pid_t, nohang: bool) -> io::Result<Option<(libc::pid_t, E
             cpu_us: cpu_us(usage.ru_utime).saturating_add(cpu_us(usage.ru_stime)),
         };
         return Ok(Some((got, exit)));
+    }
+}
+
+/// Runs `f` while the child behind `pidfd` is provably not reaped, so its
+/// pid is not another process's for the call: no wait for "any child" runs
+/// meanwhile, and `waitid(P_PIDFD, WNOWAIT)` finds it (alive, or exited
+/// but not reaped). `None`, without calling `f`, once it was reaped. The
+/// caller makes sure nothing reaps it by its pid or pidfd meanwhile.
+pub fn while_unreaped<R>(pidfd: RawFd, f: impl FnOnce() -> R) -> Option<R> {
+    let id = libc::id_t::try_from(pidfd).ok()?;
+    let _any = ANY_CHILD.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        // SAFETY: siginfo_t is plain data (zeroed is valid) and waitid
+        // writes into the valid local; WNOWAIT leaves the child as it is.
+        let r = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_PIDFD,
+                id,
+                &raw mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL,
+            )
+        };
+        if r == 0 {
+            return Some(f());
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return None;
+        }
     }
 }
 
@@ -206,4 +241,33 @@ pub(crate) fn set_thread_nice(nice: i32) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+
+    use super::*;
+
+    /// `f` runs while the child is ours (alive here), and not once it was
+    /// reaped: its pid may be another process's then.
+    #[test]
+    fn a_reaped_child_is_not_unreaped() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = libc::pid_t::try_from(child.id()).unwrap();
+        // SAFETY: a raw syscall with integer arguments; on success the
+        // returned descriptor is new and ours.
+        let pidfd = unsafe {
+            let fd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
+            assert!(fd >= 0, "pidfd_open: {}", io::Error::last_os_error());
+            OwnedFd::from_raw_fd(i32::try_from(fd).unwrap())
+        };
+        assert_eq!(while_unreaped(pidfd.as_raw_fd(), || 7), Some(7));
+        child.kill().unwrap();
+        // Reaped here, or by another test's wait for any child meanwhile.
+        let _ = reap_pidfd(pidfd.as_fd());
+        let mut ran = false;
+        assert_eq!(while_unreaped(pidfd.as_raw_fd(), || ran = true), None);
+        assert!(!ran);
+    }
 }
