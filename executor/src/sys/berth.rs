@@ -149,29 +149,22 @@ impl Handoff {
         sleep_while_set(&self.done);
     }
 
-    /// The run's half of [`super::join`]: once the child took the spec,
-    /// writes its pid into `procs` and lets it go on to its exec. Spins
-    /// (yielding) until the child took the spec or the spawner thread
-    /// released the handoff (no child took it: one made for the run joins
-    /// itself). Call only after [`Joining::by_run`], on a handoff given to
-    /// a parked child, with the spec's `cgroup_procs`.
-    pub fn join_when_taken(&self, procs: &[RawFd]) {
-        loop {
-            if self.took.load(Ordering::Acquire) {
-                break;
-            }
-            if self.done.load(Ordering::Acquire) == 0 {
-                // Released without a taker, or the child took the spec and
-                // is already gone: `took` tells.
-                if self.took.load(Ordering::Acquire) {
-                    break;
-                }
-                return;
-            }
+    /// The run's half of [`super::join`], once the spec is handed over and
+    /// the child woken: waits (yielding its CPU) for the child to take the
+    /// offer up, then writes the child's pid into `procs` and lets it go
+    /// on to its exec; withdraws the offer if the child is gone before it
+    /// answered, or no child took the spec (one made for the run joins
+    /// itself). Call only after [`Joining::offer`], with the spec's
+    /// `cgroup_procs`.
+    pub fn join_if_accepted(&self, procs: &[RawFd]) {
+        while self.joining.open() && self.done.load(Ordering::Acquire) != 0 {
             std::thread::yield_now();
         }
-        // The child stored its pid and pidfd before `took`. The spawner
-        // thread reaps it only after this run let the berth go
+        if !self.joining.withdraw() {
+            return;
+        }
+        // The child stored its pid and pidfd before it took the offer up.
+        // The spawner thread reaps it only after this run let the berth go
         // (`Berth::child_gone`), and no wait for "any child" (the orphan
         // reaper's) runs during the writes: the pid is the child's.
         let (pid, pidfd) = (self.pid.load(Ordering::Acquire), self.pidfd.load(Ordering::Acquire));

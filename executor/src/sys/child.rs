@@ -540,7 +540,9 @@ fn sandbox(
     sharing: bool,
     joining: Option<&Joining>,
 ) -> Result<std::convert::Infallible, (Step, i32)> {
-    let joined_by_run = joining.filter(|j| j.by_parent());
+    // Step 4c's decision: a child that takes its run's offer up leaves
+    // the joins to the run (`super::join`).
+    let joined_by_run = joining.filter(|j| j.accept());
     // SAFETY: every call below is a raw syscall (or `clock_gettime`, which
     // reads the vDSO or makes one) whose pointer arguments point to locals
     // of this frame or to data the parent keeps alive (`spec`, `fprog`,

@@ -9,15 +9,17 @@
 //! thirty-third pass). The only run in flight has nothing else to do
 //! meanwhile: it watches for the exec without sleeping
 //! (`engine`'s [`EXEC_SPIN`](crate::engine::EXEC_SPIN)). So when it spins,
-//! the run makes the joins itself, on its own CPU, while the child sets up
-//! its descriptors, limits, user and Landlock domain on the other; the
-//! child's last step before the exec is to wait until the run is done,
-//! and it fails with [`Step::Cgroup`] (the run's errno) if a write failed.
-//! With other runs in flight (no spin) the CPU is theirs and the child
-//! joins itself, as a child made for its run always does.
+//! the run offers to make the joins itself, on its own CPU, while the
+//! child sets up its descriptors, limits, user and Landlock domain on the
+//! other ([`Joining`] says who settles the offer); a child that took the
+//! offer up waits for the run as its last step before the exec, and fails
+//! with [`Step::Cgroup`] (the run's errno) if a write failed. With other
+//! runs in flight (no spin) the CPU is theirs and the child joins itself,
+//! as a child made for its run always does.
 //!
 //! The pid is the run's to write, never another process's: the run takes
-//! it from the handoff only once the child took the spec (`Handoff::took`);
+//! it from the handoff only once the child took the offer up (after it
+//! took the spec and stored its pid and pidfd there);
 //! from then on the spawner thread reaps the child only after the run let
 //! its berth go, and the run writes while holding the lock of every wait
 //! for "any child" (the orphan reaper's), having checked through the
@@ -30,17 +32,30 @@ use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 use super::child::{self, Step};
 
-/// The child writes "0" itself ([`Joining::default`]).
+/// The child writes "0" itself: nothing was offered, or the run withdrew
+/// its offer before the child took it up.
 const BY_CHILD: u32 = 0;
-/// The run will write the child's pid: the child waits before `execve`.
-const PENDING: u32 = 1;
-/// The run wrote it into every `cgroup.procs`.
-const JOINED: u32 = 2;
-/// A write failed: `errno` says why.
-const FAILED: u32 = 3;
+/// The run offers to make the joins ([`Joining::offer`]).
+const OFFERED: u32 = 1;
+/// The child took the offer up at step 4c ([`Joining::accept`]): it waits
+/// before `execve`, and the run must make the joins.
+const WAITING: u32 = 2;
+/// The run wrote the pid into every `cgroup.procs`.
+const JOINED: u32 = 3;
+/// A write failed, or the child was gone: `errno` says why.
+const FAILED: u32 = 4;
 
 /// Who makes the child's cgroup joins, and how they went; the futex word
 /// the child waits on. Lives in the run's handoff.
+///
+/// The run offers before the child can see the spec; the child takes the
+/// offer up at step 4c, and the run, which watches for that (yielding its
+/// CPU, so a child queued behind it there runs), then writes. Only a child
+/// gone before step 4c leaves the offer open: the run withdraws it then
+/// (one made for the run in its place joins itself). Withdrawing at once
+/// instead, when the child had not answered yet, was tried: the run
+/// nearly always came first, and the joins stayed on the child's path
+/// (BENCHMARKS.md, thirty-third pass).
 #[derive(Debug, Default)]
 pub struct Joining {
     state: AtomicU32,
@@ -48,15 +63,35 @@ pub struct Joining {
 }
 
 impl Joining {
-    /// The run will make the joins ([`Joining::join`]): set before the
-    /// child can see the spec.
-    pub fn by_run(&self) {
-        self.state.store(PENDING, Ordering::Release);
+    /// The run offers to make the joins: set before the child can see the
+    /// spec.
+    pub fn offer(&self) {
+        self.state.store(OFFERED, Ordering::Release);
     }
 
-    /// Whether the run makes the joins (read by the child at step 4c).
-    pub fn by_parent(&self) -> bool {
-        self.state.load(Ordering::Acquire) != BY_CHILD
+    /// The child at step 4c: whether the run makes the joins (the offer
+    /// taken up now, or earlier); `false`: the child writes "0" itself.
+    pub(super) fn accept(&self) -> bool {
+        match self.state.compare_exchange(OFFERED, WAITING, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => true,
+            Err(now) => now != BY_CHILD,
+        }
+    }
+
+    /// Whether the offer is still open (neither side settled it).
+    pub fn open(&self) -> bool {
+        self.state.load(Ordering::Acquire) == OFFERED
+    }
+
+    /// The run, once the child has the spec: `true` if the child took the
+    /// offer up, and the run must now make the joins ([`Joining::join`] or
+    /// [`Joining::gone`]); `false` if it was withdrawn in time (or never
+    /// made), and the child joins itself.
+    pub fn withdraw(&self) -> bool {
+        match self.state.compare_exchange(OFFERED, BY_CHILD, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => false,
+            Err(now) => now == WAITING,
+        }
     }
 
     /// Writes `pid` into each of `procs` (in order, stopping at the first
@@ -109,7 +144,7 @@ impl Joining {
     pub(super) fn wait(&self) -> Result<(), (Step, i32)> {
         loop {
             match self.state.load(Ordering::Acquire) {
-                PENDING => {
+                WAITING => {
                     // SAFETY: FUTEX_WAIT on a live word (the run keeps the
                     // handoff until our exec or exit); returns at once if it
                     // changed meanwhile; EINTR and spurious wake-ups loop.
@@ -118,7 +153,7 @@ impl Joining {
                             libc::SYS_futex,
                             self.state.as_ptr(),
                             libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                            PENDING,
+                            WAITING,
                             std::ptr::null::<libc::timespec>(),
                         );
                     }
@@ -161,8 +196,31 @@ mod tests {
         assert_eq!(decimal(i32::MAX, &mut buf), b"2147483647");
     }
 
+    /// Whoever settles the offer first decides: a child that took it up
+    /// waits for the run, which must join; an offer withdrawn first is
+    /// the child's to join; no offer, no wait.
+    #[test]
+    fn the_first_to_settle_the_offer_decides() {
+        let none = Joining::default();
+        assert!(!none.accept(), "no offer: the child joins itself");
+        assert!(!none.withdraw(), "no offer: nothing for the run to join");
+        assert_eq!(none.wait(), Ok(()));
+
+        let withdrawn = Joining::default();
+        withdrawn.offer();
+        assert!(!withdrawn.withdraw());
+        assert!(!withdrawn.accept(), "withdrawn first: the child joins itself");
+
+        let taken = Joining::default();
+        taken.offer();
+        assert!(taken.accept());
+        assert!(taken.accept(), "asked again, the answer stands");
+        assert!(taken.withdraw(), "taken up first: the run must join");
+    }
+
     /// The child goes on once the run is done, and fails with the run's
-    /// errno when a write failed (here: a descriptor open read-only).
+    /// errno when a write failed (here: a descriptor open read-only) or
+    /// when the child was gone; a pid of 0 is never written.
     #[test]
     fn the_wait_ends_with_the_runs_outcome() {
         let dir = std::env::temp_dir().join(format!("ongrid-join-{}", std::process::id()));
@@ -175,10 +233,14 @@ mod tests {
             .write(true)
             .open(&path)
             .unwrap();
-        let joining = Joining::default();
-        assert!(!joining.by_parent());
-        joining.by_run();
-        assert!(joining.by_parent());
+        let accepted = || {
+            let joining = Joining::default();
+            joining.offer();
+            assert!(joining.accept());
+            assert!(joining.withdraw());
+            joining
+        };
+        let joining = accepted();
         std::thread::scope(|s| {
             let waiter = s.spawn(|| joining.wait());
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -192,15 +254,17 @@ mod tests {
         assert_eq!(written, "4321");
 
         let read_only = std::fs::File::open(&path).unwrap();
-        let joining = Joining::default();
-        joining.by_run();
+        let joining = accepted();
         joining.join(4321, &[file.as_raw_fd(), read_only.as_raw_fd()]);
         assert_eq!(joining.wait(), Err((Step::Cgroup, libc::EBADF)));
 
+        let joining = accepted();
+        joining.gone();
+        assert_eq!(joining.wait(), Err((Step::Cgroup, libc::ESRCH)));
+
         // No pid is never "0", which would move the writer itself.
         let before = std::fs::metadata(&path).unwrap().len();
-        let joining = Joining::default();
-        joining.by_run();
+        let joining = accepted();
         joining.join(0, &[file.as_raw_fd()]);
         assert_eq!(joining.wait(), Err((Step::Cgroup, libc::ESRCH)));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), before);

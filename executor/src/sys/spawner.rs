@@ -263,8 +263,8 @@ impl Spawner {
     /// the calling thread until the child has exec'd or failed, as
     /// [`child::spawn`] does; for up to `spin` of that without sleeping,
     /// when a parked child took it ([`Handoff::wait`]); with a nonzero
-    /// `spin` the calling thread also makes that child's cgroup joins
-    /// (step 4c, [`super::join`]) while it works. `meanwhile` runs once
+    /// `spin` the calling thread also offers to make that child's cgroup
+    /// joins (step 4c, [`super::join`]) while it works. `meanwhile` runs once
     /// the spec is handed over (and those joins made), while the child
     /// works towards its `exec`: what the run has to do that its child
     /// need not wait for.
@@ -286,16 +286,17 @@ impl Spawner {
         let spec_ref = spec;
         let spec = SpecPtr(std::ptr::from_ref(spec).cast());
         let handoff = Arc::new(Handoff::default());
-        // The only run in flight (it spins) makes its parked child's cgroup
-        // joins while the child takes its other steps (`super::join`).
+        // The only run in flight (it spins) offers to make its parked
+        // child's cgroup joins while the child takes its other steps
+        // (`super::join`).
         let run_joins = !spin.is_zero() && !spec_ref.cgroup_procs.is_empty();
         if run_joins {
-            handoff.joining.by_run();
+            handoff.joining.offer();
         }
         let job = Job { spec, handoff: Arc::clone(&handoff), reply };
         let berth = self.queue.push(job).map_err(|_| gone)?;
         if run_joins && berth.is_some() {
-            handoff.join_when_taken(spec_ref.cgroup_procs);
+            handoff.join_if_accepted(spec_ref.cgroup_procs);
         }
         meanwhile();
         if let Some(berth) = berth {
@@ -894,10 +895,10 @@ mod tests {
     }
 
     /// The only run in flight (it spins) writes its parked child's pid into
-    /// the `cgroup.procs` files itself, and the child execs only after; a
-    /// run that does not spin leaves the child to write "0" itself. A
-    /// failed write is the child's failure at the cgroup step either way,
-    /// and nothing is exec'd.
+    /// the `cgroup.procs` files itself, once the child took its offer up,
+    /// and the child execs only after; a run that does not spin leaves the
+    /// child to write "0" itself. A failed write is the child's failure at
+    /// the cgroup step either way, and nothing is exec'd.
     #[test]
     fn a_spinning_run_makes_its_parked_childs_cgroup_joins() {
         let spin = Duration::from_millis(50);
@@ -932,6 +933,7 @@ mod tests {
             let failure = failed.map(|_| ()).unwrap_err();
             assert_eq!((failure.step, failure.errno), (Step::Cgroup, libc::EBADF), "spin {spin:?}");
         }
+
         drop(spawner);
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
