@@ -402,6 +402,7 @@ impl Engine {
             stdout_bytes: limits.stdout_bytes,
             stderr_bytes: limits.stderr_bytes,
             stderr_line_bytes: limits.stderr_line_bytes,
+            exit_spin: spin_for(self.active.load(Ordering::Relaxed), self.exec_spin),
         };
         // Steps 6-7: supervise; kill the whole tree on any end.
         let mut sup = supervise::supervise(

@@ -159,7 +159,9 @@
 //!    to its cap, stderr streamed line by line, the deadline (SIGTERM,
 //!    grace, SIGKILL), cancellation. The main process's exit is collected
 //!    with one `wait4(WNOHANG)` once both pipes are at end of file (most
-//!    runs), and waited on through its pidfd, registered only then, when
+//!    runs; the only run in flight looks again without sleeping for up to
+//!    [`engine::EXEC_SPIN`], as the end of file comes while the process
+//!    exits), and waited on through its pidfd, registered only then, when
 //!    it has not ended yet or 10 ms after the start.
 //! 7. On any end, kill the whole tree (`cgroup.kill`, not needed when the
 //!    v2 leaf is already unpopulated at the main process's exit; SIGCONT

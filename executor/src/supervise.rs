@@ -56,6 +56,11 @@ pub struct Bounds {
     pub stderr_bytes: u64,
     /// Longest stderr line streamed.
     pub stderr_line_bytes: u64,
+    /// How long to watch for the main process's exit without sleeping
+    /// once its pipes are done, before waiting through its pidfd (the
+    /// only run in flight: `engine`'s [`EXEC_SPIN`](crate::engine::EXEC_SPIN);
+    /// zero with others).
+    pub exit_spin: Duration,
 }
 
 /// What supervision saw.
@@ -323,10 +328,28 @@ async fn read_stderr(fd: OwnedFd, lines: &mut StderrLines<'_>) -> Option<pipe::R
 }
 
 /// The main process's exit: collected at once if it has already ended,
-/// else waited for through its pidfd (registered here, the first time).
-async fn wait_exit(pidfd: &mut Option<PidFd>, reaper: &Reaper, pid: i32) -> Exit {
+/// else watched for up to `spin` without sleeping (yielding the CPU
+/// between looks), else waited for through its pidfd (registered here,
+/// the first time).
+///
+/// Its pipes' end of file comes while it exits (its files are closed
+/// before it becomes a zombie), so the first look misses about half the
+/// time (144 of 320 traced sequential runs); the pidfd's registration and
+/// readiness then cost the run an `epoll_ctl` and a wake-up: 21-31 µs
+/// from the zombie to its reaping, against 9 for a parent blocked in
+/// `wait4` (BENCHMARKS.md, thirty-third pass).
+async fn wait_exit(pidfd: &mut Option<PidFd>, reaper: &Reaper, pid: i32, spin: Duration) -> Exit {
     if let Some(exit) = reaper.collect(pid) {
         return exit;
+    }
+    if !spin.is_zero() {
+        let since = Instant::now();
+        while since.elapsed() < spin {
+            std::thread::yield_now();
+            if let Some(exit) = reaper.collect(pid) {
+                return exit;
+            }
+        }
     }
     if let Some(fd) = pidfd.take() {
         *pidfd = Some(fd.poll());
@@ -365,6 +388,8 @@ pub async fn supervise(
     let deadline = start + bounds.timeout;
     let hard_deadline = deadline + bounds.grace;
     let watch_at = start + WATCH_AFTER;
+    // Spent once, by the first look once the pipes are done.
+    let mut exit_spin = bounds.exit_spin;
     // Always `Some` outside `wait_exit` (which takes it to register it).
     let mut pidfd = Some(PidFd::Plain(pidfd));
     let tree = Tree { cgroup, pid };
@@ -399,7 +424,15 @@ pub async fn supervise(
         while exit.is_none() || stdout_out.is_none() || !stderr_done {
             // The pipes are done, or the tree is being stopped: the exit
             // comes next (see `PidFd`).
-            watching |= (stdout_out.is_some() && stderr_done) || killed || kill_at.is_some();
+            let pipes_done = stdout_out.is_some() && stderr_done;
+            watching |= pipes_done || killed || kill_at.is_some();
+            // The exit is watched for without sleeping once, when the pipes
+            // are done (not for a tree being stopped).
+            let spin = if pipes_done && !killed && kill_at.is_none() {
+                std::mem::take(&mut exit_spin)
+            } else {
+                Duration::ZERO
+            };
             tokio::select! {
                 () = &mut stdin_fut, if !stdin_done => stdin_done = true,
                 (r, rx) = &mut stdout_fut, if stdout_out.is_none() => {
@@ -420,7 +453,7 @@ pub async fn supervise(
                     pipes.extend(rx);
                     stderr_done = true;
                 }
-                e = wait_exit(&mut pidfd, reaper, pid), if exit.is_none() && watching => {
+                e = wait_exit(&mut pidfd, reaper, pid, spin), if exit.is_none() && watching => {
                     exit = Some(e);
                     // Step 7: the main process is gone; its leftovers go now
                     // (`cgroup.kill` takes forks in flight too, `killpg` the
@@ -469,5 +502,43 @@ pub async fn supervise(
         stderr,
         stderr_dropped: lines.dropped,
         leftovers: Some(Leftovers { pipes, pidfd }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child and its pidfd; the caller reaps it (through the reaper).
+    fn child(seconds: &str) -> (i32, OwnedFd) {
+        #[allow(clippy::zombie_processes, reason = "reaped through the reaper, by pid")]
+        let child = std::process::Command::new("sleep").arg(seconds).spawn().unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let pidfd = process::pidfd_open(pid).unwrap();
+        (pid, pidfd)
+    }
+
+    /// With a spin, an exit that comes within it is collected by looking,
+    /// and the pidfd is never registered; without, it is waited for
+    /// through the registered pidfd.
+    #[tokio::test]
+    async fn an_exit_within_the_spin_is_collected_without_the_pidfd() {
+        // The process-wide reaper: other tests of this binary reap any
+        // child through it, and would take this one's status from a
+        // private one.
+        let reaper = Reaper::global();
+        let (pid, fd) = child("0.05");
+        reaper.track(pid);
+        let mut pidfd = Some(PidFd::Plain(fd));
+        let exit = wait_exit(&mut pidfd, reaper, pid, Duration::from_secs(5)).await;
+        assert_eq!(exit.code, Some(0));
+        assert!(matches!(pidfd, Some(PidFd::Plain(_))), "the pidfd was registered");
+
+        let (pid, fd) = child("0.05");
+        reaper.track(pid);
+        let mut pidfd = Some(PidFd::Plain(fd));
+        let exit = wait_exit(&mut pidfd, reaper, pid, Duration::ZERO).await;
+        assert_eq!(exit.code, Some(0));
+        assert!(matches!(pidfd, Some(PidFd::Polled(_))), "the pidfd was not registered");
     }
 }

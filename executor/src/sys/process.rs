@@ -115,6 +115,24 @@ pub fn reap_pidfd(pidfd: BorrowedFd<'_>) -> io::Result<()> {
     }
 }
 
+/// `pidfd_open(pid)`: a pidfd for the process `pid` now names (tests').
+///
+/// # Errors
+///
+/// The errno of `pidfd_open` (`ESRCH`: no such process).
+#[cfg(test)]
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a raw syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+    let fd = RawFd::try_from(fd).map_err(|_| io::Error::last_os_error())?;
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel made this descriptor for us just now.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
 /// `pidfd_send_signal(pidfd, sig)`. ESRCH (already gone) counts as success.
 ///
 /// # Errors
@@ -245,7 +263,7 @@ pub(crate) fn set_thread_nice(nice: i32) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsFd;
 
     use super::*;
 
@@ -256,13 +274,7 @@ mod tests {
     fn a_reaped_child_is_not_unreaped() {
         let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let pid = libc::pid_t::try_from(child.id()).unwrap();
-        // SAFETY: a raw syscall with integer arguments; on success the
-        // returned descriptor is new and ours.
-        let pidfd = unsafe {
-            let fd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
-            assert!(fd >= 0, "pidfd_open: {}", io::Error::last_os_error());
-            OwnedFd::from_raw_fd(i32::try_from(fd).unwrap())
-        };
+        let pidfd = pidfd_open(pid).unwrap();
         assert_eq!(while_unreaped(pidfd.as_raw_fd(), || 7), Some(7));
         child.kill().unwrap();
         // Reaped here, or by another test's wait for any child meanwhile.
