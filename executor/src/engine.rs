@@ -19,7 +19,7 @@ use crate::parsed::ParsedManifests;
 use crate::plan::{Located, Plan};
 use crate::reaper::Reaper;
 use crate::spawn::{self, Host, Spawners};
-use crate::supervise::{self, Bounds, Leftovers, Stop, Supervised};
+use crate::supervise::{self, Bounds, ExitSpin, Leftovers, Stop, Supervised};
 use crate::sys;
 
 /// Longest excerpt of an invalid stdout quoted in the error.
@@ -402,7 +402,7 @@ impl Engine {
             stdout_bytes: limits.stdout_bytes,
             stderr_bytes: limits.stderr_bytes,
             stderr_line_bytes: limits.stderr_line_bytes,
-            exit_spin: spin_for(self.active.load(Ordering::Relaxed), self.exec_spin),
+            exit_spin: ExitSpin { budget: self.exec_spin, in_flight: Some(&self.active) },
         };
         // Steps 6-7: supervise; kill the whole tree on any end.
         let mut sup = supervise::supervise(

@@ -45,7 +45,7 @@ pub enum Stop {
 
 /// Bounds of one supervision.
 #[derive(Debug, Clone, Copy)]
-pub struct Bounds {
+pub struct Bounds<'a> {
     /// Wall-clock timeout.
     pub timeout: Duration,
     /// Grace between SIGTERM and SIGKILL.
@@ -57,10 +57,29 @@ pub struct Bounds {
     /// Longest stderr line streamed.
     pub stderr_line_bytes: u64,
     /// How long to watch for the main process's exit without sleeping
-    /// once its pipes are done, before waiting through its pidfd (the
-    /// only run in flight: `engine`'s [`EXEC_SPIN`](crate::engine::EXEC_SPIN);
-    /// zero with others).
-    pub exit_spin: Duration,
+    /// once its pipes are done, before waiting through its pidfd.
+    pub exit_spin: ExitSpin<'a>,
+}
+
+/// The exit's watch without sleeping ([`Bounds::exit_spin`]): `budget`
+/// (`engine`'s [`EXEC_SPIN`](crate::engine::EXEC_SPIN)) when, at that
+/// moment, `in_flight` says this run is the only one; else none.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExitSpin<'a> {
+    /// The longest watch.
+    pub budget: Duration,
+    /// The engine's count of runs in flight, this one included.
+    pub in_flight: Option<&'a std::sync::atomic::AtomicUsize>,
+}
+
+impl ExitSpin<'_> {
+    /// The watch for now: the budget for the only run in flight.
+    fn now(&self) -> Duration {
+        match self.in_flight {
+            Some(n) if n.load(std::sync::atomic::Ordering::Relaxed) == 1 => self.budget,
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 /// What supervision saw.
@@ -378,7 +397,7 @@ pub async fn supervise(
     args: &[u8],
     cgroup: Option<&RunCgroup>,
     reaper: &Reaper,
-    bounds: Bounds,
+    bounds: Bounds<'_>,
     sink: &mut (dyn FnMut(&str) + Send),
     cancel: impl Future<Output = ()>,
 ) -> Supervised {
@@ -388,8 +407,9 @@ pub async fn supervise(
     let deadline = start + bounds.timeout;
     let hard_deadline = deadline + bounds.grace;
     let watch_at = start + WATCH_AFTER;
-    // Spent once, by the first look once the pipes are done.
-    let mut exit_spin = bounds.exit_spin;
+    // Spent once, by the first look once the pipes are done (and decided
+    // then: other runs may have started since this one).
+    let mut exit_spin = Some(bounds.exit_spin);
     // Always `Some` outside `wait_exit` (which takes it to register it).
     let mut pidfd = Some(PidFd::Plain(pidfd));
     let tree = Tree { cgroup, pid };
@@ -429,7 +449,7 @@ pub async fn supervise(
             // The exit is watched for without sleeping once, when the pipes
             // are done (not for a tree being stopped).
             let spin = if pipes_done && !killed && kill_at.is_none() {
-                std::mem::take(&mut exit_spin)
+                exit_spin.take().map_or(Duration::ZERO, |s| s.now())
             } else {
                 Duration::ZERO
             };
@@ -509,36 +529,58 @@ pub async fn supervise(
 mod tests {
     use super::*;
 
-    /// A child and its pidfd; the caller reaps it (through the reaper).
-    fn child(seconds: &str) -> (i32, OwnedFd) {
+    /// A `cat` that exits once its stdin is closed, `after` from now (by
+    /// a thread), and its pidfd; reaped through the reaper.
+    fn child_exiting_after(after: Duration) -> (i32, OwnedFd) {
         #[allow(clippy::zombie_processes, reason = "reaped through the reaper, by pid")]
-        let child = std::process::Command::new("sleep").arg(seconds).spawn().unwrap();
+        let mut child = std::process::Command::new("cat")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            drop(stdin);
+        });
         let pid = i32::try_from(child.id()).unwrap();
-        let pidfd = process::pidfd_open(pid).unwrap();
-        (pid, pidfd)
+        (pid, process::pidfd_open(pid).unwrap())
     }
 
     /// With a spin, an exit that comes within it is collected by looking,
     /// and the pidfd is never registered; without, it is waited for
-    /// through the registered pidfd.
+    /// through the registered pidfd. Either child exits only after the
+    /// first look (its stdin is closed 50 ms later).
     #[tokio::test]
     async fn an_exit_within_the_spin_is_collected_without_the_pidfd() {
         // The process-wide reaper: other tests of this binary reap any
         // child through it, and would take this one's status from a
         // private one.
         let reaper = Reaper::global();
-        let (pid, fd) = child("0.05");
+        let (pid, fd) = child_exiting_after(Duration::from_millis(50));
         reaper.track(pid);
         let mut pidfd = Some(PidFd::Plain(fd));
         let exit = wait_exit(&mut pidfd, reaper, pid, Duration::from_secs(5)).await;
         assert_eq!(exit.code, Some(0));
         assert!(matches!(pidfd, Some(PidFd::Plain(_))), "the pidfd was registered");
 
-        let (pid, fd) = child("0.05");
+        let (pid, fd) = child_exiting_after(Duration::from_millis(50));
         reaper.track(pid);
         let mut pidfd = Some(PidFd::Plain(fd));
         let exit = wait_exit(&mut pidfd, reaper, pid, Duration::ZERO).await;
         assert_eq!(exit.code, Some(0));
         assert!(matches!(pidfd, Some(PidFd::Polled(_))), "the pidfd was not registered");
+    }
+
+    /// The watch is decided when it is spent: the budget only while this
+    /// run is the only one in flight.
+    #[test]
+    fn the_exit_spin_is_for_the_only_run_in_flight() {
+        let in_flight = std::sync::atomic::AtomicUsize::new(1);
+        let spin = ExitSpin { budget: Duration::from_micros(150), in_flight: Some(&in_flight) };
+        assert_eq!(spin.now(), Duration::from_micros(150));
+        in_flight.store(2, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(spin.now(), Duration::ZERO);
+        assert_eq!(ExitSpin::default().now(), Duration::ZERO);
     }
 }

@@ -150,14 +150,19 @@ impl Handoff {
     }
 
     /// The run's half of [`super::join`], once the spec is handed over and
-    /// the child woken: waits (yielding its CPU) for the child to take the
-    /// offer up, then writes the child's pid into `procs` and lets it go
-    /// on to its exec; withdraws the offer if the child is gone before it
-    /// answered, or no child took the spec (one made for the run joins
-    /// itself). Call only after [`Joining::offer`], with the spec's
-    /// `cgroup_procs`.
-    pub fn join_if_accepted(&self, procs: &[RawFd]) {
-        while self.joining.open() && self.done.load(Ordering::Acquire) != 0 {
+    /// the child woken: waits (yielding its CPU) for up to `spin` for the
+    /// child to take the offer up, then writes the child's pid into
+    /// `procs` and lets it go on to its exec. Withdraws the offer when the
+    /// child has not answered by then, is gone, or no child took the spec:
+    /// a child that answers later finds it withdrawn and joins itself, as
+    /// one made for the run does. Call only after [`Joining::offer`], with
+    /// the spec's `cgroup_procs`.
+    pub fn join_if_accepted(&self, procs: &[RawFd], spin: std::time::Duration) {
+        let since = std::time::Instant::now();
+        while self.joining.open()
+            && self.done.load(Ordering::Acquire) != 0
+            && since.elapsed() < spin
+        {
             std::thread::yield_now();
         }
         if !self.joining.withdraw() {

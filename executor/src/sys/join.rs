@@ -26,6 +26,13 @@
 //! child's pidfd that it is not reaped yet (`process::while_unreaped`). A
 //! child that exited meanwhile is not moved (the kernel skips an exiting
 //! task); its own failure is the run's.
+//!
+//! A child the run moves joins its memory cgroup later on its way than
+//! one that moves itself: the few kernel objects of its steps 4d-4i (its
+//! own descriptor table, Landlock domain, new credentials) are charged to
+//! the executor's memory cgroup, a small fixed amount per run that the
+//! run's bound does not count. Everything the skill allocates from its
+//! `exec` on is the run's.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
@@ -50,9 +57,10 @@ const FAILED: u32 = 4;
 ///
 /// The run offers before the child can see the spec; the child takes the
 /// offer up at step 4c, and the run, which watches for that (yielding its
-/// CPU, so a child queued behind it there runs), then writes. Only a child
-/// gone before step 4c leaves the offer open: the run withdraws it then
-/// (one made for the run in its place joins itself). Withdrawing at once
+/// CPU, so a child queued behind it there runs) for as long as it would
+/// watch for the exec, then writes. A child gone before step 4c, or not
+/// there by then, leaves the offer open: the run withdraws it (the child,
+/// or one made for the run in its place, joins itself). Withdrawing at once
 /// instead, when the child had not answered yet, was tried: the run
 /// nearly always came first, and the joins stayed on the child's path
 /// (BENCHMARKS.md, thirty-third pass).
@@ -119,6 +127,19 @@ impl Joining {
             }
             None => self.state.store(JOINED, Ordering::Release),
         }
+        self.wake();
+    }
+
+    /// The child was reaped before the run could write its pid: it is
+    /// gone (its own exit is its run's outcome), nothing is written.
+    pub fn gone(&self) {
+        self.errno.store(libc::ESRCH, Ordering::Relaxed);
+        self.state.store(FAILED, Ordering::Release);
+        self.wake();
+    }
+
+    /// Wakes the child if it waits on the word already.
+    fn wake(&self) {
         // SAFETY: FUTEX_WAKE on a live word of this handoff; the child
         // shares this process's memory, so the private futex is the same.
         unsafe {
@@ -129,13 +150,6 @@ impl Joining {
                 1,
             );
         }
-    }
-
-    /// The child was reaped before the run could write its pid: it is
-    /// gone (its own exit is its run's outcome), nothing is written.
-    pub fn gone(&self) {
-        self.errno.store(libc::ESRCH, Ordering::Relaxed);
-        self.state.store(FAILED, Ordering::Release);
     }
 
     /// The child, before `execve`: waits until the run is done with the
@@ -223,7 +237,7 @@ mod tests {
     /// when the child was gone; a pid of 0 is never written.
     #[test]
     fn the_wait_ends_with_the_runs_outcome() {
-        let dir = std::env::temp_dir().join(format!("ongrid-join-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("ongrid-join-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("procs");
         let mut file = std::fs::OpenOptions::new()

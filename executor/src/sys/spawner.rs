@@ -296,7 +296,7 @@ impl Spawner {
         let job = Job { spec, handoff: Arc::clone(&handoff), reply };
         let berth = self.queue.push(job).map_err(|_| gone)?;
         if run_joins && berth.is_some() {
-            handoff.join_if_accepted(spec_ref.cgroup_procs);
+            handoff.join_if_accepted(spec_ref.cgroup_procs, spin);
         }
         meanwhile();
         if let Some(berth) = berth {
@@ -887,7 +887,8 @@ mod tests {
     /// A file standing in for a `cgroup.procs` (what is written to it is
     /// what a join wrote): open for writing, and its path.
     fn procs_file(name: &str) -> (std::fs::File, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!("ongrid-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("ongrid-spawner-test-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("cgroup.procs");
         let file = std::fs::File::create(&path).unwrap();
@@ -915,6 +916,7 @@ mod tests {
         assert_eq!(pid, parked[0], "not the parked child");
         assert_eq!(status_field(&status, "Pid"), pid.to_string(), "{status}");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), pid.to_string());
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
 
         let (file, path) = procs_file("join-self");
         let procs = [file.as_raw_fd()];
@@ -963,7 +965,13 @@ mod tests {
             });
             let _ = tx.send((pid, status));
         });
-        std::thread::sleep(Duration::from_millis(20));
+        // Let the thread go only once the run's job was given to the dead
+        // child's berth, however late the run's thread gets there.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while spawner.queue.lock().given[0].is_none() {
+            assert!(std::time::Instant::now() < deadline, "the run's job was not given");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         hold(&spawner, false, 0);
         let (pid, status) =
             rx.recv_timeout(Duration::from_secs(10)).expect("the run was not answered");
