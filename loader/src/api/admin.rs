@@ -41,7 +41,14 @@ pub async fn reload(
         )));
     }
     tracing::info!(uid = who.uid, role = %who.role, "reload requested");
-    Ok(Json(app.reload().await))
+    // A task of its own: a client that hangs up drops this request, not
+    // the reload, which still swaps the registry (and holds the
+    // one-at-a-time lock until its scan is done).
+    let reload = tokio::spawn(async move { app.reload().await });
+    match reload.await {
+        Ok(summary) => Ok(Json(summary)),
+        Err(e) => Err(ApiError::Internal(format!("the reload failed: {e}"))),
+    }
 }
 
 /// `GET /v1/health` → `{"status":"ok"|"degraded","version":..,"skills":N,
