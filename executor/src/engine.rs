@@ -79,10 +79,11 @@ pub enum EngineError {
 /// the run's CPU runs at once (twenty-fifth pass).
 pub const EXEC_SPIN: Duration = Duration::from_micros(150);
 
-/// How long a run watches for its child's `exec` without sleeping: the
-/// engine's `budget` ([`EXEC_SPIN`] with more than one CPU) when it is the
-/// only run in flight, else not at all.
-fn spin_for(active: usize, budget: Duration) -> Duration {
+/// How long a run watches without sleeping (for its child's `exec`, and
+/// for its skill's exit once the pipes are done): the engine's `budget`
+/// ([`EXEC_SPIN`] with more than one CPU) when it is the only run in
+/// flight, else not at all.
+pub(crate) fn spin_for(active: usize, budget: Duration) -> Duration {
     if active == 1 {
         budget
     } else {

@@ -75,10 +75,9 @@ pub struct ExitSpin<'a> {
 impl ExitSpin<'_> {
     /// The watch for now: the budget for the only run in flight.
     fn now(&self) -> Duration {
-        match self.in_flight {
-            Some(n) if n.load(std::sync::atomic::Ordering::Relaxed) == 1 => self.budget,
-            _ => Duration::ZERO,
-        }
+        self.in_flight.map_or(Duration::ZERO, |n| {
+            crate::engine::spin_for(n.load(std::sync::atomic::Ordering::Relaxed), self.budget)
+        })
     }
 }
 

@@ -331,17 +331,39 @@ impl Berth {
 
     /// Wakes the child waiting in the berth, if any.
     pub fn wake(&self) {
-        // SAFETY: FUTEX_WAKE on a word of this live berth; the parked child
-        // shares this process's memory, so the private futex is the same.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.state.as_ptr(),
-                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                1,
-            );
-        }
+        wake_private(&self.state);
     }
+}
+
+/// Waits in `futex` while `word` holds `expected`; returns at once if it
+/// changed meanwhile, and on EINTR or a spurious wake-up (the caller
+/// loops). Private: the parked child shares this process's memory, so
+/// its private futex and ours are the same. A raw system call, for the
+/// child too.
+pub(super) fn wait_private(word: &AtomicU32, expected: u32) {
+    // SAFETY: FUTEX_WAIT on a live word the caller borrows.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            std::ptr::null::<libc::timespec>(),
+        );
+    }
+}
+
+/// Wakes one [`wait_private`] waiter on `word`, if any.
+pub(super) fn wake_private(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a live word the caller borrows.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        )
+    };
 }
 
 /// Sleeps in `futex` while `word` (a clear-child-tid word: 1 until the
@@ -425,17 +447,7 @@ fn park_here(berth: &Berth) -> Result<Option<(&ChildSpec<'_>, &Handoff)>, (Step,
         }
         loop {
             match berth.state.load(Ordering::Acquire) {
-                WAITING => {
-                    // Returns at once if the state changed meanwhile; EINTR
-                    // and spurious wake-ups loop.
-                    libc::syscall(
-                        libc::SYS_futex,
-                        berth.state.as_ptr(),
-                        libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                        WAITING,
-                        std::ptr::null::<libc::timespec>(),
-                    );
-                }
+                WAITING => wait_private(&berth.state, WAITING),
                 GO => break,
                 _ => return Ok(None),
             }

@@ -34,9 +34,11 @@
 //! run's bound does not count. Everything the skill allocates from its
 //! `exec` on is the run's.
 
+use std::io::Write;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
+use super::berth::{wait_private, wake_private};
 use super::child::{self, Step};
 
 /// The child writes "0" itself: nothing was offered, or the run withdrew
@@ -140,16 +142,7 @@ impl Joining {
 
     /// Wakes the child if it waits on the word already.
     fn wake(&self) {
-        // SAFETY: FUTEX_WAKE on a live word of this handoff; the child
-        // shares this process's memory, so the private futex is the same.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.state.as_ptr(),
-                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                1,
-            );
-        }
+        wake_private(&self.state);
     }
 
     /// The child, before `execve`: waits until the run is done with the
@@ -158,20 +151,8 @@ impl Joining {
     pub(super) fn wait(&self) -> Result<(), (Step, i32)> {
         loop {
             match self.state.load(Ordering::Acquire) {
-                WAITING => {
-                    // SAFETY: FUTEX_WAIT on a live word (the run keeps the
-                    // handoff until our exec or exit); returns at once if it
-                    // changed meanwhile; EINTR and spurious wake-ups loop.
-                    unsafe {
-                        libc::syscall(
-                            libc::SYS_futex,
-                            self.state.as_ptr(),
-                            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                            WAITING,
-                            std::ptr::null::<libc::timespec>(),
-                        );
-                    }
-                }
+                // The run keeps the handoff until our exec or exit.
+                WAITING => wait_private(&self.state, WAITING),
                 FAILED => return Err((Step::Cgroup, self.errno.load(Ordering::Relaxed))),
                 _ => return Ok(()),
             }
@@ -181,17 +162,11 @@ impl Joining {
 
 /// `n` in decimal, in `buf`, without allocating.
 fn decimal(n: libc::pid_t, buf: &mut [u8; 12]) -> &[u8] {
-    let mut v = u64::from(n.unsigned_abs());
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    &buf[at..]
+    let mut rest = &mut buf[..];
+    // 12 bytes hold any i32 ("-2147483648" is 11).
+    let _ = write!(rest, "{n}");
+    let len = 12 - rest.len();
+    &buf[..len]
 }
 
 #[cfg(test)]

@@ -283,20 +283,22 @@ impl Spawner {
         child::check_spec(spec)?;
         let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };
         let (reply, answer) = mpsc::sync_channel(1);
-        let spec_ref = spec;
-        let spec = SpecPtr(std::ptr::from_ref(spec).cast());
         let handoff = Arc::new(Handoff::default());
         // The only run in flight (it spins) offers to make its parked
         // child's cgroup joins while the child takes its other steps
         // (`super::join`).
-        let run_joins = !spin.is_zero() && !spec_ref.cgroup_procs.is_empty();
+        let run_joins = !spin.is_zero() && !spec.cgroup_procs.is_empty();
         if run_joins {
             handoff.joining.offer();
         }
-        let job = Job { spec, handoff: Arc::clone(&handoff), reply };
+        let job = Job {
+            spec: SpecPtr(std::ptr::from_ref(spec).cast()),
+            handoff: Arc::clone(&handoff),
+            reply,
+        };
         let berth = self.queue.push(job).map_err(|_| gone)?;
         if run_joins && berth.is_some() {
-            handoff.join_if_accepted(spec_ref.cgroup_procs, spin);
+            handoff.join_if_accepted(spec.cgroup_procs, spin);
         }
         meanwhile();
         if let Some(berth) = berth {
