@@ -227,15 +227,16 @@ pub fn map_large_allocations() -> bool {
     sys::memory::map_large_allocations(sys::memory::LARGE_ALLOCATION)
 }
 
-/// Blocks `SIGCHLD` in the calling thread, and so in every thread made
-/// after it (`sys::process::block_sigchld`). The binary calls it first,
+/// Sets the calling thread's signal mask to `SIGCHLD` alone, and so every
+/// thread's made after it (`sys::process::mask_only_sigchld`): an inherited
+/// mask blocking the stop signals is cleared. The binary calls it first,
 /// before any thread.
 ///
 /// # Errors
 ///
 /// The error of `pthread_sigmask`.
-pub fn block_sigchld() -> std::io::Result<()> {
-    sys::process::block_sigchld()
+pub fn mask_only_sigchld() -> std::io::Result<()> {
+    sys::process::mask_only_sigchld()
 }
 pub mod systemd;
 

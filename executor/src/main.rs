@@ -272,11 +272,15 @@ fn main() -> ExitCode {
     // Before any thread: large buffers (a flooding skill's stdout) on
     // their own mappings, given back when freed.
     executor::map_large_allocations();
-    // Before any thread too: SIGCHLD would only wake a thread to drop it.
-    if let Err(e) = executor::block_sigchld() {
+    // Before any thread too: SIGCHLD would only wake a thread to drop it,
+    // and a stop signal the parent blocked must reach the handlers.
+    if let Err(e) = executor::mask_only_sigchld() {
         executor::journald::eprint(
             Level::WARN,
-            &format!("ongrid-executor: cannot block SIGCHLD ({e}); each run's exit wakes a thread"),
+            &format!(
+                "ongrid-executor: cannot set the signal mask ({e}): each run's exit wakes a \
+                 thread, and signals the parent blocked stay blocked"
+            ),
         );
     }
     let cli = Cli::parse();

@@ -8,6 +8,10 @@ use clap::Parser;
 use loader::cli::Cli;
 
 fn main() -> ExitCode {
+    // Before any thread: no signal blocked, whatever the parent left
+    // blocked (`up` stops on SIGTERM and SIGINT, and its skilld reloads on
+    // SIGHUP; the executor it starts sets its own mask).
+    let _ = nix::sys::signal::SigSet::empty().thread_set_mask();
     let cli = Cli::parse();
     // Not locked: `up` logs from other threads while the command runs.
     let mut out = io::stdout();

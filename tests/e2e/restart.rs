@@ -242,3 +242,46 @@ fn a_run_outliving_skilld_drain_is_cut_and_recorded_so() {
     let journal = s.base.join("audit.db-rows");
     assert!(fs::metadata(&journal).map_or(true, |m| m.len() == 0), "rows left in the journal");
 }
+
+/// The signals a daemon's main thread blocks, from `/proc/PID/status`.
+fn blocked_signals(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).unwrap();
+    u64::from_str_radix(line.trim(), 16).unwrap()
+}
+
+/// A parent that blocks the stop signals around its spawn (a supervisor,
+/// a tool that waits for them in a thread of its own) hands its mask on
+/// through `exec`: the daemons clear it, so they still stop on SIGTERM
+/// (and skilld reloads on SIGHUP). Before the fix, both ignored SIGTERM
+/// for good: the signal stayed pending.
+#[test]
+fn daemons_started_with_the_stop_signals_blocked_still_stop_on_them() {
+    let mut stop = nix::sys::signal::SigSet::empty();
+    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        stop.add(sig);
+    }
+    // This test's thread spawns both daemons with the mask set.
+    let old = stop.thread_swap_mask(nix::sys::signal::SigmaskHow::SIG_BLOCK).unwrap();
+    let started = std::panic::catch_unwind(Stack::start);
+    old.thread_set_mask().unwrap();
+    let mut s = started.unwrap();
+    assert_runs(&s, 1);
+    let bit = |sig: Signal| 1u64 << (sig as i32 - 1);
+    for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        assert_eq!(blocked_signals(s.skilld_pid()) & bit(sig), 0, "skilld blocks {sig}");
+        let executor = s.executor_pid().unwrap();
+        assert_eq!(blocked_signals(executor) & bit(sig), 0, "the executor blocks {sig}");
+    }
+    s.signal_skilld(Signal::SIGHUP);
+    assert!(
+        eventually(Duration::from_secs(10), || s.logs().contains("SIGHUP: rescanning")),
+        "skilld did not reload on SIGHUP:\n{}",
+        s.logs()
+    );
+    let status = s.stop_executor(Signal::SIGTERM);
+    assert!(status.success(), "{status}");
+    s.signal_skilld(Signal::SIGTERM);
+    let status = s.wait_skilld(Duration::from_secs(20));
+    assert!(status.is_some_and(|st| st.success()), "skilld: {status:?}\n{}", s.logs());
+}

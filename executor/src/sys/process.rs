@@ -192,8 +192,14 @@ pub fn async_pidfd(
     .map_err(tokio::io::unix::AsyncFdRegisterError::into_parts)
 }
 
-/// Blocks `SIGCHLD` in the calling thread (threads made after inherit the
-/// mask; children reset theirs in step 4a).
+/// Sets the calling thread's signal mask to `SIGCHLD` alone (threads made
+/// after inherit the mask; children reset theirs in step 4a).
+///
+/// Alone: a mask is inherited across `fork` and `exec`, and a parent that
+/// blocked the stop signals around its spawn (a supervisor, a shell
+/// script's `trap`, a tool waiting for them in a thread of its own) would
+/// otherwise leave `SIGTERM` and `SIGINT` pending forever: the executor
+/// would never stop on them. Signal handlers do not unblock a signal.
 ///
 /// Nothing in the executor waits for the signal: runs reap their main
 /// process by pid or pidfd and orphans with `waitpid`. But a child's exit
@@ -207,11 +213,11 @@ pub fn async_pidfd(
 /// # Errors
 ///
 /// The error of `pthread_sigmask`.
-pub fn block_sigchld() -> io::Result<()> {
+pub fn mask_only_sigchld() -> io::Result<()> {
     use nix::sys::signal::{SigSet, Signal};
     let mut set = SigSet::empty();
     set.add(Signal::SIGCHLD);
-    set.thread_block().map_err(io::Error::from)
+    set.thread_set_mask().map_err(io::Error::from)
 }
 
 /// Whether the calling thread runs in a real-time policy (`SCHED_FIFO`,

@@ -23,6 +23,11 @@ use tracing::Level;
 const EX_CONFIG: u8 = 78;
 
 fn main() -> ExitCode {
+    // Before any thread: no signal blocked. A mask is inherited across
+    // `exec`, and one the parent set (blocking SIGTERM around its spawn)
+    // would keep the stop and reload signals from ever reaching their
+    // handlers.
+    let _ = nix::sys::signal::SigSet::empty().thread_set_mask();
     let args = Args::parse();
     // Under systemd, lines for the journal (priorities, no timestamp).
     let _ = loader::journald::try_init(
