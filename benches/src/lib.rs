@@ -13,6 +13,8 @@
 //!   (`bwrap`'s namespace teardown) is done ([`Settled`], [`host_cpu`]).
 //! - [`write_packs`]: many valid packs on disk (the scan bench, `loadbench
 //!   --loaded-skills`).
+//! - [`interrupt`]: an interrupted `loadbench` stops the daemons it
+//!   started and removes their folders.
 //! - [`first_line`], [`kernel_release`], [`cpus`]: the machine facts every tool's
 //!   header prints (`/proc/loadavg`, the kernel).
 
@@ -21,6 +23,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
+pub mod interrupt;
 mod round;
 mod settle;
 

@@ -444,12 +444,17 @@ impl Stack {
             .arg("serve")
             .arg("--config")
             .arg(base.join("executor.toml"))
+            // Its stdin's write end stays in `executor` (never written):
+            // however this process ends, SIGKILL included, the executor
+            // stops and unmounts its runs' tmpfs.
+            .arg("--stop-on-stdin-eof")
             .env("ONGRID_LOG", "warn")
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(fs::File::create(base.join("executor.log")).unwrap())
             .spawn()
             .expect("start ongrid-executor (cargo build --release --workspace --bins)");
+        Started::pid(executor.id());
         wait_socket(&mut executor, &ex_sock, &base.join("executor.log"));
         let mut skilld = Command::new(bin_dir.join("ongrid-skilld"))
             .arg("--config")
@@ -461,6 +466,7 @@ impl Stack {
             .stderr(fs::File::create(base.join("skilld.log")).unwrap())
             .spawn()
             .expect("start ongrid-skilld");
+        Started::pid(skilld.id());
         wait_socket(&mut skilld, &socket, &base.join("skilld.log"));
         let mut stack = Stack {
             name,
@@ -516,6 +522,7 @@ impl Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         for c in [&mut self.skilld, &mut self.executor] {
+            Started::gone(c.id());
             if let Ok(pid) = i32::try_from(c.id()) {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
@@ -891,6 +898,7 @@ fn run_one(v: Variant, ctx: &Ctx<'_>, cl: &mut Client, manifest: &Path) -> (Dura
 
 // ---------------------------------------------------------------- phases
 
+use ongrid_benches::interrupt::{self, Started};
 use ongrid_benches::{
     cpu_wakeups, cpus, first_line, kernel_release, pct, run_round, settle, sorted, HostTime, Quiet,
     Samples,
@@ -1392,6 +1400,11 @@ fn which(tool: &str) -> Option<PathBuf> {
 }
 
 fn main() {
+    // First, before any thread: an interrupted run stops its daemons.
+    if let Err(e) = interrupt::watch() {
+        eprintln!("loadbench: cannot watch for SIGINT/SIGTERM/SIGHUP: {e}");
+        std::process::exit(2);
+    }
     let mut o = parse_opts();
     println!(
         "loadbench: {} | kernel {} | {} CPUs | euid {} | iters {} warmup {} conc {:?}",
@@ -1429,6 +1442,7 @@ fn main() {
 
     let tmp = tempfile::Builder::new().prefix("loadbench").tempdir().unwrap();
     let base = fs::canonicalize(tmp.path()).unwrap();
+    Started::dir(&base);
     fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
     let skills_root = base.join("skills");
     fs::create_dir_all(&skills_root).unwrap();
@@ -1488,6 +1502,7 @@ fn main() {
     if o.variants.contains(&Variant::DaemonShm) {
         let shm =
             tempfile::Builder::new().prefix("loadbench-audit").tempdir_in("/dev/shm").unwrap();
+        Started::dir(shm.path());
         let s = Stack::start(
             "daemon-shm",
             &o.bin_dir,
