@@ -28,6 +28,35 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// The signals the main thread of process `pid` blocks (`SigBlk` of
+/// `/proc/PID/status`).
+pub fn blocked_signals(pid: u32) -> nix::sys::signal::SigSet {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).unwrap();
+    let bits = u64::from_str_radix(line.trim(), 16).unwrap();
+    let mut set = nix::sys::signal::SigSet::empty();
+    for sig in Signal::iterator() {
+        if bits & (1u64 << (sig as i32 - 1)) != 0 {
+            set.add(sig);
+        }
+    }
+    set
+}
+
+/// Runs `f` on this thread with `signals` blocked (restored after), so that
+/// the processes it spawns inherit the mask, as from a parent that blocks
+/// its stop signals around a spawn.
+pub fn with_blocked<T>(signals: &[Signal], f: impl FnOnce() -> T + std::panic::UnwindSafe) -> T {
+    let mut set = nix::sys::signal::SigSet::empty();
+    for sig in signals {
+        set.add(*sig);
+    }
+    let old = set.thread_swap_mask(nix::sys::signal::SigmaskHow::SIG_BLOCK).unwrap();
+    let out = std::panic::catch_unwind(f);
+    old.thread_set_mask().unwrap();
+    out.unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
 /// A free loopback port (bound then released).
 pub fn free_port() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()

@@ -17,7 +17,8 @@ use nix::unistd::Pid;
 use serde_json::Value;
 
 use crate::harness::{
-    bin, eventually, free_port, process_alive, processes_with, temp_dir, write_skill,
+    bin, blocked_signals, eventually, free_port, process_alive, processes_with, temp_dir,
+    with_blocked, write_skill,
 };
 
 /// A running `ongrid-skill up` and what it printed until ready.
@@ -297,6 +298,23 @@ fn a_killed_up_leaves_no_executor_behind() {
     let again = Up::start(&base, &[]);
     assert_eq!(run_echo(&again)["message"], "still here");
     again.stop(Signal::SIGTERM);
+}
+
+/// `up` started by a parent that blocks the stop signals around its spawn
+/// (the mask survives `exec`): `up` and its executor clear it, so SIGTERM
+/// still stops both (before, `up` ignored it for good).
+#[test]
+fn up_started_with_the_stop_signals_blocked_still_stops_on_sigterm() {
+    let (_tmp, base) = temp_dir("ongrid-e2e-up-mask-");
+    let stops = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
+    let up = with_blocked(&stops, || Up::start(&base, &[]));
+    for pid in [up.child.id(), u32::try_from(up.executor_pid()).unwrap()] {
+        for sig in stops {
+            assert!(!blocked_signals(pid).contains(sig), "{pid} blocks {sig}");
+        }
+    }
+    assert_eq!(run_echo(&up)["message"], "still here");
+    up.stop(Signal::SIGTERM);
 }
 
 /// Whether `line` holds an RFC 3339 date and time (`2026-12-03T22:20:47`).
