@@ -227,6 +227,18 @@ pub fn map_large_allocations() -> bool {
     sys::memory::map_large_allocations(sys::memory::LARGE_ALLOCATION)
 }
 
+/// Raises the soft `RLIMIT_NOFILE` towards the hard one
+/// (`sys::fdtable::raise_nofile`): systemd starts services at 1024. The
+/// binary calls it first, before the descriptor floor is decided. Returns
+/// the soft limit before and after.
+///
+/// # Errors
+///
+/// The error of `getrlimit` or `setrlimit`.
+pub fn raise_nofile() -> std::io::Result<(u64, u64)> {
+    sys::fdtable::raise_nofile()
+}
+
 /// Sets the calling thread's signal mask to `SIGCHLD` alone, and so every
 /// thread's made after it (`sys::process::mask_only_sigchld`): an inherited
 /// mask blocking the stop signals is cleared. The binary calls it first,

@@ -283,12 +283,21 @@ fn main() -> ExitCode {
             ),
         );
     }
+    // And before the descriptor floor is decided: systemd's soft 1024.
+    let nofile = executor::raise_nofile();
     let cli = Cli::parse();
     // Under systemd, lines for the journal (priorities, no timestamp).
     let _ = executor::journald::try_init(
         tracing_subscriber::EnvFilter::try_from_env("ONGRID_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
     );
+    match nofile {
+        Ok((before, after)) if after > before => {
+            tracing::debug!("executor: soft RLIMIT_NOFILE raised from {before} to {after}");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("executor: cannot raise the soft RLIMIT_NOFILE: {e}"),
+    }
     let result = match cli.command {
         Command::Run { manifest, tool, args, config, json } => {
             run(manifest, tool, args, config, json)

@@ -13,6 +13,30 @@ use crate::config::Settings;
 use crate::metrics::Metrics;
 use crate::server::{self, ServeOptions};
 
+/// The soft `RLIMIT_NOFILE` skilld raises itself to, towards its hard
+/// limit: the packaged unit's `LimitNOFILE`. skilld holds a descriptor per
+/// client connection (`max_connections`), its executor connections and
+/// the audit database's files; started by hand or by `ongrid-skill up`
+/// from a shell, it would otherwise have the shell's soft 1024.
+pub const NOFILE_WANTED: u64 = 16_384;
+
+/// Raises this process's soft `RLIMIT_NOFILE` towards the hard limit, up
+/// to [`NOFILE_WANTED`]. Returns the soft limit before and after.
+///
+/// # Errors
+///
+/// The error of `getrlimit` or `setrlimit` (the limit is then unchanged).
+pub fn raise_nofile() -> std::io::Result<(u64, u64)> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    let wanted = hard.min(NOFILE_WANTED);
+    if soft < wanted {
+        setrlimit(Resource::RLIMIT_NOFILE, wanted, hard)?;
+        return Ok((soft, wanted));
+    }
+    Ok((soft, soft))
+}
+
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -43,6 +43,14 @@ pub fn blocked_signals(pid: u32) -> nix::sys::signal::SigSet {
     set
 }
 
+/// The soft and hard `Max open files` of process `pid` (`/proc/PID/limits`).
+pub fn nofile_limits(pid: u32) -> (u64, u64) {
+    let limits = fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let mut n = line.split_whitespace().filter_map(|w| w.parse::<u64>().ok());
+    (n.next().unwrap(), n.next().unwrap())
+}
+
 /// Runs `f` on this thread with `signals` blocked (restored after), so that
 /// the processes it spawns inherit the mask, as from a parent that blocks
 /// its stop signals around a spawn.
@@ -343,6 +351,20 @@ pub struct Stack {
     executor: Option<Child>,
     skilld: Child,
     executor_starts: usize,
+    /// Shell commands run before each daemon's `exec` (`ulimit -Sn 1024`).
+    prelude: Option<String>,
+}
+
+/// `program`, or `sh -c 'PRELUDE; exec program ...'` (the same pid).
+fn daemon_command(program: &Path, prelude: Option<&str>) -> Command {
+    match prelude {
+        None => Command::new(program),
+        Some(prelude) => {
+            let mut cmd = Command::new("/bin/sh");
+            cmd.arg("-c").arg(format!("{prelude}; exec \"$0\" \"$@\"")).arg(program);
+            cmd
+        }
+    }
 }
 
 /// `text` with the `key = value` lines of `extra` set: a line of `text`
@@ -370,6 +392,12 @@ impl Stack {
     /// [`Stack::start`] with keys of `executor.toml` and `skilld.toml`
     /// set (`key = value` lines replacing the suite's own).
     pub fn start_with(executor_extra: &str, skilld_extra: &str) -> Self {
+        Self::start_under(executor_extra, skilld_extra, None)
+    }
+
+    /// [`Stack::start_with`], each daemon started through `sh -c` running
+    /// `prelude` first (a shell's limits, say).
+    pub fn start_under(executor_extra: &str, skilld_extra: &str, prelude: Option<&str>) -> Self {
         if nix::unistd::geteuid().is_root() {
             ongrid_tests::host::skill_user();
         }
@@ -418,10 +446,11 @@ impl Stack {
             executor: None,
             skilld: Command::new("true").spawn().unwrap(),
             executor_starts: 0,
+            prelude: prelude.map(str::to_owned),
         };
         stack.start_executor();
         let log = stack.base.join("skilld.log");
-        stack.skilld = Command::new(bin("ongrid-skilld"))
+        stack.skilld = daemon_command(&bin("ongrid-skilld"), stack.prelude.as_deref())
             .arg("--config")
             .arg(stack.base.join("skilld.toml"))
             .env_remove("ONGRID_SKILLS_EXTERNAL_DIRS")
@@ -443,7 +472,7 @@ impl Stack {
         assert!(self.executor.is_none(), "executor already running");
         self.executor_starts += 1;
         let log = self.base.join(format!("executor.{}.log", self.executor_starts));
-        let mut child = Command::new(bin("ongrid-executor"))
+        let mut child = daemon_command(&bin("ongrid-executor"), self.prelude.as_deref())
             .arg("serve")
             .arg("--config")
             .arg(self.base.join("executor.toml"))

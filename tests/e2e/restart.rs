@@ -12,7 +12,8 @@ use nix::sys::signal::Signal;
 use serde_json::json;
 
 use crate::harness::{
-    blocked_signals, eventually, process_alive, process_running, with_blocked, write_skill, Stack,
+    blocked_signals, eventually, nofile_limits, process_alive, process_running, with_blocked,
+    write_skill, Stack,
 };
 
 fn assert_unavailable(s: &Stack) {
@@ -270,4 +271,23 @@ fn daemons_started_with_the_stop_signals_blocked_still_stop_on_them() {
     s.signal_skilld(Signal::SIGTERM);
     let status = s.wait_skilld(Duration::from_secs(20));
     assert!(status.is_some_and(|st| st.success()), "skilld: {status:?}\n{}", s.logs());
+}
+
+/// Started from a shell at a soft `RLIMIT_NOFILE` of 1024 (as systemd
+/// starts services): each daemon raises its soft limit towards the hard
+/// one, to its own ceiling, and runs as before.
+#[test]
+fn daemons_started_at_a_soft_nofile_of_1024_raise_it() {
+    let hard = nofile_limits(std::process::id()).1;
+    if hard <= 1024 {
+        println!("SKIP: the hard RLIMIT_NOFILE here is {hard}: nothing to raise to");
+        return;
+    }
+    let s = Stack::start_under("", "", Some("ulimit -Sn 1024"));
+    assert_runs(&s, 1);
+    let executor = s.executor_pid().unwrap();
+    let (soft, _) = nofile_limits(executor);
+    assert_eq!(soft, hard.min(65_536), "the executor's soft limit");
+    let (soft, _) = nofile_limits(s.skilld_pid());
+    assert_eq!(soft, hard.min(16_384), "skilld's soft limit");
 }

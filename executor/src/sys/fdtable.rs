@@ -49,6 +49,35 @@ pub fn floor() -> Option<u32> {
     })
 }
 
+/// The soft `RLIMIT_NOFILE` a daemon raises itself to: enough for every
+/// connection, run and pooled slot at the configured maximums many times
+/// over, and what makes the [`floor`] its highest.
+pub const NOFILE_WANTED: u64 = 65_536;
+
+/// Raises this process's soft `RLIMIT_NOFILE` towards its hard limit, up to
+/// [`NOFILE_WANTED`], before anything reads it (the [`floor`] is decided
+/// once, from it). systemd starts a service at a soft 1024 (its
+/// `DefaultLimitNOFILE=1024:524288`) and leaves raising it to programs
+/// that need more, as the executor does: up to `max_connections` (256)
+/// connections, ~10 descriptors per run in flight, ~230 for the pooled
+/// slots and rulesets; and at 1024 the floor would be 512 instead of
+/// [`MAX_FLOOR`]. Skills are not affected: each run's own `NOFILE` is
+/// set in step 4e. Returns the soft limit before and after.
+///
+/// # Errors
+///
+/// The error of `getrlimit` or `setrlimit` (the limit is then unchanged).
+pub fn raise_nofile() -> std::io::Result<(u64, u64)> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    let wanted = hard.min(NOFILE_WANTED);
+    if soft >= wanted {
+        return Ok((soft, soft));
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, wanted, hard)?;
+    Ok((soft, wanted))
+}
+
 fn nofile_soft() -> Option<u64> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes into the valid local `lim`.

@@ -34,6 +34,9 @@ fn main() -> ExitCode {
         tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
     );
+    if let Err(e) = loader::daemon::raise_nofile() {
+        tracing::warn!("ongrid-skilld: cannot raise the soft RLIMIT_NOFILE: {e}");
+    }
     let overrides = Overrides {
         socket: args.socket,
         executor_socket: args.executor_socket,

@@ -152,6 +152,10 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         Ok(p) => p,
         Err(f) => return fail(&f, err),
     };
+    // Its skilld serves from this process (the executor raises its own).
+    if let Err(e) = crate::daemon::raise_nofile() {
+        tracing::warn!("ongrid-skill up: cannot raise the soft RLIMIT_NOFILE: {e}");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let code = runtime.block_on(plan.serve(out, err))?;
     // Requests still being drained must not keep the process alive.
