@@ -81,8 +81,11 @@ pub fn watch() -> std::io::Result<()> {
     set.thread_block().map_err(std::io::Error::from)?;
     std::thread::Builder::new().name("interrupt".into()).spawn(move || {
         let Ok(sig) = set.wait() else { return };
-        let stopped = stop_all(&std::mem::take(&mut started().pids));
-        for dir in std::mem::take(&mut started().dirs) {
+        // Taken out first: the lock is not held while they stop.
+        let pids = std::mem::take(&mut started().pids);
+        let dirs = std::mem::take(&mut started().dirs);
+        let stopped = stop_all(&pids);
+        for dir in dirs {
             let _ = std::fs::remove_dir_all(&dir);
         }
         eprintln!(
