@@ -22,9 +22,10 @@ use crate::scan::Scanner;
 
 /// How long a reload waits for the executor's `ping` (its longest timeout).
 const PONG_TIMEOUT: Duration = Duration::from_secs(1);
-/// Longest drain on SIGTERM: under systemd's default stop timeout (90 s,
-/// `TimeoutStopSec=` of ongrid-skilld.service), with time left to cut
-/// the runs still going, record them and flush the audit trail.
+/// Longest drain on SIGTERM by default (`drain_timeout_seconds`): under
+/// systemd's default stop timeout (90 s, `TimeoutStopSec=` of
+/// ongrid-skilld.service), with time left to cut the runs still going,
+/// record them and flush the audit trail.
 pub const MAX_DRAIN: Duration = Duration::from_secs(75);
 
 /// Limits applied to client requests.
@@ -36,6 +37,8 @@ pub struct Limits {
     pub body_timeout: Duration,
     /// How long a run may wait for a slot (503 `busy` after).
     pub queue_timeout: Duration,
+    /// The longest drain on SIGTERM.
+    pub drain_timeout: Duration,
 }
 
 /// What a reload did (`POST /v1/reload` answers this).
@@ -55,6 +58,9 @@ pub struct App {
     /// (policy's default until it does): manifests asking for more are
     /// clamped to it, so listings advertise what runs will get.
     max_timeout: AtomicU64,
+    /// The longest timeout of any run allowed since start, milliseconds:
+    /// what the drain waits for even after a reload shortened it.
+    longest_allowed_ms: AtomicU64,
     registry: Registry,
     executor: ExecutorClient,
     metrics: Metrics,
@@ -101,7 +107,9 @@ impl App {
                 max_body_bytes: settings.max_body_bytes,
                 body_timeout: settings.request_timeout,
                 queue_timeout: settings.queue_timeout,
+                drain_timeout: settings.drain_timeout,
             },
+            longest_allowed_ms: AtomicU64::new(0),
             prometheus,
         })
     }
@@ -186,19 +194,31 @@ impl App {
         summary
     }
 
-    /// The longest a request for a registered skill may take from its
-    /// arrival to its report: the queue timeout, the skill's timeout and
-    /// the report's slack. skilld's drain waits that long for the runs in
-    /// flight, at most [`MAX_DRAIN`].
-    pub fn longest_run(&self) -> std::time::Duration {
-        let longest = self
+    /// Notes that a run with this timeout was allowed (before it queues):
+    /// see [`App::longest_run`].
+    pub fn allowing_run(&self, timeout: Duration) {
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        self.longest_allowed_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// The longest a request may take from its arrival to its report: the
+    /// queue timeout, the longest timeout of a registered skill or of any
+    /// run allowed since start (a reload that shortened a skill's timeout
+    /// does not shorten the wait for a run started before it), and the
+    /// report's slack. skilld's drain waits that long for the runs in
+    /// flight, at most `drain_timeout_seconds` ([`MAX_DRAIN`] by default).
+    pub fn longest_run(&self) -> Duration {
+        let registered = self
             .registry()
             .current()
             .iter()
             .map(|s| s.registered().manifest().timeout())
             .max()
             .unwrap_or_default();
-        (self.limits.queue_timeout + longest + crate::api::execute::REPORT_SLACK).min(MAX_DRAIN)
+        let allowed = Duration::from_millis(self.longest_allowed_ms.load(Ordering::Relaxed));
+        let longest = registered.max(allowed);
+        (self.limits.queue_timeout + longest + crate::api::execute::REPORT_SLACK)
+            .min(self.limits.drain_timeout)
     }
 
     /// The registry.

@@ -18,6 +18,7 @@
 //! request_timeout_seconds = 30
 //! header_timeout_seconds = 10         # a request head must be complete this long after its first byte
 //! idle_timeout_seconds = 60           # a connection with no request in progress is closed after
+//! drain_timeout_seconds = 75          # SIGTERM: the longest wait for runs in flight (under TimeoutStopSec)
 //! socket_group = "ongrid"             # who may connect at all (with socket_mode 0660)
 //! approval_max_ttl_seconds = 900
 //! audit_db = "/var/lib/ongrid/audit.db"
@@ -223,6 +224,9 @@ pub struct FileConfig {
     /// How long a connection may stay idle (no request in progress, no
     /// byte moved) before it is closed.
     pub idle_timeout_seconds: Option<u64>,
+    /// On SIGTERM, the longest wait for the runs in flight before the
+    /// ones left are cut (below the unit's `TimeoutStopSec=`).
+    pub drain_timeout_seconds: Option<u64>,
     /// Group of the client socket (name or number): with `socket_mode`
     /// 0660, who may connect at all.
     pub socket_group: Option<String>,
@@ -290,6 +294,8 @@ pub struct Settings {
     pub header_timeout: Duration,
     /// How long an idle connection is kept.
     pub idle_timeout: Duration,
+    /// The longest drain on SIGTERM.
+    pub drain_timeout: Duration,
     /// Group of the client socket, `None` to leave the daemon's.
     pub socket_group: Option<u32>,
     /// Caller rules, in file order.
@@ -507,6 +513,11 @@ impl FileConfig {
             request_timeout: seconds("request_timeout_seconds", self.request_timeout_seconds, 30)?,
             header_timeout: seconds("header_timeout_seconds", self.header_timeout_seconds, 10)?,
             idle_timeout: seconds("idle_timeout_seconds", self.idle_timeout_seconds, 60)?,
+            drain_timeout: seconds(
+                "drain_timeout_seconds",
+                self.drain_timeout_seconds,
+                crate::app::MAX_DRAIN.as_secs(),
+            )?,
         })
     }
 }
@@ -635,7 +646,8 @@ mod tests {
                queue_timeout_seconds = 4
                request_timeout_seconds = 5
                header_timeout_seconds = 6
-               idle_timeout_seconds = 7"#,
+               idle_timeout_seconds = 7
+               drain_timeout_seconds = 8"#,
         )
         .unwrap();
         let s = f.clone().resolve(Overrides::default(), vec![PathBuf::from("/env")]).unwrap();
@@ -646,6 +658,7 @@ mod tests {
         assert_eq!(s.queue_timeout, Duration::from_secs(4));
         assert_eq!(s.request_timeout, Duration::from_secs(5));
         assert_eq!(s.header_timeout, Duration::from_secs(6));
+        assert_eq!(s.drain_timeout, Duration::from_secs(8));
         assert_eq!(s.idle_timeout, Duration::from_secs(7));
         let o = Overrides {
             socket: Some("/b.sock".into()),
@@ -775,6 +788,7 @@ mod tests {
             "queue_timeout_seconds = 0",
             "header_timeout_seconds = 0",
             "idle_timeout_seconds = 0",
+            "drain_timeout_seconds = 0",
         ] {
             let r = parse(text).unwrap().resolve(Overrides::default(), vec![]);
             assert!(matches!(r, Err(ConfigError::Value { .. })), "{text}");

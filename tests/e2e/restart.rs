@@ -135,20 +135,18 @@ fn a_client_gone_during_skilld_drain_has_its_run_killed() {
 }
 
 /// A run still in flight when skilld's drain budget ends (the queue
-/// timeout, the longest registered skill's timeout and the report's
-/// slack) is cut: the client's stream ends without a report, the skill's
-/// process is killed (the executor sees skilld's connection close),
-/// skilld exits 0 right after the budget, and the run's audit row is
-/// completed and flushed into the database as cut by the stop (not left
-/// open for the next start to call `interrupted`).
+/// timeout, the longest timeout of a registered skill or a run allowed,
+/// the report's slack, at most `drain_timeout_seconds`) is cut: the
+/// client's stream ends without a report, the skill's process is killed
+/// (the executor sees skilld's connection close), skilld exits 0 right
+/// after the budget, and the run's audit row is completed and flushed
+/// into the database as cut by the stop (not left open for the next start
+/// to call `interrupted`).
 ///
 /// To outlive the budget within a test's time, the run is of a skill with
-/// a 60 s timeout whose manifest is then shortened to 1 s, and every other
-/// skill removed, with a reload: the drain's budget follows the registry
-/// (1 s queue + 1 s + 15 s), the run keeps the timeout it started with.
-/// (Stopping the executor instead does not get there: skilld gives up on
-/// a run's report at its own timeout plus the same slack, inside the
-/// budget.)
+/// a 60 s timeout under a `drain_timeout_seconds` of 6. (Stopping the
+/// executor instead does not get there: skilld gives up on a run's report
+/// at its own timeout plus the same slack, inside the budget.)
 #[test]
 fn a_run_outliving_skilld_drain_is_cut_and_recorded_so() {
     if Command::new("sqlite3").arg("-version").output().is_err() {
@@ -158,23 +156,13 @@ fn a_run_outliving_skilld_drain_is_cut_and_recorded_so() {
         );
         return;
     }
-    let mut s = Stack::start_with("", "queue_timeout_seconds = 1\n");
+    let mut s = Stack::start_with("", "queue_timeout_seconds = 1\ndrain_timeout_seconds = 6\n");
     let pid_then_sleep = "echo \"pid=$$\" >&2\nexec /bin/sleep 60";
     write_skill(&s.skills, "lingerer", r#","timeout_seconds":60"#, pid_then_sleep);
     assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
     let mut conn = crate::cancel::open_stream(&s.socket, "lingerer");
     let pid = crate::cancel::read_pid(&mut conn);
-
-    for name in ["echo", "fail", "strict", "sleeper", "finisher"] {
-        fs::remove_dir_all(s.skills.join(name)).unwrap();
-    }
-    write_skill(&s.skills, "lingerer", r#","timeout_seconds":1"#, pid_then_sleep);
-    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
-    let listed = s.get("/v1/skills").json();
-    let timeouts: Vec<_> =
-        listed["items"].as_array().unwrap().iter().map(|i| i["timeout_seconds"].clone()).collect();
-    assert_eq!(timeouts, [json!(1), json!(1)], "{listed}");
-    let budget = Duration::from_secs(1 + 1 + 15);
+    let budget = Duration::from_secs(6);
 
     // The client reads what is left of its answer until the connection ends.
     conn.set_read_timeout(Some(budget + Duration::from_secs(20))).unwrap();
@@ -233,7 +221,7 @@ fn a_run_outliving_skilld_drain_is_cut_and_recorded_so() {
         String::from_utf8(out.stdout).unwrap()
     };
     let rows =
-        sql("SELECT decision, outcome, error, finished_at IS NOT NULL, duration_ms >= 15000 \
+        sql("SELECT decision, outcome, error, finished_at IS NOT NULL, duration_ms >= 5000 \
          FROM audit WHERE skill = 'lingerer'");
     assert_eq!(
         rows.lines().collect::<Vec<_>>(),
@@ -244,6 +232,51 @@ fn a_run_outliving_skilld_drain_is_cut_and_recorded_so() {
     assert_eq!(sql("SELECT count(*) FROM audit WHERE outcome IS NULL").trim(), "0");
     let journal = s.base.join("audit.db-rows");
     assert!(fs::metadata(&journal).map_or(true, |m| m.len() == 0), "rows left in the journal");
+}
+
+/// A reload that shortens a skill's timeout while a run of it is in
+/// flight does not shorten skilld's drain for that run: the budget counts
+/// the longest timeout of any run allowed, not only of the skills
+/// registered at the stop. Before, the run below (60 s timeout, 19 s
+/// long) was cut at 17 s (1 s queue + the registry's 1 s + 15 s of slack)
+/// and recorded `cancelled`.
+#[test]
+fn a_reload_shortening_a_running_skills_timeout_does_not_shorten_the_drain() {
+    let mut s = Stack::start_with("", "queue_timeout_seconds = 1\n");
+    let script =
+        |sleep: u32| format!("echo \"pid=$$\" >&2\n/bin/sleep {sleep}\necho '{{\"done\":true}}'");
+    write_skill(&s.skills, "longrun", r#","timeout_seconds":60"#, &script(19));
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
+    let mut conn = crate::cancel::open_stream(&s.socket, "longrun");
+    let pid = crate::cancel::read_pid(&mut conn);
+
+    // The registry's longest timeout becomes 1 s.
+    for name in ["echo", "fail", "strict", "sleeper", "finisher"] {
+        fs::remove_dir_all(s.skills.join(name)).unwrap();
+    }
+    write_skill(&s.skills, "longrun", r#","timeout_seconds":1"#, &script(19));
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
+    let listed = s.get("/v1/skills").json();
+    let timeouts: Vec<_> =
+        listed["items"].as_array().unwrap().iter().map(|i| i["timeout_seconds"].clone()).collect();
+    assert_eq!(timeouts, [json!(1), json!(1)], "{listed}");
+
+    conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let client = std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let read = conn.read_to_end(&mut rest).map(drop);
+        (read, String::from_utf8_lossy(&rest).into_owned())
+    });
+    s.signal_skilld(Signal::SIGTERM);
+    let st = s.wait_skilld(Duration::from_secs(60)).expect("skilld exits once drained");
+    assert!(st.success(), "{st}\n{}", s.logs());
+    let (read, rest) = client.join().unwrap();
+    read.unwrap_or_else(|e| panic!("the client's stream did not end: {e}\n{}", s.logs()));
+    assert!(rest.contains("\"event\":\"report\""), "no report: {rest}\n{}", s.logs());
+    assert!(rest.contains("\"outcome\":\"ok\""), "{rest}");
+    assert!(rest.contains("\"result\":{\"done\":true}"), "{rest}");
+    assert!(!s.logs().contains("drain deadline passed"), "{}", s.logs());
+    assert!(!process_running(pid), "the run {pid} outlived skilld");
 }
 
 /// A parent that blocks the stop signals around its spawn (a supervisor,

@@ -229,6 +229,9 @@ pub async fn execute(
         reason = run_reason(row.id()),
         "run allowed"
     );
+    // The drain on SIGTERM waits for this run's timeout, whatever a reload
+    // does to its skill meanwhile.
+    app.allowing_run(manifest.timeout());
 
     let deadline = |started: Instant| {
         tokio::time::Instant::from_std(started) + manifest.timeout() + REPORT_SLACK
