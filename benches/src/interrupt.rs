@@ -3,20 +3,26 @@
 //! `loadbench` starts root daemons (an executor with its runs' tmpfs
 //! mounted under a temporary folder, a skilld) as its children. Killed by
 //! Ctrl-C, `timeout` or `pkill`, it used to die at once and leave them
-//! running, serving a folder nobody would remove. [`watch`] blocks
-//! `SIGINT`, `SIGTERM` and `SIGHUP` in the calling thread (so in every
-//! thread it starts later; `std::process` and the executor's spawner give
-//! their children an empty mask again) and waits for them in a thread of
-//! its own, which stops every process registered with [`Started::pid`]
-//! (`SIGTERM`, then `SIGKILL` after [`GRACE`]), removes every folder
-//! registered with [`Started::dir`] and exits with 128 + the signal's
-//! number, as the shell reports a process killed by it.
+//! running, serving a folder nobody would remove. [`watch`] catches
+//! `SIGINT`, `SIGTERM` and `SIGHUP` (tokio's handlers, on a thread of its
+//! own; no signal is blocked, so the children start with the mask and
+//! default dispositions they would have had). On the first, that thread
+//! marks the run interrupted, stops every process registered with
+//! [`Started::pid`] (`SIGTERM`, then `SIGKILL` after [`GRACE`]), removes
+//! every folder registered with [`Started::dir`] and exits with 128 + the
+//! signal's number, as the shell reports a process killed by it.
+//!
+//! Meanwhile the other threads must neither finish the run nor stop those
+//! processes themselves (a reaped daemon's pid could be another process's
+//! by the time the interrupt thread signals it): once interrupted, a
+//! thread that panics (its daemon gone, its request failed) and a caller
+//! of [`Started::gone`] wait for the exit instead ([`wait_for_exit`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 /// How long a registered process has to stop after `SIGTERM` (the
@@ -28,9 +34,11 @@ pub const GRACE: Duration = Duration::from_secs(10);
 pub struct Started {
     pids: Vec<i32>,
     dirs: Vec<PathBuf>,
+    interrupted: bool,
 }
 
-static STARTED: Mutex<Started> = Mutex::new(Started { pids: Vec::new(), dirs: Vec::new() });
+static STARTED: Mutex<Started> =
+    Mutex::new(Started { pids: Vec::new(), dirs: Vec::new(), interrupted: false });
 
 fn started() -> std::sync::MutexGuard<'static, Started> {
     STARTED.lock().unwrap_or_else(PoisonError::into_inner)
@@ -44,11 +52,18 @@ impl Started {
         }
     }
 
-    /// Forgets a child process, before the caller stops and reaps it (its
-    /// pid may then be another process's).
+    /// Forgets a child process before the caller stops and reaps it (its
+    /// pid may then be another process's). Once the run is interrupted it
+    /// is the interrupt thread's to stop: this then waits for the exit and
+    /// never returns.
     pub fn gone(pid: u32) {
+        let mut s = started();
+        if s.interrupted {
+            drop(s);
+            wait_for_exit();
+        }
         if let Ok(pid) = i32::try_from(pid) {
-            started().pids.retain(|p| *p != pid);
+            s.pids.retain(|p| *p != pid);
         }
     }
 
@@ -58,32 +73,61 @@ impl Started {
     pub fn dir(path: &Path) {
         started().dirs.push(path.to_path_buf());
     }
-}
 
-/// The signals that interrupt a run.
-fn interrupting() -> SigSet {
-    let mut set = SigSet::empty();
-    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        set.add(sig);
+    /// Whether the run was interrupted.
+    pub fn interrupted() -> bool {
+        started().interrupted
     }
-    set
 }
 
-/// Blocks the interrupting signals in the calling thread and starts the
-/// thread that waits for them. Call it first in `main`, before any other
-/// thread is started (they inherit the mask).
+/// Parks the calling thread until the interrupt thread exits the process.
+pub fn wait_for_exit() -> ! {
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Catches `SIGINT`, `SIGTERM` and `SIGHUP` from now on and starts the
+/// thread that acts on them; installs the panic hook that keeps a thread
+/// panicking after an interrupt from ending the process first. Call it
+/// first in `main`.
 ///
 /// # Errors
 ///
-/// The mask cannot be set or the thread cannot be started.
+/// The runtime, a handler or the thread cannot be made.
 pub fn watch() -> std::io::Result<()> {
-    let set = interrupting();
-    set.thread_block().map_err(std::io::Error::from)?;
+    use tokio::signal::unix::{signal, SignalKind};
+    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+    // Registered here, before returning: no window in which a signal
+    // still has its default action.
+    let (mut int, mut term, mut hup) = {
+        let _entered = rt.enter();
+        (
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::hangup())?,
+        )
+    };
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if Started::interrupted() {
+            wait_for_exit();
+        }
+        default_hook(info);
+    }));
     std::thread::Builder::new().name("interrupt".into()).spawn(move || {
-        let Ok(sig) = set.wait() else { return };
-        // Taken out first: the lock is not held while they stop.
-        let pids = std::mem::take(&mut started().pids);
-        let dirs = std::mem::take(&mut started().dirs);
+        let sig = rt.block_on(async {
+            tokio::select! {
+                _ = int.recv() => Signal::SIGINT,
+                _ = term.recv() => Signal::SIGTERM,
+                _ = hup.recv() => Signal::SIGHUP,
+            }
+        });
+        let (pids, dirs) = {
+            let mut s = started();
+            s.interrupted = true;
+            (std::mem::take(&mut s.pids), std::mem::take(&mut s.dirs))
+        };
         let stopped = stop_all(&pids);
         for dir in dirs {
             let _ = std::fs::remove_dir_all(&dir);
@@ -153,5 +197,6 @@ mod tests {
         Started::pid(4_000_000);
         Started::gone(4_000_000);
         assert!(!started().pids.contains(&4_000_000));
+        assert!(!Started::interrupted());
     }
 }

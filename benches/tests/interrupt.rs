@@ -79,6 +79,9 @@ fn an_interrupted_loadbench_stops_its_daemons_and_removes_their_folder() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(128 + signal as i32), "{signal}: {stderr}");
         assert!(stderr.contains("stopped 2 started processes"), "{signal}: {stderr}");
+        // The threads whose requests failed once the daemons went waited
+        // for the exit: no panic, no other exit code.
+        assert!(!stderr.contains("panicked"), "{signal}: {stderr}");
         // Orphans are reaped by init; gone or a zombie for a moment.
         let deadline = Instant::now() + Duration::from_secs(10);
         while (alive(executor) || alive(skilld)) && Instant::now() < deadline {

@@ -58,8 +58,9 @@ pub struct App {
     /// (policy's default until it does): manifests asking for more are
     /// clamped to it, so listings advertise what runs will get.
     max_timeout: AtomicU64,
-    /// The longest timeout of any run allowed since start, milliseconds:
-    /// what the drain waits for even after a reload shortened it.
+    /// The longest timeout of any skill a run was asked of since start,
+    /// milliseconds: what the drain waits for even after a reload
+    /// shortened it.
     longest_allowed_ms: AtomicU64,
     registry: Registry,
     executor: ExecutorClient,
@@ -194,8 +195,9 @@ impl App {
         summary
     }
 
-    /// Notes that a run with this timeout was allowed (before it queues):
-    /// see [`App::longest_run`].
+    /// Notes that a request may become a run with this timeout (called
+    /// once its skill is looked up, before its body is read): see
+    /// [`App::longest_run`].
     pub fn allowing_run(&self, timeout: Duration) {
         let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         self.longest_allowed_ms.fetch_max(ms, Ordering::Relaxed);
@@ -203,7 +205,7 @@ impl App {
 
     /// The longest a request may take from its arrival to its report: the
     /// queue timeout, the longest timeout of a registered skill or of any
-    /// run allowed since start (a reload that shortened a skill's timeout
+    /// skill a run was asked of since start (a reload that shortened a skill's timeout
     /// does not shorten the wait for a run started before it), and the
     /// report's slack. skilld's drain waits that long for the runs in
     /// flight, at most `drain_timeout_seconds` ([`MAX_DRAIN`] by default).

@@ -237,7 +237,7 @@ fn a_run_outliving_skilld_drain_is_cut_and_recorded_so() {
 /// A reload that shortens a skill's timeout while a run of it is in
 /// flight does not shorten skilld's drain for that run: the budget counts
 /// the longest timeout of any run allowed, not only of the skills
-/// registered at the stop. Before, the run below (60 s timeout, 19 s
+/// registered at the stop. Before, the run below (60 s timeout, 28 s
 /// long) was cut at 17 s (1 s queue + the registry's 1 s + 15 s of slack)
 /// and recorded `cancelled`.
 #[test]
@@ -245,7 +245,7 @@ fn a_reload_shortening_a_running_skills_timeout_does_not_shorten_the_drain() {
     let mut s = Stack::start_with("", "queue_timeout_seconds = 1\n");
     let script =
         |sleep: u32| format!("echo \"pid=$$\" >&2\n/bin/sleep {sleep}\necho '{{\"done\":true}}'");
-    write_skill(&s.skills, "longrun", r#","timeout_seconds":60"#, &script(19));
+    write_skill(&s.skills, "longrun", r#","timeout_seconds":60"#, &script(28));
     assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
     let mut conn = crate::cancel::open_stream(&s.socket, "longrun");
     let pid = crate::cancel::read_pid(&mut conn);
@@ -254,7 +254,7 @@ fn a_reload_shortening_a_running_skills_timeout_does_not_shorten_the_drain() {
     for name in ["echo", "fail", "strict", "sleeper", "finisher"] {
         fs::remove_dir_all(s.skills.join(name)).unwrap();
     }
-    write_skill(&s.skills, "longrun", r#","timeout_seconds":1"#, &script(19));
+    write_skill(&s.skills, "longrun", r#","timeout_seconds":1"#, &script(28));
     assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
     let listed = s.get("/v1/skills").json();
     let timeouts: Vec<_> =

@@ -97,6 +97,10 @@ pub async fn execute(
         .get(&name)
         .cloned()
         .ok_or_else(|| ApiError::NotFound(format!("no skill named {name:?}")))?;
+    // From here the request may become a run of this skill, whatever a
+    // reload does to it meanwhile: the drain on SIGTERM waits for its
+    // timeout (an upper bound; a request refused later changes nothing).
+    app.allowing_run(skill.registered().manifest().timeout());
     let bytes = read_body(body, &headers, app.limits()).await?;
     let req = parse_request(&bytes)?;
     // Args may hold what a caller would not want logged: their size only.
@@ -229,9 +233,6 @@ pub async fn execute(
         reason = run_reason(row.id()),
         "run allowed"
     );
-    // The drain on SIGTERM waits for this run's timeout, whatever a reload
-    // does to its skill meanwhile.
-    app.allowing_run(manifest.timeout());
 
     let deadline = |started: Instant| {
         tokio::time::Instant::from_std(started) + manifest.timeout() + REPORT_SLACK

@@ -91,8 +91,12 @@ pub const SOURCE_EXAMPLES: &str =
 /// How long the executor may take to open its socket.
 const EXECUTOR_START: Duration = Duration::from_secs(20);
 /// How long the executor may take to stop after SIGTERM (runs finish
-/// within their deadlines first) before it is killed.
+/// within their deadlines first) before it is killed, at least: once
+/// serving, as long as skilld's drain may wait for its runs
+/// (`App::longest_run`, up to `drain_timeout_seconds`) and a margin.
 const EXECUTOR_STOP: Duration = Duration::from_secs(45);
+/// What the executor gets beyond skilld's drain to answer and stop.
+const EXECUTOR_STOP_MARGIN: Duration = Duration::from_secs(5);
 
 /// Arguments of `up`.
 #[derive(Debug, clap::Args)]
@@ -312,14 +316,14 @@ impl Plan {
             _ = hup.recv() => Err(Failure::start("stopped (SIGHUP) during start-up")),
         };
         if let Err(f) = started {
-            stop_executor(&mut executor).await;
+            stop_executor(&mut executor, EXECUTOR_STOP).await;
             self.cleanup();
             return fail(&f, err);
         }
         let daemon = match Daemon::start(&self.settings, None).await {
             Ok(d) => d,
             Err(e) => {
-                stop_executor(&mut executor).await;
+                stop_executor(&mut executor, EXECUTOR_STOP).await;
                 self.cleanup();
                 let hint = match (&e, self.metrics) {
                     (crate::daemon::StartError::MetricsListen { .. }, Some(_)) => {
@@ -350,7 +354,8 @@ impl Plan {
         // Both at once: the executor lets runs finish within their
         // deadlines while ongrid-skilld drains the requests waiting on them.
         shutdown.cancel();
-        stop_executor(&mut executor).await;
+        let within = EXECUTOR_STOP.max(app.longest_run() + EXECUTOR_STOP_MARGIN);
+        stop_executor(&mut executor, within).await;
         drop(parent_alive);
         let _ = serving.await;
         self.cleanup();
@@ -543,8 +548,8 @@ async fn wait_for_socket(child: &mut Child, socket: &Path) -> Result<(), Failure
     }
 }
 
-/// SIGTERM to the executor, then wait (SIGKILL after [`EXECUTOR_STOP`]).
-async fn stop_executor(child: &mut Child) {
+/// SIGTERM to the executor, then wait (SIGKILL after `within`).
+async fn stop_executor(child: &mut Child, within: Duration) {
     if let Ok(Some(_)) = child.try_wait() {
         return;
     }
@@ -554,8 +559,8 @@ async fn stop_executor(child: &mut Child) {
             nix::sys::signal::Signal::SIGTERM,
         );
     }
-    if tokio::time::timeout(EXECUTOR_STOP, child.wait()).await.is_err() {
-        tracing::warn!("ongrid-executor did not stop within {EXECUTOR_STOP:?}; killing it");
+    if tokio::time::timeout(within, child.wait()).await.is_err() {
+        tracing::warn!("ongrid-executor did not stop within {within:?}; killing it");
         let _ = child.kill().await;
     }
 }
