@@ -221,6 +221,23 @@ impl Config {
         Ok(config)
     }
 
+    /// The run-as users this configuration names (`run_as` and every user
+    /// a skill is granted) that do not exist on this host, looked up now
+    /// (through NSS): every run as one of them fails (`sandbox_failed`)
+    /// until it is created. Only a root executor switches users.
+    pub fn missing_users(&self) -> Vec<String> {
+        let mut names: Vec<&str> = std::iter::once(self.run_as.as_str())
+            .chain(self.skills.values().flat_map(|g| g.run_as.iter().map(String::as_str)))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+            .into_iter()
+            .filter(|name| nix::unistd::User::from_name(name).ok().flatten().is_none())
+            .map(str::to_owned)
+            .collect()
+    }
+
     fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         let invalid =
             |field, reason: String| ConfigError::Invalid { path: path.to_owned(), field, reason };
@@ -407,6 +424,28 @@ fn parse_mode(text: &str) -> Result<u32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The default run-as user and the users skills are granted are looked
+    /// up; the ones missing are named once each.
+    #[test]
+    fn missing_run_as_users_are_named() {
+        let text = r#"
+            run_as = "root"
+            [skills.a]
+            run_as = ["ongrid-no-such-user-x", "root"]
+            [skills.b]
+            run_as = ["ongrid-no-such-user-x"]
+        "#;
+        let config = Config::parse(text, Path::new("t.toml")).unwrap();
+        assert_eq!(config.missing_users(), ["ongrid-no-such-user-x"]);
+        let text = "run_as = \"ongrid-no-such-user-y\"\n";
+        let config = Config::parse(text, Path::new("t.toml")).unwrap();
+        assert_eq!(config.missing_users(), ["ongrid-no-such-user-y"]);
+        assert!(Config::parse("run_as = \"root\"\n", Path::new("t.toml"))
+            .unwrap()
+            .missing_users()
+            .is_empty());
+    }
 
     /// The commented `/etc/ongrid/executor.toml` the package ships: with
     /// every `#key = value` and `#[table]` line uncommented it still parses

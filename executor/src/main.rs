@@ -90,6 +90,20 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
     // inherited socket close-on-exec (the watchdog must not hold it).
     let inherited = executor::systemd::take_listener().context("socket activation")?;
     let config = load_config(config).context("loading the configuration")?.for_serve();
+    // Said at start, not only in every run's report.
+    if nix::unistd::geteuid().is_root() {
+        for user in config.missing_users() {
+            executor::journald::eprint(
+                Level::WARN,
+                &format!(
+                    "ongrid-executor: run-as user {user:?} does not exist: every run as it fails \
+                     (sandbox_failed) until it is created (useradd --system --user-group \
+                     --no-create-home --shell /usr/sbin/nologin {user}) or executor.toml names \
+                     another"
+                ),
+            );
+        }
+    }
     // A delegated cgroup v2 subtree (systemd Delegate=yes): move into
     // <own>/supervisor so the run cgroups below get pids and memory.
     match executor::delegation::take_own() {

@@ -446,3 +446,25 @@ fn the_executor_blocks_sigchld_and_runs_still_end() {
         "runs' exits left it pending: {status}"
     );
 }
+
+/// An executor whose run-as user does not exist (a host without the
+/// package's sysusers entry) says so when it starts, not only in each
+/// run's report; every run is then `sandbox_failed`, naming the user.
+#[test]
+fn a_missing_run_as_user_is_named_at_start_and_in_each_report() {
+    if !root() {
+        println!("SKIP a_missing_run_as_user_is_named_at_start_and_in_each_report: needs root");
+        return;
+    }
+    let s = Stack::start_with("run_as = \"ongrid-e2e-no-such-user\"\n", "");
+    let warned = "run-as user \"ongrid-e2e-no-such-user\" does not exist: every run as it fails";
+    assert!(s.logs().contains(warned), "no start-up warning:\n{}", s.logs());
+    let r = s.execute("echo", &json!({"n": 1}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let report = r.json();
+    assert_eq!(report["outcome"], "sandbox_failed", "{report}");
+    assert!(
+        report["error"].as_str().is_some_and(|e| e.contains("\"ongrid-e2e-no-such-user\"")),
+        "{report}"
+    );
+}
