@@ -167,7 +167,7 @@ fn stop_all(pids: &[i32]) -> usize {
 
 /// True while `pid` exists and is not a zombie (our children are not
 /// reaped by this thread: a zombie has stopped).
-fn running(pid: i32) -> bool {
+pub fn running(pid: i32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
     // The state follows the command's closing parenthesis.
     let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());

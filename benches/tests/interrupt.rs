@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use ongrid_benches::interrupt::running;
 
 /// The pids whose parent is `parent`, with their command lines.
 fn children_of(parent: u32) -> Vec<(u32, String)> {
@@ -23,11 +24,47 @@ fn children_of(parent: u32) -> Vec<(u32, String)> {
     found
 }
 
+/// Whether `pid` still runs (not gone, not a zombie).
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.split_whitespace().next() != Some("Z")))
-        .unwrap_or(false)
+    running(pid as i32)
+}
+
+/// Waits up to `within` for `pid` to stop running; whether it did.
+fn stops_within(pid: u32, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    !alive(pid)
+}
+
+/// Whether this test may start the daemons (else it says SKIP).
+fn can_run() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        println!("SKIP: the daemons loadbench starts need root (the executor's cgroups)");
+    }
+    root
+}
+
+/// A loadbench of `daemon` runs that would take hours, on the daemons
+/// built next to it, its stderr as given.
+fn start_loadbench(stderr: Stdio) -> Child {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_loadbench"));
+    let bin_dir = bench.parent().unwrap();
+    assert!(
+        bin_dir.join("ongrid-executor").is_file() && bin_dir.join("ongrid-skilld").is_file(),
+        "the daemons missing in {}: run `cargo build --workspace --bins` first",
+        bin_dir.display()
+    );
+    Command::new(&bench)
+        .args(["--iters", "1000000", "--warmup", "0", "--conc", "1"])
+        .args(["--skills", "bin-cat", "--variants", "daemon", "--bin-dir"])
+        .arg(bin_dir)
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
 }
 
 /// The executor's and skilld's pids once both run, and the temp folder
@@ -50,26 +87,11 @@ fn wait_for_stack(bench: &mut Child) -> (u32, u32, PathBuf) {
 
 #[test]
 fn an_interrupted_loadbench_stops_its_daemons_and_removes_their_folder() {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIP: the daemons loadbench starts need root (the executor's cgroups)");
+    if !can_run() {
         return;
     }
-    let bench = PathBuf::from(env!("CARGO_BIN_EXE_loadbench"));
-    let bin_dir = bench.parent().unwrap();
-    assert!(
-        bin_dir.join("ongrid-executor").is_file() && bin_dir.join("ongrid-skilld").is_file(),
-        "the daemons missing in {}: run `cargo build --workspace --bins` first",
-        bin_dir.display()
-    );
     for signal in [Signal::SIGINT, Signal::SIGTERM] {
-        let mut child = Command::new(&bench)
-            .args(["--iters", "1000000", "--warmup", "0", "--conc", "1"])
-            .args(["--skills", "bin-cat", "--variants", "daemon", "--bin-dir"])
-            .arg(bin_dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = start_loadbench(Stdio::piped());
         let (executor, skilld, base) = wait_for_stack(&mut child);
         assert!(base.join("stack").is_dir());
         // Let runs begin, then interrupt.
@@ -83,47 +105,28 @@ fn an_interrupted_loadbench_stops_its_daemons_and_removes_their_folder() {
         // for the exit: no panic, no other exit code.
         assert!(!stderr.contains("panicked"), "{signal}: {stderr}");
         // Orphans are reaped by init; gone or a zombie for a moment.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while (alive(executor) || alive(skilld)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(!alive(executor), "{signal}: the executor {executor} still runs");
-        assert!(!alive(skilld), "{signal}: skilld {skilld} still runs");
+        let executor_stopped = stops_within(executor, Duration::from_secs(10));
+        assert!(executor_stopped, "{signal}: the executor {executor} still runs");
+        let skilld_stopped = stops_within(skilld, Duration::from_secs(10));
+        assert!(skilld_stopped, "{signal}: skilld {skilld} still runs");
         assert!(!base.exists(), "{signal}: {} left behind", base.display());
     }
 }
 
 #[test]
 fn a_killed_loadbench_still_stops_its_executor() {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIP: the daemons loadbench starts need root (the executor's cgroups)");
+    if !can_run() {
         return;
     }
-    let bench = PathBuf::from(env!("CARGO_BIN_EXE_loadbench"));
-    let bin_dir = bench.parent().unwrap();
-    let mut child = Command::new(&bench)
-        .args(["--iters", "1000000", "--warmup", "0", "--conc", "1"])
-        .args(["--skills", "bin-cat", "--variants", "daemon", "--bin-dir"])
-        .arg(bin_dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = start_loadbench(Stdio::null());
     let (executor, skilld, base) = wait_for_stack(&mut child);
     child.kill().unwrap();
     child.wait().unwrap();
     // The executor ends on its stdin's end (`--stop-on-stdin-eof`).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while alive(executor) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let executor_alive = alive(executor);
+    let executor_stopped = stops_within(executor, Duration::from_secs(20));
     // skilld has no such switch: stopped here, and the folder removed.
     let _ = kill(Pid::from_raw(skilld as i32), Signal::SIGKILL);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(skilld) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    stops_within(skilld, Duration::from_secs(10));
     let _ = std::fs::remove_dir_all(&base);
-    assert!(!executor_alive, "the executor {executor} outlived a SIGKILLed loadbench");
+    assert!(executor_stopped, "the executor {executor} outlived a SIGKILLed loadbench");
 }
