@@ -7,7 +7,11 @@
 //! (and ABI 6 scopes only abstract sockets). `socketpair(2)` stays allowed
 //! for `AF_UNIX` stream and seqpacket pairs only (in-process IPC): an
 //! unbound datagram socket could `sendto` any pathname socket (`/dev/log`,
-//! journald's) by name.
+//! journald's) by name. `bind(2)` and `listen(2)` fail too: a pair never
+//! needs them, and a pair's end bound to an abstract name held that name
+//! in the host's network namespace (Landlock's scope covers `connect` and
+//! `sendto`, not `bind`), so no host service could bind it while the run
+//! lived.
 //!
 //! A run whose uid may own files outside the box (root, a user the
 //! operator granted, the executor's own uid when it is not root), or that
@@ -107,8 +111,9 @@ fn nr(n: libc::c_long) -> u32 {
 }
 
 /// Syscalls denied outright with `EPERM`: debugging other processes,
-/// io_uring, the kernel keyring, namespaces, mounts, BPF and perf, kernel
-/// modules and kexec, userfaultfd, and host administration.
+/// io_uring and Linux AIO, the kernel keyring, namespaces, mounts, BPF and
+/// perf, kernel modules and kexec, userfaultfd, SysV and POSIX IPC, and
+/// host administration.
 pub const DENIED: &[libc::c_long] = &[
     libc::SYS_ptrace,
     libc::SYS_process_vm_readv,
@@ -174,6 +179,19 @@ pub const DENIED: &[libc::c_long] = &[
     libc::SYS_semop,
     libc::SYS_semtimedop,
     libc::SYS_semctl,
+    // POSIX message queues, for the same reasons; `mq_open` is refused by
+    // Landlock already, but `mq_unlink` removed another process's queue.
+    libc::SYS_mq_open,
+    libc::SYS_mq_unlink,
+    libc::SYS_mq_timedsend,
+    libc::SYS_mq_timedreceive,
+    libc::SYS_mq_notify,
+    libc::SYS_mq_getsetattr,
+    // Linux AIO contexts are counted host-wide (`fs.aio-nr` against
+    // `fs.aio-max-nr`) and charged to no cgroup: one run took all 65,536
+    // and every other process's `io_setup` failed until it ended. Without
+    // a context the other `io_*` calls can do nothing.
+    libc::SYS_io_setup,
     #[cfg(target_arch = "x86_64")]
     libc::SYS_iopl,
     #[cfg(target_arch = "x86_64")]
@@ -183,6 +201,10 @@ pub const DENIED: &[libc::c_long] = &[
     #[cfg(target_arch = "x86_64")]
     libc::SYS_uselib,
 ];
+
+/// Denied without the network grant (see the module docs); `socketpair`
+/// is filtered by its arguments instead.
+const NO_NETWORK: &[libc::c_long] = &[libc::SYS_socket, libc::SYS_bind, libc::SYS_listen];
 
 /// `setxattrat(2)` and `removexattrat(2)` (Linux 6.13; one number on
 /// every architecture).
@@ -447,7 +469,7 @@ fn build(v: Variant) -> Vec<Insn> {
     table.push((nr(libc::SYS_setpriority), Special::SelfWho(PRIO_PROCESS)));
     table.push((nr(libc::SYS_ioprio_set), Special::SelfWho(IOPRIO_WHO_PROCESS)));
     if !v.network {
-        table.push((nr(libc::SYS_socket), Special::Deny));
+        table.extend(NO_NETWORK.iter().map(|&n| (nr(n), Special::Deny)));
         table.push((nr(libc::SYS_socketpair), Special::Socketpair));
     }
     if v.lock_metadata {
@@ -526,9 +548,9 @@ mod tests {
             p.push(jump(JGE_K, X32_SYSCALL_BIT, 0, 1));
             p.push(stmt(RET_K, eperm));
         }
-        let socket = (!v.network).then_some(&libc::SYS_socket);
+        let sockets = NO_NETWORK.iter().filter(|_| !v.network);
         let metadata = METADATA.iter().filter(|_| v.lock_metadata);
-        for &n in DENIED.iter().chain(socket).chain(metadata) {
+        for &n in DENIED.iter().chain(sockets).chain(metadata) {
             p.push(jump(JEQ_K, nr(n), 0, 1));
             p.push(stmt(RET_K, eperm));
         }
@@ -652,6 +674,10 @@ mod tests {
         assert_eq!(pair(1, 0x8_0002), eperm, "datagram with flags");
         assert_eq!(pair(1, 3), eperm, "SOCK_RAW is a datagram socket for AF_UNIX");
         assert_eq!(pair(30, 1), eperm, "AF_TIPC");
+        assert_eq!(call(&p, libc::SYS_bind, [3, 0, 0, 0, 0, 0]), eperm, "a pair's end named");
+        assert_eq!(call(&p, libc::SYS_listen, [3, 0, 0, 0, 0, 0]), eperm);
+        assert_eq!(call(&p, libc::SYS_io_setup, z), eperm, "host-wide AIO contexts");
+        assert_eq!(call(&p, libc::SYS_mq_unlink, z), eperm, "POSIX message queues");
         for n in [libc::SYS_inotify_init1, libc::SYS_inotify_add_watch] {
             assert_eq!(call(&p, n, z), eperm, "inotify {n}");
         }
@@ -665,6 +691,8 @@ mod tests {
         assert_eq!(call(open, libc::SYS_socket, [1, 1, 0, 0, 0, 0]), RET_ALLOW, "AF_UNIX");
         assert_eq!(call(open, libc::SYS_socketpair, [1, 1, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(call(open, libc::SYS_socketpair, [1, 2, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(call(open, libc::SYS_bind, [3, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(call(open, libc::SYS_listen, [3, 0, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(call(open, libc::SYS_ptrace, z), eperm);
     }
 

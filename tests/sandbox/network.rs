@@ -119,6 +119,23 @@ fn abstract_unix_socket_is_unreachable() {
     no_leftovers(&skill, &g);
 }
 
+/// Without the network grant a run cannot hold an abstract name in the
+/// host's network namespace (one end of a socket pair bound to it would
+/// keep a host service from binding it): `bind` is refused. It works
+/// unsandboxed as the same user.
+#[test]
+fn abstract_unix_name_cannot_be_bound() {
+    let Some(g) = shared("abstract_unix_name_cannot_be_bound") else { return };
+    let skill = attack("abstract_bind");
+    let a = args("unix_abstract_bind", json!({"name": format!("ongrid-sbx-{}", skill.marker())}));
+    let (uid, gid) = host::skill_user();
+    let base = unsandboxed(Path::new(crate::ATTACK), uid, gid, &a);
+    assert_eq!(base["succeeded"], json!(true), "baseline: bind fails unsandboxed: {base}");
+    let run = skill.run(&Config::new(), &a);
+    blocked_with(&run, &[libc::EPERM]);
+    no_leftovers(&skill, &g);
+}
+
 /// §(b) 23: a world-connectable pathname Unix socket outside the sandbox
 /// (a stand-in for the loader's client socket, D-Bus, docker.sock) is
 /// unreachable.

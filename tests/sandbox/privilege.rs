@@ -148,6 +148,7 @@ denied_syscalls! {
     seccomp_denies_tiocsti_high_bits: "tiocsti_high", false;
     seccomp_denies_fanotify_init: "fanotify_init", true;
     seccomp_denies_inotify_init1: "inotify_init1", true;
+    seccomp_denies_linux_aio_contexts: "io_setup", true;
 }
 
 /// §(b) 30: the 16-bit segment table (x86-64 only).
@@ -282,6 +283,31 @@ fn sysv_ipc_is_refused() {
     for call in ["shmget", "msgget", "semget"] {
         assert_eq!(r["errnos"][call], json!(libc::EPERM), "{call}:\n{}", run.dump());
     }
+    no_leftovers(&skill, &g);
+}
+
+/// A POSIX message queue of the run-as user, made outside the sandbox,
+/// survives a run's `mq_unlink` (Landlock does not cover it; seccomp
+/// does), and the run cannot make one of its own either.
+#[test]
+fn posix_message_queues_are_refused() {
+    let Some(g) = shared("posix_message_queues_are_refused") else { return };
+    let (uid, gid) = host::skill_user();
+    let name = format!("ongrid-sbx-mq-{}", std::process::id());
+    let mq = |case: &str| {
+        let a = args(case, json!({"name": name}));
+        unsandboxed(Path::new(crate::ATTACK), uid, gid, &a)
+    };
+    assert_eq!(mq("mq_create")["succeeded"], json!(true), "baseline: mq_open");
+    let skill = attack("posix_mq");
+    let unlink = skill.run(&Config::new(), &args("mq_unlink", json!({"name": name})));
+    let create =
+        skill.run(&Config::new(), &args("mq_create", json!({"name": format!("{name}-b")})));
+    // Removing it outside proves it was still there, whatever the asserts say.
+    let gone = mq("mq_unlink");
+    assert_eq!(gone["succeeded"], json!(true), "the queue is gone: {gone}\n{}", unlink.dump());
+    syscall_denied(&unlink);
+    syscall_denied(&create);
     no_leftovers(&skill, &g);
 }
 

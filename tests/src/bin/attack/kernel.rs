@@ -83,6 +83,8 @@ fn syscall(name: &str) -> Result<Value, i32> {
                 -2,
             ),
             "io_uring_setup" => libc::syscall(libc::SYS_io_uring_setup, 4, p),
+            // One Linux AIO context (its id written to buf[0], which is 0).
+            "io_setup" => libc::syscall(libc::SYS_io_setup, 1, p),
             "bpf" => libc::syscall(libc::SYS_bpf, 0, p, 128),
             "perf_event_open" => libc::syscall(libc::SYS_perf_event_open, p, 0, -1, -1, 0),
             "kexec_load" => libc::syscall(libc::SYS_kexec_load, 0, 0, std::ptr::null::<u8>(), 0),
@@ -210,6 +212,7 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
         "interfere" => return interfere(pid),
         "interfere_self" => return interfere(0),
         "sysv_ipc" => return sysv_ipc(),
+        "mq_create" | "mq_unlink" => posix_mq(case, param(args, "name")),
         _ => Err(-1),
     };
     outcome(case, r)
@@ -260,6 +263,29 @@ fn interfere(pid: libc::pid_t) -> Value {
 
 /// Creates a SysV shared memory segment, message queue and semaphore set
 /// (private keys, removed again at once when made).
+/// Creates (`mq_create`, left behind) or removes (`mq_unlink`) the POSIX
+/// message queue `/name`.
+fn posix_mq(case: &str, name: &str) -> Result<Value, i32> {
+    let Ok(path) = std::ffi::CString::new(format!("/{name}")) else {
+        return Err(libc::EINVAL);
+    };
+    // SAFETY: `path` is a valid C string; a null attribute pointer asks
+    // for the defaults; the queue descriptor returned closes at exit.
+    let r = unsafe {
+        if case == "mq_create" {
+            libc::mq_open(
+                path.as_ptr(),
+                libc::O_CREAT | libc::O_RDWR,
+                0o600 as libc::mode_t,
+                std::ptr::null::<libc::mq_attr>(),
+            )
+        } else {
+            libc::mq_unlink(path.as_ptr())
+        }
+    };
+    ret(libc::c_long::from(r))
+}
+
 fn sysv_ipc() -> Value {
     let mut made = Vec::new();
     let mut errnos = serde_json::Map::new();

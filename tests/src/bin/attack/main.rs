@@ -102,12 +102,11 @@ fn main() {
             fs::attempt(&case, &args)
         }
         "metadata" => meta::attempt(&case, &args),
-        "tcp_connect" | "udp_send" | "icmp" | "raw_socket" | "unix_abstract" | "unix_path"
-        | "unix_dgram" => net::attempt(&case, &args),
+        "tcp_connect" | "udp_send" | "icmp" | "raw_socket" | "unix_abstract"
+        | "unix_abstract_bind" | "unix_path" | "unix_dgram" => net::attempt(&case, &args),
         "syscall" | "kill" | "kill_all" | "ptrace" | "process_vm_readv" | "cmdline_scan"
-        | "cgroup_escape" | "interfere" | "interfere_self" | "sysv_ipc" => {
-            kernel::attempt(&case, &args)
-        }
+        | "cgroup_escape" | "interfere" | "interfere_self" | "sysv_ipc" | "mq_create"
+        | "mq_unlink" => kernel::attempt(&case, &args),
         "forkbomb" | "memhog" | "memsplit" | "cpu_spin" | "flood_stdout" | "flood_stderr"
         | "fsize" | "nofile" | "address_space" | "disk_fill" => limits::attempt(&case, &args),
         "sleep"

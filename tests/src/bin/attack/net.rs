@@ -48,6 +48,42 @@ fn icmp_echo(addr: &str, kind: libc::c_int) -> Result<Value, i32> {
     }
 }
 
+/// Binds one end of a Unix stream pair to the abstract `name`: no
+/// `socket(2)` needed, and the name is held in the host's network
+/// namespace for as long as the socket lives.
+fn abstract_bind(name: &str) -> Result<Value, i32> {
+    let mut sv = [-1; 2];
+    // SAFETY: `sv` has room for the two descriptors socketpair writes.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, sv.as_mut_ptr()) } < 0 {
+        return Err(errno());
+    }
+    // SAFETY: an all-zero sockaddr_un is a valid value.
+    let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = name.as_bytes();
+    if bytes.len() + 1 > sa.sun_path.len() {
+        return Err(libc::EINVAL);
+    }
+    // sun_path[0] stays 0: an abstract name.
+    for (d, &b) in sa.sun_path[1..].iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + bytes.len();
+    // SAFETY: `sa` is valid for `len` bytes; sv[0] is our socket.
+    let r = unsafe { libc::bind(sv[0], std::ptr::from_ref(&sa).cast(), len as libc::socklen_t) };
+    let e = errno();
+    // SAFETY: both descriptors are ours and closed once.
+    unsafe {
+        libc::close(sv[0]);
+        libc::close(sv[1]);
+    }
+    if r < 0 {
+        Err(e)
+    } else {
+        Ok(json!({}))
+    }
+}
+
 /// Runs one network case.
 pub(crate) fn attempt(case: &str, args: &Value) -> Value {
     let addr = param(args, "addr");
@@ -74,6 +110,7 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
             .and_then(|sa| UnixStream::connect_addr(&sa))
             .map(|_| json!({}))
             .map_err(|e| io_errno(&e)),
+        "unix_abstract_bind" => abstract_bind(param(args, "name")),
         "unix_path" => {
             UnixStream::connect(param(args, "path")).map(|_| json!({})).map_err(|e| io_errno(&e))
         }
