@@ -78,7 +78,28 @@ impl From<rusqlite::Error> for WriteError {
     }
 }
 
+/// The audit database's mode when skilld creates it: the rows hold every
+/// caller's args and results, so other users never read them (the
+/// package's group may; the umask can take more away). SQLite gives its
+/// `-wal` and `-shm` files the database's mode.
+const DB_MODE: u32 = 0o640;
+
 pub(super) fn open(settings: &AuditSettings) -> rusqlite::Result<Connection> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    // Made here rather than by SQLite, which would use 0644 and the
+    // umask. A failure is left to `Connection::open` to report.
+    let made =
+        std::fs::OpenOptions::new().append(true).create(true).mode(DB_MODE).open(&settings.db);
+    if let Ok(mode) = made.and_then(|f| f.metadata()).map(|m| m.permissions().mode()) {
+        if mode & 0o007 != 0 {
+            tracing::warn!(
+                path = %settings.db.display(),
+                mode = format_args!("{:o}", mode & 0o7777),
+                "audit: every user may read the database (it holds args and results); \
+                 chmod o-rwx it"
+            );
+        }
+    }
     let mut db = Connection::open(&settings.db)?;
     db.busy_timeout(std::time::Duration::from_secs(5))?;
     // WAL: readers (ongrid-skill audit --db, sqlite3) never block the

@@ -292,6 +292,20 @@ async fn health_says_why_the_trail_cannot_be_written_until_it_can() {
     assert_eq!(audit.health().await, Ok(()));
 }
 
+#[tokio::test]
+async fn a_new_database_and_its_wal_are_not_world_readable() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(dir.path(), 0);
+    let audit = Audit::start(&s, IntCounter::new("e", "e").unwrap(), &syncs()).unwrap();
+    audit.record(record("rm", &[])).await.unwrap();
+    let wal = dir.path().join("audit.db-wal");
+    for path in [&s.db, &wal] {
+        let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode & 0o007, 0, "{} has mode {mode:o}", path.display());
+    }
+}
+
 #[test]
 fn bounded_cuts_on_a_character_boundary() {
     assert_eq!(bounded("abc".into(), 3), ("abc".into(), false));
