@@ -267,6 +267,16 @@ impl Config {
         if self.max_timeout_seconds == 0 {
             return Err(invalid("max_timeout_seconds", "must be at least 1".to_owned()));
         }
+        self.limits.check().map_err(|e| invalid("limits", e.to_string()))?;
+        for (name, grant) in &self.skills {
+            let checks = [
+                grant.memory_bytes.map(policy::limits::check_memory),
+                grant.max_pids.map(policy::limits::check_pids),
+            ];
+            if let Some(Err(e)) = checks.into_iter().flatten().find(Result::is_err) {
+                return Err(invalid("skills", format!("[skills.{name}] {e}")));
+            }
+        }
         for name in self.skills.keys() {
             policy::SkillName::new(name)
                 .map_err(|e| invalid("skills", format!("[skills.{name}]: {e}")))?;
@@ -542,7 +552,7 @@ mod tests {
     #[test]
     fn the_runs_tmpfs_holds_every_slot_at_its_memory_bound() {
         let text = "max_concurrent_runs = 4\n[limits]\nmemory_bytes = 1048576\n\
-                    [skills.big]\nmemory_bytes = 8388608\n[skills.small]\nmemory_bytes = 1024\n";
+                    [skills.big]\nmemory_bytes = 8388608\n[skills.small]\nmemory_bytes = 1048576\n";
         let c = Config::parse(text, Path::new("x.toml")).unwrap();
         assert_eq!(c.largest_run_memory(), 8 << 20);
         assert_eq!(c.runs_tmpfs_need(), 32 << 20);
@@ -583,6 +593,13 @@ mod tests {
             ("[[peers]]\nuid = 1\nclasses = [\"root\"]", "classes"),
             ("[[peers]]\nuid = 1\nclasses = []\n[[peers]]\nuid = 1\nclasses = []", "twice"),
             ("[[peers]]\nuid = 1\nclass = []", "unknown field"),
+            ("[limits]\nmemory_bytes = 65536", "memory_bytes: must be at least 1048576"),
+            ("[limits]\nnofile = 0", "nofile"),
+            ("[limits]\nstdout_bytes = 0", "stdout_bytes"),
+            ("[limits]\naddress_space_bytes = 0", "address_space_bytes"),
+            ("[limits]\nmax_pids = 0", "max_pids"),
+            ("[skills.x]\nmemory_bytes = 1", "[skills.x] memory_bytes"),
+            ("[skills.x]\nmax_pids = 0", "[skills.x] max_pids"),
         ] {
             let e = Config::parse(text, Path::new("x.toml")).unwrap_err().to_string();
             assert!(e.contains(needle), "{text}: {e}");
