@@ -285,6 +285,8 @@ impl StderrLines<'_> {
             let room = self.line_max.saturating_sub(self.line.len());
             if body.len() > room {
                 self.line_cut = true;
+                // Cut from the line: never kept, so counted as dropped.
+                self.dropped += (body.len() - room) as u64;
             }
             self.line.extend_from_slice(body.get(..room.min(body.len())).unwrap_or_default());
             if ends {

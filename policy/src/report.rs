@@ -180,7 +180,8 @@ pub struct RunReport {
     pub setup_us: u64,
     /// Bounded tail of stderr.
     pub stderr: String,
-    /// Stderr bytes dropped from the tail.
+    /// Stderr bytes not in `stderr`: dropped from the tail, or cut from
+    /// lines over the line bound.
     #[serde(default)]
     pub stderr_truncated_bytes: u64,
     /// What the sandbox enforced; null when nothing ran.

@@ -190,6 +190,13 @@ fn stderr_giant_line_is_bounded() {
         run.report.stderr.len(),
         run.dump()
     );
+    // What the cut left out (the line less its newline and the 1024 bytes
+    // kept) is counted like the tail's drops.
+    assert!(
+        run.report.stderr_truncated_bytes >= (1 << 20) - 1 - 1024,
+        "the line's cut bytes were not counted:\n{}",
+        run.dump()
+    );
     no_leftovers(&skill, &g);
 }
 
