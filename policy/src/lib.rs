@@ -26,6 +26,8 @@
 //!   [`Manifest`] per tool, shared by the loader and the executor.
 //! - [`yaml`]: bounded YAML → JSON (no anchors, aliases or tags; depth,
 //!   node and size limits) for that frontmatter.
+//! - [`printable`]: text from packs and skills made safe to print: control
+//!   characters escaped, one line stays one line.
 //! - [`journald`]: the daemons' log lines for journald (`<N>` priority,
 //!   no timestamp) and when stderr is its stream.
 //! - [`wire`]: the executor wire (newline-delimited JSON-RPC 2.0, capped lines):
@@ -49,6 +51,7 @@ pub mod manifest;
 pub mod name;
 pub mod path;
 pub mod permission;
+pub mod printable;
 pub mod raw_json;
 pub mod report;
 pub mod sandbox;

@@ -23,13 +23,15 @@ use clap::{Parser, Subcommand};
 
 use crate::scan::ScanReport;
 
+/// Text from packs and skills made safe to print ([`policy::printable`]).
+pub use policy::printable;
+
 pub mod approve;
 pub mod audit;
 pub mod check;
 pub mod keygen;
 pub mod list;
 pub mod mcp;
-pub mod printable;
 pub mod reload;
 pub mod remote;
 pub mod run;

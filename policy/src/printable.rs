@@ -1,5 +1,6 @@
-//! Text from packs and skills made safe to print on a terminal, for the
-//! human output of the commands (never for `--json`).
+//! Text from packs and skills made safe to print on a terminal or in a
+//! log: the human output of the CLI (never its `--json`) and the daemons'
+//! log lines.
 //!
 //! A description, a path, a schema or a skill's stderr line is written by
 //! whoever wrote the pack or the skill. Printed raw, its control
