@@ -2,12 +2,14 @@
 //! `$JOURNAL_STREAM` names stderr, lines are written as
 //! `<4>target: message fields` without timestamp
 //! ([`policy::journald`]); anywhere else they keep the usual text, with
-//! colours on a terminal.
+//! colours on a terminal. Either way a record is one line, its control
+//! characters escaped ([`policy::log_line`]).
 
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 
-use policy::journald::{names_stream, priority, StreamFormat};
+use policy::journald::{names_stream, priority};
+use policy::printable;
 use tracing::Level;
 use tracing_subscriber::EnvFilter;
 
@@ -21,8 +23,10 @@ pub fn stderr_is_journal() -> bool {
 
 /// Prints one line to stderr, with `level`'s priority prefix when stderr
 /// is the journal: for what is said outside the subscriber (a bad
-/// configuration, the error a daemon exits with).
+/// configuration, the error a daemon exits with). Its control characters
+/// are escaped, as in every log line.
 pub fn eprint(level: Level, line: &str) {
+    let line = printable::line(line);
     if stderr_is_journal() {
         eprintln!("<{}>{line}", priority(level));
     } else {
@@ -30,18 +34,15 @@ pub fn eprint(level: Level, line: &str) {
     }
 }
 
-/// Installs the global subscriber: `filter`, to stderr, in the journal's
-/// format when stderr is the journal.
+/// Installs the global subscriber ([`policy::log_line::subscriber`]):
+/// `filter`, to stderr, in the journal's format when stderr is the
+/// journal.
 ///
 /// # Errors
 ///
 /// A global subscriber was set before.
 pub fn try_init(filter: EnvFilter) -> Result<(), tracing_subscriber::util::TryInitError> {
     use tracing_subscriber::util::SubscriberInitExt;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if stderr_is_journal() {
-        builder.with_ansi(false).event_format(StreamFormat::default()).finish().try_init()
-    } else {
-        builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).finish().try_init()
-    }
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    policy::log_line::subscriber(filter, std::io::stderr, stderr_is_journal(), ansi).try_init()
 }

@@ -3,9 +3,11 @@
 //! itself and reads its priority from a `<N>` prefix (`sd-daemon(3)`;
 //! `SyslogLevelPrefix=yes`, the default). Without the prefix every line is
 //! `info` and `journalctl -p warning` finds nothing; with the daemon's own
-//! timestamp every line carries two. The rules live here; looking at
-//! stderr and installing the subscriber is each daemon's (`journald` in
-//! the loader and the executor).
+//! timestamp every line carries two. The rules live here; the subscriber
+//! is [`crate::log_line::subscriber`], whose fields never hold a line
+//! break, so that no pack text can start a line with a `<N>` of its own;
+//! looking at stderr and installing it is each daemon's (`journald` in the
+//! loader and the executor).
 
 use std::ffi::OsStr;
 use std::fmt;
@@ -41,7 +43,9 @@ pub fn priority(level: Level) -> u8 {
 }
 
 /// The event format for the journal's stream: the priority prefix, then
-/// the usual text without timestamp, level word or colours.
+/// the usual text without timestamp, level word or colours. Its fields
+/// are formatted by the subscriber's field formatter: with
+/// [`crate::log_line::OneLineFields`] a record is one line.
 #[derive(Debug)]
 pub struct StreamFormat {
     text: Format<Full, ()>,

@@ -30,6 +30,8 @@
 //!   characters escaped, one line stays one line.
 //! - [`journald`]: the daemons' log lines for journald (`<N>` priority,
 //!   no timestamp) and when stderr is its stream.
+//! - [`log_line`]: the daemons' `tracing` subscriber, each record one line
+//!   (the control characters in its fields escaped).
 //! - [`wire`]: the executor wire (newline-delimited JSON-RPC 2.0, capped lines):
 //!   `execute`, `ping` and `metrics` requests, and the replies the loader reads.
 //!
@@ -47,6 +49,7 @@ pub mod class;
 pub mod env;
 pub mod journald;
 pub mod limits;
+pub mod log_line;
 pub mod manifest;
 pub mod name;
 pub mod path;

@@ -15,6 +15,7 @@ mod cancel;
 mod cli;
 mod executor;
 mod load;
+mod logs;
 mod malformed;
 mod metrics;
 mod permissions;
