@@ -19,14 +19,14 @@
 //! schema as its nearest `f64`, while the skill reads every digit. A
 //! schema's `maximum` of `1e20` passes `100000000000000000001`.
 
-use std::cell::Cell;
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 
 use crate::raw_json::RawJson;
+use crate::unique_json::{self, UniqueError};
 
 /// Why a text is not an args object.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -151,106 +151,19 @@ impl<'de> Deserialize<'de> for Args {
 /// wire wraps them in two more objects, and serde_json reads 128 levels.
 pub const MAX_ARGS_DEPTH: usize = 64;
 
-/// The key serde_json reserves for its raw values: `Value` reads an object
-/// with it as first key as the value inside, or refuses it, so neither the
-/// schema's copy nor any serde_json reader of the audit trail could be
-/// trusted with it.
-pub const RESERVED_KEY: &str = "$serde_json::private::RawValue";
+/// The key serde_json reserves for its raw values (refused in args).
+pub use crate::unique_json::RESERVED_KEY;
 
-/// Parses `text` (valid JSON) into a [`Value`], refusing a key given twice
-/// in any object, the reserved key, and nesting past [`MAX_ARGS_DEPTH`].
-/// Built here rather than by `Value`'s own visitor, which treats
-/// [`RESERVED_KEY`] specially.
+/// Parses `text` (valid JSON) into a [`Value`] with [`unique_json`],
+/// refusing a key given twice in any object, the reserved key, and
+/// nesting past [`MAX_ARGS_DEPTH`].
 fn parse_unique(text: &str) -> Result<Value, ArgsError> {
-    let why = Cell::new(None);
-    let mut de = serde_json::Deserializer::from_str(text);
-    match (Unique { why: &why, depth: 0 }).deserialize(&mut de) {
-        Ok(v) => Ok(v),
-        Err(e) => Err(why.take().unwrap_or_else(|| ArgsError::NotJson(e.to_string()))),
-    }
-}
-
-/// Builds the value token by token; the first refusal is left in the cell.
-#[derive(Clone, Copy)]
-struct Unique<'a> {
-    why: &'a Cell<Option<ArgsError>>,
-    depth: usize,
-}
-
-impl Unique<'_> {
-    fn refuse<E: de::Error>(self, why: ArgsError) -> E {
-        let e = E::custom(&why);
-        self.why.set(Some(why));
-        e
-    }
-
-    fn inner<E: de::Error>(self) -> Result<Self, E> {
-        if self.depth >= MAX_ARGS_DEPTH {
-            return Err(self.refuse(ArgsError::TooDeep));
-        }
-        Ok(Self { why: self.why, depth: self.depth + 1 })
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for Unique<'_> {
-    type Value = Value;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Unique<'_> {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
-        Ok(Value::Bool(b))
-    }
-    fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
-        Ok(Value::from(n))
-    }
-    fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
-        Ok(Value::from(n))
-    }
-    fn visit_f64<E>(self, n: f64) -> Result<Value, E> {
-        // The parser yields finite numbers only.
-        Ok(serde_json::Number::from_f64(n).map_or(Value::Null, Value::Number))
-    }
-    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
-        Ok(Value::String(s.to_owned()))
-    }
-    fn visit_string<E>(self, s: String) -> Result<Value, E> {
-        Ok(Value::String(s))
-    }
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let inner = self.inner()?;
-        let mut out = Vec::new();
-        while let Some(v) = seq.next_element_seed(inner)? {
-            out.push(v);
-        }
-        Ok(Value::Array(out))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let inner = self.inner()?;
-        let mut out = serde_json::Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if key == RESERVED_KEY {
-                return Err(self.refuse(ArgsError::ReservedKey));
-            }
-            let v = map.next_value_seed(inner)?;
-            if out.contains_key(&key) {
-                return Err(self.refuse(ArgsError::DuplicateKey(key)));
-            }
-            out.insert(key, v);
-        }
-        Ok(Value::Object(out))
-    }
+    unique_json::from_str(text, MAX_ARGS_DEPTH).map_err(|e| match e {
+        UniqueError::Json(e) => ArgsError::NotJson(e.to_string()),
+        UniqueError::DuplicateKey { key, .. } => ArgsError::DuplicateKey(key),
+        UniqueError::ReservedKey => ArgsError::ReservedKey,
+        UniqueError::TooDeep => ArgsError::TooDeep,
+    })
 }
 
 #[cfg(test)]

@@ -60,6 +60,7 @@ pub mod report;
 pub mod sandbox;
 pub mod schema;
 pub mod skillmd;
+mod unique_json;
 pub mod wire;
 pub mod yaml;
 

@@ -1,6 +1,11 @@
 //! `skill.json`: parsed as JSON, then validated field by field into a
 //! [`Manifest`] that can only hold valid values.
 //!
+//! The text is read with unique keys ([`crate::unique_json`]): a key
+//! given twice in any object is refused (`duplicate key "class" (line
+//! 3)`), as in SKILL.md frontmatter and in a run's args, rather than read
+//! as the last one.
+//!
 //! Fields (DESIGN.md §2): `name` (required, `[a-z0-9_]+`), `description`
 //! (required), `schema` (JSON Schema of the args object; absent =
 //! `{"type":"object","properties":{}}`), `entry` (required), `env_allow`
@@ -23,6 +28,7 @@ use crate::name::SkillName;
 use crate::path::absolute_normal;
 use crate::sandbox::{capability_number, SandboxRequest};
 use crate::schema::Schema;
+use crate::unique_json::{self, UniqueError};
 
 /// Largest `skill.json` accepted, in bytes.
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
@@ -57,6 +63,16 @@ pub enum ManifestError {
     /// Not JSON at all.
     #[error("invalid JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// A key given twice in one object (at any depth): refused rather
+    /// than read as the last one, which another reader of the file may
+    /// not do.
+    #[error("duplicate key {key:?} (line {line})")]
+    DuplicateKey {
+        /// The key.
+        key: String,
+        /// The line of its second occurrence, from 1.
+        line: usize,
+    },
     /// JSON, but not an object.
     #[error("manifest must be a JSON object, got {0}")]
     NotAnObject(&'static str),
@@ -167,7 +183,17 @@ impl Manifest {
         if bytes.len() as u64 > MAX_MANIFEST_BYTES {
             return Err(ManifestError::TooLarge { size: bytes.len() as u64 });
         }
-        let value: Value = serde_json::from_slice(bytes)?;
+        // Nesting is bounded by serde_json's own limit (128 levels).
+        let value = unique_json::from_slice(bytes, usize::MAX).map_err(|e| match e {
+            UniqueError::Json(e) => ManifestError::Json(e),
+            UniqueError::DuplicateKey { key, line } => ManifestError::DuplicateKey { key, line },
+            UniqueError::ReservedKey => {
+                invalid(unique_json::RESERVED_KEY, "is a key serde_json reserves")
+            }
+            UniqueError::TooDeep => {
+                ManifestError::Json(serde::de::Error::custom("nested too deep"))
+            }
+        })?;
         Self::from_value(value, opts)
     }
 

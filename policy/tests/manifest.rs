@@ -266,6 +266,35 @@ fn not_json_or_not_object() {
     }
 }
 
+/// A key given twice is refused with the key named, at the top level and
+/// inside `schema` or `sandbox`, rather than read as the last one.
+#[test]
+fn duplicate_keys_are_refused_with_the_key_named() {
+    let opts = ValidateOptions::default();
+    for (text, want) in [
+        (
+            r#"{"name":"dup","class":"dangerous","description":"d","entry":"run","class":"safe"}"#,
+            "duplicate key \"class\" (line 1)",
+        ),
+        (
+            "{\"name\":\"dup\",\"description\":\"d\",\"entry\":\"run\",\n\"schema\":{\"type\":\"object\",\n\"required\":[\"a\"],\"required\":[]}}",
+            "duplicate key \"required\" (line 3)",
+        ),
+        (
+            r#"{"name":"dup","description":"d","entry":"run","sandbox":{"network":false,"network":true}}"#,
+            "duplicate key \"network\" (line 1)",
+        ),
+        (r#"{"name":"dup","description":"d","entry":"run","\u0065ntry":"other"}"#, "duplicate key \"entry\""),
+    ] {
+        let e = Manifest::from_slice(text.as_bytes(), &opts).unwrap_err();
+        assert!(matches!(e, ManifestError::DuplicateKey { .. }), "{text}: {e:?}");
+        assert!(e.to_string().starts_with(want), "{text}: {e}");
+    }
+    // The same key in sibling objects is fine.
+    let text = r#"{"name":"x","description":"d","entry":"run","schema":{"properties":{"a":{"type":"string"},"b":{"type":"string"}}}}"#;
+    Manifest::from_slice(text.as_bytes(), &opts).unwrap();
+}
+
 #[test]
 fn too_large_is_rejected_before_parsing() {
     let mut big = base().to_string().into_bytes();
