@@ -84,6 +84,14 @@ pub enum ScanEvent {
         /// What it is instead (`symlink`, `directory`, `fifo`...).
         kind: &'static str,
     },
+    /// A symbolic link to a directory inside a root: not followed
+    /// (DESIGN.md §2), so nothing beneath it is loaded. Said at warn level
+    /// for the operator who linked a pack into a root, but not a skip: it
+    /// is not a manifest, and packs may hold such links (`lib64 -> lib`).
+    SymlinkedDir {
+        /// The link.
+        path: PathBuf,
+    },
     /// A root that is not walked.
     Root {
         /// The root as given.
@@ -165,13 +173,14 @@ impl ScanEvent {
                 | ScanEvent::IgnoredFields { .. }
                 | ScanEvent::TimeoutClamped { .. }
                 | ScanEvent::NoTools { .. }
+                | ScanEvent::SymlinkedDir { .. }
         )
     }
 
     /// A short stable name of the event's kind, used as a metric label:
-    /// `registered`, `duplicate`, `parse`, `build`, `not_regular`, `root`,
-    /// `root_repeated`, `walk`, `ignored_fields`, `timeout_clamped`,
-    /// `requirement`, `no_tools`.
+    /// `registered`, `duplicate`, `parse`, `build`, `not_regular`,
+    /// `symlinked_dir`, `root`, `root_repeated`, `walk`, `ignored_fields`,
+    /// `timeout_clamped`, `requirement`, `no_tools`.
     pub fn kind(&self) -> &'static str {
         match self {
             ScanEvent::Registered { .. } => "registered",
@@ -179,6 +188,7 @@ impl ScanEvent {
             ScanEvent::Parse { .. } => "parse",
             ScanEvent::Build { .. } => "build",
             ScanEvent::NotRegular { .. } => "not_regular",
+            ScanEvent::SymlinkedDir { .. } => "symlinked_dir",
             ScanEvent::Root { .. } => "root",
             ScanEvent::RootRepeated { .. } => "root_repeated",
             ScanEvent::Walk { .. } => "walk",
@@ -200,7 +210,9 @@ impl ScanEvent {
             | ScanEvent::TimeoutClamped { manifest, .. }
             | ScanEvent::RequirementNotMet { manifest, .. }
             | ScanEvent::NoTools { manifest, .. } => manifest,
-            ScanEvent::NotRegular { path, .. } | ScanEvent::Walk { path, .. } => path,
+            ScanEvent::NotRegular { path, .. }
+            | ScanEvent::SymlinkedDir { path }
+            | ScanEvent::Walk { path, .. } => path,
             ScanEvent::Root { root, .. } | ScanEvent::RootRepeated { root, .. } => root,
         }
     }
@@ -216,6 +228,7 @@ impl ScanEvent {
             ScanEvent::Parse { error, .. } => error.to_string(),
             ScanEvent::Build { name, error, .. } => format!("build \"{name}\": {error}"),
             ScanEvent::NotRegular { kind, .. } => format!("not a regular file ({kind})"),
+            ScanEvent::SymlinkedDir { .. } => SYMLINKED_DIR.to_owned(),
             ScanEvent::Root { error, .. } => format!("root {error}"),
             ScanEvent::RootRepeated { canonical, .. } => {
                 format!("root resolves to {}, already scanned", canonical.display())
@@ -237,6 +250,9 @@ impl ScanEvent {
     }
 }
 
+/// The reason of [`ScanEvent::SymlinkedDir`].
+const SYMLINKED_DIR: &str = "symlinked directory, not followed";
+
 fn quoted_list(items: &[String]) -> String {
     items.iter().map(|f| format!("{f:?}")).collect::<Vec<_>>().join(", ")
 }
@@ -257,6 +273,9 @@ impl fmt::Display for ScanEvent {
             ScanEvent::Build { name, error, .. } => write!(f, "build \"{name}\": {error}"),
             ScanEvent::NotRegular { path, kind } => {
                 write!(f, "skipping {}: not a regular file ({kind})", path.display())
+            }
+            ScanEvent::SymlinkedDir { path } => {
+                write!(f, "skipping {}: {SYMLINKED_DIR}", path.display())
             }
             ScanEvent::Root { root, error } => {
                 write!(f, "root {} {error}, skipping", root.display())
@@ -364,6 +383,10 @@ mod tests {
             (
                 ScanEvent::NotRegular { path: m.clone(), kind: "fifo" },
                 "skill loader: skipping /skills/disk/skill.json: not a regular file (fifo)",
+            ),
+            (
+                ScanEvent::SymlinkedDir { path: PathBuf::from("/skills/linked") },
+                "skill loader: skipping /skills/linked: symlinked directory, not followed",
             ),
             (
                 ScanEvent::IgnoredFields {

@@ -10,7 +10,9 @@
 //! Walk rules (DESIGN.md §2): each root is resolved to its canonical
 //! directory (a root that is a symlink is followed once, here), then walked
 //! recursively in lexical order without following symlinks, so a symlink
-//! loop under a root cannot make the walk recurse. Every regular file named
+//! loop under a root cannot make the walk recurse; a symlink to a
+//! directory is an event (`skipping PATH: symlinked directory, not
+//! followed`). Every regular file named
 //! `skill.json` is a manifest; anything else with that name is skipped with
 //! an event. Errors never stop the scan: each one becomes a [`ScanEvent`]
 //! and the walk goes on. A valid manifest is then built ([`crate::build`]:
@@ -235,6 +237,14 @@ impl Session<'_> {
                 {
                     let file_type = de.file_type();
                     self.visit(root, de.into_path(), Some(file_type));
+                }
+                // Not followed; said, so that a pack linked into a root is
+                // not dropped without a word.
+                Ok(de)
+                    if de.path_is_symlink()
+                        && std::fs::metadata(de.path()).is_ok_and(|m| m.is_dir()) =>
+                {
+                    self.report.events.push(ScanEvent::SymlinkedDir { path: de.into_path() });
                 }
                 Ok(_) => {}
             }

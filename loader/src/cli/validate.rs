@@ -4,7 +4,8 @@
 //! walked exactly as the loader walks a root; a single manifest is checked
 //! with its own folder as the root. Every manifest gets one line: `ok` or
 //! `error` with its path and reason, plus `note` lines (ignored fields, a
-//! clamped timeout) that do not fail. A manifest reached through several
+//! clamped timeout, a symlinked folder, which the daemon does not follow
+//! inside a root) that do not fail. A manifest reached through several
 //! PATHs (a folder and its `skill.json`, nested folders, a symlink to a
 //! folder) is checked once, by its canonical path. Exits 1 if anything
 //! failed: a skipped manifest, a duplicate name, an unreadable path, or a
@@ -32,6 +33,12 @@ pub struct Args {
     #[arg(value_name = "PATH", required = true)]
     pub paths: Vec<PathBuf>,
 }
+
+/// The note on a PATH that is a symlink to a folder: checked through the
+/// link, but the daemon would not follow it inside a root.
+const SYMLINK_NOTE: &str = "a symlink to a directory: checked through it here, but the \
+                            daemon does not follow it inside an allow-list root (an \
+                            allow-list root may be one)";
 
 /// How one result line counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +72,8 @@ impl Finding {
             ScanEvent::Registered { .. } => Status::Ok,
             // A folder given twice (by another spelling): checked once.
             ScanEvent::RootRepeated { .. } => Status::Note,
+            // Not followed, as by the daemon; not an error of the pack.
+            ScanEvent::SymlinkedDir { .. } => Status::Note,
             e if e.is_skip() => Status::Error,
             _ => Status::Note,
         };
@@ -97,6 +106,10 @@ pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result
                 findings.push(Finding { status: Status::Error, path, message: e.to_string() })
             }
             Ok(meta) if meta.is_dir() => {
+                if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_symlink()) {
+                    let message = SYMLINK_NOTE.to_owned();
+                    findings.push(Finding { status: Status::Note, path: path.clone(), message });
+                }
                 if let Ok(canonical) = std::fs::canonicalize(&path) {
                     folders.push((path.clone(), canonical));
                 }
@@ -112,7 +125,7 @@ pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result
         let found = report.events.iter().any(|e| {
             e.path() != canonical
                 && is_within(e.path(), &canonical)
-                && !matches!(e, ScanEvent::Walk { .. })
+                && !matches!(e, ScanEvent::Walk { .. } | ScanEvent::SymlinkedDir { .. })
         });
         if !found {
             let message = "no skill.json found".to_owned();

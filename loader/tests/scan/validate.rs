@@ -76,6 +76,11 @@ fn nested_folders_and_a_folder_through_a_symlink_are_checked_once() {
         lines,
         [
             format!(
+                "note  {}: a symlink to a directory: checked through it here, but the daemon \
+                 does not follow it inside an allow-list root (an allow-list root may be one)",
+                link.display()
+            ),
+            format!(
                 "note  {}: root resolves to {}, already scanned",
                 link.display(),
                 root.display()
@@ -84,6 +89,32 @@ fn nested_folders_and_a_folder_through_a_symlink_are_checked_once() {
             "1 valid, 0 failed".to_owned(),
         ]
     );
+}
+
+/// A pack linked into a root is not loaded by the daemon: `validate`
+/// says so, of the link inside a root and of a link given as PATH.
+#[test]
+fn a_symlinked_pack_folder_is_noted() {
+    let t = Tree::new();
+    let m = t.pack("packs/p", "linked");
+    let link = t.symlink(t.base.join("packs/p"), "root/p");
+    let run = Cli::new(&["validate"]).arg(t.base.join("root")).arg(&link).run();
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "note  {}: a symlink to a directory: checked through it here, but the daemon \
+                 does not follow it inside an allow-list root (an allow-list root may be one)",
+                link.display()
+            ),
+            format!("note  {}: symlinked directory, not followed", link.display()),
+            format!("ok    {}: registered subprocess skill \"linked\"", m.display()),
+            format!("error {}: no skill.json found", t.base.join("root").display()),
+            "1 valid, 1 failed".to_owned(),
+        ]
+    );
+    assert_eq!(run.code, 1);
 }
 
 #[test]

@@ -43,19 +43,29 @@ fn only_files_named_exactly_skill_json_are_manifests() {
     assert_eq!(run.stderr_lines(), [summary(0)]);
 }
 
+/// Each link to a directory is said, once, and not followed; links to
+/// files and dangling links are not directories.
 #[test]
 fn symlinked_directories_are_not_followed() {
     let t = Tree::new();
     t.pack("outside/p", "outside");
     let inside = t.pack("root/in", "inside");
-    t.symlink(t.base.join("outside"), "root/link_out");
+    let out = t.symlink(t.base.join("outside"), "root/link_out");
     // A link back to the root: following it would loop.
-    t.symlink(t.base.join("root"), "root/in/loop");
-    t.symlink("..", "root/up");
+    let looped = t.symlink(t.base.join("root"), "root/in/loop");
+    let up = t.symlink("..", "root/up");
+    t.symlink(t.base.join("outside/p/run"), "root/in/tool");
+    t.symlink(t.base.join("nothing"), "root/in/dangling");
     let run = Cli::scan_json(&[&t.base.join("root")]).run();
     assert_eq!(run.code, 0);
     assert_eq!(run.names(), ["inside"]);
-    assert_eq!(run.stderr_lines(), [registered("inside", &inside), summary(1)]);
+    let skipped = |p: &std::path::Path| {
+        format!("skill loader: skipping {}: symlinked directory, not followed", p.display())
+    };
+    assert_eq!(
+        run.stderr_lines(),
+        [skipped(&looped), registered("inside", &inside), skipped(&out), skipped(&up), summary(1)]
+    );
 }
 
 #[test]
