@@ -10,7 +10,8 @@
 //! (required), `schema` (JSON Schema of the args object; absent =
 //! `{"type":"object","properties":{}}`), `entry` (required), `env_allow`
 //! (absent or empty = no environment at all), `timeout_seconds` (0 or absent
-//! = 30 s; either way at most the operator maximum), `class` (`safe` default,
+//! = 30 s; either way at most the operator maximum; any whole number, `10`,
+//! `10.0` or `1e2`, a larger one clamped to the maximum however large), `class` (`safe` default,
 //! `mutating`, `dangerous`; case-sensitive), `category` (default
 //! `external`), and our optional `sandbox` object. Unknown top-level fields
 //! are ignored and listed in [`Manifest::ignored_fields`] so the caller can
@@ -164,13 +165,54 @@ fn string_list(v: &Value, field: &str) -> Result<Vec<String>, ManifestError> {
         .collect()
 }
 
-fn unsigned(v: &Value, field: &str) -> Result<u64, ManifestError> {
-    match v {
-        Value::Number(n) => n
-            .as_u64()
-            .ok_or_else(|| invalid(field, format!("must be a non-negative integer, got {n}"))),
-        other => Err(wrong(field, "a non-negative integer", other)),
+/// A whole, non-negative JSON number, however it is written (`10`,
+/// `10.0` as Python's `json.dumps` writes a float, `1e2`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Whole {
+    /// At most `u64::MAX`.
+    Fits(u64),
+    /// Larger still (`18446744073709551616`, `1e30`).
+    Beyond,
+}
+
+/// 2^64, the first whole `f64` past `u64::MAX`.
+const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
+
+/// `v` as a [`Whole`]. A fraction, a negative number or another type is
+/// refused, quoting the number as `written` in the file when known.
+fn whole(v: &Value, field: &str, written: Option<&str>) -> Result<Whole, ManifestError> {
+    let Value::Number(n) = v else { return Err(wrong(field, "a non-negative integer", v)) };
+    if let Some(u) = n.as_u64() {
+        return Ok(Whole::Fits(u));
     }
+    // A negative integer, or a number written with a fraction or an
+    // exponent, which serde_json reads as an `f64`: whole when it has no
+    // fraction left (`10.0`, `1e2`, `1.5e1`); under 2^64 it converts
+    // exactly.
+    match n.as_f64() {
+        Some(f) if f >= 0.0 && f.fract() == 0.0 && f < TWO_POW_64 => Ok(Whole::Fits(f as u64)),
+        Some(f) if f >= 0.0 && f.fract() == 0.0 => Ok(Whole::Beyond),
+        _ => {
+            let shown = written.map_or_else(|| n.to_string(), str::to_owned);
+            Err(invalid(field, format!("must be a non-negative integer, got {shown}")))
+        }
+    }
+}
+
+/// `v` as a `u64` (a sandbox bound): whole, and at most `u64::MAX`.
+fn unsigned(v: &Value, field: &str) -> Result<u64, ManifestError> {
+    match whole(v, field, None)? {
+        Whole::Fits(u) => Ok(u),
+        Whole::Beyond => Err(invalid(field, format!("must be at most {}, got {v}", u64::MAX))),
+    }
+}
+
+/// The text of the fields whose errors quote the number as written (a
+/// `Value` keeps `1.50` as `1.5`).
+#[derive(Debug, Default, serde::Deserialize)]
+struct Written<'a> {
+    #[serde(borrow, default)]
+    timeout_seconds: Option<&'a serde_json::value::RawValue>,
 }
 
 impl Manifest {
@@ -194,7 +236,10 @@ impl Manifest {
                 ManifestError::Json(serde::de::Error::custom("nested too deep"))
             }
         })?;
-        Self::from_value(value, opts)
+        // Read again for the text of the numbers quoted in errors: every
+        // key is unique, so this sees the same members.
+        let written: Written<'_> = serde_json::from_slice(bytes).unwrap_or_default();
+        Self::validate(value, opts, &written)
     }
 
     /// Validates an already-parsed JSON value as a manifest.
@@ -203,6 +248,14 @@ impl Manifest {
     ///
     /// [`ManifestError`] naming the first field at fault.
     pub fn from_value(value: Value, opts: &ValidateOptions) -> Result<Self, ManifestError> {
+        Self::validate(value, opts, &Written::default())
+    }
+
+    fn validate(
+        value: Value,
+        opts: &ValidateOptions,
+        written: &Written<'_>,
+    ) -> Result<Self, ManifestError> {
         let Value::Object(obj) = value else {
             return Err(ManifestError::NotAnObject(type_name(&value)));
         };
@@ -263,13 +316,20 @@ impl Manifest {
         // The default obeys the operator maximum too (an executor with
         // `max_timeout_seconds` under 30 must not run a skill for 30 s).
         let default_timeout = DEFAULT_TIMEOUT.min(opts.max_timeout);
+        // A whole number over the maximum is clamped however large it is.
         let (timeout, timeout_clamped_from) = match get(&obj, "timeout_seconds") {
             None => (default_timeout, None),
-            Some(v) => match unsigned(v, "timeout_seconds")? {
-                0 => (default_timeout, None),
-                s if Duration::from_secs(s) > opts.max_timeout => (opts.max_timeout, Some(s)),
-                s => (Duration::from_secs(s), None),
-            },
+            Some(v) => {
+                let text = written.timeout_seconds.map(|r| r.get());
+                match whole(v, "timeout_seconds", text)? {
+                    Whole::Fits(0) => (default_timeout, None),
+                    Whole::Fits(s) if Duration::from_secs(s) > opts.max_timeout => {
+                        (opts.max_timeout, Some(s))
+                    }
+                    Whole::Fits(s) => (Duration::from_secs(s), None),
+                    Whole::Beyond => (opts.max_timeout, Some(u64::MAX)),
+                }
+            }
         };
 
         let class = match string(&obj, "class")? {
@@ -349,7 +409,7 @@ impl Manifest {
         self.timeout
     }
     /// The timeout the manifest asked for, when it was over the operator
-    /// maximum and was clamped.
+    /// maximum and was clamped (`u64::MAX` when it asked for more still).
     pub fn timeout_clamped_from(&self) -> Option<u64> {
         self.timeout_clamped_from
     }

@@ -358,6 +358,62 @@ fn timeouts() {
     assert_eq!(t(json!(5)).timeout_clamped_from(), None);
 }
 
+/// `timeout_seconds` as a file writes it: any whole number is that number
+/// (`10.0` is what Python's `json.dumps` writes for a float), any whole
+/// number over the maximum is clamped however large, and a fraction, a
+/// negative number or another type is refused quoting the number as
+/// written.
+#[test]
+fn timeout_numbers_as_written() {
+    let opts = ValidateOptions { max_timeout: Duration::from_secs(120) };
+    let parse = |text: &str| {
+        let m =
+            format!(r#"{{"name":"t","description":"d","entry":"run","timeout_seconds":{text}}}"#);
+        Manifest::from_slice(m.as_bytes(), &opts)
+    };
+    for (text, secs, clamped_from) in [
+        ("10", 10, None),
+        ("10.0", 10, None),
+        ("1e2", 100, None),
+        ("1E2", 100, None),
+        ("1.5e1", 15, None),
+        ("0.0", 30, None),
+        ("-0", 30, None),
+        ("0e5", 30, None),
+        ("121.0", 120, Some(121)),
+        ("1e3", 120, Some(1000)),
+        ("18446744073709551615", 120, Some(u64::MAX)),
+        ("18446744073709551616", 120, Some(u64::MAX)),
+        ("1e30", 120, Some(u64::MAX)),
+    ] {
+        let m = parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert_eq!(m.timeout(), Duration::from_secs(secs), "{text}");
+        assert_eq!(m.timeout_clamped_from(), clamped_from, "{text}");
+    }
+    for (text, want) in [
+        ("10.5", "field \"timeout_seconds\": must be a non-negative integer, got 10.5"),
+        ("10.50", "field \"timeout_seconds\": must be a non-negative integer, got 10.50"),
+        ("1.05e1", "field \"timeout_seconds\": must be a non-negative integer, got 1.05e1"),
+        ("-1", "field \"timeout_seconds\": must be a non-negative integer, got -1"),
+        ("-1.0", "field \"timeout_seconds\": must be a non-negative integer, got -1.0"),
+        ("-1e30", "field \"timeout_seconds\": must be a non-negative integer, got -1e30"),
+        ("\"30\"", "field \"timeout_seconds\": expected a non-negative integer, got string"),
+        ("[30]", "field \"timeout_seconds\": expected a non-negative integer, got array"),
+    ] {
+        let e = parse(text).unwrap_err();
+        assert_eq!(e.to_string(), want, "{text}");
+    }
+    // Without the file's text (a SKILL.md tool), the number as read.
+    let v = with("timeout_seconds", json!(10.5));
+    let e = Manifest::from_value(v, &opts).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "field \"timeout_seconds\": must be a non-negative integer, got 10.5"
+    );
+    let m = Manifest::from_value(with("timeout_seconds", json!(10.0)), &opts).unwrap();
+    assert_eq!(m.timeout(), Duration::from_secs(10));
+}
+
 /// Found by `fuzz/fuzz_targets/manifest.rs` (seed below, verbatim): with an
 /// operator maximum under 30 s, the 30 s default was not clamped, so a
 /// manifest without `timeout_seconds` ran longer than the executor allows.
