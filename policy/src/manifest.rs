@@ -35,6 +35,8 @@ use crate::unique_json::{self, UniqueError};
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// Longest description accepted, in bytes.
 pub const MAX_DESCRIPTION_BYTES: usize = 16 << 10;
+/// The UTF-8 byte order mark, ignored at the start of a `skill.json`.
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 /// Category when the manifest gives none.
 pub const DEFAULT_CATEGORY: &str = "external";
 
@@ -216,7 +218,8 @@ struct Written<'a> {
 }
 
 impl Manifest {
-    /// Parses and validates `bytes` as a `skill.json`.
+    /// Parses and validates `bytes` as a `skill.json` (after a UTF-8 byte
+    /// order mark, if it starts with one).
     ///
     /// # Errors
     ///
@@ -225,6 +228,9 @@ impl Manifest {
         if bytes.len() as u64 > MAX_MANIFEST_BYTES {
             return Err(ManifestError::TooLarge { size: bytes.len() as u64 });
         }
+        // A UTF-8 byte order mark, as some editors write it: RFC 8259 lets
+        // a parser ignore it, serde_json does not.
+        let bytes = bytes.strip_prefix(UTF8_BOM).unwrap_or(bytes);
         // Nesting is bounded by serde_json's own limit (128 levels).
         let value = unique_json::from_slice(bytes, usize::MAX).map_err(|e| match e {
             UniqueError::Json(e) => ManifestError::Json(e),

@@ -295,6 +295,23 @@ fn duplicate_keys_are_refused_with_the_key_named() {
     Manifest::from_slice(text.as_bytes(), &opts).unwrap();
 }
 
+/// A UTF-8 byte order mark at the start is ignored (RFC 8259 §8.1), as
+/// editors on some systems write one; anywhere else it is not JSON.
+#[test]
+fn a_leading_byte_order_mark_is_ignored() {
+    let opts = ValidateOptions::default();
+    let mut text = b"\xEF\xBB\xBF".to_vec();
+    text.extend(base().to_string().as_bytes());
+    let m = Manifest::from_slice(&text, &opts).unwrap();
+    assert_eq!(m.name().as_str(), "disk_usage");
+    for bad in
+        [b"\xEF\xBB\xBF\xEF\xBB\xBF{}".to_vec(), b" \xEF\xBB\xBF{}".to_vec(), b"\xEF\xBB".to_vec()]
+    {
+        let e = Manifest::from_slice(&bad, &opts).unwrap_err();
+        assert!(e.to_string().starts_with("invalid JSON"), "{bad:?}: {e}");
+    }
+}
+
 #[test]
 fn too_large_is_rejected_before_parsing() {
     let mut big = base().to_string().into_bytes();
