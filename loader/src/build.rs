@@ -31,9 +31,13 @@ use crate::validators::{self, Compiled};
 #[non_exhaustive]
 pub enum BuildError {
     /// The manifest's path is not UTF-8, so the executor cannot be asked
-    /// to run it.
-    #[error("manifest path is not UTF-8")]
-    ManifestPathNotUtf8,
+    /// to run it. Named lossily (`\u{fffd}` for each byte that is not
+    /// UTF-8); log lines and the CLI escape its control characters.
+    #[error("manifest path {} is not UTF-8", path.display())]
+    ManifestPathNotUtf8 {
+        /// The manifest's path.
+        path: PathBuf,
+    },
     /// The entry is refused.
     #[error(transparent)]
     Entry(#[from] EntryError),
@@ -70,7 +74,7 @@ pub fn build(
     tool: Option<&str>,
 ) -> Result<Built, BuildError> {
     if manifest_path.to_str().is_none() {
-        return Err(BuildError::ManifestPathNotUtf8);
+        return Err(BuildError::ManifestPathNotUtf8 { path: manifest_path });
     }
     // `manifest_path` came from walking the root (or joining a file name
     // to it), so it has a parent.
@@ -152,7 +156,8 @@ mod tests {
         let path = pack(&root, OsStr::from_bytes(b"n\xffu"));
         let scope = EntryScope { root: &root, all_roots: &[] };
         let e = build(manifest(r#"{"type":"object"}"#), path, scope, None).unwrap_err();
-        assert!(matches!(e, BuildError::ManifestPathNotUtf8), "{e:?}");
-        assert_eq!(e.to_string(), "manifest path is not UTF-8");
+        assert!(matches!(e, BuildError::ManifestPathNotUtf8 { .. }), "{e:?}");
+        let want = format!("manifest path {}/n\u{fffd}u/skill.json is not UTF-8", root.display());
+        assert_eq!(e.to_string(), want);
     }
 }

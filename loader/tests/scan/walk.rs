@@ -197,7 +197,10 @@ fn a_pack_whose_path_is_not_utf8_is_skipped_and_leaves_its_name() {
     assert_eq!(
         run.stderr_lines(),
         [
-            "skill loader: build \"nu\": manifest path is not UTF-8".to_owned(),
+            format!(
+                "skill loader: build \"nu\": manifest path {}/n\u{fffd}u/skill.json is not UTF-8",
+                t.base.join("root").display()
+            ),
             registered("nu", &good),
             summary(1)
         ]
@@ -207,5 +210,9 @@ fn a_pack_whose_path_is_not_utf8_is_skipped_and_leaves_its_name() {
 
     let bad = Cli::new(&["validate"]).arg(dir.join("skill.json")).run();
     assert_eq!(bad.code, 1, "{}", bad.stdout);
-    assert!(bad.stdout.contains(": build \"nu\": manifest path is not UTF-8\n"), "{}", bad.stdout);
+    let why = format!(
+        ": build \"nu\": manifest path {}/n\u{fffd}u/skill.json is not UTF-8\n",
+        dir.parent().unwrap().display()
+    );
+    assert!(bad.stdout.contains(&why), "{}", bad.stdout);
 }
