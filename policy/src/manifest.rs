@@ -9,11 +9,12 @@
 //! Fields (DESIGN.md §2): `name` (required, `[a-z0-9_]+`), `description`
 //! (required), `schema` (JSON Schema of the args object; absent =
 //! `{"type":"object","properties":{}}`), `entry` (required), `env_allow`
-//! (absent or empty = no environment at all), `timeout_seconds` (0 or absent
-//! = 30 s; either way at most the operator maximum; any whole number, `10`,
-//! `10.0` or `1e2`, a larger one clamped to the maximum however large), `class` (`safe` default,
-//! `mutating`, `dangerous`; case-sensitive), `category` (default
-//! `external`), and our optional `sandbox` object. Unknown top-level fields
+//! (absent or empty = no environment at all), `timeout_seconds` (0 or
+//! absent = 30 s; either way at most the operator maximum; any whole
+//! number, `10`, `10.0` or `1e2`, a larger one clamped to the maximum
+//! however large), `class` (`safe` default, `mutating`, `dangerous`;
+//! case-sensitive), `category` (default `external`, also for an empty or
+//! blank one), and our optional `sandbox` object. Unknown top-level fields
 //! are ignored and listed in [`Manifest::ignored_fields`] so the caller can
 //! log them; unknown fields inside `sandbox` are errors, because a mistyped
 //! grant request must not pass unnoticed.
@@ -346,7 +347,9 @@ impl Manifest {
         };
 
         let category = match string(&obj, "category")? {
-            None | Some("") => DEFAULT_CATEGORY.to_owned(),
+            // Blank is no category, as empty is.
+            None => DEFAULT_CATEGORY.to_owned(),
+            Some(c) if c.trim().is_empty() => DEFAULT_CATEGORY.to_owned(),
             Some(c) if c.len() > 64 || c.chars().any(char::is_control) => {
                 return Err(invalid(
                     "category",

@@ -465,6 +465,13 @@ fn classes() {
 fn category_given_or_empty() {
     assert_eq!(parse(with("category", json!("network"))).unwrap().category(), "network");
     assert_eq!(parse(with("category", json!(""))).unwrap().category(), "external");
+    for blank in ["   ", " ", "\u{3000}", "\t \n"] {
+        assert_eq!(
+            parse(with("category", json!(blank))).unwrap().category(),
+            "external",
+            "{blank:?}"
+        );
+    }
 }
 
 #[test]
