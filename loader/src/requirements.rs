@@ -8,6 +8,7 @@
 
 use std::ffi::OsString;
 use std::fmt;
+use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -29,6 +30,10 @@ pub struct Check {
     pub found: Option<String>,
     /// Met or not.
     pub met: bool,
+    /// Why an unmet one could not be checked (a config file whose status
+    /// cannot be read: `permission denied`), rather than found missing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl fmt::Display for Check {
@@ -43,7 +48,10 @@ impl fmt::Display for Check {
             }
             ("bin", false) => write!(f, "bin {:?} not found on PATH", self.value),
             ("config", true) => write!(f, "config {:?} present", self.value),
-            ("config", false) => write!(f, "config {:?} not found", self.value),
+            ("config", false) => match &self.error {
+                Some(e) => write!(f, "config {:?} cannot be checked: {e}", self.value),
+                None => write!(f, "config {:?} not found", self.value),
+            },
             (_, true) => write!(f, "env {:?} set", self.value),
             (_, false) => write!(f, "env {:?} not set", self.value),
         }
@@ -74,24 +82,31 @@ pub fn check(req: &Requirements, dir: &Path, env: &dyn Environment) -> Vec<Check
     if !req.os.is_empty() {
         let met = req.os.iter().any(|o| o.eq_ignore_ascii_case(HOST_OS));
         let value = format!("{:?}", req.os);
-        checks.push(Check { kind: "os", value, found: None, met });
+        checks.push(Check { kind: "os", value, found: None, met, error: None });
     }
     let path = env.var("PATH");
     for bin in &req.bins {
         let found = find_bin(bin, path.as_deref());
         let met = found.is_some();
         let found = found.map(|p| p.display().to_string());
-        checks.push(Check { kind: "bin", value: bin.clone(), found, met });
+        checks.push(Check { kind: "bin", value: bin.clone(), found, met, error: None });
     }
     for config in &req.config {
         let p = Path::new(config);
         let full = if p.is_absolute() { p.to_path_buf() } else { dir.join(p) };
-        let met = full.metadata().is_ok();
-        checks.push(Check { kind: "config", value: config.clone(), found: None, met });
+        // Only a file that is not there is "not found": one behind a
+        // folder the loader may not search may well be there.
+        let (met, error) = match full.metadata() {
+            Ok(_) => (true, None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (false, None),
+            Err(e) => (false, Some(e.kind().to_string())),
+        };
+        checks.push(Check { kind: "config", value: config.clone(), found: None, met, error });
     }
     for name in &req.env {
         let met = env.var(name.as_str()).is_some();
-        checks.push(Check { kind: "env", value: name.as_str().to_owned(), found: None, met });
+        let value = name.as_str().to_owned();
+        checks.push(Check { kind: "env", value, found: None, met, error: None });
     }
     checks
 }
@@ -156,5 +171,44 @@ mod tests {
         assert_eq!(c.to_string(), "os \"linux\" is not one of [\"windows\"]");
         // No PATH at all: nothing is found.
         assert_eq!(find_bin("sh", None), None);
+    }
+
+    /// A config file whose status cannot be read is not said to be
+    /// missing: a symlink loop (ELOOP, as root too) and, when not root, a
+    /// file in a folder the loader may not search (EACCES).
+    #[test]
+    fn a_config_that_cannot_be_checked_is_not_reported_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("loop.conf", dir.path().join("loop.conf")).unwrap();
+        let closed = dir.path().join("closed");
+        std::fs::create_dir(&closed).unwrap();
+        std::fs::write(closed.join("app.conf"), "").unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let req = Requirements {
+            config: vec!["loop.conf".into(), "closed/app.conf".into(), "absent.conf".into()],
+            ..Requirements::default()
+        };
+        let checks = check(&req, dir.path(), &Fake(HashMap::new()));
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(checks.iter().all(|c| !c.met || c.value == "closed/app.conf"), "{checks:?}");
+        assert_eq!(
+            checks[0].to_string(),
+            "config \"loop.conf\" cannot be checked: filesystem loop or indirection limit (e.g. \
+             symlink loop)"
+        );
+        assert_eq!(checks[2].to_string(), "config \"absent.conf\" not found");
+        assert_eq!(checks[2].error, None);
+        if nix::unistd::geteuid().is_root() {
+            // Root searches any folder: the file is there.
+            assert!(checks[1].met, "{checks:?}");
+        } else {
+            assert_eq!(
+                checks[1].to_string(),
+                "config \"closed/app.conf\" cannot be checked: permission denied"
+            );
+        }
+        let json = serde_json::to_value(&checks[0]).unwrap();
+        assert_eq!(json["error"], "filesystem loop or indirection limit (e.g. symlink loop)");
+        assert!(serde_json::to_value(&checks[2]).unwrap().get("error").is_none());
     }
 }

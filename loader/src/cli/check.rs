@@ -4,8 +4,9 @@
 //! Scans the roots like `scan` (same loader, same `PATH` and environment)
 //! and prints one block per skill: `skill.json` skills have no
 //! requirements; each SKILL.md lists its `os`, `bins`, `config` and `env`
-//! checks, met or not, and the tools it registers (none while a
-//! requirement is unmet). Exits 1 when any requirement is unmet.
+//! checks, met (`ok`), missing (`MISSING`) or not checkable (`UNKNOWN`: a
+//! config file whose status cannot be read), and the tools it registers
+//! (none while a requirement is unmet). Exits 1 when any requirement is unmet.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -90,7 +91,12 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
                 writeln!(out, "      no requirements")?;
             }
             for c in checks {
-                let mark = if c["met"] == true { "ok   " } else { "MISSING" };
+                let mark = match (c["met"] == true, c.get("error").is_some()) {
+                    (true, _) => "ok   ",
+                    // Its status could not be read: it may be there.
+                    (false, true) => "UNKNOWN",
+                    (false, false) => "MISSING",
+                };
                 writeln!(out, "      {mark:<8}{}", text(&c["message"]))?;
             }
             let tools: Vec<&str> = i["tools"]
