@@ -177,13 +177,13 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file is not valid TOML for [`Config`].
-    #[error("config {path}: {source}")]
+    #[error("config {path}: {error}")]
     Parse {
         /// The file.
         path: PathBuf,
-        /// The cause.
-        #[source]
-        source: Box<toml::de::Error>,
+        /// The cause, said in the message (not also as a source, which a
+        /// caller printing the chain would print twice).
+        error: Box<toml::de::Error>,
     },
     /// A value is out of range.
     #[error("config {path}: {field}: {reason}")]
@@ -216,7 +216,7 @@ impl Config {
     /// [`ConfigError`] naming the file and field.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let config: Config = toml::from_str(text)
-            .map_err(|e| ConfigError::Parse { path: path.to_owned(), source: Box::new(e) })?;
+            .map_err(|e| ConfigError::Parse { path: path.to_owned(), error: Box::new(e) })?;
         config.validate(path)?;
         Ok(config)
     }
@@ -565,6 +565,16 @@ mod tests {
         assert_eq!(Config::default().runs_tmpfs_need(), 8 << 30);
         let huge = Config { max_concurrent_runs: usize::MAX, ..c };
         assert_eq!(huge.runs_tmpfs_need(), MAX_RUNS_TMPFS_BYTES);
+    }
+
+    /// The TOML error is said once: in the message, not again as its
+    /// source (`serve` prints the chain: it said the error twice).
+    #[test]
+    fn a_parse_error_is_said_once() {
+        let e = Config::parse("foo = 1", Path::new("x.toml")).unwrap_err();
+        assert!(std::error::Error::source(&e).is_none());
+        let chain = format!("{:#}", anyhow::Error::from(e));
+        assert_eq!(chain.matches("unknown field").count(), 1, "{chain}");
     }
 
     #[test]

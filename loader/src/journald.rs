@@ -21,16 +21,21 @@ pub fn stderr_is_journal() -> bool {
     names_stream(std::env::var_os("JOURNAL_STREAM").as_deref(), meta.dev(), meta.ino())
 }
 
-/// Prints one line to stderr, with `level`'s priority prefix when stderr
+/// Prints one record to stderr, with `level`'s priority prefix when stderr
 /// is the journal: for what is said outside the subscriber (a bad
 /// configuration, the error a daemon exits with). Its control characters
-/// are escaped, as in every log line.
-pub fn eprint(level: Level, line: &str) {
-    let line = printable::line(line);
+/// are escaped, as in every log line, so it is one line; but on a
+/// terminal, where a person reads it and no log is written, its line
+/// breaks are kept (a TOML error's pointer under the bad line).
+pub fn eprint(level: Level, record: &str) {
     if stderr_is_journal() {
-        eprintln!("<{}>{line}", priority(level));
+        eprintln!("<{}>{}", priority(level), printable::line(record));
+    } else if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        for line in printable::lines(record) {
+            eprintln!("{line}");
+        }
     } else {
-        eprintln!("{line}");
+        eprintln!("{}", printable::line(record));
     }
 }
 
