@@ -303,7 +303,13 @@ impl Manifest {
                         ));
                     }
                 }
-                Schema::from_value(&Value::Object(s.clone()))
+                // Args are always an object; saying so makes the schema a
+                // valid tool definition (MCP, OpenAI and Anthropic require
+                // `"type": "object"`; `{}` made an agent's tools request
+                // fail). It validates the same args.
+                let mut s = s.clone();
+                s.entry("type").or_insert_with(|| Value::from("object"));
+                Schema::from_value(&Value::Object(s))
             }
             Some(v) => return Err(wrong("schema", "an object (a JSON Schema)", v)),
         }
@@ -480,8 +486,8 @@ fn parse_sandbox(s: &Map<String, Value>) -> Result<SandboxRequest, ManifestError
             }
             "memory_bytes" => {
                 let m = unsigned(v, &field)?;
-                if m < (1 << 20) {
-                    return Err(invalid(&field, "must be at least 1 MiB"));
+                if let Err(e) = crate::limits::check_memory(m) {
+                    return Err(invalid(&field, format!("must be at least {} (1 MiB)", e.min)));
                 }
                 req.memory_bytes = Some(m);
             }

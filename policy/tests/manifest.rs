@@ -475,12 +475,18 @@ fn category_given_or_empty() {
 }
 
 #[test]
-fn schema_object_kept_verbatim() {
+fn schema_object_kept_verbatim_but_typed() {
     let s =
         json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]});
     assert_eq!(parse(with("schema", s.clone())).unwrap().schema().to_value(), s);
-    let untyped = json!({"properties": {}});
-    assert_eq!(parse(with("schema", untyped.clone())).unwrap().schema().to_value(), untyped);
+    // Args are always an object: a schema that does not say so gets
+    // `"type": "object"`, which every tool format requires.
+    for (untyped, typed) in [
+        (json!({"properties": {}}), json!({"type": "object", "properties": {}})),
+        (json!({}), json!({"type": "object"})),
+    ] {
+        assert_eq!(parse(with("schema", untyped)).unwrap().schema().to_value(), typed);
+    }
 }
 
 #[test]
