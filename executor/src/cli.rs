@@ -75,6 +75,9 @@ Socket: `socket` in executor.toml (default <runtime_dir>/executor.sock, i.e.
 /run/ongrid/executor.sock as root), owner/group/mode from socket_owner,
 socket_group, socket_mode. Peers are checked with SO_PEERCRED against
 allowed_uids/allowed_gids. Methods: execute, ping, metrics.
+A socket a running daemon answers on is refused (another `serve` with the
+same configuration); a stale one is replaced, and the node bound is removed
+at exit.
 Under systemd: a socket passed by socket activation (LISTEN_FDS, e.g.
 ongrid-executor.socket) is served instead and left in place at exit;
 READY=1 is sent once the socket accepts, STOPPING=1 when the drain starts

@@ -90,6 +90,13 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
     // inherited socket close-on-exec (the watchdog must not hold it).
     let inherited = executor::systemd::take_listener().context("socket activation")?;
     let config = load_config(config).context("loading the configuration")?.for_serve();
+    // Before anything else is set up: another executor serving on this
+    // socket keeps it (binding checks again; this keeps a refused start
+    // from touching cgroups or the runs directory first).
+    if inherited.is_none() {
+        executor::server::socket::ensure_free(&config.socket_path())
+            .context("binding the socket")?;
+    }
     // Said at start, not only in every run's report.
     if nix::unistd::geteuid().is_root() {
         for user in config.missing_users() {
@@ -162,8 +169,11 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
             .context("registering process metrics")?;
         let metrics = Arc::new(executor::Metrics::new(&registry).context("registering metrics")?);
         let engine = Arc::new(Engine::new(config).context("starting the engine")?);
-        let socket = engine.config().socket_path();
-        let socket_inherited = inherited.is_some();
+        // Removes the socket node bound here when this block ends, however
+        // it ends (a socket systemd passed is its to keep). Declared before
+        // the listener, so dropped after it: a node someone still listens
+        // on is left alone.
+        let mut _node = None;
         let listener = match inherited {
             Some(listener) => {
                 listener.set_nonblocking(true).context("the socket passed by systemd")?;
@@ -173,9 +183,10 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
                 listener
             }
             None => {
-                let listener =
+                let (listener, node) =
                     executor::server::bind(engine.config()).context("binding the socket")?;
-                eprintln!("ongrid-executor: serving on {}", socket.display());
+                eprintln!("ongrid-executor: serving on {}", node.path().display());
+                _node = Some(node);
                 listener
             }
         };
@@ -190,9 +201,6 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
             executor::systemd::stopping();
         };
         executor::server::run(listener, engine, metrics, shutdown).await;
-        if !socket_inherited {
-            executor::server::socket::remove(&socket);
-        }
         Ok(0)
     })
 }

@@ -69,6 +69,7 @@ struct Server {
     metrics: Arc<Metrics>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     done: Option<tokio::task::JoinHandle<()>>,
+    _node: executor::server::SocketNode,
     _dirs: (tempfile::TempDir, tempfile::TempDir),
 }
 
@@ -95,7 +96,8 @@ impl Server {
         let socket = config.socket_path();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let engine = Arc::new(Engine::new(config).unwrap());
-        let listener = rt.block_on(async { executor::server::bind(engine.config()) }).unwrap();
+        let (listener, node) =
+            rt.block_on(async { executor::server::bind(engine.config()) }).unwrap();
         let m = Arc::clone(&metrics);
         let done = rt.spawn(async move {
             executor::server::run(listener, engine, m, async {
@@ -111,6 +113,7 @@ impl Server {
             metrics,
             stop: Some(stop),
             done: Some(done),
+            _node: node,
             _dirs: (root, runtime),
         }
     }
@@ -1150,18 +1153,28 @@ fn socket_node_mode_group_and_stale_files() {
     let path = dir.path().join("sub/executor.sock");
     let config =
         Config { socket: Some(path.clone()), socket_mode: "0640".into(), ..Config::default() };
-    let listener = rt.block_on(async { executor::server::bind(&config) }).unwrap();
+    let (listener, node) = rt.block_on(async { executor::server::bind(&config) }).unwrap();
     let meta = std::fs::metadata(&path).unwrap();
     assert_eq!(meta.mode() & 0o7777, 0o640);
     assert_eq!(meta.uid(), 0);
     let ongrid_gid = nix::unistd::Group::from_name("ongrid").unwrap().map_or(0, |g| g.gid.as_raw());
     assert_eq!(meta.gid(), ongrid_gid);
     assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().mode() & 0o777, 0o755);
-    // Rebinding over the stale node works (the listener is gone).
+    // While the listener is there, a second bind is refused and the node
+    // stays.
+    let e = rt.block_on(async { executor::server::bind(&config) }).unwrap_err();
+    assert!(e.to_string().contains("in use by a running daemon"), "{e}");
+    assert!(std::os::unix::net::UnixStream::connect(&path).is_ok(), "the node was replaced");
+    // Rebinding over the stale node works (the listener is gone); the
+    // first node's owner then leaves the new node alone, whose own owner
+    // removes it.
     drop(listener);
     let again = rt.block_on(async { executor::server::bind(&config) });
     assert!(again.is_ok(), "{again:?}");
+    drop(node);
+    assert!(path.exists(), "the first owner removed the second node");
     drop(again);
+    assert!(!path.exists(), "the node is removed with its owner");
 
     let file = dir.path().join("file.sock");
     std::fs::write(&file, "precious").unwrap();
@@ -1242,6 +1255,58 @@ fn binary_serves_until_sigterm() {
     assert!(mounted(&runs), "unmounted under another user");
     drop(other_user);
     nix::mount::umount(&runs).unwrap();
+}
+
+/// A second `serve` with the same configuration refuses the socket a
+/// running executor answers on: it exits non-zero saying so, and neither
+/// replaces nor (at its exit) removes the node; the first executor still
+/// answers, and removes its own node when it stops.
+#[test]
+fn second_serve_on_a_live_socket_is_refused() {
+    if !can_run() {
+        return;
+    }
+    let root = dir_0755();
+    let runtime = dir_0755();
+    let socket = runtime.path().join("x.sock");
+    let config = runtime.path().join("executor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "roots = [{:?}]\nruntime_dir = {:?}\nsocket = {:?}\n",
+            root.path(),
+            runtime.path(),
+            socket
+        ),
+    )
+    .unwrap();
+    let mut first = spawn_serve(&config, std::process::Stdio::null());
+    wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
+    let inode = std::fs::metadata(&socket).unwrap().ino();
+
+    let mut second = spawn_serve(&config, std::process::Stdio::piped());
+    let exit = wait_child(&mut second.0);
+    let mut log = String::new();
+    std::io::Read::read_to_string(second.0.stderr.as_mut().unwrap(), &mut log).unwrap();
+    assert_ne!(exit, (Some(0), None), "the second serve started: {log}");
+    assert!(exit.0.is_some(), "the second serve did not exit by itself: {exit:?} {log}");
+    assert!(log.contains("is in use by a running daemon"), "{log}");
+    assert!(log.contains(&socket.display().to_string()), "{log}");
+
+    assert_eq!(std::fs::metadata(&socket).map(|m| m.ino()).ok(), Some(inode), "node replaced");
+    let mut c = Client::connect(&socket);
+    c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+    assert_eq!(c.recv()["result"]["ok"], true, "the first executor no longer answers");
+    drop(c);
+
+    let child = &mut first.0;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(wait_child(child), (Some(0), None));
+    assert!(!socket.exists(), "the first executor left its node");
 }
 
 /// Beyond `max_connections` a client waits in the listen backlog until a

@@ -7,7 +7,8 @@
 //!
 //! # Layout (mini-redis's layering)
 //!
-//! - [`socket`]: binding the socket node with its owner, group and mode.
+//! - [`socket`]: binding the socket node with its owner, group and mode
+//!   (never over a live daemon's), and removing it at exit if still its own.
 //! - [`peer`]: who may connect (SO_PEERCRED) and which classes each may run.
 //! - [`manifests`]: the executor's own reading of a manifest (roots, class),
 //!   cached by device, inode, size, mtime and ctime.
@@ -82,7 +83,7 @@ use crate::metrics::Metrics;
 
 pub use manifests::{Checked, ManifestCache};
 pub use peer::PeerPolicy;
-pub use socket::{bind, SocketError};
+pub use socket::{bind, SocketError, SocketNode};
 
 /// Margin added to the longest run before a drain kills what is left.
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);

@@ -1,13 +1,18 @@
 //! Binding the executor socket: parent directory 0755, a stale socket
-//! replaced (but never a regular file or a symlink), then the node's owner,
-//! group and mode set from `executor.toml`.
+//! replaced (but never a regular file or a symlink, nor a socket a running
+//! daemon answers on), then the node's owner, group and mode set from
+//! `executor.toml`.
 //!
 //! Between `bind` and `chmod` the node has the mode the umask gives; the
 //! peer-credential check ([`super::peer`]) guards that window too.
+//!
+//! The node bound is owned by the [`SocketNode`] `bind` returns: dropping
+//! it removes the node, but only while the path still names that node (its
+//! device and inode as bound), never one another executor bound since.
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
@@ -32,6 +37,13 @@ pub enum SocketError {
     /// Something other than a socket is at the path.
     #[error("socket {path}: exists and is not a socket; not replacing it")]
     NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A daemon accepts connections on the socket at the path (another
+    /// `ongrid-executor serve` with the same configuration).
+    #[error("socket {path} is in use by a running daemon; not replacing it")]
+    InUse {
         /// The path.
         path: PathBuf,
     },
@@ -87,13 +99,102 @@ fn ownership(config: &Config, path: &Path) -> Result<(Option<u32>, Option<u32>),
     Ok((Some(uid), gid))
 }
 
-/// Binds the socket of `config` (see the module docs). Needs a tokio
-/// runtime with I/O enabled.
+/// Who answers on a socket node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// Nothing there, or a stale node: a connection is refused.
+    Free,
+    /// A listener accepts connections (or its backlog is full).
+    Listening,
+}
+
+/// Connects to `path` without blocking.
+fn probe(path: &Path) -> Result<Probe, SocketError> {
+    use nix::errno::Errno;
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    let failed = |e: Errno| io_err(path, "probe")(io::Error::from(e));
+    let addr = UnixAddr::new(path).map_err(failed)?;
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(failed)?;
+    match connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
+        // Accepted, or would wait behind a full backlog.
+        Ok(()) | Err(Errno::EAGAIN | Errno::EINPROGRESS) => Ok(Probe::Listening),
+        // A stale node (nobody listens), or gone since.
+        Err(Errno::ECONNREFUSED | Errno::ENOENT) => Ok(Probe::Free),
+        Err(e) => Err(failed(e)),
+    }
+}
+
+/// Checks that no daemon answers on the socket at `path`: nothing there,
+/// or a stale socket node (a connection is refused). The probe does not
+/// block: a daemon whose backlog is full counts as running.
 ///
 /// # Errors
 ///
-/// [`SocketError`] naming the path and the step.
-pub fn bind(config: &Config) -> Result<UnixListener, SocketError> {
+/// [`SocketError::InUse`] when a connection is accepted or would wait in
+/// the backlog; [`SocketError::Io`] when the probe itself fails.
+pub fn ensure_free(path: &Path) -> Result<(), SocketError> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {}
+        // Nothing there, or not a socket (which `bind` refuses itself).
+        _ => return Ok(()),
+    }
+    match probe(path)? {
+        Probe::Free => Ok(()),
+        Probe::Listening => Err(SocketError::InUse { path: path.to_owned() }),
+    }
+}
+
+/// The socket node a [`bind`] created, identified by its device and inode.
+/// Dropping it removes the node (at exit, on every path), unless the path
+/// names another node by then: one a later executor bound after this one's
+/// listener was gone is left to it. As a freed inode number can be given
+/// to the next node at once (ext4), a node with this one's device and inode
+/// is removed only if nobody listens on it: drop the node after the
+/// listener.
+#[derive(Debug)]
+pub struct SocketNode {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketNode {
+    /// The path of the node.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// True while the path names the node bound and nobody listens on it.
+    fn still_own(&self) -> bool {
+        let same = fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.file_type().is_socket() && m.dev() == self.dev && m.ino() == self.ino);
+        same && matches!(probe(&self.path), Ok(Probe::Free))
+    }
+}
+
+impl Drop for SocketNode {
+    fn drop(&mut self) {
+        if self.still_own() {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Binds the socket of `config` (see the module docs). Needs a tokio
+/// runtime with I/O enabled. The [`SocketNode`] removes the node when
+/// dropped.
+///
+/// # Errors
+///
+/// [`SocketError`] naming the path and the step; [`SocketError::InUse`]
+/// when a daemon answers on the socket already.
+pub fn bind(config: &Config) -> Result<(UnixListener, SocketNode), SocketError> {
     let path = config.socket_path();
     let (uid, gid) = ownership(config, &path)?;
     if let Some(dir) = path.parent() {
@@ -107,6 +208,7 @@ pub fn bind(config: &Config) -> Result<UnixListener, SocketError> {
     }
     match fs::symlink_metadata(&path) {
         Ok(m) if m.file_type().is_socket() => {
+            ensure_free(&path)?;
             fs::remove_file(&path).map_err(io_err(&path, "remove the stale socket"))?;
         }
         Ok(_) => return Err(SocketError::NotASocket { path }),
@@ -114,17 +216,14 @@ pub fn bind(config: &Config) -> Result<UnixListener, SocketError> {
         Err(e) => return Err(io_err(&path, "inspect")(e)),
     }
     let listener = UnixListener::bind(&path).map_err(io_err(&path, "bind"))?;
+    let meta = fs::symlink_metadata(&path).map_err(io_err(&path, "inspect"))?;
+    // From here on a failure removes the node again (the drop).
+    let node = SocketNode { path, dev: meta.dev(), ino: meta.ino() };
+    let path = node.path();
     if nix::unistd::geteuid().is_root() {
-        std::os::unix::fs::chown(&path, uid, gid).map_err(io_err(&path, "chown"))?;
+        std::os::unix::fs::chown(path, uid, gid).map_err(io_err(path, "chown"))?;
     }
-    fs::set_permissions(&path, fs::Permissions::from_mode(config.socket_mode_bits()))
-        .map_err(io_err(&path, "chmod"))?;
-    Ok(listener)
-}
-
-/// Removes the socket node at `path` if it is still a socket (at exit).
-pub fn remove(path: &Path) {
-    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
-        let _ = fs::remove_file(path);
-    }
+    fs::set_permissions(path, fs::Permissions::from_mode(config.socket_mode_bits()))
+        .map_err(io_err(path, "chmod"))?;
+    Ok((listener, node))
 }
