@@ -1309,6 +1309,88 @@ fn second_serve_on_a_live_socket_is_refused() {
     assert!(!socket.exists(), "the first executor left its node");
 }
 
+/// At the default log level (`warn`, no `ONGRID_LOG`) the real `serve`
+/// says why it refused a run (an entry made group-writable: a tamper
+/// signal) and why a sandbox could not be set up, naming the skill; the
+/// args never reach the log.
+#[test]
+fn refusals_and_sandbox_failures_are_logged_at_warn() {
+    if !can_run() {
+        return;
+    }
+    let root = dir_0755();
+    let runtime = dir_0755();
+    let socket = runtime.path().join("x.sock");
+    let config = runtime.path().join("executor.toml");
+    let ghost_user = "no-such-user-zq";
+    std::fs::write(
+        &config,
+        format!(
+            "roots = [{:?}]\nruntime_dir = {:?}\nsocket = {:?}\n\
+             [skills.ghost]\nrun_as = [{ghost_user:?}]\n",
+            root.path(),
+            runtime.path(),
+            socket
+        ),
+    )
+    .unwrap();
+    let tamper = skill(root.path(), "tamper", "safe", 5, "cat");
+    std::fs::set_permissions(
+        tamper.with_file_name("run.sh"),
+        std::fs::Permissions::from_mode(0o775),
+    )
+    .unwrap();
+    let ghost = skill(root.path(), "ghost", "safe", 5, "cat");
+    std::fs::write(
+        &ghost,
+        format!(
+            r#"{{"name":"ghost","description":"t","entry":"run.sh","sandbox":{{"run_as":"{ghost_user}"}}}}"#
+        ),
+    )
+    .unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env_remove("ONGRID_LOG")
+        .env_remove("JOURNAL_STREAM")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut spawned = Spawned(child);
+    wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
+    let secret = marker(11);
+    let mut c = Client::connect(&socket);
+    c.execute(1, &tamper, json!({"token": secret}));
+    let (_, rejected) = c.run_result();
+    assert_eq!(rejected["result"]["outcome"], "rejected", "{rejected}");
+    let rejected_why = rejected["result"]["error"].as_str().unwrap().to_owned();
+    c.execute(2, &ghost, json!({"token": secret}));
+    let (_, failed) = c.run_result();
+    assert_eq!(failed["result"]["outcome"], "sandbox_failed", "{failed}");
+    let failed_why = failed["result"]["error"].as_str().unwrap().to_owned();
+    drop(c);
+
+    let child = &mut spawned.0;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(wait_child(child), (Some(0), None));
+    let mut log = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
+    let warned = |skill: &str, outcome: &str, why: &str| {
+        log.lines().any(|l| {
+            l.contains("WARN")
+                && l.contains(&format!("run \"{skill}\" {outcome}: "))
+                && l.contains(why)
+        })
+    };
+    assert!(warned("tamper", "rejected", &rejected_why), "{rejected_why}\n{log}");
+    assert!(warned("ghost", "sandbox_failed", &failed_why), "{failed_why}\n{log}");
+    assert!(!log.contains(&secret), "the args reached the log:\n{log}");
+}
+
 /// Beyond `max_connections` a client waits in the listen backlog until a
 /// connection closes.
 #[test]

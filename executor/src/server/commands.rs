@@ -96,15 +96,37 @@ fn busy(ctx: &ConnCtx, id: &Value, skill: &str, why: &str) {
     ctx.send(wire::encode_error_code(id, code::BUSY, why));
 }
 
+/// True for the outcomes an operator must see at the default log level
+/// (`warn`): a manifest, entry or request the executor refused (with a
+/// loader that checks the same rules first, a tamper signal or a
+/// configuration mismatch), and a sandbox or spawn that failed.
+fn operator_facing(outcome: Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Rejected | Outcome::Denied | Outcome::SandboxFailed | Outcome::SpawnFailed
+    )
+}
+
+/// Logs how a run ended: the skill, the outcome and the report's reason,
+/// at `warn` for [`operator_facing`] outcomes and `info` otherwise. Never
+/// the args, the environment or the result.
+fn log_outcome(ctx: &ConnCtx, skill: &str, report: &RunReport, how: &str) {
+    // A manifest refused before it was read has no skill name yet; its
+    // reason names the manifest.
+    let skill = if skill.is_empty() { String::new() } else { format!(" {skill:?}") };
+    let reason = report.error.as_deref().unwrap_or("");
+    let reason = if reason.is_empty() { String::new() } else { format!(": {reason}") };
+    if operator_facing(report.outcome) {
+        tracing::warn!("executor: run{skill} {}{reason} ({how}peer {})", report.outcome, ctx.peer);
+    } else {
+        tracing::info!("executor: run{skill} {}{reason} ({how}peer {})", report.outcome, ctx.peer);
+    }
+}
+
 /// Answers with a report for a run that never started, and counts it.
 fn refuse(ctx: &ConnCtx, id: &Value, skill: &str, report: &RunReport) {
     ctx.shared.metrics.count_outcome(skill, report.outcome);
-    tracing::info!(
-        "executor: run {skill:?} {}: {} (peer {})",
-        report.outcome,
-        report.error.as_deref().unwrap_or(""),
-        ctx.peer
-    );
+    log_outcome(ctx, skill, report, "");
     ctx.send(wire::encode_report(id, report));
 }
 
@@ -240,12 +262,16 @@ async fn execute_run(
         return;
     }
     metrics.record_run(skill, &report, elapsed);
-    tracing::info!(
-        "executor: run {skill:?} {} in {} ms (peer {}, session {session:?})",
-        report.outcome,
-        elapsed.as_millis(),
-        ctx.peer
-    );
+    if operator_facing(report.outcome) {
+        log_outcome(ctx, skill, &report, &format!("session {session:?}, "));
+    } else {
+        tracing::info!(
+            "executor: run {skill:?} {} in {} ms (peer {}, session {session:?})",
+            report.outcome,
+            elapsed.as_millis(),
+            ctx.peer
+        );
+    }
     ctx.send(wire::encode_report(id, &report));
     // The run's pipes closed and the janitor woken, once the report is out.
     ctx.after_sent(after);
