@@ -197,6 +197,10 @@ pub struct AuditSettings {
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
+    /// The file this was read from (`None`: no file, the defaults): named
+    /// by every error about its values.
+    #[serde(skip)]
+    pub origin: Option<PathBuf>,
     /// Client API socket path.
     pub socket: Option<PathBuf>,
     /// Octal mode of the client socket, e.g. `"0660"`.
@@ -309,6 +313,8 @@ pub struct Settings {
 }
 
 /// Why the configuration is not usable. The daemon exits 78 (EX_CONFIG).
+/// Each names the file (when there is one) and the key or flag; print it
+/// with its sources (the OS error of [`ConfigError::Read`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -329,14 +335,34 @@ pub enum ConfigError {
         /// The parser's message (with line and column).
         message: String,
     },
-    /// A value is out of range.
-    #[error("{key}: {message}")]
+    /// A value of the file (or a default) is out of range.
+    #[error("{}{key}: {message}", in_file(.file.as_deref()))]
     Value {
+        /// The file the value is from; `None` without a file.
+        file: Option<PathBuf>,
         /// The key.
         key: &'static str,
         /// What is wrong.
         message: String,
     },
+    /// A command-line value is out of range.
+    #[error("{flag}: {message}")]
+    Flag {
+        /// The flag, e.g. `--metrics-listen`.
+        flag: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn in_file(file: Option<&Path>) -> String {
+    file.map(|f| format!("{}: ", f.display())).unwrap_or_default()
+}
+
+/// A [`ConfigError::Value`] of `key`, its file filled in by
+/// [`FileConfig::resolve`].
+fn value(key: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Value { file: None, key, message: message.into() }
 }
 
 impl FileConfig {
@@ -346,8 +372,9 @@ impl FileConfig {
     ///
     /// [`ConfigError::Parse`] for bad TOML, unknown keys or wrong types.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        toml::from_str(text)
-            .map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })
+        let file: Self = toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+        Ok(Self { origin: Some(path.to_path_buf()), ..file })
     }
 
     /// Reads `path`; when `path` is `None`, reads [`DEFAULT_CONFIG_PATH`]
@@ -373,8 +400,23 @@ impl FileConfig {
     ///
     /// # Errors
     ///
-    /// [`ConfigError::Value`] for a bad mode, address or zero limit.
+    /// [`ConfigError::Value`] (naming the file) for a bad mode, address or
+    /// zero limit, [`ConfigError::Flag`] for a bad command-line value.
     pub fn resolve(
+        self,
+        overrides: Overrides,
+        env_dirs: Vec<PathBuf>,
+    ) -> Result<Settings, ConfigError> {
+        let origin = self.origin.clone();
+        self.resolve_values(overrides, env_dirs).map_err(|e| match e {
+            ConfigError::Value { file: None, key, message } => {
+                ConfigError::Value { file: origin, key, message }
+            }
+            e => e,
+        })
+    }
+
+    fn resolve_values(
         self,
         overrides: Overrides,
         env_dirs: Vec<PathBuf>,
@@ -384,11 +426,11 @@ impl FileConfig {
             Some(s) => u32::from_str_radix(s.trim_start_matches("0o"), 8)
                 .ok()
                 .filter(|m| *m <= 0o777)
-                .ok_or_else(|| ConfigError::Value {
-                    key: "socket_mode",
-                    message: format!("{s:?} is not an octal mode like \"0660\""),
+                .ok_or_else(|| {
+                    value("socket_mode", format!("{s:?} is not an octal mode like \"0660\""))
                 })?,
         };
+        let flag = overrides.metrics_listen.is_some();
         let metrics = overrides
             .metrics_listen
             .or(self.metrics_listen)
@@ -396,9 +438,13 @@ impl FileConfig {
         let metrics_listen = if metrics.trim().is_empty() {
             None
         } else {
-            Some(metrics.trim().parse::<SocketAddr>().map_err(|e| ConfigError::Value {
-                key: "metrics_listen",
-                message: format!("{metrics:?}: {e}"),
+            Some(metrics.trim().parse::<SocketAddr>().map_err(|e| {
+                let message = format!("{metrics:?}: {e}");
+                if flag {
+                    ConfigError::Flag { flag: "--metrics-listen", message }
+                } else {
+                    value("metrics_listen", message)
+                }
             })?)
         };
         let mut skills_dirs = if overrides.skills_dirs.is_empty() {
@@ -408,12 +454,12 @@ impl FileConfig {
         };
         skills_dirs.extend(env_dirs);
         let positive = |key: &'static str, v: Option<usize>, default: usize| match v {
-            Some(0) => Err(ConfigError::Value { key, message: "must be at least 1".into() }),
+            Some(0) => Err(value(key, "must be at least 1")),
             Some(n) => Ok(n),
             None => Ok(default),
         };
         let seconds = |key: &'static str, v: Option<u64>, default: u64| match v {
-            Some(0) => Err(ConfigError::Value { key, message: "must be at least 1".into() }),
+            Some(0) => Err(value(key, "must be at least 1")),
             Some(n) => Ok(Duration::from_secs(n)),
             None => Ok(Duration::from_secs(default)),
         };
@@ -421,13 +467,17 @@ impl FileConfig {
             None => DEFAULT_MAX_TTL_SECONDS,
             Some(n) if (1..=MAX_APPROVAL_TTL_SECONDS).contains(&n) => n,
             Some(n) => {
-                return Err(ConfigError::Value {
-                    key: "approval_max_ttl_seconds",
-                    message: format!("{n} is not within 1..={MAX_APPROVAL_TTL_SECONDS}"),
-                })
+                return Err(value(
+                    "approval_max_ttl_seconds",
+                    format!("{n} is not within 1..={MAX_APPROVAL_TTL_SECONDS}"),
+                ))
             }
         };
-        let socket_group = self.socket_group.as_deref().map(resolve_group).transpose()?;
+        let socket_group = self
+            .socket_group
+            .as_deref()
+            .map(|g| resolve_group(g).map_err(|m| value("socket_group", m)))
+            .transpose()?;
         let callers = self
             .callers
             .unwrap_or_default()
@@ -436,23 +486,21 @@ impl FileConfig {
             .collect::<Result<Vec<_>, _>>()?;
         let mut approvers: Vec<Approver> = Vec::new();
         for a in self.approvers.unwrap_or_default() {
-            let approver =
-                Approver::new(&a.name, &a.public_key).map_err(|e| ConfigError::Value {
-                    key: "approvers",
-                    message: format!("approver {:?}: public_key: {e}", a.name),
-                })?;
+            let approver = Approver::new(&a.name, &a.public_key).map_err(|e| {
+                value("approvers", format!("approver {:?}: public_key: {e}", a.name))
+            })?;
             if let Some(dup) = approvers
                 .iter()
                 .find(|p| p.key_id() == approver.key_id() || p.name() == approver.name())
             {
-                return Err(ConfigError::Value {
-                    key: "approvers",
-                    message: format!(
+                return Err(value(
+                    "approvers",
+                    format!(
                         "approvers {:?} and {:?} share a name or a key: each approver needs its own",
                         dup.name(),
                         a.name
                     ),
-                });
+                ));
             }
             approvers.push(approver);
         }
@@ -468,10 +516,10 @@ impl FileConfig {
                 None => DEFAULT_AUDIT_MAX_BYTES,
                 Some(n) if n == 0 || n >= MIN_AUDIT_MAX_BYTES => n,
                 Some(n) => {
-                    return Err(ConfigError::Value {
-                        key: "audit_max_bytes",
-                        message: format!("{n} is below {MIN_AUDIT_MAX_BYTES} (0: no size cap)"),
-                    })
+                    return Err(value(
+                        "audit_max_bytes",
+                        format!("{n} is below {MIN_AUDIT_MAX_BYTES} (0: no size cap)"),
+                    ))
                 }
             },
             synchronous: self.audit_synchronous.unwrap_or_default(),
@@ -481,10 +529,10 @@ impl FileConfig {
                     Duration::from_millis(n)
                 }
                 Some(n) => {
-                    return Err(ConfigError::Value {
-                        key: "audit_sync_interval_ms",
-                        message: format!("{n} is not within 1..={MAX_AUDIT_SYNC_INTERVAL_MS}"),
-                    })
+                    return Err(value(
+                        "audit_sync_interval_ms",
+                        format!("{n} is not within 1..={MAX_AUDIT_SYNC_INTERVAL_MS}"),
+                    ))
                 }
             },
         };
@@ -530,52 +578,37 @@ impl CallerEntry {
     /// [`ConfigError::Value`] unless exactly one of `uid`, `user`, `gid`,
     /// `group` is given, or when a name does not exist.
     pub fn resolve(self) -> Result<CallerRule, ConfigError> {
+        let role = &self.role;
+        let bad = |m: String| value("callers", format!("caller with role {role:?}: {m}"));
         let who = match (self.uid, self.user.as_deref(), self.gid, self.group.as_deref()) {
             (Some(uid), None, None, None) => Principal::Uid(uid),
-            (None, Some(user), None, None) => Principal::Uid(resolve_user(user)?),
+            (None, Some(user), None, None) => Principal::Uid(resolve_user(user).map_err(bad)?),
             (None, None, Some(gid), None) => Principal::Gid(gid),
-            (None, None, None, Some(group)) => Principal::Gid(resolve_group(group)?),
-            _ => {
-                return Err(ConfigError::Value {
-                    key: "callers",
-                    message: format!(
-                        "caller with role {:?}: give exactly one of uid, user, gid, group",
-                        self.role
-                    ),
-                })
-            }
+            (None, None, None, Some(group)) => Principal::Gid(resolve_group(group).map_err(bad)?),
+            _ => return Err(bad("give exactly one of uid, user, gid, group".into())),
         };
         Ok(CallerRule { who, role: self.role, mode: self.mode, audit: self.audit })
     }
 }
 
-fn resolve_user(name: &str) -> Result<u32, ConfigError> {
+/// A user name's uid, or what is wrong.
+fn resolve_user(name: &str) -> Result<u32, String> {
     match nix::unistd::User::from_name(name) {
         Ok(Some(u)) => Ok(u.uid.as_raw()),
-        Ok(None) => {
-            Err(ConfigError::Value { key: "callers", message: format!("no user named {name:?}") })
-        }
-        Err(e) => Err(ConfigError::Value {
-            key: "callers",
-            message: format!("looking up user {name:?}: {e}"),
-        }),
+        Ok(None) => Err(format!("no user named {name:?}")),
+        Err(e) => Err(format!("looking up user {name:?}: {e}")),
     }
 }
 
-/// A group name or number.
-fn resolve_group(name: &str) -> Result<u32, ConfigError> {
+/// A group name or number's gid, or what is wrong.
+fn resolve_group(name: &str) -> Result<u32, String> {
     if let Ok(gid) = name.parse::<u32>() {
         return Ok(gid);
     }
     match nix::unistd::Group::from_name(name) {
         Ok(Some(g)) => Ok(g.gid.as_raw()),
-        Ok(None) => {
-            Err(ConfigError::Value { key: "group", message: format!("no group named {name:?}") })
-        }
-        Err(e) => Err(ConfigError::Value {
-            key: "group",
-            message: format!("looking up group {name:?}: {e}"),
-        }),
+        Ok(None) => Err(format!("no group named {name:?}")),
+        Err(e) => Err(format!("looking up group {name:?}: {e}")),
     }
 }
 
@@ -793,6 +826,37 @@ mod tests {
             let r = parse(text).unwrap().resolve(Overrides::default(), vec![]);
             assert!(matches!(r, Err(ConfigError::Value { .. })), "{text}");
         }
+    }
+
+    /// Every error names the file and the key (or the flag), a group too.
+    #[test]
+    fn errors_name_the_file_and_the_key() {
+        let resolve = |text: &str| {
+            parse(text).unwrap().resolve(Overrides::default(), vec![]).unwrap_err().to_string()
+        };
+        assert_eq!(
+            resolve("max_connections = 0"),
+            "/etc/ongrid/skilld.toml: max_connections: must be at least 1"
+        );
+        assert_eq!(
+            resolve("socket_group = \"no-such-group-here\""),
+            "/etc/ongrid/skilld.toml: socket_group: no group named \"no-such-group-here\""
+        );
+        assert_eq!(
+            resolve("[[callers]]\nuser = \"no-such-user-here\"\nrole = \"x\"\nmode = \"read-only\""),
+            "/etc/ongrid/skilld.toml: callers: caller with role \"x\": no user named \"no-such-user-here\""
+        );
+        assert!(resolve("metrics_listen = \"x\"")
+            .starts_with("/etc/ongrid/skilld.toml: metrics_listen: "));
+        let flag = Overrides { metrics_listen: Some("x".into()), ..Overrides::default() };
+        let e = parse("").unwrap().resolve(flag, vec![]).unwrap_err().to_string();
+        assert!(e.starts_with("--metrics-listen: \"x\": "), "{e}");
+        // Without a file, the key alone.
+        let e = FileConfig { max_connections: Some(0), ..FileConfig::default() }
+            .resolve(Overrides::default(), vec![])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "max_connections: must be at least 1");
     }
 
     #[test]

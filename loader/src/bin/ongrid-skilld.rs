@@ -49,7 +49,9 @@ fn main() -> ExitCode {
     {
         Ok(s) => s,
         Err(e) => {
-            loader::journald::eprint(Level::ERROR, &format!("ongrid-skilld: configuration: {e}"));
+            // With its sources: the OS error of a file that cannot be read.
+            let e = anyhow::Error::from(e);
+            loader::journald::eprint(Level::ERROR, &format!("ongrid-skilld: configuration: {e:#}"));
             return ExitCode::from(EX_CONFIG);
         }
     };

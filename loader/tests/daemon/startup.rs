@@ -65,3 +65,37 @@ fn bad_config_exits_78() {
     let out = Command::new(SKILLD).args(["--config", missing.to_str().unwrap()]).output().unwrap();
     assert_eq!(out.status.code(), Some(78));
 }
+
+/// Each configuration error names the file, the key and the OS error: a
+/// missing file, a directory, a value out of range, an unknown group.
+#[test]
+fn config_errors_name_the_file_the_key_and_the_cause() {
+    let env = Env::new();
+    let run = |cfg: &std::path::Path| {
+        let out = Command::new(SKILLD)
+            .args(["--config", cfg.to_str().unwrap(), "--check-config"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(78), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let missing = env.path("missing.toml");
+    let err = run(&missing);
+    assert!(err.contains(&format!("cannot read {}: ", missing.display())), "{err}");
+    assert!(err.contains("No such file or directory"), "{err}");
+    let dir = env.path("conf.d");
+    std::fs::create_dir(&dir).unwrap();
+    let err = run(&dir);
+    assert!(err.contains(&format!("cannot read {}: ", dir.display())), "{err}");
+    assert!(err.contains("Is a directory"), "{err}");
+    let cfg = env.path("bad.toml");
+    std::fs::write(&cfg, "max_connections = 0\n").unwrap();
+    let err = run(&cfg);
+    assert!(
+        err.contains(&format!("{}: max_connections: must be at least 1", cfg.display())),
+        "{err}"
+    );
+    std::fs::write(&cfg, "socket_group = \"no-such-group-zq\"\n").unwrap();
+    let err = run(&cfg);
+    assert!(err.contains(&format!("{}: socket_group: no group named", cfg.display())), "{err}");
+}
