@@ -1,7 +1,9 @@
 //! `skilld.toml`: the daemon's configuration, parsed once at start-up.
 //!
 //! Every key is optional; unknown keys are an error (typos must not pass
-//! silently). Precedence: command-line flag > file > built-in default. The
+//! silently), and so is a relative path in `socket`, `executor_socket`,
+//! `skills_dirs` or `audit_db` (or their flags): it would depend on the
+//! daemon's working directory, `/` under systemd. Precedence: command-line flag > file > built-in default. The
 //! allow-list roots are the file's `skills_dirs` (or the default
 //! `/etc/ongrid/skills`) followed by `ONGRID_SKILLS_EXTERNAL_DIRS`.
 //!
@@ -359,6 +361,30 @@ fn in_file(file: Option<&Path>) -> String {
     file.map(|f| format!("{}: ", f.display())).unwrap_or_default()
 }
 
+/// The path of `key`: the command line's (`flag`), else the file's, else
+/// `default`; it must be absolute.
+fn absolute(
+    key: &'static str,
+    flag: &'static str,
+    from_flag: Option<PathBuf>,
+    from_file: Option<PathBuf>,
+    default: PathBuf,
+) -> Result<PathBuf, ConfigError> {
+    let (path, flagged) = match (from_flag, from_file) {
+        (Some(p), _) => (p, true),
+        (None, Some(p)) => (p, false),
+        (None, None) => (default, false),
+    };
+    if path.is_absolute() {
+        return Ok(path);
+    }
+    let message = format!(
+        "{path:?} is not an absolute path (a relative one would depend on the daemon's \
+         working directory, / under systemd)"
+    );
+    Err(if flagged { ConfigError::Flag { flag, message } } else { value(key, message) })
+}
+
 /// A [`ConfigError::Value`] of `key`, its file filled in by
 /// [`FileConfig::resolve`].
 fn value(key: &'static str, message: impl Into<String>) -> ConfigError {
@@ -447,12 +473,39 @@ impl FileConfig {
                 }
             })?)
         };
+        // Every configured path is absolute: a relative one would depend on
+        // the daemon's working directory (`/` under systemd). The roots of
+        // ONGRID_SKILLS_EXTERNAL_DIRS are not checked here: the scan skips
+        // a relative one with its log line (DESIGN §2).
+        let socket =
+            absolute("socket", "--socket", overrides.socket, self.socket, DEFAULT_SOCKET.into())?;
+        let executor_socket = absolute(
+            "executor_socket",
+            "--executor-socket",
+            overrides.executor_socket,
+            self.executor_socket,
+            DEFAULT_EXECUTOR_SOCKET.into(),
+        )?;
         let mut skills_dirs = if overrides.skills_dirs.is_empty() {
-            self.skills_dirs.unwrap_or_else(|| vec![PathBuf::from(DEFAULT_SKILLS_DIR)])
+            let dirs = self.skills_dirs.unwrap_or_else(|| vec![PathBuf::from(DEFAULT_SKILLS_DIR)]);
+            for dir in &dirs {
+                absolute("skills_dirs", "", None, Some(dir.clone()), PathBuf::new())?;
+            }
+            dirs
         } else {
+            for dir in &overrides.skills_dirs {
+                absolute("skills_dirs", "--skills-dir", Some(dir.clone()), None, PathBuf::new())?;
+            }
             overrides.skills_dirs
         };
         skills_dirs.extend(env_dirs);
+        let audit_db = absolute(
+            "audit_db",
+            "the audit database",
+            overrides.audit_db,
+            self.audit_db,
+            DEFAULT_AUDIT_DB.into(),
+        )?;
         let positive = |key: &'static str, v: Option<usize>, default: usize| match v {
             Some(0) => Err(value(key, "must be at least 1")),
             Some(n) => Ok(n),
@@ -505,10 +558,7 @@ impl FileConfig {
             approvers.push(approver);
         }
         let audit = AuditSettings {
-            db: overrides
-                .audit_db
-                .or(self.audit_db)
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_AUDIT_DB)),
+            db: audit_db,
             required: self.audit_required.unwrap_or(true),
             max_rows: self.audit_max_rows.unwrap_or(DEFAULT_AUDIT_MAX_ROWS),
             max_age_days: self.audit_max_age_days.unwrap_or(DEFAULT_AUDIT_MAX_AGE_DAYS),
@@ -542,12 +592,9 @@ impl FileConfig {
             approvers,
             approval_max_ttl,
             audit,
-            socket: overrides.socket.or(self.socket).unwrap_or_else(|| DEFAULT_SOCKET.into()),
+            socket,
             socket_mode,
-            executor_socket: overrides
-                .executor_socket
-                .or(self.executor_socket)
-                .unwrap_or_else(|| DEFAULT_EXECUTOR_SOCKET.into()),
+            executor_socket,
             skills_dirs,
             metrics_listen,
             max_body_bytes: positive(
@@ -857,6 +904,43 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(e, "max_connections: must be at least 1");
+    }
+
+    /// A relative path in any path-valued key (or flag) is refused,
+    /// naming the file and the key; the env var's roots are the scan's to
+    /// skip.
+    #[test]
+    fn relative_paths_are_refused() {
+        for (text, key) in [
+            ("skills_dirs = [\"/ok\", \"packs\"]", "skills_dirs"),
+            ("audit_db = \"rel.db\"", "audit_db"),
+            ("socket = \"relative.sock\"", "socket"),
+            ("executor_socket = \"./executor.sock\"", "executor_socket"),
+            ("socket = \"\"", "socket"),
+        ] {
+            let e = parse(text).unwrap().resolve(Overrides::default(), vec![]).unwrap_err();
+            assert!(matches!(e, ConfigError::Value { .. }), "{text}: {e:?}");
+            let e = e.to_string();
+            assert!(e.starts_with(&format!("/etc/ongrid/skilld.toml: {key}: ")), "{text}: {e}");
+            assert!(e.contains("is not an absolute path"), "{text}: {e}");
+        }
+        let flags = [
+            (Overrides { socket: Some("s.sock".into()), ..Overrides::default() }, "--socket"),
+            (
+                Overrides { executor_socket: Some("e.sock".into()), ..Overrides::default() },
+                "--executor-socket",
+            ),
+            (
+                Overrides { skills_dirs: vec!["packs".into()], ..Overrides::default() },
+                "--skills-dir",
+            ),
+        ];
+        for (o, flag) in flags {
+            let e = parse("").unwrap().resolve(o, vec![]).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{flag}: ")), "{e}");
+        }
+        let s = parse("").unwrap().resolve(Overrides::default(), vec!["rel".into()]).unwrap();
+        assert_eq!(s.skills_dirs, [PathBuf::from(DEFAULT_SKILLS_DIR), "rel".into()]);
     }
 
     #[test]

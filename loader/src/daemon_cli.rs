@@ -28,7 +28,8 @@ pub struct Args {
     /// ONGRID_SKILLS_EXTERNAL_DIRS are still appended).
     #[arg(long = "skills-dir", value_name = "DIR")]
     pub skills_dirs: Vec<PathBuf>,
-    /// Check the configuration and exit: 0 if valid, 78 if not.
+    /// Check the configuration and exit: 0 if valid (with a summary), 78
+    /// if not (naming the file, the key and the cause).
     #[arg(long)]
     pub check_config: bool,
 }

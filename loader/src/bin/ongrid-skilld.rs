@@ -44,9 +44,11 @@ fn main() -> ExitCode {
         skills_dirs: args.skills_dirs,
         ..Overrides::default()
     };
-    let settings = match FileConfig::load(args.config.as_deref())
-        .and_then(|f| f.resolve(overrides, loader::roots::from_env()))
-    {
+    let mut origin = None;
+    let settings = match FileConfig::load(args.config.as_deref()).and_then(|f| {
+        origin.clone_from(&f.origin);
+        f.resolve(overrides, loader::roots::from_env())
+    }) {
         Ok(s) => s,
         Err(e) => {
             // With its sources: the OS error of a file that cannot be read.
@@ -56,7 +58,7 @@ fn main() -> ExitCode {
         }
     };
     if args.check_config {
-        println!("{settings:#?}");
+        print!("{}", summary(origin.as_deref(), &settings));
         return ExitCode::SUCCESS;
     }
     // Before the runtime starts any thread: this edits the environment.
@@ -74,6 +76,32 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// What `--check-config` prints for a valid configuration: the file, then
+/// what the daemon would serve on and read, one line each.
+fn summary(origin: Option<&std::path::Path>, s: &loader::config::Settings) -> String {
+    let file =
+        origin.map_or_else(|| "no file, the defaults".to_owned(), |p| p.display().to_string());
+    let group = s.socket_group.map_or_else(|| "the daemon's".to_owned(), |g| g.to_string());
+    let dirs: Vec<String> = s.skills_dirs.iter().map(|d| d.display().to_string()).collect();
+    let metrics = s.metrics_listen.map_or_else(|| "off".to_owned(), |a| a.to_string());
+    format!(
+        "ok: {file}\n\
+         socket: {} (mode {:04o}, group {group})\n\
+         executor socket: {}\n\
+         skill directories: {}\n\
+         metrics: {metrics}\n\
+         audit database: {}\n\
+         callers: {}, approvers: {}\n",
+        s.socket.display(),
+        s.socket_mode,
+        s.executor_socket.display(),
+        dirs.join(", "),
+        s.audit.db.display(),
+        s.callers.len(),
+        s.approvers.len(),
+    )
 }
 
 fn serve(

@@ -99,3 +99,41 @@ fn config_errors_name_the_file_the_key_and_the_cause() {
     let err = run(&cfg);
     assert!(err.contains(&format!("{}: socket_group: no group named", cfg.display())), "{err}");
 }
+
+/// Relative paths in the file are refused (exit 78, naming the file and
+/// the key), as they would break under systemd (working directory `/`);
+/// a valid file is summed up in plain lines, not a Debug dump.
+#[test]
+fn check_config_refuses_relative_paths_and_sums_up() {
+    let env = Env::new();
+    let cfg = env.path("skilld.toml");
+    for (text, key) in [
+        ("skills_dirs = [\"packs\"]", "skills_dirs"),
+        ("audit_db = \"rel.db\"", "audit_db"),
+        ("socket = \"relative.sock\"", "socket"),
+        ("executor_socket = \"e.sock\"", "executor_socket"),
+    ] {
+        std::fs::write(&cfg, text).unwrap();
+        let out = Command::new(SKILLD)
+            .args(["--config", cfg.to_str().unwrap(), "--check-config"])
+            .env_remove("ONGRID_SKILLS_EXTERNAL_DIRS")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(78), "{text}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("{}: {key}: ", cfg.display())), "{text}: {err}");
+        assert!(err.contains("is not an absolute path"), "{text}: {err}");
+    }
+    std::fs::write(&cfg, "socket = \"/tmp/x.sock\"\nmetrics_listen = \"\"\n").unwrap();
+    let out = Command::new(SKILLD)
+        .args(["--config", cfg.to_str().unwrap(), "--check-config"])
+        .env_remove("ONGRID_SKILLS_EXTERNAL_DIRS")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with(&format!("ok: {}\n", cfg.display())), "{text}");
+    assert!(text.contains("socket: /tmp/x.sock (mode 0660"), "{text}");
+    assert!(text.contains("metrics: off"), "{text}");
+    assert!(!text.contains("Settings") && !text.contains('{'), "a Debug dump:\n{text}");
+}
