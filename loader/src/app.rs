@@ -3,7 +3,7 @@
 //! metrics.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,6 +69,9 @@ pub struct App {
     run_slots: Arc<Semaphore>,
     /// One scan at a time: a SIGHUP during a `POST /v1/reload` waits.
     reload_lock: Mutex<()>,
+    /// Tell the service manager about each rescan (see
+    /// [`App::notify_reloads`]).
+    notify_reloads: AtomicBool,
     limits: Limits,
     prometheus: prometheus::Registry,
     authz: Authz,
@@ -104,6 +107,7 @@ impl App {
             metrics,
             run_slots: Arc::new(Semaphore::new(settings.max_concurrent_runs)),
             reload_lock: Mutex::new(()),
+            notify_reloads: AtomicBool::new(false),
             limits: Limits {
                 max_body_bytes: settings.max_body_bytes,
                 body_timeout: settings.request_timeout,
@@ -140,13 +144,36 @@ impl App {
         &self.audit
     }
 
+    /// From now on every [`App::reload`] tells the service manager
+    /// (`NOTIFY_SOCKET`, [`crate::systemd`]): `RELOADING=1` with
+    /// `MONOTONIC_USEC=` before the scan, `READY=1` with the new `STATUS=`
+    /// after it, whatever asked for it (SIGHUP, `POST /v1/reload`). The
+    /// daemon turns it on once it has sent its first `READY=1`.
+    pub fn notify_reloads(&self) {
+        self.notify_reloads.store(true, Ordering::Relaxed);
+    }
+
     /// Scans the roots and swaps the registry. Runs in flight keep the
     /// skill they started with. Every scan event is logged at its level.
     /// The executor is asked first for its longest run timeout (`ping`),
     /// to which longer manifest timeouts are clamped (a `TimeoutClamped`
-    /// event), so that listings say what runs get.
+    /// event), so that listings say what runs get. Told to the service
+    /// manager once [`App::notify_reloads`] was called.
     pub async fn reload(self: &Arc<Self>) -> ReloadSummary {
         let _one_at_a_time = self.reload_lock.lock().await;
+        let notify = self.notify_reloads.load(Ordering::Relaxed);
+        if notify {
+            crate::systemd::reloading();
+        }
+        let summary = self.rescan().await;
+        if notify {
+            crate::systemd::ready(&self.status_line());
+        }
+        summary
+    }
+
+    /// The scan and the swap of [`App::reload`], under its lock.
+    async fn rescan(self: &Arc<Self>) -> ReloadSummary {
         if let Some(max) =
             self.executor.pong(PONG_TIMEOUT).await.and_then(|p| p.max_timeout_seconds)
         {

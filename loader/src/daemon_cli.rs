@@ -39,7 +39,8 @@ pub const AFTER_HELP: &str = "\
 Exit codes: 0 after SIGTERM/SIGINT, 1 start-up failure, 78 (EX_CONFIG)
 invalid configuration (--check-config too).
 Under systemd (Type=notify): READY=1 once the client socket accepts, the
-metrics listener is bound and the first scan is done; STOPPING=1 when the
+metrics listener is bound and the first scan is done; RELOADING=1 and then
+READY=1 around every rescan (SIGHUP, POST /v1/reload); STOPPING=1 when the
 drain starts. A socket passed by socket activation (LISTEN_FDS, e.g.
 ongrid-skilld.socket) is served instead of binding `socket`, and is left in
 place at exit.";

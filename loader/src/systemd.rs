@@ -1,5 +1,6 @@
 //! systemd integration of `ongrid-skilld`: the service manager's
-//! notifications (`sd_notify(3)`: `READY=1`, `STOPPING=1`, `STATUS=`) and a
+//! notifications (`sd_notify(3)`: `READY=1`, `RELOADING=1`, `STOPPING=1`,
+//! `STATUS=`) and a
 //! listening socket handed over by socket activation (`sd_listen_fds(3)`:
 //! `LISTEN_PID`, `LISTEN_FDS`, the socket as fd 3).
 //!
@@ -55,6 +56,26 @@ pub fn stopping() {
 /// Sends a `STATUS=` line only.
 pub fn status(status: &str) {
     send(&[sd_notify::NotifyState::Status(status)]);
+}
+
+/// Tells the service manager a rescan has started: `RELOADING=1` with
+/// `MONOTONIC_USEC=` (the time `Type=notify-reload` requires), and
+/// `STATUS=rescanning`. [`ready`] ends it.
+pub fn reloading() {
+    match sd_notify::NotifyState::monotonic_usec_now() {
+        Ok(now) => send(&[
+            sd_notify::NotifyState::Reloading,
+            now,
+            sd_notify::NotifyState::Status("rescanning"),
+        ]),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read CLOCK_MONOTONIC for RELOADING=1");
+            send(&[
+                sd_notify::NotifyState::Reloading,
+                sd_notify::NotifyState::Status("rescanning"),
+            ]);
+        }
+    }
 }
 
 fn send(states: &[sd_notify::NotifyState<'_>]) {

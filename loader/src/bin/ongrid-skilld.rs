@@ -4,8 +4,10 @@
 //! (EX_CONFIG) when the configuration is invalid (`--check-config` too).
 //!
 //! Under systemd (`Type=notify`): `READY=1` once the client socket accepts,
-//! the metrics listener is bound and the first scan is done; `STOPPING=1`
-//! when SIGTERM/SIGINT starts the drain. With `ongrid-skilld.socket` the
+//! the metrics listener is bound and the first scan is done; `RELOADING=1`
+//! (with `MONOTONIC_USEC=`) and then `READY=1` around every rescan (SIGHUP
+//! or `POST /v1/reload`); `STOPPING=1` when SIGTERM/SIGINT starts the
+//! drain. With `ongrid-skilld.socket` the
 //! client socket is the one systemd passes (`LISTEN_FDS`); it is left in
 //! place at exit.
 
@@ -118,6 +120,11 @@ fn serve(
         let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
         let daemon = Daemon::start(&settings, inherited).await.context("starting")?;
         let socket_inherited = daemon.socket_inherited;
+        // Bound, listening and scanned: clients are answered from here on;
+        // each rescan since is told to systemd (RELOADING=1, READY=1). The
+        // signals that came meanwhile wait in their streams.
+        loader::systemd::ready(&daemon.app.status_line());
+        daemon.app.notify_reloads();
         let app = daemon.app.clone();
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
@@ -128,9 +135,8 @@ fn serve(
                     _ = int.recv() => break,
                     _ = hup.recv() => {
                         tracing::info!("SIGHUP: rescanning");
-                        loader::systemd::status("rescanning");
+                        // RELOADING=1 ... READY=1 around it (App::reload).
                         app.reload().await;
-                        loader::systemd::status(&app.status_line());
                     }
                 }
             }
@@ -138,8 +144,6 @@ fn serve(
             loader::systemd::stopping();
             stop.cancel();
         });
-        // Bound, listening and scanned: clients are answered from here on.
-        loader::systemd::ready(&daemon.app.status_line());
         daemon.run(shutdown).await;
         if !socket_inherited {
             let _ = std::fs::remove_file(&settings.socket);

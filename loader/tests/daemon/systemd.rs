@@ -51,6 +51,50 @@ async fn ready_after_serving_and_stopping_on_sigterm() {
     assert!(d.wait_exit(Duration::from_secs(15)).success());
 }
 
+/// Every rescan, whatever asked for it (SIGHUP, `POST /v1/reload`), is
+/// told to the service manager: `RELOADING=1` with `MONOTONIC_USEC=`
+/// before it, then `READY=1` with the new skill count in `STATUS=`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rescans_send_reloading_then_ready_with_the_new_status() {
+    let env = Env::new();
+    let skills = env.standard_skills();
+    let (notify, path) = notify_socket(&env);
+    let mut d = Skilld::spawn(&env, &[&skills], "", |c| {
+        c.env("NOTIFY_SOCKET", &path);
+    });
+    let ready = recv(&notify, &d);
+    assert!(ready.lines().any(|l| l == "STATUS=serving 5 skills (0 skipped)"), "{ready:?}");
+    let reloading_at = |msg: &str| -> u64 {
+        assert!(msg.lines().any(|l| l == "RELOADING=1"), "{msg:?}");
+        let usec = msg.lines().find_map(|l| l.strip_prefix("MONOTONIC_USEC="));
+        let usec: u64 =
+            usec.unwrap_or_else(|| panic!("no MONOTONIC_USEC: {msg:?}")).parse().unwrap();
+        assert!(usec > 0, "{msg:?}");
+        usec
+    };
+
+    env.skill("skills", "hup", "", "echo '{}'");
+    d.signal(Signal::SIGHUP);
+    let first = reloading_at(&recv(&notify, &d));
+    let done = recv(&notify, &d);
+    assert!(done.lines().any(|l| l == "READY=1"), "{done:?}");
+    assert!(done.lines().any(|l| l == "STATUS=serving 6 skills (0 skipped)"), "{done:?}");
+
+    env.skill("skills", "posted", "", "echo '{}'");
+    let r = d.client().post("/v1/reload", &serde_json::json!({})).await.unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    let second = reloading_at(&recv(&notify, &d));
+    assert!(second > first, "MONOTONIC_USEC went back: {first} then {second}");
+    let done = recv(&notify, &d);
+    assert!(done.lines().any(|l| l == "READY=1"), "{done:?}");
+    assert!(done.lines().any(|l| l == "STATUS=serving 7 skills (0 skipped)"), "{done:?}");
+
+    d.signal(Signal::SIGTERM);
+    let stopping = recv(&notify, &d);
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
+    assert!(d.wait_exit(Duration::from_secs(15)).success());
+}
+
 /// With a listening socket passed as fd 3 (`LISTEN_FDS=1`, `LISTEN_PID` =
 /// the daemon's pid, as systemd passes `ongrid-skilld.socket`), the daemon
 /// serves on it, leaves its mode alone, binds nothing at the configured
