@@ -2,6 +2,9 @@
 //! shutdown signal and the reload trigger handed in by the caller (the
 //! binary passes SIGTERM/SIGINT and SIGHUP; tests pass their own).
 
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
@@ -75,6 +78,58 @@ pub enum StartError {
     },
 }
 
+/// The client socket node this daemon bound, identified by its device and
+/// inode. Dropping it removes the node, on every path: a start that fails
+/// after the bind (the metrics port taken, the socket's group) as well as
+/// the end of [`Daemon::run`]. A node that is no longer this one (the same
+/// device and inode can be handed to the next node at once) or that
+/// someone listens on is left alone: drop it after the listener.
+#[derive(Debug)]
+struct SocketNode {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketNode {
+    /// The node bound at `path` just now.
+    fn bound(path: &Path) -> std::io::Result<Self> {
+        let meta = fs::symlink_metadata(path)?;
+        Ok(Self { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() })
+    }
+
+    /// Nobody accepts connections on the node at `path` (a connection is
+    /// refused, or the node is gone). Never blocks: a full backlog counts
+    /// as a listener.
+    fn nobody_listens(path: &Path) -> bool {
+        use nix::errno::Errno;
+        use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+        let Ok(addr) = UnixAddr::new(path) else { return false };
+        let Ok(fd) = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+            None,
+        ) else {
+            return false;
+        };
+        matches!(
+            connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr),
+            Err(Errno::ECONNREFUSED | Errno::ENOENT)
+        )
+    }
+}
+
+impl Drop for SocketNode {
+    fn drop(&mut self) {
+        let same = fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.file_type().is_socket() && m.dev() == self.dev && m.ino() == self.ino);
+        if same && Self::nobody_listens(&self.path) {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
 /// A started daemon: the state, the bound listeners, the serving options.
 #[derive(Debug)]
 pub struct Daemon {
@@ -86,6 +141,9 @@ pub struct Daemon {
     pub socket_inherited: bool,
     metrics: Option<TcpListener>,
     opts: ServeOptions,
+    /// The node bound at `socket` (none when inherited): removed when the
+    /// daemon is dropped, after the listener.
+    node: Option<SocketNode>,
 }
 
 impl Daemon {
@@ -96,7 +154,8 @@ impl Daemon {
     /// ([`crate::systemd::take_listener`]): it is served as it is (its
     /// owner, group and mode are the socket unit's), and `settings.socket`
     /// is neither removed nor bound. Without it the socket is bound at
-    /// `settings.socket` with `socket_mode` and `socket_group`.
+    /// `settings.socket` with `socket_mode` and `socket_group`, and removed
+    /// again when the start fails after the bind or the daemon ends.
     ///
     /// # Errors
     ///
@@ -112,12 +171,25 @@ impl Daemon {
         let metrics = Metrics::new(&registry).map_err(StartError::Metrics)?;
         let app = Arc::new(App::new(settings, metrics, registry).map_err(StartError::Audit)?);
         let socket_inherited = inherited.is_some();
+        // Declared before the listener, so dropped after it (an error
+        // below drops both): the node bound here goes with them.
+        let node;
         let api = match inherited {
             Some(listener) => {
+                node = None;
                 listener.set_nonblocking(true).map_err(StartError::Inherited)?;
                 UnixListener::from_std(listener).map_err(StartError::Inherited)?
             }
-            None => server::bind(&settings.socket, settings.socket_mode).await?,
+            None => {
+                let api = server::bind(&settings.socket, settings.socket_mode).await?;
+                node = Some(SocketNode::bound(&settings.socket).map_err(|source| {
+                    StartError::Bind(server::BindError::Io {
+                        path: settings.socket.clone(),
+                        source,
+                    })
+                })?);
+                api
+            }
         };
         if let (Some(gid), false) = (settings.socket_group, socket_inherited) {
             // With mode 0660 the group decides who may connect at all. The
@@ -153,7 +225,7 @@ impl Daemon {
             header_timeout: settings.header_timeout,
             idle_timeout: settings.idle_timeout,
         };
-        Ok(Self { app, api, socket_inherited, metrics, opts })
+        Ok(Self { app, api, socket_inherited, metrics, opts, node })
     }
 
     /// Serves the client API and the metrics until `shutdown` is cancelled.
@@ -182,6 +254,8 @@ impl Daemon {
         }
         // Every answered run's rows into the database, the journal emptied.
         self.app.audit().flush().await;
+        // The listener is gone (`serve` dropped it): the node goes too.
+        drop(self.node);
         tracing::info!("ongrid-skilld stopped");
     }
 }

@@ -118,8 +118,9 @@ fn serve(
         let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
         let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
         let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+        // The daemon removes the socket node it bound when it ends, and
+        // when its start fails after the bind.
         let daemon = Daemon::start(&settings, inherited).await.context("starting")?;
-        let socket_inherited = daemon.socket_inherited;
         // Bound, listening and scanned: clients are answered from here on;
         // each rescan since is told to systemd (RELOADING=1, READY=1). The
         // signals that came meanwhile wait in their streams.
@@ -145,9 +146,6 @@ fn serve(
             stop.cancel();
         });
         daemon.run(shutdown).await;
-        if !socket_inherited {
-            let _ = std::fs::remove_file(&settings.socket);
-        }
         Ok(())
     })
 }

@@ -137,3 +137,40 @@ fn check_config_refuses_relative_paths_and_sums_up() {
     assert!(text.contains("metrics: off"), "{text}");
     assert!(!text.contains("Settings") && !text.contains('{'), "a Debug dump:\n{text}");
 }
+
+/// A start that fails after the client socket is bound (the metrics port
+/// is taken) exits 1 and removes the socket it bound: clients then find no
+/// daemon instead of a refused connection.
+#[test]
+fn failed_start_after_the_bind_removes_the_socket() {
+    let env = Env::new();
+    let skills = env.standard_skills();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let socket = env.path("skilld.sock");
+    let cfg = env.path("skilld.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "socket = {:?}\nexecutor_socket = {:?}\nskills_dirs = [{:?}]\naudit_db = {:?}\n",
+            socket.display().to_string(),
+            env.executor_socket().display().to_string(),
+            skills.display().to_string(),
+            env.audit_db().display().to_string(),
+        ),
+    )
+    .unwrap();
+    let out = Command::new(SKILLD)
+        .args(["--config", cfg.to_str().unwrap(), "--metrics-listen", &addr.to_string()])
+        .env_remove("ONGRID_SKILLS_EXTERNAL_DIRS")
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("LISTEN_FDS")
+        .env_remove("LISTEN_PID")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+    assert!(std::fs::symlink_metadata(&socket).is_err(), "the socket was left behind: {err}");
+    drop(taken);
+}
