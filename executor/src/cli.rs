@@ -85,4 +85,6 @@ READY=1 is sent once the socket accepts, STOPPING=1 when the drain starts
 SIGTERM or Ctrl-C (or, with --stop-on-stdin-eof, the end of standard input):
 stop accepting, let runs finish within their deadlines, then exit 0. SIGHUP
 is logged and ignored: executor.toml is read at start (restart to apply
-it). Exit 70: the configuration, socket or engine could not be set up.";
+it). Exit 78 (EX_CONFIG): executor.toml cannot be read or is invalid (the
+packaged unit does not restart on it: RestartPreventExitStatus=78); exit
+70: the socket or the engine could not be set up.";

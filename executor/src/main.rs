@@ -13,6 +13,31 @@ use executor::{Config, Engine, RunRequest};
 use policy::Outcome;
 use tracing::Level;
 
+/// `serve` could not start: the configuration is invalid (sysexits'
+/// EX_CONFIG; the unit's `RestartPreventExitStatus=78` keeps systemd from
+/// restarting into it again and again).
+const EX_CONFIG: u8 = 78;
+/// `serve` could not start or failed for another reason (EX_SOFTWARE).
+const EX_SOFTWARE: u8 = 70;
+
+/// The exit code of a failed command: [`EX_CONFIG`] when executor.toml
+/// is at fault (it cannot be read or parsed, a value is out of range, the
+/// socket's owner or group does not exist), else [`EX_SOFTWARE`].
+fn failure_code(e: &anyhow::Error) -> u8 {
+    let config = e.chain().any(|cause| {
+        cause.is::<executor::ConfigError>()
+            || matches!(
+                cause.downcast_ref::<executor::server::SocketError>(),
+                Some(executor::server::SocketError::Unknown { .. })
+            )
+    });
+    if config {
+        EX_CONFIG
+    } else {
+        EX_SOFTWARE
+    }
+}
+
 fn exit_code(outcome: Outcome) -> u8 {
     match outcome {
         Outcome::Ok => 0,
@@ -330,7 +355,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             executor::journald::eprint(Level::ERROR, &format!("ongrid-executor: {e:#}"));
-            ExitCode::from(70)
+            ExitCode::from(failure_code(&e))
         }
     }
 }

@@ -182,3 +182,30 @@ fn serves_an_inherited_socket_and_leaves_it_in_place() {
     let meta = std::fs::symlink_metadata(&activated).expect("the socket file was removed");
     assert!(meta.file_type().is_socket());
 }
+
+/// A bad executor.toml ends `serve` with 78 (EX_CONFIG), which the unit's
+/// `RestartPreventExitStatus=78` does not restart into; the message names
+/// the file. Needs no root: nothing is set up before the configuration.
+#[test]
+fn bad_configuration_exits_78() {
+    let dir = tempfile::tempdir().unwrap();
+    let unknown_key = dir.path().join("typo.toml");
+    std::fs::write(&unknown_key, "sokcet = \"/x\"\n").unwrap();
+    let bad_value = dir.path().join("value.toml");
+    std::fs::write(&bad_value, "roots = [\"relative\"]\n").unwrap();
+    let missing = dir.path().join("missing.toml");
+    for config in [&unknown_key, &bad_value, &missing] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .env_remove("LISTEN_FDS")
+            .env_remove("LISTEN_PID")
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{}: {err}", config.display());
+        assert!(err.contains(&config.display().to_string()), "{err}");
+    }
+}
