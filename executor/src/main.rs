@@ -189,9 +189,9 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
         let registry = prometheus::Registry::new();
         // Unprefixed `process_*`: the loader renames them when it appends
         // this text to its own /metrics.
-        registry
-            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
-            .context("registering process metrics")?;
+        let process =
+            executor::metrics::ProcessMetrics::for_self().context("registering process metrics")?;
+        registry.register(Box::new(process)).context("registering process metrics")?;
         let metrics = Arc::new(executor::Metrics::new(&registry).context("registering metrics")?);
         let engine = Arc::new(Engine::new(config).context("starting the engine")?);
         // Removes the socket node bound here when this block ends, however

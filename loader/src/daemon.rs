@@ -147,7 +147,7 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Registers the metrics (and the process collector) in a fresh
+    /// Registers the metrics (and `ongrid_skilld_process_*`) in a fresh
     /// registry, binds both listeners and does the first scan.
     ///
     /// `inherited` is a listening socket passed by socket activation
@@ -165,9 +165,11 @@ impl Daemon {
         inherited: Option<std::os::unix::net::UnixListener>,
     ) -> Result<Self, StartError> {
         let registry = prometheus::Registry::new();
-        registry
-            .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+        // `ongrid_skilld_process_*`: the executor's are renamed
+        // `ongrid_executor_process_*` when its text is merged.
+        let process = crate::metrics::ProcessMetrics::for_self(crate::metrics::PROCESS_NAMESPACE)
             .map_err(StartError::Metrics)?;
+        registry.register(Box::new(process)).map_err(StartError::Metrics)?;
         let metrics = Metrics::new(&registry).map_err(StartError::Metrics)?;
         let app = Arc::new(App::new(settings, metrics, registry).map_err(StartError::Audit)?);
         let socket_inherited = inherited.is_some();

@@ -7,8 +7,9 @@ use serde_json::json;
 use crate::setup;
 
 /// Exact counts after known traffic; the executor's families are merged
-/// (`process_*` renamed); the text passes `promtool check metrics` when
-/// promtool is installed.
+/// (`process_*` renamed); skilld's own process metrics are
+/// `ongrid_skilld_process_*` (every family starts with `ongrid_`); the
+/// text passes `promtool check metrics` when promtool is installed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_carry_both_daemons() {
     let (env, ex, d) = setup();
@@ -44,14 +45,18 @@ async fn metrics_carry_both_daemons() {
         "ongrid_http_requests_total{code=\"404\",route=\"/v1/skills/{name}/execute\"} 1\n",
         "ongrid_build_info{version=\"",
         "\nongrid_executor_up 1\n",
-        "\nprocess_open_fds ",
-        "\nprocess_start_time_seconds ",
+        "\nongrid_skilld_process_open_fds ",
+        "\nongrid_skilld_process_start_time_seconds ",
+        "# TYPE ongrid_skilld_process_cpu_seconds_total counter\n",
         "\nongrid_executor_fake_runs_total 3\n",
         "# TYPE ongrid_executor_process_open_fds gauge\nongrid_executor_process_open_fds 3\n",
     ] {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
     }
     assert!(!text.contains("skill=\"nope\""), "unknown names must not become labels");
+    let unprefixed: Vec<&str> =
+        text.lines().filter(|l| !l.starts_with('#') && !l.starts_with("ongrid_")).collect();
+    assert!(unprefixed.is_empty(), "families without the ongrid_ prefix: {unprefixed:?}");
 
     match Command::new("promtool")
         .args(["check", "metrics"])
