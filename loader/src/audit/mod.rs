@@ -127,13 +127,14 @@
 //!
 //! # Retention
 //!
-//! At open and every [`PRUNE_EVERY`] inserts: rows beyond `audit_max_rows`
-//! (oldest first), rows older than `audit_max_age_days` and, while the rows
-//! take more than `audit_max_bytes` of the database, the oldest rows are
-//! deleted, refusals before allowed runs, and so are used approvals past
-//! their expiry. (A caller refused again and again writes a row each time:
-//! the size cap bounds the file whatever the rows hold, and such a flood
-//! pushes out older refusals before any run's row.)
+//! At open and every [`PRUNE_EVERY`] inserts: rows beyond `audit_max_rows`,
+//! rows older than `audit_max_age_days` and, while the rows take more than
+//! `audit_max_bytes` of the database, the oldest rows are deleted
+//! (refusals first, then allowed `safe` runs, then the rest), and so are
+//! used approvals past their expiry. (A caller refused again and again
+//! writes a row each time, and any caller may make `safe` runs: the size
+//! cap bounds the file whatever the rows hold, and such a flood pushes out
+//! older rows of its own kind before any `mutating` or `dangerous` run's.)
 
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};

@@ -78,27 +78,21 @@ impl From<rusqlite::Error> for WriteError {
     }
 }
 
-/// The audit database's mode when skilld creates it: the rows hold every
-/// caller's args and results, so other users never read them (the
-/// package's group may; the umask can take more away). SQLite gives its
-/// `-wal` and `-shm` files the database's mode.
-const DB_MODE: u32 = 0o640;
+/// The audit database's mode: the rows hold every caller's args and
+/// results, so only skilld's user (and root) read them; `GET /v1/audit`
+/// serves the rest, to root and `audit = true` callers. Not the group:
+/// skilld's group, `ongrid`, is its clients'. SQLite gives its `-wal` and
+/// `-shm` files the database's mode.
+const DB_MODE: u32 = 0o600;
 
 pub(super) fn open(settings: &AuditSettings) -> rusqlite::Result<Connection> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     // Made here rather than by SQLite, which would use 0644 and the
     // umask. A failure is left to `Connection::open` to report.
     let made =
         std::fs::OpenOptions::new().append(true).create(true).mode(DB_MODE).open(&settings.db);
-    if let Ok(mode) = made.and_then(|f| f.metadata()).map(|m| m.permissions().mode()) {
-        if mode & 0o007 != 0 {
-            tracing::warn!(
-                path = %settings.db.display(),
-                mode = format_args!("{:o}", mode & 0o7777),
-                "audit: every user may read the database (it holds args and results); \
-                 chmod o-rwx it"
-            );
-        }
+    if made.is_ok() {
+        restrict_modes(&settings.db);
     }
     let mut db = Connection::open(&settings.db)?;
     db.busy_timeout(std::time::Duration::from_secs(5))?;
@@ -116,14 +110,51 @@ pub(super) fn open(settings: &AuditSettings) -> rusqlite::Result<Connection> {
     Ok(db)
 }
 
+/// Takes group and world access away from the database and its `-wal`
+/// and `-shm` files where an earlier version (or SQLite) left it: the
+/// packaged database was 0640 with group `ongrid`, the API clients'.
+fn restrict_modes(db: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = db.as_os_str().to_owned();
+        name.push(suffix);
+        let path = std::path::PathBuf::from(name);
+        let Ok(meta) = std::fs::metadata(&path) else { continue };
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & 0o077 == 0 {
+            continue;
+        }
+        let tight = std::fs::Permissions::from_mode(mode & 0o700);
+        match std::fs::set_permissions(&path, tight) {
+            Ok(()) => tracing::warn!(
+                path = %path.display(),
+                was = format_args!("{mode:o}"),
+                now = format_args!("{:o}", mode & 0o700),
+                "audit: group and other users could read the audit rows; access taken away"
+            ),
+            Err(e) => tracing::warn!(
+                path = %path.display(),
+                mode = format_args!("{mode:o}"),
+                error = %e,
+                "audit: group or other users may read the audit rows, and the mode cannot be \
+                 changed"
+            ),
+        }
+    }
+}
+
 pub(super) fn prune(db: &mut Connection, settings: &AuditSettings) -> rusqlite::Result<()> {
     let tx = db.transaction()?;
     if settings.max_rows > 0 {
         let keep = i64::try_from(settings.max_rows).unwrap_or(i64::MAX);
-        tx.execute(
-            "DELETE FROM audit WHERE id <= (SELECT max(id) FROM audit) - ?1",
-            params![keep],
-        )?;
+        let rows: i64 = tx.query_row("SELECT count(*) FROM audit", [], |r| r.get(0))?;
+        let mut excess = rows.saturating_sub(keep);
+        for sql in OLDEST_BY_TIER {
+            if excess <= 0 {
+                break;
+            }
+            excess -= i64::try_from(tx.execute(sql, params![excess])?).unwrap_or(i64::MAX);
+        }
     }
     if settings.max_age_days > 0 {
         let age_ms =
@@ -148,17 +179,25 @@ pub(super) fn used_bytes(db: &Connection) -> rusqlite::Result<u64> {
     Ok(u64::try_from(pages.saturating_mul(pragma("page_size")?)).unwrap_or(0))
 }
 
+/// Retention's order: the oldest `?1` rows of a tier, the first tier with
+/// any row first. Refusals, then allowed `safe` runs (any caller may make
+/// those, unmapped ones included), then the rest: a flood of requests by a
+/// caller who may run nothing more pushes out its own kind of row before
+/// any `mutating` or `dangerous` run's (it erased a dual-signed run's row
+/// in 250 requests at `audit_max_rows = 100`).
+const OLDEST_BY_TIER: [&str; 3] = [
+    "DELETE FROM audit WHERE id IN
+         (SELECT id FROM audit WHERE decision != 'allow' ORDER BY id LIMIT ?1)",
+    "DELETE FROM audit WHERE id IN
+         (SELECT id FROM audit WHERE decision = 'allow' AND class = 'safe' ORDER BY id LIMIT ?1)",
+    "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)",
+];
+
 /// Deletes the oldest rows while the pages in use exceed `max_bytes`, each
-/// time the share of the rows that the excess is of the pages in use,
-/// refusals first (a flood of refused requests pushes out older refusals
-/// before any run's row): the file stops growing there, whatever each row
-/// holds. Stops when no row is left to delete.
+/// time the share of the rows that the excess is of the pages in use, in
+/// [`OLDEST_BY_TIER`]'s order: the file stops growing there, whatever each
+/// row holds. Stops when no row is left to delete.
 fn shrink_to(db: &Connection, max_bytes: u64) -> rusqlite::Result<()> {
-    const OLDEST: [&str; 2] = [
-        "DELETE FROM audit WHERE id IN
-             (SELECT id FROM audit WHERE decision != 'allow' ORDER BY id LIMIT ?1)",
-        "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)",
-    ];
     loop {
         let used = used_bytes(db)?;
         if used <= max_bytes {
@@ -169,7 +208,7 @@ fn shrink_to(db: &Connection, max_bytes: u64) -> rusqlite::Result<()> {
         #[allow(clippy::cast_possible_truncation)] // at most `rows`
         let batch = ((rows as f64 * share).ceil() as i64).max(1);
         let mut gone = 0;
-        for sql in OLDEST {
+        for sql in OLDEST_BY_TIER {
             gone = db.execute(sql, params![batch])?;
             if gone > 0 {
                 break;

@@ -292,18 +292,51 @@ async fn health_says_why_the_trail_cannot_be_written_until_it_can() {
     assert_eq!(audit.health().await, Ok(()));
 }
 
+/// Only skilld's user reads the rows: not the world, and not the group
+/// (skilld's group is its API clients'). A database an earlier version
+/// left readable is tightened at open.
 #[tokio::test]
-async fn a_new_database_and_its_wal_are_not_world_readable() {
+async fn the_database_and_its_wal_are_readable_by_skilld_alone() {
     use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
     let dir = tempfile::tempdir().unwrap();
     let s = settings(dir.path(), 0);
+    let wal = dir.path().join("audit.db-wal");
     let audit = Audit::start(&s, IntCounter::new("e", "e").unwrap(), &syncs()).unwrap();
     audit.record(record("rm", &[])).await.unwrap();
-    let wal = dir.path().join("audit.db-wal");
     for path in [&s.db, &wal] {
-        let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o7777;
-        assert_eq!(mode & 0o007, 0, "{} has mode {mode:o}", path.display());
+        assert_eq!(mode(path), 0o600, "{}", path.display());
     }
+    drop(audit);
+    for path in [&s.db, &wal] {
+        if path.exists() {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+    let audit = Audit::start(&s, IntCounter::new("e", "e").unwrap(), &syncs()).unwrap();
+    audit.record(record("rm", &[])).await.unwrap();
+    for path in [&s.db, &wal] {
+        assert_eq!(mode(path), 0o600, "{} after an open", path.display());
+    }
+}
+
+/// Retention by row count takes refusals, then allowed `safe` runs, before
+/// any other run's row: a flood of `safe` runs and refusals (which any
+/// caller may make) does not erase a `dangerous` run's row.
+#[tokio::test]
+async fn a_flood_of_safe_runs_and_refusals_does_not_erase_a_dangerous_runs_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let audit = Audit::start(&settings(dir.path(), 10), errors, &syncs()).unwrap();
+    audit.record(record("dual_signed_run", &[])).await.unwrap();
+    for i in 0..PRUNE_EVERY * 2 {
+        let decision = if i % 2 == 0 { "deny" } else { "allow" };
+        let r = Record { decision, class: "safe".into(), ..record(&format!("s{i}"), &[]) };
+        audit.record(r).await.unwrap();
+    }
+    let rows = audit.query(Query { limit: 100, ..Query::default() }).await.unwrap().items;
+    assert!(rows.len() <= 10 + usize::try_from(PRUNE_EVERY).unwrap(), "pruned: {}", rows.len());
+    assert!(rows.iter().any(|e| e.skill == "dual_signed_run"), "the dangerous run's row stays");
 }
 
 #[test]
