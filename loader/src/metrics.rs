@@ -59,7 +59,9 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 #[derive(Debug, Clone)]
 pub struct Metrics {
     /// Finished requests to run a registered skill, by skill and outcome
-    /// (`invalid_args`, `denied` and `busy` included).
+    /// (`invalid_args`, `denied` and `busy` included, and `cancelled`: an
+    /// allowed request whose client went away, or that a stopping skilld
+    /// cut, before its report).
     pub executions_total: IntCounterVec,
     /// Wall time of runs the executor reported on, by skill.
     pub run_duration_seconds: HistogramVec,

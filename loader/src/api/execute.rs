@@ -43,6 +43,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::allowed::Allowed;
 use super::answer::{self, Answer};
 use super::ApiError;
 use crate::app::{App, Limits};
@@ -142,6 +143,8 @@ pub async fn execute(
         Err(denied) => return Err(deny(&app, base, denied).await),
     };
     app.metrics().authz_decisions_total.with_label_values(&["allow", grant.reason]).inc();
+    // From here a request dropped unfinished counts as `cancelled`.
+    let mut allowed = Allowed::new(&app, skill.name());
     let record = Record {
         decision: "allow",
         reason: grant.reason.to_owned(),
@@ -192,13 +195,14 @@ pub async fn execute(
             (row, Pre::Opened(opened))
         }
     };
-    let mut row = match decided {
+    match decided {
         Ok(row) => {
             grant.keep();
-            row
+            allowed.decided(row);
         }
         Err(AuditError::Replayed(key_id)) => {
             drop(grant);
+            allowed.settle();
             let denied = Denied {
                 uid: who.uid,
                 mode: who.mode,
@@ -212,6 +216,7 @@ pub async fn execute(
         }
         Err(e) if app.audit().required() => {
             drop(grant);
+            allowed.settle();
             tracing::error!(skill = skill.name(), error = %e, "run refused: no audit trail");
             return Err(ApiError::AuditUnavailable(e.to_string()));
         }
@@ -222,15 +227,15 @@ pub async fn execute(
                 error = %e,
                 "running unaudited (audit_required = false)"
             );
-            RunRow::new(audit.clone(), None)
+            allowed.decided(RunRow::new(audit.clone(), None));
         }
-    };
+    }
     tracing::info!(
         skill = skill.name(),
         uid = who.uid,
         role = %who.role,
         mode = %who.mode,
-        reason = run_reason(row.id()),
+        reason = run_reason(allowed.row_id()),
         "run allowed"
     );
 
@@ -268,12 +273,12 @@ pub async fn execute(
             let Ok(Ok(permit)) = slot else {
                 count(Outcome::Busy);
                 let why = "no run slot free in time";
-                let _ = row.finish(not_run(Outcome::Busy.as_str(), why)).await;
+                let _ = allowed.finish(not_run(Outcome::Busy.as_str(), why)).await;
                 return Err(busy(skill.name(), why));
             };
             let Some(params) = params else {
                 let why = "the manifest path is not UTF-8; the executor wire needs UTF-8";
-                let _ = row.finish(not_run("rejected", why)).await;
+                let _ = allowed.finish(not_run("rejected", why)).await;
                 return Err(ApiError::Internal(why.into()));
             };
             let started = Instant::now();
@@ -289,9 +294,9 @@ pub async fn execute(
     let deadline = deadline(started);
     let conn = match conn {
         Ok(c) => c,
-        Err(e) => return Err(executor_error(&app, &name, e, row).await),
+        Err(e) => return Err(executor_error(&app, &name, e, &mut allowed).await),
     };
-    row.handed_over();
+    allowed.handed_over(started);
     let timeout = manifest.timeout();
     let mut run = Run {
         app: Arc::clone(&app),
@@ -302,7 +307,7 @@ pub async fn execute(
         queue_timeout: app.limits().queue_timeout,
         queued: false,
         started,
-        row: Some(row),
+        allowed,
         slot: Some(permit),
         in_flight: Some(in_flight),
         unsent: None,
@@ -410,8 +415,8 @@ async fn record_refusal(
 
 /// A run forwarded to the executor. Holding it holds the run slot, the
 /// in-flight count, the executor connection and the audit row; dropping
-/// it releases all of them, cancels the run if it has not finished and
-/// completes the row as `cancelled`.
+/// it releases all of them, cancels the run if it has not finished,
+/// completes the row as `cancelled` and counts it so ([`Allowed`]).
 struct Run {
     app: Arc<App>,
     skill: Arc<Skill>,
@@ -428,7 +433,8 @@ struct Run {
     /// started.
     queued: bool,
     started: Instant,
-    row: Option<RunRow>,
+    /// The request and its audit row, until its outcome.
+    allowed: Allowed,
     /// The run slot: held until the answer is handed over (`answer`).
     slot: Option<OwnedSemaphorePermit>,
     /// Counts the run in `ongrid_runs_in_flight` until its report.
@@ -477,10 +483,7 @@ impl Run {
 
     /// The executor failed: completes the row, returns the 503.
     async fn fail(&mut self, name: &str, e: ExecutorError) -> ApiError {
-        match self.row.take() {
-            Some(row) => executor_error(&self.app, name, e, row).await,
-            None => ApiError::ExecutorUnavailable(chain(&e)),
-        }
+        executor_error(&self.app, name, e, &mut self.allowed).await
     }
 
     /// Counts and logs the report, and completes the audit row (committed
@@ -504,22 +507,20 @@ impl Run {
             duration_ms = report.duration_ms,
             "run finished"
         );
-        if let Some(row) = self.row.take() {
-            let finished = row.finish(Finish {
-                outcome: report.outcome.as_str().to_owned(),
-                error: report.error.clone(),
-                exit_code: report.exit_code,
-                result: report.result.clone(),
-                duration_ms: Some(report.duration_ms),
-            });
-            if let Err(e) = finished.await {
-                if self.app.audit().required() {
-                    tracing::error!(skill = name, error = %e, "run report withheld: no audit trail");
-                    return Err(ApiError::AuditUnavailable(format!(
-                        "the run ended ({}) but its audit rows could not be committed: {e}",
-                        report.outcome
-                    )));
-                }
+        let finished = self.allowed.finish(Finish {
+            outcome: report.outcome.as_str().to_owned(),
+            error: report.error.clone(),
+            exit_code: report.exit_code,
+            result: report.result.clone(),
+            duration_ms: Some(report.duration_ms),
+        });
+        if let Err(e) = finished.await {
+            if self.app.audit().required() {
+                tracing::error!(skill = name, error = %e, "run report withheld: no audit trail");
+                return Err(ApiError::AuditUnavailable(format!(
+                    "the run ended ({}) but its audit rows could not be committed: {e}",
+                    report.outcome
+                )));
             }
         }
         Ok(())
@@ -567,9 +568,7 @@ fn ndjson(
                     "executor_unavailable"
                 };
                 let message = chain(&e);
-                if let Some(row) = run.row.take() {
-                    let _ = row.finish(not_run(code, &message)).await;
-                }
+                let _ = run.allowed.finish(not_run(code, &message)).await;
                 let event = json!({"event": "error", "error": {"code": code, "message": message}});
                 (event.to_string(), true)
             }
@@ -642,7 +641,12 @@ fn busy(skill: &str, why: &str) -> ApiError {
 }
 
 /// The executor did not run the skill: completes the row, returns the 503.
-async fn executor_error(app: &App, skill: &str, e: ExecutorError, row: RunRow) -> ApiError {
+async fn executor_error(
+    app: &App,
+    skill: &str,
+    e: ExecutorError,
+    allowed: &mut Allowed,
+) -> ApiError {
     tracing::warn!(skill, error = %chain(&e), "executor did not run the skill");
     let (e, outcome) = match e {
         ExecutorError::Busy(why) => {
@@ -651,7 +655,7 @@ async fn executor_error(app: &App, skill: &str, e: ExecutorError, row: RunRow) -
         }
         other => (ApiError::ExecutorUnavailable(chain(&other)), "executor_unavailable"),
     };
-    let _ = row.finish(not_run(outcome, &e.to_string())).await;
+    let _ = allowed.finish(not_run(outcome, &e.to_string())).await;
     e
 }
 

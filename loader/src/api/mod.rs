@@ -5,6 +5,8 @@
 //!   `GET /v1/tools?format=openai|mcp|anthropic`, showing only what the
 //!   caller may run.
 //! - [`execute`]: `POST /v1/skills/{name}/execute` (JSON or NDJSON stream).
+//! - `allowed`: an allowed run request until its outcome, counted
+//!   `cancelled` when dropped before one.
 //! - [`answer`]: a run's answer in slices, holding the run's slot until
 //!   the connection has taken it.
 //! - [`audit`]: `GET /v1/audit` (root and `audit = true` callers only).
@@ -29,6 +31,7 @@ use crate::app::App;
 use crate::server::Caller;
 
 pub mod admin;
+mod allowed;
 pub mod answer;
 pub mod audit;
 pub mod error;

@@ -597,11 +597,16 @@ impl Audit {
     }
 }
 
+/// The outcome of an allowed request's row when its client went away, or
+/// a stopping skilld cut it, before its run's report (also its
+/// `ongrid_executions_total` label, `crate::api::execute`).
+pub const CANCELLED: &str = "cancelled";
+
 /// What completes a decision's row whose caller went away before its run
 /// started.
 pub(super) fn unclaimed() -> Finish {
     Finish {
-        outcome: "cancelled".into(),
+        outcome: CANCELLED.into(),
         error: Some("the client went away before the run started".into()),
         ..Finish::default()
     }
@@ -682,7 +687,7 @@ impl Drop for RunRow {
             self.audit.finish_detached(
                 id,
                 Finish {
-                    outcome: "cancelled".into(),
+                    outcome: CANCELLED.into(),
                     error: Some(why.into()),
                     duration_ms: Some(elapsed_ms(self.started)),
                     ..Finish::default()
