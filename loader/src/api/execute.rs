@@ -43,6 +43,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::accept::wants_ndjson;
+pub use super::accept::NDJSON;
 use super::allowed::Allowed;
 use super::answer::{self, Answer};
 use super::ApiError;
@@ -53,9 +55,6 @@ use crate::executor_client::{ExecutorError, HeldRun, Opened, RunConnection, RunE
 use crate::metrics::InFlight;
 use crate::registry::Skill;
 use crate::server::Caller;
-
-/// The media type of the streamed answer.
-pub const NDJSON: &str = "application/x-ndjson";
 
 /// How long past the skill's own timeout the loader waits for the
 /// executor's report (the executor's grace period plus slack).
@@ -587,14 +586,6 @@ fn json_response(json: Body) -> Response {
     response
 }
 
-fn wants_ndjson(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.split(',').any(|t| t.trim().starts_with(NDJSON)))
-}
-
 async fn read_body(body: Body, headers: &HeaderMap, limits: &Limits) -> Result<Bytes, ApiError> {
     let max = limits.max_body_bytes;
     let declared = headers
@@ -710,18 +701,5 @@ mod tests {
         assert_eq!(r.args.raw(), r#"{"z":1.50,"n":123456789012345678901234567890}"#);
         let long = format!(r#"{{"session_id":"{}"}}"#, "x".repeat(MAX_SESSION_ID + 1));
         assert!(parse_request(long.as_bytes()).is_err());
-    }
-
-    #[test]
-    fn accept_header_selects_the_stream() {
-        let mut h = HeaderMap::new();
-        assert!(!wants_ndjson(&h));
-        h.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("application/json, application/x-ndjson"),
-        );
-        assert!(wants_ndjson(&h));
-        h.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
-        assert!(!wants_ndjson(&h));
     }
 }

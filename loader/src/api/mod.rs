@@ -4,7 +4,8 @@
 //! - [`skills`]: `GET /v1/skills[?category=]`, `GET /v1/skills/{name}`,
 //!   `GET /v1/tools?format=openai|mcp|anthropic`, showing only what the
 //!   caller may run.
-//! - [`execute`]: `POST /v1/skills/{name}/execute` (JSON or NDJSON stream).
+//! - [`execute`]: `POST /v1/skills/{name}/execute` (JSON or NDJSON stream,
+//!   chosen by `Accept`: [`accept`]).
 //! - `allowed`: an allowed run request until its outcome, counted
 //!   `cancelled` when dropped before one.
 //! - [`answer`]: a run's answer in slices, holding the run's slot until
@@ -30,6 +31,7 @@ use axum::Router;
 use crate::app::App;
 use crate::server::Caller;
 
+pub mod accept;
 pub mod admin;
 mod allowed;
 pub mod answer;
