@@ -29,7 +29,8 @@
 //! - [`journald`]: log lines with journald's `<N>` priorities, no timestamp,
 //!   when stderr is the journal's stream.
 //! - [`server`]: the Unix-socket listener: peer credentials
-//!   ([`server::Caller`]), connection cap, HTTP/1.1 per connection.
+//!   ([`server::Caller`]), connection cap, a task per connection.
+//! - [`connection`]: one connection: HTTP/1.1, its timeouts and bounds.
 //! - [`quiet_stream`]: the Unix stream both sockets of the daemon use,
 //!   registered for write readiness only while a write is blocked.
 //! - [`api`]: the client API routes, one file per resource, and `/metrics`.
@@ -98,6 +99,7 @@ pub mod build;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod connection;
 pub mod daemon;
 pub mod daemon_cli;
 pub mod entry;

@@ -1,0 +1,400 @@
+//! One client connection of the API listener ([`crate::server`]): HTTP/1.1
+//! through hyper over the Unix stream, with the caller's credentials on
+//! each request, and the bounds a client cannot get around.
+//!
+//! # Slow and idle clients
+//!
+//! A client cannot hold one of the `max_connections` slots for ever:
+//!
+//! - a request head must be complete within `header_timeout` of its first
+//!   byte (a slow-loris sending one byte a second is cut);
+//! - a connection with no request in progress and no byte read or written
+//!   for `idle_timeout` is closed: one that never sends anything, or sits
+//!   idle on keep-alive after its answers. (hyper's own header read timeout
+//!   is not used: it also runs while a keep-alive connection waits for its
+//!   next request, which cut every idle connection at `header_timeout`.)
+//! - an answer whose writes have been blocked (the client does not read)
+//!   for `idle_timeout` ends the connection;
+//! - a request body must arrive within the request timeout (408, in the
+//!   handlers).
+//!
+//! A request in progress is never cut for being quiet: a run in JSON mode
+//! writes nothing until its report.
+
+use std::convert::Infallible;
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream as StdStream;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::Router;
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::Interest;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use crate::quiet_stream::QuietStream;
+use crate::server::Caller;
+
+/// What ends a connection from outside: `shutdown` lets its request in
+/// progress finish, `abort` does not.
+pub(crate) struct Ends {
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) abort: CancellationToken,
+}
+
+/// Serves HTTP/1.1 on `stream` for `caller` until the client leaves, a
+/// bound is hit, or `ends` ends it (see the module docs).
+pub(crate) async fn serve_connection(
+    stream: QuietStream,
+    caller: Caller,
+    router: Router,
+    (header_timeout, idle_timeout): (Duration, Duration),
+    ends: Ends,
+) {
+    let activity = Arc::new(Activity::new());
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&in_flight);
+    let heads = Arc::clone(&activity);
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        heads.head_done();
+        req.extensions_mut().insert(caller);
+        let router = router.clone();
+        // Counted from the head until the answer's body is dropped (fully
+        // written, or the connection gone).
+        let guard = InFlight::new(&counter);
+        async move {
+            let response = router.oneshot(req).await.unwrap_or_else(|e| match e {});
+            Ok::<_, Infallible>(response.map(|body| Body::new(Guarded { body, _guard: guard })))
+        }
+    });
+    // A client may shut its write side once its request is sent (`nc -N`,
+    // socat at the end of its input) and still read the answer: hyper goes
+    // on after a read EOF (`half_close`, with which it no longer looks for
+    // one mid-request either), and only a hang-up (`POLLHUP`, both
+    // directions closed), seen on a duplicate of the socket registered for
+    // its events, ends the connection, and with it the request's run.
+    let watch = match stream
+        .get_ref()
+        .try_clone()
+        .and_then(|w| crate::quiet_stream::register(w, Interest::READABLE))
+    {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the connection for a hang-up; closing it");
+            return;
+        }
+    };
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(None)
+        .max_buf_size(64 << 10)
+        .half_close(true);
+    let io = Tracked {
+        inner: stream,
+        activity: Arc::clone(&activity),
+        requests: Arc::clone(&in_flight),
+    };
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    // With a request in flight the connection is looked at every `busy_tick`
+    // (is the client reading its answer?); with none, not before it can
+    // have been idle for `idle_timeout`: an idle connection wakes nothing
+    // until then.
+    let busy_tick = (idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let idle_check = tokio::time::sleep(busy_tick);
+    tokio::pin!(idle_check);
+    // Set once the client has shut its write side: the watch is then left
+    // alone (tokio never clears a read-closed readiness, so it would be
+    // ready at once on every turn: the loop spun a CPU and starved the
+    // request) and a hang-up is looked for on each tick instead.
+    let mut half_closed = false;
+    // Set once shutdown has come: the request in progress may finish (the
+    // hang-up and idle checks go on), no new one is read.
+    let mut draining = false;
+    let result = loop {
+        tokio::select! {
+            r = conn.as_mut() => break r,
+            () = ends.shutdown.cancelled(), if !draining => {
+                conn.as_mut().graceful_shutdown();
+                draining = true;
+            }
+            () = ends.abort.cancelled() => return,
+            // Woken by each new event on the socket (a request's bytes, an
+            // end of file, a hang-up): nothing is read here.
+            r = watch.readable(), if !half_closed => match r {
+                Ok(mut ready) => {
+                    if hung_up(watch.get_ref()) {
+                        tracing::debug!(uid = caller.uid, "the client hung up; closing the connection");
+                        return;
+                    }
+                    if ready.ready().is_read_closed() {
+                        tracing::debug!(uid = caller.uid, "the client shut its write side");
+                        half_closed = true;
+                    } else {
+                        ready.clear_ready();
+                    }
+                    // Bytes between requests start a head: it is looked
+                    // at again when `header_timeout` is up.
+                    let head_due = tokio::time::Instant::now() + header_timeout;
+                    if in_flight.load(Ordering::Acquire) == 0 && idle_check.deadline() > head_due {
+                        idle_check.as_mut().reset(head_due);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, uid = caller.uid, "connection watch failed; closing");
+                    return;
+                }
+            },
+            () = &mut idle_check => {
+                if half_closed && hung_up(watch.get_ref()) {
+                    tracing::debug!(uid = caller.uid, "the client hung up; closing the connection");
+                    return;
+                }
+                let (why, next) = if in_flight.load(Ordering::Acquire) == 0 {
+                    let why = if activity.head_late(header_timeout) {
+                        Some("request head not complete within header_timeout")
+                    } else {
+                        activity.quiet_for(idle_timeout).then_some("idle")
+                    };
+                    let next = activity.quiet_until(idle_timeout);
+                    (why, activity.head_due(header_timeout).map_or(next, |h| h.min(next)))
+                } else {
+                    let blocked =
+                        activity.write_blocked_for(idle_timeout).then_some("client not reading");
+                    (blocked, tokio::time::Instant::now() + busy_tick)
+                };
+                if let Some(why) = why {
+                    tracing::debug!(uid = caller.uid, timeout = ?idle_timeout, "closing the connection: {why}");
+                    return;
+                }
+                idle_check.as_mut().reset(next);
+            }
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, uid = caller.uid, "connection ended with an error");
+    }
+}
+
+/// Returns true if and only if the peer closed its end in both directions:
+/// a Unix socket reports `POLLHUP` then, but only `POLLIN` (EOF) after a
+/// `shutdown(SHUT_WR)`.
+fn hung_up(stream: &StdStream) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(_) => {
+            fds[0].revents().is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
+        }
+        Err(_) => false,
+    }
+}
+
+/// When a connection last moved a byte, and since when its writes block
+/// (milliseconds since `start`; 0 = not blocked).
+#[derive(Debug)]
+struct Activity {
+    start: std::time::Instant,
+    last_io: AtomicU64,
+    blocked_since: AtomicU64,
+    /// When the first byte of a request head not yet complete was read
+    /// (0: none).
+    head_since: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            start: std::time::Instant::now(),
+            last_io: AtomicU64::new(0),
+            blocked_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes read with no request in progress: a head begins, unless one
+    /// already has.
+    fn head_begins(&self) {
+        let _ =
+            self.head_since.compare_exchange(0, self.now(), Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// A head is complete (its request is being served).
+    fn head_done(&self) {
+        self.head_since.store(0, Ordering::Release);
+    }
+
+    /// When the head in progress will have taken `d`, if one is.
+    fn head_due(&self, d: Duration) -> Option<tokio::time::Instant> {
+        let since = self.head_since.load(Ordering::Acquire);
+        (since != 0)
+            .then(|| tokio::time::Instant::from_std(self.start + Duration::from_millis(since) + d))
+    }
+
+    /// A head has been in progress for `d` or more.
+    fn head_late(&self, d: Duration) -> bool {
+        self.head_due(d).is_some_and(|due| due <= tokio::time::Instant::now())
+    }
+
+    /// Milliseconds since `start`, at least 1.
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX).max(1)
+    }
+
+    fn moved(&self) {
+        self.last_io.store(self.now(), Ordering::Release);
+    }
+
+    fn quiet_for(&self, d: Duration) -> bool {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.now().saturating_sub(self.last_io.load(Ordering::Acquire)) >= ms
+    }
+
+    /// When the connection will have been quiet for `d` if nothing moves
+    /// before.
+    fn quiet_until(&self, d: Duration) -> tokio::time::Instant {
+        let last = Duration::from_millis(self.last_io.load(Ordering::Acquire));
+        tokio::time::Instant::from_std(self.start + last + d)
+    }
+
+    fn write_blocked_for(&self, d: Duration) -> bool {
+        let since = self.blocked_since.load(Ordering::Acquire);
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        since != 0 && self.now().saturating_sub(since) >= ms
+    }
+}
+
+/// The socket, recording its reads and writes in an [`Activity`], and
+/// bytes read while no request is in progress (`requests`) as the start
+/// of a head.
+#[derive(Debug)]
+struct Tracked {
+    inner: QuietStream,
+    activity: Arc<Activity>,
+    requests: Arc<AtomicUsize>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.moved();
+            if self.requests.load(Ordering::Acquire) == 0 {
+                self.activity.head_begins();
+            }
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.note_write(&r);
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.note_write(&r);
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl Tracked {
+    fn note_write(&self, r: &Poll<io::Result<usize>>) {
+        match r {
+            Poll::Pending => {
+                let _ = self.activity.blocked_since.compare_exchange(
+                    0,
+                    self.activity.now(),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            }
+            Poll::Ready(_) => {
+                self.activity.blocked_since.store(0, Ordering::Release);
+                self.activity.moved();
+            }
+        }
+    }
+}
+
+/// One request in progress on a connection (decremented when dropped).
+#[derive(Debug)]
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(counter: &Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(counter))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An answer's body that holds its request's [`InFlight`] until dropped.
+#[derive(Debug)]
+struct Guarded {
+    body: Body,
+    _guard: InFlight,
+}
+
+impl hyper::body::Body for Guarded {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
