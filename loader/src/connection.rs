@@ -20,6 +20,22 @@
 //!
 //! A request in progress is never cut for being quiet: a run in JSON mode
 //! writes nothing until its report.
+//!
+//! # The request head's size
+//!
+//! A head (request line and headers) may be [`MAX_HEAD_BYTES`] long. The
+//! connection hands hyper at most that many bytes of a head in progress;
+//! when hyper asks for more, the head is over the limit: the connection
+//! answers `431` itself, in the API's error shape (`head_too_large`,
+//! counted in `ongrid_http_requests_total` with route `other`), and
+//! closes. (hyper's own `max_buf_size` is a soft bound, which let heads
+//! twice as large through, and its own `431` has no body and is counted
+//! nowhere; its buffer is left a little above the limit so that this one
+//! answers first.) The count is of the bytes read while no request is in
+//! progress: bytes of a next request hyper reads along with the current
+//! one (pipelining) are not counted (hyper's buffer bounds them), and the
+//! rest of a body a handler left unread, if hyper drains it after the
+//! answer instead of closing, counts towards the next head.
 
 use std::convert::Infallible;
 use std::io;
@@ -32,17 +48,27 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::http::StatusCode;
 use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::Interest;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use crate::api::ApiError;
 use crate::quiet_stream::QuietStream;
 use crate::server::Caller;
+
+/// The longest request head (request line and headers) served, in bytes.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
+
+/// hyper's bound on its read and write buffers: above [`MAX_HEAD_BYTES`],
+/// so that a head over the limit is answered here, not by hyper.
+const HYPER_MAX_BUF: usize = MAX_HEAD_BYTES + (16 << 10);
 
 /// What ends a connection from outside: `shutdown` lets its request in
 /// progress finish, `abort` does not.
@@ -59,6 +85,7 @@ pub(crate) async fn serve_connection(
     router: Router,
     (header_timeout, idle_timeout): (Duration, Duration),
     ends: Ends,
+    requests_total: prometheus::IntCounterVec,
 ) {
     let activity = Arc::new(Activity::new());
     let in_flight = Arc::new(AtomicUsize::new(0));
@@ -97,7 +124,7 @@ pub(crate) async fn serve_connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(None)
-        .max_buf_size(64 << 10)
+        .max_buf_size(HYPER_MAX_BUF)
         .half_close(true);
     let io = Tracked {
         inner: stream,
@@ -129,6 +156,12 @@ pub(crate) async fn serve_connection(
                 draining = true;
             }
             () = ends.abort.cancelled() => return,
+            // The head in progress is over the limit: hyper waits for
+            // bytes it will not get.
+            () = activity.head_too_large.notified() => {
+                head_too_large(watch.get_ref(), &activity, caller, &requests_total);
+                return;
+            }
             // Woken by each new event on the socket (a request's bytes, an
             // end of file, a hang-up): nothing is read here.
             r = watch.readable(), if !half_closed => match r {
@@ -186,6 +219,47 @@ pub(crate) async fn serve_connection(
     }
 }
 
+/// Answers a head over [`MAX_HEAD_BYTES`] with a 431 in the API's error
+/// shape, counted as the API counts its answers, unless a write of the
+/// connection is blocked (hyper may then hold part of an earlier answer,
+/// which must not be cut into); the caller closes the connection.
+fn head_too_large(
+    socket: &StdStream,
+    activity: &Activity,
+    caller: Caller,
+    requests_total: &prometheus::IntCounterVec,
+) {
+    let e = ApiError::HeadTooLarge(MAX_HEAD_BYTES);
+    let status = e.status();
+    requests_total.with_label_values(&["other", status.as_str()]).inc();
+    tracing::info!(
+        uid = caller.uid,
+        pid = caller.pid,
+        status = status.as_u16(),
+        "request head over {MAX_HEAD_BYTES} bytes; closing the connection"
+    );
+    if activity.blocked_since.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let answer = http1_answer(status, &e.body().to_string());
+    // One non-blocking write into a socket buffer nothing else waits in.
+    if let Err(e) = io::Write::write(&mut &*socket, answer.as_bytes()) {
+        tracing::debug!(error = %e, uid = caller.uid, "cannot send the 431");
+    }
+}
+
+/// An HTTP/1.1 answer of `status` with the JSON `body`, closing the
+/// connection.
+fn http1_answer(status: StatusCode, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        body.len()
+    )
+}
+
 /// Returns true if and only if the peer closed its end in both directions:
 /// a Unix socket reports `POLLHUP` then, but only `POLLIN` (EOF) after a
 /// `shutdown(SHUT_WR)`.
@@ -210,6 +284,11 @@ struct Activity {
     /// When the first byte of a request head not yet complete was read
     /// (0: none).
     head_since: AtomicU64,
+    /// Bytes read of the head in progress (with no request in progress).
+    head_bytes: AtomicUsize,
+    /// Notified when hyper asks for more of a head than
+    /// [`MAX_HEAD_BYTES`].
+    head_too_large: Notify,
 }
 
 impl Activity {
@@ -219,6 +298,8 @@ impl Activity {
             last_io: AtomicU64::new(0),
             blocked_since: AtomicU64::new(0),
             head_since: AtomicU64::new(0),
+            head_bytes: AtomicUsize::new(0),
+            head_too_large: Notify::new(),
         }
     }
 
@@ -232,6 +313,7 @@ impl Activity {
     /// A head is complete (its request is being served).
     fn head_done(&self) {
         self.head_since.store(0, Ordering::Release);
+        self.head_bytes.store(0, Ordering::Release);
     }
 
     /// When the head in progress will have taken `d`, if one is.
@@ -275,8 +357,8 @@ impl Activity {
 }
 
 /// The socket, recording its reads and writes in an [`Activity`], and
-/// bytes read while no request is in progress (`requests`) as the start
-/// of a head.
+/// bytes read while no request is in progress (`requests`) as a head's:
+/// at most [`MAX_HEAD_BYTES`] of them are handed to hyper.
 #[derive(Debug)]
 struct Tracked {
     inner: QuietStream,
@@ -291,11 +373,33 @@ impl AsyncRead for Tracked {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+        let head = self.requests.load(Ordering::Acquire) == 0;
+        let r = if head {
+            let room =
+                MAX_HEAD_BYTES.saturating_sub(self.activity.head_bytes.load(Ordering::Acquire));
+            if room == 0 {
+                // hyper has the limit's worth of this head and wants more.
+                self.activity.head_too_large.notify_one();
+                return Poll::Pending;
+            }
+            if buf.remaining() > room {
+                let mut limited = ReadBuf::new(buf.initialize_unfilled_to(room));
+                let r = Pin::new(&mut self.inner).poll_read(cx, &mut limited);
+                let n = limited.filled().len();
+                buf.advance(n);
+                r
+            } else {
+                Pin::new(&mut self.inner).poll_read(cx, buf)
+            }
+        } else {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        };
+        let n = buf.filled().len() - before;
+        if matches!(r, Poll::Ready(Ok(()))) && n > 0 {
             self.activity.moved();
-            if self.requests.load(Ordering::Acquire) == 0 {
+            if head {
                 self.activity.head_begins();
+                self.activity.head_bytes.fetch_add(n, Ordering::AcqRel);
             }
         }
         r
@@ -396,5 +500,21 @@ impl hyper::body::Body for Guarded {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_431_is_a_complete_answer() {
+        let body = ApiError::HeadTooLarge(MAX_HEAD_BYTES).body().to_string();
+        let text = http1_answer(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, &body);
+        let (head, got) = text.split_once("\r\n\r\n").unwrap();
+        assert_eq!(got, body);
+        assert!(head.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"), "{head}");
+        assert!(head.contains(&format!("\r\ncontent-length: {}\r\n", body.len())), "{head}");
+        assert!(head.ends_with("\r\nconnection: close"), "{head}");
     }
 }

@@ -226,6 +226,7 @@ impl Daemon {
             max_connections: settings.max_connections,
             header_timeout: settings.header_timeout,
             idle_timeout: settings.idle_timeout,
+            requests_total: app.metrics().http_requests_total.clone(),
         };
         Ok(Self { app, api, socket_inherited, metrics, opts, node })
     }

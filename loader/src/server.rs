@@ -67,6 +67,9 @@ pub struct ServeOptions {
     /// without reading or writing a byte (and how long an answer's writes
     /// may stay blocked) before it is closed.
     pub idle_timeout: Duration,
+    /// `ongrid_http_requests_total`, for the answers a connection gives
+    /// itself (a head over [`crate::connection::MAX_HEAD_BYTES`]).
+    pub requests_total: prometheus::IntCounterVec,
 }
 
 /// The connections still open when [`serve`] stopped accepting: each
@@ -201,9 +204,10 @@ pub async fn serve(
         let router = router.clone();
         let ends = Ends { shutdown: shutdown.clone(), abort: abort.clone() };
         let timeouts = (opts.header_timeout, opts.idle_timeout);
+        let requests_total = opts.requests_total.clone();
         tracker.spawn(async move {
             let _permit = permit;
-            serve_connection(stream, caller, router, timeouts, ends).await;
+            serve_connection(stream, caller, router, timeouts, ends, requests_total).await;
         });
     }
     drop(listener);

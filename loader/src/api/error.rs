@@ -48,6 +48,10 @@ pub enum ApiError {
     /// 413 `payload_too_large`.
     #[error("request body over {0} bytes")]
     TooLarge(usize),
+    /// 431 `head_too_large`: the request line and headers are over the
+    /// limit (answered by [`crate::server`], before any route).
+    #[error("request head (request line and headers) over {0} bytes")]
+    HeadTooLarge(usize),
     /// 500 `internal`.
     #[error("{0}")]
     Internal(String),
@@ -78,6 +82,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::ExecutorUnavailable(_)
             | ApiError::Busy(_)
@@ -98,6 +103,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::RequestTimeout => "request_timeout",
             ApiError::TooLarge(_) => "payload_too_large",
+            ApiError::HeadTooLarge(_) => "head_too_large",
             ApiError::Internal(_) => "internal",
             ApiError::ExecutorUnavailable(_) => "executor_unavailable",
             ApiError::Busy(_) => "busy",
@@ -143,6 +149,7 @@ mod tests {
             (ApiError::AuditUnreadable("db".into()), 503, "audit_unavailable"),
             (ApiError::NotFound("n".into()), 404, "not_found"),
             (ApiError::TooLarge(1), 413, "payload_too_large"),
+            (ApiError::HeadTooLarge(1), 431, "head_too_large"),
             (ApiError::ExecutorUnavailable("down".into()), 503, "executor_unavailable"),
         ];
         for (e, status, code) in cases {
