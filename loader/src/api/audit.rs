@@ -3,8 +3,11 @@
 //! (others: 403 `forbidden`). The trail holds every caller's args, so it is
 //! not for every client of the socket.
 //!
-//! `since` is a duration back from now (`90s`, `10m`, `2h`, `7days`:
-//! humantime's syntax); `limit` defaults to 100, at most 1000. Answer:
+//! `outcome` and `decision` must be words a row can hold
+//! ([`audit::OUTCOMES`], [`audit::DECISIONS`]): any other is a 400 naming
+//! them, not an empty answer. `since` is a duration back from now (`90s`,
+//! `10m`, `2h`, `7days`: humantime's syntax); `limit` defaults to 100, at
+//! most 1000. Answer:
 //! `{"items":[row...],"total":N}` with the rows of [`crate::audit::Entry`]
 //! (times in unix milliseconds), plus
 //! `"incomplete":{"unwritten":N,"reason":"..."}` when rows the daemon
@@ -33,9 +36,9 @@ pub const DEFAULT_LIMIT: u32 = 100;
 pub struct AuditQuery {
     /// Only this skill.
     pub skill: Option<String>,
-    /// Only this outcome (`ok`, `denied`, `invalid_args`, `cancelled`...).
+    /// Only this outcome (one of [`audit::OUTCOMES`]).
     pub outcome: Option<String>,
-    /// Only this decision (`allow`, `deny`, `reject`).
+    /// Only this decision (one of [`audit::DECISIONS`]).
     pub decision: Option<String>,
     /// Only rows newer than this duration.
     pub since: Option<String>,
@@ -58,6 +61,8 @@ pub async fn list(
         )));
     }
     let Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    one_of("outcome", q.outcome.as_deref(), &audit::OUTCOMES)?;
+    one_of("decision", q.decision.as_deref(), &audit::DECISIONS)?;
     let since_ms = match q.since.as_deref() {
         None => None,
         Some(text) => {
@@ -90,6 +95,17 @@ pub async fn list(
         tracing::warn!(unwritten = i.unwritten, reason = %i.reason, "audit: read of an incomplete trail");
     }
     Ok(Json(Listing { total: trail.items.len(), items: trail.items, incomplete: trail.incomplete }))
+}
+
+/// Refuses a `value` of the filter `key` that is not one of `words`.
+fn one_of(key: &str, value: Option<&str>, words: &[&str]) -> Result<(), ApiError> {
+    match value {
+        Some(v) if !words.contains(&v) => {
+            let shown: String = v.chars().take(32).collect();
+            Err(ApiError::BadRequest(format!("{key} {shown:?} is not one of {}", words.join(", "))))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The answer: a struct, not `json!`, so each row's args and result keep

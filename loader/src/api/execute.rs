@@ -49,7 +49,7 @@ use super::allowed::Allowed;
 use super::answer::{self, Answer};
 use super::ApiError;
 use crate::app::{App, Limits};
-use crate::audit::{AuditError, Finish, Record, RunRow};
+use crate::audit::{AuditError, Finish, Record, RunRow, EXECUTOR_UNAVAILABLE};
 use crate::authz::{Denied, RunRequest};
 use crate::executor_client::{ExecutorError, HeldRun, Opened, RunConnection, RunEvent};
 use crate::metrics::InFlight;
@@ -561,11 +561,8 @@ fn ndjson(
             },
             Err(e) => {
                 tracing::warn!(skill = run.skill.name(), error = %chain(&e), "run stream ended");
-                let code = if matches!(e, ExecutorError::Busy(_)) {
-                    "busy"
-                } else {
-                    "executor_unavailable"
-                };
+                let code =
+                    if matches!(e, ExecutorError::Busy(_)) { "busy" } else { EXECUTOR_UNAVAILABLE };
                 let message = chain(&e);
                 let _ = run.allowed.finish(not_run(code, &message)).await;
                 let event = json!({"event": "error", "error": {"code": code, "message": message}});
@@ -644,7 +641,7 @@ async fn executor_error(
             app.metrics().executions_total.with_label_values(&[skill, "busy"]).inc();
             (busy(skill, &format!("executor busy: {why}")), Outcome::Busy.as_str())
         }
-        other => (ApiError::ExecutorUnavailable(chain(&other)), "executor_unavailable"),
+        other => (ApiError::ExecutorUnavailable(chain(&other)), EXECUTOR_UNAVAILABLE),
     };
     let _ = allowed.finish(not_run(outcome, &e.to_string())).await;
     e

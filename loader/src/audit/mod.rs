@@ -153,7 +153,10 @@ use worker::Worker;
 mod journal;
 mod sql;
 mod syncer;
+pub mod words;
 mod worker;
+
+pub use words::{CANCELLED, DECISIONS, EXECUTOR_UNAVAILABLE, INTERRUPTED, OUTCOMES};
 
 /// Largest args or result JSON text stored.
 pub const FIELD_MAX_BYTES: usize = 64 << 10;
@@ -596,11 +599,6 @@ impl Audit {
         self.ask(Job::Count).await
     }
 }
-
-/// The outcome of an allowed request's row when its client went away, or
-/// a stopping skilld cut it, before its run's report (also its
-/// `ongrid_executions_total` label, `crate::api::execute`).
-pub const CANCELLED: &str = "cancelled";
 
 /// What completes a decision's row whose caller went away before its run
 /// started.

@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    now_ms, Entry, Finish, Query, Record, ERROR_MAX_BYTES, FIELD_MAX_BYTES, MAX_QUERY_ROWS,
-    REFUSED_ARGS_MAX_BYTES,
+    now_ms, Entry, Finish, Query, Record, ERROR_MAX_BYTES, FIELD_MAX_BYTES, INTERRUPTED,
+    MAX_QUERY_ROWS, REFUSED_ARGS_MAX_BYTES,
 };
 use crate::config::AuditSettings;
 
@@ -402,10 +402,6 @@ fn use_approvals(db: &Connection, id: i64, r: &Record) -> Result<(), WriteError>
     }
     Ok(())
 }
-
-/// What an allowed run's row left open by an earlier skilld says once
-/// this one opens the database.
-pub(super) const INTERRUPTED: &str = "interrupted";
 
 /// Completes every allowed run's row that an earlier skilld left open (it
 /// stopped or crashed before the run's report): its run ended with that

@@ -377,7 +377,7 @@ impl Worker {
                         rows = n,
                         "audit: completed the rows of runs an earlier skilld left unreported \
                          as {:?}",
-                        sql::INTERRUPTED
+                        super::INTERRUPTED
                     ),
                     Err(e) => return Err(self.unavailable(&e)),
                 }

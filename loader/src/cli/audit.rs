@@ -11,9 +11,12 @@ use std::io::{self, Write};
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
+use clap::builder::PossibleValuesParser;
+
 use super::printable;
 use super::remote::{self, DaemonArgs};
 use super::table::Table;
+use crate::audit;
 use crate::client::encode_segment;
 
 /// Arguments of `audit`.
@@ -29,11 +32,11 @@ pub struct Args {
     /// Only rows newer than this (90s, 10m, 2h, 7days).
     #[arg(long, value_name = "DURATION")]
     pub since: Option<String>,
-    /// Only this outcome (ok, denied, invalid_args, exit_nonzero, cancelled...).
-    #[arg(long)]
+    /// Only this outcome.
+    #[arg(long, value_parser = PossibleValuesParser::new(audit::OUTCOMES))]
     pub outcome: Option<String>,
-    /// Only this decision (allow, deny, reject).
-    #[arg(long)]
+    /// Only this decision.
+    #[arg(long, value_parser = PossibleValuesParser::new(audit::DECISIONS))]
     pub decision: Option<String>,
     /// At most this many rows (1..=1000).
     #[arg(long, default_value_t = 100)]
@@ -125,4 +128,37 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
     }
     table.write(out)?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::cli::{Cli, Command};
+
+    fn parse(args: &[&str]) -> Result<super::Args, clap::Error> {
+        let argv = ["ongrid-skill", "audit"].iter().chain(args);
+        Cli::try_parse_from(argv).map(|cli| match cli.command {
+            Command::Audit(a) => a,
+            other => panic!("{other:?}"),
+        })
+    }
+
+    #[test]
+    fn unknown_outcomes_and_decisions_are_usage_errors() {
+        for args in [["--outcome", "timedout"], ["--decision", "permit"], ["--outcome", "OK"]] {
+            let e = parse(&args).unwrap_err();
+            assert_eq!(e.kind(), clap::error::ErrorKind::InvalidValue, "{args:?}");
+            assert_eq!(e.exit_code(), 2);
+            let text = e.to_string();
+            assert!(text.contains("possible values"), "{text}");
+        }
+        let e = parse(&["--outcome", "timedout"]).unwrap_err().to_string();
+        assert!(e.contains("cancelled") && e.contains("exit_nonzero"), "{e}");
+        let a = parse(&["--outcome", "cancelled", "--decision", "deny"]).unwrap();
+        assert_eq!(
+            (a.outcome.as_deref(), a.decision.as_deref()),
+            (Some("cancelled"), Some("deny"))
+        );
+    }
 }

@@ -319,3 +319,33 @@ async fn an_audit_read_while_rows_cannot_be_written_says_so() {
     assert!(v.get("incomplete").is_none(), "{v}");
     assert_eq!(v["total"], 3, "two kept by retention, and the journaled run: {v}");
 }
+
+/// An outcome or decision no row can hold is a 400 naming the valid
+/// words, not an empty answer; the valid ones filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_audit_filters_are_refused_with_the_valid_words() {
+    let callers = format!(
+        "\n[[callers]]\nuid = {}\nrole = \"auditor\"\nmode = \"mutating-with-confirm\"\naudit = true\n",
+        me()
+    );
+    let (_env, _ex, d) = start("", "", &callers);
+    let c = d.client();
+    assert_eq!(c.post("/v1/skills/echo/execute", &json!({"args": {}})).await.unwrap().status, 200);
+    for (query, valid) in
+        [("outcome=timedout", "cancelled"), ("decision=permit", "reject"), ("outcome=OK", "ok")]
+    {
+        let r = c.get(&format!("/v1/audit?{query}")).await.unwrap();
+        assert_eq!(r.status, 400, "{query}: {}", r.body);
+        assert_eq!(r.body["error"]["code"], "bad_request");
+        let message = r.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("is not one of"), "{message}");
+        assert!(message.contains(valid), "{message}");
+    }
+    for query in ["outcome=ok", "decision=allow", "outcome=ok&decision=allow&skill=echo"] {
+        let r = c.get(&format!("/v1/audit?{query}")).await.unwrap();
+        assert_eq!(r.status, 200, "{query}: {}", r.body);
+        assert_eq!(r.body["total"], 1, "{query}: {}", r.body);
+    }
+    let r = c.get("/v1/audit?outcome=cancelled&decision=deny").await.unwrap();
+    assert_eq!((r.status.as_u16(), &r.body["total"]), (200, &json!(0)));
+}
