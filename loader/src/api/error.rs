@@ -1,7 +1,7 @@
 //! [`ApiError`]: every non-200 answer of the client API, as
 //! `{"error":{"code":"...","message":"..."}}` with the matching status.
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use policy::RunReport;
@@ -48,6 +48,10 @@ pub enum ApiError {
     /// 413 `payload_too_large`.
     #[error("request body over {0} bytes")]
     TooLarge(usize),
+    /// 415 `unsupported_encoding`: the body has a `Content-Encoding` other
+    /// than `identity` (the coding, as sent, bounded).
+    #[error("Content-Encoding {0:?} is not supported: send the body as is (identity)")]
+    UnsupportedEncoding(String),
     /// 431 `head_too_large`: the request line and headers are over the
     /// limit (answered by [`crate::server`], before any route).
     #[error("request head (request line and headers) over {0} bytes")]
@@ -82,6 +86,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::ExecutorUnavailable(_)
@@ -103,6 +108,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::RequestTimeout => "request_timeout",
             ApiError::TooLarge(_) => "payload_too_large",
+            ApiError::UnsupportedEncoding(_) => "unsupported_encoding",
             ApiError::HeadTooLarge(_) => "head_too_large",
             ApiError::Internal(_) => "internal",
             ApiError::ExecutorUnavailable(_) => "executor_unavailable",
@@ -127,9 +133,17 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     /// The status and JSON body. A 405's `Allow` header is the router's
-    /// (axum adds the methods of the route that matched when none is set).
+    /// (axum adds the methods of the route that matched when none is set);
+    /// a 415 says which coding is accepted (`Accept-Encoding: identity`,
+    /// RFC 9110 §15.5.16).
     fn into_response(self) -> Response {
-        (self.status(), Json(self.body())).into_response()
+        let mut response = (self.status(), Json(self.body())).into_response();
+        if let ApiError::UnsupportedEncoding(_) = self {
+            response
+                .headers_mut()
+                .insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        }
+        response
     }
 }
 
@@ -149,6 +163,7 @@ mod tests {
             (ApiError::AuditUnreadable("db".into()), 503, "audit_unavailable"),
             (ApiError::NotFound("n".into()), 404, "not_found"),
             (ApiError::TooLarge(1), 413, "payload_too_large"),
+            (ApiError::UnsupportedEncoding("gzip".into()), 415, "unsupported_encoding"),
             (ApiError::HeadTooLarge(1), 431, "head_too_large"),
             (ApiError::ExecutorUnavailable("down".into()), 503, "executor_unavailable"),
         ];

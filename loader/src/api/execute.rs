@@ -1,7 +1,8 @@
 //! `POST /v1/skills/{name}/execute`: check, authorise, queue, forward to
 //! the executor, answer with the run report (or stream it as NDJSON).
 //!
-//! Order of checks: unknown skill (404), body size and time (413, 408), JSON
+//! Order of checks: unknown skill (404), a body's `Content-Encoding` other
+//! than `identity` (415), body size and time (413, 408), JSON
 //! shape (400 `bad_request`), args against the schema (400 `invalid_args`),
 //! permission (403 `denied` with a `reason`, [`crate::authz`]), the audit
 //! row of the decision (503 `audit_unavailable` when it cannot be written
@@ -583,7 +584,28 @@ fn json_response(json: Body) -> Response {
     response
 }
 
+/// Refuses a body with a `Content-Encoding` other than `identity` (a
+/// gzipped body would be read as its compressed bytes). The field is a
+/// comma-separated list of codings, compared case-insensitively; an empty
+/// body may carry any.
+fn check_encoding(body: &Body, headers: &HeaderMap) -> Result<(), ApiError> {
+    if hyper::body::Body::is_end_stream(body) {
+        return Ok(());
+    }
+    let codings = headers.get_all(header::CONTENT_ENCODING).iter().flat_map(|v| {
+        // Not text: certainly not `identity`.
+        v.to_str().map_or_else(|_| vec!["?"], |t| t.split(',').map(str::trim).collect())
+    });
+    for coding in codings {
+        if !coding.is_empty() && !coding.eq_ignore_ascii_case("identity") {
+            return Err(ApiError::UnsupportedEncoding(coding.chars().take(32).collect()));
+        }
+    }
+    Ok(())
+}
+
 async fn read_body(body: Body, headers: &HeaderMap, limits: &Limits) -> Result<Bytes, ApiError> {
+    check_encoding(&body, headers)?;
     let max = limits.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -662,6 +684,30 @@ fn chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_identity_bodies_are_read() {
+        let with = |codings: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            for c in codings {
+                h.append(header::CONTENT_ENCODING, HeaderValue::from_static(c));
+            }
+            h
+        };
+        for ok in [&[][..], &["identity"], &["Identity, identity"], &["identity", " "]] {
+            assert!(check_encoding(&Body::from("{}"), &with(ok)).is_ok(), "{ok:?}");
+        }
+        for bad in [&["gzip"][..], &["identity, gzip"], &["identity", "br"], &["x-gzip"]] {
+            let e = check_encoding(&Body::from("{}"), &with(bad)).unwrap_err();
+            assert_eq!((e.status().as_u16(), e.code()), (415, "unsupported_encoding"), "{bad:?}");
+        }
+        let e = check_encoding(&Body::from("{}"), &with(&["identity, GZIP"])).unwrap_err();
+        assert!(e.to_string().starts_with("Content-Encoding \"GZIP\" is not supported"), "{e}");
+        // No body: nothing to decode.
+        assert!(check_encoding(&Body::empty(), &with(&["gzip"])).is_ok());
+        let r = e.into_response();
+        assert_eq!(r.headers()[header::ACCEPT_ENCODING], "identity");
+    }
 
     #[test]
     fn request_bodies() {

@@ -97,3 +97,45 @@ async fn health() {
     assert_eq!(r.body["executor"], "down");
     assert_eq!(r.body["status"], "degraded");
 }
+
+/// A request body with a `Content-Encoding` other than `identity` is
+/// refused with 415, not read as plain text; `identity` runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encoded_body_is_a_415() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_env, ex, d) = setup();
+    let ask = |encoding: &'static str| {
+        let socket = d.socket.clone();
+        async move {
+            let body = r#"{"args":{"n":1}}"#;
+            let req = format!(
+                "POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+                 Content-Encoding: {encoding}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let mut s = tokio::net::UnixStream::connect(&socket).await.unwrap();
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            let (head, body) = out.split_once("\r\n\r\n").unwrap();
+            (head.to_ascii_lowercase(), serde_json::from_str::<serde_json::Value>(body).unwrap())
+        }
+    };
+    for encoding in ["gzip", "identity, deflate", "BR"] {
+        let (head, body) = ask(encoding).await;
+        assert!(head.starts_with("http/1.1 415 "), "{encoding}: {head}");
+        assert!(head.contains("\r\naccept-encoding: identity"), "{head}");
+        assert_eq!(body["error"]["code"], "unsupported_encoding", "{body}");
+    }
+    let (head, body) = ask("Identity").await;
+    assert!(head.starts_with("http/1.1 200 "), "{head}");
+    assert_eq!(body["result"]["n"], 1, "{body}");
+    assert_eq!(ex.stats.runs_started.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let text = d.scrape();
+    assert!(
+        text.contains(
+            "ongrid_http_requests_total{code=\"415\",route=\"/v1/skills/{name}/execute\"} 3\n"
+        ),
+        "{text}"
+    );
+}
