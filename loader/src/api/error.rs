@@ -76,7 +76,26 @@ pub enum ApiError {
     Busy(Box<RunReport>),
 }
 
+/// The most characters of a requested name an answer echoes.
+pub const ECHOED_NAME_CHARS: usize = 128;
+
+/// `text` quoted and escaped (as `{:?}` writes it), at most `max`
+/// characters of it; when cut, `…` and its length in bytes follow.
+pub fn quoted(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => format!("{text:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &text[..cut], text.len()),
+    }
+}
+
 impl ApiError {
+    /// The 404 of a skill name the caller cannot see: none is registered
+    /// (or one is, hidden from this caller). The name is echoed bounded
+    /// ([`ECHOED_NAME_CHARS`]).
+    pub fn no_such_skill(name: &str) -> Self {
+        ApiError::NotFound(format!("no skill named {}", quoted(name, ECHOED_NAME_CHARS)))
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
@@ -173,6 +192,20 @@ mod tests {
             assert_eq!(b["error"]["code"], code);
             assert!(b["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
         }
+    }
+
+    #[test]
+    fn a_404_echoes_a_bounded_name() {
+        let e = ApiError::no_such_skill("nope");
+        assert_eq!(e.to_string(), r#"no skill named "nope""#);
+        let e = ApiError::no_such_skill("a\"\n\u{1b}");
+        assert_eq!(e.to_string(), r#"no skill named "a\"\n\u{1b}""#);
+        let exact = "é".repeat(ECHOED_NAME_CHARS);
+        assert_eq!(quoted(&exact, ECHOED_NAME_CHARS), format!("{exact:?}"));
+        let long = format!("{exact}x{}", "y".repeat(60_000));
+        let e = ApiError::no_such_skill(&long);
+        assert_eq!(e.to_string(), format!("no skill named {exact:?}… ({} bytes)", long.len()));
+        assert!(e.body().to_string().len() < 400);
     }
 
     #[test]

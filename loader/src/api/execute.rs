@@ -97,7 +97,7 @@ pub async fn execute(
         .current()
         .get(&name)
         .cloned()
-        .ok_or_else(|| ApiError::NotFound(format!("no skill named {name:?}")))?;
+        .ok_or_else(|| ApiError::no_such_skill(&name))?;
     // From here the request may become a run of this skill, whatever a
     // reload does to it meanwhile: the drain on SIGTERM waits for its
     // timeout (an upper bound; a request refused later changes nothing).

@@ -65,7 +65,7 @@ pub async fn show(
         .get(&name)
         .filter(|s| visible(app.authz(), &who, s))
         .map(|s| Json(s.to_api_json()))
-        .ok_or_else(|| ApiError::NotFound(format!("no skill named {name:?}")))
+        .ok_or_else(|| ApiError::no_such_skill(&name))
 }
 
 /// Query of `GET /v1/tools`.

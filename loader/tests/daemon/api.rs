@@ -139,3 +139,20 @@ async fn an_encoded_body_is_a_415() {
         "{text}"
     );
 }
+
+/// A 404 echoes at most 128 characters of the name asked for, however
+/// long it is (show and execute alike).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_404_echoes_a_bounded_name() {
+    let (_env, _ex, d) = setup();
+    let c = d.client();
+    let name = "n".repeat(60_000);
+    let shown = format!("no skill named \"{}\"… (60000 bytes)", "n".repeat(128));
+    let r = c.get(&format!("/v1/skills/{name}")).await.unwrap();
+    assert_eq!(r.status, 404);
+    assert_eq!(r.body["error"]["message"], shown.as_str());
+    let r = c.post(&format!("/v1/skills/{name}/execute"), &json!({})).await.unwrap();
+    assert_eq!(r.status, 404);
+    assert_eq!(r.body["error"]["message"], shown.as_str());
+    assert!(r.body.to_string().len() < 400, "{}", r.body);
+}
