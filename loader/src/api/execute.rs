@@ -1,6 +1,12 @@
 //! `POST /v1/skills/{name}/execute`: check, authorise, queue, forward to
 //! the executor, answer with the run report (or stream it as NDJSON).
 //!
+//! A skill the caller may not see (`GET /v1/skills` hides it:
+//! [`super::skills::visible`]) is a 404 as if it did not exist, whatever
+//! is wrong with the request; when the request itself is well formed, the
+//! denial is decided, counted and audited with its real reason (e.g.
+//! `class_not_permitted`) all the same. For a skill the caller sees:
+//!
 //! Order of checks: unknown skill (404), a body's `Content-Encoding` other
 //! than `identity` (415), body size and time (413, 408), JSON
 //! shape (400 `bad_request`), args against the schema (400 `invalid_args`),
@@ -48,6 +54,7 @@ use super::accept::wants_ndjson;
 pub use super::accept::NDJSON;
 use super::allowed::Allowed;
 use super::answer::{self, Answer};
+use super::skills::visible;
 use super::ApiError;
 use crate::app::{App, Limits};
 use crate::audit::{AuditError, Finish, Record, RunRow, EXECUTOR_UNAVAILABLE};
@@ -102,8 +109,13 @@ pub async fn execute(
     // reload does to it meanwhile: the drain on SIGTERM waits for its
     // timeout (an upper bound; a request refused later changes nothing).
     app.allowing_run(skill.registered().manifest().timeout());
-    let bytes = read_body(body, &headers, app.limits()).await?;
-    let req = parse_request(&bytes)?;
+    // A skill this caller may not see is answered as one that does not
+    // exist, whatever is wrong with the request (`show`, `list`).
+    let who = app.authz().identify(&caller);
+    let hidden = !visible(app.authz(), &who, &skill);
+    let hide = |e: ApiError| if hidden { ApiError::no_such_skill(&name) } else { e };
+    let bytes = read_body(body, &headers, app.limits()).await.map_err(hide)?;
+    let req = parse_request(&bytes).map_err(hide)?;
     // Args may hold what a caller would not want logged: their size only.
     tracing::debug!(skill = skill.name(), args_bytes = req.args.raw().len(), "execute request");
 
@@ -111,7 +123,6 @@ pub async fn execute(
         app.metrics().executions_total.with_label_values(&[skill.name(), outcome.as_str()]).inc();
     };
     let manifest = skill.registered().manifest();
-    let who = app.authz().identify(&caller);
     let base = Record {
         session_id: req.session_id.clone(),
         skill: skill.name().to_owned(),
@@ -123,13 +134,6 @@ pub async fn execute(
         args: Some(req.args.raw_json().clone()),
         ..Record::default()
     };
-    if let Err(violations) = skill.check_args(req.args.value()) {
-        count(Outcome::InvalidArgs);
-        tracing::info!(skill = skill.name(), violations = violations.len(), "args rejected");
-        let e = ApiError::InvalidArgs { skill: name, violations };
-        record_refusal(&app, base, "reject", "invalid_args", Outcome::InvalidArgs, &e).await;
-        return Err(e);
-    }
     let run = RunRequest {
         skill: skill.name(),
         class: manifest.class(),
@@ -138,7 +142,28 @@ pub async fn execute(
         confirm: req.confirm,
         approvals: &req.approvals,
     };
-    let grant = match app.authz().decide(&who, &run, unix_now()) {
+    // A hidden skill's request is decided first (its args are not checked
+    // against a schema the caller may not see): denied, the row keeps the
+    // reason and the answer is the 404. (`Authz::decide` allows no skill
+    // `may_list` hides; were it to, the request would go on as any.)
+    let mut decided = None;
+    if hidden {
+        match app.authz().decide(&who, &run, unix_now()) {
+            Err(denied) => {
+                let _ = deny(&app, base, denied).await;
+                return Err(ApiError::no_such_skill(&name));
+            }
+            Ok(grant) => decided = Some(grant),
+        }
+    }
+    if let Err(violations) = skill.check_args(req.args.value()) {
+        count(Outcome::InvalidArgs);
+        tracing::info!(skill = skill.name(), violations = violations.len(), "args rejected");
+        let e = ApiError::InvalidArgs { skill: name, violations };
+        record_refusal(&app, base, "reject", "invalid_args", Outcome::InvalidArgs, &e).await;
+        return Err(e);
+    }
+    let grant = match decided.map_or_else(|| app.authz().decide(&who, &run, unix_now()), Ok) {
         Ok(g) => g,
         Err(denied) => return Err(deny(&app, base, denied).await),
     };

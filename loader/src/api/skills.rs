@@ -4,8 +4,8 @@
 //! Each shows only the skills this caller may run ([`Authz::may_list`]):
 //! `safe` for everyone, `mutating` for `mutating-with-confirm` and up,
 //! `dangerous` for `dual-sign-required` when two approvers are
-//! configured. A skill the caller may not run is a 404 here (it can still
-//! be asked for by name: execute answers 403 with the reason, audited).
+//! configured. A skill the caller may not see is a 404 here, and on
+//! execute too (where the denial is still audited with its reason).
 
 use std::sync::Arc;
 
@@ -21,7 +21,9 @@ use crate::authz::{Authz, Identity};
 use crate::registry::Skill;
 use crate::server::Caller;
 
-fn visible(authz: &Authz, who: &Identity, skill: &Skill) -> bool {
+/// Whether `who` may see `skill`: listings show it, `show` and execute
+/// answer for it (else 404, as for no such skill).
+pub(super) fn visible(authz: &Authz, who: &Identity, skill: &Skill) -> bool {
     authz.may_list(who, skill.registered().manifest().class())
 }
 

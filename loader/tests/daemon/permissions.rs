@@ -125,9 +125,12 @@ fn sample(text: &str, needle: &str) -> u64 {
         .map_or(0, |v| v.parse().unwrap())
 }
 
-/// read-only: safe runs; mutating and dangerous are 403
-/// `class_not_permitted` (even confirmed, even signed), and listings show
-/// the safe skills only.
+/// read-only: safe runs; mutating and dangerous are hidden: listings show
+/// the safe skills only, and show and execute answer the others with the
+/// 404 of no such skill (even confirmed, even signed, even with args the
+/// schema refuses or a body that is not JSON), while each well-formed
+/// request's denial is audited and counted with its reason,
+/// `class_not_permitted`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_runs_and_sees_safe_skills_only() {
     let keys = Keys::new();
@@ -139,15 +142,29 @@ async fn read_only_runs_and_sees_safe_skills_only() {
         .post("/v1/skills/strict/execute", &json!({"args": {"path": "/"}, "confirm": true}))
         .await
         .unwrap();
-    assert_eq!(r.status, 403);
-    assert_eq!(r.body["error"]["code"], "denied");
-    assert_eq!(r.body["error"]["reason"], "class_not_permitted");
+    // The answer to a skill that does not exist, with its name.
+    assert_eq!(r.status, 404);
+    let unknown = c.post("/v1/skills/nope/execute", &json!({})).await.unwrap();
+    assert_eq!(unknown.body["error"]["message"], "no skill named \"nope\"");
+    assert_eq!(
+        r.body,
+        json!({"error": {"code": "not_found", "message": "no skill named \"strict\""}})
+    );
+    assert_eq!(r.body, c.get("/v1/skills/strict").await.unwrap().body);
     let args = json!({"days": 3});
     let approvals =
         [approve(&keys.alice, &args, now() + 60), approve(&keys.bob, &args, now() + 60)];
     let body = json!({"args": args, "session_id": "s-1", "approvals": approvals});
     let r = c.post("/v1/skills/wipe/execute", &body).await.unwrap();
-    assert_eq!(r.body["error"]["reason"], "class_not_permitted", "{}", r.body);
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert_eq!(r.body["error"]["code"], "not_found", "{}", r.body);
+    // Nothing about the request tells a hidden skill from a missing one:
+    // args the schema refuses, a body that is not JSON.
+    for body in [json!({"args": {"depth": -1}, "confirm": true}), json!("not an object")] {
+        let r = c.post("/v1/skills/strict/execute", &body).await.unwrap();
+        assert_eq!(r.status, 404, "{body}: {}", r.body);
+        assert_eq!(r.body["error"]["message"], "no skill named \"strict\"");
+    }
     assert_eq!(ex.stats.runs_started.load(Ordering::SeqCst), 1);
 
     let safe = ["echo", "fail", "sleeper", "slow"];
@@ -159,7 +176,16 @@ async fn read_only_runs_and_sees_safe_skills_only() {
     assert_eq!(c.get("/v1/skills/echo").await.unwrap().status, 200);
 
     assert_eq!(rows(&env.audit_db(), "echo"), [row("allow", "safe", "ok")]);
-    assert_eq!(rows(&env.audit_db(), "strict"), [row("deny", "class_not_permitted", "denied")]);
+    // The decided requests' rows keep the reason (the one refused by the
+    // schema is decided first: denied); the body that was not JSON was
+    // never a request.
+    assert_eq!(
+        rows(&env.audit_db(), "strict"),
+        [
+            row("deny", "class_not_permitted", "denied"),
+            row("deny", "class_not_permitted", "denied")
+        ]
+    );
     assert_eq!(rows(&env.audit_db(), "wipe"), [row("deny", "class_not_permitted", "denied")]);
     // The approvals of a denied request are not used up.
     let text = d.scrape();
@@ -168,7 +194,7 @@ async fn read_only_runs_and_sees_safe_skills_only() {
             &text,
             "ongrid_authz_decisions_total{decision=\"deny\",reason=\"class_not_permitted\"}"
         ),
-        2
+        3
     );
     assert_eq!(
         sample(&text, "ongrid_authz_decisions_total{decision=\"allow\",reason=\"safe\"}"),
@@ -185,8 +211,9 @@ async fn unmapped_callers_are_read_only_and_primary_gid_entries_match() {
     let (env, _ex, d) = start("", "", other);
     let body = json!({"args": {"path": "/"}, "confirm": true});
     let r = d.client().post("/v1/skills/strict/execute", &body).await.unwrap();
-    assert_eq!(r.body["error"]["reason"], "class_not_permitted");
+    assert_eq!((r.status.as_u16(), &r.body["error"]["code"]), (404, &json!("not_found")));
     let got = d.client().get("/v1/audit?skill=strict").await.unwrap();
+    assert_eq!(got.body["items"][0]["reason"], "class_not_permitted");
     assert_eq!(got.body["items"][0]["role"], "unmapped");
     assert_eq!(got.body["items"][0]["mode"], "read-only");
     drop((env, d));
@@ -203,7 +230,8 @@ async fn unmapped_callers_are_read_only_and_primary_gid_entries_match() {
 }
 
 /// mutating-with-confirm: a mutating skill without `"confirm": true` is
-/// 403 `confirm_required`; confirmed, it runs; dangerous stays out.
+/// 403 `confirm_required` (the caller sees it); confirmed, it runs;
+/// dangerous stays out, hidden (404, audited `class_not_permitted`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutating_needs_confirm() {
     let keys = Keys::new();
@@ -217,7 +245,8 @@ async fn mutating_needs_confirm() {
     let r = c.post("/v1/skills/strict/execute", &body).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
     let r = c.post("/v1/skills/wipe/execute", &json!({"args": {"days": 1}})).await.unwrap();
-    assert_eq!(r.body["error"]["reason"], "class_not_permitted");
+    assert_eq!((r.status.as_u16(), &r.body["error"]["code"]), (404, &json!("not_found")));
+    assert_eq!(rows(&env.audit_db(), "wipe"), [row("deny", "class_not_permitted", "denied")]);
     assert_eq!(ex.stats.runs_started.load(Ordering::SeqCst), 1);
     assert_eq!(
         names(&d, "/v1/tools?format=mcp").await,
@@ -425,10 +454,11 @@ async fn another_uid_through_the_cli_and_supplementary_groups() {
     assert_eq!(code, Some(0), "{err}");
     let listed: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(listed["total"], 4, "{listed}");
+    // A skill the caller may not see is no such skill, to it.
     let (code, _, err) =
         as_nobody("65534", &["run", "strict", "--confirm", "--args", r#"{"path":"/"}"#]);
-    assert_eq!(code, Some(5), "{err}");
-    assert!(err.contains("class_not_permitted"), "{err}");
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("not_found: no skill named \"strict\""), "{err}");
     let (code, _, err) = as_nobody("65534", &["audit"]);
     assert_eq!(code, Some(5), "{err}");
     assert!(err.contains("forbidden"), "{err}");
