@@ -4,7 +4,8 @@
 //! function writing to the given stdout and stderr, so commands can be
 //! tested without a process. `scan`, `validate` and `check` work on files; `list`,
 //! `show`, `run`, `reload` and `audit` talk to `ongrid-skilld` over its
-//! socket (`--socket`, env `ONGRID_SOCKET`) through [`remote`]; `mcp`
+//! socket (`--socket`, env `ONGRID_SOCKET`, either empty meaning the
+//! default `/run/ongrid/skilld.sock`) through [`remote`]; `mcp`
 //! serves the daemon's skills as MCP tools on stdin/stdout; `up` starts
 //! both daemons in the foreground ([`up`]); `keygen` and `approve` make
 //! approver keys and approvals for `dangerous` skills, offline.

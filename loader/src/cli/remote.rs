@@ -6,6 +6,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::builder::{OsStringValueParser, TypedValueParser};
 use hyper::StatusCode;
 use serde_json::Value;
 
@@ -46,9 +47,29 @@ Exit codes:
 /// How to reach the daemon.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DaemonArgs {
-    /// The daemon's socket.
-    #[arg(long, env = "ONGRID_SOCKET", value_name = "PATH", default_value = DEFAULT_SOCKET)]
+    /// The daemon's socket (empty: the default, so that an empty
+    /// ONGRID_SOCKET counts as unset).
+    #[arg(
+        long,
+        env = "ONGRID_SOCKET",
+        value_name = "PATH",
+        default_value = DEFAULT_SOCKET,
+        value_parser = socket_path()
+    )]
     pub socket: PathBuf,
+}
+
+/// Parses `--socket` and `ONGRID_SOCKET`: any path, and the empty string
+/// as [`DEFAULT_SOCKET`] (clap's path parser refuses an empty value, and
+/// took `ONGRID_SOCKET=""` for a `--socket` given without one).
+fn socket_path() -> impl TypedValueParser<Value = PathBuf> {
+    OsStringValueParser::new().map(|s| {
+        if s.is_empty() {
+            PathBuf::from(DEFAULT_SOCKET)
+        } else {
+            PathBuf::from(s)
+        }
+    })
 }
 
 impl DaemonArgs {
@@ -173,4 +194,28 @@ pub fn get_items(
 pub fn print_json(value: &Value, out: &mut dyn Write) -> io::Result<()> {
     let text = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
     writeln!(out, "{text}")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn socket(args: &[&str]) -> PathBuf {
+        let argv = ["ongrid-skill", "list"].iter().chain(args);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::List(a) => a.daemon.socket,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_empty_socket_is_the_default() {
+        assert_eq!(socket(&["--socket", ""]), Path::new(DEFAULT_SOCKET));
+        assert_eq!(socket(&["--socket", "/tmp/s.sock"]), Path::new("/tmp/s.sock"));
+    }
 }

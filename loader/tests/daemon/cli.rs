@@ -191,3 +191,18 @@ async fn human_output_escapes_control_characters_and_json_keeps_them() {
     drop(d);
     ex.stop().await;
 }
+
+/// An empty `ONGRID_SOCKET` counts as unset: the default socket, not a
+/// usage error about a `--socket` nobody gave.
+#[test]
+fn an_empty_ongrid_socket_means_the_default() {
+    let out = Command::new(CLI).arg("list").env("ONGRID_SOCKET", "").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("a value is required"), "{stderr}");
+    match out.status.code() {
+        // A daemon answers there on this host.
+        Some(0) => {}
+        Some(3) => assert!(stderr.contains(loader::config::DEFAULT_SOCKET), "{stderr}"),
+        other => panic!("{other:?}: {stderr}"),
+    }
+}
