@@ -50,6 +50,14 @@ pub enum PlanError {
         #[source]
         source: SkillMdError,
     },
+    /// The file is neither a `skill.json` nor a `SKILL.md`: no other file
+    /// is a manifest, whatever it holds (a pack's `fixtures/case.json`
+    /// that parses as one and names a granted skill would get its grants).
+    #[error("manifest {path}: not a skill.json or SKILL.md (no other file is a manifest)")]
+    NotAManifest {
+        /// The file.
+        path: PathBuf,
+    },
     /// A `tool` was given for a `skill.json`, or none for a `SKILL.md`.
     #[error("manifest {path}: {reason}")]
     Tool {
@@ -161,7 +169,8 @@ pub struct Plan {
 ///
 /// # Errors
 ///
-/// [`PlanError::Manifest`], [`PlanError::SkillMd`] or [`PlanError::Tool`].
+/// [`PlanError::NotAManifest`], [`PlanError::Manifest`],
+/// [`PlanError::SkillMd`] or [`PlanError::Tool`].
 pub fn parse_manifest(
     path: &Path,
     bytes: &[u8],
@@ -169,6 +178,9 @@ pub fn parse_manifest(
     opts: &ValidateOptions,
 ) -> Result<Manifest, PlanError> {
     let is_skill_md = path.file_name().is_some_and(|n| n == SKILL_MD_FILE_NAME);
+    if !is_skill_md && path.file_name().is_none_or(|n| n != policy::MANIFEST_FILE_NAME) {
+        return Err(PlanError::NotAManifest { path: path.to_owned() });
+    }
     match (is_skill_md, tool) {
         (false, None) => Manifest::from_slice(bytes, opts)
             .map_err(|source| PlanError::Manifest { path: path.to_owned(), source }),
@@ -506,6 +518,23 @@ mod tests {
         fs::write(&m, format!(r#"{{"name":"{name}","description":"d","entry":"run.sh"}}"#))
             .unwrap();
         m
+    }
+
+    /// Only a `skill.json` (or a `SKILL.md`) is a manifest: another file
+    /// under a root that parses as one, naming any skill, is refused.
+    #[test]
+    fn a_file_not_named_skill_json_is_no_manifest() {
+        let t = tempfile::tempdir().unwrap();
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let m = pack(t.path(), "a", "real");
+        let config = Config { roots: vec![t.path().to_owned()], ..Config::default() };
+        assert!(Plan::build(&config, &m, b"{}".to_vec(), &[]).is_ok());
+        for name in ["fixture.json", "skill.json.bak", "Skill.json"] {
+            let other = m.with_file_name(name);
+            fs::copy(&m, &other).unwrap();
+            let e = Plan::build(&config, &other, b"{}".to_vec(), &[]).unwrap_err();
+            assert!(matches!(e, PlanError::NotAManifest { .. }), "{name}: {e}");
+        }
     }
 
     /// The plan reads the file that was opened and placed under its root,

@@ -68,7 +68,9 @@ pub use args::{Args, ArgsError};
 pub use class::SkillClass;
 pub use env::EnvName;
 pub use limits::Limits;
-pub use manifest::{Manifest, ManifestError, ValidateOptions, MAX_MANIFEST_BYTES};
+pub use manifest::{
+    Manifest, ManifestError, ValidateOptions, MANIFEST_FILE_NAME, MAX_MANIFEST_BYTES,
+};
 pub use name::SkillName;
 pub use permission::{DenyReason, PermissionMode};
 pub use raw_json::RawJson;

@@ -34,6 +34,10 @@ use crate::unique_json::{self, UniqueError};
 
 /// Largest `skill.json` accepted, in bytes.
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
+/// The name of a manifest file: the loader registers no other file, and
+/// the executor reads no other file as a `skill.json`.
+pub const MANIFEST_FILE_NAME: &str = "skill.json";
 /// Longest description accepted, in bytes.
 pub const MAX_DESCRIPTION_BYTES: usize = 16 << 10;
 /// The UTF-8 byte order mark, ignored at the start of a `skill.json`.
