@@ -119,8 +119,7 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
     // socket keeps it (binding checks again; this keeps a refused start
     // from touching cgroups or the runs directory first).
     if inherited.is_none() {
-        executor::server::socket::ensure_free(&config.socket_path())
-            .context("binding the socket")?;
+        executor::server::socket::ensure_free(&config).context("binding the socket")?;
     }
     // Said at start, not only in every run's report.
     if nix::unistd::geteuid().is_root() {

@@ -1257,6 +1257,76 @@ fn binary_serves_until_sigterm() {
     nix::mount::umount(&runs).unwrap();
 }
 
+/// A node another user listens on at the executor's path (the loader's
+/// user may create nodes in `/run/ongrid`) is no executor: `serve` replaces
+/// it with a warning instead of refusing to start for good.
+#[test]
+fn a_socket_another_user_listens_on_is_replaced() {
+    if !can_run() {
+        return;
+    }
+    if !Path::new("/usr/bin/python3").exists() {
+        eprintln!("SKIP: /usr/bin/python3 missing");
+        return;
+    }
+    let root = dir_0755();
+    let runtime = dir_0755();
+    std::fs::set_permissions(runtime.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let socket = runtime.path().join("x.sock");
+    let config = runtime.path().join("executor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "roots = [{:?}]\nruntime_dir = {:?}\nsocket = {:?}\n",
+            root.path(),
+            runtime.path(),
+            socket
+        ),
+    )
+    .unwrap();
+    const SQUAT: &str = "import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(1)
+print('ready', flush=True)
+time.sleep(60)";
+    let mut squatter = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
+        .arg(SQUAT)
+        .arg(&socket)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(squatter.stdout.take().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    assert_eq!(ready.trim(), "ready");
+
+    let mut serve = spawn_serve(&config, std::process::Stdio::piped());
+    wait_for("the executor's node", Duration::from_secs(10), || {
+        std::fs::metadata(&socket).is_ok_and(|m| m.uid() == 0)
+    });
+    let mut c = Client::connect(&socket);
+    c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+    assert_eq!(c.recv()["result"]["ok"], true, "the executor does not answer");
+    drop(c);
+    let child = &mut serve.0;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(wait_child(child), (Some(0), None));
+    let mut log = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
+    assert!(log.contains("answered by uid 65534, not by an executor"), "{log}");
+    let _ = squatter.kill();
+    let _ = squatter.wait();
+}
+
 /// A second `serve` with the same configuration refuses the socket a
 /// running executor answers on: it exits non-zero saying so, and neither
 /// replaces nor (at its exit) removes the node; the first executor still

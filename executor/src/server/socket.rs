@@ -104,8 +104,12 @@ fn ownership(config: &Config, path: &Path) -> Result<(Option<u32>, Option<u32>),
 enum Probe {
     /// Nothing there, or a stale node: a connection is refused.
     Free,
-    /// A listener accepts connections (or its backlog is full).
-    Listening,
+    /// A listener accepts connections (or its backlog is full): the uid
+    /// it listens as (`SO_PEERCRED`), unknown when the backlog is full.
+    Listening {
+        /// The listener's uid.
+        uid: Option<u32>,
+    },
 }
 
 /// Connects to `path` without blocking.
@@ -122,32 +126,58 @@ fn probe(path: &Path) -> Result<Probe, SocketError> {
     )
     .map_err(failed)?;
     match connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
-        // Accepted, or would wait behind a full backlog.
-        Ok(()) | Err(Errno::EAGAIN | Errno::EINPROGRESS) => Ok(Probe::Listening),
+        Ok(()) => {
+            let cred =
+                nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::PeerCredentials);
+            Ok(Probe::Listening { uid: cred.ok().map(|c| c.uid()) })
+        }
+        // Would wait behind a full backlog.
+        Err(Errno::EAGAIN | Errno::EINPROGRESS) => Ok(Probe::Listening { uid: None }),
         // A stale node (nobody listens), or gone since.
         Err(Errno::ECONNREFUSED | Errno::ENOENT) => Ok(Probe::Free),
         Err(e) => Err(failed(e)),
     }
 }
 
-/// Checks that no daemon answers on the socket at `path`: nothing there,
-/// or a stale socket node (a connection is refused). The probe does not
-/// block: a daemon whose backlog is full counts as running.
+/// Checks that no executor answers on the socket of `config`: nothing
+/// there, a stale socket node (a connection is refused), or a node another
+/// user listens on. The probe does not block.
+///
+/// An executor listens as the executor's uid (`SO_PEERCRED`); when its
+/// backlog is full and no connection reads the uid, the node's owner
+/// stands for it (the executor's uid or the configured `socket_owner`). A
+/// listener of another uid is no executor: the loader's user, which may
+/// create nodes in `/run/ongrid`, squatting the path of a stopped
+/// executor would otherwise keep every later one from starting (and take
+/// its clients' args). Its node is replaced, with a warning.
 ///
 /// # Errors
 ///
-/// [`SocketError::InUse`] when a connection is accepted or would wait in
-/// the backlog; [`SocketError::Io`] when the probe itself fails.
-pub fn ensure_free(path: &Path) -> Result<(), SocketError> {
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {}
+/// [`SocketError::InUse`] when an executor answers; [`SocketError::Io`]
+/// when the probe itself fails; [`SocketError::Unknown`] for an unknown
+/// `socket_owner`.
+pub fn ensure_free(config: &Config) -> Result<(), SocketError> {
+    let path = config.socket_path();
+    let meta = match fs::symlink_metadata(&path) {
+        Ok(m) if m.file_type().is_socket() => m,
         // Nothing there, or not a socket (which `bind` refuses itself).
         _ => return Ok(()),
+    };
+    let Probe::Listening { uid } = probe(&path)? else { return Ok(()) };
+    let euid = nix::unistd::geteuid().as_raw();
+    let ours = match uid {
+        Some(uid) => uid == euid,
+        None => meta.uid() == euid || ownership(config, &path)?.0 == Some(meta.uid()),
+    };
+    if ours {
+        return Err(SocketError::InUse { path });
     }
-    match probe(path)? {
-        Probe::Free => Ok(()),
-        Probe::Listening => Err(SocketError::InUse { path: path.to_owned() }),
-    }
+    tracing::warn!(
+        "socket {}: answered by uid {}, not by an executor (uid {euid}); replacing the node",
+        path.display(),
+        uid.unwrap_or(meta.uid()),
+    );
+    Ok(())
 }
 
 /// The socket node a [`bind`] created, identified by its device and inode.
@@ -208,7 +238,7 @@ pub fn bind(config: &Config) -> Result<(UnixListener, SocketNode), SocketError> 
     }
     match fs::symlink_metadata(&path) {
         Ok(m) if m.file_type().is_socket() => {
-            ensure_free(&path)?;
+            ensure_free(config)?;
             fs::remove_file(&path).map_err(io_err(&path, "remove the stale socket"))?;
         }
         Ok(_) => return Err(SocketError::NotASocket { path }),
@@ -217,13 +247,19 @@ pub fn bind(config: &Config) -> Result<(UnixListener, SocketNode), SocketError> 
     }
     let listener = UnixListener::bind(&path).map_err(io_err(&path, "bind"))?;
     let meta = fs::symlink_metadata(&path).map_err(io_err(&path, "inspect"))?;
-    // From here on a failure removes the node again (the drop).
     let node = SocketNode { path, dev: meta.dev(), ino: meta.ino() };
-    let path = node.path();
-    if nix::unistd::geteuid().is_root() {
-        std::os::unix::fs::chown(path, uid, gid).map_err(io_err(path, "chown"))?;
+    let owned = |path: &Path| -> Result<(), SocketError> {
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(path, uid, gid).map_err(io_err(path, "chown"))?;
+        }
+        fs::set_permissions(path, fs::Permissions::from_mode(config.socket_mode_bits()))
+            .map_err(io_err(path, "chmod"))
+    };
+    if let Err(e) = owned(node.path()) {
+        // The listener first: the node is removed only once nobody listens.
+        drop(listener);
+        drop(node);
+        return Err(e);
     }
-    fs::set_permissions(path, fs::Permissions::from_mode(config.socket_mode_bits()))
-        .map_err(io_err(path, "chmod"))?;
     Ok((listener, node))
 }
