@@ -2,9 +2,6 @@
 //! shutdown signal and the reload trigger handed in by the caller (the
 //! binary passes SIGTERM/SIGINT and SIGHUP; tests pass their own).
 
-use std::fs;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
@@ -14,7 +11,7 @@ use crate::api;
 use crate::app::App;
 use crate::config::Settings;
 use crate::metrics::Metrics;
-use crate::server::{self, ServeOptions};
+use crate::server::{self, ServeOptions, SocketNode};
 
 /// The soft `RLIMIT_NOFILE` skilld raises itself to, towards its hard
 /// limit: the packaged unit's `LimitNOFILE`. skilld holds a descriptor per
@@ -78,58 +75,6 @@ pub enum StartError {
     },
 }
 
-/// The client socket node this daemon bound, identified by its device and
-/// inode. Dropping it removes the node, on every path: a start that fails
-/// after the bind (the metrics port taken, the socket's group) as well as
-/// the end of [`Daemon::run`]. A node that is no longer this one (the same
-/// device and inode can be handed to the next node at once) or that
-/// someone listens on is left alone: drop it after the listener.
-#[derive(Debug)]
-struct SocketNode {
-    path: PathBuf,
-    dev: u64,
-    ino: u64,
-}
-
-impl SocketNode {
-    /// The node bound at `path` just now.
-    fn bound(path: &Path) -> std::io::Result<Self> {
-        let meta = fs::symlink_metadata(path)?;
-        Ok(Self { path: path.to_owned(), dev: meta.dev(), ino: meta.ino() })
-    }
-
-    /// Nobody accepts connections on the node at `path` (a connection is
-    /// refused, or the node is gone). Never blocks: a full backlog counts
-    /// as a listener.
-    fn nobody_listens(path: &Path) -> bool {
-        use nix::errno::Errno;
-        use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
-        let Ok(addr) = UnixAddr::new(path) else { return false };
-        let Ok(fd) = socket(
-            AddressFamily::Unix,
-            SockType::Stream,
-            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-            None,
-        ) else {
-            return false;
-        };
-        matches!(
-            connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr),
-            Err(Errno::ECONNREFUSED | Errno::ENOENT)
-        )
-    }
-}
-
-impl Drop for SocketNode {
-    fn drop(&mut self) {
-        let same = fs::symlink_metadata(&self.path)
-            .is_ok_and(|m| m.file_type().is_socket() && m.dev() == self.dev && m.ino() == self.ino);
-        if same && Self::nobody_listens(&self.path) {
-            let _ = fs::remove_file(&self.path);
-        }
-    }
-}
-
 /// A started daemon: the state, the bound listeners, the serving options.
 #[derive(Debug)]
 pub struct Daemon {
@@ -183,13 +128,8 @@ impl Daemon {
                 UnixListener::from_std(listener).map_err(StartError::Inherited)?
             }
             None => {
-                let api = server::bind(&settings.socket, settings.socket_mode).await?;
-                node = Some(SocketNode::bound(&settings.socket).map_err(|source| {
-                    StartError::Bind(server::BindError::Io {
-                        path: settings.socket.clone(),
-                        source,
-                    })
-                })?);
+                let (api, bound) = server::bind(&settings.socket, settings.socket_mode)?;
+                node = Some(bound);
                 api
             }
         };

@@ -399,7 +399,9 @@ impl Plan {
         }
         for name in [SKILLD_SOCKET, EXECUTOR_SOCKET] {
             let path = dir.join(name);
-            if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+            if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket())
+                && !crate::server::SocketNode::nobody_listens(&path)
+            {
                 return Err(Failure::start(format!(
                     "{} answers: another `ongrid-skill up` (or daemon) uses this runtime dir; \
                      stop it or pass another --runtime-dir",
