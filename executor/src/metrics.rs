@@ -34,7 +34,10 @@ use prometheus::{
 pub struct ProcessMetrics {
     pid: i32,
     inner: prometheus::process_collector::ProcessCollector,
-    cpu: Counter,
+    /// The CPU counter's options: a counter made afresh at each collect,
+    /// set to the kernel's total (which only grows), so collects at once
+    /// cannot add the same time twice.
+    cpu: Opts,
     descs: Vec<Desc>,
 }
 
@@ -49,12 +52,12 @@ impl ProcessMetrics {
     /// A metric that cannot be made (never, with these fixed names).
     pub fn new(pid: i32) -> Result<Self, prometheus::Error> {
         let inner = prometheus::process_collector::ProcessCollector::new(pid, "");
-        let cpu = Counter::new(CPU_SECONDS, "Total user and system CPU time in seconds.")?;
+        let cpu = Opts::new(CPU_SECONDS, "Total user and system CPU time in seconds.");
         let descs = inner
             .desc()
             .into_iter()
             .filter(|d| d.fq_name != CPU_SECONDS)
-            .chain(cpu.desc())
+            .chain(Counter::with_opts(cpu.clone())?.desc())
             .cloned()
             .collect();
         Ok(Self { pid, inner, cpu, descs })
@@ -78,13 +81,11 @@ impl Collector for ProcessMetrics {
     fn collect(&self) -> Vec<MetricFamily> {
         let mut families: Vec<MetricFamily> =
             self.inner.collect().into_iter().filter(|f| f.name() != CPU_SECONDS).collect();
-        if let Some(total) = cpu_seconds(self.pid) {
-            // A counter: only ever raised to the latest reading.
-            let past = self.cpu.get();
-            if total > past {
-                self.cpu.inc_by(total - past);
-            }
-            families.extend(self.cpu.collect());
+        if let (Some(total), Ok(cpu)) =
+            (cpu_seconds(self.pid), Counter::with_opts(self.cpu.clone()))
+        {
+            cpu.inc_by(total);
+            families.extend(cpu.collect());
         }
         families
     }

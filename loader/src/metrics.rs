@@ -235,7 +235,10 @@ impl Drop for InFlight {
 pub struct ProcessMetrics {
     pid: i32,
     inner: prometheus::process_collector::ProcessCollector,
-    cpu: Counter,
+    /// The CPU counter's options: a counter made afresh at each collect,
+    /// set to the kernel's total (which only grows), so collects at once
+    /// cannot add the same time twice.
+    cpu: Opts,
     /// The full name of `cpu`, the family of `inner` it replaces.
     cpu_name: String,
     descs: Vec<Desc>,
@@ -250,11 +253,11 @@ impl ProcessMetrics {
     /// An invalid namespace.
     pub fn new(pid: i32, namespace: &str) -> Result<Self, prometheus::Error> {
         let inner = prometheus::process_collector::ProcessCollector::new(pid, namespace);
-        let cpu = Counter::with_opts(
+        let cpu =
             Opts::new("process_cpu_seconds_total", "Total user and system CPU time in seconds.")
-                .namespace(namespace),
-        )?;
-        let cpu_desc: Vec<Desc> = cpu.desc().into_iter().cloned().collect();
+                .namespace(namespace);
+        let cpu_desc: Vec<Desc> =
+            Counter::with_opts(cpu.clone())?.desc().into_iter().cloned().collect();
         let cpu_name = cpu_desc.iter().map(|d| d.fq_name.clone()).next().unwrap_or_default();
         let descs = inner
             .desc()
@@ -284,14 +287,11 @@ impl Collector for ProcessMetrics {
     fn collect(&self) -> Vec<MetricFamily> {
         let mut families: Vec<MetricFamily> =
             self.inner.collect().into_iter().filter(|f| f.name() != self.cpu_name).collect();
-        if let Some(total) = cpu_seconds(self.pid) {
-            // A counter: only ever raised to the latest reading (two
-            // scrapes at once may read in either order).
-            let past = self.cpu.get();
-            if total > past {
-                self.cpu.inc_by(total - past);
-            }
-            families.extend(self.cpu.collect());
+        if let (Some(total), Ok(cpu)) =
+            (cpu_seconds(self.pid), Counter::with_opts(self.cpu.clone()))
+        {
+            cpu.inc_by(total);
+            families.extend(cpu.collect());
         }
         families
     }
