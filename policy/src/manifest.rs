@@ -201,7 +201,11 @@ fn whole(v: &Value, field: &str, written: Option<&str>) -> Result<Whole, Manifes
         Some(f) if f >= 0.0 && f.fract() == 0.0 => Ok(Whole::Beyond),
         _ => {
             let shown = written.map_or_else(|| n.to_string(), str::to_owned);
-            Err(invalid(field, format!("must be a non-negative integer, got {shown}")))
+            // At most 64 characters of it: a number may be a megabyte long,
+            // and the error goes to logs, reports and the audit.
+            let cut: String = shown.chars().take(64).collect();
+            let more = if cut.len() < shown.len() { "..." } else { "" };
+            Err(invalid(field, format!("must be a non-negative integer, got {cut}{more}")))
         }
     }
 }
@@ -247,10 +251,7 @@ impl Manifest {
                 ManifestError::Json(serde::de::Error::custom("nested too deep"))
             }
         })?;
-        // Read again for the text of the numbers quoted in errors: every
-        // key is unique, so this sees the same members.
-        let written: Written<'_> = serde_json::from_slice(bytes).unwrap_or_default();
-        Self::validate(value, opts, &written)
+        Self::validate(value, opts, Some(bytes))
     }
 
     /// Validates an already-parsed JSON value as a manifest.
@@ -259,13 +260,15 @@ impl Manifest {
     ///
     /// [`ManifestError`] naming the first field at fault.
     pub fn from_value(value: Value, opts: &ValidateOptions) -> Result<Self, ManifestError> {
-        Self::validate(value, opts, &Written::default())
+        Self::validate(value, opts, None)
     }
 
+    /// `bytes`: the file the value was read from, when there is one, read
+    /// again for the text of a number an error quotes.
     fn validate(
         value: Value,
         opts: &ValidateOptions,
-        written: &Written<'_>,
+        bytes: Option<&[u8]>,
     ) -> Result<Self, ManifestError> {
         let Value::Object(obj) = value else {
             return Err(ManifestError::NotAnObject(type_name(&value)));
@@ -337,8 +340,19 @@ impl Manifest {
         let (timeout, timeout_clamped_from) = match get(&obj, "timeout_seconds") {
             None => (default_timeout, None),
             Some(v) => {
-                let text = written.timeout_seconds.map(|r| r.get());
-                match whole(v, "timeout_seconds", text)? {
+                let w = whole(v, "timeout_seconds", None).map_err(|e| {
+                    // Quoted as written (a `Value` keeps `1.50` as `1.5`):
+                    // the file is read again, on this error only; every key
+                    // is unique, so this sees the same members.
+                    let written = bytes.and_then(|b| serde_json::from_slice::<Written>(b).ok());
+                    match written.as_ref().and_then(|w| w.timeout_seconds) {
+                        Some(text) => {
+                            whole(v, "timeout_seconds", Some(text.get())).err().unwrap_or(e)
+                        }
+                        None => e,
+                    }
+                })?;
+                match w {
                     Whole::Fits(0) => (default_timeout, None),
                     Whole::Fits(s) if Duration::from_secs(s) > opts.max_timeout => {
                         (opts.max_timeout, Some(s))
