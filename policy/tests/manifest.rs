@@ -420,6 +420,10 @@ fn timeout_numbers_as_written() {
         let e = parse(text).unwrap_err();
         assert_eq!(e.to_string(), want, "{text}");
     }
+    // A long number is quoted to 64 characters.
+    let long = format!("0.5{}", "0".repeat(100_000));
+    let e = parse(&long).unwrap_err().to_string();
+    assert!(e.ends_with(&format!("got {}...", &long[..64])), "{}", &e[..e.len().min(200)]);
     // Without the file's text (a SKILL.md tool), the number as read.
     let v = with("timeout_seconds", json!(10.5));
     let e = Manifest::from_value(v, &opts).unwrap_err();
