@@ -2,15 +2,17 @@
 //! its outcome is known, holding its audit row.
 //!
 //! Every way such a request ends is counted once in
-//! `ongrid_executions_total` by skill and outcome. The ways the handler
-//! decides (a report, `busy`...) are counted where they are decided, and
-//! complete the row through [`Allowed::finish`]. The one it does not
-//! decide is the request dropped unfinished: its client went away (hyper
-//! drops the handler's future, or the NDJSON body), or the drain of a
-//! stopping skilld cut it. The row's own drop then completes it
+//! `ongrid_executions_total` by skill and outcome, here. The ways the
+//! handler decides (a report, `busy`, the executor gone...) complete the
+//! row through [`Allowed::finish`], which counts its outcome. The one it
+//! does not decide is the request dropped unfinished: its client went away
+//! (hyper drops the handler's future, or the NDJSON body), or the drain of
+//! a stopping skilld cut it. The row's own drop then completes it
 //! `cancelled` ([`RunRow`]), and this one's drop counts it `cancelled`,
 //! with the run's time in `ongrid_run_duration_seconds` once the executor
-//! had the run.
+//! had the run. A request [`Allowed::settle`]d (refused after all: its
+//! approval was replayed, or no audit row could be written) is counted
+//! by whoever refuses it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -72,15 +74,20 @@ impl Allowed {
         self.settled = true;
     }
 
-    /// The outcome was decided: completes the row with `finish` (once; a
-    /// second call does nothing) and waits for the commit
+    /// The outcome was decided: counts it, completes the row with `finish`
+    /// (once; a second call does nothing) and waits for the commit
     /// ([`RunRow::finish`]).
     ///
     /// # Errors
     ///
     /// [`AuditError`] when the commit failed.
     pub(super) async fn finish(&mut self, finish: Finish) -> Result<(), AuditError> {
+        if self.settled {
+            return Ok(());
+        }
         self.settled = true;
+        let m = self.app.metrics();
+        m.executions_total.with_label_values(&[&self.skill, &finish.outcome]).inc();
         match self.row.take() {
             Some(row) => row.finish(finish).await,
             None => Ok(()),

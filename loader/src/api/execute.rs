@@ -64,6 +64,11 @@ use crate::metrics::InFlight;
 use crate::registry::Skill;
 use crate::server::Caller;
 
+/// The `ongrid_executions_total` outcome of an allowed run refused because
+/// its decision's row could not be written (`audit_required`): no audit
+/// row holds it, so it is not one of [`crate::audit::OUTCOMES`].
+const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
+
 /// How long past the skill's own timeout the loader waits for the
 /// executor's report (the executor's grace period plus slack).
 pub(crate) const REPORT_SLACK: Duration = Duration::from_secs(15);
@@ -109,31 +114,49 @@ pub async fn execute(
     // reload does to it meanwhile: the drain on SIGTERM waits for its
     // timeout (an upper bound; a request refused later changes nothing).
     app.allowing_run(skill.registered().manifest().timeout());
-    // A skill this caller may not see is answered as one that does not
-    // exist, whatever is wrong with the request (`show`, `list`).
     let who = app.authz().identify(&caller);
-    let hidden = !visible(app.authz(), &who, &skill);
-    let hide = |e: ApiError| if hidden { ApiError::no_such_skill(&name) } else { e };
-    let bytes = read_body(body, &headers, app.limits()).await.map_err(hide)?;
-    let req = parse_request(&bytes).map_err(hide)?;
-    // Args may hold what a caller would not want logged: their size only.
-    tracing::debug!(skill = skill.name(), args_bytes = req.args.raw().len(), "execute request");
-
-    let count = |outcome: Outcome| {
-        app.metrics().executions_total.with_label_values(&[skill.name(), outcome.as_str()]).inc();
-    };
     let manifest = skill.registered().manifest();
-    let base = Record {
-        session_id: req.session_id.clone(),
+    let base = |req: Option<&ExecuteRequest>| Record {
+        session_id: req.and_then(|r| r.session_id.clone()),
         skill: skill.name().to_owned(),
         class: manifest.class().as_str().to_owned(),
         caller_uid: who.uid,
         caller_pid: who.pid,
         role: who.role.clone(),
         mode: who.mode.as_str().to_owned(),
-        args: Some(req.args.raw_json().clone()),
+        args: req.map(|r| r.args.raw_json().clone()),
         ..Record::default()
     };
+    // A skill this caller may not see is answered as one that does not
+    // exist (`show`, `list`), at once, as an unknown name is: its body is
+    // not read (that took as long as the client took to send it) nor its
+    // args checked against a schema the caller may not see. The class
+    // refusal is audited, without args. (`Authz::decide` allows no
+    // request for a skill `may_list` hides, whatever it holds.)
+    if !visible(app.authz(), &who, &skill) {
+        let args = Args::empty();
+        let run = RunRequest {
+            skill: skill.name(),
+            class: manifest.class(),
+            args: &args,
+            session_id: None,
+            confirm: false,
+            approvals: &[],
+        };
+        if let Err(denied) = app.authz().decide(&who, &run, unix_now()) {
+            let _ = deny(&app, base(None), denied).await;
+        }
+        return Err(ApiError::no_such_skill(&name));
+    }
+    let bytes = read_body(body, &headers, app.limits()).await?;
+    let req = parse_request(&bytes)?;
+    // Args may hold what a caller would not want logged: their size only.
+    tracing::debug!(skill = skill.name(), args_bytes = req.args.raw().len(), "execute request");
+
+    let count = |outcome: Outcome| {
+        app.metrics().executions_total.with_label_values(&[skill.name(), outcome.as_str()]).inc();
+    };
+    let base = base(Some(&req));
     let run = RunRequest {
         skill: skill.name(),
         class: manifest.class(),
@@ -142,20 +165,6 @@ pub async fn execute(
         confirm: req.confirm,
         approvals: &req.approvals,
     };
-    // A hidden skill's request is decided first (its args are not checked
-    // against a schema the caller may not see): denied, the row keeps the
-    // reason and the answer is the 404. (`Authz::decide` allows no skill
-    // `may_list` hides; were it to, the request would go on as any.)
-    let mut decided = None;
-    if hidden {
-        match app.authz().decide(&who, &run, unix_now()) {
-            Err(denied) => {
-                let _ = deny(&app, base, denied).await;
-                return Err(ApiError::no_such_skill(&name));
-            }
-            Ok(grant) => decided = Some(grant),
-        }
-    }
     if let Err(violations) = skill.check_args(req.args.value()) {
         count(Outcome::InvalidArgs);
         tracing::info!(skill = skill.name(), violations = violations.len(), "args rejected");
@@ -163,7 +172,7 @@ pub async fn execute(
         record_refusal(&app, base, "reject", "invalid_args", Outcome::InvalidArgs, &e).await;
         return Err(e);
     }
-    let grant = match decided.map_or_else(|| app.authz().decide(&who, &run, unix_now()), Ok) {
+    let grant = match app.authz().decide(&who, &run, unix_now()) {
         Ok(g) => g,
         Err(denied) => return Err(deny(&app, base, denied).await),
     };
@@ -242,6 +251,10 @@ pub async fn execute(
         Err(e) if app.audit().required() => {
             drop(grant);
             allowed.settle();
+            app.metrics()
+                .executions_total
+                .with_label_values(&[skill.name(), AUDIT_UNAVAILABLE])
+                .inc();
             tracing::error!(skill = skill.name(), error = %e, "run refused: no audit trail");
             return Err(ApiError::AuditUnavailable(e.to_string()));
         }
@@ -296,7 +309,6 @@ pub async fn execute(
             };
             app.metrics().run_queue_wait_seconds.observe(queued.elapsed().as_secs_f64());
             let Ok(Ok(permit)) = slot else {
-                count(Outcome::Busy);
                 let why = "no run slot free in time";
                 let _ = allowed.finish(not_run(Outcome::Busy.as_str(), why)).await;
                 return Err(busy(skill.name(), why));
@@ -319,7 +331,7 @@ pub async fn execute(
     let deadline = deadline(started);
     let conn = match conn {
         Ok(c) => c,
-        Err(e) => return Err(executor_error(&app, &name, e, &mut allowed).await),
+        Err(e) => return Err(executor_error(&name, e, &mut allowed).await),
     };
     allowed.handed_over(started);
     let timeout = manifest.timeout();
@@ -508,7 +520,7 @@ impl Run {
 
     /// The executor failed: completes the row, returns the 503.
     async fn fail(&mut self, name: &str, e: ExecutorError) -> ApiError {
-        executor_error(&self.app, name, e, &mut self.allowed).await
+        executor_error(name, e, &mut self.allowed).await
     }
 
     /// Counts and logs the report, and completes the audit row (committed
@@ -522,7 +534,6 @@ impl Run {
         let name = self.skill.name();
         let elapsed = self.started.elapsed();
         let m = self.app.metrics();
-        m.executions_total.with_label_values(&[name, report.outcome.as_str()]).inc();
         m.run_duration_seconds.with_label_values(&[name]).observe(elapsed.as_secs_f64());
         tracing::info!(
             skill = name,
@@ -676,16 +687,10 @@ fn busy(skill: &str, why: &str) -> ApiError {
 }
 
 /// The executor did not run the skill: completes the row, returns the 503.
-async fn executor_error(
-    app: &App,
-    skill: &str,
-    e: ExecutorError,
-    allowed: &mut Allowed,
-) -> ApiError {
+async fn executor_error(skill: &str, e: ExecutorError, allowed: &mut Allowed) -> ApiError {
     tracing::warn!(skill, error = %chain(&e), "executor did not run the skill");
     let (e, outcome) = match e {
         ExecutorError::Busy(why) => {
-            app.metrics().executions_total.with_label_values(&[skill, "busy"]).inc();
             (busy(skill, &format!("executor busy: {why}")), Outcome::Busy.as_str())
         }
         other => (ApiError::ExecutorUnavailable(chain(&other)), EXECUTOR_UNAVAILABLE),

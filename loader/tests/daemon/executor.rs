@@ -34,6 +34,14 @@ async fn executor_down_is_503_then_recovery() {
     let r = c.post("/v1/skills/echo/execute", &json!({"args": {"n": 3}})).await.unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.body["result"], json!({"n": 3}));
+    // Each end counted once, the executor's absence included.
+    let text = d.scrape();
+    for line in [
+        "ongrid_executions_total{outcome=\"executor_unavailable\",skill=\"echo\"} 2\n",
+        "ongrid_executions_total{outcome=\"ok\",skill=\"echo\"} 2\n",
+    ] {
+        assert!(text.contains(line), "{line}{text}");
+    }
 }
 
 /// The executor dying mid-run answers 503 (JSON) or ends the stream with
@@ -76,4 +84,9 @@ async fn executor_dying_mid_run() {
     let _ex = FakeExecutor::start_with(&env.executor_socket(), stats);
     let r = d.client().post("/v1/skills/echo/execute", &json!({})).await.unwrap();
     assert_eq!(r.status, 200);
+    // The answered 503 and the stream's error event: each counted once.
+    let unavailable =
+        "ongrid_executions_total{outcome=\"executor_unavailable\",skill=\"sleeper\"} 2\n";
+    let text = d.scrape();
+    assert!(text.contains(unavailable), "{text}");
 }

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use policy::approval::{SecretKey, Subject};
 use serde_json::{json, Value};
@@ -165,6 +165,22 @@ async fn read_only_runs_and_sees_safe_skills_only() {
         assert_eq!(r.status, 404, "{body}: {}", r.body);
         assert_eq!(r.body["error"]["message"], "no skill named \"strict\"");
     }
+    // Nor its time: the 404 comes at once, its body unread (one promised
+    // and never sent here), as for an unknown name.
+    for skill in ["strict", "nope"] {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
+        let head = format!(
+            "POST /v1/skills/{skill}/execute HTTP/1.1\r\nHost: x\r\n\
+             Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = [0u8; 12];
+        let read = tokio::time::timeout(Duration::from_secs(2), s.read_exact(&mut answer));
+        let n = read.await.unwrap_or_else(|_| panic!("{skill}: no answer in 2 s"));
+        assert_eq!(n.unwrap(), 12);
+        assert_eq!(&answer, b"HTTP/1.1 404", "{skill}");
+    }
     assert_eq!(ex.stats.runs_started.load(Ordering::SeqCst), 1);
 
     let safe = ["echo", "fail", "sleeper", "slow"];
@@ -176,16 +192,10 @@ async fn read_only_runs_and_sees_safe_skills_only() {
     assert_eq!(c.get("/v1/skills/echo").await.unwrap().status, 200);
 
     assert_eq!(rows(&env.audit_db(), "echo"), [row("allow", "safe", "ok")]);
-    // The decided requests' rows keep the reason (the one refused by the
-    // schema is decided first: denied); the body that was not JSON was
-    // never a request.
-    assert_eq!(
-        rows(&env.audit_db(), "strict"),
-        [
-            row("deny", "class_not_permitted", "denied"),
-            row("deny", "class_not_permitted", "denied")
-        ]
-    );
+    // Every request for the hidden skill is a denial with its reason,
+    // decided before its body is read (so whatever the body held).
+    let denied = |_| row("deny", "class_not_permitted", "denied");
+    assert_eq!(rows(&env.audit_db(), "strict"), (0..4).map(denied).collect::<Vec<_>>());
     assert_eq!(rows(&env.audit_db(), "wipe"), [row("deny", "class_not_permitted", "denied")]);
     // The approvals of a denied request are not used up.
     let text = d.scrape();
@@ -194,7 +204,7 @@ async fn read_only_runs_and_sees_safe_skills_only() {
             &text,
             "ongrid_authz_decisions_total{decision=\"deny\",reason=\"class_not_permitted\"}"
         ),
-        3
+        5
     );
     assert_eq!(
         sample(&text, "ongrid_authz_decisions_total{decision=\"allow\",reason=\"safe\"}"),
