@@ -238,11 +238,19 @@ impl Session<'_> {
                     let file_type = de.file_type();
                     self.visit(root, de.into_path(), Some(file_type));
                 }
-                // Not followed; said, so that a pack linked into a root is
-                // not dropped without a word.
+                // Not followed; said, so that a pack (or a folder of packs)
+                // linked into a root is not dropped without a word: a link
+                // right under the root to a folder, or one deeper to a
+                // folder that holds a manifest. A pack's own links (a
+                // venv's `lib64 -> lib`) are no packs, and would be said at
+                // every rescan.
                 Ok(de)
                     if de.path_is_symlink()
-                        && std::fs::metadata(de.path()).is_ok_and(|m| m.is_dir()) =>
+                        && std::fs::metadata(de.path()).is_ok_and(|m| m.is_dir())
+                        && (de.depth() == 1
+                            || [MANIFEST_FILE_NAME, SKILL_MD_FILE_NAME]
+                                .iter()
+                                .any(|m| std::fs::metadata(de.path().join(m)).is_ok())) =>
                 {
                     self.report.events.push(ScanEvent::SymlinkedDir { path: de.into_path() });
                 }

@@ -81,6 +81,16 @@ impl Finding {
     }
 }
 
+/// What `validate PATH` says of a file not named `skill.json` or
+/// `SKILL.md`: the daemons read no other file as a manifest.
+const NOT_A_MANIFEST_NAME: &str =
+    "not a manifest: the daemons read only files named skill.json or SKILL.md";
+
+fn is_manifest_name(path: &std::path::Path) -> bool {
+    path.file_name()
+        .is_some_and(|n| n == policy::MANIFEST_FILE_NAME || n == policy::SKILL_MD_FILE_NAME)
+}
+
 /// Validates every PATH and prints one line per finding on `out`.
 ///
 /// # Errors
@@ -114,6 +124,10 @@ pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result
                     folders.push((path.clone(), canonical));
                 }
                 targets.push(ScanTarget::Root(path));
+            }
+            Ok(_) if !is_manifest_name(&path) => {
+                let message = NOT_A_MANIFEST_NAME.to_owned();
+                findings.push(Finding { status: Status::Error, path, message });
             }
             Ok(_) => targets.push(ScanTarget::Manifest(path)),
         }

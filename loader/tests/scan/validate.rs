@@ -117,6 +117,25 @@ fn a_symlinked_pack_folder_is_noted() {
     assert_eq!(run.code, 1);
 }
 
+/// A manifest file by any other name is refused: the daemons (the
+/// executor included) read no other file as one.
+#[test]
+fn a_file_not_named_skill_json_is_not_a_manifest() {
+    let t = Tree::new();
+    let m = t.pack("p", "real");
+    let other = m.with_file_name("fixture.json");
+    std::fs::copy(&m, &other).unwrap();
+    let run = Cli::new(&["validate"]).arg(&other).run();
+    assert_eq!(
+        run.stdout.lines().next().unwrap(),
+        format!(
+            "error {}: not a manifest: the daemons read only files named skill.json or SKILL.md",
+            other.display()
+        )
+    );
+    assert_eq!(run.code, 1);
+}
+
 #[test]
 fn a_relative_manifest_path_works() {
     let t = Tree::new();
