@@ -157,6 +157,16 @@ impl Drop for Spawned {
     }
 }
 
+/// `<runtime>/executor.toml` for `serve` with `root` and its socket at
+/// `<runtime>/x.sock`; returns (socket, config).
+fn serve_config(root: &Path, runtime: &Path) -> (PathBuf, PathBuf) {
+    let socket = runtime.join("x.sock");
+    let config = runtime.join("executor.toml");
+    let text = format!("roots = [{root:?}]\nruntime_dir = {runtime:?}\nsocket = {socket:?}\n");
+    std::fs::write(&config, text).unwrap();
+    (socket, config)
+}
+
 fn spawn_serve(config: &Path, stderr: std::process::Stdio) -> Spawned {
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
         .args(["serve", "--config"])
@@ -1200,18 +1210,7 @@ fn binary_serves_until_sigterm() {
     }
     let root = dir_0755();
     let runtime = dir_0755();
-    let socket = runtime.path().join("x.sock");
-    let config = runtime.path().join("executor.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "roots = [{:?}]\nruntime_dir = {:?}\nsocket = {:?}\n",
-            root.path(),
-            runtime.path(),
-            socket
-        ),
-    )
-    .unwrap();
+    let (socket, config) = serve_config(root.path(), runtime.path());
     let mut spawned = spawn_serve(&config, std::process::Stdio::piped());
     let child = &mut spawned.0;
     wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
@@ -1272,18 +1271,7 @@ fn a_socket_another_user_listens_on_is_replaced() {
     let root = dir_0755();
     let runtime = dir_0755();
     std::fs::set_permissions(runtime.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let socket = runtime.path().join("x.sock");
-    let config = runtime.path().join("executor.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "roots = [{:?}]\nruntime_dir = {:?}\nsocket = {:?}\n",
-            root.path(),
-            runtime.path(),
-            socket
-        ),
-    )
-    .unwrap();
+    let (socket, config) = serve_config(root.path(), runtime.path());
     const SQUAT: &str = "import socket, sys, time
 s = socket.socket(socket.AF_UNIX)
 s.bind(sys.argv[1])
@@ -1338,18 +1326,7 @@ fn second_serve_on_a_live_socket_is_refused() {
     }
     let root = dir_0755();
     let runtime = dir_0755();
-    let socket = runtime.path().join("x.sock");
-    let config = runtime.path().join("executor.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "roots = [{:?}]\nruntime_dir = {:?}\nsocket = {:?}\n",
-            root.path(),
-            runtime.path(),
-            socket
-        ),
-    )
-    .unwrap();
+    let (socket, config) = serve_config(root.path(), runtime.path());
     let mut first = spawn_serve(&config, std::process::Stdio::null());
     wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
     let inode = std::fs::metadata(&socket).unwrap().ino();
@@ -1515,18 +1492,7 @@ fn killed_binary_takes_its_runs_with_it() {
     }
     let root = dir_0755();
     let runtime = dir_0755();
-    let socket = runtime.path().join("x.sock");
-    let config = runtime.path().join("executor.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "roots = [{:?}]\nruntime_dir = {:?}\nsocket = {:?}\n",
-            root.path(),
-            runtime.path(),
-            socket
-        ),
-    )
-    .unwrap();
+    let (socket, config) = serve_config(root.path(), runtime.path());
     let mark = marker(9);
     let m = skill(
         root.path(),
