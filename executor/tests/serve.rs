@@ -157,6 +157,19 @@ impl Drop for Spawned {
     }
 }
 
+/// SIGTERM to a `serve` child.
+fn sigterm(child: &std::process::Child) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+}
+
+/// The executor at `socket` answers a `ping`.
+fn pings(socket: &Path) -> bool {
+    let mut c = Client::connect(socket);
+    c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+    c.recv()["result"]["ok"] == true
+}
+
 /// `<runtime>/executor.toml` for `serve` with `root` and its socket at
 /// `<runtime>/x.sock`; returns (socket, config).
 fn serve_config(root: &Path, runtime: &Path) -> (PathBuf, PathBuf) {
@@ -1236,11 +1249,7 @@ fn binary_serves_until_sigterm() {
     let watchdog: i32 = guard.split_whitespace().next().unwrap().parse().unwrap();
     assert!(executor::sweep::start_time(watchdog).is_some(), "watchdog {watchdog} not running");
     let other_user = users_lock_shared(runtime.path());
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    sigterm(child);
     let exit = wait_child(child);
     let mut log = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
@@ -1297,16 +1306,9 @@ time.sleep(60)";
     wait_for("the executor's node", Duration::from_secs(10), || {
         std::fs::metadata(&socket).is_ok_and(|m| m.uid() == 0)
     });
-    let mut c = Client::connect(&socket);
-    c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
-    assert_eq!(c.recv()["result"]["ok"], true, "the executor does not answer");
-    drop(c);
+    assert!(pings(&socket), "the executor does not answer");
     let child = &mut serve.0;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    sigterm(child);
     assert_eq!(wait_child(child), (Some(0), None));
     let mut log = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
@@ -1341,17 +1343,10 @@ fn second_serve_on_a_live_socket_is_refused() {
     assert!(log.contains(&socket.display().to_string()), "{log}");
 
     assert_eq!(std::fs::metadata(&socket).map(|m| m.ino()).ok(), Some(inode), "node replaced");
-    let mut c = Client::connect(&socket);
-    c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
-    assert_eq!(c.recv()["result"]["ok"], true, "the first executor no longer answers");
-    drop(c);
+    assert!(pings(&socket), "the first executor no longer answers");
 
     let child = &mut first.0;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    sigterm(child);
     assert_eq!(wait_child(child), (Some(0), None));
     assert!(!socket.exists(), "the first executor left its node");
 }
@@ -1418,11 +1413,7 @@ fn refusals_and_sandbox_failures_are_logged_at_warn() {
     drop(c);
 
     let child = &mut spawned.0;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    sigterm(child);
     assert_eq!(wait_child(child), (Some(0), None));
     let mut log = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
