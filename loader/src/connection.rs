@@ -36,6 +36,10 @@
 //! one (pipelining) are not counted (hyper's buffer bounds them), and the
 //! rest of a body a handler left unread, if hyper drains it after the
 //! answer instead of closing, counts towards the next head.
+//!
+//! A head hyper cannot parse (a bad request line or header field, more
+//! than 100 fields) gets hyper's own bare 400 or 431; the connection counts
+//! it in `ongrid_http_requests_total` with route `other` and logs it.
 
 use std::convert::Infallible;
 use std::io;
@@ -215,8 +219,38 @@ pub(crate) async fn serve_connection(
         }
     };
     if let Err(e) = result {
-        tracing::debug!(error = %e, uid = caller.uid, "connection ended with an error");
+        match hyper_answer(&e) {
+            Some(status) => {
+                requests_total.with_label_values(&["other", status.as_str()]).inc();
+                tracing::info!(
+                    uid = caller.uid,
+                    pid = caller.pid,
+                    status = status.as_u16(),
+                    error = %e,
+                    "malformed request head; closing the connection"
+                );
+            }
+            None => tracing::debug!(error = %e, uid = caller.uid, "connection ended with an error"),
+        }
     }
+}
+
+/// The answer hyper sent on its own before `e` ended the connection, if
+/// any: a request head it could not parse (a bad method, URI, version or
+/// header field, more than 100 fields) gets a bare 400 or 431 there, which
+/// no handler saw, so it is counted here. A head over [`MAX_HEAD_BYTES`]
+/// never gets that far (this connection answers it first), nor does a URI
+/// too long for hyper (its limit is above [`MAX_HEAD_BYTES`]); an HTTP/2
+/// preface gets no answer.
+fn hyper_answer(e: &hyper::Error) -> Option<StatusCode> {
+    if !e.is_parse() || e.is_parse_version_h2() || e.is_parse_status() {
+        return None;
+    }
+    Some(if e.is_parse_too_large() {
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    } else {
+        StatusCode::BAD_REQUEST
+    })
 }
 
 /// Answers a head over [`MAX_HEAD_BYTES`] with a 431 in the API's error

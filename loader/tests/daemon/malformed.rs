@@ -206,3 +206,37 @@ async fn a_head_over_64_kib_is_a_counted_json_431() {
         "{text}"
     );
 }
+
+/// hyper answers a head it cannot parse (over 100 header fields, a request
+/// line that is not HTTP) with its own bare 431 or 400, which no handler
+/// sees: the connection counts each in `ongrid_http_requests_total` all the
+/// same (they were counted nowhere) and logs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heads_hyper_refuses_are_counted() {
+    let (_env, _ex, d) = crate::setup();
+    let fields: String = (0..101).map(|i| format!("X-F{i}: v\r\n")).collect();
+    let many = format!("GET /v1/health HTTP/1.1\r\nHost: x\r\n{fields}\r\n");
+    assert!(many.len() < 4096, "a small head, only too many fields");
+    let answer = send_all_read_all(&d.socket, many.into_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer:.300}");
+    for garbage in [&b"hello world\r\n\r\n"[..], b"GET /v1/health HTTP/1.1\r\nBad Field: x\r\n\r\n"]
+    {
+        let answer = send_all_read_all(&d.socket, garbage.to_vec()).await;
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{answer:.300}");
+    }
+    // Counted as the connection ends, which is after the answer is out.
+    let want = [
+        "ongrid_http_requests_total{code=\"431\",route=\"other\"} 1\n",
+        "ongrid_http_requests_total{code=\"400\",route=\"other\"} 2\n",
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut text = d.scrape();
+    while !want.iter().all(|w| text.contains(w)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        text = d.scrape();
+    }
+    for w in want {
+        assert!(text.contains(w), "{w}: {text}");
+    }
+    assert!(d.log().contains("malformed request head"), "{}", d.log());
+}
