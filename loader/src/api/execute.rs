@@ -23,7 +23,9 @@
 //! run the executor finishes, ok or failed, is a 200 with its report.
 //!
 //! Audit ([`crate::audit`]): an `invalid_args` or `denied` answer has its
-//! row (`reject`/`deny`) committed before it is sent; an allowed run's row
+//! row (`reject`/`deny`) committed before it is sent, and so has a body
+//! refused before that (`reject` with the 400's, 408's, 413's or 415's
+//! code as its reason, outcome `rejected`); an allowed run's row
 //! is written before the run starts and completed (outcome, result, exit
 //! code, duration); the commit covering both comes before the report is
 //! sent, in both modes.
@@ -148,14 +150,29 @@ pub async fn execute(
         }
         return Err(ApiError::no_such_skill(&name));
     }
-    let bytes = read_body(body, &headers, app.limits()).await?;
-    let req = parse_request(&bytes)?;
-    // Args may hold what a caller would not want logged: their size only.
-    tracing::debug!(skill = skill.name(), args_bytes = req.args.raw().len(), "execute request");
-
     let count = |outcome: Outcome| {
         app.metrics().executions_total.with_label_values(&[skill.name(), outcome.as_str()]).inc();
     };
+    // A body that cannot be read or is no request (415, 413, 408, 400
+    // `bad_request`) is refused before any decision, but it was a request
+    // to run this skill: its row (`reject`, reason = the error's code,
+    // outcome `rejected`, no args) is written as an `invalid_args` one is.
+    let req = match read_body(body, &headers, app.limits()).await {
+        Ok(bytes) => parse_request(&bytes),
+        Err(e) => Err(e),
+    };
+    let req = match req {
+        Ok(req) => req,
+        Err(e) => {
+            // Not an execution (`ongrid_executions_total`): no args were read.
+            tracing::info!(skill = skill.name(), code = e.code(), "execute request refused");
+            record_refusal(&app, base(None), "reject", e.code(), Outcome::Rejected, &e).await;
+            return Err(e);
+        }
+    };
+    // Args may hold what a caller would not want logged: their size only.
+    tracing::debug!(skill = skill.name(), args_bytes = req.args.raw().len(), "execute request");
+
     let base = base(Some(&req));
     let run = RunRequest {
         skill: skill.name(),

@@ -15,7 +15,10 @@
 //!
 //! A row is written when the decision is made ([`Audit::record`]):
 //! `allow` (reason `safe`, `confirmed` or `dual_signed`, with the approver
-//! key ids), `deny` (reason = the 403's code) or `reject` (`invalid_args`).
+//! key ids), `deny` (reason = the 403's code) or `reject` (`invalid_args`,
+//! or the code of a request body refused before the args were read:
+//! `bad_request`, `payload_too_large`, `request_timeout`,
+//! `unsupported_encoding`, with outcome `rejected` and no args).
 //! An allowed run's row is completed when the run ends
 //! ([`RunRow::finish`]): outcome, error, exit code, result, finished_at,
 //! duration_ms. Both writes are committed before the client gets its

@@ -2,7 +2,8 @@
 //! `GET /v1/audit` and `ongrid-skill audit` accept as filters.
 
 /// A row's `decision`: an allowed run, a denied one (permission), a
-/// rejected one (its args do not match the schema).
+/// rejected one (its args do not match the schema, or its body is no
+/// request).
 pub const DECISIONS: [&str; 3] = ["allow", "deny", "reject"];
 
 /// The outcome of an allowed request's row when its client went away, or

@@ -240,3 +240,72 @@ async fn heads_hyper_refuses_are_counted() {
     }
     assert!(d.log().contains("malformed request head"), "{}", d.log());
 }
+
+/// A request to run a skill the caller sees whose body is no request (bad
+/// JSON, a wrong type, too large, an encoding not read) is refused before
+/// any decision, and audited all the same: a `reject` row with the error's
+/// code, outcome `rejected` and no args. It is no execution
+/// (`ongrid_executions_total`: no args were read) and nothing runs. (Such
+/// answers left no trace.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_is_no_request_is_audited_as_a_reject() {
+    let (env, ex, d) = crate::setup();
+    let post = |headers: &str, body: &[u8]| {
+        let mut r = format!(
+            "POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}\
+             Content-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        r.extend_from_slice(body);
+        r
+    };
+    let cases = [
+        (post("", b"{\"args\":{"), 400),
+        (post("", b"{\"args\":\"no\"}"), 400),
+        (post("", b"[1]"), 400),
+        (post("Content-Encoding: gzip\r\n", b"{}"), 415),
+        (
+            b"POST /v1/skills/echo/execute HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n"
+                .to_vec(),
+            413,
+        ),
+    ];
+    for (bytes, want) in cases {
+        let answer = exchange(&d.socket, &bytes).await;
+        assert_eq!(status_of(&answer), Some(want), "{answer:.300}");
+    }
+    let rows = crate::permissions::rows(&env.audit_db(), "echo");
+    let reject = |reason: &str| {
+        ("reject".to_owned(), reason.to_owned(), Some("rejected".to_owned()), "[]".to_owned())
+    };
+    assert_eq!(
+        rows,
+        [
+            reject("bad_request"),
+            reject("bad_request"),
+            reject("bad_request"),
+            reject("unsupported_encoding"),
+            reject("payload_too_large"),
+        ]
+    );
+    let db = rusqlite::Connection::open(env.audit_db()).unwrap();
+    let with_args: i64 = db
+        .query_row(
+            "SELECT count(*) FROM audit WHERE skill = 'echo' AND args IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(with_args, 0, "a refused body is not stored");
+    let text = d.scrape();
+    assert!(!text.contains("ongrid_executions_total{outcome=\"rejected\""), "{text}");
+    assert!(
+        text.contains(
+            "ongrid_http_requests_total{code=\"400\",route=\"/v1/skills/{name}/execute\"} 3
+"
+        ),
+        "{text}"
+    );
+    assert_eq!(ex.stats.runs_started.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
