@@ -282,6 +282,16 @@ impl Config {
                 .map_err(|e| invalid("skills", format!("[skills.{name}]: {e}")))?;
         }
         for (name, grant) in &self.skills {
+            if let Some(pin) = &grant.manifest {
+                let bad =
+                    |why: String| invalid("skills", format!("[skills.{name}] manifest: {why}"));
+                policy::path::absolute_normal(&pin.to_string_lossy())
+                    .map_err(|e| bad(e.to_string()))?;
+                let file = pin.file_name().and_then(|f| f.to_str());
+                if file != Some(policy::MANIFEST_FILE_NAME) && file != Some("SKILL.md") {
+                    return Err(bad(format!("{} is not a skill.json or SKILL.md", pin.display())));
+                }
+            }
             for cap in &grant.capabilities {
                 if policy::sandbox::capability_number(cap).is_none() {
                     return Err(invalid(
@@ -479,6 +489,10 @@ mod tests {
         let c = Config::parse(&uncommented, Path::new("executor.toml"))
             .unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
         assert!(c.skills.contains_key("netprobe"), "{c:?}");
+        assert_eq!(
+            c.skills["netprobe"].manifest.as_deref(),
+            Some(Path::new("/etc/ongrid/skills/netprobe/skill.json"))
+        );
     }
 
     #[test]
@@ -610,6 +624,9 @@ mod tests {
             ("[limits]\nmax_pids = 0", "max_pids"),
             ("[skills.x]\nmemory_bytes = 1", "[skills.x] memory_bytes"),
             ("[skills.x]\nmax_pids = 0", "[skills.x] max_pids"),
+            ("[skills.x]\nmanifest = \"x/skill.json\"", "[skills.x] manifest"),
+            ("[skills.x]\nmanifest = \"/srv/x/../y/skill.json\"", "[skills.x] manifest"),
+            ("[skills.x]\nmanifest = \"/srv/x/run.sh\"", "not a skill.json or SKILL.md"),
         ] {
             let e = Config::parse(text, Path::new("x.toml")).unwrap_err().to_string();
             assert!(e.contains(needle), "{text}: {e}");

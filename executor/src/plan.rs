@@ -95,6 +95,21 @@ pub enum PlanError {
     /// The manifest's `sandbox` asks for more than the operator grants.
     #[error(transparent)]
     Grant(#[from] GrantError),
+    /// The skill's grant is pinned to another manifest
+    /// (`[skills.NAME] manifest`): this file declares a name that is not
+    /// its own to take.
+    #[error(
+        "manifest {path}: skill \"{skill}\" is granted to the manifest {pinned} only \
+         (executor.toml [skills.{skill}] manifest)"
+    )]
+    NotPinned {
+        /// The skill.
+        skill: String,
+        /// The manifest asked for.
+        path: PathBuf,
+        /// The manifest the grant is for.
+        pinned: PathBuf,
+    },
     /// The args are not one JSON object.
     #[error("skill \"{skill}\": args: {reason}")]
     Args {
@@ -450,11 +465,17 @@ impl Plan {
             at = p.parent();
         }
 
-        let granted = manifest.sandbox().authorize(
-            manifest.name(),
-            config.skills.get(manifest.name().as_str()),
-            &config.limits,
-        )?;
+        let grant = config.skills.get(manifest.name().as_str());
+        if let Some(pinned) = grant.and_then(|g| g.manifest.as_deref()) {
+            if !same_file_path(pinned, &canonical) {
+                return Err(PlanError::NotPinned {
+                    skill,
+                    path: canonical,
+                    pinned: pinned.to_owned(),
+                });
+            }
+        }
+        let granted = manifest.sandbox().authorize(manifest.name(), grant, &config.limits)?;
         if let Err(reason) = args_object(&args) {
             return Err(PlanError::Args { skill, reason });
         }
@@ -501,6 +522,13 @@ impl Plan {
     }
 }
 
+/// Whether the pinned manifest path `pinned` names the file at the
+/// canonical path `canonical`: the same path, or one whose symlinks
+/// resolve to it (resolved only when the two differ).
+fn same_file_path(pinned: &Path, canonical: &Path) -> bool {
+    pinned == canonical || fs::canonicalize(pinned).is_ok_and(|p| p == canonical)
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
@@ -535,6 +563,58 @@ mod tests {
             let e = Plan::build(&config, &other, b"{}".to_vec(), &[]).unwrap_err();
             assert!(matches!(e, PlanError::NotAManifest { .. }), "{name}: {e}");
         }
+    }
+
+    /// A grant pinned to one manifest (`[skills.NAME] manifest`) is that
+    /// file's alone: a second `skill.json` under the roots declaring the
+    /// same name (which the loader skips as a duplicate, but which can be
+    /// sent straight to the executor's socket) is refused, whatever it
+    /// asks for. Unpinned, any manifest declaring the name gets the grant.
+    #[test]
+    fn a_pinned_grant_is_its_manifests_alone() {
+        let t = tempfile::tempdir().unwrap();
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let real = pack(t.path(), "a", "probe");
+        let rogue = pack(t.path(), "b", "probe");
+        let net =
+            r#"{"name":"probe","description":"d","entry":"run.sh","sandbox":{"network":true}}"#;
+        fs::write(&rogue, net).unwrap();
+        let grant = |manifest: Option<PathBuf>| policy::SkillGrant {
+            manifest,
+            network: true,
+            ..policy::SkillGrant::default()
+        };
+        let config = |g| Config {
+            roots: vec![t.path().to_owned()],
+            skills: [("probe".to_owned(), g)].into(),
+            ..Config::default()
+        };
+        let open = config(grant(None));
+        let plan = Plan::build(&open, &rogue, b"{}".to_vec(), &[]).unwrap();
+        assert!(plan.granted.network, "unpinned: any manifest of the name");
+
+        let pinned = config(grant(Some(fs::canonicalize(&real).unwrap())));
+        assert!(Plan::build(&pinned, &real, b"{}".to_vec(), &[]).is_ok());
+        let e = Plan::build(&pinned, &rogue, b"{}".to_vec(), &[]).unwrap_err();
+        assert!(matches!(e, PlanError::NotPinned { .. }), "{e}");
+        assert_eq!(e.outcome(), Outcome::Rejected);
+        let text = e.to_string();
+        assert!(
+            text.contains("[skills.probe] manifest") && text.contains("/a/skill.json"),
+            "{text}"
+        );
+        // Even asking for nothing beyond the default box.
+        fs::write(&rogue, r#"{"name":"probe","description":"d","entry":"run.sh"}"#).unwrap();
+        assert!(matches!(
+            Plan::build(&pinned, &rogue, b"{}".to_vec(), &[]),
+            Err(PlanError::NotPinned { .. })
+        ));
+
+        // A pin through a symlinked folder names the same file.
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(t.path().join("a"), &link).unwrap();
+        let via_link = config(grant(Some(link.join("skill.json"))));
+        assert!(Plan::build(&via_link, &real, b"{}".to_vec(), &[]).is_ok());
     }
 
     /// The plan reads the file that was opened and placed under its root,

@@ -90,6 +90,12 @@ pub struct SandboxRequest {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SkillGrant {
+    /// The one manifest this grant is for: the absolute path of its
+    /// `skill.json` or `SKILL.md`. A manifest anywhere else that declares
+    /// this skill's name is refused, so a second file under the roots
+    /// cannot take the name and its grants. Absent: any manifest that
+    /// declares the name.
+    pub manifest: Option<PathBuf>,
     /// Paths below which the manifest may ask to read.
     pub fs_read: Vec<PathBuf>,
     /// Paths below which the manifest may ask to write.
@@ -273,6 +279,7 @@ mod tests {
     fn grant_allows_up_to_its_bound() {
         let d = Limits::default();
         let grant = SkillGrant {
+            manifest: None,
             fs_read: vec!["/var/log".into()],
             fs_write: vec!["/srv/out".into()],
             network: true,
