@@ -4,6 +4,10 @@
 #   packaging/build.sh            -> target/debian/ongrid-skills_<ver>-1_<arch>.deb
 #                                    target/generate-rpm/ongrid-skills-<ver>-1.<arch>.rpm
 #
+# `target` is cargo's target directory: ./target, or CARGO_TARGET_DIR (or
+# build.target-dir) when set; cargo-deb and cargo-generate-rpm map the
+# `target/release/...` asset paths of packaging/Cargo.toml to it as well.
+#
 # Installs the packaging tools when missing: cargo-deb and cargo-generate-rpm
 # pinned with --locked (about 4 min of compiling the first time). Man pages
 # and shell completions come from the clap definitions (ongrid-gen-docs, a
@@ -14,6 +18,9 @@ cd "$(dirname "$0")/.."
 CARGO_DEB_VERSION=3.8.0
 CARGO_GENERATE_RPM_VERSION=0.21.1
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+target=$(cargo metadata --no-deps --format-version 1 --locked |
+    sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+[ -n "$target" ] || { echo "build.sh: cannot find cargo's target directory" >&2; exit 1; }
 
 have_tool() { # crate version: is exactly this version installed?
     cargo install --list 2>/dev/null | grep -qx "$1 v$2:"
@@ -39,23 +46,23 @@ cargo build --release --locked -p ongrid-loader -p ongrid-executor -p ongrid-ski
 
 # Packaged copies: stripped (the release profile keeps line tables for
 # backtraces in development builds), plus the man pages and completions.
-pkg=target/release/package
+pkg=$target/release/package
 rm -rf "$pkg"
 mkdir -p "$pkg"
 echo "== strip into $pkg"
 for bin in ongrid-executor ongrid-skilld ongrid-skill; do
     strip --strip-unneeded --remove-section=.comment --remove-section=.note \
-        -o "$pkg/$bin" "target/release/$bin"
+        -o "$pkg/$bin" "$target/release/$bin"
 done
 echo "== man pages and completions (ongrid-gen-docs)"
-target/release/ongrid-gen-docs "$pkg"
+"$target/release/ongrid-gen-docs" "$pkg"
 gzip -9n "$pkg"/man/*.1
 ls "$pkg"/man "$pkg"/completions/*
 
 echo "== cargo deb"
-rm -f target/debian/ongrid-skills_*.deb target/generate-rpm/ongrid-skills-*.rpm
+rm -f "$target"/debian/ongrid-skills_*.deb "$target"/generate-rpm/ongrid-skills-*.rpm
 cargo deb -p ongrid-skills --no-build
 echo "== cargo generate-rpm"
 cargo generate-rpm -p packaging
 
-ls -l target/debian/ongrid-skills_*.deb target/generate-rpm/ongrid-skills-*.rpm
+ls -l "$target"/debian/ongrid-skills_*.deb "$target"/generate-rpm/ongrid-skills-*.rpm
