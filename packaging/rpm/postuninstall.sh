@@ -6,11 +6,18 @@ if [ "$1" -ge 1 ]; then
     systemctl try-restart ongrid-executor.service ongrid-skilld.service >/dev/null 2>&1 || :
 else
     rm -rf /run/ongrid
-    # Directories the payload cannot own; operator packs are kept.
-    for d in /usr/share/ongrid/examples/skills/host_load /usr/share/ongrid/examples/skills/disk_usage \
-        /usr/share/ongrid/examples/skills/echo /usr/share/ongrid/examples/skills \
-        /usr/share/ongrid/examples /usr/share/ongrid /usr/share/doc/ongrid-skills \
-        /etc/ongrid/skills /etc/ongrid; do
+    # Directories the payload cannot own (cargo-generate-rpm ships no
+    # directory entries), deepest first; operator packs are kept. Every
+    # directory of the payload must be here: .ci/package checks it.
+    for d in /usr/share/ongrid/examples/skills/disk_usage \
+        /usr/share/ongrid/examples/skills/echo \
+        /usr/share/ongrid/examples/skills/host_load \
+        /usr/share/ongrid/examples/skills/probe_dns \
+        /usr/share/ongrid/examples/skills/probe_http \
+        /usr/share/ongrid/examples/skills/probe_tcp \
+        /usr/share/ongrid/examples/skills/tail_file \
+        /usr/share/ongrid/examples/skills /usr/share/ongrid/examples /usr/share/ongrid \
+        /usr/share/doc/ongrid-skills /etc/ongrid/skills /etc/ongrid; do
         rmdir "$d" 2>/dev/null || :
     done
 fi
