@@ -38,6 +38,9 @@ pub const MAX_RUNS_TMPFS_BYTES: u64 = 1 << 50;
 pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u64 = 60;
 /// Default `hold_timeout_seconds`.
 pub const DEFAULT_HOLD_TIMEOUT_SECONDS: u64 = 30;
+/// Default `drain_timeout_seconds`: under the unit's `TimeoutStopSec=90s`,
+/// as skilld's.
+pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 75;
 /// Shortest `max_line_bytes` (a request with a manifest path must fit).
 pub const MIN_MAX_LINE_BYTES: usize = 1024;
 
@@ -115,6 +118,11 @@ pub struct Config {
     /// A held run (`execute` with `hold`) not started for this long ends
     /// as `rejected`, never spawned (at least 1).
     pub hold_timeout_seconds: u64,
+    /// On SIGTERM, the longest wait for the runs in flight before the
+    /// executor kills them (at least 1; keep it under the unit's
+    /// `TimeoutStopSec=`). The wait also ends when the longest run could
+    /// have ended (`max_timeout_seconds` and the kill grace).
+    pub drain_timeout_seconds: u64,
     /// `serve` turns `favordynmods` on for the cgroup hierarchies at start
     /// when none has it ([`crate::dynmods`]): runs after an idle gap then
     /// skip an RCU grace period (4.5-24 ms measured) in their cgroup join.
@@ -158,6 +166,7 @@ impl Default for Config {
             max_line_bytes: DEFAULT_MAX_LINE_BYTES,
             idle_timeout_seconds: DEFAULT_IDLE_TIMEOUT_SECONDS,
             hold_timeout_seconds: DEFAULT_HOLD_TIMEOUT_SECONDS,
+            drain_timeout_seconds: DEFAULT_DRAIN_TIMEOUT_SECONDS,
             cgroup_favordynmods: true,
         }
     }
@@ -334,6 +343,9 @@ impl Config {
         }
         if self.hold_timeout_seconds == 0 {
             return Err(invalid("hold_timeout_seconds", "must be at least 1".to_owned()));
+        }
+        if self.drain_timeout_seconds == 0 {
+            return Err(invalid("drain_timeout_seconds", "must be at least 1".to_owned()));
         }
         if self.max_connections == 0 {
             return Err(invalid("max_connections", "must be at least 1".to_owned()));
@@ -608,6 +620,7 @@ mod tests {
             ("max_concurrent_runs = 0", "max_concurrent_runs"),
             ("max_connections = 0", "max_connections"),
             ("hold_timeout_seconds = 0", "hold_timeout_seconds"),
+            ("drain_timeout_seconds = 0", "drain_timeout_seconds"),
             ("max_line_bytes = 10", "max_line_bytes"),
             ("runs_tmpfs_bytes = 4096", "runs_tmpfs_bytes"),
             ("runs_tmpfs_bytes = 2251799813685249", "runs_tmpfs_bytes"),

@@ -1095,6 +1095,31 @@ fn shutdown_drains_runs_then_returns() {
     assert_eq!(runs_total(&text, "stuck", "timeout"), 1.0);
 }
 
+/// Shutdown is bounded by `drain_timeout_seconds` as well as by the
+/// longest run: a run with a 30 s timeout in flight at SIGTERM is killed
+/// once the drain's 1 s is up, and the server returns, leaving no process
+/// (before: the drain waited for `max_timeout_seconds` and more, 607 s by
+/// default, past the unit's stop timeout).
+#[test]
+fn shutdown_drain_is_bounded_by_drain_timeout_seconds() {
+    if !can_run() {
+        return;
+    }
+    let mut server = Server::start(|c| c.drain_timeout_seconds = 1);
+    let mark = marker(5);
+    let long = skill(&server.root, "long", "safe", 30, &format!("exec sleep {mark}"));
+    let mut a = server.client();
+    a.execute(1, &long, json!({}));
+    server.wait_in_flight(1);
+    let stopped_at = Instant::now();
+    server.shutdown();
+    assert!(server.finished_within(Duration::from_secs(8)), "the drain outlived its bound");
+    let took = stopped_at.elapsed();
+    assert!(took >= Duration::from_secs(1), "the run was not given its drain: {took:?}");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    assert!(common::procs_with(&mark).is_empty(), "the run outlived the executor");
+}
+
 /// On start the server removes run directories (without following
 /// symlinks) and kills and removes the cgroups a crash left.
 #[test]

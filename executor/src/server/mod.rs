@@ -44,8 +44,10 @@
 //! answered `busy`, and the runs in flight go on until they end, each
 //! bounded by its own deadline. A connection closes once it has no run left.
 //! If runs are still there after the longest possible run
-//! (`max_timeout_seconds` plus the kill grace and a margin), the `kill`
-//! token is cancelled, which kills them all. [`run`] returns when every
+//! (`max_timeout_seconds` plus the kill grace and a margin), or after
+//! `drain_timeout_seconds` if that is sooner (75 s, under the unit's
+//! `TimeoutStopSec=90s`, which with `KillMode=mixed` signals the executor
+//! alone), the `kill` token is cancelled, which kills them all. [`run`] returns when every
 //! connection task has ended (tracked by a [`TaskTracker`]).
 //!
 //! # Threads and the parent-death signal
@@ -167,7 +169,8 @@ pub async fn run(
     drop(listener);
     shared.stopping.cancel();
     tracker.close();
-    let drain = config.max_timeout() + policy::limits::KILL_GRACE + DRAIN_MARGIN;
+    let drain = (config.max_timeout() + policy::limits::KILL_GRACE + DRAIN_MARGIN)
+        .min(Duration::from_secs(config.drain_timeout_seconds));
     tracing::info!(
         "executor: shutting down; {} connections, {} runs in flight (killed after {} s)",
         tracker.len(),
