@@ -343,7 +343,10 @@ impl Engine {
         };
         let plan = match planned {
             Ok(plan) => plan,
-            Err(e) => return RunReport::not_run(fallback_name, e.outcome(), e.to_string()),
+            Err(e) => {
+                let name = e.skill().map_or(fallback_name, str::to_owned);
+                return RunReport::not_run(name, e.outcome(), e.to_string());
+            }
         };
         let skill = plan.manifest.name().to_string();
         let _active = Active::enter(&self.active);

@@ -127,6 +127,18 @@ pub enum PlanError {
 }
 
 impl PlanError {
+    /// The skill's name, when the manifest was read far enough to know it
+    /// (the report then names the skill, not its folder).
+    pub fn skill(&self) -> Option<&str> {
+        match self {
+            PlanError::Escapes { skill, .. }
+            | PlanError::Entry { skill, .. }
+            | PlanError::Args { skill, .. } => Some(skill),
+            PlanError::Grant(g) => Some(&g.skill),
+            _ => None,
+        }
+    }
+
     /// The run outcome this error stands for.
     pub fn outcome(&self) -> Outcome {
         match self {

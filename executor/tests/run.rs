@@ -181,12 +181,15 @@ fn sandbox_request_beyond_grant_is_rejected() {
     let (_d, m) = skill("greedy", 5, r#","sandbox":{"network":true}"#, "echo '{}'");
     let (r, _) = run(&engine, &m, "{}");
     assert_eq!(r.outcome, Outcome::Rejected);
+    // The report names the skill, not its folder (a temporary `.tmpXXXX`).
+    assert_eq!(r.skill, "greedy");
     assert!(r.error.unwrap().contains("sandbox.network"));
     let (r, _) = run(&engine, Path::new("/nonexistent/skill.json"), "{}");
     assert_eq!(r.outcome, Outcome::Rejected);
     let (_d, m) = skill("args", 5, "", "cat");
     let (r, _) = run(&engine, &m, "[1]");
     assert_eq!(r.outcome, Outcome::InvalidArgs);
+    assert_eq!(r.skill, "args");
 }
 
 /// Prints the sandbox's added cost over a bare `std::process` spawn of the
