@@ -485,7 +485,7 @@ impl Plan {
         writeln!(out, "Try:")?;
         writeln!(out, "  curl --unix-socket {sock} http://localhost/v1/skills")?;
         let pick = |wanted: &str| names.iter().find(|n| *n == wanted).cloned();
-        let skill = pick("host_load").or_else(|| names.first().cloned());
+        let skill = try_skill(snapshot.iter().map(|s| s.registered().manifest()));
         if let Some(skill) = &skill {
             writeln!(
                 out,
@@ -506,6 +506,21 @@ impl Plan {
         writeln!(out, "Ctrl-C stops both daemons.")?;
         Ok(())
     }
+}
+
+/// The skill the printed run lines suggest, which send `{}` as its args:
+/// `host_load` when served, else the first `safe` skill whose schema takes
+/// `{}` (a skill with a required argument would answer the pasted line with
+/// a 400, a `mutating` or `dangerous` one with a 403); none if no skill does.
+fn try_skill<'a>(manifests: impl IntoIterator<Item = &'a policy::Manifest>) -> Option<String> {
+    let takes_empty = |m: &policy::Manifest| {
+        m.class() == policy::SkillClass::Safe
+            && crate::validators::compile(m.schema())
+                .is_ok_and(|v| v.is_valid(&serde_json::json!({})))
+    };
+    let fits: Vec<&policy::Manifest> = manifests.into_iter().filter(|m| takes_empty(m)).collect();
+    let host_load = fits.iter().find(|m| m.name().as_str() == "host_load");
+    host_load.or_else(|| fits.first()).map(|m| m.name().as_str().to_owned())
 }
 
 /// The error and its sources, `: `-separated.
@@ -729,6 +744,25 @@ mod tests {
         assert_eq!(v["skills"]["probe_tcp"]["network"].as_bool(), Some(true));
         assert_eq!(v["skills"]["tail_file"]["fs_read"][0].as_str(), Some("/var/log"));
         assert!(v["skills"]["tail_file"].get("network").is_none());
+    }
+
+    #[test]
+    fn the_suggested_run_takes_empty_args() {
+        let manifest = |name: &str, extra: &str| {
+            let text = format!(r#"{{"name":"{name}","description":"d","entry":"run.sh"{extra}}}"#);
+            policy::Manifest::from_slice(text.as_bytes(), &policy::ValidateOptions::default())
+                .unwrap()
+        };
+        let required = r#","schema":{"type":"object","required":["who"]}"#;
+        let needs_args = manifest("greet", required);
+        let mutating = manifest("apply", r#","class":"mutating""#);
+        let plain = manifest("zeta", "");
+        let host_load = manifest("host_load", "");
+        // The first name would answer `{}` with a 400, the second with a 403.
+        assert_eq!(try_skill([&needs_args, &mutating, &plain]).as_deref(), Some("zeta"));
+        assert_eq!(try_skill([&needs_args, &plain, &host_load]).as_deref(), Some("host_load"));
+        assert_eq!(try_skill([&needs_args, &mutating]), None);
+        assert_eq!(try_skill([]), None);
     }
 
     #[test]
