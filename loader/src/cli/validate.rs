@@ -5,7 +5,8 @@
 //! with its own folder as the root. Every manifest gets one line: `ok` or
 //! `error` with its path and reason, plus `note` lines (ignored fields, a
 //! clamped timeout, a symlinked folder, which the daemon does not follow
-//! inside a root) that do not fail. A manifest reached through several
+//! inside a root, an entry or folder the executor refuses because it is
+//! group or world writable) that do not fail. A manifest reached through several
 //! PATHs (a folder and its `skill.json`, nested folders, a symlink to a
 //! folder) is checked once, by its canonical path. Exits 1 if anything
 //! failed: a skipped manifest, a duplicate name, an unreadable path, or a
@@ -91,6 +92,37 @@ fn is_manifest_name(path: &std::path::Path) -> bool {
         .is_some_and(|n| n == policy::MANIFEST_FILE_NAME || n == policy::SKILL_MD_FILE_NAME)
 }
 
+/// A note when the entry of `skill`, or a folder between it and its root,
+/// is group or world writable: the loader registers such a pack, but
+/// `ongrid-executor` refuses every run of it (`rejected`), whatever its
+/// configuration, so the author hears it here rather than at the first run.
+fn writable_note(skill: &crate::RegisteredSkill) -> Option<Finding> {
+    use std::os::unix::fs::MetadataExt;
+    let root = std::fs::canonicalize(skill.root()).ok()?;
+    let mut at = Some(skill.entry());
+    while let Some(p) = at {
+        if !is_within(p, &root) {
+            break;
+        }
+        let mode = std::fs::metadata(p).ok()?.mode() & 0o7777;
+        if mode & 0o022 != 0 {
+            let message = format!(
+                "{} is group or world writable (mode {mode:o}): ongrid-executor refuses to run \
+                 the skill; chmod go-w {}",
+                p.display(),
+                p.display()
+            );
+            let path = skill.manifest_path().to_path_buf();
+            return Some(Finding { status: Status::Note, path, message });
+        }
+        if p == root {
+            break;
+        }
+        at = p.parent();
+    }
+    None
+}
+
 /// Validates every PATH and prints one line per finding on `out`.
 ///
 /// # Errors
@@ -135,6 +167,7 @@ pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result
 
     let report = Scanner::new(ValidateOptions::default()).scan_targets(&targets);
     findings.extend(report.events.iter().map(Finding::from_event));
+    findings.extend(report.skills.iter().filter_map(writable_note));
     for (given, canonical) in folders {
         let found = report.events.iter().any(|e| {
             e.path() != canonical

@@ -2,13 +2,19 @@
 
 use std::fs;
 use std::io::Read;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_ongrid-skill");
 pub const ENV_VAR: &str = "ONGRID_SKILLS_EXTERNAL_DIRS";
+
+/// `path` and its missing parents, mode 0755 whatever the umask (under
+/// umask 002 they would be group writable, which `validate` notes).
+fn make_dirs(path: &Path) {
+    fs::DirBuilder::new().recursive(true).mode(0o755).create(path).unwrap();
+}
 
 /// A temp dir with a canonical base path, traversable by every user (so
 /// the unprivileged runs can reach it).
@@ -29,14 +35,14 @@ impl Tree {
     pub fn path(&self, rel: &str) -> PathBuf {
         let p = self.base.join(rel);
         if let Some(parent) = p.parent() {
-            fs::create_dir_all(parent).unwrap();
+            make_dirs(parent);
         }
         p
     }
 
     pub fn dir(&self, rel: &str) -> PathBuf {
         let p = self.base.join(rel);
-        fs::create_dir_all(&p).unwrap();
+        make_dirs(&p);
         p
     }
 

@@ -238,3 +238,39 @@ fn json_output_summarises() {
         doc["findings"].as_array().unwrap().iter().map(|f| f["status"].as_str().unwrap()).collect();
     assert_eq!(statuses, ["ok", "error"]);
 }
+
+#[test]
+fn a_writable_entry_or_folder_gets_a_note_naming_the_fix() {
+    use std::os::unix::fs::PermissionsExt;
+    let set = |p: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    let t = Tree::new();
+    let m = t.pack("root/pack", "writable");
+    let root = t.base.join("root");
+    let dir = root.join("pack");
+    let entry = dir.join("run");
+    for p in [&root, &dir] {
+        set(p, 0o755);
+    }
+    set(&entry, 0o755);
+    let run = Cli::new(&["validate"]).arg(&root).run();
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(!run.stdout.contains("note"), "{}", run.stdout);
+    // The executor refuses to run either: the author hears it now, not at
+    // the first run (`rejected`), and the pack still registers.
+    for (at, mode) in [(&entry, 0o775), (&dir, 0o777)] {
+        set(at, mode);
+        let run = Cli::new(&["validate"]).arg(&root).run();
+        assert_eq!(run.code, 0, "{}", run.stdout);
+        let note = format!(
+            "note  {}: {} is group or world writable (mode {mode:o}): ongrid-executor \
+             refuses to run the skill; chmod go-w {}",
+            m.display(),
+            at.display(),
+            at.display()
+        );
+        assert!(run.stdout.lines().any(|l| l == note), "{}\nwanted: {note}", run.stdout);
+        set(at, 0o755);
+    }
+}
