@@ -20,7 +20,8 @@ use super::remote::exit;
 /// Arguments of `keygen`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Where to write the private key (mode 0600).
+    /// Where to write the private key (mode 0600). Without it the key is
+    /// printed on stdout and the [[approvers]] block on stderr.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// The approver's name in the printed block [default: the file's stem].
