@@ -10,7 +10,7 @@ use clap::Parser;
 /// directories, serves the client API on a Unix socket and forwards runs to
 /// ongrid-executor. SIGHUP rescans.
 #[derive(Debug, Parser)]
-#[command(name = "ongrid-skilld", version, about, after_help = AFTER_HELP)]
+#[command(name = "ongrid-skilld", version, after_help = AFTER_HELP)]
 pub struct Args {
     /// Configuration file [default: /etc/ongrid/skilld.toml if present].
     #[arg(long, value_name = "FILE")]

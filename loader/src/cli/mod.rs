@@ -47,7 +47,6 @@ pub mod validate;
 #[command(
     name = "ongrid-skill",
     version,
-    about,
     propagate_version = true,
     after_help = remote::EXIT_CODES_HELP
 )]

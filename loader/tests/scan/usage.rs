@@ -22,3 +22,17 @@ fn every_command_has_help() {
         assert!(run.stdout.contains(needle), "{cmd}: {}", run.stdout);
     }
 }
+
+#[test]
+fn each_binary_says_what_it_is() {
+    // Not the crate's description ("ongrid-skilld (registry daemon) and
+    // ongrid-skill (CLI)"), which fits neither binary alone.
+    let run = Cli::new(&["--help"]).run();
+    assert!(run.stdout.starts_with("Runs, lists and checks subprocess skills"), "{}", run.stdout);
+    let skilld = std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-skilld"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&skilld.stdout);
+    assert!(text.starts_with("The ongrid-skills registry daemon"), "{text}");
+}
