@@ -437,7 +437,8 @@ impl Engine {
         after.wake = Some(self.janitor.discard_later(prep.cgroup.take(), &mut prep.run_dir, warm));
         // Step 8: report.
         let cpu_limit_us = limits.cpu_seconds_for(bounds.timeout).saturating_mul(1_000_000);
-        let mut report = classify(&skill, sup, oom, cpu_limit_us, bounds.stdout_bytes);
+        let mut report =
+            classify(&skill, sup, oom, bounds.timeout, cpu_limit_us, bounds.stdout_bytes);
         report.setup_us = setup_us;
         report.sandbox = Some(prep.report.clone());
         report
@@ -465,6 +466,7 @@ pub fn classify(
     skill: &str,
     sup: Supervised,
     oom: bool,
+    timeout: Duration,
     cpu_limit_us: u64,
     stdout_cap: u64,
 ) -> RunReport {
@@ -493,7 +495,11 @@ pub fn classify(
             &mut r,
             Outcome::Timeout,
             Some(LimitKind::WallTime),
-            "wall-clock timeout; the run was terminated".into(),
+            format!(
+                "wall-clock timeout: still running after its timeout_seconds ({} s); the run \
+                 was terminated",
+                timeout.as_secs()
+            ),
         ),
         Stop::Cancelled => fail(
             &mut r,

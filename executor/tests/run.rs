@@ -136,6 +136,9 @@ fn timeout_kills_the_whole_tree() {
     let (r, _) = run(&engine, &m, "{}");
     assert_eq!(r.outcome, Outcome::Timeout, "{r:?}");
     assert_eq!(r.limit, Some(LimitKind::WallTime));
+    // The error names the limit the author set, and where.
+    let error = r.error.unwrap_or_default();
+    assert!(error.contains("timeout_seconds (1 s)"), "{error}");
     // The 1 s deadline and the grace, far from the 300 s sleeps.
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     if is_root() {
