@@ -45,6 +45,11 @@ impl Up {
     }
 
     fn start_with(base: &Path, extra: &[&Path], stream: Stream) -> Self {
+        Self::launch(base, extra, stream, &[])
+    }
+
+    /// As [`Up::start_with`], with `more` arguments for `up`.
+    fn launch(base: &Path, extra: &[&Path], stream: Stream, more: &[&std::ffi::OsStr]) -> Self {
         if nix::unistd::geteuid().is_root() {
             ongrid_tests::host::skill_user();
         }
@@ -57,6 +62,7 @@ impl Up {
         for dir in extra {
             cmd.arg("--skills").arg(dir);
         }
+        cmd.args(more);
         let stderr = fs::File::create(&log).unwrap();
         let meta = stderr.metadata().unwrap();
         match stream {
@@ -249,6 +255,43 @@ fn run_echo(up: &Up) -> Value {
         .unwrap();
     assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), up.log());
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A pack of one's own whose `sandbox` asks for the network runs under
+/// `up` once `--grants FILE` grants it (up grants only its examples'
+/// requests); without the grant it is `rejected`, naming the grant.
+#[test]
+fn up_grants_a_packs_sandbox_request_from_a_file() {
+    let (_tmp, base) = temp_dir("ongrid-e2e-up-grants-");
+    let packs = base.join("packs");
+    fs::create_dir_all(&packs).unwrap();
+    write_skill(&packs, "netwant", r#","sandbox":{"network":true}"#, "exec /bin/cat");
+    let run = |up: &Up| {
+        let out = Command::new(bin("ongrid-skill"))
+            .args(["run", "netwant", "--json", "--args", r#"{"x":1}"#, "--socket"])
+            .arg(up.socket())
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("{e}: {}\n{}", String::from_utf8_lossy(&out.stderr), up.log())
+        });
+        report
+    };
+    let up = Up::start(&base, &[&packs]);
+    let report = run(&up);
+    up.stop(Signal::SIGTERM);
+    assert_eq!(report["outcome"], "rejected", "{report}");
+    assert!(report["error"].as_str().unwrap_or_default().contains("[skills.netwant]"), "{report}");
+
+    let grants = base.join("grants.toml");
+    fs::write(&grants, "[skills.netwant]\nnetwork = true\n").unwrap();
+    let up =
+        Up::launch(&base, &[&packs], Stream::Plain, &["--grants".as_ref(), grants.as_os_str()]);
+    let report = run(&up);
+    up.stop(Signal::SIGTERM);
+    assert_eq!(report["outcome"], "ok", "{report}");
+    assert_eq!(report["result"]["x"], 1, "{report}");
+    assert_eq!(report["sandbox"]["network"], true, "{report}");
 }
 
 #[test]

@@ -55,6 +55,7 @@
 //! removed), 1 if a daemon could not start or the executor died, 2 on a
 //! usage error.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Write};
 use std::net::SocketAddr;
@@ -70,7 +71,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{CallerEntry, FileConfig, Overrides, Settings, DEFAULT_METRICS_LISTEN};
 use crate::daemon::Daemon;
-use policy::PermissionMode;
+use policy::{PermissionMode, SkillGrant};
+use serde::Deserialize;
 
 /// Name of the generated executor configuration in the runtime dir.
 pub const EXECUTOR_CONFIG: &str = "executor.toml";
@@ -123,6 +125,11 @@ pub struct Args {
     /// [[approvers]], approval_max_ttl_seconds, audit_*) apply.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// A TOML file of `[skills.NAME]` grants, as in executor.toml, for what
+    /// your packs' `sandbox` objects ask (network, fs_read, ...); a grant
+    /// here replaces an example's of the same name.
+    #[arg(long, value_name = "FILE")]
+    pub grants: Option<PathBuf>,
 }
 
 /// A start-up failure: the message, and whether it is a usage error.
@@ -259,7 +266,11 @@ impl Plan {
                 Vec::new(),
             )
             .map_err(|e| Failure::usage(e.to_string()))?;
-        let config_text = executor_config(&runtime_dir, &roots, run_as.as_deref());
+        let grants = match &args.grants {
+            Some(path) => read_grants(path).map_err(Failure::usage)?,
+            None => BTreeMap::new(),
+        };
+        let config_text = executor_config(&runtime_dir, &roots, run_as.as_deref(), &grants);
         Ok(Self { runtime_dir, roots, executor_bin, metrics, settings, config_text })
     }
 
@@ -667,8 +678,43 @@ fn toml_str(s: &str) -> String {
     serde_json::Value::String(s.to_owned()).to_string()
 }
 
-/// The generated `executor.toml`.
-fn executor_config(runtime_dir: &Path, roots: &[PathBuf], run_as: Option<&str>) -> String {
+/// The `[skills.NAME]` grants of `--grants FILE`, each checked as the
+/// executor will read it (a field it does not know, a bad name, a file
+/// with any other key are refused here, naming the file).
+fn read_grants(path: &Path) -> Result<BTreeMap<String, toml::Table>, String> {
+    let at = |e: &dyn std::fmt::Display| format!("--grants {}: {e}", path.display());
+    let text = fs::read_to_string(path).map_err(|e| at(&e))?;
+    let table: toml::Table = toml::from_str(&text).map_err(|e| at(&e))?;
+    let mut grants = BTreeMap::new();
+    for (key, value) in table {
+        let toml::Value::Table(skills) = value else {
+            return Err(at(&format!("{key}: only [skills.NAME] tables may be given")));
+        };
+        if key != "skills" {
+            return Err(at(&format!("[{key}]: only [skills.NAME] tables may be given")));
+        }
+        for (name, grant) in skills {
+            policy::SkillName::new(&name).map_err(|e| at(&format!("[skills.{name}]: {e}")))?;
+            // Read as the executor will read it, kept as written.
+            SkillGrant::deserialize(grant.clone())
+                .map_err(|e| at(&format!("[skills.{name}]: {e}")))?;
+            let toml::Value::Table(grant) = grant else {
+                return Err(at(&format!("[skills.{name}]: not a table")));
+            };
+            grants.insert(name, grant);
+        }
+    }
+    Ok(grants)
+}
+
+/// The generated `executor.toml`, with the examples' grants and `grants`
+/// (which replace an example's of the same name).
+fn executor_config(
+    runtime_dir: &Path,
+    roots: &[PathBuf],
+    run_as: Option<&str>,
+    grants: &BTreeMap<String, toml::Table>,
+) -> String {
     let uid = nix_uid();
     let gid = nix::unistd::getegid().as_raw();
     let roots: Vec<String> = roots.iter().map(|r| toml_str(&r.display().to_string())).collect();
@@ -696,17 +742,30 @@ fn executor_config(runtime_dir: &Path, roots: &[PathBuf], run_as: Option<&str>) 
     if let Some(user) = run_as {
         text.push_str(&format!("run_as = {}\n", toml_str(user)));
     }
-    text.push_str(EXAMPLE_GRANTS);
+    text.push_str("\n# The example packs' sandbox requests.\n");
+    for (name, grant) in EXAMPLE_GRANTS {
+        if !grants.contains_key(name) {
+            text.push_str(&format!("[skills.{name}]\n{grant}\n"));
+        }
+    }
+    if !grants.is_empty() {
+        let skills: toml::Table =
+            grants.iter().map(|(n, g)| (n.clone(), toml::Value::Table(g.clone()))).collect();
+        let table = toml::Table::from_iter([("skills".to_owned(), toml::Value::Table(skills))]);
+        text.push_str("\n# --grants\n");
+        text.push_str(&table.to_string());
+    }
     text
 }
 
 /// What the bundled example packs ask for in their `sandbox` object, and
 /// nothing more (as in `packaging/executor.toml`'s commented examples).
-const EXAMPLE_GRANTS: &str = "\n# The example packs' sandbox requests.\n\
-    [skills.probe_tcp]\nnetwork = true\n\
-    [skills.probe_http]\nnetwork = true\n\
-    [skills.probe_dns]\nnetwork = true\n\
-    [skills.tail_file]\nfs_read = [\"/var/log\"]\n";
+const EXAMPLE_GRANTS: [(&str, &str); 4] = [
+    ("probe_tcp", "network = true"),
+    ("probe_http", "network = true"),
+    ("probe_dns", "network = true"),
+    ("tail_file", "fs_read = [\"/var/log\"]"),
+];
 
 /// Quotes `s` for a POSIX shell when it needs it.
 fn shell_quote(s: &str) -> String {
@@ -734,6 +793,7 @@ mod tests {
             Path::new("/run/x y"),
             &[PathBuf::from("/a"), PathBuf::from("/b\"c")],
             Some("nobody"),
+            &BTreeMap::new(),
         );
         let v: toml::Value = toml::from_str(&text).unwrap();
         assert_eq!(v["roots"][1].as_str(), Some("/b\"c"));
@@ -744,6 +804,46 @@ mod tests {
         assert_eq!(v["skills"]["probe_tcp"]["network"].as_bool(), Some(true));
         assert_eq!(v["skills"]["tail_file"]["fs_read"][0].as_str(), Some("/var/log"));
         assert!(v["skills"]["tail_file"].get("network").is_none());
+    }
+
+    /// `--grants FILE`: its `[skills.NAME]` tables reach the generated
+    /// executor.toml, replacing an example's grant of the same name; a file
+    /// the executor would refuse is refused here, naming it and the table.
+    #[test]
+    fn grants_from_a_file_reach_the_executor_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("grants.toml");
+        fs::write(
+            &file,
+            "[skills.netprobe_tcp]\nnetwork = true\nmanifest = \"/p/netprobe/SKILL.md\"\n\
+             [skills.probe_tcp]\nnetwork = false\nfs_read = [\"/srv\"]\n",
+        )
+        .unwrap();
+        let grants = read_grants(&file).unwrap();
+        let text = executor_config(Path::new("/run/x"), &[PathBuf::from("/a")], None, &grants);
+        let v: toml::Value = toml::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let skills = &v["skills"];
+        assert_eq!(skills["netprobe_tcp"]["network"].as_bool(), Some(true), "{text}");
+        assert_eq!(skills["netprobe_tcp"]["manifest"].as_str(), Some("/p/netprobe/SKILL.md"));
+        assert_eq!(skills["probe_tcp"]["network"].as_bool(), Some(false), "replaced: {text}");
+        assert_eq!(skills["probe_tcp"]["fs_read"][0].as_str(), Some("/srv"));
+        assert_eq!(skills["probe_dns"]["network"].as_bool(), Some(true), "the other examples stay");
+        assert_eq!(skills["tail_file"]["fs_read"][0].as_str(), Some("/var/log"));
+
+        for (body, needle) in [
+            ("[skills.x]\nnetwrk = true\n", "[skills.x]: unknown field `netwrk`"),
+            ("run_as = \"root\"\n", "run_as: only [skills.NAME] tables"),
+            ("[limits]\nmax_pids = 1\n", "[limits]: only [skills.NAME] tables"),
+            ("[skills.Bad-Name]\nnetwork = true\n", "[skills.Bad-Name]"),
+            ("[skills.x\n", "TOML parse error"),
+        ] {
+            fs::write(&file, body).unwrap();
+            let e = read_grants(&file).unwrap_err();
+            assert!(e.starts_with(&format!("--grants {}: ", file.display())), "{e}");
+            assert!(e.contains(needle), "{body}: {e}");
+        }
+        let e = read_grants(&dir.path().join("none.toml")).unwrap_err();
+        assert!(e.contains("No such file"), "{e}");
     }
 
     #[test]
