@@ -162,7 +162,8 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
     if !resp.status.is_success() {
         return remote::api_error(&resp, args.json, err);
     }
-    print_report(&resp.body, resp.report_result(), args.json, out, err)
+    let shown = if args.json { Shown::Json } else { Shown::Text };
+    print_report(&resp.body, resp.report_result(), shown, out, err)
 }
 
 fn finish_stream(
@@ -179,7 +180,16 @@ fn finish_stream(
         // The events, report included, are already on stdout.
         return Ok(exit_of(&report));
     }
-    print_report(&report, result, false, out, err)
+    print_report(&report, result, Shown::Streamed, out, err)
+}
+
+/// How the report is shown: as JSON, or as text, where the skill's stderr
+/// tail is printed after a failure unless its lines were streamed already.
+#[derive(Clone, Copy, PartialEq)]
+enum Shown {
+    Json,
+    Text,
+    Streamed,
 }
 
 fn exit_of(report: &Value) -> ExitCode {
@@ -191,15 +201,16 @@ fn exit_of(report: &Value) -> ExitCode {
 }
 
 /// Prints the report (`--json`), else the result as the skill printed it
-/// (`result`, from the answer's text) or the failure on stderr.
+/// (`result`, from the answer's text) or the failure on stderr, with the
+/// skill's stderr tail unless it was streamed.
 fn print_report(
     report: &Value,
     result: Option<RawJson>,
-    json: bool,
+    shown: Shown,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> io::Result<ExitCode> {
-    if json {
+    if shown == Shown::Json {
         remote::print_json(report, out)?;
         return Ok(exit_of(report));
     }
@@ -219,7 +230,7 @@ fn print_report(
     let error = printable::line(report["error"].as_str().unwrap_or(""));
     writeln!(err, "ongrid-skill: skill \"{skill}\" failed: {outcome}: {error}")?;
     let stderr = report["stderr"].as_str().unwrap_or("");
-    if !stderr.is_empty() {
+    if !stderr.is_empty() && shown == Shown::Text {
         writeln!(err, "stderr (tail):")?;
         for line in printable::lines(stderr) {
             writeln!(err, "  {line}")?;

@@ -185,6 +185,13 @@ async fn human_output_escapes_control_characters_and_json_keeps_them() {
     assert_eq!(o.code, 1, "{}", o.stderr);
     assert!(no_controls(&o.stderr), "{:?}", o.stderr);
     assert!(o.stderr.ends_with("stderr (tail):\n  a\\x1b[2Jb\\rc\n  next\n"), "{}", o.stderr);
+    // Streamed, the lines are printed once, as they came, then the failure.
+    let o = cli(s, &["run", "ansi_fail", "--stream"], None).await;
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(o.stderr.starts_with("a\\x1b[2Jb\\rc\nnext\n"), "{}", o.stderr);
+    assert_eq!(o.stderr.matches("next").count(), 1, "printed twice: {}", o.stderr);
+    assert!(!o.stderr.contains("stderr (tail)"), "{}", o.stderr);
+    assert!(o.stderr.contains("failed: exit_nonzero"), "{}", o.stderr);
     let o = cli(s, &["run", "ansi_fail", "--json"], None).await;
     let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     assert_eq!(v["stderr"], "a\x1b[2Jb\rc\nnext\n");
