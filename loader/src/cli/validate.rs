@@ -6,7 +6,8 @@
 //! `error` with its path and reason, plus `note` lines (ignored fields, a
 //! clamped timeout, a symlinked folder, which the daemon does not follow
 //! inside a root, an entry or folder the executor refuses because it is
-//! group or world writable) that do not fail. A manifest reached through several
+//! group or world writable, an entry that is neither ELF nor `#!`) that do
+//! not fail. A manifest reached through several
 //! PATHs (a folder and its `skill.json`, nested folders, a symlink to a
 //! folder) is checked once, by its canonical path. Exits 1 if anything
 //! failed: a skipped manifest, a duplicate name, an unreadable path, or a
@@ -123,6 +124,27 @@ fn writable_note(skill: &crate::RegisteredSkill) -> Option<Finding> {
     None
 }
 
+/// A note when the entry of `skill` is neither an ELF binary nor a script
+/// starting with `#!`: `execve` refuses it (`ENOEXEC`), so every run ends
+/// `spawn_failed` with "Exec format error" (a shell would have run it, the
+/// executor runs no shell).
+fn exec_format_note(skill: &crate::RegisteredSkill) -> Option<Finding> {
+    use std::io::Read;
+    let mut head = [0u8; 4];
+    let mut file = std::fs::File::open(skill.entry()).ok()?;
+    let n = file.read(&mut head).ok()?;
+    let head = &head[..n];
+    if head.starts_with(b"#!") || head.starts_with(b"\x7fELF") {
+        return None;
+    }
+    let message = format!(
+        "{} is neither an ELF binary nor a script starting with #! (an interpreter line such \
+         as #!/bin/sh): every run would fail with spawn_failed (Exec format error)",
+        skill.entry().display()
+    );
+    Some(Finding { status: Status::Note, path: skill.manifest_path().to_path_buf(), message })
+}
+
 /// Validates every PATH and prints one line per finding on `out`.
 ///
 /// # Errors
@@ -168,6 +190,7 @@ pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result
     let report = Scanner::new(ValidateOptions::default()).scan_targets(&targets);
     findings.extend(report.events.iter().map(Finding::from_event));
     findings.extend(report.skills.iter().filter_map(writable_note));
+    findings.extend(report.skills.iter().filter_map(exec_format_note));
     for (given, canonical) in folders {
         let found = report.events.iter().any(|e| {
             e.path() != canonical

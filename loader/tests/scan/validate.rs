@@ -274,3 +274,29 @@ fn a_writable_entry_or_folder_gets_a_note_naming_the_fix() {
         set(at, 0o755);
     }
 }
+
+/// An entry that is neither an ELF binary nor a script with `#!` cannot be
+/// executed (`execve` says `ENOEXEC`; no shell runs it for us): `validate`
+/// says so in a note, before every run ends `spawn_failed`.
+#[test]
+fn an_entry_without_an_interpreter_line_gets_a_note() {
+    let t = Tree::new();
+    let m = t.pack("pack", "noshebang");
+    let entry = t.base.join("pack").join("run");
+    let run = Cli::new(&["validate"]).arg(t.base.join("pack")).run();
+    assert!(!run.stdout.contains("note"), "{}", run.stdout);
+    std::fs::write(&entry, "echo '{}'\n").unwrap();
+    let run = Cli::new(&["validate"]).arg(t.base.join("pack")).run();
+    assert_eq!(run.code, 0, "the pack still registers: {}", run.stdout);
+    let note = format!(
+        "note  {}: {} is neither an ELF binary nor a script starting with #!",
+        m.display(),
+        entry.display()
+    );
+    assert!(run.stdout.lines().any(|l| l.starts_with(&note)), "{}\nwanted: {note}", run.stdout);
+    assert!(run.stdout.contains("spawn_failed (Exec format error)"), "{}", run.stdout);
+    // A binary is fine.
+    std::fs::copy("/bin/true", &entry).unwrap();
+    let run = Cli::new(&["validate"]).arg(t.base.join("pack")).run();
+    assert!(!run.stdout.contains("note"), "{}", run.stdout);
+}
