@@ -294,6 +294,49 @@ fn up_grants_a_packs_sandbox_request_from_a_file() {
     assert_eq!(report["sandbox"]["network"], true, "{report}");
 }
 
+/// Ctrl-C with a run in flight says what `up` waits for (the run may take
+/// its timeout); a second Ctrl-C stops at once: the run is killed and
+/// nothing is left (before: the second was ignored, and `up` waited in
+/// silence).
+#[test]
+fn a_second_ctrl_c_stops_up_at_once_and_kills_the_runs() {
+    let (_tmp, base) = temp_dir("ongrid-e2e-up-twice-");
+    let packs = base.join("packs");
+    fs::create_dir_all(&packs).unwrap();
+    let mark = format!("25.{:06}", std::process::id() % 1_000_000);
+    write_skill(&packs, "sleeper", r#","timeout_seconds":60"#, &format!("exec /bin/sleep {mark}"));
+    let mut up = Up::start(&base, &[&packs]);
+    let executor = up.executor_pid();
+    let mut client = Command::new(bin("ongrid-skill"))
+        .args(["run", "sleeper", "--socket"])
+        .arg(up.socket())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || !processes_with(&mark).is_empty()), "no run");
+    let pid = Pid::from_raw(i32::try_from(up.child.id()).unwrap());
+    kill(pid, Signal::SIGINT).unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || up.log().contains("waiting for 1 run(s) in flight")),
+        "{}",
+        up.log()
+    );
+    assert!(up.child.try_wait().unwrap().is_none(), "the first Ctrl-C waits for the run");
+    let second = Instant::now();
+    kill(pid, Signal::SIGINT).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || up.child.try_wait().unwrap().is_some()),
+        "`up` did not stop on a second Ctrl-C:\n{}",
+        up.log()
+    );
+    assert!(second.elapsed() < Duration::from_secs(10));
+    assert!(eventually(Duration::from_secs(5), || processes_with(&mark).is_empty()), "run left");
+    assert!(!Path::new(&format!("/proc/{executor}")).exists(), "executor {executor} left");
+    let _ = client.wait();
+    assert!(up.log().contains("stopping now"), "{}", up.log());
+}
+
 #[test]
 fn a_stray_sighup_leaves_the_executor_serving_and_a_closed_terminal_stops_up() {
     let (_tmp, base) = temp_dir("ongrid-e2e-up-hup-");

@@ -366,7 +366,25 @@ impl Plan {
         // deadlines while ongrid-skilld drains the requests waiting on them.
         shutdown.cancel();
         let within = EXECUTOR_STOP.max(app.longest_run() + EXECUTOR_STOP_MARGIN);
-        stop_executor(&mut executor, within).await;
+        let in_flight = app.metrics().runs_in_flight.get();
+        if in_flight > 0 {
+            let _ = writeln!(
+                err,
+                "ongrid-skill up: waiting for {in_flight} run(s) in flight to end (at most {} s); \
+                 Ctrl-C again to kill them now",
+                app.longest_run().as_secs()
+            );
+        }
+        // A second stop signal kills the executor: its watchdog kills the
+        // runs and removes their directories and cgroups, and skilld's
+        // drain ends with their connections.
+        tokio::select! {
+            () = stop_executor(&mut executor, within) => {}
+            _ = async { tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} } } => {
+                tracing::warn!("ongrid-skill up: stopping now; the runs in flight are killed");
+                let _ = executor.kill().await;
+            }
+        }
         drop(parent_alive);
         let _ = serving.await;
         self.cleanup();
