@@ -133,6 +133,7 @@ impl PlanError {
         match self {
             PlanError::Escapes { skill, .. }
             | PlanError::Entry { skill, .. }
+            | PlanError::NotPinned { skill, .. }
             | PlanError::Args { skill, .. } => Some(skill),
             PlanError::Grant(g) => Some(&g.skill),
             _ => None,
@@ -610,6 +611,7 @@ mod tests {
         let e = Plan::build(&pinned, &rogue, b"{}".to_vec(), &[]).unwrap_err();
         assert!(matches!(e, PlanError::NotPinned { .. }), "{e}");
         assert_eq!(e.outcome(), Outcome::Rejected);
+        assert_eq!(e.skill(), Some("probe"), "the report names the skill");
         let text = e.to_string();
         assert!(
             text.contains("[skills.probe] manifest") && text.contains("/a/skill.json"),
