@@ -296,8 +296,7 @@ impl Config {
                     |why: String| invalid("skills", format!("[skills.{name}] manifest: {why}"));
                 policy::path::absolute_normal(&pin.to_string_lossy())
                     .map_err(|e| bad(e.to_string()))?;
-                let file = pin.file_name().and_then(|f| f.to_str());
-                if file != Some(policy::MANIFEST_FILE_NAME) && file != Some("SKILL.md") {
+                if !policy::is_manifest_path(pin) {
                     return Err(bad(format!("{} is not a skill.json or SKILL.md", pin.display())));
                 }
             }

@@ -205,10 +205,10 @@ pub fn parse_manifest(
     tool: Option<&str>,
     opts: &ValidateOptions,
 ) -> Result<Manifest, PlanError> {
-    let is_skill_md = path.file_name().is_some_and(|n| n == SKILL_MD_FILE_NAME);
-    if !is_skill_md && path.file_name().is_none_or(|n| n != policy::MANIFEST_FILE_NAME) {
+    if !policy::is_manifest_path(path) {
         return Err(PlanError::NotAManifest { path: path.to_owned() });
     }
+    let is_skill_md = path.file_name().is_some_and(|n| n == SKILL_MD_FILE_NAME);
     match (is_skill_md, tool) {
         (false, None) => Manifest::from_slice(bytes, opts)
             .map_err(|source| PlanError::Manifest { path: path.to_owned(), source }),

@@ -69,7 +69,8 @@ pub use class::SkillClass;
 pub use env::EnvName;
 pub use limits::Limits;
 pub use manifest::{
-    Manifest, ManifestError, ValidateOptions, MANIFEST_FILE_NAME, MAX_MANIFEST_BYTES,
+    is_manifest_path, Manifest, ManifestError, ValidateOptions, MANIFEST_FILE_NAME,
+    MAX_MANIFEST_BYTES,
 };
 pub use name::SkillName;
 pub use permission::{DenyReason, PermissionMode};

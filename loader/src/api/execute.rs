@@ -157,11 +157,7 @@ pub async fn execute(
     // `bad_request`) is refused before any decision, but it was a request
     // to run this skill: its row (`reject`, reason = the error's code,
     // outcome `rejected`, no args) is written as an `invalid_args` one is.
-    let req = match read_body(body, &headers, app.limits()).await {
-        Ok(bytes) => parse_request(&bytes),
-        Err(e) => Err(e),
-    };
-    let req = match req {
+    let req = match read_body(body, &headers, app.limits()).await.and_then(|b| parse_request(&b)) {
         Ok(req) => req,
         Err(e) => {
             // Not an execution (`ongrid_executions_total`): no args were read.

@@ -88,11 +88,6 @@ impl Finding {
 const NOT_A_MANIFEST_NAME: &str =
     "not a manifest: the daemons read only files named skill.json or SKILL.md";
 
-fn is_manifest_name(path: &std::path::Path) -> bool {
-    path.file_name()
-        .is_some_and(|n| n == policy::MANIFEST_FILE_NAME || n == policy::SKILL_MD_FILE_NAME)
-}
-
 /// A note when the entry of `skill`, or a folder between it and its root,
 /// is group or world writable: the loader registers such a pack, but
 /// `ongrid-executor` refuses every run of it (`rejected`), whatever its
@@ -179,7 +174,7 @@ pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result
                 }
                 targets.push(ScanTarget::Root(path));
             }
-            Ok(_) if !is_manifest_name(&path) => {
+            Ok(_) if !policy::is_manifest_path(&path) => {
                 let message = NOT_A_MANIFEST_NAME.to_owned();
                 findings.push(Finding { status: Status::Error, path, message });
             }
