@@ -70,7 +70,7 @@ pub use env::EnvName;
 pub use limits::Limits;
 pub use manifest::{
     is_manifest_path, Manifest, ManifestError, ValidateOptions, MANIFEST_FILE_NAME,
-    MAX_MANIFEST_BYTES,
+    MAX_MANIFEST_BYTES, SKILL_MD_FILE_NAME,
 };
 pub use name::SkillName;
 pub use permission::{DenyReason, PermissionMode};
@@ -78,4 +78,4 @@ pub use raw_json::RawJson;
 pub use report::{Enforcement, LimitKind, Outcome, RunReport, SandboxReport};
 pub use sandbox::{GrantError, GrantedSandbox, SandboxRequest, SkillGrant};
 pub use schema::Schema;
-pub use skillmd::{SkillMd, SkillMdError, SKILL_MD_FILE_NAME};
+pub use skillmd::{SkillMd, SkillMdError};

@@ -39,10 +39,14 @@ pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 /// the executor reads no other file as a `skill.json`.
 pub const MANIFEST_FILE_NAME: &str = "skill.json";
 
+/// The file name of a SKILL.md skill, the other file a skill can be read
+/// from.
+pub const SKILL_MD_FILE_NAME: &str = "SKILL.md";
+
 /// Whether `path` names a manifest: a `skill.json` or a `SKILL.md` (by its
 /// file name alone; nothing is read).
 pub fn is_manifest_path(path: &std::path::Path) -> bool {
-    path.file_name().is_some_and(|n| n == MANIFEST_FILE_NAME || n == crate::SKILL_MD_FILE_NAME)
+    path.file_name().is_some_and(|n| n == MANIFEST_FILE_NAME || n == SKILL_MD_FILE_NAME)
 }
 /// Longest description accepted, in bytes.
 pub const MAX_DESCRIPTION_BYTES: usize = 16 << 10;

@@ -45,8 +45,6 @@ use crate::manifest::{Manifest, ManifestError, ValidateOptions, MAX_MANIFEST_BYT
 use crate::name::SkillName;
 use crate::yaml::{self, YamlError};
 
-/// The file name of a SKILL.md skill.
-pub const SKILL_MD_FILE_NAME: &str = "SKILL.md";
 /// Most tools one SKILL.md may declare.
 pub const MAX_TOOLS: usize = 64;
 
