@@ -6,7 +6,7 @@
 #   DIR_A, DIR_B: folders holding each build's ongrid-executor and
 #   ongrid-skilld (cargo build --release --workspace --bins, copied);
 #   loadbench itself is taken from DIR_A.
-# Example (BENCHMARKS.md, twenty-second pass):
+# Example:
 #   benches/ab-builds.sh /tmp/ab.txt 4 /tmp/bin-new /tmp/bin-old \
 #       --iters 1000 --warmup 50 --conc 1 --skills bin-cat,sh-cat
 # Every process runs in the default scheduling policy, as the daemons do

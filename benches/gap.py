@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Setup cost of served runs after idle gaps (BENCHMARKS.md, fifth pass).
+"""Setup cost of served runs after idle gaps (the cgroup attach lock's
+RCU grace period after an idle host).
 
 usage: gap.py BIN_DIR GAPS_MS(comma-separated) RUNS_PER_GAP   (as root)
 

@@ -6,7 +6,7 @@
 Runs `/bin/cat /dev/null` and `EXECUTOR run --manifest MANIFEST --config CONFIG
 --args '{"a":1}'` for each EXECUTOR, in a rotating order, with 50 ms idle
 before and 30 ms after each command (one-shot runs are not back to back in
-practice; see BENCHMARKS.md on the cgroup attach lock). Prints wall p50/p90
+practice: the first cgroup join after an idle gap waits an RCU grace period). Prints wall p50/p90
 and CPU p50 (the process and its reaped children). Run as root, under
 `chrt -f 10` on a shared machine.
 """

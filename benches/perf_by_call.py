@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where a profile's samples went, by thread name and by the system call,
-fault or interrupt each sample was in (BENCHMARKS.md, thirty-sixth pass).
+fault or interrupt each sample was in (BENCHMARKS.md, "Profile").
 
 usage: perf script -i perf.data | perf_by_call.py [--comm NAME] [--top N]
 

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Where a skill's spawn and exit take their time, sandboxed against bare
-(BENCHMARKS.md, eighteenth pass).
+"""Where a skill's spawn and exit take their time, sandboxed against bare.
 
 usage: phases.py OUT.txt -- LOADBENCH_COMMAND...     (as root)
        phases.py --parse OUT.txt

@@ -1,6 +1,5 @@
 #!/bin/sh
-# The issue 7 measurements, as BENCHMARKS.md ("Load: one skill every way")
-# records them. Run as root on an otherwise quiet machine.
+# The load measurements BENCHMARKS.md records. Run as root on an otherwise quiet machine.
 #
 #   benches/run.sh            # loadbench (all three skills, sequential and 8 clients)
 #   benches/run.sh --micro    # also the criterion micro benches and the scan bench
@@ -8,10 +7,9 @@
 #   SCHED=fifo benches/run.sh # every process in SCHED_FIFO 10 (chrt)
 #
 # By default every process runs in the default scheduling policy, as the
-# daemons do under systemd. Passes one to twenty-four ran under chrt -f 10
-# (less noise); since the twenty-fifth the executor behaves differently in
-# a real-time policy (no exec spin; its skills leave the policy at exec),
-# so that is no longer the daemons' production behaviour (BENCHMARKS.md).
+# daemons do under systemd. chrt -f 10 gives less noise, but the executor
+# behaves differently in a real-time policy (no exec spin; its skills
+# leave the policy at exec), so it is not the daemons' production behaviour.
 #
 # Installs bubblewrap and firejail with apt when missing (Debian/Ubuntu).
 # The binaries are copied to a private directory first, so that a rebuild
@@ -56,7 +54,7 @@ if [ "${SCHED:-other}" = fifo ] && command -v chrt >/dev/null 2>&1; then CHRT="c
         --skills bin-cat --variants bare,engine,executor-rpc,daemon-shm,daemon
     # The boxes' own cost, with a skill whose start-up costs next to nothing
     # (no C library, so none of glibc's cpuid probing, which traps to the
-    # hypervisor in a guest: BENCHMARKS.md, twenty-fourth pass).
+    # hypervisor in a guest).
     # shellcheck disable=SC2086
     $CHRT "$BIN"/loadbench --iters "$ITERS" --warmup "$WARMUP" --bin-dir "$BIN" \
         --skills static-cat --variants bare,engine,executor-rpc,daemon,bwrap,firejail

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Thread wake-ups per run, and how many were for nothing (BENCHMARKS.md,
-seventeenth pass).
+"""Thread wake-ups per run, and how many were for nothing.
 
 usage: wakeups.py OUT.txt -- LOADBENCH_COMMAND...     (as root)
        wakeups.py --parse OUT.txt

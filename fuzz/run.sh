@@ -3,7 +3,7 @@
 # after the other, and prints a table of runs, execs/s, peak RSS and
 # coverage. Exits 1 if any target found a crash, a timeout (one input over
 # 10 s) or an out-of-memory (2 GiB); its input is left in
-# fuzz/artifacts/TARGET/ (turn it into a regression test, see README).
+# fuzz/artifacts/TARGET/ (turn it into a regression test, see docs/reliability.md).
 #
 #   fuzz/run.sh [SECONDS] [TARGET...]     SECONDS defaults to 300
 #

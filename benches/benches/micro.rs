@@ -1,5 +1,4 @@
-//! Per-request CPU costs on the daemon path, each in isolation (issue 7
-//! item 4): manifest parse and validation, args schema validation with the
+//! Per-request CPU costs on the daemon path, each in isolation: manifest parse and validation, args schema validation with the
 //! registry's cached validator (and, for contrast, compiling it per call),
 //! the executor wire's JSON-RPC encode and decode, the run report's
 //! serialisation, and the executor's reuse of a cached Landlock ruleset.

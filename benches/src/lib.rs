@@ -100,7 +100,7 @@ pub struct Samples {
     pub wall: Duration,
     /// Each concurrent round's wall time until its last client was done:
     /// `wall` plus the drain, when fewer clients than asked were running
-    /// (the measure before the twenty-seventh pass: `runs / drained`).
+    /// (the older measure: `runs / drained`).
     pub drained: Duration,
     /// CPU time the whole host was busy over `wall` when concurrent, all
     /// CPUs and processes together, steal not included ([`HostTime`]);
@@ -250,8 +250,7 @@ impl HostTime {
 /// On a guest whose idle vCPUs halt (`haltpoll.guest_halt_poll_ns=0`, as
 /// on the dev machines), waking a thread whose CPU is idle sends one of
 /// them, and the woken vCPU runs only once the hypervisor schedules it
-/// again: tens of microseconds each (BENCHMARKS.md, twenty-second and
-/// twenty-fourth passes). Counted per run, they show how many such hops a
+/// again: tens of microseconds each, measured. Counted per run, they show how many such hops a
 /// path takes. `None` without `/proc/interrupts` or without either line.
 pub fn cpu_wakeups() -> Option<u64> {
     parse_wakeups(&fs::read_to_string("/proc/interrupts").ok()?)

@@ -4,9 +4,8 @@
 //!
 //! Throughput is counted over the time while every client was running:
 //! from the start until the first client was done, with the runs that
-//! ended in it. Until the twenty-seventh pass the tools waited for every
-//! client to make its whole share and divided by that, so each round ended
-//! with a drain, fewer clients running and the CPUs partly idle, that
+//! ended in it. The tools used to wait for every client to make its whole
+//! share and divided by that, so each round ended with a drain, fewer clients running and the CPUs partly idle, that
 //! weighed on the variant whose runs vary most. Both measures are kept
 //! ([`Round::drained`]).
 

@@ -4,8 +4,8 @@
 //! tears the network, IPC and mount namespaces down afterwards in worker
 //! threads, behind RCU grace periods (expedited ones interrupt every CPU).
 //! On the dev machine that is about 2 ms of CPU within the ~60 ms after
-//! each run (BENCHMARKS.md, twenty-ninth pass), which lands on the runs of
-//! whatever variant comes next. [`settle`] waits, outside every timing,
+//! each run, measured, which lands on the runs of whatever variant comes
+//! next. [`settle`] waits, outside every timing,
 //! until the host is quiet again, and says how long that took and how
 //! much CPU the host spent meanwhile: the run's cost that its caller does
 //! not wait for.

@@ -1,6 +1,5 @@
-//! Dual-sign approvals for `dangerous` skills (DESIGN.md §3), as pure
-//! rules: the canonical digest of a request, Ed25519 signing and
-//! verification, key ids.
+//! Dual-sign approvals for `dangerous` skills, as pure rules: the canonical
+//! digest of a request, Ed25519 signing and verification, key ids.
 //!
 //! # What is signed
 //!

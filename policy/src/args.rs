@@ -1,6 +1,6 @@
 //! [`Args`]: a run's args object, kept as the text the caller sent.
 //!
-//! DESIGN.md §2: the skill's stdin "receives the args JSON exactly". The
+//! The skill's stdin receives the args exactly as the caller sent them. The
 //! loader validates a parsed copy against the skill's schema, but what
 //! reaches the skill is the caller's text: its key order, number spelling
 //! (`12345678901234567890123`, `1.50`, `1e3`) and string escapes, never a

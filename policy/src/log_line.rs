@@ -11,7 +11,7 @@
 //! [`printable::line`], as the CLI prints pack text: control characters
 //! but tab escaped (`\n`, `\r`, `\x1b`, `\u{9b}`), so that each record is
 //! exactly one line. Text without control characters is written as it is,
-//! so the DESIGN §2 lines are unchanged.
+//! so the loader's documented log lines (docs/skills.md) are unchanged.
 
 use std::fmt::{self, Write as _};
 

@@ -6,7 +6,7 @@
 //! 3)`), as in SKILL.md frontmatter and in a run's args, rather than read
 //! as the last one.
 //!
-//! Fields (DESIGN.md §2): `name` (required, `[a-z0-9_]+`), `description`
+//! Fields (docs/skills.md): `name` (required, `[a-z0-9_]+`), `description`
 //! (required), `schema` (JSON Schema of the args object; absent =
 //! `{"type":"object","properties":{}}`), `entry` (required), `env_allow`
 //! (absent or empty = no environment at all), `timeout_seconds` (0 or

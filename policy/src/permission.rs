@@ -1,4 +1,4 @@
-//! Permission modes and the class gate (DESIGN.md §3), as pure rules.
+//! Permission modes and the class gate, as pure rules.
 //!
 //! The operator maps callers to a [`PermissionMode`]; [`gate`] decides
 //! what a request of a given class still needs from that mode. The

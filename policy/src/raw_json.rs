@@ -1,6 +1,6 @@
 //! [`RawJson`]: one JSON value kept as the text it arrived as.
 //!
-//! A skill's stdout is returned verbatim (DESIGN.md §2): the same key order,
+//! A skill's stdout is returned verbatim: the same key order,
 //! number spelling and string escapes as the skill printed, never a parsed
 //! and re-serialised copy. The one change made is for framing: the executor
 //! wire and the NDJSON stream carry one JSON document per line, so a value

@@ -154,7 +154,7 @@ pub struct SandboxReport {
     pub degraded: Vec<String>,
 }
 
-/// The report every run ends with (DESIGN.md §5).
+/// The report every run ends with (its fields: docs/skills.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunReport {
     /// The skill's name.

@@ -107,7 +107,7 @@ fn list_show_and_run_outcomes() {
 
 /// The result reaches every client as the skill printed it: the API answer,
 /// the NDJSON stream and `ongrid-skill run` keep key order, number spelling
-/// and escapes (DESIGN.md §2: stdout is returned verbatim).
+/// and escapes: a skill's stdout is its result, verbatim.
 #[test]
 fn the_result_is_returned_verbatim() {
     let s = Stack::start();
@@ -138,10 +138,9 @@ fn the_result_is_returned_verbatim() {
     }
 }
 
-/// The args reach the skill's stdin as the caller sent them (DESIGN.md §2:
-/// "stdin receives the args JSON exactly"): key order, number spelling and
-/// escapes, through the API and `ongrid-skill run`. `echo` is `cat`, so its
-/// result is its stdin. A key given twice is refused before anything runs:
+/// The args reach the skill's stdin as the caller sent them, exactly: key
+/// order, number spelling and escapes, through the API and `ongrid-skill
+/// run`. `echo` is `cat`, so its result is its stdin. A key given twice is refused before anything runs:
 /// the schema would check one value while the skill read another.
 #[test]
 fn the_args_reach_the_skill_exactly() {

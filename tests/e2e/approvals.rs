@@ -1,4 +1,4 @@
-//! Issue 5: the README's "Permissions and approvals" walk-through (keygen,
+//! The "Permissions and approvals" walk-through of docs/operating.md (keygen,
 //! a dangerous skill, `up --config`, refused without approvals, approve,
 //! run, replay refused, audit), run as written with the workspace's
 //! binaries on `PATH`.
@@ -8,24 +8,25 @@ use std::process::Command;
 
 use crate::harness::{bin, temp_dir};
 
-/// The first fenced `sh` block of README.md's "Permissions and approvals".
-fn readme_walkthrough() -> String {
-    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    let text = std::fs::read_to_string(readme).unwrap();
+/// The first fenced `sh` block of docs/operating.md's "Permissions and
+/// approvals".
+fn doc_walkthrough() -> String {
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operating.md");
+    let text = std::fs::read_to_string(doc).unwrap();
     let section = text
         .split("\n## Permissions and approvals")
         .nth(1)
-        .expect("README has ## Permissions and approvals");
+        .expect("docs/operating.md has ## Permissions and approvals");
     let block = section.split("```sh\n").nth(1).expect("a ```sh block");
     block.split("\n```").next().unwrap().to_owned()
 }
 
 #[test]
-fn readme_approval_walkthrough_runs_as_written() {
+fn the_approval_walkthrough_runs_as_written() {
     if nix::unistd::geteuid().is_root() {
         ongrid_tests::host::skill_user();
     }
-    let script = readme_walkthrough();
+    let script = doc_walkthrough();
     let (_tmp, dir) = temp_dir("ongrid-e2e-approvals-");
     let bin_dir = bin("ongrid-skill").parent().unwrap().to_path_buf();
     bin("ongrid-executor");

@@ -1,4 +1,4 @@
-//! Resource bounds (issue 9 item 4) with short configured limits: each
+//! Resource bounds with short configured limits: each
 //! daemon serves at most `max_connections` connections; a client that
 //! sends nothing, a slow-loris head, an idle keep-alive connection and an
 //! idle or byte-at-a-time executor connection, and a client that does

@@ -1,4 +1,4 @@
-//! Faults (issue 9 item 3), beyond `restart` and `cancel`: the executor
+//! Faults, beyond `restart` and `cancel`: the executor
 //! SIGKILLed mid-run (its watchdog kills the runs; with the watchdog gone
 //! too, the next executor sweeps what was left), ongrid-skilld SIGKILLed
 //! mid-run, the audit database on a full and on a read-only file system
@@ -417,8 +417,8 @@ fn status_mask(status: &str, key: &str) -> u64 {
 
 /// Every thread of the executor blocks SIGCHLD, so its runs' exits leave
 /// the signal pending for the process instead of waking a thread only to
-/// drop it (one wake-up per run, BENCHMARKS.md twenty-fifth pass); the
-/// runs still end and report as before.
+/// drop it (one wake-up per run, measured); the runs still end and report
+/// as before.
 #[test]
 fn the_executor_blocks_sigchld_and_runs_still_end() {
     let s = Stack::start();

@@ -10,7 +10,7 @@
 //! disconnect, [`load`] (200 runs from 20
 //! clients), [`malformed`] HTTP and JSON-RPC corpora, [`up`] (the demo
 //! command and the README's curl examples), [`rogue`] (a client skipping
-//! ongrid-skilld cannot exceed `[[peers]]`), [`approvals`] (the README's
+//! ongrid-skilld cannot exceed `[[peers]]`), [`approvals`] (docs/operating.md's
 //! permissions and approvals walk-through, run as written), [`mcp`]
 //! (`ongrid-skill mcp`: a real MCP session over stdio, SKILL.md tools),
 //! [`packs`] (the example packs in the real sandbox against loopback

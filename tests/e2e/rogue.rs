@@ -1,6 +1,5 @@
-//! Issue 5 item 4, defence in depth: a rogue local client that skips
-//! ongrid-skilld and speaks JSON-RPC straight to `ongrid-executor serve`
-//! cannot run more than `executor.toml`'s `[[peers]]` grant its uid,
+//! Defence in depth: a rogue local client that skips ongrid-skilld and
+//! speaks JSON-RPC straight to `ongrid-executor serve` cannot run more than `executor.toml`'s `[[peers]]` grant its uid,
 //! whatever class it claims.
 
 use std::fs;

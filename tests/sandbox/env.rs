@@ -1,4 +1,4 @@
-//! The environment (§(b) 27): exactly the `env_allow` names that are set
+//! The environment: exactly the `env_allow` names that are set
 //! (empty values included), nothing when `env_allow` is absent, and args
 //! never in any argv.
 

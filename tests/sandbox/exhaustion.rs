@@ -1,4 +1,4 @@
-//! Resource exhaustion (§(b) 1-5, 13, 14): every bound holds, the run ends
+//! Resource exhaustion: every bound holds, the run ends
 //! with the right outcome and limit, and the host is back to baseline.
 
 use std::time::Duration;
@@ -25,7 +25,7 @@ fn back_to_baseline(before: &std::collections::BTreeSet<std::path::PathBuf>) {
     probe.run(&Config::new(), &args("sleep", json!({"ms": 0}))).expect(Outcome::Ok);
 }
 
-/// §(b) 1: `fork()` until it fails: the pids bound stops it with EAGAIN.
+/// `fork()` until it fails: the pids bound stops it with EAGAIN.
 #[test]
 fn fork_bomb_is_stopped_by_the_pids_bound() {
     let Some(g) = exclusive("fork_bomb_is_stopped_by_the_pids_bound") else { return };
@@ -41,7 +41,7 @@ fn fork_bomb_is_stopped_by_the_pids_bound() {
     back_to_baseline(&cgroups);
 }
 
-/// §(b) 1: the classic shell fork bomb ends with the run and leaves nothing.
+/// The classic shell fork bomb ends with the run and leaves nothing.
 #[test]
 fn shell_fork_bomb_is_contained() {
     let Some(g) = exclusive("shell_fork_bomb_is_contained") else { return };
@@ -55,7 +55,7 @@ fn shell_fork_bomb_is_contained() {
     back_to_baseline(&cgroups);
 }
 
-/// §(b) 2: one process touching memory past the bound is OOM-killed and the
+/// One process touching memory past the bound is OOM-killed and the
 /// report says `limit: memory`.
 #[test]
 fn memory_hog_is_killed_at_the_memory_bound() {
@@ -77,7 +77,7 @@ fn memory_hog_is_killed_at_the_memory_bound() {
     back_to_baseline(&cgroups);
 }
 
-/// §(b) 3: memory split across children (each under any per-process
+/// Memory split across children (each under any per-process
 /// limit) still meets the run's total bound.
 #[test]
 fn memory_split_across_children_meets_the_total_bound() {
@@ -95,7 +95,7 @@ fn memory_split_across_children_meets_the_total_bound() {
     back_to_baseline(&cgroups);
 }
 
-/// §(b) 5: a CPU busy loop ends at the CPU limit, reported distinctly from
+/// A CPU busy loop ends at the CPU limit, reported distinctly from
 /// the wall deadline.
 #[test]
 fn cpu_busy_loop_ends_at_the_cpu_limit() {
@@ -110,7 +110,7 @@ fn cpu_busy_loop_ends_at_the_cpu_limit() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 13: an endless stdout flood is killed at the cap (not the deadline),
+/// An endless stdout flood is killed at the cap (not the deadline),
 /// reported `output_limit`, and the executor's memory stays bounded.
 #[test]
 fn stdout_flood_is_killed_at_the_cap() {
@@ -130,7 +130,7 @@ fn stdout_flood_is_killed_at_the_cap() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 13: the same from Python (`while True: print`); also proves a Python
+/// The same from Python (`while True: print`); also proves a Python
 /// skill starts under the default sandbox.
 #[test]
 fn python_stdout_flood_is_killed_at_the_cap() {
@@ -200,7 +200,7 @@ fn stderr_giant_line_is_bounded() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 14: a write past RLIMIT_FSIZE fails with EFBIG (SIGXFSZ ignored).
+/// A write past RLIMIT_FSIZE fails with EFBIG (SIGXFSZ ignored).
 #[test]
 fn write_past_fsize_fails() {
     let Some(g) = shared("write_past_fsize_fails") else { return };
@@ -214,7 +214,7 @@ fn write_past_fsize_fails() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 14: with SIGXFSZ's default action the run is reported as ended by
+/// With SIGXFSZ's default action the run is reported as ended by
 /// the file-size limit.
 #[test]
 fn sigxfsz_is_reported_as_file_size_limit() {
@@ -281,7 +281,7 @@ fn rlimits_inside_match_the_config() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 13: the stdout cap is exact: a result of exactly the cap is kept,
+/// The stdout cap is exact: a result of exactly the cap is kept,
 /// one byte more is `output_limit`.
 #[test]
 fn stdout_cap_is_exact() {
@@ -298,7 +298,7 @@ fn stdout_cap_is_exact() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 14: many files each under RLIMIT_FSIZE cannot fill the host disk:
+/// Many files each under RLIMIT_FSIZE cannot fill the host disk:
 /// the run dir's footprint is bounded (a sized per-run tmpfs, a quota, or
 /// the memory bound), well below 1 GiB when files are capped at 1 MiB and
 /// memory at 64 MiB.

@@ -1,4 +1,4 @@
-//! Filesystem confinement (§(b) 15-21): Landlock read+exec on system dirs and
+//! Filesystem confinement: Landlock read+exec on system dirs and
 //! the skill folder, read-write only in the private run dir. Targets the
 //! skill must not reach are world-accessible (or the skill runs as a granted
 //! root without capabilities) so that Unix permissions alone would allow
@@ -61,7 +61,7 @@ fn ran_as_root(run: &ongrid_tests::Run) {
     assert_eq!(sb.uid, 0, "granted run_as root not applied:\n{}", run.dump());
 }
 
-/// §(b) 16: /etc/shadow is unreadable by the skill user.
+/// /etc/shadow is unreadable by the skill user.
 #[test]
 fn shadow_is_unreadable() {
     let Some(g) = shared("shadow_is_unreadable") else { return };
@@ -71,7 +71,7 @@ fn shadow_is_unreadable() {
     done(&skill, &g);
 }
 
-/// §(b) 16: /etc/shadow is unreadable even with `run_as: root` granted:
+/// /etc/shadow is unreadable even with `run_as: root` granted:
 /// Landlock, not file modes, stops it.
 #[test]
 fn shadow_is_unreadable_even_as_granted_root() {
@@ -83,7 +83,7 @@ fn shadow_is_unreadable_even_as_granted_root() {
     done(&skill, &g);
 }
 
-/// §(b) 16: a world-readable file outside the allowed dirs is unreadable,
+/// A world-readable file outside the allowed dirs is unreadable,
 /// and so are the executor's environment and the host's /proc/1 views.
 #[test]
 fn world_readable_files_outside_the_box_are_unreadable() {
@@ -105,7 +105,7 @@ fn world_readable_files_outside_the_box_are_unreadable() {
     done(&skill, &g);
 }
 
-/// §(b) 17: no write outside the run dir, even where modes allow it (/tmp,
+/// No write outside the run dir, even where modes allow it (/tmp,
 /// /var/tmp, /dev/shm, a 0777 dir, a 0777 dir in the skill's own folder).
 #[test]
 fn writes_outside_the_run_dir_fail() {
@@ -133,7 +133,7 @@ fn writes_outside_the_run_dir_fail() {
     done(&skill, &g);
 }
 
-/// §(b) 17: as granted root (no capabilities): no write to /etc, /root,
+/// As granted root (no capabilities): no write to /etc, /root,
 /// /tmp, /var/tmp, no listing of /root.
 #[test]
 fn granted_root_cannot_write_system_dirs_or_list_root() {
@@ -161,7 +161,7 @@ fn granted_root_cannot_write_system_dirs_or_list_root() {
     done(&skill, &g);
 }
 
-/// §(b) 18: a symlink planted in the run dir does not carry writes outside.
+/// A symlink planted in the run dir does not carry writes outside.
 #[test]
 fn symlink_in_the_run_dir_cannot_carry_a_write_outside() {
     let Some(g) = shared("symlink_in_the_run_dir_cannot_carry_a_write_outside") else { return };
@@ -174,7 +174,7 @@ fn symlink_in_the_run_dir_cannot_carry_a_write_outside() {
     done(&skill, &g);
 }
 
-/// §(b) 20, 21: as granted root: no hard link of /etc/passwd into the run dir,
+/// As granted root: no hard link of /etc/passwd into the run dir,
 /// no rename of a skill-folder file into it (REFER / REMOVE_FILE).
 #[test]
 fn links_and_renames_across_directories_fail() {
@@ -192,7 +192,7 @@ fn links_and_renames_across_directories_fail() {
     done(&skill, &g);
 }
 
-/// §(b) 20: no device node in the run dir.
+/// No device node in the run dir.
 #[test]
 fn mknod_fails() {
     let Some(g) = shared("mknod_fails") else { return };
@@ -202,7 +202,7 @@ fn mknod_fails() {
     done(&skill, &g);
 }
 
-/// §(b) 20: a setuid-root copy in the skill folder gains nothing (no_new_privs).
+/// A setuid-root copy in the skill folder gains nothing (no_new_privs).
 #[test]
 fn setuid_binary_gains_nothing() {
     let Some(g) = shared("setuid_binary_gains_nothing") else { return };
@@ -214,7 +214,7 @@ fn setuid_binary_gains_nothing() {
     done(&skill, &g);
 }
 
-/// §(b) 21: a granted read-only path stays read-only: reading works,
+/// A granted read-only path stays read-only: reading works,
 /// truncating a world-writable file in it does not.
 #[test]
 fn read_only_grant_cannot_truncate() {
@@ -236,7 +236,7 @@ fn read_only_grant_cannot_truncate() {
     done(&skill, &g);
 }
 
-/// §(b) 15: nothing persists between runs: each run gets a fresh private
+/// Nothing persists between runs: each run gets a fresh private
 /// dir, removed afterwards, invisible to the next run.
 #[test]
 fn nothing_persists_between_runs() {
@@ -259,7 +259,7 @@ fn nothing_persists_between_runs() {
     done(&skill, &g);
 }
 
-/// §(b) 19: cleaning a hostile run dir (2000-deep dirs, a FIFO, a mode-000
+/// Cleaning a hostile run dir (2000-deep dirs, a FIFO, a mode-000
 /// subtree, symlinks to `/` and to a planted dir) removes exactly the run
 /// dir: nothing is followed out of it.
 #[test]

@@ -1,4 +1,4 @@
-//! Manifest and grant attacks (§(b) 35): a manifest gets at most what
+//! Manifest and grant attacks: a manifest gets at most what
 //! `executor.toml` grants its skill; asking for more is `rejected` naming
 //! the field, and the skill never runs.
 

@@ -1,10 +1,10 @@
 //! Runs side by side: two sandboxed runs of the same executor user cannot
-//! reach each other (§(b) 15, 24, 31 with a live sandboxed neighbour as the
-//! victim instead of a process outside). Both run as `ongrid-skill`, so
-//! file modes, signal permission and ptrace's uid check would all let one
-//! reach the other: each run's own Landlock domain is what stops it. Served
-//! (`ONGRID_SANDBOX_VIA=serve`), both runs come from one executor, its
-//! spawner threads and its sibling cgroup leaves.
+//! reach each other (the persistence, ptrace and signal cases with a live
+//! sandboxed neighbour as the victim instead of a process outside). Both
+//! run as `ongrid-skill`, so file modes, signal permission and ptrace's uid
+//! check would all let one reach the other: each run's own Landlock domain
+//! is what stops it. Served (`ONGRID_SANDBOX_VIA=serve`), both runs come
+//! from one executor, its spawner threads and its sibling cgroup leaves.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

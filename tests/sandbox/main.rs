@@ -1,8 +1,7 @@
 //! The adversarial sandbox suite: every case is a real skill run by the real
 //! `ongrid-executor run --json` in the real sandbox, asserting the run's
 //! outcome, what the skill could (not) do, and that nothing of the run is
-//! left afterwards. Case numbers `§(b) N` refer to the adversarial list in
-//! the sandbox research notes (anchors-sandbox.md §(b)).
+//! left afterwards.
 //!
 //! Needs root (the executor drops to `ongrid-skill`); as another user every
 //! case prints `SKIP: <case>: <reason>` and passes.
@@ -15,14 +14,14 @@
 //!
 //! # Layout
 //!
-//! - `exhaustion`: fork bombs, memory, CPU, output floods, rlimits (§1-5, 13, 14).
-//! - `time`: deadlines and process trees that try to outlive the run (§6-12).
-//! - `filesystem`: secrets, writes, symlinks, links, truncation, persistence (§15-21).
-//! - `network`: TCP, UDP, ICMP, abstract Unix sockets, with and without grant (§22, 23).
-//! - `privilege`: identity, capabilities, fds, tty, seccomp, ptrace, signals (§24-31).
-//! - `env`: the environment is exactly `env_allow` (§27).
-//! - `status`: the outcome taxonomy and hostile bytes (§32-34).
-//! - `grants`: manifests asking for more than the operator grants (§35).
+//! - `exhaustion`: fork bombs, memory, CPU, output floods, rlimits.
+//! - `time`: deadlines and process trees that try to outlive the run.
+//! - `filesystem`: secrets, writes, symlinks, links, truncation, persistence.
+//! - `network`: TCP, UDP, ICMP, abstract Unix sockets, with and without grant.
+//! - `privilege`: identity, capabilities, fds, tty, seccomp, ptrace, signals.
+//! - `env`: the environment is exactly `env_allow`.
+//! - `status`: the outcome taxonomy and hostile bytes.
+//! - `grants`: manifests asking for more than the operator grants.
 //! - `isolation`: two live runs side by side cannot reach each other.
 
 mod env;

@@ -1,4 +1,4 @@
-//! Network confinement (§(b) 22, 23): without the grant nothing leaves the
+//! Network confinement: without the grant nothing leaves the
 //! box, not even to loopback listeners this test opens; with the grant TCP
 //! and UDP work.
 
@@ -31,7 +31,7 @@ fn nothing_received(s: &UdpSocket) {
     }
 }
 
-/// §(b) 22: TCP to a loopback listener fails without the grant (v4 and v6).
+/// TCP to a loopback listener fails without the grant (v4 and v6).
 #[test]
 fn tcp_to_loopback_fails_without_grant() {
     let Some(g) = shared("tcp_to_loopback_fails_without_grant") else { return };
@@ -49,7 +49,7 @@ fn tcp_to_loopback_fails_without_grant() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 22: UDP to a loopback socket fails without the grant.
+/// UDP to a loopback socket fails without the grant.
 #[test]
 fn udp_to_loopback_fails_without_grant() {
     let Some(g) = shared("udp_to_loopback_fails_without_grant") else { return };
@@ -62,7 +62,7 @@ fn udp_to_loopback_fails_without_grant() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 22: ICMP (ping socket and raw socket) fails without the grant.
+/// ICMP (ping socket and raw socket) fails without the grant.
 #[test]
 fn icmp_fails_without_grant() {
     let Some(g) = shared("icmp_fails_without_grant") else { return };
@@ -103,7 +103,7 @@ fn granted_network_reaches_loopback() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 23: an abstract Unix socket outside the sandbox is unreachable
+/// An abstract Unix socket outside the sandbox is unreachable
 /// (Landlock scope, ABI >= 6).
 #[test]
 fn abstract_unix_socket_is_unreachable() {
@@ -136,7 +136,7 @@ fn abstract_unix_name_cannot_be_bound() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 23: a world-connectable pathname Unix socket outside the sandbox
+/// A world-connectable pathname Unix socket outside the sandbox
 /// (a stand-in for the loader's client socket, D-Bus, docker.sock) is
 /// unreachable.
 #[test]
@@ -155,7 +155,7 @@ fn pathname_unix_socket_outside_is_unreachable() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 23: a datagram pair (no `socket(2)` needed) cannot send to a
+/// A datagram pair (no `socket(2)` needed) cannot send to a
 /// pathname datagram socket outside the sandbox by name (`/dev/log`,
 /// journald's socket): `socketpair` is allowed for stream and seqpacket
 /// pairs only. As the same user unsandboxed the datagram arrives.

@@ -1,4 +1,4 @@
-//! Privilege and kernel surface (§(b) 24-31): who the skill is, what it
+//! Privilege and kernel surface: who the skill is, what it
 //! holds, and the syscalls and cross-process operations it is refused.
 
 use std::path::Path;
@@ -21,7 +21,7 @@ fn assert_unprivileged(run: &ongrid_tests::Run, r: &Value) {
     assert!(sb.capabilities.is_empty(), "report: capabilities kept:\n{}", run.dump());
 }
 
-/// §(b) 29: the skill runs as `ongrid-skill` with no supplementary groups,
+/// The skill runs as `ongrid-skill` with no supplementary groups,
 /// and the report says so.
 #[test]
 fn runs_as_the_skill_user() {
@@ -42,7 +42,7 @@ fn runs_as_the_skill_user() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 29: NoNewPrivs 1 and every capability set empty.
+/// NoNewPrivs 1 and every capability set empty.
 #[test]
 fn no_capabilities_and_no_new_privs() {
     let Some(g) = shared("no_capabilities_and_no_new_privs") else { return };
@@ -52,7 +52,7 @@ fn no_capabilities_and_no_new_privs() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 29: run as a granted root, every capability set is still empty.
+/// Run as a granted root, every capability set is still empty.
 #[test]
 fn granted_root_has_no_capabilities() {
     let Some(g) = shared("granted_root_has_no_capabilities") else { return };
@@ -65,7 +65,7 @@ fn granted_root_has_no_capabilities() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 28: only fds 0, 1 and 2 are open.
+/// Only fds 0, 1 and 2 are open.
 #[test]
 fn only_standard_fds_are_open() {
     let Some(g) = shared("only_standard_fds_are_open") else { return };
@@ -77,7 +77,7 @@ fn only_standard_fds_are_open() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 26: no controlling terminal, own session.
+/// No controlling terminal, own session.
 #[test]
 fn no_controlling_terminal_and_own_session() {
     let Some(g) = shared("no_controlling_terminal_and_own_session") else { return };
@@ -124,7 +124,7 @@ fn denied(name: &str, baseline: bool) {
 
 macro_rules! denied_syscalls {
     ($($test:ident: $name:literal, $baseline:literal;)*) => {$(
-        #[doc = concat!("§(b) 24-30: seccomp denies `", $name, "`.")]
+        #[doc = concat!("Seccomp denies `", $name, "`.")]
         #[test]
         fn $test() {
             denied($name, $baseline);
@@ -151,7 +151,7 @@ denied_syscalls! {
     seccomp_denies_linux_aio_contexts: "io_setup", true;
 }
 
-/// §(b) 30: the 16-bit segment table (x86-64 only).
+/// The 16-bit segment table (x86-64 only).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn seccomp_denies_modify_ldt() {
@@ -163,7 +163,7 @@ fn victim() -> Victim {
     Victim::spawn(Path::new(crate::ATTACK), uid, gid)
 }
 
-/// §(b) 24: ptrace of a same-user process outside the sandbox fails (it
+/// `ptrace` of a same-user process outside the sandbox fails (it
 /// works unsandboxed).
 #[test]
 fn ptrace_of_a_same_user_process_fails() {
@@ -180,7 +180,7 @@ fn ptrace_of_a_same_user_process_fails() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 24: process_vm_readv of a same-user process outside the sandbox
+/// `process_vm_readv` of a same-user process outside the sandbox
 /// fails (it reads the secret unsandboxed).
 #[test]
 fn process_vm_readv_of_a_same_user_process_fails() {
@@ -217,7 +217,7 @@ fn all_refused(run: &ongrid_tests::Run) {
     }
 }
 
-/// §(b) 31: a run cannot set the limits, niceness, CPUs, scheduling policy
+/// A run cannot set the limits, niceness, CPUs, scheduling policy
 /// or I/O class of a same-user process outside the sandbox (each works
 /// unsandboxed), which Landlock's signal scope does not cover.
 #[test]
@@ -268,7 +268,7 @@ fn a_run_may_still_renice_and_limit_itself() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 30: SysV shared memory, message queues and semaphores are refused:
+/// SysV shared memory, message queues and semaphores are refused:
 /// their objects would outlive the run, escape its memory limit and be
 /// shared with every other run (each works unsandboxed).
 #[test]
@@ -311,7 +311,7 @@ fn posix_message_queues_are_refused() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 31: signalling a same-user process outside the sandbox fails.
+/// Signalling a same-user process outside the sandbox fails.
 #[test]
 fn cannot_signal_a_same_user_process() {
     let Some(g) = shared("cannot_signal_a_same_user_process") else { return };
@@ -323,7 +323,7 @@ fn cannot_signal_a_same_user_process() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 31: as granted root, signalling the executor side of the run fails.
+/// As granted root, signalling the executor side of the run fails.
 #[test]
 fn granted_root_cannot_signal_the_executor() {
     let Some(g) = shared("granted_root_cannot_signal_the_executor") else { return };
@@ -334,7 +334,7 @@ fn granted_root_cannot_signal_the_executor() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 31: `kill(-1, SIGKILL)` reaches nothing outside the sandbox (and
+/// `kill(-1, SIGKILL)` reaches nothing outside the sandbox (and
 /// does kill a same-user process when run unsandboxed).
 #[test]
 fn kill_minus_one_spares_the_outside() {

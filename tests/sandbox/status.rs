@@ -1,4 +1,4 @@
-//! Outcome taxonomy and hostile bytes (§(b) 32-34).
+//! Outcome taxonomy and hostile bytes.
 
 use std::os::unix::fs::PermissionsExt;
 
@@ -19,7 +19,7 @@ fn exit_case(case: &str, code: u64, stdout: &str, outcome: Outcome) -> Option<on
     Some(run)
 }
 
-/// §(b) 32: exit 0 with one JSON object = ok, result verbatim.
+/// Exit 0 with one JSON object = ok, result verbatim.
 #[test]
 fn exit_0_with_json_is_ok() {
     let Some(run) = exit_case("exit_0", 0, r#"{"answer":42,"nested":{"a":[1,2]}}"#, Outcome::Ok)
@@ -30,7 +30,7 @@ fn exit_0_with_json_is_ok() {
     assert_eq!(run.report.exit_code, Some(0));
 }
 
-/// §(b) 32: the result is the skill's stdout verbatim: key order, number
+/// The result is the skill's stdout verbatim: key order, number
 /// spelling and escapes as printed, whitespace around the value dropped.
 #[test]
 fn result_is_stdout_verbatim() {
@@ -67,7 +67,7 @@ fn multi_line_result_is_compacted_not_reordered() {
     assert_eq!(run.result_text().get(), r#"{"b":"x  y","a":[1,2.0]}"#, "{}", run.dump());
 }
 
-/// §(b) 32: a non-zero exit fails the run even with valid JSON on stdout.
+/// A non-zero exit fails the run even with valid JSON on stdout.
 #[test]
 fn exit_1_is_exit_nonzero_even_with_json() {
     let Some(run) = exit_case("exit_1", 1, "{}", Outcome::ExitNonzero) else { return };
@@ -75,14 +75,14 @@ fn exit_1_is_exit_nonzero_even_with_json() {
     assert!(run.report.result.is_none(), "{}", run.dump());
 }
 
-/// §(b) 32: exit 255 is reported as 255.
+/// Exit 255 is reported as 255.
 #[test]
 fn exit_255_is_exit_nonzero() {
     let Some(run) = exit_case("exit_255", 255, "", Outcome::ExitNonzero) else { return };
     assert_eq!(run.report.exit_code, Some(255), "{}", run.dump());
 }
 
-/// §(b) 32: SIGSEGV is `signaled` with signal 11.
+/// SIGSEGV is `signaled` with signal 11.
 #[test]
 fn sigsegv_is_signaled_11() {
     let Some(g) = shared("sigsegv") else { return };
@@ -94,7 +94,7 @@ fn sigsegv_is_signaled_11() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 32: a skill printing nothing, text, two JSON values, or invalid
+/// A skill printing nothing, text, two JSON values, or invalid
 /// UTF-8 gives `invalid_result`.
 #[test]
 fn bad_stdout_is_invalid_result() {
@@ -118,7 +118,7 @@ fn bad_stdout_is_invalid_result() {
     }
 }
 
-/// §(b) 32: an entry without the execute bit never runs.
+/// An entry without the execute bit never runs.
 #[test]
 fn non_executable_entry_does_not_run() {
     let Some(g) = shared("non_executable_entry") else { return };
@@ -131,7 +131,7 @@ fn non_executable_entry_does_not_run() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 32: a missing entry never runs.
+/// A missing entry never runs.
 #[test]
 fn missing_entry_does_not_run() {
     let Some(g) = shared("missing_entry") else { return };
@@ -156,7 +156,7 @@ fn writable_or_foreign_entry_is_rejected() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 33: a NUL inside a JSON string arrives intact.
+/// A NUL inside a JSON string arrives intact.
 #[test]
 fn escaped_nul_in_args_arrives_intact() {
     let Some(g) = shared("escaped_nul_in_args") else { return };
@@ -167,7 +167,7 @@ fn escaped_nul_in_args_arrives_intact() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 33: raw NUL bytes or non-JSON as args are `invalid_args`, and the
+/// Raw NUL bytes or non-JSON as args are `invalid_args`, and the
 /// skill never runs.
 #[test]
 fn hostile_args_bytes_are_invalid_args() {
@@ -192,7 +192,7 @@ fn hostile_args_bytes_are_invalid_args() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 33: 4 MiB of args streamed through a skill that writes while it
+/// 4 MiB of args streamed through a skill that writes while it
 /// reads (`cat`) do not deadlock stdin against stdout.
 #[test]
 fn large_args_echo_does_not_deadlock() {
@@ -219,7 +219,7 @@ fn python_skill_runs() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 34: parallel runs all succeed and leave nothing behind.
+/// Parallel runs all succeed and leave nothing behind.
 #[test]
 fn parallel_runs_are_independent() {
     let Some(g) = crate::exclusive("parallel_runs") else { return };

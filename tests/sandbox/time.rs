@@ -1,4 +1,4 @@
-//! Deadlines and process trees (§(b) 6-12): every run ends by its deadline
+//! Deadlines and process trees: every run ends by its deadline
 //! plus the kill grace, and takes its whole tree with it.
 
 use std::process::{Command, Stdio};
@@ -44,19 +44,19 @@ fn timed_out_attack(case: &str) {
     }
 }
 
-/// §(b) 6: sleeping forever uses no CPU; the wall deadline ends it.
+/// Sleeping forever uses no CPU; the wall deadline ends it.
 #[test]
 fn sleep_forever_hits_the_wall_deadline() {
     timed_out_attack("sleep_forever");
 }
 
-/// §(b) 7: a SIGTERM ignorer is SIGKILLed after the grace.
+/// A SIGTERM ignorer is SIGKILLed after the grace.
 #[test]
 fn sigterm_ignorer_is_killed_after_the_grace() {
     timed_out_attack("ignore_term");
 }
 
-/// §(b) 7: the same from a shell trap, with children inheriting the ignore.
+/// The same from a shell trap, with children inheriting the ignore.
 #[test]
 fn shell_sigterm_trap_is_killed_after_the_grace() {
     if !ongrid_tests::host::is_root() {
@@ -67,13 +67,13 @@ fn shell_sigterm_trap_is_killed_after_the_grace() {
     timed_out("shell_sigterm_trap", &skill);
 }
 
-/// §(b) 8: a self-stopped process (SIGTERM stays pending) is still killed.
+/// A self-stopped process (SIGTERM stays pending) is still killed.
 #[test]
 fn stopped_process_is_killed() {
     timed_out_attack("sigstop");
 }
 
-/// §(b) 8: a stopped child of a SIGTERM-ignoring parent is still killed.
+/// A stopped child of a SIGTERM-ignoring parent is still killed.
 #[test]
 fn stopped_child_is_killed() {
     timed_out_attack("stopped_tree");
@@ -89,19 +89,19 @@ fn ends_at_main_exit(case: &str) {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 9: a background child does not outlive the main process.
+/// A background child does not outlive the main process.
 #[test]
 fn background_child_dies_with_the_run() {
     ends_at_main_exit("bg_child");
 }
 
-/// §(b) 10: setsid plus double fork escapes process groups, not the run.
+/// Setsid plus double fork escapes process groups, not the run.
 #[test]
 fn setsid_double_fork_daemon_dies_with_the_run() {
     ends_at_main_exit("daemon");
 }
 
-/// §(b) 11: a daemonised grandchild holding stdout and stderr open does not
+/// A daemonised grandchild holding stdout and stderr open does not
 /// hold the run past main's exit: the run ends with main (the executor
 /// watches for main's exit even while the pipes stay open), well before
 /// its deadline.
@@ -115,7 +115,7 @@ fn grandchild_holding_stdout_does_not_hold_the_run() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 11: the same with the grandchild stopped (SIGTERM cannot reach it).
+/// The same with the grandchild stopped (SIGTERM cannot reach it).
 #[test]
 fn stopped_grandchild_holding_stdout_does_not_hold_the_run() {
     let Some(g) = exclusive("stopped_grandchild_holding_stdout") else { return };
@@ -141,14 +141,14 @@ fn an_exit_after_the_pipes_closed_is_waited_for() {
     no_leftovers(&skill, &g);
 }
 
-/// §(b) 6: closing stdout and stderr (EOF on both pipes) does not end
+/// Closing stdout and stderr (EOF on both pipes) does not end
 /// supervision: the deadline still fires.
 #[test]
 fn closed_stdio_does_not_end_supervision() {
     timed_out_attack("close_stdio_sleep");
 }
 
-/// §(b) 12: SIGKILL of the executor mid-run takes the skill with it.
+/// SIGKILL of the executor mid-run takes the skill with it.
 #[test]
 fn executor_killed_mid_run_takes_the_skill_with_it() {
     let Some(g) = exclusive("executor_killed_mid_run") else { return };
@@ -216,7 +216,7 @@ fn executor_killed_mid_run_takes_the_skill_with_it() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// §(b) 35: `timeout_seconds: 0` means the 30 s default, not "kill at once".
+/// `Timeout_seconds: 0` means the 30 s default, not "kill at once".
 #[test]
 fn zero_timeout_means_the_default() {
     let Some(g) = crate::shared("zero_timeout_means_the_default") else { return };

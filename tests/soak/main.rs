@@ -1,4 +1,4 @@
-//! The soak (issue 9 item 2; not part of `cargo test`: run
+//! The soak (not part of `cargo test`: run
 //! `tests/soak/run.sh`). Drives both real daemons, started as
 //! `ongrid-skill up --runtime-dir <tmp> --no-examples --skills <packs>
 //! --config <skilld.toml>`, with N clients (default 16) for a while

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The soak (issue 9 item 2), not part of `cargo test`: builds the binaries
+# The soak, not part of `cargo test`: builds the binaries
 # and drives `ongrid-skill up` with 16 clients for 10 minutes (pass
 # --duration SECS, --warmup SECS, --clients N, --reload-every SECS, --keep).
 # Needs root and sqlite3. Exit 0 = every check passed (see tests/soak/main.rs).

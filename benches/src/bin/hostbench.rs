@@ -1,6 +1,5 @@
 //! `hostbench`: what this machine charges for the primitives a run is made
-//! of, so that `loadbench`'s ratios can be read against the machine kind
-//! (BENCHMARKS.md, ninth pass).
+//! of, so that `loadbench`'s ratios can be read against the machine kind.
 //!
 //! - a null system call (`getppid`, which glibc does not cache);
 //! - the first write to an anonymous page (a page fault that maps a zeroed

@@ -78,8 +78,8 @@ impl Http {
 /// peer takes bytes it sent (the kernel wakes a socket's sleepers when it
 /// frees their buffer, whatever they wait for), so a blocking read right
 /// after a request is woken once for nothing when the daemon reads it:
-/// 0.22 wake-ups of another CPU per run with 8 clients (BENCHMARKS.md,
-/// twenty-sixth pass). `poll` wakes only for `POLLIN`.
+/// 0.22 wake-ups of another CPU per run with 8 clients, measured. `poll`
+/// wakes only for `POLLIN`.
 pub(crate) fn wait_readable(r: &BufReader<UnixStream>) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;

@@ -1,5 +1,5 @@
 //! `loadbench`: one trivial JSON skill run every way we care about, side by
-//! side in one invocation (issue 7).
+//! side in one invocation.
 //!
 //! # Layout
 //!
@@ -78,8 +78,7 @@
 //! namespaces are torn down after they exit, 1.5-2 ms of kernel CPU per
 //! `bwrap` run here, which otherwise lands on the next variant's run. It
 //! prints that CPU next to an idle host's over the same wait. The wait
-//! leaves the next run after ~66 ms of idle time, as `--gap-ms` does
-//! (BENCHMARKS.md, twenty-ninth pass).
+//! leaves the next run after ~66 ms of idle time, as `--gap-ms` does.
 //!
 //! With clients at once, each round of a variant starts them together and
 //! ends for the throughput when the first of them has made its 10 runs

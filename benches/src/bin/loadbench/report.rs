@@ -81,8 +81,8 @@ pub(crate) fn print_table(variants: &[Variant], samples: &[Samples]) {
             );
         }
     }
-    // The measure before the twenty-seventh pass: each round until its
-    // last client was done, drain included.
+    // The older measure: each round until its last client was done,
+    // drain included.
     let bare_drained = bare.map_or(f64::NAN, |b| samples[b].drained_runs_per_s());
     for (v, s) in variants.iter().zip(samples) {
         if s.drained > s.wall {

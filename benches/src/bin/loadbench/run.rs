@@ -56,7 +56,7 @@ pub(crate) fn run_one(
         // its manifest's `env_allow`, here nothing. With the bench's own
         // (`LANG=C.UTF-8` here) `cat` loads the locale: 119 system calls
         // instead of 45, which made every ratio to `bare` look better than
-        // it was (BENCHMARKS.md, fifteenth pass).
+        // it was.
         cmd.env_clear();
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut c = cmd.spawn().expect("spawn");
