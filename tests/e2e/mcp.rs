@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::harness::{bin, Stack};
+use crate::harness::{bin, eventually, write_skill, Stack};
 
 struct Mcp {
     child: std::process::Child,
@@ -276,4 +276,47 @@ fn the_mcp_inspector_cli_lists_and_calls_a_tool() {
             .expect("installed");
     assert_eq!(called["isError"], false, "{called}");
     assert_eq!(called["structuredContent"], json!({"n": 7}), "{called}");
+}
+
+/// The pids of live processes whose command line is exactly `cmdline`.
+fn pids_running(cmdline: &str) -> Vec<i32> {
+    let want: Vec<u8> = cmdline.split(' ').flat_map(|a| a.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+#[test]
+fn a_cancelled_call_kills_its_run() {
+    let s = Stack::start();
+    // A sleep no other test runs, to be found in /proc.
+    let cmdline = "/bin/sleep 47.25";
+    write_skill(&s.skills, "mcp_sleeper", r#","timeout_seconds":60"#, &format!("exec {cmdline}"));
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200, "{}", s.logs());
+    let mut mcp = Mcp::start(&s.socket);
+    mcp.request(
+        1,
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {},
+               "clientInfo": {"name": "e2e", "version": "1"}}),
+    );
+    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    mcp.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "mcp_sleeper", "arguments": {}}}));
+    assert!(
+        eventually(Duration::from_secs(20), || !pids_running(cmdline).is_empty()),
+        "the run started: {}",
+        s.logs()
+    );
+    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 2, "reason": "the user changed their mind"}}));
+    assert!(
+        eventually(Duration::from_secs(10), || pids_running(cmdline).is_empty()),
+        "the run is killed: {}",
+        s.logs()
+    );
+    // The session goes on.
+    assert_eq!(mcp.request(3, "ping", json!({}))["result"], json!({}));
 }
