@@ -96,6 +96,8 @@ fn skill_md_pack(s: &Stack) {
 fn mcp_handshake_list_and_calls_against_both_daemons() {
     let s = Stack::start();
     skill_md_pack(&s);
+    let output = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+    write_skill(&s.skills, "shaped", &format!(r#","output_schema":{output}"#), "exec /bin/cat");
     let r = s.post("/v1/reload", &json!({}));
     assert_eq!(r.status, 200, "{}", s.logs());
     let listed = s.get("/v1/skills/greeter_hello").json();
@@ -122,6 +124,9 @@ fn mcp_handshake_list_and_calls_against_both_daemons() {
     let hello = tools.iter().find(|t| t["name"] == "greeter_hello").expect("SKILL.md tool listed");
     assert_eq!(hello["description"], "Says hello");
     assert_eq!(hello["inputSchema"]["required"], json!(["who"]));
+    let shaped = tools.iter().find(|t| t["name"] == "shaped").expect("shaped listed");
+    assert_eq!(shaped["outputSchema"], output, "{shaped}");
+    assert!(echo.get("outputSchema").is_none(), "{echo}");
 
     // ok: structured content and the same JSON as text.
     let ok = mcp.call(4, "echo", json!({"n": 7}));
