@@ -125,6 +125,7 @@ pub struct Manifest {
     name: SkillName,
     description: String,
     schema: Schema,
+    output_schema: Option<Schema>,
     entry: String,
     env_allow: Vec<EnvName>,
     timeout: Duration,
@@ -331,6 +332,7 @@ impl Manifest {
             Some(v) => return Err(wrong("schema", "an object (a JSON Schema)", v)),
         }
         .map_err(|e| invalid("schema", e.to_string()))?;
+        let output_schema = parse_output_schema(get(&obj, "output_schema"))?;
 
         let mut env_allow: Vec<EnvName> = Vec::new();
         if let Some(v) = get(&obj, "env_allow") {
@@ -403,6 +405,7 @@ impl Manifest {
             "name",
             "description",
             "schema",
+            "output_schema",
             "entry",
             "env_allow",
             "timeout_seconds",
@@ -416,6 +419,7 @@ impl Manifest {
             name,
             description: description.to_owned(),
             schema,
+            output_schema,
             entry: entry.to_owned(),
             env_allow,
             timeout,
@@ -438,6 +442,11 @@ impl Manifest {
     /// JSON Schema of the args object (always a JSON object), as text.
     pub fn schema(&self) -> &Schema {
         &self.schema
+    }
+    /// JSON Schema of the result object, when the manifest declares one
+    /// (`output_schema`): MCP clients get it as the tool's `outputSchema`.
+    pub fn output_schema(&self) -> Option<&Schema> {
+        self.output_schema.as_ref()
     }
     /// The entry as written: relative to the manifest's folder, or absolute.
     pub fn entry(&self) -> &str {
@@ -528,4 +537,23 @@ fn parse_sandbox(s: &Map<String, Value>) -> Result<SandboxRequest, ManifestError
         }
     }
     Ok(req)
+}
+
+/// `output_schema`: absent, or a JSON Schema of an object (MCP's
+/// `outputSchema` describes a tool's structured result, always an object).
+fn parse_output_schema(value: Option<&Value>) -> Result<Option<Schema>, ManifestError> {
+    let schema = match value {
+        None => return Ok(None),
+        Some(Value::Object(s)) => s,
+        Some(v) => return Err(wrong("output_schema", "an object (a JSON Schema)", v)),
+    };
+    if schema.get("type").and_then(Value::as_str) != Some("object") {
+        return Err(invalid(
+            "output_schema",
+            "must describe an object (\"type\": \"object\"): a structured result is an object",
+        ));
+    }
+    Schema::from_value(&Value::Object(schema.clone()))
+        .map(Some)
+        .map_err(|e| invalid("output_schema", e.to_string()))
 }

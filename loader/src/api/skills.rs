@@ -90,7 +90,8 @@ enum Format {
 ///
 /// - `openai`: `{"tools":[{"type":"function","function":{"name",
 ///   "description","parameters"}}]}`
-/// - `mcp`: `{"tools":[{"name","description","inputSchema"}]}`
+/// - `mcp`: `{"tools":[{"name","description","inputSchema"}]}`, and
+///   `outputSchema` where the manifest declares `output_schema`
 /// - `anthropic`: `{"tools":[{"name","description","input_schema"}]}`
 pub async fn tools(
     State(app): State<Arc<App>>,
@@ -121,7 +122,12 @@ pub async fn tools(
                 Format::OpenAi => json!({"type": "function", "function": {
                     "name": name, "description": description, "parameters": schema}}),
                 Format::Mcp => {
-                    json!({"name": name, "description": description, "inputSchema": schema})
+                    let mut tool =
+                        json!({"name": name, "description": description, "inputSchema": schema});
+                    if let Some(output) = m.output_schema() {
+                        tool["outputSchema"] = json!(output);
+                    }
+                    tool
                 }
                 Format::Anthropic => {
                     json!({"name": name, "description": description, "input_schema": schema})

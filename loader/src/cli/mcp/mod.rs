@@ -1,0 +1,397 @@
+//! `ongrid-skill mcp [--socket PATH]`: a Model Context Protocol server on
+//! stdin/stdout that offers the caller's skills as MCP tools.
+//!
+//! The protocol is the official Rust SDK's (`rmcp`): revision 2026-07-28
+//! (no handshake: `server/discover`, the version and capabilities in each
+//! request's `_meta`) and the earlier revisions it still speaks
+//! (2025-11-25, 2025-06-18, 2025-03-26, 2024-11-05: `initialize` first).
+//! Newline-delimited JSON-RPC 2.0 on stdout, nothing else there;
+//! diagnostics go to stderr.
+//!
+//! - `tools/list`: `GET /v1/tools?format=mcp` from ongrid-skilld, which
+//!   lists only what this caller (the uid running `ongrid-skill mcp`, by
+//!   `SO_PEERCRED`) may run: `name`, `description`, `inputSchema`, and
+//!   `outputSchema` where the manifest declares one.
+//! - `tools/call`: `POST /v1/skills/{name}/execute` with the `arguments`.
+//!   An `ok` run answers the result as `structuredContent` (an object
+//!   result as is, anything else as `{"result": ...}`) and as JSON text;
+//!   any other outcome is `isError: true` with the outcome, error, exit
+//!   code and stderr tail (text and `structuredContent`). Refusals (invalid
+//!   args, denied, busy, daemon unreachable) are `isError` results with
+//!   the daemon's code and message; an unknown tool is a JSON-RPC error
+//!   (`-32602`), as the spec asks.
+//! - `notifications/cancelled` drops that call's connection to the
+//!   daemon, which kills the run.
+//!
+//! Calls run concurrently. A call's `arguments` reach the skill as the
+//! client wrote them ([`raw_args`]), and a key given twice is refused.
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use policy::{ArgsError, RawJson};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData, ServerHandler, ServiceExt};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use self::raw_args::{Calls, Tee};
+use super::remote::DaemonArgs;
+use crate::client::{encode_segment, ApiResponse, ClientError, DaemonClient};
+
+mod raw_args;
+
+/// What `initialize` and `server/discover` say of this server.
+const INSTRUCTIONS: &str = "Each tool is a sandboxed ongrid skill run on this host by \
+    ongrid-skilld; only the skills you may run are listed. A failed run is returned with \
+    isError and its outcome and stderr.";
+
+/// Arguments of `mcp`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// How to reach the daemon.
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
+}
+
+/// Serves MCP on stdin/stdout until stdin closes.
+///
+/// # Errors
+///
+/// I/O errors on stdin or stdout.
+pub fn run(args: &Args, _out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let server = Server::new(args.daemon.client());
+    let served = super::remote::block_on(async move {
+        let stdin = Tee::new(tokio::io::stdin(), server.calls.clone());
+        let running =
+            server.serve((stdin, tokio::io::stdout())).await.map_err(|e| e.to_string())?;
+        running.waiting().await.map(drop).map_err(|e| e.to_string())
+    })?;
+    match served {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            writeln!(err, "ongrid-skill mcp: {e}")?;
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// What answers requests: the daemon client, the session id its runs are
+/// audited under, and the calls' arguments as written.
+#[derive(Debug, Clone)]
+pub struct Server {
+    client: DaemonClient,
+    session: String,
+    calls: Calls,
+}
+
+/// The execute body of a `tools/call`.
+#[derive(Serialize)]
+struct CallBody<'a> {
+    args: &'a policy::Args,
+    session_id: &'a str,
+}
+
+/// A `tools/call` result: its text and its structured content.
+fn tool_result(text: String, structured: Value, is_error: bool) -> CallToolResult {
+    let content = vec![ContentBlock::text(text)];
+    let mut result =
+        if is_error { CallToolResult::error(content) } else { CallToolResult::success(content) };
+    result.structured_content = Some(structured);
+    result
+}
+
+impl Server {
+    /// A server asking the daemon behind `client`.
+    pub fn new(client: DaemonClient) -> Self {
+        Self { client, session: format!("mcp-{}", std::process::id()), calls: Calls::default() }
+    }
+
+    /// The caller's tools, as the daemon lists them.
+    async fn tools(&self) -> Result<Vec<Tool>, ErrorData> {
+        let r = self
+            .client
+            .get("/v1/tools?format=mcp")
+            .await
+            .map_err(|e| ErrorData::internal_error(client_message(&e), None))?;
+        if !r.status.is_success() {
+            return Err(ErrorData::internal_error(daemon_message(&r), None));
+        }
+        let tools = r.body.get("tools").cloned().unwrap_or_else(|| json!([]));
+        serde_json::from_value(tools)
+            .map_err(|e| ErrorData::internal_error(format!("the daemon's tool list: {e}"), None))
+    }
+
+    /// Runs a `tools/call` to its end and returns its answer. `written` is
+    /// what the call's line held (its arguments as text), when it was seen;
+    /// else the SDK's copy of the arguments is sent.
+    pub async fn call(
+        &self,
+        params: &CallToolRequestParams,
+        written: Option<raw_args::Arguments>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let name = params.name.as_ref();
+        let text = match written {
+            Some(Err(e)) => return Err(ErrorData::invalid_params(e, None)),
+            Some(Ok(Some(raw))) if raw.get() != "null" => raw.get().to_owned(),
+            Some(Ok(_)) => "{}".to_owned(),
+            None => Value::Object(params.arguments.clone().unwrap_or_default()).to_string(),
+        };
+        let args = match policy::Args::from_slice(text.as_bytes()) {
+            Ok(a) => a,
+            Err(ArgsError::NotObject) => {
+                return Err(ErrorData::invalid_params("arguments must be an object", None))
+            }
+            Err(e) => return Err(ErrorData::invalid_params(format!("arguments: {e}"), None)),
+        };
+        let path = format!("/v1/skills/{}/execute", encode_segment(name));
+        let body = CallBody { args: &args, session_id: &self.session };
+        let r = match self.client.post(&path, &body).await {
+            Ok(r) => r,
+            Err(e) => {
+                let text = client_message(&e);
+                let structured = json!({"error": {"code": "unreachable", "message": text}});
+                return Ok(tool_result(text, structured, true));
+            }
+        };
+        match r.status.as_u16() {
+            200 => Ok(report_result(&r.body, r.report_result())),
+            404 => Err(ErrorData::invalid_params(format!("Unknown tool: {name}"), None)),
+            _ => Ok(tool_result(daemon_message(&r), r.body.clone(), true)),
+        }
+    }
+}
+
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_instructions(INSTRUCTIONS);
+        let mut implementation = Implementation::new("ongrid-skill", env!("CARGO_PKG_VERSION"));
+        implementation.title = Some("ongrid-skills".into());
+        info.server_info = implementation;
+        info
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools().await?))
+    }
+
+    /// A call the client cancels is dropped: its connection to the daemon
+    /// closes, and the daemon kills the run.
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let written = serde_json::to_string(&context.id).ok().and_then(|id| self.calls.take(&id));
+        tokio::select! {
+            result = self.call(&request, written) => result.map(Into::into),
+            () = context.ct.cancelled() => {
+                Err(ErrorData::internal_error("the call was cancelled", None))
+            }
+        }
+    }
+}
+
+/// A run report (200) as a `tools/call` result; the text content is the
+/// result as the skill printed it (`raw`, from the answer's text).
+fn report_result(report: &Value, raw: Option<RawJson>) -> CallToolResult {
+    let outcome = report["outcome"].as_str().unwrap_or("unknown");
+    if outcome == "ok" {
+        let result = report.get("result").cloned().unwrap_or(Value::Null);
+        let text = match raw {
+            Some(raw) => raw.get().to_owned(),
+            None => serde_json::to_string(&result).unwrap_or_default(),
+        };
+        let structured = match result {
+            Value::Object(_) => result,
+            other => json!({"result": other}),
+        };
+        return tool_result(text, structured, false);
+    }
+    let mut text =
+        format!("skill {} failed: outcome {outcome}", report["skill"].as_str().unwrap_or("?"));
+    if let Some(code) = report["exit_code"].as_i64() {
+        text.push_str(&format!(", exit code {code}"));
+    }
+    if let Some(signal) = report["signal"].as_i64() {
+        text.push_str(&format!(", signal {signal}"));
+    }
+    if let Some(e) = report["error"].as_str() {
+        text.push_str(&format!("\nerror: {e}"));
+    }
+    let stderr = report["stderr"].as_str().unwrap_or_default();
+    if !stderr.is_empty() {
+        text.push_str(&format!("\nstderr:\n{stderr}"));
+    }
+    let structured = json!({
+        "skill": report["skill"],
+        "outcome": outcome,
+        "error": report["error"],
+        "exit_code": report["exit_code"],
+        "signal": report["signal"],
+        "stderr": stderr,
+        "duration_ms": report["duration_ms"],
+    });
+    tool_result(text, structured, true)
+}
+
+/// `CODE: message` of an error answer, with its violations.
+fn daemon_message(r: &ApiResponse) -> String {
+    let e = &r.body["error"];
+    let code = e["code"].as_str().unwrap_or("error");
+    let mut text = match e["message"].as_str() {
+        Some(m) => format!("{code}: {m}"),
+        None => format!("{code}: HTTP {}", r.status),
+    };
+    if let Some(reason) = e["reason"].as_str() {
+        text.push_str(&format!(" (reason: {reason})"));
+    }
+    for v in e["violations"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        let path = v["path"].as_str().filter(|p| !p.is_empty()).unwrap_or("(args)");
+        text.push_str(&format!("\n  {path}: {}", v["message"].as_str().unwrap_or_default()));
+    }
+    text
+}
+
+fn client_message(e: &ClientError) -> String {
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        message.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serves one MCP session on an in-memory pipe, against a daemon that
+    /// is not there, and returns the answers to `lines` (by id).
+    async fn exchange(lines: &[Value]) -> Vec<Value> {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let (client, server_end) = tokio::io::duplex(1 << 20);
+        let server = Server::new(DaemonClient::new("/nonexistent/skilld.sock"));
+        let task = tokio::spawn(async move {
+            let (read, write) = tokio::io::split(server_end);
+            let read = Tee::new(read, server.calls.clone());
+            if let Ok(running) = server.serve((read, write)).await {
+                let _ = running.waiting().await;
+            }
+        });
+        let (read, mut write) = tokio::io::split(client);
+        let mut read = BufReader::new(read).lines();
+        let mut answers = Vec::new();
+        for line in lines {
+            write.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+            if line.get("id").is_some() {
+                let text =
+                    tokio::time::timeout(std::time::Duration::from_secs(10), read.next_line())
+                        .await
+                        .expect("an answer in time")
+                        .unwrap()
+                        .expect("an answer");
+                answers.push(serde_json::from_str(&text).unwrap());
+            }
+        }
+        // Both halves: the server sees the end of its input once the pipe is
+        // dropped whole.
+        drop((write, read));
+        tokio::time::timeout(std::time::Duration::from_secs(10), task)
+            .await
+            .expect("the server ends with its input")
+            .unwrap();
+        answers
+    }
+
+    fn init(version: &str) -> Value {
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"}}})
+    }
+
+    #[tokio::test]
+    async fn an_older_client_initializes_and_calls() {
+        let answers = exchange(&[
+            init("2025-06-18"),
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            json!({"jsonrpc": "2.0", "id": "p", "method": "ping"}),
+            json!({"jsonrpc": "2.0", "id": 2, "method": "resources/list"}),
+            json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "x"}}),
+            json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+        ])
+        .await;
+        assert_eq!(answers[0]["result"]["protocolVersion"], "2025-06-18", "{answers:?}");
+        assert!(answers[0]["result"]["capabilities"]["tools"].is_object());
+        assert_eq!(answers[0]["result"]["serverInfo"]["name"], "ongrid-skill");
+        assert_eq!(answers[1]["result"], json!({}));
+        assert_eq!(answers[2]["error"]["code"], -32601, "{:?}", answers[2]);
+        let unreachable = &answers[3];
+        assert_eq!(unreachable["result"]["isError"], true, "{unreachable}");
+        let text = unreachable["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains("cannot connect"), "{text}");
+        assert_eq!(answers[4]["error"]["code"], -32603, "{:?}", answers[4]);
+    }
+
+    #[tokio::test]
+    async fn a_2026_client_discovers_without_a_handshake() {
+        let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "0"}});
+        let answers = exchange(&[
+            json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover",
+                "params": {"_meta": meta}}),
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "x", "arguments": {}, "_meta": meta}}),
+        ])
+        .await;
+        let discovered = &answers[0]["result"];
+        let versions = discovered["supportedVersions"].to_string();
+        assert!(versions.contains("2026-07-28") && versions.contains("2025-06-18"), "{discovered}");
+        assert!(discovered["capabilities"]["tools"].is_object(), "{discovered}");
+        assert_eq!(answers[1]["result"]["isError"], true, "{:?}", answers[1]);
+    }
+
+    fn report_result_of(report: &Value) -> Value {
+        serde_json::to_value(report_result(report, None)).unwrap()
+    }
+
+    #[test]
+    fn an_ok_result_text_is_what_the_skill_printed() {
+        let printed = r#"{"zeta":1.50,"alpha":"\u00e9"}"#;
+        let report = json!({"skill": "s", "outcome": "ok", "result": {"zeta": 1.5, "alpha": "é"}});
+        let r = report_result(&report, RawJson::from_slice(printed.as_bytes()).ok());
+        let r = serde_json::to_value(r).unwrap();
+        assert_eq!(r["content"][0]["text"], printed);
+        assert_eq!(r["structuredContent"], json!({"zeta": 1.5, "alpha": "é"}));
+    }
+
+    #[test]
+    fn reports_become_results() {
+        let ok = report_result_of(&json!({"skill": "s", "outcome": "ok", "result": {"a": 1}}));
+        assert_eq!(ok["structuredContent"], json!({"a": 1}));
+        assert_eq!(ok["content"][0]["text"], r#"{"a":1}"#);
+        assert_eq!(ok["isError"], false);
+        let scalar = report_result_of(&json!({"skill": "s", "outcome": "ok", "result": [1]}));
+        assert_eq!(scalar["structuredContent"], json!({"result": [1]}));
+        let failed = report_result_of(&json!({"skill": "s", "outcome": "exit_nonzero",
+            "exit_code": 3, "error": "exit status 3", "stderr": "boom\n", "result": null}));
+        assert_eq!(failed["isError"], true);
+        assert_eq!(failed["structuredContent"]["outcome"], "exit_nonzero");
+        let text = failed["content"][0]["text"].as_str().unwrap();
+        assert!(
+            text.contains("outcome exit_nonzero, exit code 3") && text.contains("boom"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,185 @@
+//! The `arguments` of each `tools/call` as the client wrote them.
+//!
+//! The SDK parses a call's `arguments` into a JSON map: numbers past 64
+//! bits are rounded, keys are sorted, and of a key given twice the last
+//! one counts. A skill must read its args as sent, and a key given twice
+//! must be refused, as every other way in refuses it. So the bytes that
+//! reach the SDK pass through [`Tee`], which keeps each `tools/call`'s
+//! `params.arguments` as text, by request id, until the call takes it.
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio::io::{AsyncRead, ReadBuf};
+
+/// Calls kept for the SDK to dispatch: a call it refuses before its
+/// handler runs (say, before `initialize`) leaves its entry behind, and the
+/// oldest goes when this many are kept.
+const KEPT_CALLS: usize = 256;
+
+/// Longest line inspected; a longer one passes through untouched, and its
+/// call falls back to the SDK's copy of the arguments.
+const MAX_LINE: usize = 4 << 20;
+
+/// What a call's line held: its arguments as text, or why its `params`
+/// could not be read (given twice, for one).
+pub type Arguments = Result<Option<Box<RawValue>>, String>;
+
+/// The calls seen and not yet taken, by request id as JSON text.
+#[derive(Debug, Clone, Default)]
+pub struct Calls(Arc<Mutex<VecDeque<(String, Arguments)>>>);
+
+impl Calls {
+    /// Takes the arguments of the call whose id is `id` (JSON text).
+    pub fn take(&self, id: &str) -> Option<Arguments> {
+        let mut calls = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = calls.iter().position(|(k, _)| k == id)?;
+        calls.remove(at).map(|(_, args)| args)
+    }
+
+    fn keep(&self, id: String, args: Arguments) {
+        let mut calls = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        calls.retain(|(k, _)| *k != id);
+        if calls.len() == KEPT_CALLS {
+            calls.pop_front();
+        }
+        calls.push_back((id, args));
+    }
+
+    /// Looks at one complete line: a `tools/call` request is kept.
+    fn inspect(&self, line: &[u8]) {
+        #[derive(Deserialize)]
+        struct Head<'a> {
+            #[serde(borrow)]
+            method: Option<&'a str>,
+            id: Option<Box<RawValue>>,
+        }
+        #[derive(Deserialize)]
+        struct Line {
+            params: Option<Params>,
+        }
+        #[derive(Deserialize)]
+        struct Params {
+            arguments: Option<Box<RawValue>>,
+        }
+        let Ok(head) = serde_json::from_slice::<Head<'_>>(line) else { return };
+        let (Some("tools/call"), Some(id)) = (head.method, head.id) else { return };
+        let args = serde_json::from_slice::<Line>(line)
+            .map(|l| l.params.and_then(|p| p.arguments))
+            .map_err(|e| format!("params: {e}"));
+        self.keep(id.get().to_owned(), args);
+    }
+}
+
+/// A reader that passes every byte through and shows each complete line
+/// to [`Calls`].
+#[derive(Debug)]
+pub struct Tee<R> {
+    inner: R,
+    calls: Calls,
+    line: Vec<u8>,
+    /// The current line grew past [`MAX_LINE`]: skipped to its end.
+    skipping: bool,
+}
+
+impl<R> Tee<R> {
+    /// Tees `inner` into `calls`.
+    pub fn new(inner: R, calls: Calls) -> Self {
+        Self { inner, calls, line: Vec::new(), skipping: false }
+    }
+
+    fn saw(&mut self, mut bytes: &[u8]) {
+        while let Some(end) = bytes.iter().position(|&b| b == b'\n') {
+            if !self.skipping && self.line.len() + end <= MAX_LINE {
+                self.line.extend_from_slice(&bytes[..end]);
+                self.calls.inspect(&self.line);
+            }
+            self.line.clear();
+            self.skipping = false;
+            bytes = &bytes[end + 1..];
+        }
+        if !self.skipping {
+            self.line.extend_from_slice(bytes);
+            if self.line.len() > MAX_LINE {
+                self.line = Vec::new();
+                self.skipping = true;
+            }
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Tee<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            let filled = buf.filled()[before..].to_vec();
+            this.saw(&filled);
+        }
+        polled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    async fn tee(input: &[u8]) -> (Vec<u8>, Calls) {
+        let calls = Calls::default();
+        let mut out = Vec::new();
+        Tee::new(input, calls.clone()).read_to_end(&mut out).await.unwrap();
+        (out, calls)
+    }
+
+    #[tokio::test]
+    async fn a_call_keeps_its_arguments_as_written() {
+        let input = concat!(
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":40,"method":"tools/call","params":{"name":"e","arguments":{"z":1.50,"big":123456789012345678901234567890}}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":"s","method":"tools/call","params":{"name":"e"},"params":{}}"#,
+            "\n",
+        );
+        let (out, calls) = tee(input.as_bytes()).await;
+        assert_eq!(out, input.as_bytes());
+        let args = calls.take("40").unwrap().unwrap().unwrap();
+        assert_eq!(args.get(), r#"{"z":1.50,"big":123456789012345678901234567890}"#);
+        assert!(calls.take("40").is_none(), "taken once");
+        assert!(calls.take("1").is_none(), "not a call");
+        let twice = calls.take(r#""s""#).unwrap().unwrap_err();
+        assert!(twice.contains("duplicate field"), "{twice}");
+    }
+
+    #[tokio::test]
+    async fn old_entries_go_and_long_lines_pass_untouched() {
+        let mut input = String::new();
+        for id in 0..KEPT_CALLS + 1 {
+            input.push_str(&format!(
+                "{{\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"arguments\":{{}}}}}}\n"
+            ));
+        }
+        let long = format!(
+            "{{\"id\":999,\"method\":\"tools/call\",\"x\":\"{}\"}}\n",
+            "a".repeat(MAX_LINE)
+        );
+        input.push_str(&long);
+        let (out, calls) = tee(input.as_bytes()).await;
+        assert_eq!(out.len(), input.len());
+        assert!(calls.take("0").is_none(), "the oldest went");
+        assert!(calls.take(&KEPT_CALLS.to_string()).is_some());
+        assert!(calls.take("999").is_none(), "a line past the bound is not read");
+    }
+}
