@@ -219,11 +219,10 @@ impl fmt::Display for Host {
     }
 }
 
-/// A destination port: one port, or any (`*`, which also covers ICMP,
-/// whose echo has no port).
+/// A destination port: one port, or any (`*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Port {
-    /// Any port, and ICMP.
+    /// Any port.
     Any,
     /// One port, 1 to 65535.
     One(std::num::NonZeroU16),
@@ -231,12 +230,15 @@ pub enum Port {
 
 impl Port {
     /// Whether this port allows the destination port `p` of `protocol`.
+    /// ICMP never: no rule allows ICMP echo, since the kernel does not
+    /// judge where an unconnected ping socket sends (see [`Protocol::Icmp`]).
     #[must_use]
     pub fn allows(self, p: u16, protocol: Protocol) -> bool {
-        match self {
-            Self::Any => true,
-            Self::One(n) => protocol != Protocol::Icmp && n.get() == p,
-        }
+        protocol != Protocol::Icmp
+            && match self {
+                Self::Any => true,
+                Self::One(n) => n.get() == p,
+            }
     }
 
     /// Whether every port this one allows, `grant` allows too.
