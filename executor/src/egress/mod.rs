@@ -1,0 +1,180 @@
+//! A run's egress allowlist held by the kernel: cgroup-BPF programs on the
+//! run's cgroup v2 leaf that let a socket of the run connect or send only
+//! where the run's [`EgressRules`] allow, and count what they refused.
+//!
+//! The programs judge every `connect` (TCP, UDP) and every UDP `sendmsg`
+//! with an address, in the kernel, before a packet leaves, and refuse ICMP
+//! (ping) sockets; a refused call fails at once with `EPERM`. A socket carries the cgroup it
+//! was made in, so the rules follow it across `fork`, `exec`, `setsid` and
+//! `SCM_RIGHTS`; the skill holds no `CAP_BPF` or `CAP_NET_ADMIN` and its
+//! seccomp filter denies `bpf(2)`, so it can neither detach nor read them.
+//! The programs are attached through BPF links held by [`Egress`]: dropping
+//! it detaches them, leaving a reused slot leaf clean for the next run.
+
+pub(crate) mod asm;
+pub mod denied;
+pub(crate) mod program;
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use policy::egress::EgressRules;
+
+pub use denied::{Denials, Denied, MAX_LISTED};
+use program::{Hook, Maps};
+
+use crate::sys::bpf::{self, Insn, Map};
+
+const BPF_MAP_TYPE_HASH: u32 = 1;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+const BPF_PROG_TYPE_CGROUP_SOCK: u32 = 9;
+const BPF_PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
+/// Distinct refused destinations kept per run (refusals past it still
+/// count in the total).
+pub const DENIED_ENTRIES: u32 = 64;
+/// Bytes for the verifier's log when a program is refused.
+const VERIFIER_LOG_BYTES: usize = 1 << 20;
+
+/// Why the egress rules could not be put in place.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    /// A denial map could not be made (no BPF: old kernel, no `CAP_BPF`).
+    #[error("egress: creating a BPF map: {0}")]
+    Map(#[source] io::Error),
+    /// A program could not be generated.
+    #[error("egress: {0}")]
+    Asm(#[from] asm::AsmError),
+    /// The kernel refused a program; `log` ends with the verifier's reason.
+    #[error("egress: loading {name}: {source}: {log}")]
+    Load {
+        /// The program's name.
+        name: &'static str,
+        /// The errno of `BPF_PROG_LOAD`.
+        source: io::Error,
+        /// The end of the verifier's log.
+        log: String,
+    },
+    /// A program could not be attached to the cgroup (no cgroup v2
+    /// directory, or a kernel without BPF links for cgroups).
+    #[error("egress: attaching {name}: {source}")]
+    Attach {
+        /// The program's name.
+        name: &'static str,
+        /// The errno of `BPF_LINK_CREATE`.
+        source: io::Error,
+    },
+    /// The denial maps could not be read.
+    #[error("egress: reading the refusals: {0}")]
+    Read(#[source] io::Error),
+}
+
+/// One run's loaded egress programs and their denial maps; attached to a
+/// cgroup while it holds the links.
+#[derive(Debug)]
+pub struct Egress {
+    programs: Vec<(&'static str, u32, OwnedFd)>,
+    links: Vec<OwnedFd>,
+    denied: Map,
+    total: Map,
+}
+
+impl Egress {
+    /// Loads the programs enforcing `rules` (not yet attached): the four
+    /// address hooks, and the refusal of ICMP sockets (whose `sendto` no
+    /// hook judges: [`program::refuse_icmp_sockets`]).
+    ///
+    /// # Errors
+    ///
+    /// [`EgressError`] when a map or program cannot be made.
+    pub fn load(rules: &EgressRules) -> Result<Self, EgressError> {
+        let denied = bpf::map_create(
+            BPF_MAP_TYPE_HASH,
+            program::DENIED_KEY_SIZE,
+            8,
+            DENIED_ENTRIES,
+            "ongrid_denied",
+        )
+        .map_err(EgressError::Map)?;
+        let total = bpf::map_create(BPF_MAP_TYPE_ARRAY, 4, 8, 1, "ongrid_total")
+            .map_err(EgressError::Map)?;
+        let maps = Maps { denied: denied.fd().as_raw_fd(), total: total.fd().as_raw_fd() };
+        let mut programs = Vec::with_capacity(Hook::ALL.len() + 1);
+        for hook in Hook::ALL {
+            let insns = program::sock_addr(rules, hook, maps)?;
+            let fd = load(BPF_PROG_TYPE_CGROUP_SOCK_ADDR, hook.attach_type(), &insns, hook.name())?;
+            programs.push((hook.name(), hook.attach_type(), fd));
+        }
+        let (name, at) = ("ongrid_noicmp", program::ATTACH_SOCK_CREATE);
+        let fd = load(BPF_PROG_TYPE_CGROUP_SOCK, at, &program::refuse_icmp_sockets(maps)?, name)?;
+        programs.push((name, at, fd));
+        Ok(Self { programs, links: Vec::new(), denied, total })
+    }
+
+    /// Attaches every program to the cgroup v2 directory open as `cgroup`
+    /// (all or none: on an error the ones attached are detached).
+    ///
+    /// # Errors
+    ///
+    /// [`EgressError::Attach`].
+    pub fn attach(&mut self, cgroup: BorrowedFd<'_>) -> Result<(), EgressError> {
+        self.detach();
+        for (name, at, fd) in &self.programs {
+            match bpf::link_create_cgroup(fd.as_fd(), cgroup, *at) {
+                Ok(link) => self.links.push(link),
+                Err(source) => {
+                    self.links.clear();
+                    return Err(EgressError::Attach { name, source });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Detaches the programs (closing their links); the counts stay
+    /// readable.
+    pub fn detach(&mut self) {
+        self.links.clear();
+    }
+
+    /// Whether the programs are attached.
+    #[must_use]
+    pub fn attached(&self) -> bool {
+        !self.links.is_empty()
+    }
+
+    /// The number of programs (the ICMP socket refusal included).
+    #[must_use]
+    pub fn programs(&self) -> usize {
+        self.programs.len()
+    }
+
+    /// What the programs refused so far.
+    ///
+    /// # Errors
+    ///
+    /// [`EgressError::Read`] when a map cannot be read.
+    pub fn denials(&self) -> Result<Denials, EgressError> {
+        denied::read(&self.denied, &self.total).map_err(EgressError::Read)
+    }
+}
+
+/// Loads one program; on a refusal loads it again with a verifier log and
+/// keeps the log's end in the error.
+fn load(
+    prog_type: u32,
+    attach_type: u32,
+    insns: &[Insn],
+    name: &'static str,
+) -> Result<OwnedFd, EgressError> {
+    bpf::prog_load(prog_type, attach_type, insns, name, None).or_else(|source| {
+        let mut buf = vec![0u8; VERIFIER_LOG_BYTES];
+        if let Ok(fd) = bpf::prog_load(prog_type, attach_type, insns, name, Some(&mut buf)) {
+            return Ok(fd);
+        }
+        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        let text = String::from_utf8_lossy(&buf[..end]);
+        let tail: Vec<&str> = text.lines().rev().take(8).collect();
+        let log = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
+        Err(EgressError::Load { name, source, log })
+    })
+}
