@@ -163,6 +163,11 @@ impl Asm {
         self.push(insn(STX | W | MEM, dst, src, off, 0));
     }
 
+    /// `*(u64 *)(dst + off) = src`.
+    pub fn stx_dw(&mut self, dst: Reg, off: i16, src: Reg) {
+        self.push(insn(STX | DW | MEM, dst, src, off, 0));
+    }
+
     /// `*(u32 *)(dst + off) = imm`.
     pub fn st_w(&mut self, dst: Reg, off: i16, imm: u32) {
         self.push(insn(ST | W | MEM, dst, R0, off, i32::from_ne_bytes(imm.to_ne_bytes())));

@@ -1,4 +1,6 @@
-//! What a run's egress programs refused, read back from their maps.
+//! What a run's egress programs refused, read back from their maps (and
+//! removed there: the maps are shared by the runs of one rule set, and a
+//! slot's cgroup, whose id keys the counts, is reused by later runs).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -10,9 +12,6 @@ use crate::sys::bpf::{self, Map};
 
 /// Most refused destinations listed in a report (the total counts all).
 pub const MAX_LISTED: usize = 16;
-/// Most keys read from a denial map: its bound, and a stop should the
-/// kernel's key walk restart (a key deleted under it).
-const MAX_KEYS: usize = 1024;
 
 /// One refused destination.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,42 +47,49 @@ fn destination(addr: IpAddr, port: u16) -> String {
     SocketAddr::new(addr, port).to_string()
 }
 
-/// Reads the denial map and the total.
+/// Every key of the denial map (at most `bound`: the map's own bound, and
+/// a stop should the kernel's walk restart under a concurrent delete).
+fn keys(denied: &Map, bound: usize) -> io::Result<Vec<[u8; DENIED_KEY_SIZE]>> {
+    let mut out = Vec::new();
+    let mut key = [0u8; DENIED_KEY_SIZE];
+    while out.len() < bound {
+        let prev = out.last().map(|k: &[u8; DENIED_KEY_SIZE]| &k[..]);
+        if !bpf::map_next_key(denied, prev, &mut key)? {
+            break;
+        }
+        out.push(key);
+    }
+    Ok(out)
+}
+
+/// Reads and removes the counts of the cgroup `cgroup_id`.
 ///
 /// # Errors
 ///
-/// The errno of a map read.
-pub fn read(denied: &Map, total: &Map) -> io::Result<Denials> {
-    let mut all = Vec::new();
-    let mut key = [0u8; DENIED_KEY_SIZE];
-    let mut prev: Option<[u8; DENIED_KEY_SIZE]> = None;
-    while all.len() < MAX_KEYS
-        && bpf::map_next_key(denied, prev.as_ref().map(|k| &k[..]), &mut key)?
-    {
+/// The errno of a map read or delete.
+pub fn take(denied: &Map, total: &Map, bound: usize, cgroup_id: u64) -> io::Result<Denials> {
+    let mut all: Vec<Denied> = Vec::new();
+    for key in keys(denied, bound)? {
+        let (id, addr, port, proto) = decode_key(&key);
         let mut v = [0u8; 8];
-        if bpf::map_lookup(denied, &key, &mut v)? {
-            let (addr, port, proto) = decode_key(&key);
-            all.push(Denied {
-                destination: destination(addr, port),
-                protocol: protocol_name(proto),
-                count: u64::from_ne_bytes(v),
-            });
+        if id != cgroup_id || !bpf::map_lookup(denied, &key, &mut v)? {
+            continue;
         }
-        prev = Some(key);
+        bpf::map_delete(denied, &key)?;
+        let (destination, protocol) = (destination(addr, port), protocol_name(proto));
+        let count = u64::from_ne_bytes(v);
+        // IPv4 and IPv6 ICMP sockets refused when made print alike: one row.
+        match all.iter_mut().find(|d| d.destination == destination && d.protocol == protocol) {
+            Some(d) => d.count += count,
+            None => all.push(Denied { destination, protocol, count }),
+        }
     }
-    // IPv4 and IPv6 ICMP sockets refused when made print alike: one row.
-    all.sort_by(|a, b| (&a.destination, &a.protocol).cmp(&(&b.destination, &b.protocol)));
-    all.dedup_by(|later, kept| {
-        let same = later.destination == kept.destination && later.protocol == kept.protocol;
-        if same {
-            kept.count += later.count;
-        }
-        same
-    });
     all.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.destination.cmp(&b.destination)));
     all.truncate(MAX_LISTED);
+    let id = cgroup_id.to_ne_bytes();
     let mut v = [0u8; 8];
-    let total = if bpf::map_lookup(total, &0u32.to_ne_bytes(), &mut v)? {
+    let total = if bpf::map_lookup(total, &id, &mut v)? {
+        bpf::map_delete(total, &id)?;
         u64::from_ne_bytes(v)
     } else {
         0

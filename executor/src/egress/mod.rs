@@ -8,15 +8,21 @@
 //! was made in, so the rules follow it across `fork`, `exec`, `setsid` and
 //! `SCM_RIGHTS`; the skill holds no `CAP_BPF` or `CAP_NET_ADMIN` and its
 //! seccomp filter denies `bpf(2)`, so it can neither detach nor read them.
-//! The programs are attached through BPF links held by [`Egress`]: dropping
-//! it detaches them, leaving a reused slot leaf clean for the next run.
+//!
+//! Loading is the cost (about 2.5 ms for 32 entries: the verifier and the
+//! JIT), attaching is not (tens of microseconds): an [`Egress`] is loaded
+//! once per rule set and shared by the runs that have it, each attaching
+//! it to its own cgroup ([`Egress::attach`]) through BPF links held by the
+//! returned [`Attached`]: dropping it detaches them, leaving a reused slot
+//! leaf clean for the next run. Refusals are counted per cgroup id and
+//! taken back when the run ends ([`Egress::take_denials`]).
 
 pub(crate) mod asm;
 pub mod denied;
 pub(crate) mod program;
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use policy::egress::EgressRules;
 
@@ -26,12 +32,13 @@ use program::{Hook, Maps};
 use crate::sys::bpf::{self, Insn, Map};
 
 const BPF_MAP_TYPE_HASH: u32 = 1;
-const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_PROG_TYPE_CGROUP_SOCK: u32 = 9;
 const BPF_PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
-/// Distinct refused destinations kept per run (refusals past it still
-/// count in the total).
-pub const DENIED_ENTRIES: u32 = 64;
+/// Distinct refused destinations kept for all the runs sharing one
+/// [`Egress`] (refusals past it still count in each run's total).
+pub const DENIED_ENTRIES: u32 = 1024;
+/// Cgroups with a refusal total at once (runs sharing one [`Egress`]).
+const TOTAL_ENTRIES: u32 = 4096;
 /// Bytes for the verifier's log when a program is refused.
 const VERIFIER_LOG_BYTES: usize = 1 << 20;
 
@@ -68,14 +75,36 @@ pub enum EgressError {
     Read(#[source] io::Error),
 }
 
-/// One run's loaded egress programs and their denial maps; attached to a
-/// cgroup while it holds the links.
+/// The loaded egress programs of one rule set and their count maps,
+/// attached to any number of run cgroups.
 #[derive(Debug)]
 pub struct Egress {
     programs: Vec<(&'static str, u32, OwnedFd)>,
-    links: Vec<OwnedFd>,
     denied: Map,
     total: Map,
+}
+
+/// One cgroup's attachment of an [`Egress`]: its BPF links, closed (the
+/// programs detached) on drop.
+#[derive(Debug)]
+pub struct Attached {
+    links: Vec<OwnedFd>,
+    cgroup_id: u64,
+}
+
+impl Attached {
+    /// The id of the cgroup the programs are attached to (its directory's
+    /// inode number), which keys its refusal counts.
+    #[must_use]
+    pub fn cgroup_id(&self) -> u64 {
+        self.cgroup_id
+    }
+
+    /// The number of programs attached.
+    #[must_use]
+    pub fn programs(&self) -> usize {
+        self.links.len()
+    }
 }
 
 impl Egress {
@@ -95,8 +124,14 @@ impl Egress {
             "ongrid_denied",
         )
         .map_err(EgressError::Map)?;
-        let total = bpf::map_create(BPF_MAP_TYPE_ARRAY, 4, 8, 1, "ongrid_total")
-            .map_err(EgressError::Map)?;
+        let total = bpf::map_create(
+            BPF_MAP_TYPE_HASH,
+            program::TOTAL_KEY_SIZE,
+            8,
+            TOTAL_ENTRIES,
+            "ongrid_total",
+        )
+        .map_err(EgressError::Map)?;
         let maps = Maps { denied: denied.fd().as_raw_fd(), total: total.fd().as_raw_fd() };
         let mut programs = Vec::with_capacity(Hook::ALL.len() + 1);
         for hook in Hook::ALL {
@@ -107,39 +142,7 @@ impl Egress {
         let (name, at) = ("ongrid_noicmp", program::ATTACH_SOCK_CREATE);
         let fd = load(BPF_PROG_TYPE_CGROUP_SOCK, at, &program::refuse_icmp_sockets(maps)?, name)?;
         programs.push((name, at, fd));
-        Ok(Self { programs, links: Vec::new(), denied, total })
-    }
-
-    /// Attaches every program to the cgroup v2 directory open as `cgroup`
-    /// (all or none: on an error the ones attached are detached).
-    ///
-    /// # Errors
-    ///
-    /// [`EgressError::Attach`].
-    pub fn attach(&mut self, cgroup: BorrowedFd<'_>) -> Result<(), EgressError> {
-        self.detach();
-        for (name, at, fd) in &self.programs {
-            match bpf::link_create_cgroup(fd.as_fd(), cgroup, *at) {
-                Ok(link) => self.links.push(link),
-                Err(source) => {
-                    self.links.clear();
-                    return Err(EgressError::Attach { name, source });
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Detaches the programs (closing their links); the counts stay
-    /// readable.
-    pub fn detach(&mut self) {
-        self.links.clear();
-    }
-
-    /// Whether the programs are attached.
-    #[must_use]
-    pub fn attached(&self) -> bool {
-        !self.links.is_empty()
+        Ok(Self { programs, denied, total })
     }
 
     /// The number of programs (the ICMP socket refusal included).
@@ -148,13 +151,37 @@ impl Egress {
         self.programs.len()
     }
 
-    /// What the programs refused so far.
+    /// Attaches every program to the cgroup v2 directory `cgroup` (all or
+    /// none: on an error the ones attached are detached), after dropping
+    /// counts an earlier run in that cgroup left.
+    ///
+    /// # Errors
+    ///
+    /// [`EgressError::Attach`]; [`EgressError::Read`] when the directory's
+    /// metadata or the maps cannot be read.
+    pub fn attach(&self, cgroup: &std::fs::File) -> Result<Attached, EgressError> {
+        use std::os::unix::fs::MetadataExt;
+        let cgroup_id = cgroup.metadata().map_err(EgressError::Read)?.ino();
+        self.take_denials(cgroup_id)?;
+        let mut links = Vec::with_capacity(self.programs.len());
+        for (name, at, fd) in &self.programs {
+            let link = bpf::link_create_cgroup(fd.as_fd(), cgroup.as_fd(), *at)
+                .map_err(|source| EgressError::Attach { name, source })?;
+            links.push(link);
+        }
+        Ok(Attached { links, cgroup_id })
+    }
+
+    /// What the programs refused in the cgroup `cgroup_id` since the last
+    /// take, removed from the maps (take them once the run's [`Attached`]
+    /// is dropped, so nothing counts in after).
     ///
     /// # Errors
     ///
     /// [`EgressError::Read`] when a map cannot be read.
-    pub fn denials(&self) -> Result<Denials, EgressError> {
-        denied::read(&self.denied, &self.total).map_err(EgressError::Read)
+    pub fn take_denials(&self, cgroup_id: u64) -> Result<Denials, EgressError> {
+        let bound = usize::try_from(DENIED_ENTRIES).unwrap_or(usize::MAX);
+        denied::take(&self.denied, &self.total, bound, cgroup_id).map_err(EgressError::Read)
     }
 }
 
@@ -177,4 +204,33 @@ fn load(
         let log = tail.into_iter().rev().collect::<Vec<_>>().join(" | ");
         Err(EgressError::Load { name, source, log })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use asm::{Asm, R0};
+
+    #[test]
+    fn a_refused_program_carries_the_verifiers_reason() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: needs root");
+            return;
+        }
+        // Returns r0 without setting it.
+        let mut a = Asm::new();
+        a.exit();
+        let insns = a.finish().unwrap();
+        match load(BPF_PROG_TYPE_CGROUP_SOCK_ADDR, Hook::Connect4.attach_type(), &insns, "bad") {
+            Err(EgressError::Load { name: "bad", log, .. }) => {
+                assert!(log.contains("R0 !read_ok"), "{log}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut a = Asm::new();
+        a.mov64_imm(R0, 1);
+        a.exit();
+        let ok = load(BPF_PROG_TYPE_CGROUP_SOCK_ADDR, 10, &a.finish().unwrap(), "good");
+        assert!(ok.is_ok(), "{ok:?}");
+    }
 }

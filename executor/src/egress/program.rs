@@ -5,10 +5,12 @@
 //!
 //! A program returns 1 (allow) or 0 (refuse: the system call fails at once
 //! with `EPERM`). Before refusing it counts the destination in the denial
-//! map, keyed by [`DENIED_KEY_SIZE`] bytes: family (`u32`, 4 or 6), the
-//! address (16 bytes, an IPv4 one in the first 4), the port (network
+//! map, keyed by [`DENIED_KEY_SIZE`] bytes: the cgroup id of the calling
+//! process (`u64`: the programs of one rule set are shared by the runs
+//! that have it, each run in its own cgroup), the family (`u32`, 4 or 6),
+//! the address (16 bytes, an IPv4 one in the first 4), the port (network
 //! order) and the IP protocol (`u16`, host order); and it adds 1 to the
-//! total in the one-slot array map, which counts refusals past the denial
+//! cgroup's total in the total map, which counts refusals past the denial
 //! map's bound too.
 
 use std::net::IpAddr;
@@ -21,7 +23,9 @@ use crate::sys::bpf::Insn;
 /// `BPF_CGROUP_INET_SOCK_CREATE`.
 pub const ATTACH_SOCK_CREATE: u32 = 2;
 /// Bytes of a denial map key.
-pub const DENIED_KEY_SIZE: usize = 24;
+pub const DENIED_KEY_SIZE: usize = 32;
+/// Bytes of a total map key: the cgroup id.
+pub const TOTAL_KEY_SIZE: usize = 8;
 
 // `struct bpf_sock_addr` field offsets (<linux/bpf.h>).
 const USER_IP4: i16 = 4;
@@ -37,11 +41,15 @@ const HELPER_MAP_LOOKUP: i32 = 1;
 const HELPER_MAP_UPDATE: i32 = 2;
 const BPF_NOEXIST: i32 = 1;
 
-// Stack slots below the frame pointer: the denial key, its first count,
-// the total's key.
-const KEY: i16 = -24;
-const ONE: i16 = -32;
-const TOTAL_KEY: i16 = -36;
+const HELPER_GET_CURRENT_CGROUP_ID: i32 = 80;
+
+// Stack slots below the frame pointer: the denial key (its first 8 bytes,
+// the cgroup id, are the total map's key), and a first count.
+const KEY: i16 = -32;
+const FAMILY: i16 = KEY + 8;
+const ADDR: i16 = KEY + 12;
+const PORT_PROTO: i16 = KEY + 28;
+const ONE: i16 = -40;
 
 /// A `CGROUP_SOCK_ADDR` hook the egress programs attach to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,56 +206,54 @@ fn match_word(a: &mut Asm, reg: Reg, net: u32, mask: u32, next: Label) {
 
 /// Builds the denial key of the refused destination and counts it.
 fn record_denial(a: &mut Asm, v6: bool, maps: Maps) {
-    a.st_w(R10, KEY, if v6 { 6 } else { 4 });
+    a.call(HELPER_GET_CURRENT_CGROUP_ID);
+    a.stx_dw(R10, KEY, R0);
+    a.st_w(R10, FAMILY, if v6 { 6 } else { 4 });
     for i in 0..4i16 {
         if v6 {
             a.ldx_w(R1, R6, USER_IP6 + 4 * i);
-            a.stx_w(R10, KEY + 4 + 4 * i, R1);
+            a.stx_w(R10, ADDR + 4 * i, R1);
         } else if i == 0 {
             a.ldx_w(R1, R6, USER_IP4);
-            a.stx_w(R10, KEY + 4, R1);
+            a.stx_w(R10, ADDR, R1);
         } else {
-            a.st_w(R10, KEY + 4 + 4 * i, 0);
+            a.st_w(R10, ADDR + 4 * i, 0);
         }
     }
     a.mov32(R1, R8);
     a.lsh32_imm(R1, 16);
     a.or32(R1, R7);
-    a.stx_w(R10, KEY + 20, R1);
-    count_key(a, maps);
+    a.stx_w(R10, PORT_PROTO, R1);
+    count_key(a, maps.denied);
+    count_key(a, maps.total);
 }
 
-/// Counts the denial key on the stack: its map entry (made with a count
-/// of 1 when absent; a racing maker's entry counted instead), and the
-/// total.
-fn count_key(a: &mut Asm, maps: Maps) {
-    let total = a.label();
-    let insert = a.label();
-    increment(a, maps.denied, KEY, insert, total);
+/// Adds 1 to the count of the key on the stack in `map` (both maps' keys
+/// start at [`KEY`]), making it with a count of 1 when absent; when a
+/// racing refusal made it first, counts into that one.
+fn count_key(a: &mut Asm, map: i32) {
+    let (insert, done) = (a.label(), a.label());
+    increment(a, map, insert, done);
     a.bind(insert);
     a.st_dw(R10, ONE, 1);
-    a.ld_map_fd(R1, maps.denied);
+    a.ld_map_fd(R1, map);
     a.mov64(R2, R10);
     a.add64_imm(R2, KEY.into());
     a.mov64(R3, R10);
     a.add64_imm(R3, ONE.into());
     a.mov64_imm(R4, BPF_NOEXIST);
     a.call(HELPER_MAP_UPDATE);
-    a.jmp_imm(Cond::Eq, R0, 0, total);
-    increment(a, maps.denied, KEY, total, total);
-    a.bind(total);
-    a.st_w(R10, TOTAL_KEY, 0);
-    let done = a.label();
-    increment(a, maps.total, TOTAL_KEY, done, done);
+    a.jmp_imm(Cond::Eq, R0, 0, done);
+    increment(a, map, done, done);
     a.bind(done);
 }
 
-/// Adds 1 to the `u64` value of the key at `r10 + key` in `map`, then
-/// goes to `then`; to `absent` when the map holds no such key.
-fn increment(a: &mut Asm, map: i32, key: i16, absent: Label, then: Label) {
+/// Adds 1 to the `u64` value of the key at [`KEY`] in `map`, then goes to
+/// `then`; to `absent` when the map holds no such key.
+fn increment(a: &mut Asm, map: i32, absent: Label, then: Label) {
     a.ld_map_fd(R1, map);
     a.mov64(R2, R10);
-    a.add64_imm(R2, key.into());
+    a.add64_imm(R2, KEY.into());
     a.call(HELPER_MAP_LOOKUP);
     a.jmp_imm(Cond::Eq, R0, 0, absent);
     a.mov64_imm(R1, 1);
@@ -278,31 +284,37 @@ pub fn refuse_icmp_sockets(maps: Maps) -> Result<Vec<Insn>, AsmError> {
     a.exit();
     for (label, family) in [(v4, 4), (v6, 6)] {
         a.bind(label);
-        a.st_w(R10, KEY, family);
+        a.call(HELPER_GET_CURRENT_CGROUP_ID);
+        a.stx_dw(R10, KEY, R0);
+        a.st_w(R10, FAMILY, family);
         for i in 0..4i16 {
-            a.st_w(R10, KEY + 4 + 4 * i, 0);
+            a.st_w(R10, ADDR + 4 * i, 0);
         }
         a.mov32(R1, R8);
         a.lsh32_imm(R1, 16);
-        a.stx_w(R10, KEY + 20, R1);
-        count_key(&mut a, maps);
+        a.stx_w(R10, PORT_PROTO, R1);
+        count_key(&mut a, maps.denied);
+        count_key(&mut a, maps.total);
         a.mov64_imm(R0, 0);
         a.exit();
     }
     a.finish()
 }
 
-/// The destination a denial key names, and its port and IP protocol.
+/// The cgroup id a denial key was counted for, the destination it names,
+/// and its port and IP protocol.
 #[must_use]
-pub fn decode_key(key: &[u8; DENIED_KEY_SIZE]) -> (IpAddr, u16, u32) {
-    let family = u32::from_ne_bytes([key[0], key[1], key[2], key[3]]);
+pub fn decode_key(key: &[u8; DENIED_KEY_SIZE]) -> (u64, IpAddr, u16, u32) {
+    let word = |i: usize| u32::from_ne_bytes([key[i], key[i + 1], key[i + 2], key[i + 3]]);
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&key[..8]);
     let mut a = [0u8; 16];
-    a.copy_from_slice(&key[4..20]);
-    let addr = if family == 6 { IpAddr::from(a) } else { IpAddr::from([a[0], a[1], a[2], a[3]]) };
+    a.copy_from_slice(&key[12..28]);
+    let addr = if word(8) == 6 { IpAddr::from(a) } else { IpAddr::from([a[0], a[1], a[2], a[3]]) };
     // The word the program stored: protocol << 16 | user_port as loaded.
-    let w = u32::from_ne_bytes([key[20], key[21], key[22], key[23]]);
+    let w = word(28);
     let loaded = u16::try_from(w & 0xffff).unwrap_or(0);
-    (addr, u16::from_be_bytes(loaded.to_ne_bytes()), w >> 16)
+    (u64::from_ne_bytes(id), addr, u16::from_be_bytes(loaded.to_ne_bytes()), w >> 16)
 }
 
 #[cfg(test)]
@@ -344,18 +356,19 @@ mod tests {
     #[test]
     fn keys_decode_back() {
         let mut k = [0u8; DENIED_KEY_SIZE];
-        k[..4].copy_from_slice(&4u32.to_ne_bytes());
-        k[4..8].copy_from_slice(&[127, 0, 0, 3]);
-        k[20..24].copy_from_slice(&(6 << 16 | port_word(8080)).to_ne_bytes());
-        assert_eq!(decode_key(&k), ("127.0.0.3".parse().unwrap(), 8080, 6));
-        k[..4].copy_from_slice(&6u32.to_ne_bytes());
-        k[4..20].copy_from_slice(&"::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
-        assert_eq!(decode_key(&k).0, "::1".parse::<IpAddr>().unwrap());
+        k[..8].copy_from_slice(&77u64.to_ne_bytes());
+        k[8..12].copy_from_slice(&4u32.to_ne_bytes());
+        k[12..16].copy_from_slice(&[127, 0, 0, 3]);
+        k[28..32].copy_from_slice(&(6 << 16 | port_word(8080)).to_ne_bytes());
+        assert_eq!(decode_key(&k), (77, "127.0.0.3".parse().unwrap(), 8080, 6));
+        k[8..12].copy_from_slice(&6u32.to_ne_bytes());
+        k[12..28].copy_from_slice(&"::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        assert_eq!(decode_key(&k).1, "::1".parse::<IpAddr>().unwrap());
     }
 
     #[test]
     fn icmp_refusal_is_fixed() {
         let p = refuse_icmp_sockets(Maps { denied: 3, total: 4 }).unwrap();
-        assert!(p.len() < 128, "{}", p.len());
+        assert!(p.len() < 160, "{}", p.len());
     }
 }

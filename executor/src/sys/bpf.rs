@@ -1,5 +1,5 @@
-//! The `bpf(2)` commands the egress rules need: loading a program, making
-//! and reading its maps, and attaching it to a cgroup through a link (the
+//! The `bpf(2)` commands the egress rules need: loading a program, making,
+//! reading and clearing its maps, and attaching it to a cgroup through a link (the
 //! program stays attached exactly as long as the link's descriptor is open,
 //! so a reused cgroup leaf is left clean when the link is dropped).
 //!
@@ -12,6 +12,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 const BPF_MAP_CREATE: libc::c_int = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_int = 1;
+const BPF_MAP_DELETE_ELEM: libc::c_int = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_int = 4;
 const BPF_PROG_LOAD: libc::c_int = 5;
 const BPF_LINK_CREATE: libc::c_int = 28;
@@ -186,6 +187,26 @@ pub fn map_lookup(map: &Map, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
         flags: 0,
     };
     elem_call(BPF_MAP_LOOKUP_ELEM, &attr)
+}
+
+/// `BPF_MAP_DELETE_ELEM`: removes `key`; false when the map held no such
+/// key.
+///
+/// # Errors
+///
+/// `EINVAL` when the key's length is not the map's key size; the errno of
+/// `bpf(BPF_MAP_DELETE_ELEM)`.
+pub fn map_delete(map: &Map, key: &[u8]) -> io::Result<bool> {
+    if key.len() != map.key_size {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let attr = ElemAttr {
+        map_fd: u32_of(usize::try_from(map.fd.as_raw_fd()).unwrap_or(0))?,
+        key: key.as_ptr() as u64,
+        value_or_next_key: 0,
+        flags: 0,
+    };
+    elem_call(BPF_MAP_DELETE_ELEM, &attr)
 }
 
 /// `BPF_MAP_GET_NEXT_KEY`: the key after `key` (the first key for `None`)
