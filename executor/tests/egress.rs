@@ -456,7 +456,8 @@ fn cost_of_thirty_two_entries() {
     let refs: Vec<&str> = entries.iter().map(String::as_str).collect();
     let r = rules(&refs, &[]);
     let dir = ruled.dir();
-    let (mut loads, mut attaches, mut detaches) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut loads, mut attaches, mut detaches, mut takes) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut kept = None;
     for _ in 0..20 {
         let t = std::time::Instant::now();
@@ -466,15 +467,22 @@ fn cost_of_thirty_two_entries() {
             let t = std::time::Instant::now();
             let a = e.attach(&dir).unwrap();
             attaches.push(t.elapsed());
-            let t = std::time::Instant::now();
             let id = a.cgroup_id();
+            let t = std::time::Instant::now();
             drop(a);
-            e.take_denials(id).unwrap();
             detaches.push(t.elapsed());
+            let t = std::time::Instant::now();
+            e.take_denials(id).unwrap();
+            takes.push(t.elapsed());
         }
         kept = Some(e);
     }
-    let mut v = [("load", loads), ("attach", attaches), ("detach+take", detaches)];
+    let mut v = [
+        ("load", loads),
+        ("attach (take included)", attaches),
+        ("detach", detaches),
+        ("take", takes),
+    ];
     for (what, v) in &mut v {
         v.sort();
         eprintln!(
