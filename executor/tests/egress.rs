@@ -55,6 +55,9 @@ def attempt(c):
         times.sort()
         return {"errno": 0, "ms": 0.0, "p50_us": times[len(times) // 2] / 1000,
                 "p90_us": times[len(times) * 9 // 10] / 1000}
+    elif k == "socket":
+        s = socket.socket(family(addr), socket.SOCK_STREAM if c["stream"] else socket.SOCK_DGRAM, c["proto"])
+        s.close()
     elif k == "ping_connect":
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
         s.connect(dst); s.send(bytes([8, 0, 0, 0, 0, 0, 0, 1])); s.close()
@@ -212,7 +215,7 @@ fn only_the_named_loopback_port_gets_through() {
     let other = if port == 65535 { port - 1 } else { port + 1 };
     let allowed = format!("127.0.0.2:{port}");
     let egress = Egress::load(&rules(&[&allowed], &[])).unwrap();
-    assert_eq!(egress.programs(), 5, "the four address hooks and the ICMP socket refusal");
+    assert_eq!(egress.programs(), 5, "the four address hooks and the socket filter");
     let attached = egress.attach(&cg.dir()).unwrap();
     assert_eq!(attached.programs(), 5);
     let tcp = |a: &str, p: u16| json!({"kind": "tcp", "addr": a, "port": p});
@@ -276,7 +279,7 @@ fn only_the_named_loopback_port_gets_through() {
 /// refused address went through when ping sockets were allowed), so ICMP
 /// sockets are refused when made, even under an any-port rule.
 #[test]
-fn ping_sockets_are_refused_even_under_an_any_port_rule() {
+fn ping_and_other_non_tcp_udp_sockets_are_refused_even_under_an_any_port_rule() {
     if !is_root() {
         eprintln!("SKIP: needs root");
         return;
@@ -291,13 +294,22 @@ fn ping_sockets_are_refused_even_under_an_any_port_rule() {
         json!({"kind": "ping", "addr": "::1", "port": 0}),
         json!({"kind": "ping_connect", "addr": "127.0.0.2", "port": 0}),
         json!({"kind": "udp_sendto", "addr": "127.0.0.2", "port": 9}),
+        json!({"kind": "socket", "addr": "::", "stream": true, "proto": 0}),
+        // UDP-Lite: refused when made (or absent from the kernel).
+        json!({"kind": "socket", "addr": "0.0.0.0", "stream": false, "proto": 136}),
     ];
     let tmp = tempfile::tempdir().unwrap();
     let results = probe(tmp.path(), &cg, &[], &cases);
-    check(&cases, &results, &[EPERM, EPERM, EPERM, 0]);
+    check(&cases[..5], &results[..5], &[EPERM, EPERM, EPERM, 0, 0]);
+    let udplite = results[5]["errno"].as_i64();
+    assert!(matches!(udplite, Some(1 | 93)), "{:?}", results[5]);
     let d = egress.take_denials(attached.cgroup_id()).unwrap();
-    assert_eq!(counts(&d), BTreeMap::from([(("*".to_owned(), "icmp".to_owned()), 3)]), "{d:?}");
-    assert_eq!(d.total, 3);
+    let mut want = BTreeMap::from([(("*".to_owned(), "icmp".to_owned()), 3)]);
+    if udplite == Some(EPERM) {
+        want.insert(("*".to_owned(), "ip:136".to_owned()), 1);
+    }
+    assert_eq!(counts(&d), want, "{d:?}");
+    assert_eq!(d.total, want.values().sum::<u64>());
 }
 
 /// A network namespace with a dummy interface, removed on drop.
@@ -533,4 +545,18 @@ fn runs_sharing_one_rule_set_count_apart() {
     let d = egress.take_denials(att_b.cgroup_id()).unwrap();
     assert_eq!(counts(&d), BTreeMap::from([(("127.0.0.8:9".to_owned(), "tcp".to_owned()), 2)]));
     assert_eq!(d.total, 2);
+}
+
+/// The largest rule set a run may have verifies (IPv6 rules, the longest).
+#[test]
+fn the_largest_rule_set_verifies() {
+    if !is_root() {
+        eprintln!("SKIP: needs root");
+        return;
+    }
+    let n = policy::egress::rules::MAX_STEPS - policy::egress::rules::default_refusals().len();
+    let entries: Vec<String> = (0..n).map(|i| format!("[2001:db8:{i:x}::1]:{}", 1 + i)).collect();
+    let refs: Vec<&str> = entries.iter().map(String::as_str).collect();
+    let egress = Egress::load(&rules(&refs, &[]));
+    assert!(egress.as_ref().is_ok_and(|e| e.programs() == 5), "{egress:?}");
 }

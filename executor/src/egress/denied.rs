@@ -16,8 +16,8 @@ pub const MAX_LISTED: usize = 16;
 /// One refused destination.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Denied {
-    /// `"127.0.0.3:8080"`, `"[::1]:80"`; `"*"` for ICMP sockets refused
-    /// when made, before naming a destination.
+    /// `"127.0.0.3:8080"`, `"[::1]:80"`; `"*"` for a socket refused when
+    /// made (ICMP, another protocol), before naming a destination.
     pub destination: String,
     /// `tcp`, `udp`, `icmp`, or `ip:N` for another IP protocol.
     pub protocol: String,
@@ -38,8 +38,8 @@ fn protocol_name(n: u32) -> String {
     Protocol::from_number(n).map_or_else(|| format!("ip:{n}"), |p| p.to_string())
 }
 
-/// `addr:port`; `*` for an ICMP socket refused when it was made (no
-/// destination yet: counted under the unspecified address and port 0).
+/// `addr:port`; `*` for a socket refused when it was made (no destination
+/// yet: counted under the unspecified address and port 0).
 fn destination(addr: IpAddr, port: u16) -> String {
     if addr.is_unspecified() && port == 0 {
         return "*".to_owned();
@@ -78,7 +78,7 @@ pub fn take(denied: &Map, total: &Map, bound: usize, cgroup_id: u64) -> io::Resu
         bpf::map_delete(denied, &key)?;
         let (destination, protocol) = (destination(addr, port), protocol_name(proto));
         let count = u64::from_ne_bytes(v);
-        // IPv4 and IPv6 ICMP sockets refused when made print alike: one row.
+        // IPv4 and IPv6 sockets refused when made print alike: one row.
         match all.iter_mut().find(|d| d.destination == destination && d.protocol == protocol) {
             Some(d) => d.count += count,
             None => all.push(Denied { destination, protocol, count }),

@@ -3,8 +3,9 @@
 //! where the run's [`EgressRules`] allow, and count what they refused.
 //!
 //! The programs judge every `connect` (TCP, UDP) and every UDP `sendmsg`
-//! with an address, in the kernel, before a packet leaves, and refuse ICMP
-//! (ping) sockets; a refused call fails at once with `EPERM`. A socket carries the cgroup it
+//! with an address, in the kernel, before a packet leaves, and let the run
+//! make no IP socket but TCP and UDP (no ping sockets); a refused call
+//! fails at once with `EPERM`. A socket carries the cgroup it
 //! was made in, so the rules follow it across `fork`, `exec`, `setsid` and
 //! `SCM_RIGHTS`; the skill holds no `CAP_BPF` or `CAP_NET_ADMIN` and its
 //! seccomp filter denies `bpf(2)`, so it can neither detach nor read them.
@@ -109,8 +110,9 @@ impl Attached {
 
 impl Egress {
     /// Loads the programs enforcing `rules` (not yet attached): the four
-    /// address hooks, and the refusal of ICMP sockets (whose `sendto` no
-    /// hook judges: [`program::refuse_icmp_sockets`]).
+    /// address hooks, and the refusal of sockets other than TCP and UDP
+    /// (ping sockets among them, whose `sendto` no hook judges:
+    /// [`program::only_tcp_and_udp_sockets`]).
     ///
     /// # Errors
     ///
@@ -139,13 +141,14 @@ impl Egress {
             let fd = load(BPF_PROG_TYPE_CGROUP_SOCK_ADDR, hook.attach_type(), &insns, hook.name())?;
             programs.push((hook.name(), hook.attach_type(), fd));
         }
-        let (name, at) = ("ongrid_noicmp", program::ATTACH_SOCK_CREATE);
-        let fd = load(BPF_PROG_TYPE_CGROUP_SOCK, at, &program::refuse_icmp_sockets(maps)?, name)?;
+        let (name, at) = ("ongrid_tcpudp", program::ATTACH_SOCK_CREATE);
+        let insns = program::only_tcp_and_udp_sockets(maps)?;
+        let fd = load(BPF_PROG_TYPE_CGROUP_SOCK, at, &insns, name)?;
         programs.push((name, at, fd));
         Ok(Self { programs, denied, total })
     }
 
-    /// The number of programs (the ICMP socket refusal included).
+    /// The number of programs (the socket filter included).
     #[must_use]
     pub fn programs(&self) -> usize {
         self.programs.len()
