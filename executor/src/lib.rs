@@ -16,6 +16,8 @@
 //! - [`resolve`]: canonical paths by opening the file once (not a
 //!   `readlink` per component; none at all for a plain path that opens
 //!   crossing no symbolic link), the file kept for its metadata and bytes.
+//! - [`egress`]: a run's egress allowlist as cgroup-BPF programs on its
+//!   cgroup v2 leaf, and what they refused.
 //! - [`rundir`]: the private per-run directory.
 //! - [`supervise`]: steps 6 and 7, I/O bounds, deadline, tree kill.
 //! - [`reaper`]: reaping main processes and orphans.
@@ -201,6 +203,7 @@ pub mod cli;
 pub mod config;
 pub mod delegation;
 pub mod dynmods;
+pub mod egress;
 pub mod engine;
 pub mod instance;
 mod janitor;

@@ -4,6 +4,8 @@
 //!
 //! - [`name`]: [`SkillName`], the validated `[a-z0-9_]+` skill identifier.
 //! - [`class`]: [`SkillClass`] (`safe`, `mutating`, `dangerous`).
+//! - [`egress`]: `connect` entries of a network grant and the resolved
+//!   egress rules (allow list behind the default refusals) a run gets.
 //! - [`env`]: [`EnvName`], environment variable names a manifest may forward.
 //! - [`manifest`]: `skill.json` parsed into a [`Manifest`] that only holds valid values.
 //! - [`sandbox`]: the manifest's `sandbox` request, the operator's per-skill
@@ -46,6 +48,7 @@ pub mod approval;
 pub mod args;
 pub mod canonical;
 pub mod class;
+pub mod egress;
 pub mod env;
 pub mod journald;
 pub mod limits;

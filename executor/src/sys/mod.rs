@@ -15,6 +15,7 @@
 #![allow(unsafe_code)]
 
 pub mod berth;
+pub mod bpf;
 pub mod child;
 pub mod fdtable;
 pub mod join;
