@@ -163,7 +163,8 @@ impl Resp {
     }
 }
 
-/// One request, `Connection: close`, read to the end (60 s at most).
+/// One request, `Connection: close`, read to the end (60 s at most); the
+/// answer is checked against `docs/openapi.json` ([`crate::contract`]).
 pub fn http(socket: &Path, method: &str, path: &str, accept: &str, body: Option<&[u8]>) -> Resp {
     let mut s =
         UnixStream::connect(socket).unwrap_or_else(|e| panic!("connect {}: {e}", socket.display()));
@@ -184,9 +185,14 @@ pub fn http(socket: &Path, method: &str, path: &str, accept: &str, body: Option<
     s.write_all(&req).unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap_or_else(|e| panic!("{method} {path}: reading: {e}"));
-    parse_response(&raw).unwrap_or_else(|| {
+    let resp = parse_response(&raw).unwrap_or_else(|| {
         panic!("{method} {path}: not an HTTP answer: {:?}", String::from_utf8_lossy(&raw))
-    })
+    });
+    // Every answer of the e2e suite is held to the API's contract (the soak
+    // binary, which shares this file, carries the oracle only in its tests).
+    #[cfg(test)]
+    crate::contract::check(method, path, &resp);
+    resp
 }
 
 /// Parses a whole HTTP/1.1 answer.

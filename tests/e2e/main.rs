@@ -17,8 +17,12 @@
 //! listeners), [`faults`] (daemons SIGKILLed mid-run, the audit database on
 //! a full or read-only file system, the executor socket gone, packs changed
 //! after the scan), [`bounds`] (connection caps, header and idle timeouts),
-//! [`queue`] (runs waiting for an executor slot).
+//! [`queue`] (runs waiting for an executor slot), [`openapi`] (the API's
+//! OpenAPI document: validated, served, fuzzed by Schemathesis). Every
+//! answer the harness's client receives is checked against that document
+//! ([`contract`]).
 
+mod contract;
 mod harness;
 
 mod api;
@@ -29,6 +33,7 @@ mod faults;
 mod load;
 mod malformed;
 mod mcp;
+mod openapi;
 mod packs;
 mod queue;
 mod reload;

@@ -40,6 +40,13 @@ use serde_json::{json, Value};
 #[path = "../e2e/harness.rs"]
 mod harness;
 
+// The harness holds every answer to the API's contract when built as a
+// test (its own unit tests), as in the e2e suite.
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../e2e/contract.rs"]
+mod contract;
+
 use harness::{free_port, http, temp_dir, write_skill};
 
 /// Skill, expected outcome, what the soak calls it.

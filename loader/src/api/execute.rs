@@ -75,7 +75,8 @@ const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
 /// executor's report (the executor's grace period plus slack).
 pub(crate) const REPORT_SLACK: Duration = Duration::from_secs(15);
 
-/// Longest `session_id` accepted.
+/// Longest `session_id` accepted, in characters (as JSON Schema's
+/// `maxLength` counts them, which the API's contract uses).
 const MAX_SESSION_ID: usize = 256;
 
 /// The request body. An empty body means `{}`.
@@ -689,8 +690,8 @@ fn parse_request(bytes: &[u8]) -> Result<ExecuteRequest, ApiError> {
     }
     let req: ExecuteRequest = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::BadRequest(format!("request body: {e}")))?;
-    if req.session_id.as_ref().is_some_and(|s| s.len() > MAX_SESSION_ID) {
-        return Err(ApiError::BadRequest(format!("session_id longer than {MAX_SESSION_ID} bytes")));
+    if req.session_id.as_ref().is_some_and(|s| s.chars().count() > MAX_SESSION_ID) {
+        return Err(ApiError::BadRequest(format!("session_id over {MAX_SESSION_ID} characters")));
     }
     Ok(req)
 }

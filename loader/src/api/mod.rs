@@ -1,5 +1,6 @@
-//! The client API (DESIGN.md §5): HTTP/1.1 + JSON, one handler file per
-//! resource.
+//! The client API: HTTP/1.1 + JSON on the Unix socket, one handler file per
+//! resource. Its contract is `docs/openapi.json` (OpenAPI 3.1), served at
+//! `GET /v1/openapi.json` ([`OPENAPI`]).
 //!
 //! - [`skills`]: `GET /v1/skills[?category=]`, `GET /v1/skills/{name}`,
 //!   `GET /v1/tools?format=openai|mcp|anthropic`, showing only what the
@@ -24,7 +25,7 @@ use std::time::Instant;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
@@ -42,6 +43,11 @@ pub mod skills;
 
 pub use error::ApiError;
 
+/// The OpenAPI 3.1 document of this API (`docs/openapi.json`), built in so
+/// that a daemon serves the contract of its own version.
+pub const OPENAPI: &str =
+    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json"));
+
 /// The client API router.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
@@ -52,6 +58,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/audit", get(audit::list))
         .route("/v1/reload", post(admin::reload))
         .route("/v1/health", get(admin::health))
+        .route("/v1/openapi.json", get(openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(app.clone(), log_request))
@@ -74,6 +81,12 @@ pub fn metrics_router(app: Arc<App>) -> Router {
             )
         })
         .with_state(app)
+}
+
+/// `GET /v1/openapi.json`: [`OPENAPI`], for any caller, as `/v1/health`
+/// (the document says what each route shows whom, nothing more).
+async fn openapi() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
 }
 
 async fn not_found() -> ApiError {
