@@ -204,7 +204,7 @@ fn wait_child(child: &mut std::process::Child) -> (Option<i32>, Option<i32>) {
             }
             Ok(None) => {}
             Err(_) => {
-                if let Some(e) = executor::reaper::Reaper::global().collect(pid) {
+                if let Some(e) = executor::run::reaper::Reaper::global().collect(pid) {
                     return (e.code, e.signal);
                 }
             }
@@ -489,7 +489,7 @@ fn cached_rulesets_confine_and_serve_only_their_own_policy() {
     if !can_run() {
         return;
     }
-    if executor::spawn::Host::detect().landlock_abi == 0 {
+    if executor::run::spawn::Host::detect().landlock_abi == 0 {
         println!("SKIP: cached_rulesets_confine_and_serve_only_their_own_policy needs Landlock");
         return;
     }
@@ -852,7 +852,7 @@ fn held_runs_spawn_only_on_their_start() {
 /// then finds it on. The option is first taken off every hierarchy here.
 #[test]
 fn favordynmods_is_turned_on_and_other_options_kept() {
-    use executor::dynmods::{self, Favor};
+    use executor::host::dynmods::{self, Favor};
     if !can_run() {
         return;
     }
@@ -1136,7 +1136,7 @@ fn start_up_sweeps_crash_leftovers() {
     std::os::unix::fs::symlink(outside.path(), run_dir.join("link")).unwrap();
     std::fs::write(run_dir.join("file"), "x").unwrap();
 
-    let (h, _) = executor::cgroup::Hierarchies::detect();
+    let (h, _) = executor::sandbox::cgroup::Hierarchies::detect();
     let mark = marker(4);
     let mut orphan = std::process::Command::new("sleep").arg(&mark).spawn().unwrap();
     let mut leaves = Vec::new();
@@ -1272,7 +1272,10 @@ fn binary_serves_until_sigterm() {
         .map(|e| std::fs::read_to_string(e.path().join(".guard")).unwrap())
         .expect("an instance directory");
     let watchdog: i32 = guard.split_whitespace().next().unwrap().parse().unwrap();
-    assert!(executor::sweep::start_time(watchdog).is_some(), "watchdog {watchdog} not running");
+    assert!(
+        executor::host::sweep::start_time(watchdog).is_some(),
+        "watchdog {watchdog} not running"
+    );
     let other_user = users_lock_shared(runtime.path());
     sigterm(child);
     let exit = wait_child(child);
@@ -1282,7 +1285,7 @@ fn binary_serves_until_sigterm() {
     assert!(log.contains("serving on"), "{log}");
     assert!(!socket.exists(), "socket removed at exit");
     wait_for("the watchdog to exit", Duration::from_millis(1500), || {
-        executor::sweep::start_time(watchdog).is_none()
+        executor::host::sweep::start_time(watchdog).is_none()
     });
     assert!(std::fs::read_dir(&runs).unwrap().next().is_none(), "instance directory left");
     assert!(mounted(&runs), "unmounted under another user");
@@ -1525,7 +1528,7 @@ fn killed_binary_takes_its_runs_with_it() {
     wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
     let runs = runtime.path().join("runs");
     assert!(mounted(&runs), "no tmpfs on {}", runs.display());
-    let (h, _) = executor::cgroup::Hierarchies::detect();
+    let (h, _) = executor::sandbox::cgroup::Hierarchies::detect();
     let instance = std::fs::read_dir(&runs)
         .unwrap()
         .filter_map(Result::ok)
@@ -1569,7 +1572,7 @@ fn next_engine_sweeps_dead_instances_only() {
     }
     let runtime = dir_0755();
     let runs = runtime.path().join("runs");
-    let (h, _) = executor::cgroup::Hierarchies::detect();
+    let (h, _) = executor::sandbox::cgroup::Hierarchies::detect();
     let mark = marker(10);
     let mut orphan = std::process::Command::new("sleep").arg(&mark).spawn().unwrap();
     let dead = format!("ex-dead{:08x}", std::process::id());

@@ -29,7 +29,7 @@ use tokio_util::task::TaskTracker;
 use super::commands;
 use super::peer::Peer;
 use super::Shared;
-use crate::engine::AfterReport;
+use crate::run::engine::AfterReport;
 use crate::sys;
 
 /// Read chunk (under 64 KiB: freeing a larger block makes glibc sweep its

@@ -80,8 +80,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::engine::Engine;
 use crate::metrics::Metrics;
+use crate::run::engine::Engine;
 
 pub use manifests::{Checked, ManifestCache};
 pub use peer::PeerPolicy;
@@ -120,7 +120,7 @@ pub(crate) struct Shared {
 /// the runs in flight have ended (see the module docs).
 ///
 /// What a crashed executor left was swept when the engine started
-/// ([`crate::sweep`]). The settings (`max_*`, `allowed_*`, `peers`, roots)
+/// ([`crate::host::sweep`]). The settings (`max_*`, `allowed_*`, `peers`, roots)
 /// come from `engine.config()`; build it with [`crate::Config::for_serve`]
 /// so that an empty `roots` means the default root, not "anywhere".
 pub async fn run(

@@ -89,7 +89,7 @@ fn nofile_soft() -> Option<u64> {
 /// Linux 5.9. Read off the kernel's release rather than tried: trying it on
 /// a thread of this process would give that thread a table of its own, and
 /// a throwaway thread made for the test would wait out the cgroup attach
-/// lock's warm-up of a one-shot `run` (`crate::attach_lock`).
+/// lock's warm-up of a one-shot `run` (`crate::host::attach_lock`).
 fn close_range_unshares() -> bool {
     // SAFETY: uname fills the valid local `u`.
     let mut u: libc::utsname = unsafe { std::mem::zeroed() };

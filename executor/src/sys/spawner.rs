@@ -33,7 +33,7 @@
 //! child without granted capabilities inherits it empty and skips its
 //! ~40 `PR_CAPBSET_DROP`s, each a new set of credentials (~20 µs per
 //! spawn). A child granted capabilities needs them in its bounding set:
-//! it is not created here ([`crate::spawn::spawn`]), and one that were
+//! it is not created here ([`crate::run::spawn::spawn`]), and one that were
 //! would fail its `capset`, not run with less than asked silently.
 
 use std::collections::VecDeque;
@@ -476,8 +476,11 @@ mod tests {
     use super::*;
 
     /// The default run's program: no network, its own files' metadata.
-    fn test_program() -> &'static [crate::seccomp::Insn] {
-        crate::seccomp::program(crate::seccomp::Variant { network: false, lock_metadata: false })
+    fn test_program() -> &'static [crate::sandbox::seccomp::Insn] {
+        crate::sandbox::seccomp::program(crate::sandbox::seccomp::Variant {
+            network: false,
+            lock_metadata: false,
+        })
     }
 
     fn status_field(status: &str, key: &str) -> String {

@@ -16,12 +16,12 @@ use policy::report::SandboxReport;
 use policy::sandbox::CAPABILITY_NAMES;
 use policy::Outcome;
 
-use crate::cgroup::{CgroupError, Hierarchies, RunCgroup};
 use crate::config::{Config, LandlockMode};
-use crate::landlock::{self, FsPolicy, LandlockError};
-use crate::plan::Plan;
-use crate::rundir::{RunDir, RunDirError};
-use crate::seccomp;
+use crate::run::plan::Plan;
+use crate::run::rundir::{RunDir, RunDirError};
+use crate::sandbox::cgroup::{CgroupError, Hierarchies, RunCgroup};
+use crate::sandbox::landlock::{self, FsPolicy, LandlockError};
+use crate::sandbox::seccomp;
 use crate::sys;
 use crate::sys::child::{ChildSpec, Identity, SpawnFailure, Step};
 use crate::sys::spawner::Spawner;
@@ -297,7 +297,7 @@ impl Slot {
         host: &Host,
         owner: Option<(u32, u32)>,
     ) -> Result<(String, RunDir), SpawnError> {
-        let id = crate::rundir::random_id().map_err(|e| SpawnError::Prepare {
+        let id = crate::run::rundir::random_id().map_err(|e| SpawnError::Prepare {
             skill: String::new(),
             reason: format!("run id: {e}"),
         })?;
@@ -324,7 +324,7 @@ pub fn prepare(
     slot: Slot,
 ) -> Result<Prepared, SpawnError> {
     let skill = plan.manifest.name().to_string();
-    let root = crate::plan::euid() == 0;
+    let root = crate::run::plan::euid() == 0;
     let mut degraded = host.notes.clone();
     let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
     let Slot { id: _, mut run_dir, mut cgroup, stdio } = slot;
@@ -441,7 +441,7 @@ impl Spawners {
     /// No spawner threads: each child installs the seccomp filter itself.
     /// For a one-shot `ongrid-executor run`: its one child has nothing to
     /// share the filter with, and threads made while the cgroup attach
-    /// lock's warm-up ([`crate::attach_lock`]) waits for its RCU grace
+    /// lock's warm-up ([`crate::host::attach_lock`]) waits for its RCU grace
     /// period wait with it (2-3 ms more per one-shot run, measured).
     pub fn inline() -> Self {
         Spawners { inline: true, ..Spawners::default() }

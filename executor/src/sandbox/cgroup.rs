@@ -47,9 +47,9 @@ pub(crate) fn raw_own_v2_path() -> String {
 }
 
 /// The v2 cgroup this process's runs go under: its own, or, when `serve`
-/// moved itself into `<own>/supervisor` ([`crate::delegation`]), `<own>`.
+/// moved itself into `<own>/supervisor` ([`crate::host::delegation`]), `<own>`.
 fn own_v2_path() -> String {
-    crate::delegation::runs_parent(&raw_own_v2_path())
+    crate::host::delegation::runs_parent(&raw_own_v2_path())
 }
 
 /// The mounted v2 hierarchy (pure v2 at /sys/fs/cgroup, or hybrid's

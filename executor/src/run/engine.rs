@@ -13,13 +13,13 @@ use policy::limits::KILL_GRACE;
 use policy::{Enforcement, LimitKind, Outcome, RunReport};
 
 use crate::config::Config;
-use crate::instance::{Instance, InstanceError};
-use crate::janitor::{Janitor, SlotCounts, Wake};
-use crate::parsed::ParsedManifests;
-use crate::plan::{Located, Plan};
-use crate::reaper::Reaper;
-use crate::spawn::{self, Host, Spawners};
-use crate::supervise::{self, Bounds, ExitSpin, Leftovers, Stop, Supervised};
+use crate::host::instance::{Instance, InstanceError};
+use crate::run::janitor::{Janitor, SlotCounts, Wake};
+use crate::run::parsed::ParsedManifests;
+use crate::run::plan::{Located, Plan};
+use crate::run::reaper::Reaper;
+use crate::run::spawn::{self, Host, Spawners};
+use crate::run::supervise::{self, Bounds, ExitSpin, Leftovers, Stop, Supervised};
 use crate::sys;
 
 /// Longest excerpt of an invalid stdout quoted in the error.
@@ -147,7 +147,7 @@ pub struct Engine {
 impl Engine {
     /// Builds an engine from a validated configuration, probing the host
     /// (Landlock ABI, cgroup hierarchies) once, and starts its instance
-    /// ([`crate::instance`]): sweeps what dead executors left in the
+    /// ([`crate::host::instance`]): sweeps what dead executors left in the
     /// runtime directory, mounts the runs tmpfs when needed, starts the
     /// watchdog that takes the runs with it if this process dies.
     ///
@@ -799,11 +799,11 @@ mod tests {
             let ready = || std::fs::read_dir(&runs).unwrap().count() - 1;
             let until = std::time::Instant::now() + Duration::from_secs(5);
             std::thread::sleep(Duration::from_millis(20));
-            while ready() < crate::janitor::POOL_DEPTH && std::time::Instant::now() < until {
+            while ready() < crate::run::janitor::POOL_DEPTH && std::time::Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        seen.remove(std::ffi::OsStr::new(crate::sweep::GUARD));
+        seen.remove(std::ffi::OsStr::new(crate::host::sweep::GUARD));
         assert!(seen.len() > 1, "{seen:?}");
         // Runs named by path share one parse of their unchanged manifest.
         assert_eq!(engine.parsed.len(), 1);
@@ -826,13 +826,13 @@ mod tests {
         let (ready, with_pipes) = engine.janitor.ready_with_pipes();
         assert!(ready > 0 && with_pipes == ready, "{with_pipes} of {ready} ready slots have pipes");
         // Idle, the pool goes back to its depth.
-        std::thread::sleep(crate::janitor::TRIM_AFTER);
+        std::thread::sleep(crate::run::janitor::TRIM_AFTER);
         let idle = || std::fs::read_dir(&runs).unwrap().count() - 1;
         let until = std::time::Instant::now() + Duration::from_secs(10);
-        while idle() > crate::janitor::POOL_DEPTH && std::time::Instant::now() < until {
+        while idle() > crate::run::janitor::POOL_DEPTH && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(idle() <= crate::janitor::POOL_DEPTH, "{} ready slots when idle", idle());
+        assert!(idle() <= crate::run::janitor::POOL_DEPTH, "{} ready slots when idle", idle());
         drop(engine);
         assert!(!runs.exists(), "instance directory left: {}", runs.display());
         let left: Vec<_> = std::fs::read_dir(runtime.path().join("runs")).unwrap().collect();

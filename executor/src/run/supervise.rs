@@ -15,9 +15,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::time::{sleep_until, Instant};
 
-use crate::cgroup::RunCgroup;
-use crate::reaper::Reaper;
-use crate::spawn::Child;
+use crate::run::reaper::Reaper;
+use crate::run::spawn::Child;
+use crate::sandbox::cgroup::RunCgroup;
 use crate::sys::process::{self, Exit};
 
 /// How long pipes may stay open after the main process ended and the tree
@@ -62,7 +62,7 @@ pub struct Bounds<'a> {
 }
 
 /// The exit's watch without sleeping ([`Bounds::exit_spin`]): `budget`
-/// (`engine`'s [`EXEC_SPIN`](crate::engine::EXEC_SPIN)) when, at that
+/// (`engine`'s [`EXEC_SPIN`](crate::run::engine::EXEC_SPIN)) when, at that
 /// moment, `in_flight` says this run is the only one; else none.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ExitSpin<'a> {
@@ -76,7 +76,7 @@ impl ExitSpin<'_> {
     /// The watch for now: the budget for the only run in flight.
     fn now(&self) -> Duration {
         self.in_flight.map_or(Duration::ZERO, |n| {
-            crate::engine::spin_for(n.load(std::sync::atomic::Ordering::Relaxed), self.budget)
+            crate::run::engine::spin_for(n.load(std::sync::atomic::Ordering::Relaxed), self.budget)
         })
     }
 }

@@ -17,7 +17,7 @@
 //! 3. write `+pids +memory` (those offered) to `<own>/cgroup.subtree_control`.
 //!
 //! The run cgroups keep their layout under `<own>/ongrid/...`
-//! ([`crate::cgroup::Hierarchies::detect`] treats a process in
+//! ([`crate::sandbox::cgroup::Hierarchies::detect`] treats a process in
 //! `<own>/supervisor` as living in `<own>`), now with the controllers, so
 //! runs get their pids and memory bounds from v2. If step 3 fails the
 //! process moves back and nothing changes. Not delegated (a login session,
@@ -146,10 +146,10 @@ pub fn take_own() -> Result<Delegation, DelegationError> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(Delegation::Skipped("not root".into()));
     }
-    let Some(mount) = crate::cgroup::v2_mount() else {
+    let Some(mount) = crate::sandbox::cgroup::v2_mount() else {
         return Ok(Delegation::Skipped("no cgroup v2 hierarchy".into()));
     };
-    take(&mount, &crate::cgroup::raw_own_v2_path(), std::process::id(), &WANTED)
+    take(&mount, &crate::sandbox::cgroup::raw_own_v2_path(), std::process::id(), &WANTED)
 }
 
 #[cfg(test)]

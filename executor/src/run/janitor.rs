@@ -27,11 +27,11 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::cgroup::RunCgroup;
 use crate::config::Config;
-use crate::engine::relock;
-use crate::rundir::RunDir;
-use crate::spawn::{Host, Slot, SpawnError};
+use crate::run::engine::relock;
+use crate::run::rundir::RunDir;
+use crate::run::spawn::{Host, Slot, SpawnError};
+use crate::sandbox::cgroup::RunCgroup;
 
 /// Slots kept ready once the engine serves more than one run (new ones are
 /// made below this).
