@@ -23,8 +23,8 @@ use crate::sandbox::cgroup::{CgroupError, Hierarchies, RunCgroup};
 use crate::sandbox::landlock::{self, FsPolicy, LandlockError};
 use crate::sandbox::seccomp;
 use crate::sys;
-use crate::sys::child::{ChildSpec, Identity, SpawnFailure, Step};
 use crate::sys::spawner::Spawner;
+use crate::sys::spec::{ChildSpec, Identity, SpawnFailure, Step};
 
 /// Why a run could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -651,7 +651,7 @@ pub fn spawn(
 /// when it took none (0) or the clock cannot be read.
 fn exec_instant(ns: u64) -> Instant {
     let now = Instant::now();
-    match sys::child::monotonic_now_ns() {
+    match sys::call::monotonic_now_ns() {
         Some(t) if ns != 0 => {
             now.checked_sub(Duration::from_nanos(t.saturating_sub(ns))).unwrap_or(now)
         }

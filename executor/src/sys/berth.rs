@@ -51,8 +51,11 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering};
 
-use super::child::{self, ChildSpec, SpawnFailure, Step};
+use super::call;
+use super::child;
+use super::futex::{futex_wait, futex_wake};
 use super::join::Joining;
+use super::spec::{ChildSpec, SpawnFailure, Step};
 
 /// The parked child waits for a spec.
 const WAITING: u32 = 0;
@@ -331,39 +334,8 @@ impl Berth {
 
     /// Wakes the child waiting in the berth, if any.
     pub fn wake(&self) {
-        wake_private(&self.state);
+        futex_wake(&self.state, true);
     }
-}
-
-/// Waits in `futex` while `word` holds `expected`; returns at once if it
-/// changed meanwhile, and on EINTR or a spurious wake-up (the caller
-/// loops). Private: the parked child shares this process's memory, so
-/// its private futex and ours are the same. A raw system call, for the
-/// child too.
-pub(super) fn wait_private(word: &AtomicU32, expected: u32) {
-    // SAFETY: FUTEX_WAIT on a live word the caller borrows.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            std::ptr::null::<libc::timespec>(),
-        );
-    }
-}
-
-/// Wakes one [`wait_private`] waiter on `word`, if any.
-pub(super) fn wake_private(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE on a live word the caller borrows.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            1,
-        )
-    };
 }
 
 /// Sleeps in `futex` while `word` (a clear-child-tid word: 1 until the
@@ -373,24 +345,13 @@ pub(super) fn wake_private(word: &AtomicU32) {
 /// loop.
 fn sleep_while_set(word: &AtomicU32) {
     while word.load(Ordering::Acquire) != 0 {
-        // SAFETY: FUTEX_WAIT on a live word the caller borrows.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                word.as_ptr(),
-                libc::FUTEX_WAIT,
-                1,
-                std::ptr::null::<libc::timespec>(),
-            );
-        }
+        futex_wait(word, 1, false);
     }
 }
 
 /// Wakes one [`sleep_while_set`] waiter on `word`, just zeroed.
 fn wake_one(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE (shared, as `sleep_while_set` waits) on a live
-    // word the caller borrows.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, 1) };
+    futex_wake(word, false);
 }
 
 /// The parked child: steps 4a and 4b, the parent-death signal, then wait
@@ -414,10 +375,7 @@ extern "C" fn parked_main(arg: *mut c_void) -> c_int {
             child::sandbox_and_exec(&spec, &fprog, true, Some(&given.joining))
         }
         // Told to leave, or the parent is gone.
-        Ok(None) => {
-            // SAFETY: as below.
-            unsafe { libc::_exit(0) }
-        }
+        Ok(None) => call::exit(0),
         Err(e) => e,
     };
     match handoff {
@@ -426,50 +384,36 @@ extern "C" fn parked_main(arg: *mut c_void) -> c_int {
         Some(handoff) => child::record(&handoff.step, &handoff.errno, failed),
         None => child::record(&berth.step, &berth.errno, failed),
     }
-    // SAFETY: _exit ends only this child without touching the shared heap.
-    unsafe { libc::_exit(127) }
+    call::exit(127)
 }
 
 /// The parked part: the fresh process, the parent-death signal, the wait,
 /// and, given a spec, the handoff filled in. `Ok(None)`: told to leave.
 fn park_here(berth: &Berth) -> Result<Option<(&ChildSpec<'_>, &Handoff)>, (Step, i32)> {
     child::fresh_process()?;
-    // SAFETY: raw system calls with integer arguments or pointers to the
-    // live berth; none allocates.
-    unsafe {
-        if libc::syscall(libc::SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-            return Err((Step::ParentDeath, child::errno()));
+    child::die_with_parent(berth.parent.load(Ordering::Relaxed))?;
+    loop {
+        match berth.state.load(Ordering::Acquire) {
+            WAITING => futex_wait(&berth.state, WAITING, true),
+            GO => break,
+            _ => return Ok(None),
         }
-        if libc::syscall(libc::SYS_getppid)
-            != libc::c_long::from(berth.parent.load(Ordering::Relaxed))
-        {
-            return Err((Step::ParentDeath, libc::ESRCH));
-        }
-        loop {
-            match berth.state.load(Ordering::Acquire) {
-                WAITING => wait_private(&berth.state, WAITING),
-                GO => break,
-                _ => return Ok(None),
-            }
-        }
-        let spec = berth.spec.load(Ordering::Relaxed).cast::<ChildSpec<'_>>();
-        // SAFETY: `give` stored a live handoff before GO (Release/Acquire
-        // above), kept alive by the job until `park` returns.
-        let handoff = &*berth.handoff.load(Ordering::Relaxed);
-        // The kernel zeroes `done` and wakes the run at our exec or exit
-        // from here on: set before `took`, so a run that sees `took` is
-        // always woken.
-        // It returns the caller's tid: in its own thread group, its pid.
-        let pid = libc::syscall(libc::SYS_set_tid_address, handoff.done.as_ptr());
-        handoff.pid.store(libc::pid_t::try_from(pid).unwrap_or(0), Ordering::Relaxed);
-        handoff.pidfd.store(berth.pidfd.load(Ordering::Relaxed), Ordering::Relaxed);
-        handoff.took.store(true, Ordering::Release);
-        // SAFETY: `give` stored a live spec before GO, kept alive by its
-        // giver until `park` returns or the handoff says we exec'd.
-        Ok(Some((&*spec, handoff)))
     }
+    // SAFETY: `give` stored a live handoff before GO (Release/Acquire
+    // above), kept alive by the job until `park` returns.
+    let handoff = unsafe { &*berth.handoff.load(Ordering::Relaxed) };
+    // The kernel zeroes `done` and wakes the run at our exec or exit from
+    // here on: set before `took`, so a run that sees `took` is always
+    // woken. It returns the caller's tid: in its own thread group, its pid.
+    let pid = call::set_tid_address(&handoff.done);
+    handoff.pid.store(pid, Ordering::Relaxed);
+    handoff.pidfd.store(berth.pidfd.load(Ordering::Relaxed), Ordering::Relaxed);
+    handoff.took.store(true, Ordering::Release);
+    let spec = berth.spec.load(Ordering::Relaxed).cast::<ChildSpec<'_>>();
+    // SAFETY: `give` stored a live spec before GO, kept alive by its giver
+    // until `park` returns or the handoff says we exec'd.
+    Ok(Some((unsafe { &*spec }, handoff)))
 }
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

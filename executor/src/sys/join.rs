@@ -38,8 +38,9 @@ use std::io::Write;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
-use super::berth::{wait_private, wake_private};
-use super::child::{self, Step};
+use super::call::errno;
+use super::futex::{futex_wait, futex_wake};
+use super::spec::Step;
 
 /// The child writes "0" itself: nothing was offered, or the run withdrew
 /// its offer before the child took it up.
@@ -118,7 +119,7 @@ impl Joining {
             // caller keeps open for the call.
             let n = unsafe { libc::write(*fd, text.as_ptr().cast(), text.len()) };
             if usize::try_from(n).ok() != Some(text.len()) {
-                failed = Some(if n < 0 { child::errno() } else { libc::EIO });
+                failed = Some(if n < 0 { errno() } else { libc::EIO });
                 break;
             }
         }
@@ -142,7 +143,7 @@ impl Joining {
 
     /// Wakes the child if it waits on the word already.
     fn wake(&self) {
-        wake_private(&self.state);
+        futex_wake(&self.state, true);
     }
 
     /// The child, before `execve`: waits until the run is done with the
@@ -152,7 +153,7 @@ impl Joining {
         loop {
             match self.state.load(Ordering::Acquire) {
                 // The run keeps the handoff until our exec or exit.
-                WAITING => wait_private(&self.state, WAITING),
+                WAITING => futex_wait(&self.state, WAITING, true),
                 FAILED => return Err((Step::Cgroup, self.errno.load(Ordering::Relaxed))),
                 _ => return Ok(()),
             }

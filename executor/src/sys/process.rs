@@ -224,7 +224,7 @@ pub fn mask_only_sigchld() -> io::Result<()> {
 /// `SCHED_RR` or `SCHED_DEADLINE`).
 pub fn real_time() -> bool {
     // SAFETY: no arguments but pid 0, the calling thread.
-    super::child::real_time_policy(unsafe { libc::sched_getscheduler(0) })
+    real_time_policy(unsafe { libc::sched_getscheduler(0) })
 }
 
 /// Tests: keeps the calling thread (and the threads and children it makes
@@ -265,6 +265,15 @@ pub(crate) fn set_thread_nice(nice: i32) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+const SCHED_DEADLINE: libc::c_int = 6;
+
+/// Whether `policy` (as `sched_getscheduler` returns it, with or without
+/// `SCHED_RESET_ON_FORK`) is a real-time one.
+pub(super) fn real_time_policy(policy: libc::c_int) -> bool {
+    let policy = policy & !libc::SCHED_RESET_ON_FORK;
+    [libc::SCHED_FIFO, libc::SCHED_RR, SCHED_DEADLINE].contains(&policy)
 }
 
 #[cfg(test)]

@@ -45,7 +45,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::berth::{Berth, Handoff, Unparked};
-use super::child::{self, ChildSpec, SpawnFailure, Spawned, Step};
+use super::child;
+use super::spec::{ChildSpec, SpawnFailure, Spawned, Step};
 
 /// A pool of threads carrying one seccomp filter; see the module docs.
 #[derive(Debug)]
@@ -649,7 +650,7 @@ mod tests {
 
     /// Now on `CLOCK_MONOTONIC`, in nanoseconds.
     fn now_ns() -> u64 {
-        child::monotonic_now_ns().expect("CLOCK_MONOTONIC")
+        crate::sys::call::monotonic_now_ns().expect("CLOCK_MONOTONIC")
     }
 
     /// A child times its own `execve`, parked or made for the run: the
