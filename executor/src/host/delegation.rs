@@ -27,8 +27,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// The child cgroup the executor moves itself into.
-pub const SUPERVISOR: &str = "supervisor";
+pub use crate::sandbox::cgroup::{runs_parent, SUPERVISOR};
 
 /// The controllers the run leaves need from v2.
 pub const WANTED: [&str; 2] = ["pids", "memory"];
@@ -125,15 +124,6 @@ pub fn take(
         return Err(err("enable controllers in", control)(e));
     }
     Ok(Delegation::Taken { root, enabled: todo.iter().map(|c| (*c).to_owned()).collect() })
-}
-
-/// The cgroup whose `ongrid/` subtree holds the runs of a process in
-/// `own`: `own` itself, or `<x>` for `<x>/supervisor`.
-pub fn runs_parent(own: &str) -> String {
-    match own.strip_suffix(SUPERVISOR).and_then(|p| p.strip_suffix('/')) {
-        Some(parent) if !parent.is_empty() => parent.to_owned(),
-        _ => own.to_owned(),
-    }
 }
 
 /// [`take`] for this process on the host's v2 hierarchy, as root only

@@ -28,7 +28,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::run::engine::relock;
+use crate::run::lock::relock;
 use crate::run::rundir::RunDir;
 use crate::run::spawn::{Host, Slot, SpawnError};
 use crate::sandbox::cgroup::RunCgroup;

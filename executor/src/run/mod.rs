@@ -70,7 +70,7 @@
 //!    clear-child-tid address: the kernel wakes the run at the child's
 //!    `exec` (or exit), and the run then tells the spawner thread, so the
 //!    run is not woken second-hand; the only run in flight watches
-//!    that word without sleeping for up to [`engine::EXEC_SPIN`] first,
+//!    that word without sleeping for up to [`spin::EXEC_SPIN`] first,
 //!    so its vCPU does not halt meanwhile (yielding its CPU between looks,
 //!    so a child queued there runs at once). A run that finds no child
 //!    parked waits for the next thread that is done, which makes one for
@@ -121,7 +121,7 @@
 //!    grace, SIGKILL), cancellation. The main process's exit is collected
 //!    with one `wait4(WNOHANG)` once both pipes are at end of file (most
 //!    runs; the only run in flight looks again without sleeping for up to
-//!    [`engine::EXEC_SPIN`], as the end of file comes while the process
+//!    [`spin::EXEC_SPIN`], as the end of file comes while the process
 //!    exits), and waited on through its pidfd, registered only then, when
 //!    it has not ended yet or 10 ms after the start.
 //! 7. On any end, kill the whole tree (`cgroup.kill`, not needed when the
@@ -145,10 +145,12 @@
 
 pub mod engine;
 pub(crate) mod janitor;
+pub(crate) mod lock;
 pub mod parsed;
 pub mod plan;
 pub mod reaper;
 pub mod resolve;
 pub mod rundir;
 pub mod spawn;
+pub mod spin;
 pub mod supervise;

@@ -62,7 +62,7 @@ pub struct Bounds<'a> {
 }
 
 /// The exit's watch without sleeping ([`Bounds::exit_spin`]): `budget`
-/// (`engine`'s [`EXEC_SPIN`](crate::run::engine::EXEC_SPIN)) when, at that
+/// (`engine`'s [`EXEC_SPIN`](crate::run::spin::EXEC_SPIN)) when, at that
 /// moment, `in_flight` says this run is the only one; else none.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ExitSpin<'a> {
@@ -76,7 +76,7 @@ impl ExitSpin<'_> {
     /// The watch for now: the budget for the only run in flight.
     fn now(&self) -> Duration {
         self.in_flight.map_or(Duration::ZERO, |n| {
-            crate::run::engine::spin_for(n.load(std::sync::atomic::Ordering::Relaxed), self.budget)
+            crate::run::spin::spin_for(n.load(std::sync::atomic::Ordering::Relaxed), self.budget)
         })
     }
 }

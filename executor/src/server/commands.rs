@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use super::connection::{ConnCtx, GaugeGuard};
-use crate::run::engine::{relock, ManifestSource};
+use crate::run::engine::ManifestSource;
+use crate::run::lock::relock;
 
 /// Longest session id quoted in logs.
 const SESSION_LOG_CHARS: usize = 64;

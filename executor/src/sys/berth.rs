@@ -133,7 +133,7 @@ impl Handoff {
     /// With a nonzero `spin`, first watches the word for that long without
     /// sleeping, yielding the CPU between looks (the caller decides when
     /// the CPU is not wanted elsewhere:
-    /// `engine`'s [`EXEC_SPIN`](crate::run::engine::EXEC_SPIN)). A thread asleep
+    /// `engine`'s [`EXEC_SPIN`](crate::run::spin::EXEC_SPIN)). A thread asleep
     /// in `futex` lets its vCPU halt, and on a guest whose idle vCPUs halt
     /// at once the `exec`'s wake-up then waits for the host to run that
     /// vCPU again (~28 µs on the dev machines); the child's steps up to

@@ -8,7 +8,7 @@
 //! between its wake-up and its `exec` on the dev machine (BENCHMARKS.md,
 //! thirty-third pass). The only run in flight has nothing else to do
 //! meanwhile: it watches for the exec without sleeping
-//! (`engine`'s [`EXEC_SPIN`](crate::run::engine::EXEC_SPIN)). So when it spins,
+//! (`engine`'s [`EXEC_SPIN`](crate::run::spin::EXEC_SPIN)). So when it spins,
 //! the run offers to make the joins itself, on its own CPU, while the
 //! child sets up its descriptors, limits, user and Landlock domain on the
 //! other ([`Joining`] says who settles the offer); a child that took the
