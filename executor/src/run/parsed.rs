@@ -5,7 +5,7 @@
 //! parsed again; a file replaced by another one is another inode.
 //!
 //! Two users: the server's pre-admission check
-//! ([`crate::server::ManifestCache`]), which hands the parse to the run's
+//! (`server`'s `ManifestCache`), which hands the parse to the run's
 //! plan, and [`crate::Engine`] itself for runs named by path (a library
 //! caller, a benchmark), so no run parses a manifest it parsed before.
 

@@ -5,7 +5,7 @@
 //! component of the path, 5 to 8 system calls for a manifest or an entry
 //! under a skills root, and every run resolves the manifest, each root and
 //! the entry (the manifest and roots once, by the server's check, whose
-//! open file the plan then reads: [`crate::run::plan::Located`]).
+//! open file the plan then reads: `plan::Located`).
 //! Opening the path and reading the link of its descriptor takes two (the
 //! link read relative to this process's `/proc/<pid>/fd`, opened once),
 //! and leaves the file open for what comes next: its metadata (`fstat`)

@@ -236,7 +236,7 @@ fn open_path(path: &Path) -> std::io::Result<Opened> {
     Ok(Opened { fd: file.into(), is_dir, ident: meta.as_ref().map(ident) })
 }
 
-/// Rulesets built for earlier runs in one slot ([`crate::run::rundir::RunDir`]),
+/// Rulesets built for earlier runs in one slot (the run directory, `run::rundir`),
 /// each with what it was built from; [`prepare`] takes one whose inputs are
 /// the same instead of building anew. Building costs a `landlock_add_rule`
 /// per path (~40), and closing the ruleset frees every rule again: ~3.5 %

@@ -8,7 +8,7 @@ use policy::{Outcome, RunReport};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use super::connection::{ConnCtx, GaugeGuard};
+use super::context::{ConnCtx, GaugeGuard};
 use crate::run::engine::ManifestSource;
 use crate::run::lock::relock;
 

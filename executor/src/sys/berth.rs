@@ -4,7 +4,7 @@
 //! depend on the run (the `clone` itself, step 4a's signal resets, step
 //! 4b's `setsid`) cost ~55 µs traced, ~85 µs sampled, per run on the dev
 //! machine (BENCHMARKS.md, seventeenth and twenty-first passes). A spawner
-//! thread ([`super::spawner`]) takes them before the run comes: it creates
+//! thread (`spawner`) takes them before the run comes: it creates
 //! the child into its berth, where the child waits on a futex, and the run
 //! then only hands it its [`ChildSpec`] ([`Berth::give`]) and wakes it. The
 //! child takes the rest of the sequence (4c to 5) as a child made for the

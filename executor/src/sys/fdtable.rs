@@ -18,7 +18,7 @@
 //! below the floor. Whatever lands where is never a question of safety: a
 //! descriptor that could not be lifted is copied and closed at `exec` as
 //! before, and the caller shares the table only when the child's stdio and
-//! Landlock descriptors are below the floor ([`super::child::ChildSpec`]).
+//! Landlock descriptors are below the floor (the child's spec).
 //!
 //! Below the floor stays what comes and goes with the runs (~100
 //! descriptors with 8 clients). A spawn therefore places the descriptors

@@ -33,7 +33,7 @@
 //! child without granted capabilities inherits it empty and skips its
 //! ~40 `PR_CAPBSET_DROP`s, each a new set of credentials (~20 µs per
 //! spawn). A child granted capabilities needs them in its bounding set:
-//! it is not created here ([`crate::run::spawn::spawn`]), and one that were
+//! it is not created here (the run path's `spawn`), and one that were
 //! would fail its `capset`, not run with less than asked silently.
 
 use std::collections::VecDeque;

@@ -121,7 +121,7 @@ pub struct Identity {
 /// Everything the child needs, built by the parent before `clone`.
 ///
 /// Pointers in `argv` and `envp` must point into `CString`s that outlive the
-/// [`spawn`](super::child::spawn) call; both arrays must end with a null pointer.
+/// `spawn` call; both arrays must end with a null pointer.
 #[derive(Debug, Clone, Copy)]
 pub struct ChildSpec<'a> {
     /// Absolute path of the entry.
@@ -148,7 +148,7 @@ pub struct ChildSpec<'a> {
     pub landlock: Option<RawFd>,
     /// `Some(floor)`: share the parent's descriptor table (`CLONE_FILES`)
     /// until the cgroups are joined, then keep only the descriptors below
-    /// `floor` ([`super::fdtable`]); `stdio` and `landlock` must be below
+    /// `floor` (`fdtable`); `stdio` and `landlock` must be below
     /// it. `None`: the table is copied at `clone`.
     pub share_below: Option<u32>,
     /// Classic BPF seccomp program; empty = none.
@@ -156,7 +156,7 @@ pub struct ChildSpec<'a> {
     /// The executor's pid, checked after `PR_SET_PDEATHSIG`.
     pub parent: libc::pid_t,
     /// The creating thread's capability bounding set is empty already (a
-    /// spawner thread's, set by [`super::spawner`] only): step 4g skips
+    /// spawner thread's, set by `spawner` only): step 4g skips
     /// its `PR_CAPBSET_DROP`s, which the child inherits done.
     pub bounding_cleared: bool,
     /// Where the child stores the time it calls `execve` (step 5), in
