@@ -461,7 +461,7 @@ impl Spawners {
                 // finds none parked waits for a thread to make its child
                 // (two more hand-offs). With 8 clients on 2 CPUs, 4 threads
                 // against 2: runs/s higher or equal in 8 of 8 rounds, p50
-                // lower in 6 (BENCHMARKS.md, twenty-sixth pass).
+                // lower in 6.
                 let threads = std::thread::available_parallelism()
                     .map_or(4, |n| n.get().saturating_mul(2).clamp(4, 8));
                 match Spawner::start(seccomp::program(variant), threads, "ongrid-spawner") {

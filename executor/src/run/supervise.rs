@@ -357,7 +357,7 @@ async fn read_stderr(fd: OwnedFd, lines: &mut StderrLines<'_>) -> Option<pipe::R
 /// time (144 of 320 traced sequential runs); the pidfd's registration and
 /// readiness then cost the run an `epoll_ctl` and a wake-up: 21-31 µs
 /// from the zombie to its reaping, against 9 for a parent blocked in
-/// `wait4` (BENCHMARKS.md, thirty-third pass).
+/// `wait4`.
 async fn wait_exit(pidfd: &mut Option<PidFd>, reaper: &Reaper, pid: i32, spin: Duration) -> Exit {
     if let Some(exit) = reaper.collect(pid) {
         return exit;

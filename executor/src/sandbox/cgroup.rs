@@ -190,7 +190,7 @@ pub struct CgroupError {
 /// (`lru_add_drain_all`, work queued on each CPU and waited for) and runs
 /// a reclaim pass. At 1 MiB it came every ~7 runs and the janitor fell
 /// behind under 8 clients (a third of the runs recycled their slot
-/// themselves); at 8 MiB it keeps up (BENCHMARKS.md, fifteenth pass).
+/// themselves); at 8 MiB it keeps up.
 pub const FORCE_EMPTY_ABOVE: u64 = 8 << 20;
 
 /// See [`FORCE_EMPTY_ABOVE`]: 1/64, under 2 % of a run's memory bound.

@@ -231,7 +231,8 @@ async fn execute_run(
     let mut sink = move |line: &str| {
         tx.send(wire::encode_stderr(&stderr_id, line));
     };
-    // The args as the loader's caller sent them (DESIGN.md §2).
+    // The args as the loader's caller sent them: the JSON text as received,
+    // not parsed and encoded again, goes to the skill's stdin.
     let args = params.args.get().as_bytes().to_vec();
     let started = Instant::now();
     let gave_up = AtomicBool::new(false);

@@ -3,7 +3,7 @@
 //! Creating a child and taking the steps of the spawn sequence that do not
 //! depend on the run (the `clone` itself, step 4a's signal resets, step
 //! 4b's `setsid`) cost ~55 µs traced, ~85 µs sampled, per run on the dev
-//! machine (BENCHMARKS.md, seventeenth and twenty-first passes). A spawner
+//! machine. A spawner
 //! thread (`spawner`) takes them before the run comes: it creates
 //! the child into its berth, where the child waits on a futex, and the run
 //! then only hands it its [`ChildSpec`] ([`Berth::give`]) and wakes it. The
@@ -26,8 +26,8 @@
 //! child stack. It waits asleep in `futex` on the berth's `alive` word, not
 //! suspended in `clone(CLONE_VFORK)` as while a child made for a run works
 //! up to `execve`: that sleep is uninterruptible and counts in the load
-//! average, and an idle executor read one per spawner thread on `uptime`
-//! (BENCHMARKS.md, twenty-seventh pass). The kernel zeroes `alive` when the
+//! average, and an idle executor read one per spawner thread on `uptime`.
+//! The kernel zeroes `alive` when the
 //! child exits or execs before it took a spec (it is the child's
 //! clear-child-tid word until then); once it took one, the run zeroes it
 //! after the kernel zeroed the handoff's word ([`Berth::child_gone`]). A

@@ -6,7 +6,7 @@
 //! during runs the executor holds ~230 descriptors, 176 of them the kernfs
 //! files of its 16 pooled cgroup slots and ~40 the `O_PATH` system paths of
 //! the Landlock rulesets. Copying and closing them cost ~3 % of the host's
-//! CPU per run with 8 clients (BENCHMARKS.md, tenth pass): each copy takes a
+//! CPU per run with 8 clients: each copy takes a
 //! reference and each close flushes, with a cache miss on each file.
 //!
 //! So the long-lived descriptors that a child never needs after joining its

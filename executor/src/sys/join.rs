@@ -5,8 +5,7 @@
 //! A child joining its cgroups itself writes "0" to each `cgroup.procs`:
 //! three writes (the v2 leaf, the v1 `pids` and `memory` leaves), each
 //! making the kernel a new `css_set`, ~35 µs of the child's ~110 µs
-//! between its wake-up and its `exec` on the dev machine (BENCHMARKS.md,
-//! thirty-third pass). The only run in flight has nothing else to do
+//! between its wake-up and its `exec` on the dev machine. The only run in flight has nothing else to do
 //! meanwhile: it watches for the exec without sleeping
 //! (`engine`'s [`EXEC_SPIN`](crate::run::spin::EXEC_SPIN)). So when it spins,
 //! the run offers to make the joins itself, on its own CPU, while the
@@ -65,8 +64,7 @@ const FAILED: u32 = 4;
 /// there by then, leaves the offer open: the run withdraws it (the child,
 /// or one made for the run in its place, joins itself). Withdrawing at once
 /// instead, when the child had not answered yet, was tried: the run
-/// nearly always came first, and the joins stayed on the child's path
-/// (BENCHMARKS.md, thirty-third pass).
+/// nearly always came first, and the joins stayed on the child's path.
 #[derive(Debug, Default)]
 pub struct Joining {
     state: AtomicU32,

@@ -5,7 +5,7 @@
 //! JIT-compiles it and runs it once per syscall number to build the
 //! kernel's cache of always-allowed calls: about 90 µs for the runs'
 //! 136-instruction program on the dev machine, the largest single cost of a
-//! spawn after the `exec` itself (BENCHMARKS.md, fourth pass). A filter
+//! spawn after the `exec` itself. A filter
 //! that a thread already carries is shared with a child it creates by a
 //! reference count (`copy_seccomp` in `clone`).
 //!
@@ -21,7 +21,8 @@
 //! [`Berth`] after the steps that do not depend on the run (`clone`, the
 //! signal resets, `setsid`): a spawn hands its spec to a parked child and
 //! wakes it, instead of waking a thread that then makes the child
-//! (BENCHMARKS.md, twenty-first pass: 0.13-0.17x of a bare run's latency).
+//! (a parked child cut a served run's latency to 0.13-0.17x of a bare
+//! run's).
 //! See [`super::berth`] for what a parked child holds.
 //!
 //! The threads also fix which thread a child's parent-death signal is tied

@@ -439,7 +439,7 @@ fn search(table: &[(u32, Special)]) -> Vec<Insn> {
 /// not a linear scan of the ~90 special numbers: the kernel runs the filter
 /// once per syscall number when it is attached, to build its cache of
 /// always-allowed calls, so a linear program made each spawn pay ~0.1 ms in
-/// `seccomp(2)` on this machine; see BENCHMARKS.md. The decisions are those
+/// `seccomp(2)` on the dev machine. The decisions are those
 /// of the linear reference program in the tests, number by number.
 pub fn program(v: Variant) -> &'static [Insn] {
     static PROGRAMS: [std::sync::OnceLock<Vec<Insn>>; 4] =
