@@ -20,6 +20,7 @@ use crate::run::reaper::Reaper;
 use crate::run::spawn::{self, Host, Spawners};
 use crate::run::spin::{spin_for, Active, EXEC_SPIN};
 use crate::run::supervise::{self, Bounds, ExitSpin, Leftovers, Stop, Supervised};
+use crate::sandbox::cgroup::RunCgroup;
 use crate::sys;
 
 /// Longest excerpt of an invalid stdout quoted in the error.
@@ -272,6 +273,33 @@ impl Engine {
         (report, held, after)
     }
 
+    /// Step 1: the run's plan, or the report of a run refused.
+    fn plan(
+        &self,
+        source: ManifestSource,
+        tool: Option<&str>,
+        args: Vec<u8>,
+    ) -> Result<Plan, Box<RunReport>> {
+        let fallback_name = source
+            .path()
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let env = &self.env;
+        let planned = match source {
+            ManifestSource::Path(path) => self
+                .parsed
+                .locate(&self.config.roots, &path, tool)
+                .and_then(|at| Plan::build_located(&self.config, at, tool, args, env)),
+            ManifestSource::Located(at) => Plan::build_located(&self.config, at, tool, args, env),
+        };
+        planned.map_err(|e| {
+            let name = e.skill().map_or(fallback_name, str::to_owned);
+            Box::new(RunReport::not_run(name, e.outcome(), e.to_string()))
+        })
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn run_inner(
         &self,
@@ -285,27 +313,10 @@ impl Engine {
         started: Instant,
         after: &mut AfterReport,
     ) -> RunReport {
-        let fallback_name = source
-            .path()
-            .parent()
-            .and_then(|p| p.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
         // Step 1: validate against our own configuration.
-        let env = &self.env;
-        let planned = match source {
-            ManifestSource::Path(path) => self
-                .parsed
-                .locate(&self.config.roots, &path, tool)
-                .and_then(|at| Plan::build_located(&self.config, at, tool, args, env)),
-            ManifestSource::Located(at) => Plan::build_located(&self.config, at, tool, args, env),
-        };
-        let plan = match planned {
+        let plan = match self.plan(source, tool, args) {
             Ok(plan) => plan,
-            Err(e) => {
-                let name = e.skill().map_or(fallback_name, str::to_owned);
-                return RunReport::not_run(name, e.outcome(), e.to_string());
-            }
+            Err(refused) => return *refused,
         };
         let skill = plan.manifest.name().to_string();
         let _active = Active::enter(&self.active);
@@ -379,16 +390,7 @@ impl Engine {
         )
         .await;
         after.leftovers = sup.leftovers.take();
-        let oom = match prep.cgroup.as_mut() {
-            Some(cg) => {
-                if !cg.wait_empty(Duration::from_secs(2)) {
-                    cg.kill();
-                    cg.wait_empty(Duration::from_secs(1));
-                }
-                cg.oom_killed()
-            }
-            None => false,
-        };
+        let oom = prep.cgroup.as_mut().is_some_and(settle);
         self.reaper.reap_orphans();
         // The run is over (its tree is gone): its cgroups and directory are
         // removed after the report, by the janitor, woken once the report
@@ -402,6 +404,16 @@ impl Engine {
         report.sandbox = Some(prep.report.clone());
         report
     }
+}
+
+/// Waits for the run's cgroup to empty (killing what is left after 2 s);
+/// returns whether the kernel's OOM killer acted in it.
+fn settle(cg: &mut RunCgroup) -> bool {
+    if !cg.wait_empty(Duration::from_secs(2)) {
+        cg.kill();
+        cg.wait_empty(Duration::from_secs(1));
+    }
+    cg.oom_killed()
 }
 
 /// What of a finished run is left to do once its report is written

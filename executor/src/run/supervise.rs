@@ -275,7 +275,26 @@ struct StderrLines<'s> {
     dropped: u64,
 }
 
-impl StderrLines<'_> {
+impl<'s> StderrLines<'s> {
+    /// Streams lines to `sink` within `bounds`' stderr caps.
+    fn new(sink: &'s mut (dyn FnMut(&str) + Send), bounds: &Bounds<'_>) -> Self {
+        StderrLines {
+            sink,
+            line: Vec::new(),
+            line_cut: false,
+            line_max: usize::try_from(bounds.stderr_line_bytes).unwrap_or(usize::MAX),
+            streamed: 0,
+            total_max: bounds.stderr_bytes,
+            tail: VecDeque::new(),
+            dropped: 0,
+        }
+    }
+
+    /// The kept tail of stderr, as text.
+    fn tail_text(&mut self) -> String {
+        String::from_utf8_lossy(self.tail.make_contiguous()).into_owned()
+    }
+
     fn push(&mut self, bytes: &[u8]) {
         for chunk in bytes.split_inclusive(|b| *b == b'\n') {
             let (body, ends) = match chunk.strip_suffix(b"\n") {
@@ -415,16 +434,7 @@ pub async fn supervise(
     let mut pidfd = Some(PidFd::Plain(pidfd));
     let tree = Tree { cgroup, pid };
 
-    let mut lines = StderrLines {
-        sink,
-        line: Vec::new(),
-        line_cut: false,
-        line_max: usize::try_from(bounds.stderr_line_bytes).unwrap_or(usize::MAX),
-        streamed: 0,
-        total_max: bounds.stderr_bytes,
-        tail: VecDeque::new(),
-        dropped: 0,
-    };
+    let mut lines = StderrLines::new(sink, &bounds);
     let (stop, exit, stdout_out, killed, pipes) = {
         let mut stdin_fut = pin!(write_stdin(stdin, args));
         let mut stdout_fut = pin!(read_stdout(stdout, bounds.stdout_bytes));
@@ -515,12 +525,11 @@ pub async fn supervise(
     if !killed && !tree.is_empty() {
         tree.kill(&pidfd);
     }
-    let stderr = String::from_utf8_lossy(lines.tail.make_contiguous()).into_owned();
     Supervised {
         exit: exit.unwrap_or(Exit { code: None, signal: None, cpu_us: 0 }),
         stop,
         stdout: stdout_out.unwrap_or_default(),
-        stderr,
+        stderr: lines.tail_text(),
         stderr_dropped: lines.dropped,
         leftovers: Some(Leftovers { pipes, pidfd }),
     }
