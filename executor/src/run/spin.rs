@@ -28,7 +28,7 @@ pub(crate) fn spin_for(active: usize, budget: Duration) -> Duration {
     }
 }
 
-/// Counts a run in [`Engine`]'s `active` while it lives.
+/// Counts a run in the engine's `active` while it lives.
 pub(crate) struct Active<'a>(&'a AtomicUsize);
 
 impl<'a> Active<'a> {

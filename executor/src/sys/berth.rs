@@ -41,9 +41,8 @@
 //! it stores its pid and pidfd there. The kernel zeroes that word and wakes
 //! its waiter when the child execs or exits, before it lets the spawner
 //! thread out of `clone`: the run's thread is woken once, by the `exec`,
-//! where it used to wait for the spawner thread to wake first and then
-//! wake it (one cross-CPU wake-up fewer on the run's path, ~20-30 µs on the
-//! dev machine, whose idle vCPUs halt). The spawner thread and the run
+//! not by the spawner thread woken first (one cross-CPU wake-up fewer on
+//! the run's path, ~20-30 µs on the dev machine, whose idle vCPUs halt). The spawner thread and the run
 //! read the same words of the handoff to tell the outcome apart (which of
 //! them owns the pidfd, who answers): see [`Handoff::spawned`].
 
