@@ -2,7 +2,8 @@
 //!
 //! - [`landlock`]: which paths get which Landlock rights, per ABI, and the
 //!   ruleset cache.
-//! - [`seccomp`]: the syscall deny-list, compiled to classic BPF.
+//! - [`seccomp`]: the syscall deny-list, compiled to classic BPF (the
+//!   instructions and their test interpreter in `seccomp::bpf`).
 //! - [`cgroup`]: the run's cgroups (tree kill, pids and memory bounds).
 //!
 //! # Trust model
