@@ -7,9 +7,8 @@
 //!   file's identity), for the server's check and the engine's runs.
 //! - [`resolve`]: canonical paths by opening the file once, the file kept
 //!   for its metadata and bytes.
-//! - [`spawn`]: steps 2 to 5, preparing the sandbox and creating the child
-//!   (in `serve`, on the spawner threads that create children ahead of
-//!   runs: `sys`'s `spawner`).
+//! - [`spawn`]: steps 2 to 5, preparing the sandbox and creating the child;
+//!   [`spawner`]: the spawner threads that create children ahead of runs.
 //! - [`rundir`]: the private per-run directory.
 //! - [`supervise`]: steps 6 and 7, I/O bounds, deadline, tree kill.
 //! - [`reaper`]: reaping main processes and orphans.
@@ -153,5 +152,6 @@ pub mod reaper;
 pub mod resolve;
 pub mod rundir;
 pub mod spawn;
+pub mod spawner;
 pub mod spin;
 pub mod supervise;

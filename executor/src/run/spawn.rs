@@ -19,11 +19,11 @@ use policy::Outcome;
 use crate::config::{Config, LandlockMode};
 use crate::run::plan::Plan;
 use crate::run::rundir::{RunDir, RunDirError};
+use crate::run::spawner::Spawner;
 use crate::sandbox::cgroup::{CgroupError, Hierarchies, RunCgroup};
 use crate::sandbox::landlock::{self, FsPolicy, LandlockError};
 use crate::sandbox::seccomp;
 use crate::sys;
-use crate::sys::spawner::Spawner;
 use crate::sys::spec::{ChildSpec, Identity, SpawnFailure, Step};
 
 /// Why a run could not be started.
@@ -425,7 +425,7 @@ pub fn prepare(
     })
 }
 
-/// The engine's spawner threads (`sys::spawner`): one pool per seccomp
+/// The engine's spawner threads ([`crate::run::spawner`]): one pool per seccomp
 /// program ([`seccomp::Variant`]: the network grant, metadata locked),
 /// started on first use.
 /// A child created by one inherits the pool's filter instead of compiling
@@ -540,7 +540,7 @@ fn prefill_stdin(fd: OwnedFd, args: &[u8]) -> Option<(OwnedFd, usize)> {
 /// sandbox and execs the entry, on the slot's pipes (made here when it
 /// has none). `args` go into its stdin first (`prefill_stdin`). `spin`:
 /// how long a child made ahead may be watched for its `exec` without
-/// sleeping (`sys::spawner`'s `spawn_spinning`; zero: sleep at once).
+/// sleeping (`spawner`'s `spawn_spinning`; zero: sleep at once).
 /// `meanwhile` runs once the child has its spec (else once it exists),
 /// off the path to its `exec`.
 ///

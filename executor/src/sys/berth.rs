@@ -48,13 +48,16 @@
 
 use std::ffi::{c_int, c_void};
 use std::os::fd::RawFd;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use super::call;
 use super::child;
 use super::futex::{futex_wait, futex_wake};
 use super::join::Joining;
-use super::spec::{ChildSpec, SpawnFailure, Step};
+use super::spec::{ChildSpec, SpawnFailure, Spawned, Step};
 
 /// The parked child waits for a spec.
 const WAITING: u32 = 0;
@@ -87,6 +90,10 @@ pub struct Berth {
     /// spec (its clear-child-tid word until then), else by the run it took
     /// ([`Berth::child_gone`]). The spawner thread waits on it.
     alive: AtomicU32,
+    /// The job given ([`Berth::give`]), held here until the spawner thread
+    /// takes it back after `park` returned ([`Berth::take`]): while it is
+    /// held, its run waits, so the spec the child reads stays alive.
+    job: Mutex<Option<Job>>,
 }
 
 /// Where a run and the parked child that takes its spec meet: the child's
@@ -230,9 +237,8 @@ impl Handoff {
 pub enum Unparked {
     /// It exec'd or exited; `failure` if a step failed before it took a
     /// spec (recorded by the child; one after is in the handoff). Not
-    /// reaped, and its pidfd not owned: it may be the run's child
-    /// ([`Handoff::spawned`]); else the caller wraps and reaps it.
-    Ended { pidfd: RawFd, failure: Option<SpawnFailure> },
+    /// reaped: [`Berth::take`] gives its pidfd unless the run owns it.
+    Ended { failure: Option<SpawnFailure> },
     /// `clone` failed.
     NotCreated(SpawnFailure),
 }
@@ -278,10 +284,9 @@ impl Berth {
                 || self.wait_gone(),
             )
         };
-        let (_pid, pidfd) = match created {
-            Ok(created) => created,
-            Err(errno) => return Unparked::NotCreated(SpawnFailure { step: Step::Clone, errno }),
-        };
+        if let Err(errno) = created {
+            return Unparked::NotCreated(SpawnFailure { step: Step::Clone, errno });
+        }
         let failure = match self.step.load(Ordering::Acquire) {
             0 => None,
             step => Some(SpawnFailure {
@@ -289,22 +294,47 @@ impl Berth {
                 errno: self.errno.load(Ordering::Acquire),
             }),
         };
-        Unparked::Ended { pidfd, failure }
+        Unparked::Ended { failure }
     }
 
-    /// Gives the parked (or parking) child `spec` and `handoff`; `spec`
-    /// checked with `child::check_spec`. [`Berth::wake`] it after.
+    /// Gives the parked (or parking) child `job`'s spec and handoff
+    /// (the spec checked with `child::check_spec`, by [`lend`]); the berth
+    /// holds the job until [`Berth::take`]. [`Berth::wake`] the child after.
+    /// Gives the job back if the berth holds one already.
     ///
-    /// # Safety
+    /// # Errors
     ///
-    /// `spec`, `handoff` and everything they point to must stay alive and
-    /// unchanged until the spawner thread parking the child has returned
-    /// from [`Berth::park`], or, for `spec`, until `handoff` says the child
-    /// exec'd ([`Handoff::spawned`]).
-    pub unsafe fn give(&self, spec: &ChildSpec<'_>, handoff: &Handoff) {
-        self.spec.store(std::ptr::from_ref(spec).cast_mut().cast(), Ordering::Relaxed);
-        self.handoff.store(std::ptr::from_ref(handoff).cast_mut(), Ordering::Relaxed);
+    /// The job, when the berth holds another one.
+    pub fn give(&self, job: Job) -> Result<(), Job> {
+        let mut held = self.job.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.is_some() {
+            return Err(job);
+        }
+        self.spec.store(job.spec.0.cast_mut(), Ordering::Relaxed);
+        self.handoff.store(Arc::as_ptr(&job.handoff).cast_mut(), Ordering::Relaxed);
+        *held = Some(job);
         self.state.store(GO, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether the berth holds a job given and not taken back.
+    #[cfg(test)]
+    pub fn holds_job(&self) -> bool {
+        self.job.lock().unwrap_or_else(PoisonError::into_inner).is_some()
+    }
+
+    /// After [`Berth::park`] returned, once no spawn can give this berth a
+    /// job any more (the caller's lock): the job given, if any, and the
+    /// parked child's pidfd unless its run owns it ([`Handoff::spawned`]).
+    pub fn take(&self) -> (Option<Job>, Option<OwnedFd>) {
+        let job = self.job.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let pidfd = self.pidfd.swap(-1, Ordering::AcqRel);
+        let runs = job.as_ref().is_some_and(|j| j.handoff.spawned().is_some());
+        // SAFETY: the kernel made this pidfd for the parked child at
+        // `clone`; the swap above hands it out once, and not when the run
+        // took it from the handoff.
+        let pidfd = (pidfd >= 0 && !runs).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
+        (job, pidfd)
     }
 
     /// Blocks until `alive` is zero, asleep in `futex` (interruptibly: it
@@ -335,6 +365,130 @@ impl Berth {
     pub fn wake(&self) {
         futex_wake(&self.state, true);
     }
+}
+
+/// One spawn lent to a spawner thread: the run's spec, its handoff, and
+/// the channel of its answer. The run that made it ([`lend`]) waits until
+/// the answer is sent or the job dropped, or until the handoff says the
+/// child that took the spec is gone: while a job lives, its spec does.
+#[derive(Debug)]
+pub struct Job {
+    spec: SpecPtr,
+    /// Where a parked child given the job tells the run it exec'd.
+    handoff: Arc<Handoff>,
+    reply: mpsc::SyncSender<Result<Spawned, SpawnFailure>>,
+}
+
+/// A `&ChildSpec` crossing to the spawner thread.
+#[derive(Debug)]
+struct SpecPtr(*const c_void);
+
+// SAFETY: the pointer is only dereferenced by the spawner thread (or the
+// child it parked) while the thread that sent it waits in `lend`, for the
+// reply that the spawner sends once it no longer uses the spec (or drops
+// with the job), or for the handoff's word that the kernel zeroes when the
+// child that read it exec'd or exited (the spawner thread does not read
+// the spec then); the spec is only read (it holds plain values, raw
+// pointers into `CString`s the caller keeps alive, and fds).
+unsafe impl Send for SpecPtr {}
+
+impl Job {
+    /// Where the parked child given the job, if one took it, left its
+    /// outcome.
+    pub fn handoff(&self) -> &Handoff {
+        &self.handoff
+    }
+
+    /// Answers the run.
+    pub fn answer(self, result: Result<Spawned, SpawnFailure>) {
+        let _ = self.reply.send(result);
+    }
+
+    /// Serves the job with a child made for it ([`child::spawn`]), whose
+    /// bounding set is inherited empty when `cleared`. A job whose spec a
+    /// parked child took is dropped instead: its run has its answer.
+    pub fn spawn_child(self, cleared: bool) {
+        if self.handoff.took.load(Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: see `SpecPtr`: no child took the spec, so the sender
+        // waits for this job's reply and the spec is alive until it is
+        // sent (or dropped) below.
+        let spec = unsafe { &*self.spec.0.cast::<ChildSpec<'_>>() };
+        let spec = ChildSpec { bounding_cleared: cleared, ..*spec };
+        let spawned = child::spawn(&spec);
+        self.answer(spawned);
+    }
+}
+
+impl Drop for Job {
+    /// A run given to a parked child waits on the handoff: once the job is
+    /// answered (the reply sent before this), or dropped on any path, it is
+    /// woken if the child's exec or exit has not woken it already.
+    fn drop(&mut self) {
+        self.handoff.release();
+    }
+}
+
+/// Lends `spec` to a spawner thread as a [`Job`] that `give` hands to a
+/// parked child (returning its berth) or queues (`None`), and waits until
+/// the child exec'd or failed: from the handoff, for up to `spin` without
+/// sleeping, when a parked child took it ([`Handoff::wait`]), else from the
+/// job's answer. With a nonzero `spin` the calling thread also offers to
+/// make that child's cgroup joins (step 4c, [`super::join`]) while it
+/// works. `meanwhile` runs once the spec is handed over (and those joins
+/// made), while the child works towards its `exec`.
+///
+/// # Errors
+///
+/// As [`child::spawn`]; a job `give` gives back, or dropped unanswered, is
+/// a `clone` failure (`EAGAIN`).
+pub fn lend<'b>(
+    spec: &ChildSpec<'_>,
+    spin: Duration,
+    give: impl FnOnce(Job) -> Result<Option<&'b Berth>, Job>,
+    meanwhile: impl FnOnce(),
+) -> Result<Spawned, SpawnFailure> {
+    // A parked child cannot report a malformed spec before using it.
+    child::check_spec(spec)?;
+    let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };
+    let (reply, answer) = mpsc::sync_channel(1);
+    let handoff = Arc::new(Handoff::default());
+    // The only run in flight (it spins) offers to make its parked child's
+    // cgroup joins while the child takes its other steps (`super::join`).
+    let run_joins = !spin.is_zero() && !spec.cgroup_procs.is_empty();
+    if run_joins {
+        handoff.joining.offer();
+    }
+    let job = Job {
+        spec: SpecPtr(std::ptr::from_ref(spec).cast()),
+        handoff: Arc::clone(&handoff),
+        reply,
+    };
+    let berth = give(job).map_err(|_| gone)?;
+    if run_joins && berth.is_some() {
+        handoff.join_if_accepted(spec.cgroup_procs, spin);
+    }
+    meanwhile();
+    if let Some(berth) = berth {
+        // Woken by the child's exec (or exit) itself, or by the spawner
+        // thread when no child took the spec.
+        handoff.wait(spin);
+        if !handoff.released() {
+            // The kernel woke us: the spawner thread still waits for the
+            // child to be gone.
+            berth.child_gone();
+        }
+        if let Some((pid, pidfd)) = handoff.spawned() {
+            // SAFETY: the child stored the pidfd the kernel made for it;
+            // with `spawned()` true the spawner thread leaves it to us
+            // (`Berth::take`).
+            return Ok(Spawned { pid, pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) } });
+        }
+    }
+    // The reply is sent, or dropped, only once the spawner thread is done
+    // with the spec: this wait is what keeps it alive.
+    answer.recv().unwrap_or(Err(gone))
 }
 
 /// Sleeps in `futex` while `word` (a clear-child-tid word: 1 until the

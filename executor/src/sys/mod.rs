@@ -26,6 +26,5 @@ pub mod memory;
 pub mod mount;
 pub mod process;
 pub mod reactor;
-pub mod spawner;
 pub mod spec;
 pub mod xattr;

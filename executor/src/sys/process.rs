@@ -267,6 +267,50 @@ pub(crate) fn set_thread_nice(nice: i32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `prctl(PR_SET_NO_NEW_PRIVS, 1)`: for the calling thread (and what it
+/// creates), which `seccomp(2)` requires without `CAP_SYS_ADMIN`.
+///
+/// # Errors
+///
+/// The error of `prctl`.
+pub fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only; it changes this thread.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `seccomp(SECCOMP_SET_MODE_FILTER, 0, program)`: the filter on the
+/// calling thread only (no `TSYNC`), inherited by what it creates.
+///
+/// # Errors
+///
+/// `InvalidInput` for a program too long for `sock_fprog`, else the error
+/// of `seccomp`.
+pub fn install_thread_filter(program: &[libc::sock_filter]) -> io::Result<()> {
+    let len = u16::try_from(program.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "seccomp program too long"))?;
+    let fprog = libc::sock_fprog { len, filter: program.as_ptr().cast_mut() };
+    // SAFETY: `fprog` points to `program`, alive for the call, and holds its
+    // length; flags 0: this thread only (no TSYNC).
+    let r = unsafe {
+        libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0u32, &raw const fprog)
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `prctl(PR_CAPBSET_DROP, cap)` on the calling thread; false when refused
+/// (without `CAP_SETPCAP`).
+pub fn drop_bounding(cap: u32) -> bool {
+    // SAFETY: prctl with integer arguments only; it changes this thread's
+    // credentials.
+    unsafe { libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) == 0 }
+}
+
 const SCHED_DEADLINE: libc::c_int = 6;
 
 /// Whether `policy` (as `sched_getscheduler` returns it, with or without

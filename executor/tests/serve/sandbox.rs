@@ -14,7 +14,7 @@ use crate::support::*;
 /// What a served skill sees of its seccomp filter: the status fields, and
 /// whether `socket(AF_UNIX)` and `unshare(CLONE_NEWUSER)` work (errno when
 /// not). Served runs get the filter from the engine's spawner threads (a
-/// child inherits it; `sys::spawner`), so this checks that path from the
+/// child inherits it; `run::spawner`), so this checks that path from the
 /// inside, where the sandbox suite goes through the one-shot `run`.
 const FILTER_PROBE: &str = r#"exec /usr/bin/python3 -c '
 import ctypes, json, socket
