@@ -18,9 +18,9 @@
 //! `CLONE_NEW*` flags, `setsid`, `prctl`, `capset`, `landlock_*`...).
 //!
 //! Each thread keeps a child made ahead of the next spawn, parked in its
-//! [`Berth`] after the steps that do not depend on the run (`clone`, the
-//! signal resets, `setsid`): a spawn hands its spec to a parked child and
-//! wakes it, instead of waking a thread that then makes the child
+//! berth (`sys::berth`) after the steps that do not depend on the run
+//! (`clone`, the signal resets, `setsid`): a spawn hands its spec to a
+//! parked child and wakes it, instead of waking a thread that then makes the child
 //! (a parked child cut a served run's latency to 0.13-0.17x of a bare
 //! run's).
 //! See `sys`'s `berth` for what a parked child holds.
@@ -225,8 +225,8 @@ impl Spawner {
     /// takes it (`sys`'s `berth`), else one made for it (`child::spawn`);
     /// `spec.seccomp` should be empty (the thread's filter applies). Blocks
     /// the calling thread until the child has exec'd or failed, as
-    /// [`child::spawn`] does; for up to `spin` of that without sleeping,
-    /// when a parked child took it ([`Handoff::wait`]); with a nonzero
+    /// `child::spawn` does; for up to `spin` of that without sleeping,
+    /// when a parked child took it (`Handoff::wait`); with a nonzero
     /// `spin` the calling thread also offers to make that child's cgroup
     /// joins (step 4c, `sys`'s `join`) while it works. `meanwhile` runs once
     /// the spec is handed over (and those joins made), while the child
@@ -235,7 +235,7 @@ impl Spawner {
     ///
     /// # Errors
     ///
-    /// As [`child::spawn`]; a spawner that is gone is a `clone` failure
+    /// As `child::spawn`; a spawner that is gone is a `clone` failure
     /// (`EAGAIN`).
     pub fn spawn_spinning(
         &self,
