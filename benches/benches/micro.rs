@@ -193,8 +193,8 @@ fn report_serialisation(c: &mut Criterion) {
 /// the run's own paths, the ruleset's descriptor duplicated), as every
 /// served run but a slot's first does.
 fn landlock_cache_hit(c: &mut Criterion) {
-    use executor::landlock::{self, Cache, FsPolicy};
-    let abi = executor::spawn::Host::detect().landlock_abi;
+    use executor::sandbox::landlock::{self, Cache, FsPolicy};
+    let abi = executor::run::spawn::Host::detect().landlock_abi;
     if abi == 0 {
         println!("SKIP landlock/cache_hit: the kernel has no Landlock");
         return;

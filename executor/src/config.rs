@@ -124,7 +124,7 @@ pub struct Config {
     /// have ended (`max_timeout_seconds` and the kill grace).
     pub drain_timeout_seconds: u64,
     /// `serve` turns `favordynmods` on for the cgroup hierarchies at start
-    /// when none has it ([`crate::dynmods`]): runs after an idle gap then
+    /// when none has it ([`crate::host::dynmods`]): runs after an idle gap then
     /// skip an RCU grace period (4.5-24 ms measured) in their cgroup join.
     pub cgroup_favordynmods: bool,
 }

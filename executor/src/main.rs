@@ -78,7 +78,7 @@ fn run(
 ) -> anyhow::Result<u8> {
     // The child's cgroup join would otherwise wait for an RCU grace period
     // on the critical path; start that wait now, in the background.
-    executor::attach_lock::warm_up();
+    executor::host::attach_lock::warm_up();
     let args = if args == "-" {
         let mut buf = Vec::new();
         std::io::stdin().read_to_end(&mut buf).context("reading args from stdin")?;
@@ -94,7 +94,7 @@ fn run(
         }
     };
     // One child: the filter is installed in it, no spawner threads.
-    let spawners = executor::spawn::Spawners::inline();
+    let spawners = executor::run::spawn::Spawners::inline();
     let engine = Engine::with_spawners(config, spawners).context("starting the engine")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -137,11 +137,11 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
     }
     // A delegated cgroup v2 subtree (systemd Delegate=yes): move into
     // <own>/supervisor so the run cgroups below get pids and memory.
-    match executor::delegation::take_own() {
-        Ok(executor::delegation::Delegation::Taken { root, enabled }) => eprintln!(
+    match executor::host::delegation::take_own() {
+        Ok(executor::host::delegation::Delegation::Taken { root, enabled }) => eprintln!(
             "ongrid-executor: cgroup {} delegated: moved into {}/, enabled {} for the runs",
             root.display(),
-            executor::delegation::SUPERVISOR,
+            executor::host::delegation::SUPERVISOR,
             enabled.join(" ")
         ),
         Ok(other) => tracing::info!("executor: cgroup delegation: {other:?}"),
@@ -152,7 +152,7 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
     }
     // Cgroup joins without an RCU grace period after idle gaps.
     if config.cgroup_favordynmods && nix::unistd::geteuid().is_root() {
-        use executor::dynmods::{self, Favor};
+        use executor::host::dynmods::{self, Favor};
         match dynmods::ensure() {
             Ok(Favor::Enabled(at)) => eprintln!(
                 "ongrid-executor: cgroup: remounted {} with {} (runs after an idle gap no \
@@ -310,8 +310,8 @@ fn print(report: &policy::RunReport, json: bool) -> anyhow::Result<u8> {
 fn main() -> ExitCode {
     // The hidden watchdog of an engine instance (see executor::instance).
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if argv.get(1).is_some_and(|a| a == executor::instance::WATCHDOG_COMMAND) {
-        return ExitCode::from(executor::instance::watchdog_main(
+    if argv.get(1).is_some_and(|a| a == executor::host::instance::WATCHDOG_COMMAND) {
+        return ExitCode::from(executor::host::instance::watchdog_main(
             argv.get(2..).unwrap_or_default(),
         ));
     }

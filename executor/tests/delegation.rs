@@ -1,4 +1,4 @@
-//! The delegated-cgroup start-up step ([`executor::delegation::take`]) on a
+//! The delegated-cgroup start-up step ([`executor::host::delegation::take`]) on a
 //! real cgroup v2 hierarchy: a cgroup2 mount in a temporary directory, a
 //! `sleep` standing in for the executor. This host may be cgroup v1/hybrid,
 //! where `pids` and `memory` belong to v1; the test then uses a domain
@@ -12,7 +12,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use executor::delegation::{take, Delegation};
+use executor::host::delegation::{take, Delegation};
 
 fn words(p: &Path) -> Vec<String> {
     fs::read_to_string(p).unwrap_or_default().split_whitespace().map(str::to_owned).collect()

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
-use executor::egress::{Denials, Egress};
+use executor::sandbox::egress::{Denials, Egress};
 use policy::egress::{EgressRules, Rule};
 use serde_json::{json, Value};
 

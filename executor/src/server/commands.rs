@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 use policy::wire::{self, code, ExecuteParams, MetricsResult, Request, WireError};
 use policy::{Outcome, RunReport};
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use super::connection::{ConnCtx, GaugeGuard};
-use crate::engine::{relock, ManifestSource};
+use super::context::{ConnCtx, GaugeGuard};
+use crate::run::engine::ManifestSource;
+use crate::run::lock::relock;
 
 /// Longest session id quoted in logs.
 const SESSION_LOG_CHARS: usize = 64;
@@ -151,6 +152,38 @@ async fn execute(
     }
 }
 
+/// A run slot, at once or after waiting in the queue (telling the caller
+/// `queued`, then `started`); `None` when the connection closed or the
+/// executor began shutting down meanwhile (answered `busy` then).
+async fn take_slot(ctx: &ConnCtx, id: &Value, skill: &str) -> Option<OwnedSemaphorePermit> {
+    let shared = &ctx.shared;
+    match shared.slots.clone().try_acquire_owned() {
+        Ok(_) if ctx.token.is_cancelled() => None,
+        Ok(slot) => Some(slot),
+        Err(_) => {
+            ctx.send(wire::encode_queued(id));
+            let slot = tokio::select! {
+                biased;
+                () = ctx.token.cancelled() => {
+                    tracing::info!(
+                        "executor: run {skill:?} cancelled while queued (peer {})",
+                        ctx.peer
+                    );
+                    return None;
+                }
+                () = shared.stopping.cancelled() => {
+                    busy(ctx, id, skill, "the executor is shutting down");
+                    return None;
+                }
+                // The semaphore is never closed.
+                slot = shared.slots.clone().acquire_owned() => slot.ok()?,
+            };
+            ctx.send(wire::encode_started(id));
+            Some(slot)
+        }
+    }
+}
+
 async fn execute_run(
     ctx: &ConnCtx,
     id: &Value,
@@ -194,33 +227,7 @@ async fn execute_run(
     let waiting = GaugeGuard::new(&shared.metrics.runs_queued);
     // A run that has to wait says so, and says when it starts: the
     // caller's clock for the skill's timeout must not count the wait.
-    let slot = match shared.slots.clone().try_acquire_owned() {
-        Ok(_) if ctx.token.is_cancelled() => return,
-        Ok(slot) => slot,
-        Err(_) => {
-            ctx.send(wire::encode_queued(id));
-            let slot = tokio::select! {
-                biased;
-                () = ctx.token.cancelled() => {
-                    tracing::info!(
-                        "executor: run {skill:?} cancelled while queued (peer {})",
-                        ctx.peer
-                    );
-                    return;
-                }
-                () = shared.stopping.cancelled() => {
-                    return busy(ctx, id, skill, "the executor is shutting down");
-                }
-                slot = shared.slots.clone().acquire_owned() => match slot {
-                    Ok(slot) => slot,
-                    // The semaphore is never closed.
-                    Err(_) => return,
-                },
-            };
-            ctx.send(wire::encode_started(id));
-            slot
-        }
-    };
+    let Some(slot) = take_slot(ctx, id, skill).await else { return };
     drop(waiting);
     let metrics = &shared.metrics;
     metrics.queue_wait_seconds.observe(queued.elapsed().as_secs_f64());
@@ -230,7 +237,8 @@ async fn execute_run(
     let mut sink = move |line: &str| {
         tx.send(wire::encode_stderr(&stderr_id, line));
     };
-    // The args as the loader's caller sent them (DESIGN.md §2).
+    // The args as the loader's caller sent them: the JSON text as received,
+    // not parsed and encoded again, goes to the skill's stdin.
     let args = params.args.get().as_bytes().to_vec();
     let started = Instant::now();
     let gave_up = AtomicBool::new(false);

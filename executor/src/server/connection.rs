@@ -8,12 +8,10 @@
 //! the `max_connections` slots). A connection with a run in flight is
 //! never cut for being quiet: it ends with its runs.
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream as StdStream;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -22,14 +20,13 @@ use serde_json::Value;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::commands;
+use super::context::{Backlog, ConnCtx, GaugeGuard, Lines, Outgoing, Shared};
 use super::peer::Peer;
-use super::Shared;
-use crate::engine::AfterReport;
 use crate::sys;
 
 /// Read chunk (under 64 KiB: freeing a larger block makes glibc sweep its
@@ -40,126 +37,6 @@ const HUP_POLL: Duration = Duration::from_millis(50);
 /// How long a refused peer or a finished connection gets to take its last
 /// lines before the socket is closed anyway.
 const FLUSH: Duration = Duration::from_secs(2);
-/// Past this many bytes of answers waiting for the peer to read them, the
-/// connection reads no more requests until the writer catches up.
-pub(super) const BACKLOG: usize = 4 << 20;
-
-/// The bytes queued for the peer and not written yet. Without a bound, a
-/// peer that sends requests and never reads the answers (`id`s of 1 MB
-/// each, answered by errors that repeat them) grew the root executor by
-/// its whole input: 230 MB in 11 s, released only when it hung up.
-#[derive(Debug, Default)]
-pub(super) struct Backlog {
-    bytes: AtomicUsize,
-    drained: Notify,
-}
-
-impl Backlog {
-    fn add(&self, n: usize) {
-        self.bytes.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// `n` bytes written (or dropped); wakes the reader when the backlog
-    /// falls under [`BACKLOG`].
-    fn done(&self, n: usize) {
-        let update = |b: usize| Some(b.saturating_sub(n));
-        // The closure never returns None.
-        let before = self.bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, update);
-        let before = before.unwrap_or_else(|b| b);
-        if before >= BACKLOG && before.saturating_sub(n) < BACKLOG {
-            self.drained.notify_one();
-        }
-    }
-
-    fn full(&self) -> bool {
-        self.bytes.load(Ordering::Relaxed) >= BACKLOG
-    }
-}
-
-/// Queues lines for the peer, counted in the connection's [`Backlog`].
-#[derive(Debug, Clone)]
-pub(super) struct Lines {
-    tx: mpsc::UnboundedSender<Outgoing>,
-    backlog: Arc<Backlog>,
-}
-
-impl Lines {
-    /// Queues one encoded line (dropped if the peer is gone).
-    pub(super) fn send(&self, line: Vec<u8>) {
-        let n = line.len();
-        self.backlog.add(n);
-        if self.tx.send(Outgoing::Line(line)).is_err() {
-            self.backlog.done(n);
-        }
-    }
-}
-
-/// What the commands of one connection share.
-#[derive(Debug, Clone)]
-pub(super) struct ConnCtx {
-    /// Server state.
-    pub(super) shared: Arc<Shared>,
-    /// Who is on the other end.
-    pub(super) peer: Peer,
-    /// Lines to write (the writer task owns the socket's write half).
-    /// A run's lines are bounded (stderr streaming stops at the run's
-    /// `stderr_bytes`, the report carries at most the stdout cap); the
-    /// answers to requests are bounded by [`BACKLOG`].
-    lines: Lines,
-    /// Cancelled when the client is gone (or the drain is over); the runs
-    /// of this connection pass it to the engine as their cancel future.
-    pub(super) token: CancellationToken,
-    /// This connection's run tasks (kept closed, so `wait` resolves
-    /// whenever it is empty).
-    pub(super) runs: TaskTracker,
-    /// Held runs waiting for their `start`, by the JSON text of their id.
-    pub(super) held: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
-}
-
-impl ConnCtx {
-    /// Queues one encoded line for the peer (dropped if the peer is gone).
-    pub(super) fn send(&self, line: Vec<u8>) {
-        self.lines.send(line);
-    }
-
-    /// Queues `then`, dropped once the lines queued before it are written
-    /// (or dropped with the queue if the peer is gone).
-    pub(super) fn after_sent(&self, then: AfterReport) {
-        let _ = self.lines.tx.send(Outgoing::Then(Box::new(then)));
-    }
-
-    /// A sender for a run's stderr sink.
-    pub(super) fn sender(&self) -> Lines {
-        self.lines.clone()
-    }
-}
-
-/// What the writer task is given.
-#[derive(Debug)]
-pub(super) enum Outgoing {
-    /// An encoded line for the peer.
-    Line(Vec<u8>),
-    /// Dropped once every line before it is written: what of a finished
-    /// run is kept off its report's path ([`AfterReport`]).
-    Then(Box<dyn std::any::Any + Send>),
-}
-
-/// Decrements a gauge when dropped.
-pub(super) struct GaugeGuard(prometheus::IntGauge);
-
-impl GaugeGuard {
-    pub(super) fn new(gauge: &prometheus::IntGauge) -> Self {
-        gauge.inc();
-        GaugeGuard(gauge.clone())
-    }
-}
-
-impl Drop for GaugeGuard {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
 /// Serves one accepted connection to its end.
 pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
     let peer = match stream.peer_cred() {
@@ -426,25 +303,6 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(20), reading).await.expect("no hang");
         assert_eq!(got.len(), expect.len());
         assert!(got == expect, "the bytes arrive in order");
-    }
-
-    /// The backlog is full from [`BACKLOG`] bytes on, and wakes the reader
-    /// once it falls under it again, even when the wake comes first.
-    #[tokio::test]
-    async fn the_backlog_stops_and_wakes_the_reader() {
-        let b = Backlog::default();
-        b.add(BACKLOG - 1);
-        assert!(!b.full());
-        b.add(2);
-        assert!(b.full());
-        b.done(1);
-        assert!(b.full());
-        b.done(1);
-        assert!(!b.full());
-        // The wake was given before anyone waited: it is kept.
-        tokio::time::timeout(Duration::from_secs(5), b.drained.notified()).await.expect("woken");
-        b.done(BACKLOG);
-        assert_eq!(b.bytes.load(Ordering::Relaxed), 0, "never below zero");
     }
 
     /// What follows a report in the queue is dropped only once the lines

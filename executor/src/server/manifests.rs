@@ -5,9 +5,9 @@
 //! not from what the caller said.
 //!
 //! Parsed manifests are kept by the opened file's device, inode, size,
-//! mtime and ctime ([`crate::parsed`]): a manifest that changes is read
+//! mtime and ctime ([`crate::run::parsed`]): a manifest that changes is read
 //! again. The check hands the opened manifest, its root and the manifest
-//! parsed from it on to the run ([`crate::plan::Located`]), whose plan
+//! parsed from it on to the run ([`crate::run::plan::Located`]), whose plan
 //! re-validates everything else (entry, ownership, grants, args) for the
 //! run itself.
 
@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use policy::{Outcome, RunReport, SkillClass};
 
 use crate::config::Config;
-use crate::parsed::ParsedManifests;
-use crate::plan::{Located, PlanError};
+use crate::run::parsed::ParsedManifests;
+use crate::run::plan::{Located, PlanError};
 
 /// A manifest that passed the check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +54,7 @@ impl ManifestCache {
     }
 
     /// Checks one `tool` of the `SKILL.md` at `path` (`None`: a
-    /// `skill.json`), as [`crate::plan::parse_manifest`] reads it. Also
+    /// `skill.json`), as [`crate::run::plan::parse_manifest`] reads it. Also
     /// returns the manifest opened and placed under its root, for the run
     /// ([`crate::Engine::run_source`]): the file checked is the file run.
     ///

@@ -70,6 +70,7 @@ pub mod socket;
 
 mod commands;
 mod connection;
+mod context;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -80,9 +81,10 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::engine::Engine;
 use crate::metrics::Metrics;
+use crate::run::engine::Engine;
 
+use context::Shared;
 pub use manifests::{Checked, ManifestCache};
 pub use peer::PeerPolicy;
 pub use socket::{bind, SocketError, SocketNode};
@@ -93,34 +95,11 @@ const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 /// Accept-error backoff bounds (EMFILE and the like must not spin).
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
-/// State shared by the accept loop, the connections and the runs.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    /// Runs the skills; its config is the server's config.
-    pub(crate) engine: Arc<Engine>,
-    /// Where every run and connection is counted.
-    pub(crate) metrics: Arc<Metrics>,
-    /// Who may connect and which classes each peer may run.
-    pub(crate) peers: PeerPolicy,
-    /// The executor's own reading of manifests.
-    pub(crate) manifests: ManifestCache,
-    /// Admission: `max_concurrent_runs + max_queued_runs` permits. A run
-    /// that cannot take one is answered `busy` at once.
-    pub(crate) admission: Arc<Semaphore>,
-    /// Run slots: `max_concurrent_runs` permits, awaited in the queue.
-    pub(crate) slots: Arc<Semaphore>,
-    /// Cancelled when shutdown starts: no new runs, connections close once
-    /// their runs are done.
-    pub(crate) stopping: CancellationToken,
-    /// Cancelled when the drain is over: every run is killed.
-    pub(crate) kill: CancellationToken,
-}
-
 /// Serves the executor wire on `listener` until `shutdown` completes and
 /// the runs in flight have ended (see the module docs).
 ///
 /// What a crashed executor left was swept when the engine started
-/// ([`crate::sweep`]). The settings (`max_*`, `allowed_*`, `peers`, roots)
+/// ([`crate::host::sweep`]). The settings (`max_*`, `allowed_*`, `peers`, roots)
 /// come from `engine.config()`; build it with [`crate::Config::for_serve`]
 /// so that an empty `roots` means the default root, not "anywhere".
 pub async fn run(

@@ -3,8 +3,8 @@
 //! Creating a child and taking the steps of the spawn sequence that do not
 //! depend on the run (the `clone` itself, step 4a's signal resets, step
 //! 4b's `setsid`) cost ~55 µs traced, ~85 µs sampled, per run on the dev
-//! machine (BENCHMARKS.md, seventeenth and twenty-first passes). A spawner
-//! thread ([`super::spawner`]) takes them before the run comes: it creates
+//! machine. A spawner
+//! thread (`spawner`) takes them before the run comes: it creates
 //! the child into its berth, where the child waits on a futex, and the run
 //! then only hands it its [`ChildSpec`] ([`Berth::give`]) and wakes it. The
 //! child takes the rest of the sequence (4c to 5) as a child made for the
@@ -26,8 +26,8 @@
 //! child stack. It waits asleep in `futex` on the berth's `alive` word, not
 //! suspended in `clone(CLONE_VFORK)` as while a child made for a run works
 //! up to `execve`: that sleep is uninterruptible and counts in the load
-//! average, and an idle executor read one per spawner thread on `uptime`
-//! (BENCHMARKS.md, twenty-seventh pass). The kernel zeroes `alive` when the
+//! average, and an idle executor read one per spawner thread on `uptime`.
+//! The kernel zeroes `alive` when the
 //! child exits or execs before it took a spec (it is the child's
 //! clear-child-tid word until then); once it took one, the run zeroes it
 //! after the kernel zeroed the handoff's word ([`Berth::child_gone`]). A
@@ -41,18 +41,23 @@
 //! it stores its pid and pidfd there. The kernel zeroes that word and wakes
 //! its waiter when the child execs or exits, before it lets the spawner
 //! thread out of `clone`: the run's thread is woken once, by the `exec`,
-//! where it used to wait for the spawner thread to wake first and then
-//! wake it (one cross-CPU wake-up fewer on the run's path, ~20-30 µs on the
-//! dev machine, whose idle vCPUs halt). The spawner thread and the run
+//! not by the spawner thread woken first (one cross-CPU wake-up fewer on
+//! the run's path, ~20-30 µs on the dev machine, whose idle vCPUs halt). The spawner thread and the run
 //! read the same words of the handoff to tell the outcome apart (which of
 //! them owns the pidfd, who answers): see [`Handoff::spawned`].
 
 use std::ffi::{c_int, c_void};
 use std::os::fd::RawFd;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use super::child::{self, ChildSpec, SpawnFailure, Step};
+use super::call;
+use super::child;
+use super::futex::{futex_wait, futex_wake};
 use super::join::Joining;
+use super::spec::{ChildSpec, SpawnFailure, Spawned, Step};
 
 /// The parked child waits for a spec.
 const WAITING: u32 = 0;
@@ -85,6 +90,10 @@ pub struct Berth {
     /// spec (its clear-child-tid word until then), else by the run it took
     /// ([`Berth::child_gone`]). The spawner thread waits on it.
     alive: AtomicU32,
+    /// The job given ([`Berth::give`]), held here until the spawner thread
+    /// takes it back after `park` returned ([`Berth::take`]): while it is
+    /// held, its run waits, so the spec the child reads stays alive.
+    job: Mutex<Option<Job>>,
 }
 
 /// Where a run and the parked child that takes its spec meet: the child's
@@ -130,7 +139,7 @@ impl Handoff {
     /// With a nonzero `spin`, first watches the word for that long without
     /// sleeping, yielding the CPU between looks (the caller decides when
     /// the CPU is not wanted elsewhere:
-    /// `engine`'s [`EXEC_SPIN`](crate::engine::EXEC_SPIN)). A thread asleep
+    /// `engine`'s [`EXEC_SPIN`](crate::run::spin::EXEC_SPIN)). A thread asleep
     /// in `futex` lets its vCPU halt, and on a guest whose idle vCPUs halt
     /// at once the `exec`'s wake-up then waits for the host to run that
     /// vCPU again (~28 µs on the dev machines); the child's steps up to
@@ -228,9 +237,8 @@ impl Handoff {
 pub enum Unparked {
     /// It exec'd or exited; `failure` if a step failed before it took a
     /// spec (recorded by the child; one after is in the handoff). Not
-    /// reaped, and its pidfd not owned: it may be the run's child
-    /// ([`Handoff::spawned`]); else the caller wraps and reaps it.
-    Ended { pidfd: RawFd, failure: Option<SpawnFailure> },
+    /// reaped: [`Berth::take`] gives its pidfd unless the run owns it.
+    Ended { failure: Option<SpawnFailure> },
     /// `clone` failed.
     NotCreated(SpawnFailure),
 }
@@ -276,10 +284,9 @@ impl Berth {
                 || self.wait_gone(),
             )
         };
-        let (_pid, pidfd) = match created {
-            Ok(created) => created,
-            Err(errno) => return Unparked::NotCreated(SpawnFailure { step: Step::Clone, errno }),
-        };
+        if let Err(errno) = created {
+            return Unparked::NotCreated(SpawnFailure { step: Step::Clone, errno });
+        }
         let failure = match self.step.load(Ordering::Acquire) {
             0 => None,
             step => Some(SpawnFailure {
@@ -287,22 +294,47 @@ impl Berth {
                 errno: self.errno.load(Ordering::Acquire),
             }),
         };
-        Unparked::Ended { pidfd, failure }
+        Unparked::Ended { failure }
     }
 
-    /// Gives the parked (or parking) child `spec` and `handoff`; `spec`
-    /// checked with `child::check_spec`. [`Berth::wake`] it after.
+    /// Gives the parked (or parking) child `job`'s spec and handoff
+    /// (the spec checked with `child::check_spec`, by [`lend`]); the berth
+    /// holds the job until [`Berth::take`]. [`Berth::wake`] the child after.
+    /// Gives the job back if the berth holds one already.
     ///
-    /// # Safety
+    /// # Errors
     ///
-    /// `spec`, `handoff` and everything they point to must stay alive and
-    /// unchanged until the spawner thread parking the child has returned
-    /// from [`Berth::park`], or, for `spec`, until `handoff` says the child
-    /// exec'd ([`Handoff::spawned`]).
-    pub unsafe fn give(&self, spec: &ChildSpec<'_>, handoff: &Handoff) {
-        self.spec.store(std::ptr::from_ref(spec).cast_mut().cast(), Ordering::Relaxed);
-        self.handoff.store(std::ptr::from_ref(handoff).cast_mut(), Ordering::Relaxed);
+    /// The job, when the berth holds another one.
+    pub fn give(&self, job: Job) -> Result<(), Job> {
+        let mut held = self.job.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.is_some() {
+            return Err(job);
+        }
+        self.spec.store(job.spec.0.cast_mut(), Ordering::Relaxed);
+        self.handoff.store(Arc::as_ptr(&job.handoff).cast_mut(), Ordering::Relaxed);
+        *held = Some(job);
         self.state.store(GO, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether the berth holds a job given and not taken back.
+    #[cfg(test)]
+    pub fn holds_job(&self) -> bool {
+        self.job.lock().unwrap_or_else(PoisonError::into_inner).is_some()
+    }
+
+    /// After [`Berth::park`] returned, once no spawn can give this berth a
+    /// job any more (the caller's lock): the job given, if any, and the
+    /// parked child's pidfd unless its run owns it ([`Handoff::spawned`]).
+    pub fn take(&self) -> (Option<Job>, Option<OwnedFd>) {
+        let job = self.job.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let pidfd = self.pidfd.swap(-1, Ordering::AcqRel);
+        let runs = job.as_ref().is_some_and(|j| j.handoff.spawned().is_some());
+        // SAFETY: the kernel made this pidfd for the parked child at
+        // `clone`; the swap above hands it out once, and not when the run
+        // took it from the handoff.
+        let pidfd = (pidfd >= 0 && !runs).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
+        (job, pidfd)
     }
 
     /// Blocks until `alive` is zero, asleep in `futex` (interruptibly: it
@@ -331,39 +363,132 @@ impl Berth {
 
     /// Wakes the child waiting in the berth, if any.
     pub fn wake(&self) {
-        wake_private(&self.state);
+        futex_wake(&self.state, true);
     }
 }
 
-/// Waits in `futex` while `word` holds `expected`; returns at once if it
-/// changed meanwhile, and on EINTR or a spurious wake-up (the caller
-/// loops). Private: the parked child shares this process's memory, so
-/// its private futex and ours are the same. A raw system call, for the
-/// child too.
-pub(super) fn wait_private(word: &AtomicU32, expected: u32) {
-    // SAFETY: FUTEX_WAIT on a live word the caller borrows.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            std::ptr::null::<libc::timespec>(),
-        );
+/// One spawn lent to a spawner thread: the run's spec, its handoff, and
+/// the channel of its answer. The run that made it ([`lend`]) waits until
+/// the answer is sent or the job dropped, or until the handoff says the
+/// child that took the spec is gone: while a job lives, its spec does.
+#[derive(Debug)]
+pub struct Job {
+    spec: SpecPtr,
+    /// Where a parked child given the job tells the run it exec'd.
+    handoff: Arc<Handoff>,
+    reply: mpsc::SyncSender<Result<Spawned, SpawnFailure>>,
+}
+
+/// A `&ChildSpec` crossing to the spawner thread.
+#[derive(Debug)]
+struct SpecPtr(*const c_void);
+
+// SAFETY: the pointer is only dereferenced by the spawner thread (or the
+// child it parked) while the thread that sent it waits in `lend`, for the
+// reply that the spawner sends once it no longer uses the spec (or drops
+// with the job), or for the handoff's word that the kernel zeroes when the
+// child that read it exec'd or exited (the spawner thread does not read
+// the spec then); the spec is only read (it holds plain values, raw
+// pointers into `CString`s the caller keeps alive, and fds).
+unsafe impl Send for SpecPtr {}
+
+impl Job {
+    /// Where the parked child given the job, if one took it, left its
+    /// outcome.
+    pub fn handoff(&self) -> &Handoff {
+        &self.handoff
+    }
+
+    /// Answers the run.
+    pub fn answer(self, result: Result<Spawned, SpawnFailure>) {
+        let _ = self.reply.send(result);
+    }
+
+    /// Serves the job with a child made for it ([`child::spawn`]), whose
+    /// bounding set is inherited empty when `cleared`. A job whose spec a
+    /// parked child took is dropped instead: its run has its answer.
+    pub fn spawn_child(self, cleared: bool) {
+        if self.handoff.took.load(Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: see `SpecPtr`: no child took the spec, so the sender
+        // waits for this job's reply and the spec is alive until it is
+        // sent (or dropped) below.
+        let spec = unsafe { &*self.spec.0.cast::<ChildSpec<'_>>() };
+        let spec = ChildSpec { bounding_cleared: cleared, ..*spec };
+        let spawned = child::spawn(&spec);
+        self.answer(spawned);
     }
 }
 
-/// Wakes one [`wait_private`] waiter on `word`, if any.
-pub(super) fn wake_private(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE on a live word the caller borrows.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            1,
-        )
+impl Drop for Job {
+    /// A run given to a parked child waits on the handoff: once the job is
+    /// answered (the reply sent before this), or dropped on any path, it is
+    /// woken if the child's exec or exit has not woken it already.
+    fn drop(&mut self) {
+        self.handoff.release();
+    }
+}
+
+/// Lends `spec` to a spawner thread as a [`Job`] that `give` hands to a
+/// parked child (returning its berth) or queues (`None`), and waits until
+/// the child exec'd or failed: from the handoff, for up to `spin` without
+/// sleeping, when a parked child took it ([`Handoff::wait`]), else from the
+/// job's answer. With a nonzero `spin` the calling thread also offers to
+/// make that child's cgroup joins (step 4c, [`super::join`]) while it
+/// works. `meanwhile` runs once the spec is handed over (and those joins
+/// made), while the child works towards its `exec`.
+///
+/// # Errors
+///
+/// As [`child::spawn`]; a job `give` gives back, or dropped unanswered, is
+/// a `clone` failure (`EAGAIN`).
+pub fn lend<'b>(
+    spec: &ChildSpec<'_>,
+    spin: Duration,
+    give: impl FnOnce(Job) -> Result<Option<&'b Berth>, Job>,
+    meanwhile: impl FnOnce(),
+) -> Result<Spawned, SpawnFailure> {
+    // A parked child cannot report a malformed spec before using it.
+    child::check_spec(spec)?;
+    let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };
+    let (reply, answer) = mpsc::sync_channel(1);
+    let handoff = Arc::new(Handoff::default());
+    // The only run in flight (it spins) offers to make its parked child's
+    // cgroup joins while the child takes its other steps (`super::join`).
+    let run_joins = !spin.is_zero() && !spec.cgroup_procs.is_empty();
+    if run_joins {
+        handoff.joining.offer();
+    }
+    let job = Job {
+        spec: SpecPtr(std::ptr::from_ref(spec).cast()),
+        handoff: Arc::clone(&handoff),
+        reply,
     };
+    let berth = give(job).map_err(|_| gone)?;
+    if run_joins && berth.is_some() {
+        handoff.join_if_accepted(spec.cgroup_procs, spin);
+    }
+    meanwhile();
+    if let Some(berth) = berth {
+        // Woken by the child's exec (or exit) itself, or by the spawner
+        // thread when no child took the spec.
+        handoff.wait(spin);
+        if !handoff.released() {
+            // The kernel woke us: the spawner thread still waits for the
+            // child to be gone.
+            berth.child_gone();
+        }
+        if let Some((pid, pidfd)) = handoff.spawned() {
+            // SAFETY: the child stored the pidfd the kernel made for it;
+            // with `spawned()` true the spawner thread leaves it to us
+            // (`Berth::take`).
+            return Ok(Spawned { pid, pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) } });
+        }
+    }
+    // The reply is sent, or dropped, only once the spawner thread is done
+    // with the spec: this wait is what keeps it alive.
+    answer.recv().unwrap_or(Err(gone))
 }
 
 /// Sleeps in `futex` while `word` (a clear-child-tid word: 1 until the
@@ -373,24 +498,13 @@ pub(super) fn wake_private(word: &AtomicU32) {
 /// loop.
 fn sleep_while_set(word: &AtomicU32) {
     while word.load(Ordering::Acquire) != 0 {
-        // SAFETY: FUTEX_WAIT on a live word the caller borrows.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                word.as_ptr(),
-                libc::FUTEX_WAIT,
-                1,
-                std::ptr::null::<libc::timespec>(),
-            );
-        }
+        futex_wait(word, 1, false);
     }
 }
 
 /// Wakes one [`sleep_while_set`] waiter on `word`, just zeroed.
 fn wake_one(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE (shared, as `sleep_while_set` waits) on a live
-    // word the caller borrows.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, 1) };
+    futex_wake(word, false);
 }
 
 /// The parked child: steps 4a and 4b, the parent-death signal, then wait
@@ -414,10 +528,7 @@ extern "C" fn parked_main(arg: *mut c_void) -> c_int {
             child::sandbox_and_exec(&spec, &fprog, true, Some(&given.joining))
         }
         // Told to leave, or the parent is gone.
-        Ok(None) => {
-            // SAFETY: as below.
-            unsafe { libc::_exit(0) }
-        }
+        Ok(None) => call::exit(0),
         Err(e) => e,
     };
     match handoff {
@@ -426,50 +537,36 @@ extern "C" fn parked_main(arg: *mut c_void) -> c_int {
         Some(handoff) => child::record(&handoff.step, &handoff.errno, failed),
         None => child::record(&berth.step, &berth.errno, failed),
     }
-    // SAFETY: _exit ends only this child without touching the shared heap.
-    unsafe { libc::_exit(127) }
+    call::exit(127)
 }
 
 /// The parked part: the fresh process, the parent-death signal, the wait,
 /// and, given a spec, the handoff filled in. `Ok(None)`: told to leave.
 fn park_here(berth: &Berth) -> Result<Option<(&ChildSpec<'_>, &Handoff)>, (Step, i32)> {
     child::fresh_process()?;
-    // SAFETY: raw system calls with integer arguments or pointers to the
-    // live berth; none allocates.
-    unsafe {
-        if libc::syscall(libc::SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-            return Err((Step::ParentDeath, child::errno()));
+    child::die_with_parent(berth.parent.load(Ordering::Relaxed))?;
+    loop {
+        match berth.state.load(Ordering::Acquire) {
+            WAITING => futex_wait(&berth.state, WAITING, true),
+            GO => break,
+            _ => return Ok(None),
         }
-        if libc::syscall(libc::SYS_getppid)
-            != libc::c_long::from(berth.parent.load(Ordering::Relaxed))
-        {
-            return Err((Step::ParentDeath, libc::ESRCH));
-        }
-        loop {
-            match berth.state.load(Ordering::Acquire) {
-                WAITING => wait_private(&berth.state, WAITING),
-                GO => break,
-                _ => return Ok(None),
-            }
-        }
-        let spec = berth.spec.load(Ordering::Relaxed).cast::<ChildSpec<'_>>();
-        // SAFETY: `give` stored a live handoff before GO (Release/Acquire
-        // above), kept alive by the job until `park` returns.
-        let handoff = &*berth.handoff.load(Ordering::Relaxed);
-        // The kernel zeroes `done` and wakes the run at our exec or exit
-        // from here on: set before `took`, so a run that sees `took` is
-        // always woken.
-        // It returns the caller's tid: in its own thread group, its pid.
-        let pid = libc::syscall(libc::SYS_set_tid_address, handoff.done.as_ptr());
-        handoff.pid.store(libc::pid_t::try_from(pid).unwrap_or(0), Ordering::Relaxed);
-        handoff.pidfd.store(berth.pidfd.load(Ordering::Relaxed), Ordering::Relaxed);
-        handoff.took.store(true, Ordering::Release);
-        // SAFETY: `give` stored a live spec before GO, kept alive by its
-        // giver until `park` returns or the handoff says we exec'd.
-        Ok(Some((&*spec, handoff)))
     }
+    // SAFETY: `give` stored a live handoff before GO (Release/Acquire
+    // above), kept alive by the job until `park` returns.
+    let handoff = unsafe { &*berth.handoff.load(Ordering::Relaxed) };
+    // The kernel zeroes `done` and wakes the run at our exec or exit from
+    // here on: set before `took`, so a run that sees `took` is always
+    // woken. It returns the caller's tid: in its own thread group, its pid.
+    let pid = call::set_tid_address(&handoff.done);
+    handoff.pid.store(pid, Ordering::Relaxed);
+    handoff.pidfd.store(berth.pidfd.load(Ordering::Relaxed), Ordering::Relaxed);
+    handoff.took.store(true, Ordering::Release);
+    let spec = berth.spec.load(Ordering::Relaxed).cast::<ChildSpec<'_>>();
+    // SAFETY: `give` stored a live spec before GO, kept alive by its giver
+    // until `park` returns or the handoff says we exec'd.
+    Ok(Some((unsafe { &*spec }, handoff)))
 }
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

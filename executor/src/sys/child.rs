@@ -10,188 +10,14 @@
 //! `syscall(2)`s: never glibc's `setuid` family (which signals every thread
 //! of the shared address space), never the allocator.
 
-use std::ffi::{c_char, c_int, c_long, c_void, CStr};
+use std::ffi::{c_int, c_ulong, c_void};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
+use super::call::{self, errno, monotonic_now_ns};
 use super::join::Joining;
-
-/// The child's steps, in order. A failure reports the step and the errno.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum Step {
-    /// `clone` itself (in the parent).
-    Clone = 1,
-    /// `setsid`: new session, no controlling terminal.
-    Setsid,
-    /// Joining the run's cgroups (`cgroup.procs`).
-    Cgroup,
-    /// `dup3` of the pipes onto fds 0, 1, 2.
-    Stdio,
-    /// `close_range(floor, ~0, CLOSE_RANGE_UNSHARE)` when sharing the
-    /// parent's table, then `close_range(3, ~0, CLOSE_RANGE_CLOEXEC)`.
-    CloseFds,
-    /// `chdir` into the per-run directory.
-    Chdir,
-    /// `prlimit64` of each resource limit.
-    Rlimits,
-    /// `PR_SET_NO_NEW_PRIVS`.
-    NoNewPrivs,
-    /// `setgroups(0, NULL)`.
-    Setgroups,
-    /// `PR_CAPBSET_DROP` of every capability not granted.
-    CapBounding,
-    /// `PR_SET_KEEPCAPS` (only when capabilities are granted).
-    KeepCaps,
-    /// `setresgid`.
-    Setresgid,
-    /// `setresuid`.
-    Setresuid,
-    /// `capset` to exactly the granted capabilities.
-    Capset,
-    /// Ambient capabilities: clear, then raise the granted ones.
-    Ambient,
-    /// `PR_SET_PDEATHSIG(SIGKILL)` and the parent check.
-    ParentDeath,
-    /// `landlock_restrict_self`.
-    Landlock,
-    /// `seccomp(SECCOMP_SET_MODE_FILTER)`.
-    Seccomp,
-    /// Back to the default scheduling policy and a nice value of 0 or more.
-    Scheduling,
-    /// `execve` of the entry.
-    Exec,
-}
-
-impl Step {
-    const ALL: [Step; 20] = [
-        Step::Clone,
-        Step::Setsid,
-        Step::Cgroup,
-        Step::Stdio,
-        Step::CloseFds,
-        Step::Chdir,
-        Step::Rlimits,
-        Step::NoNewPrivs,
-        Step::Setgroups,
-        Step::CapBounding,
-        Step::KeepCaps,
-        Step::Setresgid,
-        Step::Setresuid,
-        Step::Capset,
-        Step::Ambient,
-        Step::ParentDeath,
-        Step::Landlock,
-        Step::Seccomp,
-        Step::Scheduling,
-        Step::Exec,
-    ];
-
-    /// The step recorded as `v` by a child (`record`).
-    pub(super) fn from_u32(v: u32) -> Option<Step> {
-        Step::ALL.into_iter().find(|s| *s as u32 == v)
-    }
-
-    /// What the step does, for error messages.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Step::Clone => "clone",
-            Step::Setsid => "setsid",
-            Step::Cgroup => "join the run's cgroup",
-            Step::Stdio => "set up stdin/stdout/stderr",
-            Step::CloseFds => "close inherited file descriptors",
-            Step::Chdir => "enter the per-run directory",
-            Step::Rlimits => "set resource limits",
-            Step::NoNewPrivs => "set no_new_privs",
-            Step::Setgroups => "clear supplementary groups",
-            Step::CapBounding => "drop the capability bounding set",
-            Step::KeepCaps => "keep granted capabilities",
-            Step::Setresgid => "switch to the run-as group",
-            Step::Setresuid => "switch to the run-as user",
-            Step::Capset => "set capabilities",
-            Step::Ambient => "set ambient capabilities",
-            Step::ParentDeath => "set the parent-death signal",
-            Step::Landlock => "enforce the Landlock ruleset",
-            Step::Seccomp => "install the seccomp filter",
-            Step::Scheduling => "reset the scheduling policy and priority",
-            Step::Exec => "execute the entry",
-        }
-    }
-}
-
-/// The user and group the child switches to (the executor is root).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Identity {
-    /// Real, effective and saved uid.
-    pub uid: u32,
-    /// Real, effective and saved gid; supplementary groups are cleared.
-    pub gid: u32,
-}
-
-/// Everything the child needs, built by the parent before `clone`.
-///
-/// Pointers in `argv` and `envp` must point into `CString`s that outlive the
-/// [`spawn`] call; both arrays must end with a null pointer.
-#[derive(Debug, Clone, Copy)]
-pub struct ChildSpec<'a> {
-    /// Absolute path of the entry.
-    pub path: &'a CStr,
-    /// Null-terminated argv (`[entry, NULL]`: args never go into argv).
-    pub argv: &'a [*const c_char],
-    /// Null-terminated environment, exactly the allowed names.
-    pub envp: &'a [*const c_char],
-    /// Child ends of the stdin, stdout and stderr pipes; all must be >= 3.
-    pub stdio: [RawFd; 3],
-    /// The per-run directory.
-    pub cwd: &'a CStr,
-    /// Open `cgroup.procs` files the child writes "0" to.
-    pub cgroup_procs: &'a [RawFd],
-    /// `(RLIMIT_*, soft, hard)`.
-    pub rlimits: &'a [(u32, u64, u64)],
-    /// `Some` when the executor is root: switch user, clear the bounding set.
-    pub identity: Option<Identity>,
-    /// Bit mask of the capabilities to keep (bit n = capability n).
-    pub capabilities: u64,
-    /// Highest capability number the kernel knows.
-    pub cap_last: u32,
-    /// Landlock ruleset to enforce.
-    pub landlock: Option<RawFd>,
-    /// `Some(floor)`: share the parent's descriptor table (`CLONE_FILES`)
-    /// until the cgroups are joined, then keep only the descriptors below
-    /// `floor` ([`super::fdtable`]); `stdio` and `landlock` must be below
-    /// it. `None`: the table is copied at `clone`.
-    pub share_below: Option<u32>,
-    /// Classic BPF seccomp program; empty = none.
-    pub seccomp: &'a [libc::sock_filter],
-    /// The executor's pid, checked after `PR_SET_PDEATHSIG`.
-    pub parent: libc::pid_t,
-    /// The creating thread's capability bounding set is empty already (a
-    /// spawner thread's, set by [`super::spawner`] only): step 4g skips
-    /// its `PR_CAPBSET_DROP`s, which the child inherits done.
-    pub bounding_cleared: bool,
-    /// Where the child stores the time it calls `execve` (step 5), in
-    /// nanoseconds of `CLOCK_MONOTONIC`: the end of the sandbox's setup as
-    /// the child saw it, whenever the parent gets to run again.
-    pub exec_at: Option<&'a AtomicU64>,
-}
-
-/// A child that was created and has exec'd.
-#[derive(Debug)]
-pub struct Spawned {
-    /// Its pid (stays ours until reaped).
-    pub pid: libc::pid_t,
-    /// Its pidfd (`CLONE_PIDFD`, close-on-exec).
-    pub pidfd: OwnedFd,
-}
-
-/// Which step failed and why; nothing is left running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpawnFailure {
-    /// The failed step.
-    pub step: Step,
-    /// The errno it got.
-    pub errno: i32,
-}
+use super::process::real_time_policy;
+use super::spec::{ChildSpec, Identity, SpawnFailure, Spawned, Step};
 
 /// Memory shared with the `CLONE_VM` child.
 struct Shared<'s, 'a> {
@@ -201,64 +27,14 @@ struct Shared<'s, 'a> {
     errno: AtomicI32,
 }
 
-/// The kernel's `struct sigaction` for `rt_sigaction` (x86_64 layout).
-#[repr(C)]
-struct KernelSigaction {
-    handler: usize,
-    flags: u64,
-    restorer: usize,
-    mask: u64,
-}
-
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: c_int,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
 const CHILD_STACK_BYTES: usize = 256 << 10;
 
 thread_local! {
     static CHILD_STACK: std::cell::Cell<Option<Box<[u8]>>> = const { std::cell::Cell::new(None) };
 }
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-const SCHED_DEADLINE: c_int = 6;
-
-/// Whether `policy` (as `sched_getscheduler` returns it, with or without
-/// `SCHED_RESET_ON_FORK`) is a real-time one.
-pub(super) fn real_time_policy(policy: c_int) -> bool {
-    let policy = policy & !libc::SCHED_RESET_ON_FORK;
-    [libc::SCHED_FIFO, libc::SCHED_RR, SCHED_DEADLINE].contains(&policy)
-}
-const SECCOMP_SET_MODE_FILTER: c_long = 1;
-const CLOSE_RANGE_CLOEXEC: c_long = 1 << 2;
-const CLOSE_RANGE_UNSHARE: c_long = 1 << 1;
-
-/// The calling thread's errno (in a child: see the SAFETY note).
-pub(super) fn errno() -> i32 {
-    // SAFETY: __errno_location returns a valid pointer to the calling
-    // thread's errno (in the child: its parent thread's, which is suspended
-    // (what posix_spawn relies on too) or, for a parked child, asleep with
-    // every signal blocked and no system call that fails before the child
-    // is gone: `clone_parked`).
-    unsafe { *libc::__errno_location() }
-}
-
-/// Checks a raw syscall result: -1 → the errno, tagged with `step`.
-fn check(ret: c_long, step: Step) -> Result<c_long, (Step, i32)> {
-    if ret == -1 {
-        Err((step, errno()))
-    } else {
-        Ok(ret)
-    }
+/// Tags a call's errno with the step it failed.
+fn at<T>(step: Step, r: Result<T, i32>) -> Result<T, (Step, i32)> {
+    r.map_err(|e| (step, e))
 }
 
 /// Checks what the child relies on: null-terminated `argv` and `envp`,
@@ -468,25 +244,7 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         Err(e) => e,
     };
     record(&shared.step, &shared.errno, failed);
-    // SAFETY: _exit ends only this child (exit_group of its own thread group)
-    // without running atexit handlers or touching the shared heap.
-    unsafe { libc::_exit(127) }
-}
-
-/// A `CLOCK_MONOTONIC` reading in nanoseconds (0 never is one: the clock
-/// starts at boot, long before any run).
-fn monotonic_ns(t: &libc::timespec) -> u64 {
-    let secs = u64::try_from(t.tv_sec).unwrap_or(0);
-    let nanos = u64::try_from(t.tv_nsec).unwrap_or(0);
-    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
-}
-
-/// Now on `CLOCK_MONOTONIC`, in nanoseconds (`None` if it cannot be read).
-pub fn monotonic_now_ns() -> Option<u64> {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes only the timespec it is given, a local.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) };
-    (r == 0).then(|| monotonic_ns(&now))
+    call::exit(127)
 }
 
 /// Stores a failed step for the parent (which reads it after `clone`).
@@ -498,20 +256,16 @@ pub(super) fn record(step: &AtomicU32, errno: &AtomicI32, (failed, e): (Step, i3
 /// Steps 4a and 4b, which do not depend on the run: default signal
 /// dispositions and an empty mask, then a new session. Child only.
 pub(super) fn fresh_process() -> Result<(), (Step, i32)> {
-    // SAFETY: raw system calls on locals of this frame; none allocates.
-    unsafe {
-        // Step 4a: default signal dispositions, empty mask.
-        let dfl = KernelSigaction { handler: 0, flags: 0, restorer: 0, mask: 0 };
-        for sig in 1..=64 {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::syscall(libc::SYS_rt_sigaction, sig, &raw const dfl, 0usize, 8usize);
-            }
+    // Step 4a: default signal dispositions, empty mask (a failure here
+    // leaves an inherited disposition, which the exec resets anyway).
+    for sig in 1..=64 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            let _ = call::default_disposition(sig);
         }
-        let empty: u64 = 0;
-        libc::syscall(libc::SYS_rt_sigprocmask, libc::SIG_SETMASK, &raw const empty, 0usize, 8);
-        // Step 4b: new session, no controlling terminal.
-        check(libc::syscall(libc::SYS_setsid), Step::Setsid)?;
     }
+    let _ = call::unblock_all_signals();
+    // Step 4b: new session, no controlling terminal.
+    at(Step::Setsid, call::setsid())?;
     Ok(())
 }
 
@@ -534,6 +288,8 @@ pub(super) fn sandbox_and_exec(
     }
 }
 
+/// Steps 4c to 5, in order; each step a short function of raw calls
+/// ([`super::call`]). Returns only on failure, with the step.
 fn sandbox(
     spec: &ChildSpec<'_>,
     fprog: &libc::sock_fprog,
@@ -543,173 +299,161 @@ fn sandbox(
     // Step 4c's decision: a child that takes its run's offer up leaves
     // the joins to the run (`super::join`).
     let joined_by_run = joining.filter(|j| j.accept());
-    // SAFETY: every call below is a raw syscall (or `clock_gettime`, which
-    // reads the vDSO or makes one) whose pointer arguments point to locals
-    // of this frame or to data the parent keeps alive (`spec`, `fprog`,
-    // `exec_at`) for the duration of the child; none allocates.
-    unsafe {
-        // Step 4c: cgroups (v2 leaf for the tree kill, v1 leaves for limits),
-        // unless the run makes the joins meanwhile (waited for before step 5).
-        if joined_by_run.is_none() {
-            for fd in spec.cgroup_procs {
-                let n = libc::syscall(libc::SYS_write, *fd, c"0".as_ptr(), 1usize);
-                if n != 1 {
-                    return Err((Step::Cgroup, errno()));
-                }
-            }
-        }
-        // Step 4d: a table of our own (sharing the parent's, we have not
-        // touched it so far), keeping only what is below the floor: the
-        // cgroup files and the executor's other long-lived descriptors
-        // above it are neither copied nor closed again at exec. Without a
-        // floor, a copy of all of it (the range closed is empty).
-        if sharing {
-            let first = spec.share_below.unwrap_or(u32::MAX);
-            check(
-                libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_UNSHARE),
-                Step::CloseFds,
-            )?;
-        }
-        // Then stdio, and every other fd close-on-exec.
-        for (target, fd) in (0..).zip(spec.stdio) {
-            check(libc::syscall(libc::SYS_dup3, fd, target, 0), Step::Stdio)?;
-        }
-        check(
-            libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC),
-            Step::CloseFds,
-        )?;
-        check(libc::syscall(libc::SYS_chdir, spec.cwd.as_ptr()), Step::Chdir)?;
-        // Step 4e: resource limits.
-        for (resource, soft, hard) in spec.rlimits {
-            let lim = libc::rlimit64 { rlim_cur: *soft, rlim_max: *hard };
-            check(
-                libc::syscall(libc::SYS_prlimit64, 0, *resource, &raw const lim, 0usize),
-                Step::Rlimits,
-            )?;
-        }
-        // Step 4f: no_new_privs.
-        check(
-            libc::syscall(libc::SYS_prctl, libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0),
-            Step::NoNewPrivs,
-        )?;
-        // Step 4g: the run-as user, and only the granted capabilities.
-        if let Some(id) = spec.identity {
-            check(libc::syscall(libc::SYS_setgroups, 0, 0usize), Step::Setgroups)?;
-            for cap in 0..=spec.cap_last.min(63) {
-                if !spec.bounding_cleared && spec.capabilities & (1u64 << cap) == 0 {
-                    check(
-                        libc::syscall(libc::SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0),
-                        Step::CapBounding,
-                    )?;
-                }
-            }
-            if spec.capabilities != 0 {
-                check(
-                    libc::syscall(libc::SYS_prctl, libc::PR_SET_KEEPCAPS, 1, 0, 0, 0),
-                    Step::KeepCaps,
-                )?;
-            }
-            check(libc::syscall(libc::SYS_setresgid, id.gid, id.gid, id.gid), Step::Setresgid)?;
-            check(libc::syscall(libc::SYS_setresuid, id.uid, id.uid, id.uid), Step::Setresuid)?;
-        }
-        let header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
-        let lo = (spec.capabilities & 0xffff_ffff) as u32;
-        let hi = (spec.capabilities >> 32) as u32;
-        let data = [
-            CapData { effective: lo, permitted: lo, inheritable: lo },
-            CapData { effective: hi, permitted: hi, inheritable: hi },
-        ];
-        check(libc::syscall(libc::SYS_capset, &raw const header, data.as_ptr()), Step::Capset)?;
-        check(
-            libc::syscall(
-                libc::SYS_prctl,
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_CLEAR_ALL,
-                0,
-                0,
-                0,
-            ),
-            Step::Ambient,
-        )?;
-        for cap in 0..64u32 {
-            if spec.capabilities & (1u64 << cap) != 0 {
-                check(
-                    libc::syscall(
-                        libc::SYS_prctl,
-                        libc::PR_CAP_AMBIENT,
-                        libc::PR_CAP_AMBIENT_RAISE,
-                        cap,
-                        0,
-                        0,
-                    ),
-                    Step::Ambient,
-                )?;
-            }
-        }
-        // Step 4h: die with the executor. Set after the uid change, which
-        // clears it; the parent check closes the race with an executor that
-        // died before.
-        check(
-            libc::syscall(libc::SYS_prctl, libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0),
-            Step::ParentDeath,
-        )?;
-        if libc::syscall(libc::SYS_getppid) != c_long::from(spec.parent) {
-            return Err((Step::ParentDeath, libc::ESRCH));
-        }
-        // Step 4i: Landlock, then seccomp last (it would deny nothing we
-        // still need, but keeping it last keeps the filter minimal). A
-        // child of a spawner thread already carries its filter (the spec's
-        // program is empty then): nothing above is on its deny-list.
-        if let Some(fd) = spec.landlock {
-            check(libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32), Step::Landlock)?;
-        }
-        if !spec.seccomp.is_empty() {
-            check(
-                libc::syscall(
-                    libc::SYS_seccomp,
-                    SECCOMP_SET_MODE_FILTER,
-                    0u32,
-                    std::ptr::from_ref(fprog),
-                ),
-                Step::Seccomp,
-            )?;
-        }
-        // Step 4c, made by the run: in every cgroup before the exec.
-        if let Some(joining) = joined_by_run {
-            joining.wait()?;
-        }
-        // Step 5: exec, timed first (through the vDSO, without a system
-        // call where the clock source allows; a failed reading leaves the
-        // time unset, which the parent takes as "now").
-        if let Some(at) = spec.exec_at {
-            let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-            if libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) == 0 {
-                at.store(monotonic_ns(&now), Ordering::Release);
-            }
-        }
-        // Then the default scheduling: a real-time policy or a negative
-        // nice value the executor runs with (children inherit them) is
-        // not the skill's, and with RLIMIT_RTPRIO and RLIMIT_NICE at 0 it
-        // cannot take them back. Last, after the timing: from here on a
-        // real-time thread of the executor on this CPU comes first.
-        let policy = check(libc::syscall(libc::SYS_sched_getscheduler, 0), Step::Scheduling)?;
-        if real_time_policy(policy as c_int) {
-            let param = libc::sched_param { sched_priority: 0 };
-            check(
-                libc::syscall(libc::SYS_sched_setscheduler, 0, libc::SCHED_OTHER, &raw const param),
-                Step::Scheduling,
-            )?;
-        }
-        // The raw call returns 20 - nice.
-        if check(libc::syscall(libc::SYS_getpriority, libc::PRIO_PROCESS, 0), Step::Scheduling)?
-            > 20
-        {
-            check(
-                libc::syscall(libc::SYS_setpriority, libc::PRIO_PROCESS, 0, 0),
-                Step::Scheduling,
-            )?;
-        }
-        libc::syscall(libc::SYS_execve, spec.path.as_ptr(), spec.argv.as_ptr(), spec.envp.as_ptr());
-        Err((Step::Exec, errno()))
+    // Step 4c: cgroups (v2 leaf for the tree kill, v1 leaves for limits),
+    // unless the run makes the joins meanwhile (waited for before step 5).
+    if joined_by_run.is_none() {
+        join_cgroups(spec.cgroup_procs)?;
     }
+    // Step 4d: a descriptor table of our own, stdio, the run directory.
+    own_descriptors(spec, sharing)?;
+    at(Step::Chdir, call::chdir(spec.cwd))?;
+    // Step 4e: resource limits.
+    set_rlimits(spec.rlimits)?;
+    // Step 4f: no_new_privs.
+    at(Step::NoNewPrivs, call::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0))?;
+    // Step 4g: the run-as user, and only the granted capabilities.
+    if let Some(id) = spec.identity {
+        switch_user(spec, id)?;
+    }
+    set_capabilities(spec.capabilities)?;
+    // Step 4h: die with the executor.
+    die_with_parent(spec.parent)?;
+    // Step 4i: Landlock, then seccomp.
+    restrict(spec, fprog)?;
+    // Step 4c, made by the run: in every cgroup before the exec.
+    if let Some(joining) = joined_by_run {
+        joining.wait()?;
+    }
+    // Step 5: exec, timed first, then the default scheduling.
+    if let Some(exec_at) = spec.exec_at {
+        time_exec(exec_at);
+    }
+    default_scheduling()?;
+    Err((Step::Exec, call::execve(spec.path, spec.argv, spec.envp)))
+}
+
+/// Step 4c: writes "0" (this process) to each open `cgroup.procs`.
+fn join_cgroups(procs: &[RawFd]) -> Result<(), (Step, i32)> {
+    for fd in procs {
+        match call::write(*fd, b"0") {
+            Ok(1) => {}
+            Ok(_) => return Err((Step::Cgroup, call::errno())),
+            Err(e) => return Err((Step::Cgroup, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Step 4d: a table of our own (sharing the parent's, we have not touched
+/// it so far), keeping only what is below the floor: the cgroup files and
+/// the executor's other long-lived descriptors above it are neither
+/// copied nor closed again at exec. Without a floor, a copy of all of it
+/// (the range closed is empty). Then stdio, and every other fd
+/// close-on-exec.
+fn own_descriptors(spec: &ChildSpec<'_>, sharing: bool) -> Result<(), (Step, i32)> {
+    if sharing {
+        let first = spec.share_below.unwrap_or(u32::MAX);
+        at(Step::CloseFds, call::close_range(first, u32::MAX, call::CLOSE_RANGE_UNSHARE))?;
+    }
+    for (target, fd) in (0..).zip(spec.stdio) {
+        at(Step::Stdio, call::dup3(fd, target))?;
+    }
+    at(Step::CloseFds, call::close_range(3, u32::MAX, call::CLOSE_RANGE_CLOEXEC))?;
+    Ok(())
+}
+
+/// Step 4e: each `(resource, soft, hard)`.
+fn set_rlimits(rlimits: &[(u32, u64, u64)]) -> Result<(), (Step, i32)> {
+    for (resource, soft, hard) in rlimits {
+        at(Step::Rlimits, call::prlimit(*resource, *soft, *hard))?;
+    }
+    Ok(())
+}
+
+/// Step 4g, as root: no supplementary groups, the bounding set down to
+/// the granted capabilities (unless inherited empty), the capabilities
+/// kept across the uid change when some are granted, then the run-as
+/// group and user.
+fn switch_user(spec: &ChildSpec<'_>, id: Identity) -> Result<(), (Step, i32)> {
+    at(Step::Setgroups, call::clear_groups())?;
+    if !spec.bounding_cleared {
+        for cap in 0..=spec.cap_last.min(63) {
+            if spec.capabilities & (1u64 << cap) == 0 {
+                let drop = call::prctl(libc::PR_CAPBSET_DROP, c_ulong::from(cap), 0);
+                at(Step::CapBounding, drop)?;
+            }
+        }
+    }
+    if spec.capabilities != 0 {
+        at(Step::KeepCaps, call::prctl(libc::PR_SET_KEEPCAPS, 1, 0))?;
+    }
+    at(Step::Setresgid, call::setresgid(id.gid))?;
+    at(Step::Setresuid, call::setresuid(id.uid))?;
+    Ok(())
+}
+
+/// Step 4g, last part: exactly the granted capabilities, ambient too.
+fn set_capabilities(caps: u64) -> Result<(), (Step, i32)> {
+    at(Step::Capset, call::capset(caps))?;
+    let clear = libc::PR_CAP_AMBIENT_CLEAR_ALL as c_ulong;
+    at(Step::Ambient, call::prctl(libc::PR_CAP_AMBIENT, clear, 0))?;
+    for cap in 0..64u32 {
+        if caps & (1u64 << cap) != 0 {
+            let raise = libc::PR_CAP_AMBIENT_RAISE as c_ulong;
+            at(Step::Ambient, call::prctl(libc::PR_CAP_AMBIENT, raise, c_ulong::from(cap)))?;
+        }
+    }
+    Ok(())
+}
+
+/// Step 4h: die with the executor. Set after the uid change, which clears
+/// it; the parent check closes the race with an executor that died
+/// before.
+pub(super) fn die_with_parent(parent: libc::pid_t) -> Result<(), (Step, i32)> {
+    let sigkill = libc::SIGKILL as c_ulong;
+    at(Step::ParentDeath, call::prctl(libc::PR_SET_PDEATHSIG, sigkill, 0))?;
+    if call::getppid() != parent {
+        return Err((Step::ParentDeath, libc::ESRCH));
+    }
+    Ok(())
+}
+
+/// Step 4i: Landlock, then seccomp last (it would deny nothing we still
+/// need, but keeping it last keeps the filter minimal). A child of a
+/// spawner thread already carries its filter (the spec's program is empty
+/// then): nothing above is on its deny-list.
+fn restrict(spec: &ChildSpec<'_>, fprog: &libc::sock_fprog) -> Result<(), (Step, i32)> {
+    if let Some(fd) = spec.landlock {
+        at(Step::Landlock, call::landlock_restrict_self(fd))?;
+    }
+    if !spec.seccomp.is_empty() {
+        at(Step::Seccomp, call::seccomp_filter(fprog))?;
+    }
+    Ok(())
+}
+
+/// Step 5, first: the time of the exec, through the vDSO (without a system
+/// call where the clock source allows; a failed reading leaves the time
+/// unset, which the parent takes as "now").
+fn time_exec(exec_at: &AtomicU64) {
+    if let Some(now) = monotonic_now_ns() {
+        exec_at.store(now, Ordering::Release);
+    }
+}
+
+/// Step 5, then: the default scheduling. A real-time policy or a negative
+/// nice value the executor runs with (children inherit them) is not the
+/// skill's, and with RLIMIT_RTPRIO and RLIMIT_NICE at 0 it cannot take
+/// them back. Last, after the timing: from here on a real-time thread of
+/// the executor on this CPU comes first.
+fn default_scheduling() -> Result<(), (Step, i32)> {
+    let policy = at(Step::Scheduling, call::sched_getscheduler())?;
+    if real_time_policy(c_int::try_from(policy).unwrap_or(0)) {
+        at(Step::Scheduling, call::sched_set_other())?;
+    }
+    // The raw call returns 20 - nice.
+    if at(Step::Scheduling, call::getpriority())? > 20 {
+        at(Step::Scheduling, call::setpriority_zero())?;
+    }
+    Ok(())
 }

@@ -6,7 +6,7 @@
 //! during runs the executor holds ~230 descriptors, 176 of them the kernfs
 //! files of its 16 pooled cgroup slots and ~40 the `O_PATH` system paths of
 //! the Landlock rulesets. Copying and closing them cost ~3 % of the host's
-//! CPU per run with 8 clients (BENCHMARKS.md, tenth pass): each copy takes a
+//! CPU per run with 8 clients: each copy takes a
 //! reference and each close flushes, with a cache miss on each file.
 //!
 //! So the long-lived descriptors that a child never needs after joining its
@@ -18,7 +18,7 @@
 //! below the floor. Whatever lands where is never a question of safety: a
 //! descriptor that could not be lifted is copied and closed at `exec` as
 //! before, and the caller shares the table only when the child's stdio and
-//! Landlock descriptors are below the floor ([`super::child::ChildSpec`]).
+//! Landlock descriptors are below the floor (the child's spec).
 //!
 //! Below the floor stays what comes and goes with the runs (~100
 //! descriptors with 8 clients). A spawn therefore places the descriptors
@@ -89,7 +89,7 @@ fn nofile_soft() -> Option<u64> {
 /// Linux 5.9. Read off the kernel's release rather than tried: trying it on
 /// a thread of this process would give that thread a table of its own, and
 /// a throwaway thread made for the test would wait out the cgroup attach
-/// lock's warm-up of a one-shot `run` (`crate::attach_lock`).
+/// lock's warm-up of a one-shot `run` (`crate::host::attach_lock`).
 fn close_range_unshares() -> bool {
     // SAFETY: uname fills the valid local `u`.
     let mut u: libc::utsname = unsafe { std::mem::zeroed() };

@@ -5,10 +5,9 @@
 //! A child joining its cgroups itself writes "0" to each `cgroup.procs`:
 //! three writes (the v2 leaf, the v1 `pids` and `memory` leaves), each
 //! making the kernel a new `css_set`, ~35 µs of the child's ~110 µs
-//! between its wake-up and its `exec` on the dev machine (BENCHMARKS.md,
-//! thirty-third pass). The only run in flight has nothing else to do
+//! between its wake-up and its `exec` on the dev machine. The only run in flight has nothing else to do
 //! meanwhile: it watches for the exec without sleeping
-//! (`engine`'s [`EXEC_SPIN`](crate::engine::EXEC_SPIN)). So when it spins,
+//! (`engine`'s [`EXEC_SPIN`](crate::run::spin::EXEC_SPIN)). So when it spins,
 //! the run offers to make the joins itself, on its own CPU, while the
 //! child sets up its descriptors, limits, user and Landlock domain on the
 //! other ([`Joining`] says who settles the offer); a child that took the
@@ -38,8 +37,9 @@ use std::io::Write;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
-use super::berth::{wait_private, wake_private};
-use super::child::{self, Step};
+use super::call::errno;
+use super::futex::{futex_wait, futex_wake};
+use super::spec::Step;
 
 /// The child writes "0" itself: nothing was offered, or the run withdrew
 /// its offer before the child took it up.
@@ -64,8 +64,7 @@ const FAILED: u32 = 4;
 /// there by then, leaves the offer open: the run withdraws it (the child,
 /// or one made for the run in its place, joins itself). Withdrawing at once
 /// instead, when the child had not answered yet, was tried: the run
-/// nearly always came first, and the joins stayed on the child's path
-/// (BENCHMARKS.md, thirty-third pass).
+/// nearly always came first, and the joins stayed on the child's path.
 #[derive(Debug, Default)]
 pub struct Joining {
     state: AtomicU32,
@@ -118,7 +117,7 @@ impl Joining {
             // caller keeps open for the call.
             let n = unsafe { libc::write(*fd, text.as_ptr().cast(), text.len()) };
             if usize::try_from(n).ok() != Some(text.len()) {
-                failed = Some(if n < 0 { child::errno() } else { libc::EIO });
+                failed = Some(if n < 0 { errno() } else { libc::EIO });
                 break;
             }
         }
@@ -142,7 +141,7 @@ impl Joining {
 
     /// Wakes the child if it waits on the word already.
     fn wake(&self) {
-        wake_private(&self.state);
+        futex_wake(&self.state, true);
     }
 
     /// The child, before `execve`: waits until the run is done with the
@@ -152,7 +151,7 @@ impl Joining {
         loop {
             match self.state.load(Ordering::Acquire) {
                 // The run keeps the handoff until our exec or exit.
-                WAITING => wait_private(&self.state, WAITING),
+                WAITING => futex_wait(&self.state, WAITING, true),
                 FAILED => return Err((Step::Cgroup, self.errno.load(Ordering::Relaxed))),
                 _ => return Ok(()),
             }

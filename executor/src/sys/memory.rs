@@ -7,8 +7,8 @@
 //! only below its *dynamic* threshold, which each such free raises (up to
 //! 32 MiB): after the first flood the next buffers come from the heap,
 //! whose freed pages glibc keeps, and the executor's resident memory grows
-//! with each flood by a few megabytes that stay (the soak, BENCHMARKS.md
-//! nineteenth pass). A fixed threshold keeps every large buffer on its own
+//! with each flood by a few megabytes that stay (seen in a soak test). A
+//! fixed threshold keeps every large buffer on its own
 //! mapping, given back to the kernel when the run ends.
 
 /// Allocations of this size or more get their own mapping, unmapped when

@@ -8,7 +8,8 @@
 //! # Async-signal-safety
 //!
 //! [`child`], [`berth`] and [`join`]'s wait run in a `CLONE_VM | CLONE_VFORK` child that
-//! shares the executor's memory. Code on that path only issues raw system calls on
+//! shares the executor's memory, through the wrappers of [`call`] and
+//! [`futex`]. Code on that path only issues raw system calls on
 //! values the parent built beforehand: no allocation, no locks, no glibc
 //! wrappers that touch shared state (glibc's `setuid` would broadcast to the
 //! parent's threads), no panics.
@@ -16,13 +17,15 @@
 
 pub mod berth;
 pub mod bpf;
+pub mod call;
 pub mod child;
 pub mod fdtable;
+pub mod futex;
 pub mod join;
 pub mod landlock;
 pub mod memory;
 pub mod mount;
 pub mod process;
 pub mod reactor;
-pub mod spawner;
+pub mod spec;
 pub mod xattr;

@@ -224,7 +224,7 @@ pub fn mask_only_sigchld() -> io::Result<()> {
 /// `SCHED_RR` or `SCHED_DEADLINE`).
 pub fn real_time() -> bool {
     // SAFETY: no arguments but pid 0, the calling thread.
-    super::child::real_time_policy(unsafe { libc::sched_getscheduler(0) })
+    real_time_policy(unsafe { libc::sched_getscheduler(0) })
 }
 
 /// Tests: keeps the calling thread (and the threads and children it makes
@@ -265,6 +265,59 @@ pub(crate) fn set_thread_nice(nice: i32) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// `prctl(PR_SET_NO_NEW_PRIVS, 1)`: for the calling thread (and what it
+/// creates), which `seccomp(2)` requires without `CAP_SYS_ADMIN`.
+///
+/// # Errors
+///
+/// The error of `prctl`.
+pub fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only; it changes this thread.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `seccomp(SECCOMP_SET_MODE_FILTER, 0, program)`: the filter on the
+/// calling thread only (no `TSYNC`), inherited by what it creates.
+///
+/// # Errors
+///
+/// `InvalidInput` for a program too long for `sock_fprog`, else the error
+/// of `seccomp`.
+pub fn install_thread_filter(program: &[libc::sock_filter]) -> io::Result<()> {
+    let len = u16::try_from(program.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "seccomp program too long"))?;
+    let fprog = libc::sock_fprog { len, filter: program.as_ptr().cast_mut() };
+    // SAFETY: `fprog` points to `program`, alive for the call, and holds its
+    // length; flags 0: this thread only (no TSYNC).
+    let r = unsafe {
+        libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0u32, &raw const fprog)
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `prctl(PR_CAPBSET_DROP, cap)` on the calling thread; false when refused
+/// (without `CAP_SETPCAP`).
+pub fn drop_bounding(cap: u32) -> bool {
+    // SAFETY: prctl with integer arguments only; it changes this thread's
+    // credentials.
+    unsafe { libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) == 0 }
+}
+
+const SCHED_DEADLINE: libc::c_int = 6;
+
+/// Whether `policy` (as `sched_getscheduler` returns it, with or without
+/// `SCHED_RESET_ON_FORK`) is a real-time one.
+pub(super) fn real_time_policy(policy: libc::c_int) -> bool {
+    let policy = policy & !libc::SCHED_RESET_ON_FORK;
+    [libc::SCHED_FIFO, libc::SCHED_RR, SCHED_DEADLINE].contains(&policy)
 }
 
 #[cfg(test)]

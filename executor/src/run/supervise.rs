@@ -15,9 +15,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::time::{sleep_until, Instant};
 
-use crate::cgroup::RunCgroup;
-use crate::reaper::Reaper;
-use crate::spawn::Child;
+use crate::run::reaper::Reaper;
+use crate::run::spawn::Child;
+use crate::sandbox::cgroup::RunCgroup;
 use crate::sys::process::{self, Exit};
 
 /// How long pipes may stay open after the main process ended and the tree
@@ -62,7 +62,7 @@ pub struct Bounds<'a> {
 }
 
 /// The exit's watch without sleeping ([`Bounds::exit_spin`]): `budget`
-/// (`engine`'s [`EXEC_SPIN`](crate::engine::EXEC_SPIN)) when, at that
+/// (`engine`'s [`EXEC_SPIN`](crate::run::spin::EXEC_SPIN)) when, at that
 /// moment, `in_flight` says this run is the only one; else none.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ExitSpin<'a> {
@@ -76,7 +76,7 @@ impl ExitSpin<'_> {
     /// The watch for now: the budget for the only run in flight.
     fn now(&self) -> Duration {
         self.in_flight.map_or(Duration::ZERO, |n| {
-            crate::engine::spin_for(n.load(std::sync::atomic::Ordering::Relaxed), self.budget)
+            crate::run::spin::spin_for(n.load(std::sync::atomic::Ordering::Relaxed), self.budget)
         })
     }
 }
@@ -275,7 +275,26 @@ struct StderrLines<'s> {
     dropped: u64,
 }
 
-impl StderrLines<'_> {
+impl<'s> StderrLines<'s> {
+    /// Streams lines to `sink` within `bounds`' stderr caps.
+    fn new(sink: &'s mut (dyn FnMut(&str) + Send), bounds: &Bounds<'_>) -> Self {
+        StderrLines {
+            sink,
+            line: Vec::new(),
+            line_cut: false,
+            line_max: usize::try_from(bounds.stderr_line_bytes).unwrap_or(usize::MAX),
+            streamed: 0,
+            total_max: bounds.stderr_bytes,
+            tail: VecDeque::new(),
+            dropped: 0,
+        }
+    }
+
+    /// The kept tail of stderr, as text.
+    fn tail_text(&mut self) -> String {
+        String::from_utf8_lossy(self.tail.make_contiguous()).into_owned()
+    }
+
     fn push(&mut self, bytes: &[u8]) {
         for chunk in bytes.split_inclusive(|b| *b == b'\n') {
             let (body, ends) = match chunk.strip_suffix(b"\n") {
@@ -357,7 +376,7 @@ async fn read_stderr(fd: OwnedFd, lines: &mut StderrLines<'_>) -> Option<pipe::R
 /// time (144 of 320 traced sequential runs); the pidfd's registration and
 /// readiness then cost the run an `epoll_ctl` and a wake-up: 21-31 µs
 /// from the zombie to its reaping, against 9 for a parent blocked in
-/// `wait4` (BENCHMARKS.md, thirty-third pass).
+/// `wait4`.
 async fn wait_exit(pidfd: &mut Option<PidFd>, reaper: &Reaper, pid: i32, spin: Duration) -> Exit {
     if let Some(exit) = reaper.collect(pid) {
         return exit;
@@ -415,16 +434,7 @@ pub async fn supervise(
     let mut pidfd = Some(PidFd::Plain(pidfd));
     let tree = Tree { cgroup, pid };
 
-    let mut lines = StderrLines {
-        sink,
-        line: Vec::new(),
-        line_cut: false,
-        line_max: usize::try_from(bounds.stderr_line_bytes).unwrap_or(usize::MAX),
-        streamed: 0,
-        total_max: bounds.stderr_bytes,
-        tail: VecDeque::new(),
-        dropped: 0,
-    };
+    let mut lines = StderrLines::new(sink, &bounds);
     let (stop, exit, stdout_out, killed, pipes) = {
         let mut stdin_fut = pin!(write_stdin(stdin, args));
         let mut stdout_fut = pin!(read_stdout(stdout, bounds.stdout_bytes));
@@ -515,12 +525,11 @@ pub async fn supervise(
     if !killed && !tree.is_empty() {
         tree.kill(&pidfd);
     }
-    let stderr = String::from_utf8_lossy(lines.tail.make_contiguous()).into_owned();
     Supervised {
         exit: exit.unwrap_or(Exit { code: None, signal: None, cpu_us: 0 }),
         stop,
         stdout: stdout_out.unwrap_or_default(),
-        stderr,
+        stderr: lines.tail_text(),
         stderr_dropped: lines.dropped,
         leftovers: Some(Leftovers { pipes, pidfd }),
     }

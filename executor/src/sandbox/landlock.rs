@@ -236,11 +236,11 @@ fn open_path(path: &Path) -> std::io::Result<Opened> {
     Ok(Opened { fd: file.into(), is_dir, ident: meta.as_ref().map(ident) })
 }
 
-/// Rulesets built for earlier runs in one slot ([`crate::rundir::RunDir`]),
+/// Rulesets built for earlier runs in one slot (the run directory, `run::rundir`),
 /// each with what it was built from; [`prepare`] takes one whose inputs are
 /// the same instead of building anew. Building costs a `landlock_add_rule`
 /// per path (~40), and closing the ruleset frees every rule again: ~3.5 %
-/// of the host's CPU per run with 8 clients (BENCHMARKS.md, eleventh pass).
+/// of the host's CPU per run with 8 clients.
 ///
 /// A ruleset is taken only when everything it was built from is the same:
 /// the ABI, the mode, the rules (paths and rights, in order), the

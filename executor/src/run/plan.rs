@@ -17,7 +17,7 @@ use policy::{
 };
 
 use crate::config::Config;
-use crate::resolve::{self, Open, Resolved};
+use crate::run::resolve::{self, Open, Resolved};
 
 /// Why a request is refused before anything runs.
 #[derive(Debug, thiserror::Error)]
@@ -377,7 +377,7 @@ fn uid_of(name: &str, stamp: Option<PasswdStamp>) -> Option<u32> {
 impl Plan {
     /// Validates the request for the `skill.json` at `manifest_path`,
     /// read and parsed now (a served or engine run goes through
-    /// [`crate::parsed::ParsedManifests::locate`] and
+    /// `run::parsed::ParsedManifests::locate` and
     /// [`Plan::build_located`] instead, parsing once per file content).
     ///
     /// # Errors
@@ -410,7 +410,7 @@ impl Plan {
     ) -> Result<Plan, PlanError> {
         let manifest = match located.parsed.take() {
             // Parsed from this very file (same inode, size, mtime, ctime),
-            // for this tool and these options ([`crate::parsed`]).
+            // for this tool and these options (`run::parsed`).
             Some(parsed) => parsed,
             None => {
                 let opts = ValidateOptions { max_timeout: config.max_timeout() };

@@ -5,7 +5,7 @@
 //! parsed again; a file replaced by another one is another inode.
 //!
 //! Two users: the server's pre-admission check
-//! ([`crate::server::ManifestCache`]), which hands the parse to the run's
+//! (`server`'s `ManifestCache`), which hands the parse to the run's
 //! plan, and [`crate::Engine`] itself for runs named by path (a library
 //! caller, a benchmark), so no run parses a manifest it parsed before.
 
@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use policy::{Manifest, ValidateOptions};
 
 use crate::config::Config;
-use crate::plan::{Located, PlanError};
+use crate::run::plan::{Located, PlanError};
 
 /// Entries kept before the cache is cleared (manifests live in the
 /// operator's roots, so this bounds only a caller probing many paths).
@@ -54,7 +54,7 @@ impl ParsedManifests {
 
     /// Opens the manifest at `path` under one of `roots` ([`Located::open`])
     /// and attaches its parse ([`ParsedManifests::get`]): what a run's
-    /// plan ([`crate::plan::Plan::build_located`]) takes.
+    /// plan ([`crate::run::plan::Plan::build_located`]) takes.
     ///
     /// # Errors
     ///
@@ -71,13 +71,13 @@ impl ParsedManifests {
     }
 
     /// The manifest (one `tool` of a `SKILL.md`, or with `None` a
-    /// `skill.json`: [`crate::plan::parse_manifest`]) in `located`'s open file: the kept
+    /// `skill.json`: [`crate::run::plan::parse_manifest`]) in `located`'s open file: the kept
     /// parse when the file is as it was, else read and parsed now.
     ///
     /// # Errors
     ///
     /// [`PlanError::Read`] when the file cannot be read or is not a regular
-    /// file, else what [`crate::plan::parse_manifest`] says.
+    /// file, else what [`crate::run::plan::parse_manifest`] says.
     pub fn get(&self, located: &Located, tool: Option<&str>) -> Result<Arc<Manifest>, PlanError> {
         let path = located.path();
         let read_err = |source| PlanError::Read { path: path.to_owned(), source };

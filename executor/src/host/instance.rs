@@ -14,7 +14,7 @@
 //!   session, blocks SIGINT/SIGTERM/SIGHUP/SIGQUIT and reads. EOF without
 //!   the executor's `done` first means the executor died (killed, or it
 //!   exited without dropping its engine): the watchdog kills and removes
-//!   everything of the instance ([`crate::sweep::clean`]), gives the runs
+//!   everything of the instance ([`crate::host::sweep::clean`]), gives the runs
 //!   tmpfs up if it was the last user, and exits. The dying executor's own
 //!   users lock goes only after the kernel has closed the pipe, so the
 //!   watchdog waits for it (bounded, 3 s) rather than seeing it as another
@@ -22,7 +22,7 @@
 //!   executor recorded;
 //! - `<runtime_dir>/runs/<instance>/.guard` names the watchdog (pid and
 //!   start time): an instance whose guard is dead is swept by the next
-//!   executor to start ([`crate::sweep::sweep`]);
+//!   executor to start ([`crate::host::sweep::sweep`]);
 //! - the runs tmpfs: as root, unless a tmpfs is mounted on
 //!   `<runtime_dir>/runs` already (an earlier instance's, or the one
 //!   ongrid-executor.service provides with `TemporaryFileSystem=`, as the
@@ -58,9 +58,9 @@ use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg, OFlag};
 
-use crate::cgroup::Hierarchies;
 use crate::config::Config;
-use crate::sweep::{self, Swept, GUARD, INSTANCE_PREFIX, NEW_PREFIX, PGID_PREFIX};
+use crate::host::sweep::{self, Swept, GUARD, INSTANCE_PREFIX, NEW_PREFIX, PGID_PREFIX};
+use crate::sandbox::cgroup::Hierarchies;
 use crate::sys;
 use crate::sys::mount::TmpfsSize;
 

@@ -16,15 +16,15 @@ use policy::report::SandboxReport;
 use policy::sandbox::CAPABILITY_NAMES;
 use policy::Outcome;
 
-use crate::cgroup::{CgroupError, Hierarchies, RunCgroup};
 use crate::config::{Config, LandlockMode};
-use crate::landlock::{self, FsPolicy, LandlockError};
-use crate::plan::Plan;
-use crate::rundir::{RunDir, RunDirError};
-use crate::seccomp;
+use crate::run::plan::Plan;
+use crate::run::rundir::{RunDir, RunDirError};
+use crate::run::spawner::Spawner;
+use crate::sandbox::cgroup::{CgroupError, Hierarchies, RunCgroup};
+use crate::sandbox::landlock::{self, FsPolicy, LandlockError};
+use crate::sandbox::seccomp;
 use crate::sys;
-use crate::sys::child::{ChildSpec, Identity, SpawnFailure, Step};
-use crate::sys::spawner::Spawner;
+use crate::sys::spec::{ChildSpec, Identity, SpawnFailure, Step};
 
 /// Why a run could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -297,7 +297,7 @@ impl Slot {
         host: &Host,
         owner: Option<(u32, u32)>,
     ) -> Result<(String, RunDir), SpawnError> {
-        let id = crate::rundir::random_id().map_err(|e| SpawnError::Prepare {
+        let id = crate::run::rundir::random_id().map_err(|e| SpawnError::Prepare {
             skill: String::new(),
             reason: format!("run id: {e}"),
         })?;
@@ -324,7 +324,7 @@ pub fn prepare(
     slot: Slot,
 ) -> Result<Prepared, SpawnError> {
     let skill = plan.manifest.name().to_string();
-    let root = crate::plan::euid() == 0;
+    let root = crate::run::plan::euid() == 0;
     let mut degraded = host.notes.clone();
     let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
     let Slot { id: _, mut run_dir, mut cgroup, stdio } = slot;
@@ -425,7 +425,7 @@ pub fn prepare(
     })
 }
 
-/// The engine's spawner threads (`sys::spawner`): one pool per seccomp
+/// The engine's spawner threads ([`crate::run::spawner`]): one pool per seccomp
 /// program ([`seccomp::Variant`]: the network grant, metadata locked),
 /// started on first use.
 /// A child created by one inherits the pool's filter instead of compiling
@@ -441,7 +441,7 @@ impl Spawners {
     /// No spawner threads: each child installs the seccomp filter itself.
     /// For a one-shot `ongrid-executor run`: its one child has nothing to
     /// share the filter with, and threads made while the cgroup attach
-    /// lock's warm-up ([`crate::attach_lock`]) waits for its RCU grace
+    /// lock's warm-up ([`crate::host::attach_lock`]) waits for its RCU grace
     /// period wait with it (2-3 ms more per one-shot run, measured).
     pub fn inline() -> Self {
         Spawners { inline: true, ..Spawners::default() }
@@ -461,7 +461,7 @@ impl Spawners {
                 // finds none parked waits for a thread to make its child
                 // (two more hand-offs). With 8 clients on 2 CPUs, 4 threads
                 // against 2: runs/s higher or equal in 8 of 8 rounds, p50
-                // lower in 6 (BENCHMARKS.md, twenty-sixth pass).
+                // lower in 6.
                 let threads = std::thread::available_parallelism()
                     .map_or(4, |n| n.get().saturating_mul(2).clamp(4, 8));
                 match Spawner::start(seccomp::program(variant), threads, "ongrid-spawner") {
@@ -540,7 +540,7 @@ fn prefill_stdin(fd: OwnedFd, args: &[u8]) -> Option<(OwnedFd, usize)> {
 /// sandbox and execs the entry, on the slot's pipes (made here when it
 /// has none). `args` go into its stdin first (`prefill_stdin`). `spin`:
 /// how long a child made ahead may be watched for its `exec` without
-/// sleeping (`sys::spawner`'s `spawn_spinning`; zero: sleep at once).
+/// sleeping (`spawner`'s `spawn_spinning`; zero: sleep at once).
 /// `meanwhile` runs once the child has its spec (else once it exists),
 /// off the path to its `exec`.
 ///
@@ -651,7 +651,7 @@ pub fn spawn(
 /// when it took none (0) or the clock cannot be read.
 fn exec_instant(ns: u64) -> Instant {
     let now = Instant::now();
-    match sys::child::monotonic_now_ns() {
+    match sys::call::monotonic_now_ns() {
         Some(t) if ns != 0 => {
             now.checked_sub(Duration::from_nanos(t.saturating_sub(ns))).unwrap_or(now)
         }

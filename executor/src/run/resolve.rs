@@ -5,7 +5,7 @@
 //! component of the path, 5 to 8 system calls for a manifest or an entry
 //! under a skills root, and every run resolves the manifest, each root and
 //! the entry (the manifest and roots once, by the server's check, whose
-//! open file the plan then reads: [`crate::plan::Located`]).
+//! open file the plan then reads: `plan::Located`).
 //! Opening the path and reading the link of its descriptor takes two (the
 //! link read relative to this process's `/proc/<pid>/fd`, opened once),
 //! and leaves the file open for what comes next: its metadata (`fstat`)
@@ -25,7 +25,7 @@
 //! trailing `/`) that opens with `openat2(RESOLVE_NO_SYMLINKS)` crossed no
 //! symbolic link, so it is its own canonical name: one system call, and no
 //! walk through `/proc` (the three link reads of a run were ~18 sampled µs
-//! of the executor's CPU with 8 clients; BENCHMARKS.md twenty-third pass). Any error of that open (a link on the way, an old
+//! of the executor's CPU with 8 clients). Any error of that open (a link on the way, an old
 //! kernel, a filter) leaves the answer to the way above. (On a
 //! case-insensitive directory the name is kept as written, where the link
 //! would give the stored spelling: a root and a path spelt differently

@@ -38,26 +38,13 @@
 //! uses for `int`/`unsigned int` parameters (the `TIOCSTI` check is immune to
 //! high bits, CVE-2019-10063).
 
-/// One classic BPF instruction (same layout as `struct sock_filter`).
-pub type Insn = libc::sock_filter;
+mod bpf;
 
-const LD_W_ABS: u16 = 0x20;
-const JEQ_K: u16 = 0x15;
-const JGE_K: u16 = 0x35;
-const JSET_K: u16 = 0x45;
-const RET_K: u16 = 0x06;
-const JA: u16 = 0x05;
-const ALU_AND_K: u16 = 0x54;
-
-const RET_KILL_PROCESS: u32 = 0x8000_0000;
-const RET_ERRNO: u32 = 0x0005_0000;
-const RET_ALLOW: u32 = 0x7fff_0000;
-
-const OFF_NR: u32 = 0;
-const OFF_ARCH: u32 = 4;
-const fn off_arg_lo(i: u32) -> u32 {
-    16 + 8 * i
-}
+pub use bpf::Insn;
+use bpf::{
+    jump, off_arg_lo, stmt, ALU_AND_K, JA, JEQ_K, JGE_K, JSET_K, LD_W_ABS, OFF_ARCH, OFF_NR,
+    RET_ALLOW, RET_ERRNO, RET_K, RET_KILL_PROCESS,
+};
 
 #[cfg(target_arch = "x86_64")]
 const AUDIT_ARCH: u32 = 0xC000_003E;
@@ -93,14 +80,6 @@ pub const CLONE_NEW_MASK: u32 = 0x0002_0000 // NEWNS
     | 0x1000_0000 // NEWUSER
     | 0x2000_0000 // NEWPID
     | 0x4000_0000; // NEWNET
-
-fn stmt(code: u16, k: u32) -> Insn {
-    Insn { code, jt: 0, jf: 0, k }
-}
-
-fn jump(code: u16, k: u32, jt: u8, jf: u8) -> Insn {
-    Insn { code, jt, jf, k }
-}
 
 fn errno(e: i32) -> u32 {
     RET_ERRNO | (u32::try_from(e).unwrap_or(1) & 0xffff)
@@ -439,7 +418,7 @@ fn search(table: &[(u32, Special)]) -> Vec<Insn> {
 /// not a linear scan of the ~90 special numbers: the kernel runs the filter
 /// once per syscall number when it is attached, to build its cache of
 /// always-allowed calls, so a linear program made each spawn pay ~0.1 ms in
-/// `seccomp(2)` on this machine; see BENCHMARKS.md. The decisions are those
+/// `seccomp(2)` on the dev machine. The decisions are those
 /// of the linear reference program in the tests, number by number.
 pub fn program(v: Variant) -> &'static [Insn] {
     static PROGRAMS: [std::sync::OnceLock<Vec<Insn>>; 4] =
@@ -484,45 +463,8 @@ fn build(v: Variant) -> Vec<Insn> {
 
 #[cfg(test)]
 mod tests {
+    use super::bpf::interpret::{run, run_counted};
     use super::*;
-
-    /// A tiny interpreter for the instructions [`program`] emits.
-    fn run(p: &[Insn], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
-        run_counted(p, arch, nr, args).0
-    }
-
-    /// The verdict and the number of instructions executed.
-    fn run_counted(p: &[Insn], arch: u32, nr: u32, args: [u64; 6]) -> (u32, usize) {
-        let mut steps = 0;
-        let mut data = [0u8; 64];
-        data[0..4].copy_from_slice(&nr.to_le_bytes());
-        data[4..8].copy_from_slice(&arch.to_le_bytes());
-        for (i, a) in args.iter().enumerate() {
-            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
-        }
-        let (mut pc, mut acc) = (0usize, 0u32);
-        loop {
-            let i = p[pc];
-            steps += 1;
-            let k = i.k as usize;
-            match i.code {
-                LD_W_ABS => acc = u32::from_le_bytes(data[k..k + 4].try_into().unwrap()),
-                ALU_AND_K => acc &= i.k,
-                RET_K => return (i.k, steps),
-                JA => pc += k,
-                JEQ_K | JGE_K | JSET_K => {
-                    let hit = match i.code {
-                        JEQ_K => acc == i.k,
-                        JGE_K => acc >= i.k,
-                        _ => acc & i.k != 0,
-                    };
-                    pc += usize::from(if hit { i.jt } else { i.jf });
-                }
-                c => panic!("unexpected opcode {c:#x}"),
-            }
-            pc += 1;
-        }
-    }
 
     fn call(p: &[Insn], n: libc::c_long, args: [u64; 6]) -> u32 {
         run(p, AUDIT_ARCH, nr(n), args)

@@ -8,7 +8,7 @@
 //! after an idle gap does: on the dev machine the child's `write` of "0"
 //! took 4-24 ms after a 200 ms gap (strace), and a served run's `setup_us`
 //! p50 went from 0.3 ms back to back to 12.6 ms after 50 ms idle
-//! (BENCHMARKS.md, fifth pass). An agent calls skills now and then, so
+//! (measured on the dev machine). An agent calls skills now and then, so
 //! that is most runs.
 //!
 //! With `favordynmods` on any cgroup hierarchy (the rwsem is global) the

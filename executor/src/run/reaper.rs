@@ -10,8 +10,8 @@
 //! run's [`Reaper::reap_orphans`] may reap it first. So the status of every
 //! untracked child reaped here is kept for [`UNCLAIMED_TTL`] too, and
 //! [`Reaper::collect`] takes it from there when its own `waitpid` finds no
-//! child (the soak of issue 9 saw 12 runs in 1932 reported `signaled`,
-//! "the process vanished", before this).
+//! child (without it a soak test saw 12 runs in 1932 reported `signaled`,
+//! "the process vanished").
 
 use std::collections::HashMap;
 use std::sync::Mutex;

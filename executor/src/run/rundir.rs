@@ -33,7 +33,7 @@ pub struct RunDir {
     /// Who it was handed to (`None`: the executor's own user).
     owner: Option<(u32, u32)>,
     /// Rulesets granting beneath the home, for later runs in it.
-    pub rulesets: crate::landlock::Cache,
+    pub rulesets: crate::sandbox::landlock::Cache,
 }
 
 /// A random run id: 16 hex digits from the kernel's CSPRNG.
@@ -94,7 +94,7 @@ impl RunDir {
             home,
             path: PathBuf::new(),
             owner: None,
-            rulesets: crate::landlock::Cache::default(),
+            rulesets: crate::sandbox::landlock::Cache::default(),
         };
         let home = dir.open_home()?;
         dir.fresh(&home, owner)?;
@@ -218,7 +218,7 @@ impl RunDir {
             home: PathBuf::new(),
             path: PathBuf::new(),
             owner: None,
-            rulesets: crate::landlock::Cache::default(),
+            rulesets: crate::sandbox::landlock::Cache::default(),
         }
     }
 
@@ -251,7 +251,7 @@ impl RunDir {
         }
         self.home = PathBuf::new();
         self.path = PathBuf::new();
-        self.rulesets = crate::landlock::Cache::default();
+        self.rulesets = crate::sandbox::landlock::Cache::default();
     }
 }
 

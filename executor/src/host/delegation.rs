@@ -17,7 +17,7 @@
 //! 3. write `+pids +memory` (those offered) to `<own>/cgroup.subtree_control`.
 //!
 //! The run cgroups keep their layout under `<own>/ongrid/...`
-//! ([`crate::cgroup::Hierarchies::detect`] treats a process in
+//! ([`crate::sandbox::cgroup::Hierarchies::detect`] treats a process in
 //! `<own>/supervisor` as living in `<own>`), now with the controllers, so
 //! runs get their pids and memory bounds from v2. If step 3 fails the
 //! process moves back and nothing changes. Not delegated (a login session,
@@ -27,8 +27,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// The child cgroup the executor moves itself into.
-pub const SUPERVISOR: &str = "supervisor";
+pub use crate::sandbox::cgroup::{runs_parent, SUPERVISOR};
 
 /// The controllers the run leaves need from v2.
 pub const WANTED: [&str; 2] = ["pids", "memory"];
@@ -127,15 +126,6 @@ pub fn take(
     Ok(Delegation::Taken { root, enabled: todo.iter().map(|c| (*c).to_owned()).collect() })
 }
 
-/// The cgroup whose `ongrid/` subtree holds the runs of a process in
-/// `own`: `own` itself, or `<x>` for `<x>/supervisor`.
-pub fn runs_parent(own: &str) -> String {
-    match own.strip_suffix(SUPERVISOR).and_then(|p| p.strip_suffix('/')) {
-        Some(parent) if !parent.is_empty() => parent.to_owned(),
-        _ => own.to_owned(),
-    }
-}
-
 /// [`take`] for this process on the host's v2 hierarchy, as root only
 /// (`serve` calls it once, before the engine starts).
 ///
@@ -146,10 +136,10 @@ pub fn take_own() -> Result<Delegation, DelegationError> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(Delegation::Skipped("not root".into()));
     }
-    let Some(mount) = crate::cgroup::v2_mount() else {
+    let Some(mount) = crate::sandbox::cgroup::v2_mount() else {
         return Ok(Delegation::Skipped("no cgroup v2 hierarchy".into()));
     };
-    take(&mount, &crate::cgroup::raw_own_v2_path(), std::process::id(), &WANTED)
+    take(&mount, &crate::sandbox::cgroup::raw_own_v2_path(), std::process::id(), &WANTED)
 }
 
 #[cfg(test)]

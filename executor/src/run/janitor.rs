@@ -27,11 +27,11 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::cgroup::RunCgroup;
 use crate::config::Config;
-use crate::engine::relock;
-use crate::rundir::RunDir;
-use crate::spawn::{Host, Slot, SpawnError};
+use crate::run::lock::relock;
+use crate::run::rundir::RunDir;
+use crate::run::spawn::{Host, Slot, SpawnError};
+use crate::sandbox::cgroup::RunCgroup;
 
 /// Slots kept ready once the engine serves more than one run (new ones are
 /// made below this).
@@ -40,8 +40,7 @@ pub(crate) const POOL_DEPTH: usize = 4;
 /// reused. Above [`POOL_DEPTH`]: the pool is refilled while a run is in
 /// flight, so its leaves come back to a full pool; 16 rather than 8 so that
 /// 8 runs at a time do not keep making and removing leaves (executor CPU
-/// per run with 8 clients 525-592 -> 467-500 µs, BENCHMARKS.md fourth
-/// pass). The extra ones go after [`TRIM_AFTER`] without runs.
+/// per run with 8 clients 525-592 -> 467-500 µs). The extra ones go after [`TRIM_AFTER`] without runs.
 const MAX_READY: usize = 4 * POOL_DEPTH;
 /// With no run taken or finished for this long, ready slots beyond
 /// [`POOL_DEPTH`] are removed.
@@ -53,7 +52,7 @@ const MAX_TRASH: usize = 64;
 /// Finished runs that wake the janitor together while it is gathering
 /// them (it recycled one a moment ago) and the pool is at its depth: a
 /// wake-up per run costs a context switch, and on a VM often a halted
-/// vCPU woken (BENCHMARKS.md, twenty-sixth pass).
+/// vCPU woken.
 const RECYCLE_BATCH: usize = POOL_DEPTH;
 /// How long the janitor gathers finished runs after recycling before it
 /// takes them unwoken (a batch that does not fill) or goes to sleep; the

@@ -1,9 +1,9 @@
 //! Removing what a dead executor left: its runs' processes, cgroups and
 //! directories.
 //!
-//! Every executor instance (one [`crate::Engine`]) keeps its runs under
+//! Every executor instance (one `Engine`) keeps its runs under
 //! `<runtime_dir>/runs/<instance>/<slot>/<run>` and `.../ongrid/<instance>/<run>`
-//! in each cgroup hierarchy ([`crate::instance`]). The instance directory
+//! in each cgroup hierarchy (`host::instance`). The instance directory
 //! holds `.guard`: the pid and start time of the process that cleans up
 //! after the instance (its watchdog, else the executor itself). Two callers:
 //!
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::cgroup::Hierarchies;
+use crate::sandbox::cgroup::Hierarchies;
 
 /// How long a clean waits for a killed cgroup to empty.
 const EMPTY_WAIT: Duration = Duration::from_secs(2);

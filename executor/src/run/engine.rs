@@ -6,20 +6,21 @@ use std::ffi::OsString;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use policy::limits::KILL_GRACE;
 use policy::{Enforcement, LimitKind, Outcome, RunReport};
 
 use crate::config::Config;
-use crate::instance::{Instance, InstanceError};
-use crate::janitor::{Janitor, SlotCounts, Wake};
-use crate::parsed::ParsedManifests;
-use crate::plan::{Located, Plan};
-use crate::reaper::Reaper;
-use crate::spawn::{self, Host, Spawners};
-use crate::supervise::{self, Bounds, ExitSpin, Leftovers, Stop, Supervised};
+use crate::host::instance::{Instance, InstanceError};
+use crate::run::janitor::{Janitor, SlotCounts, Wake};
+use crate::run::parsed::ParsedManifests;
+use crate::run::plan::{Located, Plan};
+use crate::run::reaper::Reaper;
+use crate::run::spawn::{self, Host, Spawners};
+use crate::run::spin::{spin_for, Active, EXEC_SPIN};
+use crate::run::supervise::{self, Bounds, ExitSpin, Leftovers, Stop, Supervised};
+use crate::sandbox::cgroup::RunCgroup;
 use crate::sys;
 
 /// Longest excerpt of an invalid stdout quoted in the error.
@@ -66,47 +67,6 @@ pub enum EngineError {
     Instance(#[from] InstanceError),
 }
 
-/// How long the only run in flight watches for its child's `exec` before
-/// it sleeps (`sys::berth`'s `Handoff::wait`): about what a child made
-/// ahead takes from its wake-up to its `exec` on the dev machines. Sleeping
-/// lets the run's vCPU halt, and a halted vCPU costs the wake-up at the
-/// `exec` ~28 µs on a guest that halts its idle vCPUs at once
-/// (BENCHMARKS.md, twenty-second and twenty-fourth passes). Not with other
-/// runs in flight (their work wants the CPU) nor on one CPU (the child
-/// does), nor in a real-time policy (the child leaves it before its
-/// `exec`, and a real-time thread spinning on its CPU would then hold it
-/// up). The watching yields the CPU between looks, so a child queued on
-/// the run's CPU runs at once (twenty-fifth pass).
-pub const EXEC_SPIN: Duration = Duration::from_micros(150);
-
-/// How long a run watches without sleeping (for its child's `exec`, and
-/// for its skill's exit once the pipes are done): the engine's `budget`
-/// ([`EXEC_SPIN`] with more than one CPU) when it is the only run in
-/// flight, else not at all.
-pub(crate) fn spin_for(active: usize, budget: Duration) -> Duration {
-    if active == 1 {
-        budget
-    } else {
-        Duration::ZERO
-    }
-}
-
-/// Counts a run in [`Engine`]'s `active` while it lives.
-struct Active<'a>(&'a AtomicUsize);
-
-impl<'a> Active<'a> {
-    fn enter(active: &'a AtomicUsize) -> Self {
-        active.fetch_add(1, Ordering::Relaxed);
-        Active(active)
-    }
-}
-
-impl Drop for Active<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// Runs skills under the configured sandbox.
 ///
 /// The engine makes its process a child subreaper (orphans of skills are
@@ -147,7 +107,7 @@ pub struct Engine {
 impl Engine {
     /// Builds an engine from a validated configuration, probing the host
     /// (Landlock ABI, cgroup hierarchies) once, and starts its instance
-    /// ([`crate::instance`]): sweeps what dead executors left in the
+    /// ([`crate::host::instance`]): sweeps what dead executors left in the
     /// runtime directory, mounts the runs tmpfs when needed, starts the
     /// watchdog that takes the runs with it if this process dies.
     ///
@@ -313,6 +273,33 @@ impl Engine {
         (report, held, after)
     }
 
+    /// Step 1: the run's plan, or the report of a run refused.
+    fn plan(
+        &self,
+        source: ManifestSource,
+        tool: Option<&str>,
+        args: Vec<u8>,
+    ) -> Result<Plan, Box<RunReport>> {
+        let fallback_name = source
+            .path()
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let env = &self.env;
+        let planned = match source {
+            ManifestSource::Path(path) => self
+                .parsed
+                .locate(&self.config.roots, &path, tool)
+                .and_then(|at| Plan::build_located(&self.config, at, tool, args, env)),
+            ManifestSource::Located(at) => Plan::build_located(&self.config, at, tool, args, env),
+        };
+        planned.map_err(|e| {
+            let name = e.skill().map_or(fallback_name, str::to_owned);
+            Box::new(RunReport::not_run(name, e.outcome(), e.to_string()))
+        })
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn run_inner(
         &self,
@@ -326,27 +313,10 @@ impl Engine {
         started: Instant,
         after: &mut AfterReport,
     ) -> RunReport {
-        let fallback_name = source
-            .path()
-            .parent()
-            .and_then(|p| p.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
         // Step 1: validate against our own configuration.
-        let env = &self.env;
-        let planned = match source {
-            ManifestSource::Path(path) => self
-                .parsed
-                .locate(&self.config.roots, &path, tool)
-                .and_then(|at| Plan::build_located(&self.config, at, tool, args, env)),
-            ManifestSource::Located(at) => Plan::build_located(&self.config, at, tool, args, env),
-        };
-        let plan = match planned {
+        let plan = match self.plan(source, tool, args) {
             Ok(plan) => plan,
-            Err(e) => {
-                let name = e.skill().map_or(fallback_name, str::to_owned);
-                return RunReport::not_run(name, e.outcome(), e.to_string());
-            }
+            Err(refused) => return *refused,
         };
         let skill = plan.manifest.name().to_string();
         let _active = Active::enter(&self.active);
@@ -420,16 +390,7 @@ impl Engine {
         )
         .await;
         after.leftovers = sup.leftovers.take();
-        let oom = match prep.cgroup.as_mut() {
-            Some(cg) => {
-                if !cg.wait_empty(Duration::from_secs(2)) {
-                    cg.kill();
-                    cg.wait_empty(Duration::from_secs(1));
-                }
-                cg.oom_killed()
-            }
-            None => false,
-        };
+        let oom = prep.cgroup.as_mut().is_some_and(settle);
         self.reaper.reap_orphans();
         // The run is over (its tree is gone): its cgroups and directory are
         // removed after the report, by the janitor, woken once the report
@@ -445,6 +406,16 @@ impl Engine {
     }
 }
 
+/// Waits for the run's cgroup to empty (killing what is left after 2 s);
+/// returns whether the kernel's OOM killer acted in it.
+fn settle(cg: &mut RunCgroup) -> bool {
+    if !cg.wait_empty(Duration::from_secs(2)) {
+        cg.kill();
+        cg.wait_empty(Duration::from_secs(1));
+    }
+    cg.oom_killed()
+}
+
 /// What of a finished run is left to do once its report is written
 /// ([`Engine::run_source_then`]): dropping it closes the run's pipes and
 /// pidfd, then wakes the janitor for its slot. Both cost tens of
@@ -453,12 +424,6 @@ impl Engine {
 pub(crate) struct AfterReport {
     leftovers: Option<Leftovers>,
     wake: Option<Wake>,
-}
-
-/// Locks `m`, taking the data of a poisoned lock as it is (no lock held
-/// here guards an invariant a panic could break halfway).
-pub(crate) fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Turns what supervision saw into the report's outcome (step 8).
@@ -564,23 +529,6 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
-
-    /// Only the one run in flight spins, and only as long as the engine's
-    /// budget; the runs in flight are counted while their guard lives.
-    #[test]
-    fn only_the_one_run_in_flight_spins_for_its_exec() {
-        let active = AtomicUsize::new(0);
-        let first = Active::enter(&active);
-        assert_eq!(spin_for(active.load(Ordering::Relaxed), EXEC_SPIN), EXEC_SPIN);
-        assert_eq!(spin_for(active.load(Ordering::Relaxed), Duration::ZERO), Duration::ZERO);
-        let second = Active::enter(&active);
-        assert_eq!(spin_for(active.load(Ordering::Relaxed), EXEC_SPIN), Duration::ZERO);
-        drop(first);
-        assert_eq!(spin_for(active.load(Ordering::Relaxed), EXEC_SPIN), EXEC_SPIN);
-        drop(second);
-        assert_eq!(active.load(Ordering::Relaxed), 0);
-        assert_eq!(spin_for(0, EXEC_SPIN), Duration::ZERO);
-    }
 
     /// A skill folder (0755) holding `skill.json` (`name`, `timeout`) and
     /// an executable `run.sh` of `script`; returns it and the manifest.
@@ -799,11 +747,11 @@ mod tests {
             let ready = || std::fs::read_dir(&runs).unwrap().count() - 1;
             let until = std::time::Instant::now() + Duration::from_secs(5);
             std::thread::sleep(Duration::from_millis(20));
-            while ready() < crate::janitor::POOL_DEPTH && std::time::Instant::now() < until {
+            while ready() < crate::run::janitor::POOL_DEPTH && std::time::Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        seen.remove(std::ffi::OsStr::new(crate::sweep::GUARD));
+        seen.remove(std::ffi::OsStr::new(crate::host::sweep::GUARD));
         assert!(seen.len() > 1, "{seen:?}");
         // Runs named by path share one parse of their unchanged manifest.
         assert_eq!(engine.parsed.len(), 1);
@@ -826,13 +774,13 @@ mod tests {
         let (ready, with_pipes) = engine.janitor.ready_with_pipes();
         assert!(ready > 0 && with_pipes == ready, "{with_pipes} of {ready} ready slots have pipes");
         // Idle, the pool goes back to its depth.
-        std::thread::sleep(crate::janitor::TRIM_AFTER);
+        std::thread::sleep(crate::run::janitor::TRIM_AFTER);
         let idle = || std::fs::read_dir(&runs).unwrap().count() - 1;
         let until = std::time::Instant::now() + Duration::from_secs(10);
-        while idle() > crate::janitor::POOL_DEPTH && std::time::Instant::now() < until {
+        while idle() > crate::run::janitor::POOL_DEPTH && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(idle() <= crate::janitor::POOL_DEPTH, "{} ready slots when idle", idle());
+        assert!(idle() <= crate::run::janitor::POOL_DEPTH, "{} ready slots when idle", idle());
         drop(engine);
         assert!(!runs.exists(), "instance directory left: {}", runs.display());
         let left: Vec<_> = std::fs::read_dir(runtime.path().join("runs")).unwrap().collect();

@@ -46,10 +46,23 @@ pub(crate) fn raw_own_v2_path() -> String {
         .unwrap_or_else(|| "/".to_owned())
 }
 
+/// The child cgroup a delegated executor moves itself into (`serve`'s
+/// start-up), so its runs can get the controllers.
+pub const SUPERVISOR: &str = "supervisor";
+
+/// The cgroup whose `ongrid/` subtree holds the runs of a process in
+/// `own`: `own` itself, or `<x>` for `<x>/supervisor`.
+pub fn runs_parent(own: &str) -> String {
+    match own.strip_suffix(SUPERVISOR).and_then(|p| p.strip_suffix('/')) {
+        Some(parent) if !parent.is_empty() => parent.to_owned(),
+        _ => own.to_owned(),
+    }
+}
+
 /// The v2 cgroup this process's runs go under: its own, or, when `serve`
-/// moved itself into `<own>/supervisor` ([`crate::delegation`]), `<own>`.
+/// moved itself into `<own>/`[`SUPERVISOR`], `<own>`.
 fn own_v2_path() -> String {
-    crate::delegation::runs_parent(&raw_own_v2_path())
+    runs_parent(&raw_own_v2_path())
 }
 
 /// The mounted v2 hierarchy (pure v2 at /sys/fs/cgroup, or hybrid's
@@ -177,7 +190,7 @@ pub struct CgroupError {
 /// (`lru_add_drain_all`, work queued on each CPU and waited for) and runs
 /// a reclaim pass. At 1 MiB it came every ~7 runs and the janitor fell
 /// behind under 8 clients (a third of the runs recycled their slot
-/// themselves); at 8 MiB it keeps up (BENCHMARKS.md, fifteenth pass).
+/// themselves); at 8 MiB it keeps up.
 pub const FORCE_EMPTY_ABOVE: u64 = 8 << 20;
 
 /// See [`FORCE_EMPTY_ABOVE`]: 1/64, under 2 % of a run's memory bound.

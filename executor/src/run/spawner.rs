@@ -5,7 +5,7 @@
 //! JIT-compiles it and runs it once per syscall number to build the
 //! kernel's cache of always-allowed calls: about 90 µs for the runs'
 //! 136-instruction program on the dev machine, the largest single cost of a
-//! spawn after the `exec` itself (BENCHMARKS.md, fourth pass). A filter
+//! spawn after the `exec` itself. A filter
 //! that a thread already carries is shared with a child it creates by a
 //! reference count (`copy_seccomp` in `clone`).
 //!
@@ -18,11 +18,12 @@
 //! `CLONE_NEW*` flags, `setsid`, `prctl`, `capset`, `landlock_*`...).
 //!
 //! Each thread keeps a child made ahead of the next spawn, parked in its
-//! [`Berth`] after the steps that do not depend on the run (`clone`, the
-//! signal resets, `setsid`): a spawn hands its spec to a parked child and
-//! wakes it, instead of waking a thread that then makes the child
-//! (BENCHMARKS.md, twenty-first pass: 0.13-0.17x of a bare run's latency).
-//! See [`super::berth`] for what a parked child holds.
+//! berth (`sys::berth`) after the steps that do not depend on the run
+//! (`clone`, the signal resets, `setsid`): a spawn hands its spec to a
+//! parked child and wakes it, instead of waking a thread that then makes the child
+//! (a parked child cut a served run's latency to 0.13-0.17x of a bare
+//! run's).
+//! See `sys`'s `berth` for what a parked child holds.
 //!
 //! The threads also fix which thread a child's parent-death signal is tied
 //! to (the kernel sends it when the *creating thread* exits): they live as
@@ -33,19 +34,19 @@
 //! child without granted capabilities inherits it empty and skips its
 //! ~40 `PR_CAPBSET_DROP`s, each a new set of credentials (~20 µs per
 //! spawn). A child granted capabilities needs them in its bounding set:
-//! it is not created here ([`crate::spawn::spawn`]), and one that were
+//! it is not created here (the run path's `spawn`), and one that were
 //! would fail its `capset`, not run with less than asked silently.
 
 use std::collections::VecDeque;
-use std::ffi::c_void;
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::AsFd;
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::berth::{Berth, Handoff, Unparked};
-use super::child::{self, ChildSpec, SpawnFailure, Spawned, Step};
+use crate::sys::berth::{self, Berth, Job, Unparked};
+use crate::sys::process;
+use crate::sys::spec::{ChildSpec, SpawnFailure, Spawned};
 
 /// A pool of threads carrying one seccomp filter; see the module docs.
 #[derive(Debug)]
@@ -81,19 +82,13 @@ struct QueueState {
     jobs: VecDeque<Job>,
     /// The threads whose berth holds a child that may be given a spec.
     idle: Vec<usize>,
-    /// The job given to each thread's parked child, by thread index.
-    given: Vec<Option<Job>>,
     closed: bool,
 }
 
 impl Queue {
     fn new(threads: usize) -> Self {
-        let state = QueueState {
-            given: std::iter::repeat_with(|| None).take(threads).collect(),
-            ..QueueState::default()
-        };
         Queue {
-            state: Mutex::new(state),
+            state: Mutex::new(QueueState::default()),
             ready: Condvar::new(),
             berths: std::iter::repeat_with(Berth::default).take(threads).collect(),
             #[cfg(test)]
@@ -124,23 +119,24 @@ impl Queue {
     /// Gives `job` to a parked child (`Ok(Some(berth))`: its handoff tells
     /// the outcome first), else queues it (`Ok(None)`: the reply tells it);
     /// gives it back when the spawner is closed.
-    fn push(&self, job: Job) -> Result<Option<usize>, Job> {
+    fn push(&self, job: Job) -> Result<Option<&Berth>, Job> {
         let mut st = self.lock();
         if st.closed {
             return Err(job);
         }
+        let mut job = job;
         if let Some(i) = st.idle.pop() {
             let berth = &self.berths[i];
-            // SAFETY: the spec stays alive until the job's reply is sent or
-            // dropped, or its handoff says the child exec'd (`SpecPtr`);
-            // thread `i` sends or drops the reply only after its `park`
-            // returned. The handoff lives in the job, which thread `i` holds
-            // from now until after its `park` returned.
-            unsafe { berth.give(&*job.spec.0.cast::<ChildSpec<'_>>(), &job.handoff) };
-            st.given[i] = Some(job);
-            drop(st);
-            berth.wake();
-            return Ok(Some(i));
+            // The berth holds the job until thread `i` takes it back after
+            // its `park` returned (`Berth::take`).
+            match berth.give(job) {
+                Ok(()) => {
+                    drop(st);
+                    berth.wake();
+                    return Ok(Some(berth));
+                }
+                Err(back) => job = back,
+            }
         }
         st.jobs.push_back(job);
         drop(st);
@@ -184,37 +180,6 @@ impl Queue {
     }
 }
 
-/// One spawn handed to a spawner thread.
-#[derive(Debug)]
-struct Job {
-    spec: SpecPtr,
-    /// Where a parked child given the job tells the run it exec'd.
-    handoff: Arc<Handoff>,
-    reply: mpsc::SyncSender<Result<Spawned, SpawnFailure>>,
-}
-
-impl Drop for Job {
-    /// A run given to a parked child waits on the handoff: once the job is
-    /// answered (the reply sent before this), or dropped on any path, it is
-    /// woken if the child's exec or exit has not woken it already.
-    fn drop(&mut self) {
-        self.handoff.release();
-    }
-}
-
-/// A `&ChildSpec` crossing to the spawner thread.
-#[derive(Debug)]
-struct SpecPtr(*const c_void);
-
-// SAFETY: the pointer is only dereferenced by the spawner thread (or the
-// child it parked) while the thread that sent it is blocked in
-// `Spawner::spawn`, waiting for the reply that the spawner sends once it no
-// longer uses the spec, or for the handoff's word that the kernel zeroes
-// when the child that read it exec'd (the spawner thread does not read the
-// spec then); the spec is only read (it holds plain values, raw pointers
-// into `CString`s the caller keeps alive, and fds).
-unsafe impl Send for SpecPtr {}
-
 impl Spawner {
     /// Starts `threads` threads (at least one), each carrying `program`
     /// and parking a child ahead of the first spawn.
@@ -231,8 +196,7 @@ impl Spawner {
         let threads = threads.max(1);
         let queue = Arc::new(Queue::new(threads));
         let mut spawner = Spawner { queue: Arc::clone(&queue), threads: Vec::new() };
-        // SAFETY: getpid has no preconditions.
-        let parent = unsafe { libc::getpid() };
+        let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
         for me in 0..threads {
             let (ready, installed) = mpsc::sync_channel(1);
             let queue = Arc::clone(&queue);
@@ -258,20 +222,20 @@ impl Spawner {
     }
 
     /// Creates the child of `spec` on a spawner thread: a parked child
-    /// takes it ([`super::berth`]), else one made for it ([`child::spawn`]);
+    /// takes it (`sys`'s `berth`), else one made for it (`child::spawn`);
     /// `spec.seccomp` should be empty (the thread's filter applies). Blocks
     /// the calling thread until the child has exec'd or failed, as
-    /// [`child::spawn`] does; for up to `spin` of that without sleeping,
-    /// when a parked child took it ([`Handoff::wait`]); with a nonzero
+    /// `child::spawn` does; for up to `spin` of that without sleeping,
+    /// when a parked child took it (`Handoff::wait`); with a nonzero
     /// `spin` the calling thread also offers to make that child's cgroup
-    /// joins (step 4c, [`super::join`]) while it works. `meanwhile` runs once
+    /// joins (step 4c, `sys`'s `join`) while it works. `meanwhile` runs once
     /// the spec is handed over (and those joins made), while the child
     /// works towards its `exec`: what the run has to do that its child
     /// need not wait for.
     ///
     /// # Errors
     ///
-    /// As [`child::spawn`]; a spawner that is gone is a `clone` failure
+    /// As `child::spawn`; a spawner that is gone is a `clone` failure
     /// (`EAGAIN`).
     pub fn spawn_spinning(
         &self,
@@ -279,46 +243,7 @@ impl Spawner {
         spin: Duration,
         meanwhile: impl FnOnce(),
     ) -> Result<Spawned, SpawnFailure> {
-        // A parked child cannot report a malformed spec before using it.
-        child::check_spec(spec)?;
-        let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };
-        let (reply, answer) = mpsc::sync_channel(1);
-        let handoff = Arc::new(Handoff::default());
-        // The only run in flight (it spins) offers to make its parked
-        // child's cgroup joins while the child takes its other steps
-        // (`super::join`).
-        let run_joins = !spin.is_zero() && !spec.cgroup_procs.is_empty();
-        if run_joins {
-            handoff.joining.offer();
-        }
-        let job = Job {
-            spec: SpecPtr(std::ptr::from_ref(spec).cast()),
-            handoff: Arc::clone(&handoff),
-            reply,
-        };
-        let berth = self.queue.push(job).map_err(|_| gone)?;
-        if run_joins && berth.is_some() {
-            handoff.join_if_accepted(spec.cgroup_procs, spin);
-        }
-        meanwhile();
-        if let Some(berth) = berth {
-            // Woken by the child's exec (or exit) itself, or by the spawner
-            // thread when no child took the spec ([`super::berth`]).
-            handoff.wait(spin);
-            if !handoff.released() {
-                // The kernel woke us: the spawner thread still waits for
-                // the child to be gone.
-                self.queue.berths[berth].child_gone();
-            }
-            if let Some((pid, pidfd)) = handoff.spawned() {
-                // SAFETY: the child stored the pidfd the kernel made for it;
-                // with `spawned()` true the spawner thread leaves it to us.
-                return Ok(Spawned { pid, pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) } });
-            }
-        }
-        // The reply is sent, or dropped, only once the spawner thread is done
-        // with the spec: this wait is what keeps it alive.
-        answer.recv().unwrap_or(Err(gone))
+        berth::lend(spec, spin, |job| self.queue.push(job), meanwhile)
     }
 
     /// How many threads have a child parked now.
@@ -341,32 +266,14 @@ impl Drop for Spawner {
 
 /// `no_new_privs`, then the filter, on the calling thread only.
 fn install(program: &[libc::sock_filter]) -> io::Result<()> {
-    let len = u16::try_from(program.len())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "seccomp program too long"))?;
-    let fprog = libc::sock_fprog { len, filter: program.as_ptr().cast_mut() };
-    // SAFETY: prctl with integer arguments only; it changes this thread.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fprog` points to `program`, alive for the call, and holds its
-    // length; flags 0: this thread only (no TSYNC).
-    let r = unsafe {
-        libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0u32, &raw const fprog)
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    process::set_no_new_privs()?;
+    process::install_thread_filter(program)
 }
 
 /// Empties the calling thread's capability bounding set; false (and the
 /// set as it was, or partly dropped) without `CAP_SETPCAP`.
 fn clear_bounding() -> bool {
-    (0..=super::process::cap_last_cap().min(63)).all(|cap| {
-        // SAFETY: prctl with integer arguments only; it changes this
-        // thread's credentials.
-        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) == 0 }
-    })
+    (0..=process::cap_last_cap().min(63)).all(process::drop_bounding)
 }
 
 /// A spawner thread's loop until the queue closes: a queued job first,
@@ -381,7 +288,7 @@ fn serve(queue: &Queue, me: usize, parent: libc::pid_t, cleared: bool) {
             Err(()) => return,
             Ok(Some(job)) => {
                 drop(st);
-                serve_one(job, cleared);
+                job.spawn_child(cleared);
                 continue;
             }
             Ok(None) => {}
@@ -394,38 +301,37 @@ fn serve(queue: &Queue, me: usize, parent: libc::pid_t, cleared: bool) {
         queue.hold_here();
         let mut st = queue.lock();
         st.idle.retain(|i| *i != me);
-        let job = st.given[me].take();
+        let (job, pidfd) = berth.take();
         drop(st);
+        // Reaps a parked child that no run took, by its pidfd (never another
+        // process that reused its pid), and closes the pidfd.
+        if let Some(pidfd) = pidfd {
+            let _ = process::reap_pidfd(pidfd.as_fd());
+        }
         let parking_failed = match (unparked, job) {
-            (Unparked::Ended { pidfd, .. }, Some(job)) => {
-                if job.handoff.spawned().is_some() {
+            (Unparked::Ended { .. }, Some(job)) => {
+                if job.handoff().spawned().is_some() {
                     // The run took the child (pid and pidfd) from the
                     // handoff when the kernel woke it at the exec.
                     continue;
                 }
-                reap(pidfd);
-                match job.handoff.failure() {
+                match job.handoff().failure() {
                     // A step failed after the child took the spec: its exit
                     // woke the run, which waits for this reply.
-                    Some(failure) => {
-                        let _ = job.reply.send(Err(failure));
-                    }
+                    Some(failure) => job.answer(Err(failure)),
                     // The child died before it took the spec (killed while
                     // parked, or parking failed): the job is not lost, a
                     // child is made for it (the job's drop then wakes the
                     // run, which reads the reply).
-                    None => serve_one(job, cleared),
+                    None => job.spawn_child(cleared),
                 }
                 None
             }
             (Unparked::NotCreated(_), Some(job)) => {
-                serve_one(job, cleared);
+                job.spawn_child(cleared);
                 None
             }
-            (Unparked::Ended { pidfd, failure }, None) => {
-                reap(pidfd);
-                failure
-            }
+            (Unparked::Ended { failure }, None) => failure,
             (Unparked::NotCreated(failure), None) => Some(failure),
         };
         if let Some(failure) = parking_failed {
@@ -438,32 +344,13 @@ fn serve(queue: &Queue, me: usize, parent: libc::pid_t, cleared: bool) {
                 failure.errno
             );
             match queue.pop() {
-                Some(job) => serve_one(job, cleared),
+                Some(job) => job.spawn_child(cleared),
                 None => return,
             }
         }
         // Else: told to leave (the loop then finds the queue closed), or
         // killed while parked, or done: park another.
     }
-}
-
-/// Reaps a parked child that no run took, by its pidfd (never another
-/// process that reused its pid), and closes the pidfd.
-fn reap(pidfd: RawFd) {
-    // SAFETY: the kernel made this pidfd for the child at `clone`, and no
-    // run took it (`Handoff::spawned` false, or no run was given it).
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    let _ = super::process::reap_pidfd(pidfd.as_fd());
-}
-
-/// Serves `job` with a child made for it.
-fn serve_one(job: Job, cleared: bool) {
-    // SAFETY: see `SpecPtr`: the sender waits for this job's reply, so the
-    // spec is alive until `reply` is sent (or dropped) below.
-    let spec = unsafe { &*job.spec.0.cast::<ChildSpec<'_>>() };
-    let spec = ChildSpec { bounding_cleared: cleared, ..*spec };
-    let spawned = child::spawn(&spec);
-    let _ = job.reply.send(spawned);
 }
 
 #[cfg(test)]
@@ -474,10 +361,15 @@ mod tests {
     use std::sync::atomic::AtomicU64;
 
     use super::*;
+    use crate::sys::child;
+    use crate::sys::spec::Step;
 
     /// The default run's program: no network, its own files' metadata.
-    fn test_program() -> &'static [crate::seccomp::Insn] {
-        crate::seccomp::program(crate::seccomp::Variant { network: false, lock_metadata: false })
+    fn test_program() -> &'static [crate::sandbox::seccomp::Insn] {
+        crate::sandbox::seccomp::program(crate::sandbox::seccomp::Variant {
+            network: false,
+            lock_metadata: false,
+        })
     }
 
     fn status_field(status: &str, key: &str) -> String {
@@ -534,7 +426,7 @@ mod tests {
         std::fs::File::from(out_r).read_to_string(&mut out).unwrap();
         // ECHILD: an engine test running at the same time reaped it with
         // its orphans (`wait4(-1)`, process-wide); the output is what counts.
-        match super::super::process::wait(spawned.pid, false) {
+        match crate::sys::process::wait(spawned.pid, false) {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {}
             Err(e) => panic!("wait: {e}"),
@@ -599,18 +491,17 @@ mod tests {
         drop(spawner);
         let state = queue.lock();
         assert!(state.closed && state.jobs.is_empty() && state.idle.is_empty());
-        assert!(state.given.iter().all(Option::is_none));
+        assert!(queue.berths.iter().all(|b| !b.holds_job()));
         drop(state);
         assert_eq!(Arc::strong_count(&queue), 1, "a spawner thread outlived its spawner");
     }
 
     /// The identity of descriptor `fd` of this process, if open.
     fn identity(fd: i32) -> Option<(u64, u64)> {
-        // SAFETY: borrowed only for the call; the fd stays open (it is one
-        // of ours, or fstat fails on it).
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        let st = nix::sys::stat::fstat(fd).ok()?;
-        Some((st.st_dev, st.st_ino))
+        // The magic link names the open file itself (a pipe, a socket...).
+        use std::os::unix::fs::MetadataExt;
+        let st = std::fs::metadata(format!("/proc/self/fd/{fd}")).ok()?;
+        Some((st.dev(), st.ino()))
     }
 
     /// A child that shares the table until its cgroups are joined
@@ -619,11 +510,11 @@ mod tests {
     /// `close_range` above the floor closed nothing of ours.
     #[test]
     fn a_child_sharing_the_table_leaves_the_parents_alone() {
-        let Some(floor) = super::super::fdtable::floor() else {
+        let Some(floor) = crate::sys::fdtable::floor() else {
             println!("SKIP: no descriptor floor here (see sys::fdtable)");
             return;
         };
-        let high = super::super::fdtable::lift_file(std::fs::File::open("/dev/null").unwrap());
+        let high = crate::sys::fdtable::lift_file(std::fs::File::open("/dev/null").unwrap());
         assert!(u32::try_from(high.as_raw_fd()).unwrap() >= floor);
         let before: Vec<_> = (0..3).map(identity).chain([identity(high.as_raw_fd())]).collect();
         let spawner = Spawner::start(test_program(), 2, "test-share").unwrap();
@@ -646,7 +537,7 @@ mod tests {
 
     /// Now on `CLOCK_MONOTONIC`, in nanoseconds.
     fn now_ns() -> u64 {
-        child::monotonic_now_ns().expect("CLOCK_MONOTONIC")
+        crate::sys::call::monotonic_now_ns().expect("CLOCK_MONOTONIC")
     }
 
     /// A child times its own `execve`, parked or made for the run: the
@@ -834,8 +725,8 @@ mod tests {
     fn a_spinning_run_lets_a_child_on_its_cpu_go_first() {
         let budget = std::time::Duration::from_millis(400);
         let took = std::thread::spawn(move || {
-            super::super::process::pin_thread_to_first_cpu();
-            if super::super::process::set_thread_policy(libc::SCHED_FIFO, 10).is_err() {
+            crate::sys::process::pin_thread_to_first_cpu();
+            if crate::sys::process::set_thread_policy(libc::SCHED_FIFO, 10).is_err() {
                 return None;
             }
             let spawner = Spawner::start(test_program(), 1, "test-yield").unwrap();
@@ -846,7 +737,7 @@ mod tests {
             let status = child_status(|s| {
                 spawner.spawn_spinning(&ChildSpec { exec_at: Some(&at), ..*s }, budget, || {})
             });
-            super::super::process::set_thread_policy(libc::SCHED_OTHER, 0).unwrap();
+            crate::sys::process::set_thread_policy(libc::SCHED_OTHER, 0).unwrap();
             assert_eq!(status_field(&status, "Seccomp_filters"), "1", "{status}");
             let at = at.load(std::sync::atomic::Ordering::Acquire);
             Some(std::time::Duration::from_nanos(at.saturating_sub(t0)))
@@ -970,7 +861,7 @@ mod tests {
         // Let the thread go only once the run's job was given to the dead
         // child's berth, however late the run's thread gets there.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while spawner.queue.lock().given[0].is_none() {
+        while !spawner.queue.berths[0].holds_job() {
             assert!(std::time::Instant::now() < deadline, "the run's job was not given");
             std::thread::sleep(Duration::from_millis(1));
         }

@@ -1,0 +1,20 @@
+//! Host set-up: what the executor arranges on the host once, before and
+//! around the runs.
+//!
+//! - [`instance`]: one engine's share of the host (cgroup parent, runs
+//!   directory, the runs tmpfs) and the watchdog that kills and removes its
+//!   runs when the executor dies.
+//! - [`delegation`]: taking the cgroup subtree systemd delegates to the
+//!   service.
+//! - [`sweep`]: removing what a dead executor left (by the watchdog, and
+//!   by every executor at start).
+//! - [`dynmods`]: `favordynmods` on the cgroup hierarchies, so a cgroup
+//!   join after an idle gap does not wait an RCU grace period.
+//! - [`attach_lock`]: warming the kernel's cgroup attach lock for a one-shot
+//!   run.
+
+pub mod attach_lock;
+pub mod delegation;
+pub mod dynmods;
+pub mod instance;
+pub mod sweep;

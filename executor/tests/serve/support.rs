@@ -1,0 +1,306 @@
+//! Helpers shared by the serve tests: a server on its own runtime, a
+//! blocking line client, skills, the `serve` binary, metrics samples.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use executor::{Config, Engine, Metrics};
+use serde_json::{json, Value};
+
+pub(crate) const RUN_AS: &str = "ongrid-skill";
+
+pub(crate) fn can_run() -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP: serve tests need root (the sandbox switches users)");
+        return false;
+    }
+    if nix::unistd::User::from_name(RUN_AS).ok().flatten().is_none() {
+        eprintln!("SKIP: run-as user {RUN_AS} missing (scripts/test creates it)");
+        return false;
+    }
+    true
+}
+
+pub(crate) fn dir_0755() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+/// Writes `<root>/<name>/{skill.json,run.sh}`; returns the manifest path.
+pub(crate) fn skill(root: &Path, name: &str, class: &str, timeout: u32, script: &str) -> PathBuf {
+    let dir = root.join(name);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let manifest = dir.join("skill.json");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"{{"name":"{name}","description":"t","entry":"run.sh","class":"{class}","timeout_seconds":{timeout}}}"#
+        ),
+    )
+    .unwrap();
+    let entry = dir.join("run.sh");
+    std::fs::write(&entry, format!("#!/bin/sh\n{script}\n")).unwrap();
+    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
+    manifest
+}
+
+/// A server on its own runtime; dropping it shuts it down.
+pub(crate) struct Server {
+    pub(crate) rt: tokio::runtime::Runtime,
+    pub(crate) socket: PathBuf,
+    pub(crate) root: PathBuf,
+    pub(crate) runtime_dir: PathBuf,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pub(crate) done: Option<tokio::task::JoinHandle<()>>,
+    pub(crate) _node: executor::server::SocketNode,
+    pub(crate) _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+impl Server {
+    pub(crate) fn start(edit: impl FnOnce(&mut Config)) -> Server {
+        let root = dir_0755();
+        let runtime = dir_0755();
+        let mut config = Config {
+            roots: vec![root.path().to_owned()],
+            runtime_dir: Some(runtime.path().to_owned()),
+            socket: Some(runtime.path().join("executor.sock")),
+            ..Config::default()
+        };
+        edit(&mut config);
+        let config = config.for_serve();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_keep_alive(Duration::from_millis(100))
+            .enable_all()
+            .build()
+            .unwrap();
+        let registry = prometheus::Registry::new();
+        let metrics = Arc::new(Metrics::new(&registry).unwrap());
+        let socket = config.socket_path();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let engine = Arc::new(Engine::new(config).unwrap());
+        let (listener, node) =
+            rt.block_on(async { executor::server::bind(engine.config()) }).unwrap();
+        let m = Arc::clone(&metrics);
+        let done = rt.spawn(async move {
+            executor::server::run(listener, engine, m, async {
+                let _ = stopped.await;
+            })
+            .await;
+        });
+        Server {
+            rt,
+            socket,
+            root: root.path().to_owned(),
+            runtime_dir: runtime.path().to_owned(),
+            metrics,
+            stop: Some(stop),
+            done: Some(done),
+            _node: node,
+            _dirs: (root, runtime),
+        }
+    }
+
+    pub(crate) fn client(&self) -> Client {
+        Client::connect(&self.socket)
+    }
+
+    /// Sends the shutdown signal.
+    pub(crate) fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Waits up to `within` for `server::run` to return.
+    pub(crate) fn finished_within(&mut self, within: Duration) -> bool {
+        let done = self.done.take().unwrap();
+        self.rt.block_on(async { tokio::time::timeout(within, done).await.is_ok() })
+    }
+
+    pub(crate) fn metrics(&self) -> String {
+        self.metrics.render()
+    }
+
+    pub(crate) fn wait_in_flight(&self, n: i64) {
+        wait_gauge("runs_in_flight", &self.metrics.runs_in_flight, n);
+    }
+}
+
+/// A daemon started by a test, killed when the test ends early (a failed
+/// assertion) so no server outlives it; one reaped already is left alone.
+pub(crate) struct Spawned(pub(crate) std::process::Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// SIGTERM to a `serve` child.
+pub(crate) fn sigterm(child: &std::process::Child) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+}
+
+/// The executor at `socket` answers a `ping`.
+pub(crate) fn pings(socket: &Path) -> bool {
+    let mut c = Client::connect(socket);
+    c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+    c.recv()["result"]["ok"] == true
+}
+
+/// `<runtime>/executor.toml` for `serve` with `root` and its socket at
+/// `<runtime>/x.sock`; returns (socket, config).
+pub(crate) fn serve_config(root: &Path, runtime: &Path) -> (PathBuf, PathBuf) {
+    let socket = runtime.join("x.sock");
+    let config = runtime.join("executor.toml");
+    let text = format!("roots = [{root:?}]\nruntime_dir = {runtime:?}\nsocket = {socket:?}\n");
+    std::fs::write(&config, text).unwrap();
+    (socket, config)
+}
+
+pub(crate) fn spawn_serve(config: &Path, stderr: std::process::Stdio) -> Spawned {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("ONGRID_LOG", "info")
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    Spawned(child)
+}
+
+/// Waits for a child of this test process to end: its exit code and
+/// signal. The other tests' engines reap "any child" of this process and
+/// may take it first; the process-wide reaper then keeps its status.
+pub(crate) fn wait_child(child: &mut std::process::Child) -> (Option<i32>, Option<i32>) {
+    let pid = i32::try_from(child.id()).unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        match child.try_wait() {
+            Ok(Some(s)) => {
+                return (s.code(), std::os::unix::process::ExitStatusExt::signal(&s));
+            }
+            Ok(None) => {}
+            Err(_) => {
+                if let Some(e) = executor::run::reaper::Reaper::global().collect(pid) {
+                    return (e.code, e.signal);
+                }
+            }
+        }
+        assert!(Instant::now() < until, "child {pid} did not end");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub(crate) fn wait_gauge(name: &str, gauge: &prometheus::IntGauge, n: i64) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while gauge.get() != n {
+        assert!(Instant::now() < until, "{name} never reached {n}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+        if let Some(done) = self.done.take() {
+            let _ = self
+                .rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(10), done).await });
+        }
+    }
+}
+
+/// A blocking line client.
+pub(crate) struct Client {
+    pub(crate) stream: UnixStream,
+    pub(crate) reader: BufReader<UnixStream>,
+}
+
+impl Client {
+    pub(crate) fn connect(socket: &Path) -> Client {
+        let stream = UnixStream::connect(socket).unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let reader = BufReader::new(stream.try_clone().unwrap());
+        Client { stream, reader }
+    }
+
+    pub(crate) fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    pub(crate) fn send(&mut self, v: &Value) {
+        let mut line = serde_json::to_vec(v).unwrap();
+        line.push(b'\n');
+        self.send_raw(&line);
+    }
+
+    pub(crate) fn execute(&mut self, id: u64, manifest: &Path, args: Value) {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": "execute",
+            "params": {"manifest": manifest, "args": args, "session_id": "t"}}));
+    }
+
+    /// The next line, or None at EOF.
+    pub(crate) fn recv_opt(&mut self) -> Option<Value> {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) => None,
+            Ok(_) => Some(serde_json::from_str(&line).unwrap()),
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+
+    pub(crate) fn recv(&mut self) -> Value {
+        self.recv_opt().expect("connection closed")
+    }
+
+    /// Reads the stderr notifications, then the report.
+    pub(crate) fn run_result(&mut self) -> (Vec<String>, Value) {
+        let mut stderr = Vec::new();
+        loop {
+            let v = self.recv();
+            if v["method"] == "stderr" {
+                stderr.push(v["params"]["line"].as_str().unwrap().to_owned());
+            } else {
+                return (stderr, v);
+            }
+        }
+    }
+}
+
+/// The value of the sample `name` (with its labels, as rendered).
+pub(crate) fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
+}
+
+pub(crate) fn runs_total(text: &str, skill: &str, outcome: &str) -> f64 {
+    sample(text, &format!("ongrid_executor_runs_total{{outcome=\"{outcome}\",skill=\"{skill}\"}}"))
+}
+
+pub(crate) fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let until = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A marker unique to this test process and call site.
+pub(crate) fn marker(n: u32) -> String {
+    format!("{}.{:06}{}", 700 + n, std::process::id() % 1_000_000, n)
+}
