@@ -17,7 +17,9 @@
 //! listeners), [`faults`] (daemons SIGKILLed mid-run, the audit database on
 //! a full or read-only file system, the executor socket gone, packs changed
 //! after the scan), [`bounds`] (connection caps, header and idle timeouts),
-//! [`queue`] (runs waiting for an executor slot).
+//! [`queue`] (runs waiting for an executor slot), [`monitoring`] (the
+//! packaged Grafana dashboard and Prometheus alerts against a real
+//! Prometheus server scraping the daemons, see [`prometheus`]).
 
 mod harness;
 
@@ -29,7 +31,9 @@ mod faults;
 mod load;
 mod malformed;
 mod mcp;
+mod monitoring;
 mod packs;
+mod prometheus;
 mod queue;
 mod reload;
 mod restart;
