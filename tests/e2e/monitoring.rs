@@ -176,11 +176,13 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     names
 }
 
-/// Puts load on the daemons: one run of each skill first (every series
-/// the load feeds then exists before it, so a scrape that times out
-/// during the load loses no rate), two runs holding both of skilld's slots
-/// while a request is answered busy, then 320 runs from 8 clients, one in
-/// 10 of the failing skill. Returns the number of requests.
+/// Puts load on the daemons: one run of each skill first, two runs holding
+/// both of skilld's slots while a request is answered busy, then 320 runs
+/// from 8 clients, one in 10 of the failing skill. Returns the number of
+/// requests. The first runs make every labelled series the load feeds
+/// exist seconds before it, in a scrape of their own: the 320 runs may
+/// all fall between two scrapes, and a series first seen at its final
+/// value has no rate.
 fn put_load(s: &Arc<Stack>) -> usize {
     assert_eq!(s.execute("echo", &json!({})).json()["outcome"], "ok");
     assert_eq!(s.execute("fail", &json!({})).json()["outcome"], "exit_nonzero");
