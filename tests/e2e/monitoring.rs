@@ -243,7 +243,9 @@ fn every_dashboard_query_returns_data_from_a_live_prometheus() {
     let Some(bin) = tool(case, "prometheus") else { return };
     let (dashboard, queries) = dashboard_queries();
     let s = Arc::new(Stack::start_with("", "max_concurrent_runs = 2\nqueue_timeout_seconds = 1\n"));
-    write_skill(&s.skills, "hold", r#","timeout_seconds":20"#, "/bin/sleep 3\necho '{}'");
+    // Holds a slot 5 s: the busy request's 1 s queue timeout ends long
+    // before either hold does, even on a slow host.
+    write_skill(&s.skills, "hold", r#","timeout_seconds":20"#, "/bin/sleep 5\necho '{}'");
     assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
     let rules = fs::canonicalize(mixin_file("ongrid-alerts.yml")).unwrap();
     let prom = Prometheus::start(&bin, s.metrics, &rules);
