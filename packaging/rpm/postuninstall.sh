@@ -16,7 +16,8 @@ else
         /usr/share/ongrid/examples/skills/probe_http \
         /usr/share/ongrid/examples/skills/probe_tcp \
         /usr/share/ongrid/examples/skills/tail_file \
-        /usr/share/ongrid/examples/skills /usr/share/ongrid/examples /usr/share/ongrid \
+        /usr/share/ongrid/examples/skills /usr/share/ongrid/examples \
+        /usr/share/ongrid/monitoring /usr/share/ongrid \
         /usr/share/doc/ongrid-skills /etc/ongrid/skills /etc/ongrid; do
         rmdir "$d" 2>/dev/null || :
     done

@@ -18,9 +18,11 @@
 //! a full or read-only file system, the executor socket gone, packs changed
 //! after the scan), [`bounds`] (connection caps, header and idle timeouts),
 //! [`queue`] (runs waiting for an executor slot), [`openapi`] (the API's
-//! OpenAPI document: validated, served, fuzzed by Schemathesis). Every
-//! answer the harness's client receives is checked against that document
-//! ([`contract`]).
+//! OpenAPI document: validated, served, fuzzed by Schemathesis),
+//! [`monitoring`] (the packaged Grafana dashboard and Prometheus alerts
+//! against a real Prometheus server scraping the daemons, see
+//! [`prometheus`]). Every answer the harness's client receives is checked
+//! against the OpenAPI document ([`contract`]).
 
 mod contract;
 mod harness;
@@ -33,8 +35,10 @@ mod faults;
 mod load;
 mod malformed;
 mod mcp;
+mod monitoring;
 mod openapi;
 mod packs;
+mod prometheus;
 mod queue;
 mod reload;
 mod restart;
