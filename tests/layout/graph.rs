@@ -1,4 +1,6 @@
-//! A crate's file-level module graph, read from its sources with `syn`.
+//! A crate's file-level module graph, read from its sources with `syn`:
+//! the production code's (`#[cfg(test)]` items are left out: a test may
+//! use any module).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs;
@@ -212,7 +214,41 @@ impl Refs<'_> {
     }
 }
 
+/// The item's attributes, for the kinds that can carry `#[cfg(test)]`.
+fn attrs(item: &syn::Item) -> &[syn::Attribute] {
+    match item {
+        syn::Item::Const(i) => &i.attrs,
+        syn::Item::Enum(i) => &i.attrs,
+        syn::Item::Fn(i) => &i.attrs,
+        syn::Item::Impl(i) => &i.attrs,
+        syn::Item::Mod(i) => &i.attrs,
+        syn::Item::Static(i) => &i.attrs,
+        syn::Item::Struct(i) => &i.attrs,
+        syn::Item::Trait(i) => &i.attrs,
+        syn::Item::Type(i) => &i.attrs,
+        syn::Item::Use(i) => &i.attrs,
+        _ => &[],
+    }
+}
+
+/// `#[cfg(test)]`: code only the tests build.
+fn test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("cfg") && a.parse_args::<syn::Ident>().is_ok_and(|ident| ident == "test")
+    })
+}
+
 impl<'ast> Visit<'ast> for Refs<'_> {
+    /// Test-only code may use any module: the graph is the production one.
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        if !test_only(attrs(item)) {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    /// `pub(in crate::a)` names a module but uses nothing of it.
+    fn visit_visibility(&mut self, _: &'ast syn::Visibility) {}
+
     fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
         if m.content.is_some() {
             self.stack.push(m.ident.to_string());
@@ -381,6 +417,19 @@ mod tests {
             ("run/plan.rs", "pub fn plan() { let _ = crate::Engine; }"),
         ]);
         assert_eq!(cycles(&g), vec![vec!["run::engine", "run::plan", "run::engine"]]);
+    }
+
+    #[test]
+    fn test_code_and_visibility_paths_make_no_edge() {
+        let g = tree(&[
+            ("lib.rs", "pub mod low; pub mod high;"),
+            ("high.rs", "pub struct High; fn f() { crate::low::g(); }"),
+            (
+                "low.rs",
+                "pub(in crate::high) fn g() {} #[cfg(test)] mod tests { use crate::high::High; }",
+            ),
+        ]);
+        assert!(cycles(&g).is_empty(), "{:?}", g.edges);
     }
 
     #[test]

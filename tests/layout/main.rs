@@ -32,6 +32,11 @@ fn check(krate: &str) {
 }
 
 #[test]
+fn executor_has_no_module_cycle() {
+    check("executor");
+}
+
+#[test]
 fn policy_has_no_module_cycle() {
     check("policy");
 }
