@@ -16,8 +16,8 @@ use clap::builder::PossibleValuesParser;
 use super::printable;
 use super::remote::{self, DaemonArgs};
 use super::table::Table;
-use crate::audit;
-use crate::client::encode_segment;
+use crate::cli::client::encode_segment;
+use crate::daemon::audit;
 
 /// Arguments of `audit`.
 #[derive(Debug, clap::Args)]

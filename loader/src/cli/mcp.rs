@@ -40,7 +40,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWr
 use tokio::sync::mpsc;
 
 use super::remote::DaemonArgs;
-use crate::client::{encode_segment, ApiResponse, ClientError, DaemonClient};
+use crate::cli::client::{encode_segment, ApiResponse, ClientError, DaemonClient};
 
 /// The protocol version this server speaks first.
 pub const PROTOCOL_VERSION: &str = "2025-06-18";

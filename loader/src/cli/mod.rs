@@ -30,6 +30,7 @@ pub use policy::printable;
 pub mod approve;
 pub mod audit;
 pub mod check;
+pub mod client;
 pub mod keygen;
 pub mod list;
 pub mod mcp;
@@ -126,7 +127,7 @@ fn absolute(path: &Path) -> PathBuf {
 /// I/O errors writing to `err`.
 fn scan_roots(dirs: &[PathBuf], err: &mut dyn Write) -> io::Result<ScanReport> {
     let dirs: Vec<PathBuf> = if dirs.is_empty() {
-        crate::roots::from_env()
+        crate::scan::roots::from_env()
     } else {
         dirs.iter().map(|d| absolute(d)).collect()
     };
@@ -134,7 +135,7 @@ fn scan_roots(dirs: &[PathBuf], err: &mut dyn Write) -> io::Result<ScanReport> {
         writeln!(
             err,
             "skill loader: no roots given and {} is empty or unset",
-            crate::roots::ENV_VAR
+            crate::scan::roots::ENV_VAR
         )?;
     }
     Ok(crate::scan::Scanner::new(policy::ValidateOptions::default()).scan(&dirs))

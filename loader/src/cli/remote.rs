@@ -11,8 +11,8 @@ use hyper::StatusCode;
 use serde_json::Value;
 
 use super::printable;
-use crate::client::{ApiResponse, ClientError, DaemonClient};
-use crate::config::DEFAULT_SOCKET;
+use crate::cli::client::{ApiResponse, ClientError, DaemonClient};
+use crate::daemon::config::DEFAULT_SOCKET;
 
 /// Exit codes of the daemon commands (also in `--help`).
 pub mod exit {

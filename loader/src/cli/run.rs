@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::printable;
 use super::remote::{self, exit, DaemonArgs};
-use crate::client::encode_segment;
+use crate::cli::client::encode_segment;
 
 /// Arguments of `run`.
 #[derive(Debug, clap::Args)]
@@ -139,7 +139,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
                 write_error.get_or_insert(e);
             }
             if event["event"] == "report" {
-                report = Some((event["report"].clone(), crate::client::report_result(line)));
+                report = Some((event["report"].clone(), crate::cli::client::report_result(line)));
             }
         }))?;
         if let Some(e) = write_error {

@@ -4,7 +4,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::event::Level;
+use crate::scan::event::Level;
 
 use super::table::Table;
 

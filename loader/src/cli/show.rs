@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use super::printable;
 use super::remote::{self, DaemonArgs};
-use crate::client::encode_segment;
+use crate::cli::client::encode_segment;
 
 /// Arguments of `show`.
 #[derive(Debug, clap::Args)]

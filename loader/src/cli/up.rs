@@ -69,7 +69,7 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{CallerEntry, FileConfig, Overrides, Settings, DEFAULT_METRICS_LISTEN};
+use crate::daemon::config::{CallerEntry, FileConfig, Overrides, Settings, DEFAULT_METRICS_LISTEN};
 use crate::daemon::Daemon;
 use policy::{PermissionMode, SkillGrant};
 use serde::Deserialize;
@@ -155,7 +155,7 @@ impl Failure {
 ///
 /// I/O errors writing `out` or `err`.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
-    let _ = crate::journald::try_init(
+    let _ = crate::daemon::journald::try_init(
         tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
     );
@@ -429,7 +429,7 @@ impl Plan {
         for name in [SKILLD_SOCKET, EXECUTOR_SOCKET] {
             let path = dir.join(name);
             if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket())
-                && !crate::server::SocketNode::nobody_listens(&path)
+                && !crate::daemon::server::SocketNode::nobody_listens(&path)
             {
                 return Err(Failure::start(format!(
                     "{} answers: another `ongrid-skill up` (or daemon) uses this runtime dir; \
@@ -464,7 +464,7 @@ impl Plan {
 
     fn print_ready(
         &self,
-        app: &crate::app::App,
+        app: &crate::daemon::app::App,
         executor_pid: Option<u32>,
         out: &mut dyn Write,
     ) -> io::Result<()> {
@@ -494,7 +494,7 @@ impl Plan {
         }
         writeln!(out, "  runtime    {}", self.runtime_dir.display())?;
         writeln!(out, "  audit      {}", self.settings.audit.db.display())?;
-        let me_caller = app.authz().identify(&crate::server::Caller {
+        let me_caller = app.authz().identify(&crate::daemon::server::Caller {
             uid: nix_uid(),
             gid: nix::unistd::getgid().as_raw(),
             pid: None,
@@ -544,7 +544,7 @@ impl Plan {
 fn try_skill<'a>(manifests: impl IntoIterator<Item = &'a policy::Manifest>) -> Option<String> {
     let takes_empty = |m: &policy::Manifest| {
         m.class() == policy::SkillClass::Safe
-            && crate::validators::compile(m.schema())
+            && crate::scan::validators::compile(m.schema())
                 .is_ok_and(|v| v.is_valid(&serde_json::json!({})))
     };
     let fits: Vec<&policy::Manifest> = manifests.into_iter().filter(|m| takes_empty(m)).collect();

@@ -22,7 +22,7 @@ use policy::ValidateOptions;
 use serde_json::json;
 
 use super::printable;
-use crate::event::ScanEvent;
+use crate::scan::event::ScanEvent;
 use crate::scan::{ScanTarget, Scanner};
 
 /// Arguments of `validate`.

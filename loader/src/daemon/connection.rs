@@ -1,4 +1,4 @@
-//! One client connection of the API listener ([`crate::server`]): HTTP/1.1
+//! One client connection of the API listener ([`crate::daemon::server`]): HTTP/1.1
 //! through hyper over the Unix stream, with the caller's credentials on
 //! each request, and the bounds a client cannot get around.
 //!
@@ -63,9 +63,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use crate::api::ApiError;
-use crate::quiet_stream::QuietStream;
-use crate::server::Caller;
+use crate::daemon::api::ApiError;
+use crate::daemon::quiet_stream::QuietStream;
+use crate::daemon::server::Caller;
 
 /// The longest request head (request line and headers) served, in bytes.
 pub const MAX_HEAD_BYTES: usize = 64 << 10;
@@ -116,7 +116,7 @@ pub(crate) async fn serve_connection(
     let watch = match stream
         .get_ref()
         .try_clone()
-        .and_then(|w| crate::quiet_stream::register(w, Interest::READABLE))
+        .and_then(|w| crate::daemon::quiet_stream::register(w, Interest::READABLE))
     {
         Ok(w) => w,
         Err(e) => {

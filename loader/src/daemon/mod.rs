@@ -2,16 +2,32 @@
 //! shutdown signal and the reload trigger handed in by the caller (the
 //! binary passes SIGTERM/SIGINT and SIGHUP; tests pass their own).
 
+pub mod api;
+pub mod app;
+pub mod audit;
+pub mod authz;
+pub mod cli;
+pub mod config;
+pub mod connection;
+pub mod executor_client;
+pub mod journald;
+pub mod metrics;
+pub mod metrics_listener;
+pub mod quiet_stream;
+pub mod registry;
+pub mod replay;
+pub mod server;
+pub mod systemd;
+
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
-use crate::api;
-use crate::app::App;
-use crate::config::Settings;
-use crate::metrics::Metrics;
-use crate::server::{self, ServeOptions, SocketNode};
+use self::app::App;
+use self::config::Settings;
+use self::metrics::Metrics;
+use self::server::{ServeOptions, SocketNode};
 
 /// The soft `RLIMIT_NOFILE` skilld raises itself to, towards its hard
 /// limit: the packaged unit's `LimitNOFILE`. skilld holds a descriptor per
@@ -96,7 +112,7 @@ impl Daemon {
     /// registry, binds both listeners and does the first scan.
     ///
     /// `inherited` is a listening socket passed by socket activation
-    /// ([`crate::systemd::take_listener`]): it is served as it is (its
+    /// ([`crate::daemon::systemd::take_listener`]): it is served as it is (its
     /// owner, group and mode are the socket unit's), and `settings.socket`
     /// is neither removed nor bound. Without it the socket is bound at
     /// `settings.socket` with `socket_mode` and `socket_group`, and removed
@@ -112,8 +128,10 @@ impl Daemon {
         let registry = prometheus::Registry::new();
         // `ongrid_skilld_process_*`: the executor's are renamed
         // `ongrid_executor_process_*` when its text is merged.
-        let process = crate::metrics::ProcessMetrics::for_self(crate::metrics::PROCESS_NAMESPACE)
-            .map_err(StartError::Metrics)?;
+        let process = crate::daemon::metrics::ProcessMetrics::for_self(
+            crate::daemon::metrics::PROCESS_NAMESPACE,
+        )
+        .map_err(StartError::Metrics)?;
         registry.register(Box::new(process)).map_err(StartError::Metrics)?;
         let metrics = Metrics::new(&registry).map_err(StartError::Metrics)?;
         let app = Arc::new(App::new(settings, metrics, registry).map_err(StartError::Audit)?);
@@ -175,7 +193,7 @@ impl Daemon {
     pub async fn run(self, shutdown: CancellationToken) {
         let metrics = self.metrics.map(|listener| {
             let router = api::metrics_router(Arc::clone(&self.app));
-            tokio::spawn(crate::metrics_listener::serve(listener, router, shutdown.clone()))
+            tokio::spawn(crate::daemon::metrics_listener::serve(listener, router, shutdown.clone()))
         });
         let draining =
             server::serve(self.api, api::router(Arc::clone(&self.app)), self.opts, shutdown).await;

@@ -17,8 +17,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::app::App;
-use crate::audit::{AuditError, Finish, RunRow, CANCELLED};
+use crate::daemon::app::App;
+use crate::daemon::audit::{AuditError, Finish, RunRow, CANCELLED};
 
 /// An allowed request whose outcome is not known yet; see the module docs.
 #[derive(Debug)]

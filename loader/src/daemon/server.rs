@@ -11,7 +11,7 @@
 //! has passed, whichever is first.
 //!
 //! The connections themselves, their timeouts and limits, are
-//! [`crate::connection`]'s.
+//! [`crate::daemon::connection`]'s.
 
 use std::fs;
 use std::io;
@@ -26,8 +26,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::connection::{serve_connection, Ends};
-use crate::quiet_stream::QuietStream;
+use crate::daemon::connection::{serve_connection, Ends};
+use crate::daemon::quiet_stream::QuietStream;
 
 /// Who is on the other end of a client connection, as the kernel says
 /// (`SO_PEERCRED` at `connect()` time), never as the request claims.
@@ -68,7 +68,7 @@ pub struct ServeOptions {
     /// may stay blocked) before it is closed.
     pub idle_timeout: Duration,
     /// `ongrid_http_requests_total`, for the answers a connection gives
-    /// itself (a head over [`crate::connection::MAX_HEAD_BYTES`]).
+    /// itself (a head over [`crate::daemon::connection::MAX_HEAD_BYTES`]).
     pub requests_total: prometheus::IntCounterVec,
 }
 

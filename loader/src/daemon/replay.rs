@@ -4,7 +4,7 @@
 //! digest) until they expire; an entry past its expiry can never verify
 //! again, so it is dropped. On disk: the audit database records every
 //! approval used, in the same transaction as the run's row, under a
-//! unique key ([`crate::audit`]); at start-up the daemon loads the ones not
+//! unique key ([`crate::daemon::audit`]); at start-up the daemon loads the ones not
 //! yet expired ([`ReplayStore::preload`]), and a replay that memory missed
 //! is still refused by the database's constraint. A restart does not
 //! re-open the window.

@@ -12,9 +12,9 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::ApiError;
-use crate::app::{App, ReloadSummary};
-use crate::metrics;
-use crate::server::Caller;
+use crate::daemon::app::{App, ReloadSummary};
+use crate::daemon::metrics;
+use crate::daemon::server::Caller;
 
 /// How long `/v1/health` waits for the executor's `ping`.
 const EXECUTOR_PING_TIMEOUT: Duration = Duration::from_secs(1);
@@ -26,7 +26,7 @@ const AUDIT_HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 const EXECUTOR_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `POST /v1/reload` → `{"registered":N,"skipped":M}`; 403 for callers
-/// that may not ([`crate::authz::Authz::may_reload`]).
+/// that may not ([`crate::daemon::authz::Authz::may_reload`]).
 pub async fn reload(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,

@@ -28,7 +28,7 @@
 //! # Durability
 //!
 //! When a commit is `fsync`ed (what a power loss or kernel crash needs) is
-//! `audit_synchronous` ([`crate::config::AuditSync`]):
+//! `audit_synchronous` ([`crate::daemon::config::AuditSync`]):
 //!
 //! - `interval` (default): the connection runs at SQLite's `synchronous =
 //!   NORMAL`. A batch holding a row that matters after a power loss (a run
@@ -105,7 +105,7 @@
 //!
 //! The approvals a run uses are written in the same transaction as its row,
 //! in `used_approvals` under a unique key: the replay store's disk half
-//! ([`crate::replay`]).
+//! ([`crate::daemon::replay`]).
 //!
 //! # Failures
 //!
@@ -148,7 +148,7 @@ use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use crate::config::{AuditSettings, AuditSync};
+use crate::daemon::config::{AuditSettings, AuditSync};
 use journal::Journal;
 use syncer::Syncer;
 use worker::Worker;

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 
 use policy::SkillName;
 
-use crate::build::BuildError;
-use crate::manifest_file::ParseError;
-use crate::roots::RootError;
+use crate::scan::build::BuildError;
+use crate::scan::manifest_file::ParseError;
+use crate::scan::roots::RootError;
 
 /// How loud an event is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -315,7 +315,7 @@ impl fmt::Display for ScanEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::EntryError;
+    use crate::scan::entry::EntryError;
 
     fn name(s: &str) -> SkillName {
         SkillName::new(s).unwrap()

@@ -13,7 +13,7 @@ use policy::RawJson;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::quiet_stream::QuietStream;
+use crate::daemon::quiet_stream::QuietStream;
 
 /// Largest answer body read (a skill's result is capped by the executor
 /// at 16 MiB by default; the report wraps it).

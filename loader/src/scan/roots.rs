@@ -18,7 +18,7 @@ pub const ENV_VAR: &str = "ONGRID_SKILLS_EXTERNAL_DIRS";
 ///
 /// ```
 /// use std::path::PathBuf;
-/// let roots = loader::roots::parse_dirs(" /a : /b,, ;rel ");
+/// let roots = loader::scan::roots::parse_dirs(" /a : /b,, ;rel ");
 /// assert_eq!(roots, [PathBuf::from("/a"), PathBuf::from("/b"), PathBuf::from("rel")]);
 /// ```
 pub fn parse_dirs(value: &str) -> Vec<PathBuf> {

@@ -43,7 +43,7 @@
 //! ```
 //!
 //! Callers: a `uid`/`user` entry matches the peer's uid; a `gid`/`group`
-//! entry its primary gid or (read from `/proc`, see [`crate::authz`]) a
+//! entry its primary gid or (read from `/proc`, see [`crate::daemon::authz`]) a
 //! supplementary group. Names are resolved once, here; an unknown name is a
 //! configuration error.
 
@@ -611,7 +611,7 @@ impl FileConfig {
             drain_timeout: seconds(
                 "drain_timeout_seconds",
                 self.drain_timeout_seconds,
-                crate::app::MAX_DRAIN.as_secs(),
+                crate::daemon::app::MAX_DRAIN.as_secs(),
             )?,
         })
     }
@@ -673,7 +673,7 @@ mod tests {
     /// values are the defaults.
     #[test]
     fn the_shipped_config_uncommented_parses_and_shows_the_defaults() {
-        let shipped = include_str!("../../packaging/skilld.toml");
+        let shipped = include_str!("../../../packaging/skilld.toml");
         fn uncomment(l: &str) -> &str {
             let Some(rest) = l.strip_prefix('#') else { return l };
             let name = rest.split(" = ").next().unwrap_or_default();

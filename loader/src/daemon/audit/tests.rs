@@ -661,7 +661,7 @@ async fn each_wait_for_a_row_is_timed_once_under_its_row() {
     let errors = IntCounter::new("e", "e").unwrap();
     let waits = HistogramVec::new(
         prometheus::HistogramOpts::new("w", "w")
-            .buckets(crate::metrics::AUDIT_WAIT_BUCKETS.to_vec()),
+            .buckets(crate::daemon::metrics::AUDIT_WAIT_BUCKETS.to_vec()),
         &["row"],
     )
     .unwrap();

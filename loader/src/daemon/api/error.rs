@@ -7,7 +7,7 @@ use axum::Json;
 use policy::RunReport;
 use serde_json::{json, Value};
 
-use crate::registry::Violation;
+use crate::daemon::registry::Violation;
 
 /// An error answer of the client API.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +53,7 @@ pub enum ApiError {
     #[error("Content-Encoding {0:?} is not supported: send the body as is (identity)")]
     UnsupportedEncoding(String),
     /// 431 `head_too_large`: the request line and headers are over the
-    /// limit (answered by [`crate::server`], before any route).
+    /// limit (answered by [`crate::daemon::server`], before any route).
     #[error("request head (request line and headers) over {0} bytes")]
     HeadTooLarge(usize),
     /// 500 `internal`.

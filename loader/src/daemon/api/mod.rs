@@ -28,8 +28,8 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::app::App;
-use crate::server::Caller;
+use crate::daemon::app::App;
+use crate::daemon::server::Caller;
 
 pub mod accept;
 pub mod admin;

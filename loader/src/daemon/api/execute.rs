@@ -10,19 +10,19 @@
 //! Order of checks: unknown skill (404), a body's `Content-Encoding` other
 //! than `identity` (415), body size and time (413, 408), JSON
 //! shape (400 `bad_request`), args against the schema (400 `invalid_args`),
-//! permission (403 `denied` with a `reason`, [`crate::authz`]), the audit
+//! permission (403 `denied` with a `reason`, [`crate::daemon::authz`]), the audit
 //! row of the decision (503 `audit_unavailable` when it cannot be written
 //! and `audit_required`), a run slot (503 `busy`), the executor (503).
 //! Nothing runs before all of them pass. When a run slot is free at once,
 //! the request goes to the executor *held* while the decision's row is
-//! written ([`crate::executor_client::HeldRun`]): the executor checks and
+//! written ([`crate::daemon::executor_client::HeldRun`]): the executor checks and
 //! prepares the run, and spawns it only on the `start` sent once the row
 //! is in; a request refused by then closes the connection, which cancels
 //! it unstarted. Otherwise the connection is only opened meanwhile and
 //! nothing is sent on it before the row is in and a slot is taken. Any
 //! run the executor finishes, ok or failed, is a 200 with its report.
 //!
-//! Audit ([`crate::audit`]): an `invalid_args` or `denied` answer has its
+//! Audit ([`crate::daemon::audit`]): an `invalid_args` or `denied` answer has its
 //! row (`reject`/`deny`) committed before it is sent, and so has a body
 //! refused before that (`reject` with the 400's, 408's, 413's or 415's
 //! code as its reason, outcome `rejected`); an allowed run's row
@@ -58,17 +58,17 @@ use super::allowed::Allowed;
 use super::answer::{self, Answer};
 use super::skills::visible;
 use super::ApiError;
-use crate::app::{App, Limits};
-use crate::audit::{AuditError, Finish, Record, RunRow, EXECUTOR_UNAVAILABLE};
-use crate::authz::{Denied, RunRequest};
-use crate::executor_client::{ExecutorError, HeldRun, Opened, RunConnection, RunEvent};
-use crate::metrics::InFlight;
-use crate::registry::Skill;
-use crate::server::Caller;
+use crate::daemon::app::{App, Limits};
+use crate::daemon::audit::{AuditError, Finish, Record, RunRow, EXECUTOR_UNAVAILABLE};
+use crate::daemon::authz::{Denied, RunRequest};
+use crate::daemon::executor_client::{ExecutorError, HeldRun, Opened, RunConnection, RunEvent};
+use crate::daemon::metrics::InFlight;
+use crate::daemon::registry::Skill;
+use crate::daemon::server::Caller;
 
 /// The `ongrid_executions_total` outcome of an allowed run refused because
 /// its decision's row could not be written (`audit_required`): no audit
-/// row holds it, so it is not one of [`crate::audit::OUTCOMES`].
+/// row holds it, so it is not one of [`crate::daemon::audit::OUTCOMES`].
 const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
 
 /// How long past the skill's own timeout the loader waits for the
@@ -201,7 +201,7 @@ pub async fn execute(
     };
     // The executor's request. Its manifest path must be UTF-8 (the wire is
     // JSON): the scan registers no skill whose path is not
-    // (`crate::build`), so the refusal after the decision's row below is
+    // (`crate::scan::build`), so the refusal after the decision's row below is
     // only a guard.
     let mut params = skill.registered().manifest_path().to_str().map(|m| ExecuteParams {
         manifest: m.to_owned(),
@@ -415,7 +415,7 @@ fn run_reason(row: Option<i64>) -> &'static str {
 }
 
 fn unix_now() -> u64 {
-    u64::try_from(crate::audit::now_ms() / 1000).unwrap_or(0)
+    u64::try_from(crate::daemon::audit::now_ms() / 1000).unwrap_or(0)
 }
 
 fn not_run(outcome: &str, why: &str) -> Finish {

@@ -16,10 +16,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::ApiError;
-use crate::app::App;
-use crate::authz::{Authz, Identity};
-use crate::registry::Skill;
-use crate::server::Caller;
+use crate::daemon::app::App;
+use crate::daemon::authz::{Authz, Identity};
+use crate::daemon::registry::Skill;
+use crate::daemon::server::Caller;
 
 /// Whether `who` may see `skill`: listings show it, `show` and execute
 /// answer for it (else 404, as for no such skill).

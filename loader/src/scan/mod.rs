@@ -1,7 +1,7 @@
 //! The scan: walks the allow-list roots and registers every valid skill.
 //!
 //! Every regular file named `SKILL.md` is read too ([`policy::skillmd`]):
-//! its requirements are checked ([`crate::requirements`]; an unmet one
+//! its requirements are checked ([`crate::scan::requirements`]; an unmet one
 //! skips the whole skill with a log line naming it) and each of its tools
 //! is registered as its own skill, entry = the tool's `impl`, resolved
 //! under the root like a `skill.json` entry. Every checked SKILL.md has a
@@ -15,13 +15,22 @@
 //! followed`). Every regular file named
 //! `skill.json` is a manifest; anything else with that name is skipped with
 //! an event. Errors never stop the scan: each one becomes a [`ScanEvent`]
-//! and the walk goes on. A valid manifest is then built ([`crate::build`]:
+//! and the walk goes on. A valid manifest is then built ([`crate::scan::build`]:
 //! its entry resolved, its schema compiled); one that fails is skipped and
 //! does not take its name. The first manifest of a name that builds wins
 //! (earlier root, then lexical order); later ones are skipped.
 //!
 //! The scan does file-system reads only; it never logs. The caller prints
 //! or traces [`ScanReport::events`].
+
+pub mod build;
+pub mod entry;
+pub mod event;
+pub mod manifest_file;
+pub mod requirements;
+pub mod roots;
+pub mod skill;
+pub mod validators;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::FileType;
@@ -32,14 +41,13 @@ use std::sync::Arc;
 use policy::{Manifest, SkillName, ValidateOptions};
 use walkdir::WalkDir;
 
-use crate::build::{self, Built};
-use crate::entry::EntryScope;
-use crate::event::{ScanEvent, WalkError};
-use crate::manifest_file;
-use crate::requirements::{self, Check, ProcessEnv};
-use crate::roots::{self, RootError};
-use crate::skill::RegisteredSkill;
-use crate::validators::ValidatorCache;
+use self::entry::EntryScope;
+use self::event::{ScanEvent, WalkError};
+use self::requirements::{Check, ProcessEnv};
+use self::skill::RegisteredSkill;
+use self::validators::ValidatorCache;
+use build::Built;
+use roots::RootError;
 
 /// The file name of a manifest.
 pub const MANIFEST_FILE_NAME: &str = "skill.json";
@@ -82,7 +90,7 @@ pub struct ScanReport {
     /// The compiled args validators of `skills`, keyed by their index
     /// there: every schema is compiled by the scan (one that does not
     /// compile is not registered), and the most recently compiled ones
-    /// are kept for the registry ([`crate::registry::Snapshot::build`]).
+    /// are kept for the registry ([`crate::daemon::registry::Snapshot::build`]).
     pub validators: Arc<ValidatorCache>,
     /// What happened, in order; each `Display`s as its log line.
     pub events: Vec<ScanEvent>,
@@ -339,7 +347,7 @@ impl Session<'_> {
 
     /// Registers a valid manifest (of a `skill.json`, or of one `tool` of
     /// a SKILL.md) unless its name is taken or it fails to build (its
-    /// entry, its schema: [`crate::build`]). A manifest that fails leaves
+    /// entry, its schema: [`crate::scan::build`]). A manifest that fails leaves
     /// the name free for the next one.
     fn register(&mut self, root: &Path, path: PathBuf, manifest: Manifest, tool: Option<&str>) {
         let events = &mut self.report.events;
@@ -442,7 +450,7 @@ mod tests {
         assert!(matches!(
             &report.events[..],
             [ScanEvent::Build {
-                error: build::BuildError::Entry(crate::entry::EntryError::Escapes { .. }),
+                error: build::BuildError::Entry(crate::scan::entry::EntryError::Escapes { .. }),
                 ..
             }]
         ));

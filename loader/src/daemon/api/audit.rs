@@ -8,7 +8,7 @@
 //! them, not an empty answer. `since` is a duration back from now (`90s`,
 //! `10m`, `2h`, `7days`: humantime's syntax); `limit` defaults to 100, at
 //! most 1000. Answer:
-//! `{"items":[row...],"total":N}` with the rows of [`crate::audit::Entry`]
+//! `{"items":[row...],"total":N}` with the rows of [`crate::daemon::audit::Entry`]
 //! (times in unix milliseconds), plus
 //! `"incomplete":{"unwritten":N,"reason":"..."}` when rows the daemon
 //! journaled could not be written into the database before the read (a
@@ -23,9 +23,9 @@ use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
 use super::ApiError;
-use crate::app::App;
-use crate::audit::{self, MAX_QUERY_ROWS};
-use crate::server::Caller;
+use crate::daemon::app::App;
+use crate::daemon::audit::{self, MAX_QUERY_ROWS};
+use crate::daemon::server::Caller;
 
 /// Default number of rows.
 pub const DEFAULT_LIMIT: u32 = 100;

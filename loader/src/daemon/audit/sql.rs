@@ -9,7 +9,7 @@ use super::{
     now_ms, Entry, Finish, Query, Record, ERROR_MAX_BYTES, FIELD_MAX_BYTES, INTERRUPTED,
     MAX_QUERY_ROWS, REFUSED_ARGS_MAX_BYTES,
 };
-use crate::config::AuditSettings;
+use crate::daemon::config::AuditSettings;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS audit (

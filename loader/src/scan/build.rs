@@ -9,8 +9,8 @@
 //!    as a JSON string, so a skill at any other path could be listed but
 //!    never run (the entry needs no such check: the executor resolves it
 //!    itself, from the manifest);
-//! 2. the entry resolves under its allow-list root ([`crate::entry`]);
-//! 3. the schema compiles ([`crate::validators::compile`]); the compiled
+//! 2. the entry resolves under its allow-list root ([`crate::scan::entry`]);
+//! 3. the schema compiles ([`crate::scan::validators::compile`]); the compiled
 //!    validator is handed on with the skill, so that the registry does not
 //!    compile it again.
 //!
@@ -21,9 +21,9 @@ use std::path::PathBuf;
 
 use policy::Manifest;
 
-use crate::entry::{self, EntryError, EntryScope};
-use crate::skill::RegisteredSkill;
-use crate::validators::{self, Compiled};
+use crate::scan::entry::{self, EntryError, EntryScope};
+use crate::scan::skill::RegisteredSkill;
+use crate::scan::validators::{self, Compiled};
 
 /// Why a valid manifest is not registered. Its `Display` is the `REASON`
 /// of `skill loader: build "NAME": REASON`.

@@ -11,13 +11,13 @@ use policy::ValidateOptions;
 use serde::Serialize;
 use tokio::sync::{Mutex, Semaphore};
 
-use crate::audit::Audit;
-use crate::authz::Authz;
-use crate::config::Settings;
-use crate::event::Level;
-use crate::executor_client::ExecutorClient;
-use crate::metrics::Metrics;
-use crate::registry::{Registry, Snapshot};
+use crate::daemon::audit::Audit;
+use crate::daemon::authz::Authz;
+use crate::daemon::config::Settings;
+use crate::daemon::executor_client::ExecutorClient;
+use crate::daemon::metrics::Metrics;
+use crate::daemon::registry::{Registry, Snapshot};
+use crate::scan::event::Level;
 use crate::scan::Scanner;
 
 /// How long a reload waits for the executor's `ping` (its longest timeout).
@@ -145,7 +145,7 @@ impl App {
     }
 
     /// From now on every [`App::reload`] tells the service manager
-    /// (`NOTIFY_SOCKET`, [`crate::systemd`]): `RELOADING=1` with
+    /// (`NOTIFY_SOCKET`, [`crate::daemon::systemd`]): `RELOADING=1` with
     /// `MONOTONIC_USEC=` before the scan, `READY=1` with the new `STATUS=`
     /// after it, whatever asked for it (SIGHUP, `POST /v1/reload`). The
     /// daemon turns it on once it has sent its first `READY=1`.
@@ -163,11 +163,11 @@ impl App {
         let _one_at_a_time = self.reload_lock.lock().await;
         let notify = self.notify_reloads.load(Ordering::Relaxed);
         if notify {
-            crate::systemd::reloading();
+            crate::daemon::systemd::reloading();
         }
         let summary = self.rescan().await;
         if notify {
-            crate::systemd::ready(&self.status_line());
+            crate::daemon::systemd::ready(&self.status_line());
         }
         summary
     }
@@ -246,7 +246,7 @@ impl App {
             .unwrap_or_default();
         let allowed = Duration::from_millis(self.longest_allowed_ms.load(Ordering::Relaxed));
         let longest = registered.max(allowed);
-        (self.limits.queue_timeout + longest + crate::api::execute::REPORT_SLACK)
+        (self.limits.queue_timeout + longest + crate::daemon::api::execute::REPORT_SLACK)
             .min(self.limits.drain_timeout)
     }
 

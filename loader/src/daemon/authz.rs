@@ -30,7 +30,7 @@
 //! `mutating-with-confirm` or `dual-sign-required` and `"confirm": true`;
 //! `dangerous` needs `dual-sign-required` and two approvals from two
 //! distinct configured approver keys ([`policy::approval::verify`]),
-//! each used once ([`crate::replay`]). A refusal is a [`Denied`] with a
+//! each used once ([`crate::daemon::replay`]). A refusal is a [`Denied`] with a
 //! [`DenyReason`] code (the 403's `reason`); every decision, either way, is
 //! written to the audit trail by the handler.
 //!
@@ -45,9 +45,9 @@ use policy::permission::{gate, Gate};
 use policy::{DenyReason, PermissionMode, SkillClass};
 use serde_json::Value;
 
-use crate::config::{CallerRule, Principal, Settings};
-use crate::replay::{ReplayStore, Reservation};
-use crate::server::Caller;
+use crate::daemon::config::{CallerRule, Principal, Settings};
+use crate::daemon::replay::{ReplayStore, Reservation};
+use crate::daemon::server::Caller;
 
 /// The role of callers no `[[callers]]` entry matches.
 pub const UNMAPPED_ROLE: &str = "unmapped";
@@ -283,7 +283,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::config::{FileConfig, Overrides};
+    use crate::daemon::config::{FileConfig, Overrides};
 
     fn authz(extra: &str) -> Authz {
         let a = SecretKey::from_seed([1; 32]).public_key();

@@ -1,8 +1,8 @@
 //! The daemon's registry: the skills of the last scan, swapped atomically
 //! on reload. Every schema is compiled once by the scan (a skill whose
-//! schema does not compile is not registered: [`crate::build`]); the
+//! schema does not compile is not registered: [`crate::scan::build`]); the
 //! compiled validators the scan hands on are kept in a bounded cache per
-//! snapshot ([`crate::validators`]) and compiled again on a request when
+//! snapshot ([`crate::scan::validators`]) and compiled again on a request when
 //! they were dropped.
 //!
 //! A [`Snapshot`] is immutable. [`Registry::current`] hands out an
@@ -17,9 +17,9 @@ use std::sync::{Arc, PoisonError, RwLock};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::scan::skill::RegisteredSkill;
+use crate::scan::validators::{self, ValidatorCache};
 use crate::scan::ScanReport;
-use crate::skill::RegisteredSkill;
-use crate::validators::{self, ValidatorCache};
 
 /// At most this many violations are listed in a 400 answer.
 pub const MAX_VIOLATIONS: usize = 32;

@@ -15,7 +15,7 @@ use super::journal::{self, Journal, INGEST_AFTER};
 use super::sql::{self, run_cached, Done, Row, WriteError};
 use super::syncer::{sync_commits, wal_path, Syncer};
 use super::{unclaimed, AuditError, Finish, Incomplete, Job, Trail, PRUNE_EVERY};
-use crate::config::{AuditSettings, AuditSync};
+use crate::daemon::config::{AuditSettings, AuditSync};
 
 /// Most critical run rows remembered until their completion.
 const MAX_CRITICAL_IN_FLIGHT: usize = 1 << 16;

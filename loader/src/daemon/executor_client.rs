@@ -33,7 +33,7 @@ use policy::wire::{
 use policy::{Outcome, RunReport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::quiet_stream::QuietStream;
+use crate::daemon::quiet_stream::QuietStream;
 
 /// How long a `connect` may take before the executor counts as down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
