@@ -30,7 +30,7 @@ use libfuzzer_sys::fuzz_target;
 use loader::daemon::app::App;
 use loader::daemon::config::{FileConfig, Overrides};
 use loader::daemon::metrics::Metrics;
-use loader::daemon::server::Caller;
+use loader::daemon::connection::Caller;
 use policy::approval::{SecretKey, Subject};
 use policy::wire::{self, Request as WireRequest};
 use policy::{Outcome, RunReport};

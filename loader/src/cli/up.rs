@@ -227,7 +227,7 @@ impl Plan {
             return Err(Failure::usage("no skill directories: give --skills DIR"));
         }
         let runtime_dir = match &args.runtime_dir {
-            Some(dir) => crate::cli::absolute(dir),
+            Some(dir) => super::dirs::absolute(dir),
             None => default_runtime_dir(),
         };
         let executor_bin = executor_bin().ok_or_else(|| {
@@ -494,7 +494,7 @@ impl Plan {
         }
         writeln!(out, "  runtime    {}", self.runtime_dir.display())?;
         writeln!(out, "  audit      {}", self.settings.audit.db.display())?;
-        let me_caller = app.authz().identify(&crate::daemon::server::Caller {
+        let me_caller = app.authz().identify(&crate::daemon::connection::Caller {
             uid: nix_uid(),
             gid: nix::unistd::getgid().as_raw(),
             pid: None,

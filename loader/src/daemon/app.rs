@@ -22,12 +22,6 @@ use crate::scan::Scanner;
 
 /// How long a reload waits for the executor's `ping` (its longest timeout).
 const PONG_TIMEOUT: Duration = Duration::from_secs(1);
-/// Longest drain on SIGTERM by default (`drain_timeout_seconds`): under
-/// systemd's default stop timeout (90 s, `TimeoutStopSec=` of
-/// ongrid-skilld.service), with time left to cut the runs still going,
-/// record them and flush the audit trail.
-pub const MAX_DRAIN: Duration = Duration::from_secs(75);
-
 /// Limits applied to client requests.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -235,7 +229,7 @@ impl App {
     /// skill a run was asked of since start (a reload that shortened a skill's timeout
     /// does not shorten the wait for a run started before it), and the
     /// report's slack. skilld's drain waits that long for the runs in
-    /// flight, at most `drain_timeout_seconds` ([`MAX_DRAIN`] by default).
+    /// flight, at most `drain_timeout_seconds` ([`MAX_DRAIN`](crate::daemon::config::MAX_DRAIN) by default).
     pub fn longest_run(&self) -> Duration {
         let registered = self
             .registry()
@@ -246,7 +240,7 @@ impl App {
             .unwrap_or_default();
         let allowed = Duration::from_millis(self.longest_allowed_ms.load(Ordering::Relaxed));
         let longest = registered.max(allowed);
-        (self.limits.queue_timeout + longest + crate::daemon::api::execute::REPORT_SLACK)
+        (self.limits.queue_timeout + longest + crate::daemon::executor_client::REPORT_SLACK)
             .min(self.limits.drain_timeout)
     }
 

@@ -46,8 +46,8 @@ use policy::{DenyReason, PermissionMode, SkillClass};
 use serde_json::Value;
 
 use crate::daemon::config::{CallerRule, Principal, Settings};
+use crate::daemon::connection::Caller;
 use crate::daemon::replay::{ReplayStore, Reservation};
-use crate::daemon::server::Caller;
 
 /// The role of callers no `[[callers]]` entry matches.
 pub const UNMAPPED_ROLE: &str = "unmapped";

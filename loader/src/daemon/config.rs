@@ -43,7 +43,7 @@
 //! ```
 //!
 //! Callers: a `uid`/`user` entry matches the peer's uid; a `gid`/`group`
-//! entry its primary gid or (read from `/proc`, see [`crate::daemon::authz`]) a
+//! entry its primary gid or (read from `/proc` when a request is authorised) a
 //! supplementary group. Names are resolved once, here; an unknown name is a
 //! configuration error.
 
@@ -84,6 +84,12 @@ pub const DEFAULT_AUDIT_SYNC_INTERVAL_MS: u64 = 100;
 pub const MAX_AUDIT_SYNC_INTERVAL_MS: u64 = 60_000;
 /// Longest `approval_max_ttl_seconds` accepted (one day).
 pub const MAX_APPROVAL_TTL_SECONDS: u64 = 86_400;
+
+/// Longest drain on SIGTERM by default (`drain_timeout_seconds`): under
+/// systemd's default stop timeout (90 s, `TimeoutStopSec=` of
+/// ongrid-skilld.service), with time left to cut the runs still going,
+/// record them and flush the audit trail.
+pub const MAX_DRAIN: Duration = Duration::from_secs(75);
 
 /// One `[[callers]]` entry as written.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -611,7 +617,7 @@ impl FileConfig {
             drain_timeout: seconds(
                 "drain_timeout_seconds",
                 self.drain_timeout_seconds,
-                crate::daemon::app::MAX_DRAIN.as_secs(),
+                MAX_DRAIN.as_secs(),
             )?,
         })
     }

@@ -1,4 +1,4 @@
-//! One client connection of the API listener ([`crate::daemon::server`]): HTTP/1.1
+//! One client connection of the API listener: HTTP/1.1
 //! through hyper over the Unix stream, with the caller's credentials on
 //! each request, and the bounds a client cannot get around.
 //!
@@ -59,13 +59,40 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::Interest;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::UnixStream;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use crate::daemon::api::ApiError;
+use crate::daemon::api::error::ApiError;
 use crate::daemon::quiet_stream::QuietStream;
-use crate::daemon::server::Caller;
+
+/// Who is on the other end of a client connection, as the kernel says
+/// (`SO_PEERCRED` at `connect()` time), never as the request claims.
+/// Handlers get it as an `Extension<Caller>`; permission modes decide
+/// from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    /// The peer's uid.
+    pub uid: u32,
+    /// The peer's primary gid.
+    pub gid: u32,
+    /// The peer's pid, when the kernel gave one (it can be recycled: for
+    /// logs only).
+    pub pid: Option<i32>,
+}
+
+impl Caller {
+    /// The credentials of the peer of `stream`.
+    ///
+    /// # Errors
+    ///
+    /// The `getsockopt` error.
+    pub fn of(stream: &UnixStream) -> io::Result<Self> {
+        let cred = stream.peer_cred()?;
+        Ok(Self { uid: cred.uid(), gid: cred.gid(), pid: cred.pid() })
+    }
+}
 
 /// The longest request head (request line and headers) served, in bytes.
 pub const MAX_HEAD_BYTES: usize = 64 << 10;

@@ -35,6 +35,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::daemon::quiet_stream::QuietStream;
 
+/// How long past the skill's own timeout the loader waits for the
+/// executor's report (the executor's grace period plus slack).
+pub const REPORT_SLACK: Duration = Duration::from_secs(15);
+
 /// How long a `connect` may take before the executor counts as down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most connections kept for the next run.

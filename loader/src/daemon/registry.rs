@@ -274,7 +274,7 @@ mod tests {
         };
         pack("a", r#"{"properties":{"a":{"pattern":"("}}}"#);
         let good = pack("b", r#"{"type":"object","required":["n"]}"#);
-        let report = crate::Scanner::default().scan(&[&root]);
+        let report = crate::scan::Scanner::default().scan(&[&root]);
         let lines: Vec<String> = report.events.iter().map(ToString::to_string).collect();
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert!(lines[0].starts_with("skill loader: build \"same\": schema in "), "{lines:?}");

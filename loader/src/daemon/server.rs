@@ -21,40 +21,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::daemon::connection::{serve_connection, Ends};
+use crate::daemon::connection::{serve_connection, Caller, Ends};
 use crate::daemon::quiet_stream::QuietStream;
-
-/// Who is on the other end of a client connection, as the kernel says
-/// (`SO_PEERCRED` at `connect()` time), never as the request claims.
-/// Handlers get it as an `Extension<Caller>`; permission modes (issue 5)
-/// decide from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caller {
-    /// The peer's uid.
-    pub uid: u32,
-    /// The peer's primary gid.
-    pub gid: u32,
-    /// The peer's pid, when the kernel gave one (it can be recycled: for
-    /// logs only).
-    pub pid: Option<i32>,
-}
-
-impl Caller {
-    /// The credentials of the peer of `stream`.
-    ///
-    /// # Errors
-    ///
-    /// The `getsockopt` error.
-    pub fn of(stream: &UnixStream) -> io::Result<Self> {
-        let cred = stream.peer_cred()?;
-        Ok(Self { uid: cred.uid(), gid: cred.gid(), pid: cred.pid() })
-    }
-}
 
 /// How connections are served.
 #[derive(Debug, Clone)]
@@ -125,7 +98,7 @@ pub enum BindError {
 /// The client socket node [`bind`] made, identified by its device and
 /// inode. Dropping it removes the node, on every path: a start that fails
 /// after the bind (the metrics port taken, the socket's group) as well as
-/// the end of [`crate::daemon::Daemon::run`]. A node that is no longer this one (the same
+/// the end of the daemon's serving loop. A node that is no longer this one (the same
 /// device and inode can be handed to the next node at once) or that
 /// someone listens on is left alone: drop it after the listener.
 #[derive(Debug)]

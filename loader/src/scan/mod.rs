@@ -90,7 +90,7 @@ pub struct ScanReport {
     /// The compiled args validators of `skills`, keyed by their index
     /// there: every schema is compiled by the scan (one that does not
     /// compile is not registered), and the most recently compiled ones
-    /// are kept for the registry ([`crate::daemon::registry::Snapshot::build`]).
+    /// are kept for the daemon's registry, which takes this cache over.
     pub validators: Arc<ValidatorCache>,
     /// What happened, in order; each `Display`s as its log line.
     pub events: Vec<ScanEvent>,

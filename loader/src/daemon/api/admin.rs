@@ -11,10 +11,10 @@ use axum::Extension;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::ApiError;
+use super::error::ApiError;
 use crate::daemon::app::{App, ReloadSummary};
+use crate::daemon::connection::Caller;
 use crate::daemon::metrics;
-use crate::daemon::server::Caller;
 
 /// How long `/v1/health` waits for the executor's `ping`.
 const EXECUTOR_PING_TIMEOUT: Duration = Duration::from_secs(1);

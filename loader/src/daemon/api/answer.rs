@@ -10,7 +10,7 @@
 //! only when its write buffer has room, so the slot is let go with the
 //! last slice, when all but a few hundred KiB were written to the socket.
 //! A client that stops reading keeps the slot until its connection is cut
-//! (`idle_timeout` with its writes blocked, [`crate::daemon::server`]), which drops
+//! (`idle_timeout` with its writes blocked), which drops
 //! the answer and the slot with it. Answers held in skilld are so bounded
 //! by `max_concurrent_runs` times the largest report, whatever the number
 //! of connections; `ongrid_answers_unsent` counts them meanwhile.

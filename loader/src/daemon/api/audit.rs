@@ -22,10 +22,10 @@ use axum::extract::{Query, State};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
-use super::ApiError;
+use super::error::ApiError;
 use crate::daemon::app::App;
 use crate::daemon::audit::{self, MAX_QUERY_ROWS};
-use crate::daemon::server::Caller;
+use crate::daemon::connection::Caller;
 
 /// Default number of rows.
 pub const DEFAULT_LIMIT: u32 = 100;

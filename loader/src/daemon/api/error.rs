@@ -53,7 +53,7 @@ pub enum ApiError {
     #[error("Content-Encoding {0:?} is not supported: send the body as is (identity)")]
     UnsupportedEncoding(String),
     /// 431 `head_too_large`: the request line and headers are over the
-    /// limit (answered by [`crate::daemon::server`], before any route).
+    /// limit (answered by the connection, before any route).
     #[error("request head (request line and headers) over {0} bytes")]
     HeadTooLarge(usize),
     /// 500 `internal`.

@@ -56,24 +56,22 @@ use super::accept::wants_ndjson;
 pub use super::accept::NDJSON;
 use super::allowed::Allowed;
 use super::answer::{self, Answer};
+use super::error::ApiError;
 use super::skills::visible;
-use super::ApiError;
 use crate::daemon::app::{App, Limits};
 use crate::daemon::audit::{AuditError, Finish, Record, RunRow, EXECUTOR_UNAVAILABLE};
 use crate::daemon::authz::{Denied, RunRequest};
-use crate::daemon::executor_client::{ExecutorError, HeldRun, Opened, RunConnection, RunEvent};
+use crate::daemon::connection::Caller;
+use crate::daemon::executor_client::{
+    ExecutorError, HeldRun, Opened, RunConnection, RunEvent, REPORT_SLACK,
+};
 use crate::daemon::metrics::InFlight;
 use crate::daemon::registry::Skill;
-use crate::daemon::server::Caller;
 
 /// The `ongrid_executions_total` outcome of an allowed run refused because
 /// its decision's row could not be written (`audit_required`): no audit
 /// row holds it, so it is not one of [`crate::daemon::audit::OUTCOMES`].
 const AUDIT_UNAVAILABLE: &str = "audit_unavailable";
-
-/// How long past the skill's own timeout the loader waits for the
-/// executor's report (the executor's grace period plus slack).
-pub(crate) const REPORT_SLACK: Duration = Duration::from_secs(15);
 
 /// Longest `session_id` accepted.
 const MAX_SESSION_ID: usize = 256;
@@ -472,7 +470,7 @@ struct Run {
     skill: Arc<Skill>,
     conn: RunConnection,
     /// When to give up on the executor: the skill's timeout plus
-    /// [`REPORT_SLACK`] after the run started, or skilld's queue timeout
+    /// [`REPORT_SLACK`](crate::daemon::executor_client::REPORT_SLACK) after the run started, or skilld's queue timeout
     /// after the executor said the run waits for a slot.
     deadline: tokio::time::Instant,
     /// The skill's timeout.

@@ -29,7 +29,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 use crate::daemon::app::App;
-use crate::daemon::server::Caller;
+use crate::daemon::connection::Caller;
 
 pub mod accept;
 pub mod admin;

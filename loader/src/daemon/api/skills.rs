@@ -15,11 +15,11 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::ApiError;
+use super::error::ApiError;
 use crate::daemon::app::App;
 use crate::daemon::authz::{Authz, Identity};
+use crate::daemon::connection::Caller;
 use crate::daemon::registry::Skill;
-use crate::daemon::server::Caller;
 
 /// Whether `who` may see `skill`: listings show it, `show` and execute
 /// answer for it (else 404, as for no such skill).

@@ -24,7 +24,6 @@
 //! is opened (and the journal replayed).
 
 use std::collections::HashSet;
-use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -36,9 +35,9 @@ use std::time::Duration;
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
+use super::job::Job;
 use super::sql::{self, run_cached, Done, Row, WriteError};
-use super::syncer::{sync_commits, Syncer};
-use super::Job;
+use super::syncer::{journal_path, sync_commits, Syncer};
 
 /// How long the audit thread lets lines gather before it writes them.
 pub const INGEST_AFTER: Duration = Duration::from_millis(20);
@@ -64,13 +63,6 @@ pub(super) enum Line {
     Insert(Row),
     /// A run's completion.
     Finish(Done),
-}
-
-/// `<db>-rows`, the journal of `db`.
-pub(super) fn journal_path(db: &Path) -> PathBuf {
-    let mut p = OsString::from(db.as_os_str());
-    p.push("-rows");
-    PathBuf::from(p)
 }
 
 /// The journal and the row id counter, shared by every request and the

@@ -5,10 +5,11 @@ use rusqlite::{params, Connection};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{
-    now_ms, Entry, Finish, Query, Record, ERROR_MAX_BYTES, FIELD_MAX_BYTES, INTERRUPTED,
-    MAX_QUERY_ROWS, REFUSED_ARGS_MAX_BYTES,
+use super::rows::{
+    now_ms, Entry, Finish, Query, Record, ERROR_MAX_BYTES, FIELD_MAX_BYTES, MAX_QUERY_ROWS,
+    REFUSED_ARGS_MAX_BYTES,
 };
+use super::words::INTERRUPTED;
 use crate::daemon::config::AuditSettings;
 
 const SCHEMA: &str = "

@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 
 use prometheus::IntCounter;
 
-use super::journal::journal_path;
-
 /// The background `fsync` of `audit_synchronous = "interval"`: the audit
 /// thread reports each commit it did not sync; this thread `fsync`s the WAL
 /// `interval` after the oldest of them, which covers them all.
@@ -100,6 +98,13 @@ impl Syncer {
             st = self.lock();
         }
     }
+}
+
+/// `<db>-rows`, the journal of `db`.
+pub(super) fn journal_path(db: &Path) -> PathBuf {
+    let mut p = OsString::from(db.as_os_str());
+    p.push("-rows");
+    PathBuf::from(p)
 }
 
 /// `<db>-wal`, SQLite's write-ahead log of `db`.

@@ -5,8 +5,11 @@ use serde_json::json;
 
 use std::time::{Duration, Instant};
 
+use prometheus::{HistogramVec, IntCounter, IntCounterVec};
+
 use super::sql::bounded;
 use super::*;
+use crate::daemon::config::{AuditSettings, AuditSync};
 
 fn settings(dir: &std::path::Path, max_rows: u64) -> AuditSettings {
     AuditSettings {
@@ -363,7 +366,7 @@ fn a_sync_always_syncs_a_file() {
 
 /// The lines of the journal of `settings`' database.
 fn journal_lines(settings: &AuditSettings) -> Vec<serde_json::Value> {
-    let text = std::fs::read_to_string(super::journal::journal_path(&settings.db)).unwrap();
+    let text = std::fs::read_to_string(super::syncer::journal_path(&settings.db)).unwrap();
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
@@ -458,7 +461,7 @@ async fn safe_rows_are_journaled_then_written_into_the_database() {
         RunRow::new(audit.clone(), Some(id)).finish(done()).await.unwrap();
     }
     assert_eq!(db_rows(&full.db).len(), 2);
-    assert!(!super::journal::journal_path(&full.db).exists());
+    assert!(!super::syncer::journal_path(&full.db).exists());
 }
 
 /// A read while the journal's rows cannot be written into the database
@@ -509,8 +512,9 @@ async fn a_read_that_lacks_journaled_rows_says_so() {
 /// replayed too, then removed.
 #[tokio::test]
 async fn a_journal_left_by_a_crash_is_replayed_once_at_the_next_open() {
-    use super::journal::{journal_path, Line};
+    use super::journal::Line;
     use super::sql::{Done, Row};
+    use super::syncer::journal_path;
 
     for mode in [AuditSync::Normal, AuditSync::Full] {
         let dir = tempfile::tempdir().unwrap();
@@ -580,7 +584,7 @@ async fn the_journal_empties_under_a_steady_stream_of_rows() {
     };
     // The first row opens the database (directly).
     audit.record(big(0)).await.unwrap();
-    let path = super::journal::journal_path(&normal.db);
+    let path = super::syncer::journal_path(&normal.db);
     let size = || std::fs::metadata(&path).map_or(0, |m| m.len());
     // ~6 MiB of lines, appended back to back. How far past EMPTY_AT the
     // file grows before it is cut depends on how fast the thread's
@@ -606,6 +610,11 @@ async fn the_journal_empties_under_a_steady_stream_of_rows() {
 /// the thread that holds the lock, a wait would never end.)
 #[test]
 fn a_request_does_not_wait_while_the_journal_is_emptied() {
+    use std::sync::{mpsc, Arc};
+
+    use tokio::sync::oneshot;
+
+    use super::job::Job;
     use super::journal::Journal;
 
     let dir = tempfile::tempdir().unwrap();

@@ -8,7 +8,7 @@ pub const DECISIONS: [&str; 3] = ["allow", "deny", "reject"];
 
 /// The outcome of an allowed request's row when its client went away, or
 /// a stopping skilld cut it, before its run's report (also its
-/// `ongrid_executions_total` label, `crate::daemon::api::execute`).
+/// `ongrid_executions_total` label, counted by the execute handler).
 pub const CANCELLED: &str = "cancelled";
 
 /// The outcome of an allowed request's row when the executor could not be

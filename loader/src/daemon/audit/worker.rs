@@ -11,10 +11,11 @@ use prometheus::IntCounter;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::job::Job;
 use super::journal::{self, Journal, INGEST_AFTER};
+use super::rows::{unclaimed, AuditError, Finish, Incomplete, Trail, PRUNE_EVERY};
 use super::sql::{self, run_cached, Done, Row, WriteError};
 use super::syncer::{sync_commits, wal_path, Syncer};
-use super::{unclaimed, AuditError, Finish, Incomplete, Job, Trail, PRUNE_EVERY};
 use crate::daemon::config::{AuditSettings, AuditSync};
 
 /// Most critical run rows remembered until their completion.
@@ -78,7 +79,7 @@ impl Worker {
 
     /// The audit thread's loop: every job waiting at once is one batch,
     /// the journal's lines are written when due, until every
-    /// [`super::Audit`] is dropped; then the rest of the journal.
+    /// the `Audit` handle is dropped; then the rest of the journal.
     pub(super) fn run(mut self, rx: &mpsc::Receiver<Job>) {
         loop {
             let first = match self.ingest_due {
@@ -377,7 +378,7 @@ impl Worker {
                         rows = n,
                         "audit: completed the rows of runs an earlier skilld left unreported \
                          as {:?}",
-                        super::INTERRUPTED
+                        super::words::INTERRUPTED
                     ),
                     Err(e) => return Err(self.unavailable(&e)),
                 }
