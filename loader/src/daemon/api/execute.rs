@@ -36,7 +36,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
@@ -47,9 +47,9 @@ use axum::Extension;
 use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use policy::wire::ExecuteParams;
-use policy::{Args, DenyReason, Outcome, RunReport};
+use policy::{Args, DenyReason, Manifest, Outcome};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::accept::wants_ndjson;
@@ -57,15 +57,15 @@ pub use super::accept::NDJSON;
 use super::allowed::Allowed;
 use super::answer::{self, Answer};
 use super::error::ApiError;
+use super::run::{busy, executor_error, ndjson, not_run, Run};
 use super::skills::visible;
 use crate::daemon::app::{App, Limits};
-use crate::daemon::audit::{AuditError, Finish, Record, RunRow, EXECUTOR_UNAVAILABLE};
-use crate::daemon::authz::{Denied, RunRequest};
+use crate::daemon::audit::{AuditError, Record, RunRow};
+use crate::daemon::authz::{Denied, Grant, Identity, RunRequest};
 use crate::daemon::connection::Caller;
 use crate::daemon::executor_client::{
     ExecutorError, HeldRun, Opened, RunConnection, RunEvent, REPORT_SLACK,
 };
-use crate::daemon::metrics::InFlight;
 use crate::daemon::registry::Skill;
 
 /// The `ongrid_executions_total` outcome of an allowed run refused because
@@ -95,7 +95,9 @@ pub struct ExecuteRequest {
     pub approvals: Vec<Value>,
 }
 
-/// The handler.
+/// The handler: the steps of [`Execution`], in order (decode, authorise,
+/// audit, admit, forward, answer); a step that refuses the request
+/// answers it with its error.
 pub async fn execute(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -104,295 +106,406 @@ pub async fn execute(
     body: Body,
 ) -> Result<Response, ApiError> {
     let Path(name) = name.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let skill = app
-        .registry()
-        .current()
-        .get(&name)
-        .cloned()
-        .ok_or_else(|| ApiError::no_such_skill(&name))?;
-    // From here the request may become a run of this skill, whatever a
-    // reload does to it meanwhile: the drain on SIGTERM waits for its
-    // timeout (an upper bound; a request refused later changes nothing).
-    app.allowing_run(skill.registered().manifest().timeout());
-    let who = app.authz().identify(&caller);
-    let manifest = skill.registered().manifest();
-    let base = |req: Option<&ExecuteRequest>| Record {
-        session_id: req.and_then(|r| r.session_id.clone()),
-        skill: skill.name().to_owned(),
-        class: manifest.class().as_str().to_owned(),
-        caller_uid: who.uid,
-        caller_pid: who.pid,
-        role: who.role.clone(),
-        mode: who.mode.as_str().to_owned(),
-        args: req.map(|r| r.args.raw_json().clone()),
-        ..Record::default()
-    };
-    // A skill this caller may not see is answered as one that does not
-    // exist (`show`, `list`), at once, as an unknown name is: its body is
-    // not read (that took as long as the client took to send it) nor its
-    // args checked against a schema the caller may not see. The class
-    // refusal is audited, without args. (`Authz::decide` allows no
-    // request for a skill `may_list` hides, whatever it holds.)
-    if !visible(app.authz(), &who, &skill) {
-        let args = Args::empty();
-        let run = RunRequest {
-            skill: skill.name(),
-            class: manifest.class(),
-            args: &args,
-            session_id: None,
-            confirm: false,
-            approvals: &[],
-        };
-        if let Err(denied) = app.authz().decide(&who, &run, unix_now()) {
-            let _ = deny(&app, base(None), denied).await;
-        }
-        return Err(ApiError::no_such_skill(&name));
+    let x = Execution::find(app, &caller, name)?;
+    let req = x.decode(&headers, body).await?;
+    let (base, grant) = x.authorise(&req).await?;
+    let decided = x.audit(base, grant, req).await?;
+    let admitted = x.admit(decided).await?;
+    let (run, first) = x.forward(admitted).await?;
+    x.answer(run, first, &headers).await
+}
+
+/// An execute request for a registered skill, as its steps see it.
+struct Execution {
+    app: Arc<App>,
+    /// The name in the path.
+    name: String,
+    skill: Arc<Skill>,
+    /// Who asks: uid, role and permission mode.
+    who: Identity,
+}
+
+/// The decision's row is written (or the run goes ahead unaudited).
+struct Decided {
+    /// The request and its row, until its outcome.
+    allowed: Allowed,
+    /// What went to the executor while the row was written.
+    pre: Pre,
+    /// The executor's request, when it was not sent held.
+    params: Option<ExecuteParams>,
+}
+
+/// The run has its slot and went to the executor.
+struct Admitted {
+    allowed: Allowed,
+    permit: OwnedSemaphorePermit,
+    started: Instant,
+    conn: Result<RunConnection, ExecutorError>,
+}
+
+impl Execution {
+    /// The registered skill `name` (404 when there is none) and who asks.
+    fn find(app: Arc<App>, caller: &Caller, name: String) -> Result<Self, ApiError> {
+        let skill = app
+            .registry()
+            .current()
+            .get(&name)
+            .cloned()
+            .ok_or_else(|| ApiError::no_such_skill(&name))?;
+        // From here the request may become a run of this skill, whatever a
+        // reload does to it meanwhile: the drain on SIGTERM waits for its
+        // timeout (an upper bound; a request refused later changes nothing).
+        app.allowing_run(skill.registered().manifest().timeout());
+        let who = app.authz().identify(caller);
+        Ok(Self { app, name, skill, who })
     }
-    let count = |outcome: Outcome| {
-        app.metrics().executions_total.with_label_values(&[skill.name(), outcome.as_str()]).inc();
-    };
-    // A body that cannot be read or is no request (415, 413, 408, 400
-    // `bad_request`) is refused before any decision, but it was a request
-    // to run this skill: its row (`reject`, reason = the error's code,
-    // outcome `rejected`, no args) is written as an `invalid_args` one is.
-    let req = match read_body(body, &headers, app.limits()).await.and_then(|b| parse_request(&b)) {
-        Ok(req) => req,
-        Err(e) => {
-            // Not an execution (`ongrid_executions_total`): no args were read.
-            tracing::info!(skill = skill.name(), code = e.code(), "execute request refused");
-            record_refusal(&app, base(None), "reject", e.code(), Outcome::Rejected, &e).await;
+
+    fn manifest(&self) -> &Manifest {
+        self.skill.registered().manifest()
+    }
+
+    /// The fields of this request's audit rows, whatever is decided.
+    fn base(&self, req: Option<&ExecuteRequest>) -> Record {
+        Record {
+            session_id: req.and_then(|r| r.session_id.clone()),
+            skill: self.skill.name().to_owned(),
+            class: self.manifest().class().as_str().to_owned(),
+            caller_uid: self.who.uid,
+            caller_pid: self.who.pid,
+            role: self.who.role.clone(),
+            mode: self.who.mode.as_str().to_owned(),
+            args: req.map(|r| r.args.raw_json().clone()),
+            ..Record::default()
+        }
+    }
+
+    /// Decode: the body read and parsed into the request, for a skill the
+    /// caller may see.
+    ///
+    /// A skill this caller may not see is answered as one that does not
+    /// exist (`show`, `list`), at once, as an unknown name is: its body is
+    /// not read (that took as long as the client took to send it) nor its
+    /// args checked against a schema the caller may not see. The class
+    /// refusal is audited, without args. (`Authz::decide` allows no
+    /// request for a skill `may_list` hides, whatever it holds.)
+    ///
+    /// A body that cannot be read or is no request (415, 413, 408, 400
+    /// `bad_request`) is refused before any decision, but it was a request
+    /// to run this skill: its row (`reject`, reason = the error's code,
+    /// outcome `rejected`, no args) is written as an `invalid_args` one is.
+    async fn decode(&self, headers: &HeaderMap, body: Body) -> Result<ExecuteRequest, ApiError> {
+        let app = &self.app;
+        if !visible(app.authz(), &self.who, &self.skill) {
+            let args = Args::empty();
+            let run = RunRequest {
+                skill: self.skill.name(),
+                class: self.manifest().class(),
+                args: &args,
+                session_id: None,
+                confirm: false,
+                approvals: &[],
+            };
+            if let Err(denied) = app.authz().decide(&self.who, &run, unix_now()) {
+                let _ = deny(app, self.base(None), denied).await;
+            }
+            return Err(ApiError::no_such_skill(&self.name));
+        }
+        match read_body(body, headers, app.limits()).await.and_then(|b| parse_request(&b)) {
+            Ok(req) => {
+                // Args may hold what a caller would not want logged: their size only.
+                tracing::debug!(
+                    skill = self.skill.name(),
+                    args_bytes = req.args.raw().len(),
+                    "execute request"
+                );
+                Ok(req)
+            }
+            Err(e) => {
+                // Not an execution (`ongrid_executions_total`): no args were read.
+                tracing::info!(
+                    skill = self.skill.name(),
+                    code = e.code(),
+                    "execute request refused"
+                );
+                record_refusal(app, self.base(None), "reject", e.code(), Outcome::Rejected, &e)
+                    .await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Authorise: the args against the skill's schema (400 `invalid_args`),
+    /// then the caller's permission (403 `denied`), each refusal counted
+    /// and its row written. Returns the base of the run's row and the
+    /// grant.
+    async fn authorise(&self, req: &ExecuteRequest) -> Result<(Record, Grant), ApiError> {
+        let app = &self.app;
+        let skill = self.skill.name();
+        let base = self.base(Some(req));
+        if let Err(violations) = self.skill.check_args(req.args.value()) {
+            let invalid = Outcome::InvalidArgs;
+            app.metrics().executions_total.with_label_values(&[skill, invalid.as_str()]).inc();
+            tracing::info!(skill, violations = violations.len(), "args rejected");
+            let e = ApiError::InvalidArgs { skill: self.name.clone(), violations };
+            record_refusal(app, base, "reject", "invalid_args", invalid, &e).await;
             return Err(e);
         }
-    };
-    // Args may hold what a caller would not want logged: their size only.
-    tracing::debug!(skill = skill.name(), args_bytes = req.args.raw().len(), "execute request");
-
-    let base = base(Some(&req));
-    let run = RunRequest {
-        skill: skill.name(),
-        class: manifest.class(),
-        args: &req.args,
-        session_id: req.session_id.as_deref(),
-        confirm: req.confirm,
-        approvals: &req.approvals,
-    };
-    if let Err(violations) = skill.check_args(req.args.value()) {
-        count(Outcome::InvalidArgs);
-        tracing::info!(skill = skill.name(), violations = violations.len(), "args rejected");
-        let e = ApiError::InvalidArgs { skill: name, violations };
-        record_refusal(&app, base, "reject", "invalid_args", Outcome::InvalidArgs, &e).await;
-        return Err(e);
-    }
-    let grant = match app.authz().decide(&who, &run, unix_now()) {
-        Ok(g) => g,
-        Err(denied) => return Err(deny(&app, base, denied).await),
-    };
-    app.metrics().authz_decisions_total.with_label_values(&["allow", grant.reason]).inc();
-    // From here a request dropped unfinished counts as `cancelled`.
-    let mut allowed = Allowed::new(&app, skill.name());
-    let record = Record {
-        decision: "allow",
-        reason: grant.reason.to_owned(),
-        approvers: grant.approvals.iter().map(|v| v.key_id.clone()).collect(),
-        approvals_used: grant.approvals.iter().map(|v| (v.replay_key(), v.expires_at)).collect(),
-        ..base.clone()
-    };
-    // The executor's request. Its manifest path must be UTF-8 (the wire is
-    // JSON): the scan registers no skill whose path is not
-    // (`crate::scan::build`), so the refusal after the decision's row below is
-    // only a guard.
-    let mut params = skill.registered().manifest_path().to_str().map(|m| ExecuteParams {
-        manifest: m.to_owned(),
-        args: req.args.into_raw(),
-        session_id: req.session_id,
-        class: Some(manifest.class()),
-        tool: skill.registered().tool().map(str::to_owned),
-        hold: false,
-    });
-    // The decision is written before anything runs; its commit is the one
-    // the completion waits for (`Audit::record_before_run`). Meanwhile,
-    // with a run slot free at once, the executor already gets the request
-    // held: it checks and prepares the run but spawns nothing before the
-    // `start` sent once the row is in (a refused request closes the
-    // connection, which cancels it). Without a free slot the connection is
-    // only opened meanwhile, and nothing is sent before a slot is taken.
-    let fast = match Arc::clone(app.run_slots()).try_acquire_owned() {
-        Ok(permit) => params.take().map(|p| (permit, p)),
-        Err(_) => None,
-    };
-    // The executor's side is polled first: the row is often written in
-    // place, synchronously (`Audit`'s writer), and the held request should
-    // be on its way before that. The row's id goes into its `RunRow` as it
-    // arrives, inside the join: a client gone while the other side is
-    // still pending drops the guard, which completes the row `cancelled`.
-    let audit = app.audit();
-    let decided = async {
-        let id = audit.record_before_run(record).await?;
-        Ok::<_, AuditError>(RunRow::new(audit.clone(), Some(id)))
-    };
-    let (decided, pre) = match fast {
-        Some((permit, p)) => {
-            let (held, row) = tokio::join!(biased; app.executor().execute_held(p), decided);
-            (row, Pre::Held(permit, held))
-        }
-        None => {
-            let (opened, row) = tokio::join!(biased; app.executor().open(), decided);
-            (row, Pre::Opened(opened))
-        }
-    };
-    match decided {
-        Ok(row) => {
-            grant.keep();
-            allowed.decided(row);
-        }
-        Err(AuditError::Replayed(key_id)) => {
-            drop(grant);
-            allowed.settle();
-            let denied = Denied {
-                uid: who.uid,
-                mode: who.mode,
-                skill: skill.name().to_owned(),
-                reason: DenyReason::ApprovalReplayed,
-                message: format!(
-                    "the approval of key {key_id} was already used; approvals count once"
-                ),
-            };
-            return Err(deny(&app, base, denied).await);
-        }
-        Err(e) if app.audit().required() => {
-            drop(grant);
-            allowed.settle();
-            app.metrics()
-                .executions_total
-                .with_label_values(&[skill.name(), AUDIT_UNAVAILABLE])
-                .inc();
-            tracing::error!(skill = skill.name(), error = %e, "run refused: no audit trail");
-            return Err(ApiError::AuditUnavailable(e.to_string()));
-        }
-        Err(e) => {
-            grant.keep();
-            tracing::warn!(
-                skill = skill.name(),
-                error = %e,
-                "running unaudited (audit_required = false)"
-            );
-            allowed.decided(RunRow::new(audit.clone(), None));
-        }
-    }
-    tracing::info!(
-        skill = skill.name(),
-        uid = who.uid,
-        role = %who.role,
-        mode = %who.mode,
-        reason = run_reason(allowed.row_id()),
-        "run allowed"
-    );
-
-    let deadline = |started: Instant| {
-        tokio::time::Instant::from_std(started) + manifest.timeout() + REPORT_SLACK
-    };
-    let (permit, started, conn) = match pre {
-        Pre::Held(permit, held) => {
-            app.metrics().run_queue_wait_seconds.observe(0.0);
-            let started = Instant::now();
-            let conn = match held {
-                Ok(held) => Ok(held.start().await),
-                Err(e) => Err(e),
-            };
-            (permit, started, conn)
-        }
-        Pre::Opened(opened) => {
-            let queued = Instant::now();
-            let mut opened = Some(opened);
-            let slot = match Arc::clone(app.run_slots()).try_acquire_owned() {
-                Ok(permit) => Ok(Ok(permit)),
-                Err(_) => {
-                    // Queued: the connection opened ahead is not kept idle
-                    // (the executor closes idle connections), a fresh one
-                    // follows.
-                    opened = None;
-                    tokio::time::timeout(
-                        app.limits().queue_timeout,
-                        Arc::clone(app.run_slots()).acquire_owned(),
-                    )
-                    .await
-                }
-            };
-            app.metrics().run_queue_wait_seconds.observe(queued.elapsed().as_secs_f64());
-            let Ok(Ok(permit)) = slot else {
-                let why = "no run slot free in time";
-                let _ = allowed.finish(not_run(Outcome::Busy.as_str(), why)).await;
-                return Err(busy(skill.name(), why));
-            };
-            let Some(params) = params else {
-                let why = "the manifest path is not UTF-8; the executor wire needs UTF-8";
-                let _ = allowed.finish(not_run("rejected", why)).await;
-                return Err(ApiError::Internal(why.into()));
-            };
-            let started = Instant::now();
-            let conn = match opened {
-                Some(Ok(opened)) => app.executor().execute_on(Some(opened), &params).await,
-                Some(Err(e)) => Err(e),
-                None => app.executor().execute(&params).await,
-            };
-            (permit, started, conn)
-        }
-    };
-    let in_flight = app.metrics().run_in_flight();
-    let deadline = deadline(started);
-    let conn = match conn {
-        Ok(c) => c,
-        Err(e) => return Err(executor_error(&name, e, &mut allowed).await),
-    };
-    allowed.handed_over(started);
-    let timeout = manifest.timeout();
-    let mut run = Run {
-        app: Arc::clone(&app),
-        skill,
-        conn,
-        deadline,
-        timeout,
-        queue_timeout: app.limits().queue_timeout,
-        queued: false,
-        started,
-        allowed,
-        slot: Some(permit),
-        in_flight: Some(in_flight),
-        unsent: None,
-    };
-    // Wait for the first event before choosing the status, so that a busy
-    // or failing executor is a 503 in both modes.
-    let first = match run.next().await {
-        Ok(ev) => ev,
-        Err(e) => return Err(run.fail(&name, e).await),
-    };
-
-    if wants_ndjson(&headers) {
-        // The report line in slices: the stream lets go of the run, and so
-        // of its slot, once the last one is taken (`answer`).
-        let lines = ndjson(run, first).flat_map(|line| {
-            futures_util::stream::iter(
-                answer::slices(line.unwrap_or_else(|e| match e {})).map(Ok::<_, Infallible>),
-            )
-        });
-        let mut response = Body::from_stream(lines).into_response();
-        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(NDJSON));
-        return Ok(response);
-    }
-    let mut event = first;
-    loop {
-        if let RunEvent::Report(reported) = event {
-            run.finish(&reported.report).await?;
-            // The executor's encoding of the report, as it sent it, holding
-            // the run's slot until it is handed over (`answer`).
-            let json = reported.json.get().to_owned();
-            let held = (run.slot.take(), app.metrics().answer_unsent());
-            return Ok(json_response(Body::new(Answer::new(json.into(), held))));
-        }
-        event = match run.next().await {
-            Ok(ev) => ev,
-            Err(e) => return Err(run.fail(&name, e).await),
+        let run = RunRequest {
+            skill,
+            class: self.manifest().class(),
+            args: &req.args,
+            session_id: req.session_id.as_deref(),
+            confirm: req.confirm,
+            approvals: &req.approvals,
         };
+        match app.authz().decide(&self.who, &run, unix_now()) {
+            Ok(grant) => {
+                app.metrics()
+                    .authz_decisions_total
+                    .with_label_values(&["allow", grant.reason])
+                    .inc();
+                Ok((base, grant))
+            }
+            Err(denied) => Err(deny(app, base, denied).await),
+        }
+    }
+
+    /// Audit: the decision's row written before anything runs; its commit
+    /// is the one the completion waits for (`Audit::record_before_run`).
+    ///
+    /// Meanwhile, with a run slot free at once, the executor already gets
+    /// the request held: it checks and prepares the run but spawns nothing
+    /// before the `start` sent once the row is in (a refused request closes
+    /// the connection, which cancels it). Without a free slot the
+    /// connection is only opened meanwhile, and nothing is sent before a
+    /// slot is taken. A replayed approval is a 403; a row that cannot be
+    /// written a 503 `audit_unavailable` when `audit_required`.
+    async fn audit(
+        &self,
+        base: Record,
+        grant: Grant,
+        req: ExecuteRequest,
+    ) -> Result<Decided, ApiError> {
+        let app = &self.app;
+        let skill = self.skill.name();
+        // From here a request dropped unfinished counts as `cancelled`.
+        let mut allowed = Allowed::new(app, skill);
+        let record = Record {
+            decision: "allow",
+            reason: grant.reason.to_owned(),
+            approvers: grant.approvals.iter().map(|v| v.key_id.clone()).collect(),
+            approvals_used: grant
+                .approvals
+                .iter()
+                .map(|v| (v.replay_key(), v.expires_at))
+                .collect(),
+            ..base.clone()
+        };
+        // The executor's request. Its manifest path must be UTF-8 (the wire
+        // is JSON): the scan registers no skill whose path is not
+        // (`crate::scan::build`), so the refusal after the decision's row
+        // (`admit`) is only a guard.
+        let registered = self.skill.registered();
+        let mut params = registered.manifest_path().to_str().map(|m| ExecuteParams {
+            manifest: m.to_owned(),
+            args: req.args.into_raw(),
+            session_id: req.session_id,
+            class: Some(self.manifest().class()),
+            tool: registered.tool().map(str::to_owned),
+            hold: false,
+        });
+        let fast = match Arc::clone(app.run_slots()).try_acquire_owned() {
+            Ok(permit) => params.take().map(|p| (permit, p)),
+            Err(_) => None,
+        };
+        // The executor's side is polled first: the row is often written in
+        // place, synchronously (`Audit`'s writer), and the held request
+        // should be on its way before that. The row's id goes into its
+        // `RunRow` as it arrives, inside the join: a client gone while the
+        // other side is still pending drops the guard, which completes the
+        // row `cancelled`.
+        let audit = app.audit();
+        let decided = async {
+            let id = audit.record_before_run(record).await?;
+            Ok::<_, AuditError>(RunRow::new(audit.clone(), Some(id)))
+        };
+        let (decided, pre) = match fast {
+            Some((permit, p)) => {
+                let (held, row) = tokio::join!(biased; app.executor().execute_held(p), decided);
+                (row, Pre::Held(permit, held))
+            }
+            None => {
+                let (opened, row) = tokio::join!(biased; app.executor().open(), decided);
+                (row, Pre::Opened(opened))
+            }
+        };
+        match decided {
+            Ok(row) => {
+                grant.keep();
+                allowed.decided(row);
+            }
+            Err(AuditError::Replayed(key_id)) => {
+                drop(grant);
+                allowed.settle();
+                let denied = Denied {
+                    uid: self.who.uid,
+                    mode: self.who.mode,
+                    skill: skill.to_owned(),
+                    reason: DenyReason::ApprovalReplayed,
+                    message: format!(
+                        "the approval of key {key_id} was already used; approvals count once"
+                    ),
+                };
+                return Err(deny(app, base, denied).await);
+            }
+            Err(e) if app.audit().required() => {
+                drop(grant);
+                allowed.settle();
+                app.metrics().executions_total.with_label_values(&[skill, AUDIT_UNAVAILABLE]).inc();
+                tracing::error!(skill, error = %e, "run refused: no audit trail");
+                return Err(ApiError::AuditUnavailable(e.to_string()));
+            }
+            Err(e) => {
+                grant.keep();
+                tracing::warn!(skill, error = %e, "running unaudited (audit_required = false)");
+                allowed.decided(RunRow::new(audit.clone(), None));
+            }
+        }
+        tracing::info!(
+            skill,
+            uid = self.who.uid,
+            role = %self.who.role,
+            mode = %self.who.mode,
+            reason = run_reason(allowed.row_id()),
+            "run allowed"
+        );
+        Ok(Decided { allowed, pre, params })
+    }
+
+    /// Admit: the run slot and the executor's connection. A request sent
+    /// held is started; otherwise the run waits up to the queue timeout for
+    /// a slot (503 `busy`) and is sent then.
+    async fn admit(&self, decided: Decided) -> Result<Admitted, ApiError> {
+        let app = &self.app;
+        let Decided { mut allowed, pre, params } = decided;
+        let (permit, started, conn) = match pre {
+            Pre::Held(permit, held) => {
+                app.metrics().run_queue_wait_seconds.observe(0.0);
+                let started = Instant::now();
+                let conn = match held {
+                    Ok(held) => Ok(held.start().await),
+                    Err(e) => Err(e),
+                };
+                (permit, started, conn)
+            }
+            Pre::Opened(opened) => {
+                let queued = Instant::now();
+                let mut opened = Some(opened);
+                let slot = match Arc::clone(app.run_slots()).try_acquire_owned() {
+                    Ok(permit) => Ok(Ok(permit)),
+                    Err(_) => {
+                        // Queued: the connection opened ahead is not kept
+                        // idle (the executor closes idle connections), a
+                        // fresh one follows.
+                        opened = None;
+                        tokio::time::timeout(
+                            app.limits().queue_timeout,
+                            Arc::clone(app.run_slots()).acquire_owned(),
+                        )
+                        .await
+                    }
+                };
+                app.metrics().run_queue_wait_seconds.observe(queued.elapsed().as_secs_f64());
+                let Ok(Ok(permit)) = slot else {
+                    let why = "no run slot free in time";
+                    let _ = allowed.finish(not_run(Outcome::Busy.as_str(), why)).await;
+                    return Err(busy(self.skill.name(), why));
+                };
+                let Some(params) = params else {
+                    let why = "the manifest path is not UTF-8; the executor wire needs UTF-8";
+                    let _ = allowed.finish(not_run("rejected", why)).await;
+                    return Err(ApiError::Internal(why.into()));
+                };
+                let started = Instant::now();
+                let conn = match opened {
+                    Some(Ok(opened)) => app.executor().execute_on(Some(opened), &params).await,
+                    Some(Err(e)) => Err(e),
+                    None => app.executor().execute(&params).await,
+                };
+                (permit, started, conn)
+            }
+        };
+        Ok(Admitted { allowed, permit, started, conn })
+    }
+
+    /// Forward: the run in the executor's hands, up to its first event, so
+    /// that a busy or failing executor is a 503 in both modes.
+    async fn forward(&self, admitted: Admitted) -> Result<(Run, RunEvent), ApiError> {
+        let app = &self.app;
+        let Admitted { mut allowed, permit, started, conn } = admitted;
+        let in_flight = app.metrics().run_in_flight();
+        let timeout = self.manifest().timeout();
+        let deadline = tokio::time::Instant::from_std(started) + timeout + REPORT_SLACK;
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => return Err(executor_error(&self.name, e, &mut allowed).await),
+        };
+        allowed.handed_over(started);
+        let mut run = Run {
+            app: Arc::clone(app),
+            skill: Arc::clone(&self.skill),
+            conn,
+            deadline,
+            timeout,
+            queue_timeout: app.limits().queue_timeout,
+            queued: false,
+            started,
+            allowed,
+            slot: Some(permit),
+            in_flight: Some(in_flight),
+            unsent: None,
+        };
+        match run.next().await {
+            Ok(first) => Ok((run, first)),
+            Err(e) => Err(run.fail(&self.name, e).await),
+        }
+    }
+
+    /// Answer: the report as one JSON body once the run is over, or every
+    /// event as an NDJSON line as it comes (`Accept`).
+    async fn answer(
+        &self,
+        mut run: Run,
+        first: RunEvent,
+        headers: &HeaderMap,
+    ) -> Result<Response, ApiError> {
+        if wants_ndjson(headers) {
+            // The report line in slices: the stream lets go of the run, and
+            // so of its slot, once the last one is taken (`answer`).
+            let lines = ndjson(run, first).flat_map(|line| {
+                futures_util::stream::iter(
+                    answer::slices(line.unwrap_or_else(|e| match e {})).map(Ok::<_, Infallible>),
+                )
+            });
+            let mut response = Body::from_stream(lines).into_response();
+            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(NDJSON));
+            return Ok(response);
+        }
+        let mut event = first;
+        loop {
+            if let RunEvent::Report(reported) = event {
+                run.finish(&reported.report).await?;
+                // The executor's encoding of the report, as it sent it,
+                // holding the run's slot until it is handed over (`answer`).
+                let json = reported.json.get().to_owned();
+                let held = (run.slot.take(), self.app.metrics().answer_unsent());
+                return Ok(json_response(Body::new(Answer::new(json.into(), held))));
+            }
+            event = match run.next().await {
+                Ok(ev) => ev,
+                Err(e) => return Err(run.fail(&self.name, e).await),
+            };
+        }
     }
 }
 
@@ -414,10 +527,6 @@ fn run_reason(row: Option<i64>) -> &'static str {
 
 fn unix_now() -> u64 {
     u64::try_from(crate::daemon::audit::now_ms() / 1000).unwrap_or(0)
-}
-
-fn not_run(outcome: &str, why: &str) -> Finish {
-    Finish { outcome: outcome.to_owned(), error: Some(why.to_owned()), ..Finish::default() }
 }
 
 /// Counts, logs and records a denial; returns the 403.
@@ -459,167 +568,6 @@ async fn record_refusal(
         ..base
     };
     let _ = app.audit().record(record).await;
-}
-
-/// A run forwarded to the executor. Holding it holds the run slot, the
-/// in-flight count, the executor connection and the audit row; dropping
-/// it releases all of them, cancels the run if it has not finished,
-/// completes the row as `cancelled` and counts it so ([`Allowed`]).
-struct Run {
-    app: Arc<App>,
-    skill: Arc<Skill>,
-    conn: RunConnection,
-    /// When to give up on the executor: the skill's timeout plus
-    /// [`REPORT_SLACK`](crate::daemon::executor_client::REPORT_SLACK) after the run started, or skilld's queue timeout
-    /// after the executor said the run waits for a slot.
-    deadline: tokio::time::Instant,
-    /// The skill's timeout.
-    timeout: Duration,
-    /// How long a run may wait in the executor's queue.
-    queue_timeout: Duration,
-    /// The executor said the run waits for a slot, and not yet that it
-    /// started.
-    queued: bool,
-    started: Instant,
-    /// The request and its audit row, until its outcome.
-    allowed: Allowed,
-    /// The run slot: held until the answer is handed over (`answer`).
-    slot: Option<OwnedSemaphorePermit>,
-    /// Counts the run in `ongrid_runs_in_flight` until its report.
-    in_flight: Option<InFlight>,
-    /// Counts a streamed answer in `ongrid_answers_unsent` from its report
-    /// line until the stream lets go of the run.
-    unsent: Option<InFlight>,
-}
-
-impl Run {
-    /// The next stderr line or the report. The skill's timeout counts from
-    /// the run's start: a run the executor queues (all its run slots busy)
-    /// may wait up to skilld's queue timeout for one, then is answered
-    /// `busy` (closing the connection cancels it in the queue).
-    async fn next(&mut self) -> Result<RunEvent, ExecutorError> {
-        loop {
-            let event = match tokio::time::timeout_at(self.deadline, self.conn.next()).await {
-                Ok(r) => r?,
-                Err(_) if self.queued => {
-                    return Err(ExecutorError::Busy(format!(
-                        "its run slots stayed full for {} s",
-                        self.queue_timeout.as_secs()
-                    )));
-                }
-                Err(_) => {
-                    return Err(ExecutorError::Io(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "no report from the executor past the skill's timeout",
-                    )));
-                }
-            };
-            let now = tokio::time::Instant::now();
-            match event {
-                RunEvent::Queued => {
-                    self.queued = true;
-                    self.deadline = now + self.queue_timeout;
-                }
-                RunEvent::Started => {
-                    self.queued = false;
-                    self.deadline = now + self.timeout + REPORT_SLACK;
-                }
-                other => return Ok(other),
-            }
-        }
-    }
-
-    /// The executor failed: completes the row, returns the 503.
-    async fn fail(&mut self, name: &str, e: ExecutorError) -> ApiError {
-        executor_error(name, e, &mut self.allowed).await
-    }
-
-    /// Counts and logs the report, and completes the audit row (committed
-    /// before the caller answers).
-    ///
-    /// # Errors
-    ///
-    /// 503 `audit_unavailable` when the rows could not be committed and
-    /// `audit_required`: the report is not sent without its audit trail.
-    async fn finish(&mut self, report: &RunReport) -> Result<(), ApiError> {
-        let name = self.skill.name();
-        let elapsed = self.started.elapsed();
-        let m = self.app.metrics();
-        m.run_duration_seconds.with_label_values(&[name]).observe(elapsed.as_secs_f64());
-        tracing::info!(
-            skill = name,
-            outcome = %report.outcome,
-            exit_code = report.exit_code,
-            signal = report.signal,
-            duration_ms = report.duration_ms,
-            "run finished"
-        );
-        let finished = self.allowed.finish(Finish {
-            outcome: report.outcome.as_str().to_owned(),
-            error: report.error.clone(),
-            exit_code: report.exit_code,
-            result: report.result.clone(),
-            duration_ms: Some(report.duration_ms),
-        });
-        if let Err(e) = finished.await {
-            if self.app.audit().required() {
-                tracing::error!(skill = name, error = %e, "run report withheld: no audit trail");
-                return Err(ApiError::AuditUnavailable(format!(
-                    "the run ended ({}) but its audit rows could not be committed: {e}",
-                    report.outcome
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The NDJSON body: `{"event":"stderr","line":...}` lines, then
-/// `{"event":"report","report":{...}}`; an executor failure mid-run ends
-/// the stream with `{"event":"error","error":{"code","message"}}`.
-fn ndjson(
-    run: Run,
-    first: RunEvent,
-) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
-    futures_util::stream::unfold((run, Some(first), false), |(mut run, pending, done)| async move {
-        if done {
-            return None;
-        }
-        let event = match pending {
-            Some(e) => Ok(e),
-            None => run.next().await,
-        };
-        let (mut line, done) = match event {
-            Ok(RunEvent::Stderr(line)) => {
-                (json!({"event": "stderr", "line": line}).to_string(), false)
-            }
-            // `Run::next` keeps these to itself.
-            Ok(RunEvent::Queued | RunEvent::Started) => {
-                return Some((Ok(Bytes::new()), (run, None, false)));
-            }
-            Ok(RunEvent::Report(reported)) => match run.finish(&reported.report).await {
-                // The executor's text of the report, so its `result` goes
-                // out as the skill printed it.
-                Ok(()) => {
-                    run.in_flight = None;
-                    run.unsent = Some(run.app.metrics().answer_unsent());
-                    (format!(r#"{{"event":"report","report":{}}}"#, reported.json.get()), true)
-                }
-                Err(e) => (json!({"event": "error", "error": e.body()["error"]}).to_string(), true),
-            },
-            Err(e) => {
-                tracing::warn!(skill = run.skill.name(), error = %chain(&e), "run stream ended");
-                let code =
-                    if matches!(e, ExecutorError::Busy(_)) { "busy" } else { EXECUTOR_UNAVAILABLE };
-                let message = chain(&e);
-                let _ = run.allowed.finish(not_run(code, &message)).await;
-                let event = json!({"event": "error", "error": {"code": code, "message": message}});
-                (event.to_string(), true)
-            }
-        };
-        line.push('\n');
-        Some((Ok(Bytes::from(line)), (run, None, done)))
-    })
 }
 
 /// A 200 whose body is `json`, a JSON document.
@@ -693,37 +641,10 @@ fn parse_request(bytes: &[u8]) -> Result<ExecuteRequest, ApiError> {
     Ok(req)
 }
 
-fn busy(skill: &str, why: &str) -> ApiError {
-    ApiError::Busy(Box::new(RunReport::not_run(skill, Outcome::Busy, why)))
-}
-
-/// The executor did not run the skill: completes the row, returns the 503.
-async fn executor_error(skill: &str, e: ExecutorError, allowed: &mut Allowed) -> ApiError {
-    tracing::warn!(skill, error = %chain(&e), "executor did not run the skill");
-    let (e, outcome) = match e {
-        ExecutorError::Busy(why) => {
-            (busy(skill, &format!("executor busy: {why}")), Outcome::Busy.as_str())
-        }
-        other => (ApiError::ExecutorUnavailable(chain(&other)), EXECUTOR_UNAVAILABLE),
-    };
-    let _ = allowed.finish(not_run(outcome, &e.to_string())).await;
-    e
-}
-
-/// The error and its causes, `a: b: c`.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]

@@ -38,6 +38,7 @@ pub mod answer;
 pub mod audit;
 pub mod error;
 pub mod execute;
+mod run;
 pub mod skills;
 
 pub use error::ApiError;
