@@ -1,4 +1,4 @@
-//! Who may run what (DESIGN.md §3, issue 5): callers, permission modes,
+//! Who may run what: callers, permission modes,
 //! the class gate and dual-sign approvals.
 //!
 //! # Who is calling

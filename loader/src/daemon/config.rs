@@ -65,7 +65,7 @@ pub const DEFAULT_EXECUTOR_SOCKET: &str = "/run/ongrid/executor.sock";
 pub const DEFAULT_SKILLS_DIR: &str = "/etc/ongrid/skills";
 /// The Prometheus listener.
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
-/// Largest request body accepted (DESIGN.md §5: over 1 MiB is 413).
+/// Largest request body accepted: a larger one is a 413.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
 /// The audit database.
 pub const DEFAULT_AUDIT_DB: &str = "/var/lib/ongrid/audit.db";
@@ -482,7 +482,7 @@ impl FileConfig {
         // Every configured path is absolute: a relative one would depend on
         // the daemon's working directory (`/` under systemd). The roots of
         // ONGRID_SKILLS_EXTERNAL_DIRS are not checked here: the scan skips
-        // a relative one with its log line (DESIGN §2).
+        // a relative one with its log line.
         let socket =
             absolute("socket", "--socket", overrides.socket, self.socket, DEFAULT_SOCKET.into())?;
         let executor_socket = absolute(

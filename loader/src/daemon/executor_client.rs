@@ -1,4 +1,4 @@
-//! The loader's side of the executor wire (DESIGN.md §5, [`policy::wire`]).
+//! The loader's side of the executor wire ([`policy::wire`]).
 //!
 //! One run at a time per connection: [`ExecutorClient::execute`] connects
 //! (or takes a connection opened ahead, [`ExecutorClient::open`]), sends

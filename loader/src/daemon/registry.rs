@@ -95,7 +95,7 @@ impl Skill {
         }
     }
 
-    /// The skill as the client API lists it (DESIGN.md §5): `name`,
+    /// The skill as the client API lists it: `name`,
     /// `description`, `class`, `category`, `schema`, `timeout_seconds`,
     /// `env_allow`, `source`.
     pub fn to_api_json(&self) -> Value {

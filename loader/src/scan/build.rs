@@ -2,7 +2,7 @@
 //! scan makes after parsing and before the skill's name counts as taken.
 //!
 //! A manifest that fails one of them is skipped with
-//! `skill loader: build "NAME": REASON` (DESIGN.md §2) and leaves its name
+//! `skill loader: build "NAME": REASON` and leaves its name
 //! free for the next manifest that names it. The checks, cheapest first:
 //!
 //! 1. the manifest's path is UTF-8: the executor wire names the manifest

@@ -1,6 +1,6 @@
 //! Resolving a manifest's `entry` to the canonical executable it names.
 //!
-//! Rules (DESIGN.md §2): a relative entry is relative to the manifest's
+//! Rules: a relative entry is relative to the manifest's
 //! folder; the entry is canonicalised (symlinks resolved) and must lie under
 //! the canonical allow-list root, compared by path components
 //! ([`policy::path::is_within`]); it must exist, be a regular file and have

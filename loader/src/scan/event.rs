@@ -1,6 +1,7 @@
 //! What a scan did, one typed event per decision.
 //!
-//! The `Display` of a [`ScanEvent`] is its exact log line (DESIGN.md §2);
+//! The `Display` of a [`ScanEvent`] is its exact log line (operators and
+//! tests match these lines, so they change only on purpose);
 //! the CLI prints it verbatim on stderr and the daemon logs it through
 //! `tracing` at [`ScanEvent::level`].
 
@@ -85,7 +86,8 @@ pub enum ScanEvent {
         kind: &'static str,
     },
     /// A symbolic link to a directory inside a root: not followed
-    /// (DESIGN.md §2), so nothing beneath it is loaded. Said at warn level
+    /// (a symlink loop must not make the walk recurse), so nothing beneath
+    /// it is loaded. Said at warn level
     /// for the operator who linked a pack into a root, but not a skip: it
     /// is not a manifest, and packs may hold such links (`lib64 -> lib`).
     SymlinkedDir {

@@ -7,7 +7,7 @@
 //! under the root like a `skill.json` entry. Every checked SKILL.md has a
 //! [`RequirementReport`] (for `ongrid-skill check`).
 //!
-//! Walk rules (DESIGN.md §2): each root is resolved to its canonical
+//! Walk rules: each root is resolved to its canonical
 //! directory (a root that is a symlink is followed once, here), then walked
 //! recursively in lexical order without following symlinks, so a symlink
 //! loop under a root cannot make the walk recurse; a symlink to a

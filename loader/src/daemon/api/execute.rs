@@ -87,10 +87,10 @@ pub struct ExecuteRequest {
     /// The caller's session, for logs and audit.
     #[serde(default)]
     pub session_id: Option<String>,
-    /// Confirmation for `mutating` skills (permission modes, issue 5).
+    /// Confirmation for `mutating` skills (their permission mode asks for it).
     #[serde(default)]
     pub confirm: bool,
-    /// Signed approvals for `dangerous` skills (issue 5).
+    /// Signed approvals for `dangerous` skills (dual sign).
     #[serde(default)]
     pub approvals: Vec<Value>,
 }

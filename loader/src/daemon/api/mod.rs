@@ -1,4 +1,4 @@
-//! The client API (DESIGN.md §5): HTTP/1.1 + JSON, one handler file per
+//! The client API: HTTP/1.1 + JSON, one handler file per
 //! resource.
 //!
 //! - [`skills`]: `GET /v1/skills[?category=]`, `GET /v1/skills/{name}`,

@@ -1,4 +1,4 @@
-//! The audit trail (DESIGN.md §3, issue 5): one SQLite row per decision
+//! The audit trail: one SQLite row per decision
 //! and run, in WAL mode, at `audit_db` (`/var/lib/ongrid/audit.db`).
 //!
 //! # Layout
@@ -80,7 +80,7 @@
 //!
 //! One SQLite `INSERT` and `COMMIT` per row cost ~70-180 µs of the
 //! daemon's CPU on each run's path with cold caches; the journal line
-//! ~10 µs (BENCHMARKS.md, nineteenth pass).
+//! ~10 µs (measured with the loader benchmarks).
 //!
 //! # Group commit
 //!
