@@ -448,37 +448,16 @@ impl FileConfig {
         })
     }
 
+    /// The steps of [`FileConfig::resolve`], in the order their errors are
+    /// reported: the sockets and listeners, the paths, the permission keys,
+    /// the audit trail, then the limits.
     fn resolve_values(
         self,
         overrides: Overrides,
         env_dirs: Vec<PathBuf>,
     ) -> Result<Settings, ConfigError> {
-        let socket_mode = match &self.socket_mode {
-            None => 0o660,
-            Some(s) => u32::from_str_radix(s.trim_start_matches("0o"), 8)
-                .ok()
-                .filter(|m| *m <= 0o777)
-                .ok_or_else(|| {
-                    value("socket_mode", format!("{s:?} is not an octal mode like \"0660\""))
-                })?,
-        };
-        let flag = overrides.metrics_listen.is_some();
-        let metrics = overrides
-            .metrics_listen
-            .or(self.metrics_listen)
-            .unwrap_or_else(|| DEFAULT_METRICS_LISTEN.to_owned());
-        let metrics_listen = if metrics.trim().is_empty() {
-            None
-        } else {
-            Some(metrics.trim().parse::<SocketAddr>().map_err(|e| {
-                let message = format!("{metrics:?}: {e}");
-                if flag {
-                    ConfigError::Flag { flag: "--metrics-listen", message }
-                } else {
-                    value("metrics_listen", message)
-                }
-            })?)
-        };
+        let socket_mode = socket_mode(self.socket_mode.as_deref())?;
+        let metrics_listen = metrics_listen(overrides.metrics_listen, self.metrics_listen)?;
         // Every configured path is absolute: a relative one would depend on
         // the daemon's working directory (`/` under systemd). The roots of
         // ONGRID_SKILLS_EXTERNAL_DIRS are not checked here: the scan skips
@@ -492,18 +471,7 @@ impl FileConfig {
             self.executor_socket,
             DEFAULT_EXECUTOR_SOCKET.into(),
         )?;
-        let mut skills_dirs = if overrides.skills_dirs.is_empty() {
-            let dirs = self.skills_dirs.unwrap_or_else(|| vec![PathBuf::from(DEFAULT_SKILLS_DIR)]);
-            for dir in &dirs {
-                absolute("skills_dirs", "", None, Some(dir.clone()), PathBuf::new())?;
-            }
-            dirs
-        } else {
-            for dir in &overrides.skills_dirs {
-                absolute("skills_dirs", "--skills-dir", Some(dir.clone()), None, PathBuf::new())?;
-            }
-            overrides.skills_dirs
-        };
+        let mut skills_dirs = skills_dirs(overrides.skills_dirs, self.skills_dirs)?;
         skills_dirs.extend(env_dirs);
         let audit_db = absolute(
             "audit_db",
@@ -512,26 +480,7 @@ impl FileConfig {
             self.audit_db,
             DEFAULT_AUDIT_DB.into(),
         )?;
-        let positive = |key: &'static str, v: Option<usize>, default: usize| match v {
-            Some(0) => Err(value(key, "must be at least 1")),
-            Some(n) => Ok(n),
-            None => Ok(default),
-        };
-        let seconds = |key: &'static str, v: Option<u64>, default: u64| match v {
-            Some(0) => Err(value(key, "must be at least 1")),
-            Some(n) => Ok(Duration::from_secs(n)),
-            None => Ok(Duration::from_secs(default)),
-        };
-        let approval_max_ttl = match self.approval_max_ttl_seconds {
-            None => DEFAULT_MAX_TTL_SECONDS,
-            Some(n) if (1..=MAX_APPROVAL_TTL_SECONDS).contains(&n) => n,
-            Some(n) => {
-                return Err(value(
-                    "approval_max_ttl_seconds",
-                    format!("{n} is not within 1..={MAX_APPROVAL_TTL_SECONDS}"),
-                ))
-            }
-        };
+        let approval_max_ttl = approval_max_ttl(self.approval_max_ttl_seconds)?;
         let socket_group = self
             .socket_group
             .as_deref()
@@ -543,54 +492,15 @@ impl FileConfig {
             .into_iter()
             .map(CallerEntry::resolve)
             .collect::<Result<Vec<_>, _>>()?;
-        let mut approvers: Vec<Approver> = Vec::new();
-        for a in self.approvers.unwrap_or_default() {
-            let approver = Approver::new(&a.name, &a.public_key).map_err(|e| {
-                value("approvers", format!("approver {:?}: public_key: {e}", a.name))
-            })?;
-            if let Some(dup) = approvers
-                .iter()
-                .find(|p| p.key_id() == approver.key_id() || p.name() == approver.name())
-            {
-                return Err(value(
-                    "approvers",
-                    format!(
-                        "approvers {:?} and {:?} share a name or a key: each approver needs its own",
-                        dup.name(),
-                        a.name
-                    ),
-                ));
-            }
-            approvers.push(approver);
-        }
+        let approvers = approvers(self.approvers.unwrap_or_default())?;
         let audit = AuditSettings {
             db: audit_db,
             required: self.audit_required.unwrap_or(true),
             max_rows: self.audit_max_rows.unwrap_or(DEFAULT_AUDIT_MAX_ROWS),
             max_age_days: self.audit_max_age_days.unwrap_or(DEFAULT_AUDIT_MAX_AGE_DAYS),
-            max_bytes: match self.audit_max_bytes {
-                None => DEFAULT_AUDIT_MAX_BYTES,
-                Some(n) if n == 0 || n >= MIN_AUDIT_MAX_BYTES => n,
-                Some(n) => {
-                    return Err(value(
-                        "audit_max_bytes",
-                        format!("{n} is below {MIN_AUDIT_MAX_BYTES} (0: no size cap)"),
-                    ))
-                }
-            },
+            max_bytes: audit_max_bytes(self.audit_max_bytes)?,
             synchronous: self.audit_synchronous.unwrap_or_default(),
-            sync_interval: match self.audit_sync_interval_ms {
-                None => Duration::from_millis(DEFAULT_AUDIT_SYNC_INTERVAL_MS),
-                Some(n) if (1..=MAX_AUDIT_SYNC_INTERVAL_MS).contains(&n) => {
-                    Duration::from_millis(n)
-                }
-                Some(n) => {
-                    return Err(value(
-                        "audit_sync_interval_ms",
-                        format!("{n} is not within 1..={MAX_AUDIT_SYNC_INTERVAL_MS}"),
-                    ))
-                }
-            },
+            sync_interval: audit_sync_interval(self.audit_sync_interval_ms)?,
         };
         Ok(Settings {
             socket_group,
@@ -620,6 +530,138 @@ impl FileConfig {
                 MAX_DRAIN.as_secs(),
             )?,
         })
+    }
+}
+
+/// `socket_mode`: an octal mode (`"0660"`, `"0o660"`), 0660 by default.
+fn socket_mode(mode: Option<&str>) -> Result<u32, ConfigError> {
+    match mode {
+        None => Ok(0o660),
+        Some(s) => u32::from_str_radix(s.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| {
+                value("socket_mode", format!("{s:?} is not an octal mode like \"0660\""))
+            }),
+    }
+}
+
+/// `--metrics-listen`, else `metrics_listen`, else the default; empty
+/// turns the listener off.
+fn metrics_listen(
+    flag: Option<String>,
+    file: Option<String>,
+) -> Result<Option<SocketAddr>, ConfigError> {
+    let flagged = flag.is_some();
+    let metrics = flag.or(file).unwrap_or_else(|| DEFAULT_METRICS_LISTEN.to_owned());
+    if metrics.trim().is_empty() {
+        return Ok(None);
+    }
+    let addr = metrics.trim().parse::<SocketAddr>().map_err(|e| {
+        let message = format!("{metrics:?}: {e}");
+        if flagged {
+            ConfigError::Flag { flag: "--metrics-listen", message }
+        } else {
+            value("metrics_listen", message)
+        }
+    })?;
+    Ok(Some(addr))
+}
+
+/// The `--skills-dir` flags, else `skills_dirs`, else the default; each
+/// one absolute.
+fn skills_dirs(
+    flags: Vec<PathBuf>,
+    file: Option<Vec<PathBuf>>,
+) -> Result<Vec<PathBuf>, ConfigError> {
+    if flags.is_empty() {
+        let dirs = file.unwrap_or_else(|| vec![PathBuf::from(DEFAULT_SKILLS_DIR)]);
+        for dir in &dirs {
+            absolute("skills_dirs", "", None, Some(dir.clone()), PathBuf::new())?;
+        }
+        return Ok(dirs);
+    }
+    for dir in &flags {
+        absolute("skills_dirs", "--skills-dir", Some(dir.clone()), None, PathBuf::new())?;
+    }
+    Ok(flags)
+}
+
+/// `approval_max_ttl_seconds`, within 1..=[`MAX_APPROVAL_TTL_SECONDS`].
+fn approval_max_ttl(seconds: Option<u64>) -> Result<u64, ConfigError> {
+    match seconds {
+        None => Ok(DEFAULT_MAX_TTL_SECONDS),
+        Some(n) if (1..=MAX_APPROVAL_TTL_SECONDS).contains(&n) => Ok(n),
+        Some(n) => Err(value(
+            "approval_max_ttl_seconds",
+            format!("{n} is not within 1..={MAX_APPROVAL_TTL_SECONDS}"),
+        )),
+    }
+}
+
+/// The `[[approvers]]`, each key valid, no two sharing a name or a key.
+fn approvers(entries: Vec<ApproverEntry>) -> Result<Vec<Approver>, ConfigError> {
+    let mut approvers: Vec<Approver> = Vec::new();
+    for a in entries {
+        let approver = Approver::new(&a.name, &a.public_key)
+            .map_err(|e| value("approvers", format!("approver {:?}: public_key: {e}", a.name)))?;
+        if let Some(dup) = approvers
+            .iter()
+            .find(|p| p.key_id() == approver.key_id() || p.name() == approver.name())
+        {
+            return Err(value(
+                "approvers",
+                format!(
+                    "approvers {:?} and {:?} share a name or a key: each approver needs its own",
+                    dup.name(),
+                    a.name
+                ),
+            ));
+        }
+        approvers.push(approver);
+    }
+    Ok(approvers)
+}
+
+/// `audit_max_bytes`: 0 (no size cap) or at least [`MIN_AUDIT_MAX_BYTES`].
+fn audit_max_bytes(bytes: Option<u64>) -> Result<u64, ConfigError> {
+    match bytes {
+        None => Ok(DEFAULT_AUDIT_MAX_BYTES),
+        Some(n) if n == 0 || n >= MIN_AUDIT_MAX_BYTES => Ok(n),
+        Some(n) => Err(value(
+            "audit_max_bytes",
+            format!("{n} is below {MIN_AUDIT_MAX_BYTES} (0: no size cap)"),
+        )),
+    }
+}
+
+/// `audit_sync_interval_ms`, within 1..=[`MAX_AUDIT_SYNC_INTERVAL_MS`].
+fn audit_sync_interval(ms: Option<u64>) -> Result<Duration, ConfigError> {
+    match ms {
+        None => Ok(Duration::from_millis(DEFAULT_AUDIT_SYNC_INTERVAL_MS)),
+        Some(n) if (1..=MAX_AUDIT_SYNC_INTERVAL_MS).contains(&n) => Ok(Duration::from_millis(n)),
+        Some(n) => Err(value(
+            "audit_sync_interval_ms",
+            format!("{n} is not within 1..={MAX_AUDIT_SYNC_INTERVAL_MS}"),
+        )),
+    }
+}
+
+/// A count `key`: at least 1, `default` when not given.
+fn positive(key: &'static str, v: Option<usize>, default: usize) -> Result<usize, ConfigError> {
+    match v {
+        Some(0) => Err(value(key, "must be at least 1")),
+        Some(n) => Ok(n),
+        None => Ok(default),
+    }
+}
+
+/// A duration `key` in seconds: at least 1, `default` when not given.
+fn seconds(key: &'static str, v: Option<u64>, default: u64) -> Result<Duration, ConfigError> {
+    match v {
+        Some(0) => Err(value(key, "must be at least 1")),
+        Some(n) => Ok(Duration::from_secs(n)),
+        None => Ok(Duration::from_secs(default)),
     }
 }
 
