@@ -57,8 +57,8 @@
 //!
 //! # Layout
 //!
-//! [`choose`] decides everything before anything starts, [`write`] makes
-//! the runtime directory and the executor's configuration, [`supervise`]
+//! `choose` decides everything before anything starts, `write` makes
+//! the runtime directory and the executor's configuration, `supervise`
 //! runs, watches and stops both daemons.
 
 use std::io::{self, Write};
