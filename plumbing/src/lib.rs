@@ -1,0 +1,10 @@
+//! Daemon plumbing shared by `ongrid-skilld` and `ongrid-executor`: the
+//! pieces both daemons need around their own work, written once.
+//!
+//! # Layout
+//!
+//! - [`errors`]: an error and its sources as one `a: b: c` line.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod errors;
