@@ -3,10 +3,17 @@
 //!
 //! # Layout
 //!
+//! - [`journald`]: log lines with journald's `<N>` priorities and no
+//!   timestamp when stderr is the journal's stream; [`journald::try_init`]
+//!   installs the subscriber, [`journald::eprint`] writes a record outside it.
+//! - [`log_line`]: the daemons' `tracing` subscriber, each record one line
+//!   (the control characters in its fields escaped).
 //! - [`errors`]: an error and its sources as one `a: b: c` line.
 //! - [`peer`]: [`peer::hung_up`], whether the other end of a connection left.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod errors;
+pub mod journald;
+pub mod log_line;
 pub mod peer;
