@@ -8,6 +8,8 @@
 //!   installs the subscriber, [`journald::eprint`] writes a record outside it.
 //! - [`log_line`]: the daemons' `tracing` subscriber, each record one line
 //!   (the control characters in its fields escaped).
+//! - [`notify`]: sd-notify (`READY=1`, `RELOADING=1`, `STOPPING=1`,
+//!   `STATUS=`) and the listening socket of socket activation.
 //! - [`errors`]: an error and its sources as one `a: b: c` line.
 //! - [`peer`]: [`peer::hung_up`], whether the other end of a connection left.
 #![forbid(unsafe_code)]
@@ -16,4 +18,5 @@
 pub mod errors;
 pub mod journald;
 pub mod log_line;
+pub mod notify;
 pub mod peer;
