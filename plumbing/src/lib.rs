@@ -10,6 +10,8 @@
 //!   (the control characters in its fields escaped).
 //! - [`notify`]: sd-notify (`READY=1`, `RELOADING=1`, `STOPPING=1`,
 //!   `STATUS=`) and the listening socket of socket activation.
+//! - [`process_metrics`]: [`process_metrics::ProcessMetrics`], the
+//!   process's own `process_*` metrics with the CPU time exact.
 //! - [`errors`]: an error and its sources as one `a: b: c` line.
 //! - [`peer`]: [`peer::hung_up`], whether the other end of a connection left.
 #![forbid(unsafe_code)]
@@ -20,3 +22,4 @@ pub mod journald;
 pub mod log_line;
 pub mod notify;
 pub mod peer;
+pub mod process_metrics;
