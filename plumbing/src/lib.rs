@@ -12,6 +12,8 @@
 //!   `STATUS=`) and the listening socket of socket activation.
 //! - [`process_metrics`]: [`process_metrics::ProcessMetrics`], the
 //!   process's own `process_*` metrics with the CPU time exact.
+//! - [`socket`]: the socket node: bound with its mode and owner, a stale
+//!   node replaced, a live one kept, removed at exit while still its own.
 //! - [`errors`]: an error and its sources as one `a: b: c` line.
 //! - [`peer`]: [`peer::hung_up`], whether the other end of a connection left.
 #![forbid(unsafe_code)]
@@ -23,3 +25,4 @@ pub mod log_line;
 pub mod notify;
 pub mod peer;
 pub mod process_metrics;
+pub mod socket;
