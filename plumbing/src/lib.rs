@@ -14,11 +14,14 @@
 //!   process's own `process_*` metrics with the CPU time exact.
 //! - [`socket`]: the socket node: bound with its mode and owner, a stale
 //!   node replaced, a live one kept, removed at exit while still its own.
+//! - [`accept`]: the accept loop: a permit per connection, a doubling
+//!   pause after a failed `accept`, cancellable at every wait.
 //! - [`errors`]: an error and its sources as one `a: b: c` line.
 //! - [`peer`]: [`peer::hung_up`], whether the other end of a connection left.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod accept;
 pub mod errors;
 pub mod journald;
 pub mod log_line;
