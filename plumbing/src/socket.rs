@@ -96,9 +96,9 @@ pub enum Live {
     },
 }
 
-/// How [`bind`] makes the node.
+/// How [`bind`] makes the node. Build it from [`NodeOptions::new`] with
+/// struct-update syntax: `NodeOptions { group, ..NodeOptions::new(0o660) }`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct NodeOptions {
     /// The node's mode bits, set after `bind`.
     pub mode: u32,
