@@ -76,9 +76,6 @@ fn run(
     config: Option<PathBuf>,
     json: bool,
 ) -> anyhow::Result<u8> {
-    // The child's cgroup join would otherwise wait for an RCU grace period
-    // on the critical path; start that wait now, in the background.
-    executor::host::attach_lock::warm_up();
     let args = if args == "-" {
         let mut buf = Vec::new();
         std::io::stdin().read_to_end(&mut buf).context("reading args from stdin")?;
@@ -93,6 +90,11 @@ fn run(
             return print(&report, json);
         }
     };
+    // Before any thread: capabilities are per thread and inherited.
+    executor::host::capabilities::drop_unneeded(&config).context("capabilities")?;
+    // The child's cgroup join would otherwise wait for an RCU grace period
+    // on the critical path; start that wait now, in the background.
+    executor::host::attach_lock::warm_up();
     // One child: the filter is installed in it, no spawner threads.
     let spawners = executor::run::spawn::Spawners::inline();
     let engine = Engine::with_spawners(config, spawners).context("starting the engine")?;
@@ -115,6 +117,8 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
     // inherited socket close-on-exec (the watchdog must not hold it).
     let inherited = executor::systemd::take_listener().context("socket activation")?;
     let config = load_config(config).context("loading the configuration")?.for_serve();
+    // Before any thread or child: capabilities are per thread and inherited.
+    executor::host::capabilities::drop_unneeded(&config).context("capabilities")?;
     // Before anything else is set up: another executor serving on this
     // socket keeps it (binding checks again; this keeps a refused start
     // from touching cgroups or the runs directory first).

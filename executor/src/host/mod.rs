@@ -10,10 +10,13 @@
 //!   by every executor at start).
 //! - [`dynmods`]: `favordynmods` on the cgroup hierarchies, so a cgroup
 //!   join after an idle gap does not wait an RCU grace period.
+//! - [`capabilities`]: the executor's own capabilities, dropped at start
+//!   to what it and its skills' grants need.
 //! - [`attach_lock`]: warming the kernel's cgroup attach lock for a one-shot
 //!   run.
 
 pub mod attach_lock;
+pub mod capabilities;
 pub mod delegation;
 pub mod dynmods;
 pub mod instance;

@@ -1,10 +1,12 @@
 //! The Landlock ruleset of a run: which paths get which rights, per ABI.
 //!
-//! Built in the parent (paths opened `O_PATH`, rules added); the child only
-//! calls `landlock_restrict_self` on the ruleset fd. ABI 1 filesystem rights
-//! are required unless the operator chose `landlock = "best-effort"`; rights
-//! of later ABIs (REFER 2, TRUNCATE 3, TCP 4, IOCTL_DEV 5, scopes 6) are
-//! handled whenever the kernel knows them. Nothing is granted that is not
+//! Built in the parent with the `landlock` crate (paths opened `O_PATH`,
+//! a `PathBeneath` rule over each, the created ruleset turned into an
+//! `OwnedFd`); the child only calls `landlock_restrict_self` on that fd.
+//! ABI 1 filesystem rights are required (`CompatLevel::HardRequirement`)
+//! unless the operator chose `landlock = "best-effort"`; rights of later
+//! ABIs (REFER 2, TRUNCATE 3, TCP 4, IOCTL_DEV 5, scopes 6) are handled
+//! whenever the kernel knows them, and none past ABI 6. Nothing is granted that is not
 //! listed here: `/etc` is a list of harmless entries, never the whole
 //! directory, so `/etc/shadow` stays unreadable even to a skill running as
 //! root.
@@ -16,6 +18,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use landlock::{
+    Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetError, Scope, ABI,
+};
 use nix::errno::Errno;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
@@ -25,94 +31,50 @@ use policy::Enforcement;
 use crate::config::LandlockMode;
 use crate::sys;
 
-/// Filesystem access rights (`LANDLOCK_ACCESS_FS_*`).
+/// The sets of filesystem rights the rules grant.
 pub mod fs {
-    /// Execute a file.
-    pub const EXECUTE: u64 = 1 << 0;
-    /// Open a file for writing.
-    pub const WRITE_FILE: u64 = 1 << 1;
-    /// Open a file for reading.
-    pub const READ_FILE: u64 = 1 << 2;
-    /// List a directory.
-    pub const READ_DIR: u64 = 1 << 3;
-    /// Remove a directory.
-    pub const REMOVE_DIR: u64 = 1 << 4;
-    /// Remove a file.
-    pub const REMOVE_FILE: u64 = 1 << 5;
-    /// Create a character device.
-    pub const MAKE_CHAR: u64 = 1 << 6;
-    /// Create a directory.
-    pub const MAKE_DIR: u64 = 1 << 7;
-    /// Create a regular file.
-    pub const MAKE_REG: u64 = 1 << 8;
-    /// Create a Unix socket.
-    pub const MAKE_SOCK: u64 = 1 << 9;
-    /// Create a FIFO.
-    pub const MAKE_FIFO: u64 = 1 << 10;
-    /// Create a block device.
-    pub const MAKE_BLOCK: u64 = 1 << 11;
-    /// Create a symlink.
-    pub const MAKE_SYM: u64 = 1 << 12;
-    /// Link or rename across directories (ABI 2).
-    pub const REFER: u64 = 1 << 13;
-    /// Truncate a file (ABI 3).
-    pub const TRUNCATE: u64 = 1 << 14;
-    /// ioctl on a device (ABI 5).
-    pub const IOCTL_DEV: u64 = 1 << 15;
+    use landlock::{make_bitflags, AccessFs, BitFlags};
+
     /// Rights that apply to a file (not a directory).
-    pub const FILE: u64 = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV;
+    pub const FILE: BitFlags<AccessFs> =
+        make_bitflags!(AccessFs::{Execute | WriteFile | ReadFile | Truncate | IoctlDev});
     /// Read and execute below a path.
-    pub const READ_EXEC: u64 = EXECUTE | READ_FILE | READ_DIR;
+    pub const READ_EXEC: BitFlags<AccessFs> =
+        make_bitflags!(AccessFs::{Execute | ReadFile | ReadDir});
     /// Read without execute.
-    pub const READ: u64 = READ_FILE | READ_DIR;
+    pub const READ: BitFlags<AccessFs> = make_bitflags!(AccessFs::{ReadFile | ReadDir});
+    /// Reading a device file.
+    pub const READ_FILE: BitFlags<AccessFs> = make_bitflags!(AccessFs::{ReadFile});
+    /// `/dev/null`: read, write, truncate and its ioctls.
+    pub const DEV_NULL: BitFlags<AccessFs> =
+        make_bitflags!(AccessFs::{ReadFile | WriteFile | Truncate | IoctlDev});
     /// Read and write, create and remove; never REFER, devices or execute.
-    pub const READ_WRITE: u64 = WRITE_FILE
-        | READ_FILE
-        | READ_DIR
-        | REMOVE_DIR
-        | REMOVE_FILE
-        | MAKE_DIR
-        | MAKE_REG
-        | MAKE_SOCK
-        | MAKE_FIFO
-        | MAKE_SYM
-        | TRUNCATE;
+    pub const READ_WRITE: BitFlags<AccessFs> = make_bitflags!(AccessFs::{
+        WriteFile | ReadFile | ReadDir | RemoveDir | RemoveFile | MakeDir | MakeReg | MakeSock
+            | MakeFifo | MakeSym | Truncate
+    });
 }
 
-/// Every filesystem right the kernel's `abi` knows.
-pub fn fs_handled(abi: u32) -> u64 {
-    let mut rights = 0;
-    if abi >= 1 {
-        rights |= (1 << 13) - 1;
-    }
-    if abi >= 2 {
-        rights |= fs::REFER;
-    }
-    if abi >= 3 {
-        rights |= fs::TRUNCATE;
-    }
-    if abi >= 5 {
-        rights |= fs::IOCTL_DEV;
-    }
-    rights
+/// The kernel's `abi` as the `landlock` crate names it, at most
+/// [`FULL_ABI`]: rights of later ABIs are not handled, so no rule here
+/// leaves them denied by accident.
+fn handled_abi(abi: u32) -> ABI {
+    ABI::from(i32::try_from(abi.min(FULL_ABI)).unwrap_or(0))
+}
+
+/// Every filesystem right the kernel's `abi` knows (up to [`FULL_ABI`]).
+pub fn fs_handled(abi: u32) -> BitFlags<AccessFs> {
+    AccessFs::from_all(handled_abi(abi))
 }
 
 /// TCP bind + connect, when the ABI knows them (4).
-pub fn net_handled(abi: u32) -> u64 {
-    if abi >= 4 {
-        0b11
-    } else {
-        0
-    }
+pub fn net_handled(abi: u32) -> BitFlags<AccessNet> {
+    AccessNet::from_all(handled_abi(abi))
 }
 
 /// Abstract Unix socket + signal scoping, when the ABI knows them (6).
-pub fn scopes(abi: u32) -> u64 {
-    if abi >= 6 {
-        0b11
-    } else {
-        0
-    }
+pub fn scopes(abi: u32) -> BitFlags<Scope> {
+    Scope::from_all(handled_abi(abi))
 }
 
 /// The newest ABI whose rights this module handles (7 adds none over 6).
@@ -164,7 +126,7 @@ pub struct Rule {
     /// The path (a missing system path is skipped).
     pub path: PathBuf,
     /// Rights asked for (masked to the ABI and to file rights on files).
-    pub access: u64,
+    pub access: BitFlags<AccessFs>,
     /// True when the path came from the manifest or the run (a missing one
     /// is reported as degraded rather than skipped silently).
     pub explicit: bool,
@@ -198,10 +160,7 @@ impl FsPolicy {
         rules.extend(ETC_READ.iter().map(|p| system(p, fs::READ)));
         rules.extend(DEV_READ.iter().map(|p| system(p, fs::READ_FILE)));
         rules.push(system("/proc", fs::READ));
-        rules.push(system(
-            "/dev/null",
-            fs::READ_FILE | fs::WRITE_FILE | fs::TRUNCATE | fs::IOCTL_DEV,
-        ));
+        rules.push(system("/dev/null", fs::DEV_NULL));
         rules.push(explicit(skill_dir, fs::READ_EXEC));
         rules.push(explicit(entry, fs::READ_EXEC));
         rules.push(explicit(run_dir, fs::READ_WRITE));
@@ -472,7 +431,7 @@ pub enum LandlockError {
     Unsupported,
     /// Creating the ruleset failed.
     #[error("landlock: cannot create the ruleset")]
-    Create(#[source] std::io::Error),
+    Create(#[source] RulesetError),
     /// A rule could not be added.
     #[error("landlock: cannot add a rule for {path}")]
     AddRule {
@@ -480,7 +439,7 @@ pub enum LandlockError {
         path: PathBuf,
         /// The cause.
         #[source]
-        source: std::io::Error,
+        source: RulesetError,
     },
 }
 
@@ -528,46 +487,10 @@ pub fn prepare(
         return Ok(hit);
     }
     let handled = fs_handled(abi);
-    let net = if policy.network { 0 } else { net_handled(abi) };
+    let net = if policy.network { BitFlags::EMPTY } else { net_handled(abi) };
     let scoped = scopes(abi);
     let mut idents = vec![None; policy.rules.len()];
-    let built = (|| {
-        let ruleset =
-            sys::landlock::create_ruleset(handled, net, scoped).map_err(LandlockError::Create)?;
-        for (rule, ident) in policy.rules.iter().zip(idents.iter_mut()) {
-            let opened;
-            let (fd, is_dir) = match system.get(rule) {
-                Some(Some(cached)) => (cached.fd.as_fd(), cached.is_dir),
-                Some(None) => continue, // a system path this host lacks
-                None => match open_path(&rule.path) {
-                    Ok(o) => {
-                        opened = o;
-                        *ident = opened.ident;
-                        (opened.fd.as_fd(), opened.is_dir)
-                    }
-                    Err(e) => {
-                        if rule.explicit {
-                            degraded.push(format!(
-                                "landlock: {} not granted: {e}",
-                                rule.path.display()
-                            ));
-                        }
-                        continue;
-                    }
-                },
-            };
-            let mut access = rule.access & handled;
-            if !is_dir {
-                access &= fs::FILE;
-            }
-            if access == 0 {
-                continue;
-            }
-            sys::landlock::add_path_beneath(ruleset.as_fd(), fd, access)
-                .map_err(|source| LandlockError::AddRule { path: rule.path.clone(), source })?;
-        }
-        Ok::<_, LandlockError>(ruleset)
-    })();
+    let built = build(mode, (handled, net, scoped), policy, &system, &mut idents, &mut degraded);
     let fd = match built {
         Ok(fd) => fd,
         Err(e) if mode == LandlockMode::Required => return Err(e),
@@ -583,7 +506,7 @@ pub fn prepare(
             missing_rights(abi).join(", ")
         ));
     }
-    let report = LandlockReport { abi, status, net: net != 0, scoped: scoped != 0 };
+    let report = LandlockReport { abi, status, net: !net.is_empty(), scoped: !scoped.is_empty() };
     if let Some(cache) = cache {
         if let Ok(kept) = fd.try_clone() {
             cache.keep(Cached {
@@ -599,6 +522,69 @@ pub fn prepare(
         }
     }
     Ok(Prepared { fd: Some(fd), report, degraded, reused: false })
+}
+
+/// Creates the ruleset (hard requirement or best effort, as `mode` says)
+/// and adds a `PathBeneath` rule per path of `policy` that exists, over
+/// the `O_PATH` descriptor the snapshot holds or one opened now. Records
+/// the file each explicit rule was added for in `idents`.
+fn build(
+    mode: LandlockMode,
+    (handled, net, scoped): (BitFlags<AccessFs>, BitFlags<AccessNet>, BitFlags<Scope>),
+    policy: &FsPolicy,
+    system: &SystemPaths,
+    idents: &mut [Option<Ident>],
+    degraded: &mut Vec<String>,
+) -> Result<OwnedFd, LandlockError> {
+    let level = match mode {
+        LandlockMode::Required => CompatLevel::HardRequirement,
+        LandlockMode::BestEffort => CompatLevel::BestEffort,
+    };
+    let create = || {
+        let mut ruleset = Ruleset::default().set_compatibility(level).handle_access(handled)?;
+        if !net.is_empty() {
+            ruleset = ruleset.handle_access(net)?;
+        }
+        if !scoped.is_empty() {
+            ruleset = ruleset.scope(scoped)?;
+        }
+        ruleset.create()
+    };
+    let mut ruleset = create().map_err(LandlockError::Create)?;
+    for (rule, ident) in policy.rules.iter().zip(idents.iter_mut()) {
+        let opened;
+        let (fd, is_dir) = match system.get(rule) {
+            Some(Some(cached)) => (cached.fd.as_fd(), cached.is_dir),
+            Some(None) => continue, // a system path this host lacks
+            None => match open_path(&rule.path) {
+                Ok(o) => {
+                    opened = o;
+                    *ident = opened.ident;
+                    (opened.fd.as_fd(), opened.is_dir)
+                }
+                Err(e) => {
+                    if rule.explicit {
+                        degraded
+                            .push(format!("landlock: {} not granted: {e}", rule.path.display()));
+                    }
+                    continue;
+                }
+            },
+        };
+        let mut access = rule.access & handled;
+        if !is_dir {
+            access &= fs::FILE;
+        }
+        if access.is_empty() {
+            continue;
+        }
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|source| LandlockError::AddRule { path: rule.path.clone(), source })?;
+    }
+    // The kernel knows every handled right (they are masked to its ABI),
+    // so the crate always creates a ruleset here.
+    Option::<OwnedFd>::from(ruleset).ok_or(LandlockError::Unsupported)
 }
 
 /// Names of the rights an older ABI cannot enforce.
@@ -622,13 +608,13 @@ mod tests {
 
     #[test]
     fn rights_per_abi() {
-        assert_eq!(fs_handled(0), 0);
-        assert_eq!(fs_handled(1), 0x1fff);
-        assert_eq!(fs_handled(2), 0x3fff);
-        assert_eq!(fs_handled(4), 0x7fff);
-        assert_eq!(fs_handled(7), 0xffff);
-        assert_eq!((net_handled(3), net_handled(4)), (0, 3));
-        assert_eq!((scopes(5), scopes(6)), (0, 3));
+        assert_eq!(fs_handled(0).bits(), 0);
+        assert_eq!(fs_handled(1).bits(), 0x1fff);
+        assert_eq!(fs_handled(2).bits(), 0x3fff);
+        assert_eq!(fs_handled(4).bits(), 0x7fff);
+        assert_eq!(fs_handled(7).bits(), 0xffff);
+        assert_eq!((net_handled(3).bits(), net_handled(4).bits()), (0, 3));
+        assert_eq!((scopes(5).bits(), scopes(6).bits()), (0, 3));
         assert!(missing_rights(7).is_empty());
         assert_eq!(missing_rights(3).len(), 3);
     }
@@ -644,9 +630,13 @@ mod tests {
             false,
         );
         assert!(p.rules.iter().all(|r| r.path != Path::new("/etc")));
-        assert!(p.rules.iter().all(|r| r.access & fs::REFER == 0));
-        let writable: Vec<_> =
-            p.rules.iter().filter(|r| r.access & fs::WRITE_FILE != 0).map(|r| &r.path).collect();
+        assert!(p.rules.iter().all(|r| !r.access.contains(AccessFs::Refer)));
+        let writable: Vec<_> = p
+            .rules
+            .iter()
+            .filter(|r| r.access.contains(AccessFs::WriteFile))
+            .map(|r| &r.path)
+            .collect();
         assert_eq!(writable, [Path::new("/dev/null"), Path::new("/run/ongrid/runs/1")]);
         assert!(!ETC_READ.contains(&"/etc/shadow"));
     }
