@@ -9,6 +9,9 @@ EXAMPLES="echo host_load disk_usage tail_file probe_tcp probe_http probe_dns"
 
 log() { echo "$(date +%T) $*"; }
 
+# console TEXT: progress on the serial console (the host keeps it).
+console() { echo "ongrid-vm: $*" > /dev/ttyS0 2>/dev/null || true; }
+
 # why REASON: the reason the running check fails (the first one given wins).
 why() {
     [ -s "$work/why" ] || printf '%s' "$*" | tr '\n' ' ' > "$work/why"
@@ -29,12 +32,14 @@ check() {
     log "== check $name"
     if "$@"; then
         echo "PASS $name" >> "$results"
+        console "PASS $name"
         log "PASS $name ($((SECONDS - started))s)"
         return 0
     fi
     local reason
     reason=$(cat "$work/why" 2>/dev/null)
     echo "FAIL $name: ${reason:-failed (see guest.log)}" >> "$results"
+    console "FAIL $name"
     log "FAIL $name: ${reason:-failed} ($((SECONDS - started))s)"
     return 1
 }

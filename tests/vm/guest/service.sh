@@ -37,7 +37,7 @@ kill_mid_run() {
     info "kill-$unit" "the client saw after $((SECONDS - start))s: $(head -c 300 "$work/kill-$unit.json" | tr '\n' ' ')"
     [ "$(outcome "$work/kill-$unit.json")" != ok ] || why "the run ended ok although its $unit was killed"
     wait_no_sleeper 15 || why "the run outlived the kill: $(pgrep -u ongrid-skill -a | head -n 3 | paste -sd' ')"
-    wait_new_pid "$unit" 30 ||
+    wait_new_pid "$unit" "$old" 30 ||
         { why "$unit not restarted: $(systemctl is-active "$unit"), MainPID $(main_pid "$unit")"; return 1; }
     info "restart-$unit" "MainPID $old -> $(main_pid "$unit"), NRestarts $(systemctl show -p NRestarts --value "$unit")"
     api_run echo '{"message":"after the kill"}' "$work/after-kill-$unit.json"
