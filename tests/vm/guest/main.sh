@@ -46,6 +46,8 @@ check tmpfiles check_tmpfiles
 check units-enabled check_units_enabled
 check sockets-active check_sockets_active
 check socket-activation check_socket_activation
+# Scored as packaged: before the network drop-in the probes' grants need.
+check security-scores check_security_scores
 check packs-installed check_packs_installed
 check test-packs-installed install_test_packs
 for skill in $EXAMPLES; do
@@ -61,7 +63,6 @@ check disk-filler-stopped check_disk_filler
 check kill-executor-mid-run check_kill_executor
 check kill-skilld-mid-run check_kill_skilld
 check stop-drains check_stop_drains
-check security-scores check_security_scores
 check journal-priorities check_journal_priorities
 check no-failed-units check_no_failed_units
 check upgrade-keeps-edits-and-audit check_upgrade
