@@ -31,6 +31,7 @@ mod api;
 mod approvals;
 mod bounds;
 mod cancel;
+mod clients;
 mod faults;
 mod load;
 mod malformed;
