@@ -166,6 +166,9 @@ pub struct Metrics {
     /// from a finished run on the run's path, `made` on the run's path;
     /// brought up to the engine's counts at each scrape.
     pub run_slots_total: IntCounterVec,
+    /// `ongrid_network_denied_total{skill}`: connects and sends the runs'
+    /// egress rules refused.
+    pub network_denied_total: IntCounterVec,
     /// Serialises [`Metrics::sync_engine`].
     engine_sync: std::sync::Arc<std::sync::Mutex<()>>,
 }
@@ -250,8 +253,16 @@ impl Metrics {
                 ),
                 &["how"],
             )?,
+            network_denied_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_network_denied_total",
+                    "Connects and sends refused by the runs' egress allowlists, by skill.",
+                ),
+                &["skill"],
+            )?,
             engine_sync: std::sync::Arc::default(),
         };
+        registry.register(Box::new(m.network_denied_total.clone()))?;
         registry.register(Box::new(m.runs_total.clone()))?;
         registry.register(Box::new(m.run_duration_seconds.clone()))?;
         registry.register(Box::new(m.sandbox_setup_seconds.clone()))?;
@@ -310,6 +321,10 @@ impl Metrics {
                 Enforcement::None => "none",
             };
             self.landlock_enforcement_total.with_label_values(&[status]).inc();
+            if sandbox.network.denied_total > 0 {
+                let denied = self.network_denied_total.with_label_values(&[skill]);
+                denied.inc_by(sandbox.network.denied_total);
+            }
         }
     }
 

@@ -116,6 +116,11 @@ pub fn default_refusals() -> [Cidr; 6] {
     ]
 }
 
+/// The DNS port: reachable only through a rule that names it (the
+/// resolvers of a `dns = true` grant, or an entry with `:53`), so a grant
+/// of every destination is no way around the resolvers the operator chose.
+pub const DNS_PORT: u16 = 53;
+
 /// A run's resolved egress rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EgressRules {
@@ -142,10 +147,17 @@ impl EgressRules {
         allow.sort_unstable();
         allow.dedup();
         let explicit = |r: &Rule| refused.iter().any(|x| x.covers(r.net));
+        let dns = |r: &Rule| r.port == Port::One(dns_port());
         let step = |r: &Rule| Step { net: r.net, port: r.port, allow: true };
         let mut steps: Vec<Step> = allow.iter().filter(|r| explicit(r)).map(step).collect();
         steps.extend(refused.iter().map(|&net| Step { net, port: Port::Any, allow: false }));
-        steps.extend(allow.iter().filter(|r| !explicit(r)).map(step));
+        let rest = || allow.iter().filter(|r| !explicit(r));
+        steps.extend(rest().filter(|r| dns(r)).map(step));
+        steps.extend(
+            [Cidr::V4(Ipv4Addr::UNSPECIFIED, 0), Cidr::V6(Ipv6Addr::UNSPECIFIED, 0)]
+                .map(|net| Step { net, port: Port::One(dns_port()), allow: false }),
+        );
+        steps.extend(rest().filter(|r| !dns(r)).map(step));
         if steps.len() > MAX_STEPS {
             return Err(TooManyRules(steps.len()));
         }
@@ -171,9 +183,27 @@ impl EgressRules {
         let addr = unmap(addr);
         self.steps
             .iter()
-            .find(|s| s.net.contains(addr) && (!s.allow || s.port.allows(port, protocol)))
+            .find(|s| {
+                s.net.contains(addr)
+                    && if s.allow {
+                        s.port.allows(port, protocol)
+                    } else {
+                        matches!(s.port, Port::Any)
+                            || protocol != Protocol::Icmp && s.port.allows(port, protocol)
+                    }
+            })
             .is_some_and(|s| s.allow)
     }
+}
+
+fn dns_port() -> std::num::NonZeroU16 {
+    std::num::NonZeroU16::new(DNS_PORT).unwrap_or(std::num::NonZeroU16::MIN)
+}
+
+/// The allow rules of a `dns = true` grant: each resolver on port 53.
+#[must_use]
+pub fn resolver_rules(resolvers: &[IpAddr]) -> Vec<Rule> {
+    resolvers.iter().map(|a| Rule { net: Cidr::host(*a), port: Port::One(dns_port()) }).collect()
 }
 
 #[cfg(test)]
@@ -254,12 +284,31 @@ mod tests {
         let r =
             rules(&["0.0.0.0/0:443", "127.0.0.1:80", "127.0.0.1:80"], &["127.0.0.1", "10.0.0.5"]);
         let s = r.steps();
-        assert_eq!(s.len(), 1 + 6 + 1 + 1, "{s:?}");
+        assert_eq!(s.len(), 1 + 6 + 1 + 2 + 1, "{s:?}");
         assert!(s[0].allow && s[0].net.to_string() == "127.0.0.1");
-        assert!(s[1..8].iter().all(|s| !s.allow));
+        assert!(s[1..10].iter().all(|s| !s.allow));
         assert_eq!(s[7].net.to_string(), "10.0.0.5");
-        assert!(s[8].allow && s[8].net.to_string() == "0.0.0.0/0");
+        assert_eq!(s[8].port.to_string(), "53");
+        assert!(s[10].allow && s[10].net.to_string() == "0.0.0.0/0");
         assert_eq!(r.allowed().len(), 2);
+    }
+
+    #[test]
+    fn port_53_is_reachable_only_where_a_rule_names_it() {
+        let mut allow: Vec<Rule> = ["0.0.0.0/0:*", "[::]/0:*", "192.0.2.9:53"]
+            .iter()
+            .map(|s| Rule::from_entry(&s.parse().unwrap()).unwrap())
+            .collect();
+        allow.extend(resolver_rules(&["127.0.0.53".parse().unwrap(), "10.0.0.2".parse().unwrap()]));
+        let r = EgressRules::new(&allow, &[]).unwrap();
+        assert!(ok(&r, "127.0.0.53", 53));
+        assert!(r.decide("10.0.0.2".parse().unwrap(), 53, Protocol::Udp));
+        assert!(ok(&r, "192.0.2.9", 53));
+        assert!(!ok(&r, "10.0.0.3", 53));
+        assert!(!r.decide("2001:db8::1".parse().unwrap(), 53, Protocol::Udp));
+        assert!(!ok(&r, "127.0.0.53", 54));
+        assert!(ok(&r, "10.0.0.3", 54));
+        assert!(!r.decide("10.0.0.3".parse().unwrap(), 0, Protocol::Icmp));
     }
 
     #[test]
