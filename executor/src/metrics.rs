@@ -421,4 +421,35 @@ mod tests {
         assert!(text.contains("ongrid_executor_connections 0"));
         assert!(text.contains("ongrid_executor_peer_rejected_total 0"));
     }
+
+    #[test]
+    fn refusals_count_by_skill() {
+        let m = Metrics::new(&Registry::new()).unwrap();
+        let mut report = RunReport::not_run("probe", Outcome::Ok, "");
+        report.sandbox = Some(policy::SandboxReport {
+            uid: 0,
+            gid: 0,
+            no_new_privs: true,
+            capabilities: vec![],
+            landlock: policy::report::LandlockReport {
+                abi: 0,
+                status: Enforcement::None,
+                net: false,
+                scoped: false,
+            },
+            seccomp: true,
+            network: policy::NetworkReport {
+                enabled: true,
+                denied_total: 3,
+                ..policy::NetworkReport::default()
+            },
+            cgroup: policy::report::CgroupReport::default(),
+            rlimits: std::collections::BTreeMap::new(),
+            degraded: vec![],
+        });
+        m.record_run("probe", &report, Duration::from_millis(1));
+        m.record_run("probe", &report, Duration::from_millis(1));
+        let text = m.render();
+        assert!(text.contains("ongrid_network_denied_total{skill=\"probe\"} 6"), "{text}");
+    }
 }

@@ -149,15 +149,23 @@ impl EgressRules {
         let explicit = |r: &Rule| refused.iter().any(|x| x.covers(r.net));
         let dns = |r: &Rule| r.port == Port::One(dns_port());
         let step = |r: &Rule| Step { net: r.net, port: r.port, allow: true };
-        let mut steps: Vec<Step> = allow.iter().filter(|r| explicit(r)).map(step).collect();
-        steps.extend(refused.iter().map(|&net| Step { net, port: Port::Any, allow: false }));
-        let rest = || allow.iter().filter(|r| !explicit(r));
-        steps.extend(rest().filter(|r| dns(r)).map(step));
+        let refuse = |net: Cidr, port: Port| Step { net, port, allow: false };
+        // Port 53 first: the rules naming it (an explicit one ahead of the
+        // default refusals on 53, which stand only when a wider rule names
+        // 53), then no other destination on 53, whatever rule follows.
+        let mut steps: Vec<Step> =
+            allow.iter().filter(|r| dns(r) && explicit(r)).map(step).collect();
+        if allow.iter().any(|r| dns(r) && !explicit(r)) {
+            steps.extend(refused.iter().map(|&net| refuse(net, Port::One(dns_port()))));
+            steps.extend(allow.iter().filter(|r| dns(r) && !explicit(r)).map(step));
+        }
         steps.extend(
             [Cidr::V4(Ipv4Addr::UNSPECIFIED, 0), Cidr::V6(Ipv6Addr::UNSPECIFIED, 0)]
-                .map(|net| Step { net, port: Port::One(dns_port()), allow: false }),
+                .map(|net| refuse(net, Port::One(dns_port()))),
         );
-        steps.extend(rest().filter(|r| !dns(r)).map(step));
+        steps.extend(allow.iter().filter(|r| !dns(r) && explicit(r)).map(step));
+        steps.extend(refused.iter().map(|&net| refuse(net, Port::Any)));
+        steps.extend(allow.iter().filter(|r| !dns(r) && !explicit(r)).map(step));
         if steps.len() > MAX_STEPS {
             return Err(TooManyRules(steps.len()));
         }
@@ -284,18 +292,18 @@ mod tests {
         let r =
             rules(&["0.0.0.0/0:443", "127.0.0.1:80", "127.0.0.1:80"], &["127.0.0.1", "10.0.0.5"]);
         let s = r.steps();
-        assert_eq!(s.len(), 1 + 6 + 1 + 2 + 1, "{s:?}");
-        assert!(s[0].allow && s[0].net.to_string() == "127.0.0.1");
-        assert!(s[1..10].iter().all(|s| !s.allow));
-        assert_eq!(s[7].net.to_string(), "10.0.0.5");
-        assert_eq!(s[8].port.to_string(), "53");
+        assert_eq!(s.len(), 2 + 1 + 6 + 1 + 1, "{s:?}");
+        assert!(s[..2].iter().all(|s| !s.allow && s.port.to_string() == "53"));
+        assert!(s[2].allow && s[2].net.to_string() == "127.0.0.1");
+        assert!(s[3..10].iter().all(|s| !s.allow));
+        assert_eq!(s[9].net.to_string(), "10.0.0.5");
         assert!(s[10].allow && s[10].net.to_string() == "0.0.0.0/0");
         assert_eq!(r.allowed().len(), 2);
     }
 
     #[test]
     fn port_53_is_reachable_only_where_a_rule_names_it() {
-        let mut allow: Vec<Rule> = ["0.0.0.0/0:*", "[::]/0:*", "192.0.2.9:53"]
+        let mut allow: Vec<Rule> = ["0.0.0.0/0:*", "[::]/0:*", "192.0.2.9:53", "127.0.0.0/8:*"]
             .iter()
             .map(|s| Rule::from_entry(&s.parse().unwrap()).unwrap())
             .collect();
@@ -306,7 +314,11 @@ mod tests {
         assert!(ok(&r, "192.0.2.9", 53));
         assert!(!ok(&r, "10.0.0.3", 53));
         assert!(!r.decide("2001:db8::1".parse().unwrap(), 53, Protocol::Udp));
-        assert!(!ok(&r, "127.0.0.53", 54));
+        assert!(!ok(&r, "127.0.0.55", 53), "loopback granted, but not on 53");
+        assert!(ok(&r, "127.0.0.55", 54));
+        let wide = rules(&["0.0.0.0/0:53"], &[]);
+        assert!(ok(&wide, "192.0.2.1", 53));
+        assert!(!ok(&wide, "127.0.0.1", 53), "a wide rule on 53 opens no refused range");
         assert!(ok(&r, "10.0.0.3", 54));
         assert!(!r.decide("10.0.0.3".parse().unwrap(), 0, Protocol::Icmp));
     }
