@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use loader::registry::Skill;
+use loader::daemon::registry::Skill;
 use loader::RegisteredSkill;
 use policy::wire::{self, ExecuteParams, LineBuffer, Reply};
 use policy::{Manifest, RunReport, ValidateOptions};

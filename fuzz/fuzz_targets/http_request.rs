@@ -1,5 +1,5 @@
 //! The client API of `ongrid-skilld`: an arbitrary method, path, query,
-//! headers and body, sent through the real router (`loader::api::router`,
+//! headers and body, sent through the real router (`loader::daemon::api::router`,
 //! or the metrics listener's) of a real `App`: three skills scanned from a
 //! temporary allow-list root, the audit trail in a temporary SQLite file,
 //! caller rules and two approvers, and a fake executor on a Unix socket
@@ -27,10 +27,10 @@ use axum::http::{header, HeaderName, HeaderValue, Method, Request, StatusCode, U
 use axum::Router;
 use http_body_util::BodyExt;
 use libfuzzer_sys::fuzz_target;
-use loader::app::App;
-use loader::config::{FileConfig, Overrides};
-use loader::metrics::Metrics;
-use loader::server::Caller;
+use loader::daemon::app::App;
+use loader::daemon::config::{FileConfig, Overrides};
+use loader::daemon::metrics::Metrics;
+use loader::daemon::connection::Caller;
 use policy::approval::{SecretKey, Subject};
 use policy::wire::{self, Request as WireRequest};
 use policy::{Outcome, RunReport};
@@ -221,7 +221,7 @@ public_key = "{b}"
             app.preload_approvals().await;
             let summary = app.reload().await;
             assert_eq!(summary.registered, 3, "the harness' skills did not register: {summary:?}");
-            (loader::api::router(Arc::clone(&app)), loader::api::metrics_router(app))
+            (loader::daemon::api::router(Arc::clone(&app)), loader::daemon::api::metrics_router(app))
         });
         Harness { rt, api, metrics, keys, _dir: dir }
     })

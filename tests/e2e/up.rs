@@ -430,7 +430,7 @@ fn under_systemd_log_lines_carry_journald_priorities_and_no_timestamp() {
             .into()
     };
     let registered = line(r#"registered subprocess skill "echo""#);
-    assert!(registered.starts_with("<6>loader::app: skill loader: "), "{registered}");
+    assert!(registered.starts_with("<6>loader::daemon::app: skill loader: "), "{registered}");
     let hup = line("SIGHUP ignored");
     assert!(hup.starts_with("<4>ongrid_executor: executor: SIGHUP ignored"), "{hup}");
     // journald stamps each line itself.

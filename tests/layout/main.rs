@@ -37,6 +37,11 @@ fn executor_has_no_module_cycle() {
 }
 
 #[test]
+fn loader_has_no_module_cycle() {
+    check("loader");
+}
+
+#[test]
 fn policy_has_no_module_cycle() {
     check("policy");
 }

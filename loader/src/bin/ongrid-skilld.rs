@@ -15,9 +15,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use loader::config::{FileConfig, Overrides};
+use loader::daemon::cli::Args;
+use loader::daemon::config::{FileConfig, Overrides};
 use loader::daemon::Daemon;
-use loader::daemon_cli::Args;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing::Level;
@@ -32,7 +32,7 @@ fn main() -> ExitCode {
     let _ = nix::sys::signal::SigSet::empty().thread_set_mask();
     let args = Args::parse();
     // Under systemd, lines for the journal (priorities, no timestamp).
-    let _ = loader::journald::try_init(
+    let _ = loader::daemon::journald::try_init(
         tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
     );
@@ -49,13 +49,16 @@ fn main() -> ExitCode {
     let mut origin = None;
     let settings = match FileConfig::load(args.config.as_deref()).and_then(|f| {
         origin.clone_from(&f.origin);
-        f.resolve(overrides, loader::roots::from_env())
+        f.resolve(overrides, loader::scan::roots::from_env())
     }) {
         Ok(s) => s,
         Err(e) => {
             // With its sources: the OS error of a file that cannot be read.
             let e = anyhow::Error::from(e);
-            loader::journald::eprint(Level::ERROR, &format!("ongrid-skilld: configuration: {e:#}"));
+            loader::daemon::journald::eprint(
+                Level::ERROR,
+                &format!("ongrid-skilld: configuration: {e:#}"),
+            );
             return ExitCode::from(EX_CONFIG);
         }
     };
@@ -64,17 +67,17 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     // Before the runtime starts any thread: this edits the environment.
-    let inherited = match loader::systemd::take_listener() {
+    let inherited = match loader::daemon::systemd::take_listener() {
         Ok(l) => l,
         Err(e) => {
-            loader::journald::eprint(Level::ERROR, &format!("ongrid-skilld: {e}"));
+            loader::daemon::journald::eprint(Level::ERROR, &format!("ongrid-skilld: {e}"));
             return ExitCode::FAILURE;
         }
     };
     match serve(settings, inherited) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            loader::journald::eprint(Level::ERROR, &format!("ongrid-skilld: {e:#}"));
+            loader::daemon::journald::eprint(Level::ERROR, &format!("ongrid-skilld: {e:#}"));
             ExitCode::FAILURE
         }
     }
@@ -82,7 +85,7 @@ fn main() -> ExitCode {
 
 /// What `--check-config` prints for a valid configuration: the file, then
 /// what the daemon would serve on and read, one line each.
-fn summary(origin: Option<&std::path::Path>, s: &loader::config::Settings) -> String {
+fn summary(origin: Option<&std::path::Path>, s: &loader::daemon::config::Settings) -> String {
     let file =
         origin.map_or_else(|| "no file, the defaults".to_owned(), |p| p.display().to_string());
     let group = s.socket_group.map_or_else(|| "the daemon's".to_owned(), |g| g.to_string());
@@ -107,7 +110,7 @@ fn summary(origin: Option<&std::path::Path>, s: &loader::config::Settings) -> St
 }
 
 fn serve(
-    settings: loader::config::Settings,
+    settings: loader::daemon::config::Settings,
     inherited: Option<std::os::unix::net::UnixListener>,
 ) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -124,7 +127,7 @@ fn serve(
         // Bound, listening and scanned: clients are answered from here on;
         // each rescan since is told to systemd (RELOADING=1, READY=1). The
         // signals that came meanwhile wait in their streams.
-        loader::systemd::ready(&daemon.app.status_line());
+        loader::daemon::systemd::ready(&daemon.app.status_line());
         daemon.app.notify_reloads();
         let app = daemon.app.clone();
         let shutdown = CancellationToken::new();
@@ -142,7 +145,7 @@ fn serve(
                 }
             }
             tracing::info!("shutting down");
-            loader::systemd::stopping();
+            loader::daemon::systemd::stopping();
             stop.cancel();
         });
         daemon.run(shutdown).await;

@@ -13,11 +13,11 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use clap::builder::PossibleValuesParser;
 
-use super::printable;
 use super::remote::{self, DaemonArgs};
 use super::table::Table;
-use crate::audit;
-use crate::client::encode_segment;
+use crate::cli::client::encode_segment;
+use crate::daemon::audit;
+use policy::printable;
 
 /// Arguments of `audit`.
 #[derive(Debug, clap::Args)]
@@ -134,14 +134,16 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
 mod tests {
     use clap::Parser;
 
-    use crate::cli::{Cli, Command};
+    /// `ongrid-skill audit`'s arguments as a command of their own.
+    #[derive(Debug, Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: super::Args,
+    }
 
     fn parse(args: &[&str]) -> Result<super::Args, clap::Error> {
-        let argv = ["ongrid-skill", "audit"].iter().chain(args);
-        Cli::try_parse_from(argv).map(|cli| match cli.command {
-            Command::Audit(a) => a,
-            other => panic!("{other:?}"),
-        })
+        let argv = ["ongrid-skill"].iter().chain(args);
+        Wrap::try_parse_from(argv).map(|w| w.args)
     }
 
     #[test]

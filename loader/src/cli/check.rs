@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use serde_json::{json, Value};
 
-use super::printable;
+use policy::printable;
 
 /// Arguments of `check`.
 #[derive(Debug, clap::Args)]
@@ -34,7 +34,7 @@ pub struct Args {
 ///
 /// I/O errors writing the output.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
-    let report = super::scan_roots(&args.dirs, err)?;
+    let report = super::dirs::scan_roots(&args.dirs, err)?;
     let mut items: Vec<Value> = Vec::new();
     for s in report.skills.iter().filter(|s| s.tool().is_none()) {
         items.push(json!({

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use super::remote::{self, DaemonArgs};
 use super::table::Table;
-use crate::client::encode_segment;
+use crate::cli::client::encode_segment;
 
 /// Arguments of `list`.
 #[derive(Debug, clap::Args)]

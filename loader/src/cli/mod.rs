@@ -17,12 +17,9 @@
 //! ([`remote::exit`]).
 
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-
-use crate::scan::ScanReport;
 
 /// Text from packs and skills made safe to print ([`policy::printable`]).
 pub use policy::printable;
@@ -30,6 +27,8 @@ pub use policy::printable;
 pub mod approve;
 pub mod audit;
 pub mod check;
+pub mod client;
+mod dirs;
 pub mod keygen;
 pub mod list;
 pub mod mcp;
@@ -109,33 +108,4 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<Exi
         Command::Keygen(args) => keygen::run(&args, out, err),
         Command::Approve(args) => approve::run(&args, out, err),
     }
-}
-
-/// Makes a command-line path absolute against the current directory
-/// (without resolving symlinks: the scan does that).
-fn absolute(path: &Path) -> PathBuf {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
-}
-
-/// Scans the command-line `dirs` (made absolute), or the roots of
-/// `ONGRID_SKILLS_EXTERNAL_DIRS` when none are given, as the daemon would
-/// (`scan` and `check`). Says on `err` when there is no root at all.
-///
-/// # Errors
-///
-/// I/O errors writing to `err`.
-fn scan_roots(dirs: &[PathBuf], err: &mut dyn Write) -> io::Result<ScanReport> {
-    let dirs: Vec<PathBuf> = if dirs.is_empty() {
-        crate::roots::from_env()
-    } else {
-        dirs.iter().map(|d| absolute(d)).collect()
-    };
-    if dirs.is_empty() {
-        writeln!(
-            err,
-            "skill loader: no roots given and {} is empty or unset",
-            crate::roots::ENV_VAR
-        )?;
-    }
-    Ok(crate::scan::Scanner::new(policy::ValidateOptions::default()).scan(&dirs))
 }

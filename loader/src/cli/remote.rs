@@ -10,9 +10,9 @@ use clap::builder::{OsStringValueParser, TypedValueParser};
 use hyper::StatusCode;
 use serde_json::Value;
 
-use super::printable;
-use crate::client::{ApiResponse, ClientError, DaemonClient};
-use crate::config::DEFAULT_SOCKET;
+use crate::cli::client::{ApiResponse, ClientError, DaemonClient};
+use crate::daemon::config::DEFAULT_SOCKET;
+use policy::printable;
 
 /// Exit codes of the daemon commands (also in `--help`).
 pub mod exit {
@@ -203,14 +203,17 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::cli::{Cli, Command};
+
+    /// A command made of the daemon arguments alone.
+    #[derive(Debug, Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    }
 
     fn socket(args: &[&str]) -> PathBuf {
-        let argv = ["ongrid-skill", "list"].iter().chain(args);
-        match Cli::try_parse_from(argv).unwrap().command {
-            Command::List(a) => a.daemon.socket,
-            other => panic!("{other:?}"),
-        }
+        let argv = ["ongrid-skill"].iter().chain(args);
+        Wrap::try_parse_from(argv).unwrap().daemon.socket
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! prints the whole run report on stdout (exit 1 still marks a failed
 //! run). `--stream` prints the skill's stderr lines as they come (with
 //! `--json`: the NDJSON events, one per line, on stdout). Human output
-//! shows no control character the skill wrote ([`super::printable`]): in
+//! shows no control character the skill wrote ([`policy::printable`]): in
 //! its stderr lines and errors they are escaped, in its result they are
 //! JSON escapes, so the result is the same JSON value.
 
@@ -17,9 +17,9 @@ use policy::RawJson;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::printable;
 use super::remote::{self, exit, DaemonArgs};
-use crate::client::encode_segment;
+use crate::cli::client::encode_segment;
+use policy::printable;
 
 /// Arguments of `run`.
 #[derive(Debug, clap::Args)]
@@ -139,7 +139,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
                 write_error.get_or_insert(e);
             }
             if event["event"] == "report" {
-                report = Some((event["report"].clone(), crate::client::report_result(line)));
+                report = Some((event["report"].clone(), crate::cli::client::report_result(line)));
             }
         }))?;
         if let Some(e) = write_error {

@@ -4,7 +4,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::event::Level;
+use crate::scan::event::Level;
 
 use super::table::Table;
 
@@ -31,11 +31,11 @@ pub struct Args {
 ///
 /// I/O errors writing the output.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
-    let report = super::scan_roots(&args.dirs, err)?;
+    let report = super::dirs::scan_roots(&args.dirs, err)?;
     for event in &report.events {
         if args.verbose || event.level() > Level::Debug {
             // Paths are the packs' names: printed without control characters.
-            writeln!(err, "{}", super::printable::line(&event.to_string()))?;
+            writeln!(err, "{}", policy::printable::line(&event.to_string()))?;
         }
     }
     let n = report.registered();

@@ -3,9 +3,9 @@
 use std::io::{self, Write};
 use std::process::ExitCode;
 
-use super::printable;
 use super::remote::{self, DaemonArgs};
-use crate::client::encode_segment;
+use crate::cli::client::encode_segment;
+use policy::printable;
 
 /// Arguments of `show`.
 #[derive(Debug, clap::Args)]

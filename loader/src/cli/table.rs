@@ -1,9 +1,9 @@
 //! Aligned columns for human output; every cell printable
-//! ([`super::printable::line`]).
+//! ([`printable::line`]).
 
 use std::io::{self, Write};
 
-use super::printable;
+use policy::printable;
 
 /// Rows of cells printed with every column padded to its widest cell.
 #[derive(Debug, Default)]

@@ -21,9 +21,9 @@ use policy::path::is_within;
 use policy::ValidateOptions;
 use serde_json::json;
 
-use super::printable;
-use crate::event::ScanEvent;
+use crate::scan::event::ScanEvent;
 use crate::scan::{ScanTarget, Scanner};
+use policy::printable;
 
 /// Arguments of `validate`.
 #[derive(Debug, clap::Args)]
@@ -92,7 +92,7 @@ const NOT_A_MANIFEST_NAME: &str =
 /// is group or world writable: the loader registers such a pack, but
 /// `ongrid-executor` refuses every run of it (`rejected`), whatever its
 /// configuration, so the author hears it here rather than at the first run.
-fn writable_note(skill: &crate::RegisteredSkill) -> Option<Finding> {
+fn writable_note(skill: &crate::scan::skill::RegisteredSkill) -> Option<Finding> {
     use std::os::unix::fs::MetadataExt;
     let root = std::fs::canonicalize(skill.root()).ok()?;
     let mut at = Some(skill.entry());
@@ -123,7 +123,7 @@ fn writable_note(skill: &crate::RegisteredSkill) -> Option<Finding> {
 /// starting with `#!`: `execve` refuses it (`ENOEXEC`), so every run ends
 /// `spawn_failed` with "Exec format error" (a shell would have run it, the
 /// executor runs no shell).
-fn exec_format_note(skill: &crate::RegisteredSkill) -> Option<Finding> {
+fn exec_format_note(skill: &crate::scan::skill::RegisteredSkill) -> Option<Finding> {
     use std::io::Read;
     let mut head = [0u8; 4];
     let mut file = std::fs::File::open(skill.entry()).ok()?;
@@ -152,7 +152,7 @@ pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result
     let mut folders = Vec::new();
     let mut seen = Vec::new();
     for given in &args.paths {
-        let path = super::absolute(given);
+        let path = super::dirs::absolute(given);
         // The same PATH twice is checked once; a manifest reached through two
         // PATHs (a folder and its skill.json, nested folders) is loaded
         // once by the scan itself (`Scanner::scan_targets`).

@@ -1,4 +1,4 @@
-//! Issue 5: the audit trail of the real daemon: rows committed before the
+//! The audit trail of the real daemon: rows committed before the
 //! answer (SIGKILL right after it), the audit unavailable (503
 //! `audit_unavailable` and the metric, or unaudited runs when not
 //! required), and the `keygen`/`approve`/`audit` commands.

@@ -209,7 +209,7 @@ fn an_empty_ongrid_socket_means_the_default() {
     match out.status.code() {
         // A daemon answers there on this host.
         Some(0) => {}
-        Some(3) => assert!(stderr.contains(loader::config::DEFAULT_SOCKET), "{stderr}"),
+        Some(3) => assert!(stderr.contains(loader::daemon::config::DEFAULT_SOCKET), "{stderr}"),
         other => panic!("{other:?}: {stderr}"),
     }
 }

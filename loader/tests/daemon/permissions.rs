@@ -1,4 +1,4 @@
-//! Issue 5: permission modes, the class gate, dual-sign approvals (every
+//! Permission modes, the class gate, dual-sign approvals (every
 //! allow and deny path), and the exact audit row of each decision.
 //! The daemon is the real binary; its caller is this test process (uid
 //! `me()`), mapped to a mode by each case's `[[callers]]`, or a CLI child

@@ -26,7 +26,7 @@ async fn ok_run_returns_the_result() {
     assert_eq!(r.body["stderr"], "echo: starting\necho: second line\n");
     // An empty body means no args.
     let resp = d.client().send(Method::POST, "/v1/skills/echo/execute", None, "*/*").await.unwrap();
-    let r = loader::client::read_json(resp).await.unwrap();
+    let r = loader::cli::client::read_json(resp).await.unwrap();
     assert_eq!(r.body["result"], json!({}));
 }
 
@@ -99,7 +99,7 @@ async fn bad_bodies() {
             .send(Method::POST, "/v1/skills/echo/execute", Some(body.to_vec()), "*/*")
             .await
             .unwrap();
-        let r = loader::client::read_json(resp).await.unwrap();
+        let r = loader::cli::client::read_json(resp).await.unwrap();
         assert_eq!(r.status, 400, "{:?}: {}", String::from_utf8_lossy(body), r.body);
         assert_eq!(r.body["error"]["code"], "bad_request");
     }

@@ -6,7 +6,7 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixDatagram, UnixListener, UnixStream};
 use std::time::Duration;
 
-use loader::client::DaemonClient;
+use loader::cli::client::DaemonClient;
 use nix::sys::signal::Signal;
 
 use crate::skilld::{Env, Skilld};

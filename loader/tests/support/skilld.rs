@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use loader::client::DaemonClient;
+use loader::cli::client::DaemonClient;
 
 pub const SKILLD: &str = env!("CARGO_BIN_EXE_ongrid-skilld");
 pub const CLI: &str = env!("CARGO_BIN_EXE_ongrid-skill");

@@ -1,7 +1,7 @@
 //! `ongrid-gen-docs OUT_DIR`: writes the man pages (`OUT_DIR/man/*.1`) and
 //! the bash, zsh and fish completions (`OUT_DIR/completions/{bash,zsh,fish}/`)
 //! of `ongrid-executor`, `ongrid-skilld` and `ongrid-skill` from their clap
-//! definitions (`executor::cli`, `loader::daemon_cli`, `loader::cli`), so
+//! definitions (`executor::cli`, `loader::daemon::cli`, `loader::cli`), so
 //! the packaged documentation always matches the binaries. Run by
 //! `packaging/build.sh`; not shipped.
 //!
@@ -110,7 +110,7 @@ fn main() -> ExitCode {
             "sandboxing executor of ongrid-skills (root daemon and one-shot runs)",
         ),
         (
-            loader::daemon_cli::Args::command(),
+            loader::daemon::cli::Args::command(),
             "registry daemon of ongrid-skills (client API and metrics)",
         ),
         (loader::cli::Cli::command(), "command-line client and pack linter of ongrid-skills"),

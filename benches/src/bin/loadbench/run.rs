@@ -30,7 +30,7 @@ pub(crate) struct Ctx<'a> {
 }
 
 /// How long skilld keeps an executor connection unused
-/// (`loader::executor_client::IDLE_FOR`).
+/// (`loader::daemon::executor_client::IDLE_FOR`).
 const IDLE_FOR: Duration = Duration::from_millis(500);
 
 /// Per client thread: its keep-alive connections.

@@ -41,7 +41,7 @@ use serde_json::{json, Value};
 
 use self::raw_args::{Calls, Tee};
 use super::remote::DaemonArgs;
-use crate::client::{encode_segment, ApiResponse, ClientError, DaemonClient};
+use crate::cli::client::{encode_segment, ApiResponse, ClientError, DaemonClient};
 
 mod raw_args;
 

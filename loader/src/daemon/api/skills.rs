@@ -1,0 +1,139 @@
+//! Reading the registry: `GET /v1/skills`, `GET /v1/skills/{name}` and
+//! `GET /v1/tools`.
+//!
+//! Each shows only the skills this caller may run ([`Authz::may_list`]):
+//! `safe` for everyone, `mutating` for `mutating-with-confirm` and up,
+//! `dangerous` for `dual-sign-required` when two approvers are
+//! configured. A skill the caller may not see is a 404 here, and on
+//! execute too (where the denial is still audited with its reason).
+
+use std::sync::Arc;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use crate::daemon::app::App;
+use crate::daemon::authz::{Authz, Identity};
+use crate::daemon::connection::Caller;
+use crate::daemon::registry::Skill;
+
+/// Whether `who` may see `skill`: listings show it, `show` and execute
+/// answer for it (else 404, as for no such skill).
+pub(super) fn visible(authz: &Authz, who: &Identity, skill: &Skill) -> bool {
+    authz.may_list(who, skill.registered().manifest().class())
+}
+
+/// Query of `GET /v1/skills`.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    /// Only skills of this category.
+    pub category: Option<String>,
+}
+
+/// `GET /v1/skills[?category=]` → `{"items":[...],"total":N}`.
+pub async fn list(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let who = app.authz().identify(&caller);
+    let snapshot = app.registry().current();
+    let items: Vec<Value> = snapshot
+        .iter()
+        .filter(|s| visible(app.authz(), &who, s))
+        .filter(|s| {
+            query.category.as_deref().is_none_or(|c| s.registered().manifest().category() == c)
+        })
+        .map(|s| s.to_api_json())
+        .collect();
+    Ok(Json(json!({"total": items.len(), "items": items})))
+}
+
+/// `GET /v1/skills/{name}`.
+pub async fn show(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path(name) = name.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let who = app.authz().identify(&caller);
+    let snapshot = app.registry().current();
+    snapshot
+        .get(&name)
+        .filter(|s| visible(app.authz(), &who, s))
+        .map(|s| Json(s.to_api_json()))
+        .ok_or_else(|| ApiError::no_such_skill(&name))
+}
+
+/// Query of `GET /v1/tools`.
+#[derive(Debug, Deserialize)]
+pub struct ToolsQuery {
+    /// `openai` (default), `mcp` or `anthropic`.
+    pub format: Option<String>,
+}
+
+/// The tool formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    OpenAi,
+    Mcp,
+    Anthropic,
+}
+
+/// `GET /v1/tools?format=openai|mcp|anthropic`: tool definitions for an
+/// LLM, only the skills the caller may run.
+///
+/// - `openai`: `{"tools":[{"type":"function","function":{"name",
+///   "description","parameters"}}]}`
+/// - `mcp`: `{"tools":[{"name","description","inputSchema"}]}`, and
+///   `outputSchema` where the manifest declares `output_schema`
+/// - `anthropic`: `{"tools":[{"name","description","input_schema"}]}`
+pub async fn tools(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    query: Result<Query<ToolsQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let format = match query.format.as_deref() {
+        None | Some("openai") => Format::OpenAi,
+        Some("mcp") => Format::Mcp,
+        Some("anthropic") => Format::Anthropic,
+        Some(other) => {
+            let shown: String = other.chars().take(32).collect();
+            return Err(ApiError::BadRequest(format!(
+                "format {shown:?} is not one of \"openai\", \"mcp\", \"anthropic\""
+            )));
+        }
+    };
+    let who = app.authz().identify(&caller);
+    let snapshot = app.registry().current();
+    let tools: Vec<Value> = snapshot
+        .iter()
+        .filter(|s| visible(app.authz(), &who, s))
+        .map(|s| {
+            let m = s.registered().manifest();
+            let (name, description, schema) = (m.name(), m.description(), m.schema());
+            match format {
+                Format::OpenAi => json!({"type": "function", "function": {
+                    "name": name, "description": description, "parameters": schema}}),
+                Format::Mcp => {
+                    let mut tool =
+                        json!({"name": name, "description": description, "inputSchema": schema});
+                    if let Some(output) = m.output_schema() {
+                        tool["outputSchema"] = json!(output);
+                    }
+                    tool
+                }
+                Format::Anthropic => {
+                    json!({"name": name, "description": description, "input_schema": schema})
+                }
+            }
+        })
+        .collect();
+    Ok(Json(json!({"tools": tools})))
+}

@@ -1,0 +1,283 @@
+//! [`App`]: the state every request shares: the registry, the executor
+//! client, the run slots, the permission rules, the audit trail and the
+//! metrics.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use policy::ValidateOptions;
+use serde::Serialize;
+use tokio::sync::{Mutex, Semaphore};
+
+use crate::daemon::audit::Audit;
+use crate::daemon::authz::Authz;
+use crate::daemon::config::Settings;
+use crate::daemon::executor_client::ExecutorClient;
+use crate::daemon::metrics::Metrics;
+use crate::daemon::registry::{Registry, Snapshot};
+use crate::scan::event::Level;
+use crate::scan::Scanner;
+
+/// How long a reload waits for the executor's `ping` (its longest timeout).
+const PONG_TIMEOUT: Duration = Duration::from_secs(1);
+/// Limits applied to client requests.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request body in bytes (413 above).
+    pub max_body_bytes: usize,
+    /// How long a client may take to send its body (408 after).
+    pub body_timeout: Duration,
+    /// How long a run may wait for a slot (503 `busy` after).
+    pub queue_timeout: Duration,
+    /// The longest drain on SIGTERM.
+    pub drain_timeout: Duration,
+}
+
+/// What a reload did (`POST /v1/reload` answers this).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ReloadSummary {
+    /// Skills in the new registry.
+    pub registered: usize,
+    /// Manifests, files or roots skipped.
+    pub skipped: usize,
+}
+
+/// The shared state of the daemon.
+#[derive(Debug)]
+pub struct App {
+    roots: Vec<PathBuf>,
+    /// The executor's longest run timeout, seconds, as its `ping` last said
+    /// (policy's default until it does): manifests asking for more are
+    /// clamped to it, so listings advertise what runs will get.
+    max_timeout: AtomicU64,
+    /// The longest timeout of any skill a run was asked of since start,
+    /// milliseconds: what the drain waits for even after a reload
+    /// shortened it.
+    longest_allowed_ms: AtomicU64,
+    registry: Registry,
+    executor: ExecutorClient,
+    metrics: Metrics,
+    /// Caps runs forwarded to the executor; runs beyond wait, then `busy`.
+    run_slots: Arc<Semaphore>,
+    /// One scan at a time: a SIGHUP during a `POST /v1/reload` waits.
+    reload_lock: Mutex<()>,
+    /// Tell the service manager about each rescan (see
+    /// [`App::notify_reloads`]).
+    notify_reloads: AtomicBool,
+    limits: Limits,
+    prometheus: prometheus::Registry,
+    authz: Authz,
+    audit: Audit,
+}
+
+impl App {
+    /// An app with an empty registry; call [`App::reload`] to scan, and
+    /// [`App::preload_approvals`]. `prometheus` must be the registry
+    /// `metrics` were registered in. Starts the audit thread.
+    ///
+    /// # Errors
+    ///
+    /// The audit thread could not be spawned.
+    pub fn new(
+        settings: &Settings,
+        metrics: Metrics,
+        prometheus: prometheus::Registry,
+    ) -> std::io::Result<Self> {
+        let audit = Audit::start(
+            &settings.audit,
+            metrics.audit_write_errors_total.clone(),
+            &metrics.audit_syncs_total,
+        )?
+        .observe_waits(&metrics.audit_wait_seconds);
+        Ok(Self {
+            authz: Authz::new(settings),
+            audit,
+            roots: settings.skills_dirs.clone(),
+            max_timeout: AtomicU64::new(ValidateOptions::default().max_timeout.as_secs()),
+            registry: Registry::default(),
+            executor: ExecutorClient::new(&settings.executor_socket),
+            metrics,
+            run_slots: Arc::new(Semaphore::new(settings.max_concurrent_runs)),
+            reload_lock: Mutex::new(()),
+            notify_reloads: AtomicBool::new(false),
+            limits: Limits {
+                max_body_bytes: settings.max_body_bytes,
+                body_timeout: settings.request_timeout,
+                queue_timeout: settings.queue_timeout,
+                drain_timeout: settings.drain_timeout,
+            },
+            longest_allowed_ms: AtomicU64::new(0),
+            prometheus,
+        })
+    }
+
+    /// Loads the approvals already used (and not expired) from the audit
+    /// database into the replay store, so that a restart does not re-open
+    /// their window. If the database is unavailable now, its unique key
+    /// still refuses a replay once it is back.
+    pub async fn preload_approvals(&self) {
+        match self.audit.used_approvals().await {
+            Ok(used) => {
+                let n = used.len();
+                self.authz.replay().preload(used);
+                tracing::debug!(approvals = n, "audit: used approvals loaded");
+            }
+            Err(e) => tracing::error!(error = %e, "audit: cannot load the used approvals"),
+        }
+    }
+
+    /// The permission rules.
+    pub fn authz(&self) -> &Authz {
+        &self.authz
+    }
+
+    /// The audit trail.
+    pub fn audit(&self) -> &Audit {
+        &self.audit
+    }
+
+    /// From now on every [`App::reload`] tells the service manager
+    /// (`NOTIFY_SOCKET`, [`crate::daemon::systemd`]): `RELOADING=1` with
+    /// `MONOTONIC_USEC=` before the scan, `READY=1` with the new `STATUS=`
+    /// after it, whatever asked for it (SIGHUP, `POST /v1/reload`). The
+    /// daemon turns it on once it has sent its first `READY=1`.
+    pub fn notify_reloads(&self) {
+        self.notify_reloads.store(true, Ordering::Relaxed);
+    }
+
+    /// Scans the roots and swaps the registry. Runs in flight keep the
+    /// skill they started with. Every scan event is logged at its level.
+    /// The executor is asked first for its longest run timeout (`ping`),
+    /// to which longer manifest timeouts are clamped (a `TimeoutClamped`
+    /// event), so that listings say what runs get. Told to the service
+    /// manager once [`App::notify_reloads`] was called.
+    pub async fn reload(self: &Arc<Self>) -> ReloadSummary {
+        let _one_at_a_time = self.reload_lock.lock().await;
+        let notify = self.notify_reloads.load(Ordering::Relaxed);
+        if notify {
+            crate::daemon::systemd::reloading();
+        }
+        let summary = self.rescan().await;
+        if notify {
+            crate::daemon::systemd::ready(&self.status_line());
+        }
+        summary
+    }
+
+    /// The scan and the swap of [`App::reload`], under its lock.
+    async fn rescan(self: &Arc<Self>) -> ReloadSummary {
+        if let Some(max) =
+            self.executor.pong(PONG_TIMEOUT).await.and_then(|p| p.max_timeout_seconds)
+        {
+            self.max_timeout.store(max, Ordering::Relaxed);
+        }
+        let max_timeout = Duration::from_secs(self.max_timeout.load(Ordering::Relaxed));
+        let scanner = Scanner::new(ValidateOptions { max_timeout });
+        let this = Arc::clone(self);
+        let scanned = tokio::task::spawn_blocking(move || {
+            let report = scanner.scan(&this.roots);
+            for event in &report.events {
+                match event.level() {
+                    Level::Debug => tracing::debug!("{event}"),
+                    Level::Info => tracing::info!("{event}"),
+                    Level::Warn => tracing::warn!("{event}"),
+                }
+                if event.is_skip() {
+                    this.metrics.manifest_errors_total.with_label_values(&[event.kind()]).inc();
+                }
+            }
+            Snapshot::build(report)
+        })
+        .await;
+        let snapshot = match scanned {
+            Ok(s) => s,
+            Err(e) => {
+                // The scan does not panic on any input; if it ever does,
+                // keep serving the previous registry.
+                tracing::error!(error = %e, "scan task failed; registry unchanged");
+                let cur = self.registry.current();
+                return ReloadSummary { registered: cur.registered(), skipped: cur.skipped() };
+            }
+        };
+        let summary =
+            ReloadSummary { registered: snapshot.registered(), skipped: snapshot.skipped() };
+        self.registry.replace(snapshot);
+        self.metrics.reloads_total.inc();
+        self.metrics.skills_registered.set(i64::try_from(summary.registered).unwrap_or(i64::MAX));
+        tracing::info!(
+            registered = summary.registered,
+            skipped = summary.skipped,
+            "skill loader: {} skill{} registered",
+            summary.registered,
+            if summary.registered == 1 { "" } else { "s" }
+        );
+        summary
+    }
+
+    /// Notes that a request may become a run with this timeout (called
+    /// once its skill is looked up, before its body is read): see
+    /// [`App::longest_run`].
+    pub fn allowing_run(&self, timeout: Duration) {
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        self.longest_allowed_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// The longest a request may take from its arrival to its report: the
+    /// queue timeout, the longest timeout of a registered skill or of any
+    /// skill a run was asked of since start (a reload that shortened a skill's timeout
+    /// does not shorten the wait for a run started before it), and the
+    /// report's slack. skilld's drain waits that long for the runs in
+    /// flight, at most `drain_timeout_seconds` ([`MAX_DRAIN`](crate::daemon::config::MAX_DRAIN) by default).
+    pub fn longest_run(&self) -> Duration {
+        let registered = self
+            .registry()
+            .current()
+            .iter()
+            .map(|s| s.registered().manifest().timeout())
+            .max()
+            .unwrap_or_default();
+        let allowed = Duration::from_millis(self.longest_allowed_ms.load(Ordering::Relaxed));
+        let longest = registered.max(allowed);
+        (self.limits.queue_timeout + longest + crate::daemon::executor_client::REPORT_SLACK)
+            .min(self.limits.drain_timeout)
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// A one-line state for the service manager's `STATUS=`:
+    /// `serving N skills (M skipped)`.
+    pub fn status_line(&self) -> String {
+        let cur = self.registry.current();
+        format!("serving {} skills ({} skipped)", cur.registered(), cur.skipped())
+    }
+
+    /// The executor client.
+    pub fn executor(&self) -> &ExecutorClient {
+        &self.executor
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The run slots.
+    pub fn run_slots(&self) -> &Arc<Semaphore> {
+        &self.run_slots
+    }
+
+    /// Request limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The Prometheus registry the metrics live in.
+    pub fn prometheus(&self) -> &prometheus::Registry {
+        &self.prometheus
+    }
+}

@@ -1,0 +1,681 @@
+//! The loader's side of the executor wire ([`policy::wire`]).
+//!
+//! One run at a time per connection: [`ExecutorClient::execute`] connects
+//! (or takes a connection opened ahead, [`ExecutorClient::open`]), sends
+//! the `execute` request and hands back a [`RunConnection`] that yields the
+//! run's `stderr` lines and then its report. Dropping the connection before
+//! the report closes the socket, which cancels the run on the executor
+//! side; that is how a client that goes away stops its skill.
+//!
+//! A connection whose run ended with its report (nothing else read or
+//! pending on it) is kept for the next run instead of closed: at most
+//! [`MAX_IDLE`] of them, each for at most [`IDLE_FOR`], and one is taken
+//! only after a non-blocking peek finds it open with nothing to read. That
+//! saves each run of a busy loader the `connect`, and the executor its
+//! `accept`, peer check and connection tasks. [`IDLE_FOR`] is shorter than
+//! the shortest `idle_timeout_seconds` of the executor (1 s), which counts
+//! from the end of the connection's last run, so a kept connection is never
+//! one the executor is about to close. Reconnection is automatic: an
+//! executor restart costs the runs in flight and nothing after.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{recv, MsgFlags};
+
+use policy::wire::{
+    self, ExecuteParams, LineBuffer, MetricsResult, PingResult, Reply, MAX_LINE_BYTES,
+};
+use policy::{Outcome, RunReport};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::daemon::quiet_stream::QuietStream;
+
+/// How long past the skill's own timeout the loader waits for the
+/// executor's report (the executor's grace period plus slack).
+pub const REPORT_SLACK: Duration = Duration::from_secs(15);
+
+/// How long a `connect` may take before the executor counts as down.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most connections kept for the next run.
+pub const MAX_IDLE: usize = 16;
+/// Longest a connection is kept for the next run (see the module docs).
+pub const IDLE_FOR: Duration = Duration::from_millis(500);
+
+/// Why the executor did not give a report.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecutorError {
+    /// The socket could not be reached (missing, refused, timed out).
+    #[error("executor socket {socket} unreachable")]
+    Connect {
+        /// The socket path.
+        socket: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading or writing the connection failed.
+    #[error("executor connection failed")]
+    Io(#[source] io::Error),
+    /// The executor closed the connection before the report.
+    #[error("executor closed the connection before the report")]
+    Closed,
+    /// The executor sent something that is not the wire protocol.
+    #[error("executor protocol error: {0}")]
+    Protocol(String),
+    /// The executor is at its concurrency cap.
+    #[error("executor busy: {0}")]
+    Busy(String),
+    /// The executor answered with a JSON-RPC error.
+    #[error("executor error {code}: {message}")]
+    Remote {
+        /// JSON-RPC code.
+        code: i64,
+        /// Message.
+        message: String,
+    },
+}
+
+/// Connects to the executor. Clones share their kept connections.
+#[derive(Debug, Clone)]
+pub struct ExecutorClient {
+    socket: PathBuf,
+    idle: Arc<Idle>,
+}
+
+/// Connections whose run ended with its report, and since when.
+#[derive(Debug, Default)]
+struct Idle(Mutex<Vec<(Instant, QuietStream)>>);
+
+impl Idle {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Instant, QuietStream)>> {
+        // Every update is one push, pop or drain: a poisoned list is whole.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The most recently kept connection that is still fit for a run, and
+    /// since when it has been quiet.
+    fn take(&self) -> Option<(Instant, QuietStream)> {
+        let mut idle = self.lock();
+        let now = Instant::now();
+        // Oldest first: drop those kept too long.
+        let stale = idle.iter().take_while(|(at, _)| now.duration_since(*at) >= IDLE_FOR).count();
+        idle.drain(..stale);
+        while let Some((since, stream)) = idle.pop() {
+            if quiet_and_open(&stream) {
+                return Some((since, stream));
+            }
+        }
+        None
+    }
+
+    /// Keeps a connection quiet since `since` (on the executor's clock of
+    /// idleness: its accept, or the end of its last run), unless it is
+    /// already too old or enough are kept.
+    fn keep(&self, since: Instant, stream: QuietStream) {
+        let mut idle = self.lock();
+        if idle.len() < MAX_IDLE && since.elapsed() < IDLE_FOR {
+            // Oldest first: a connection opened ahead may be older than
+            // the last one kept.
+            let at = idle.partition_point(|(t, _)| *t <= since);
+            idle.insert(at, (since, stream));
+        }
+    }
+}
+
+/// Whether a kept connection is open with nothing to read: a peek that
+/// would block. End of file (the executor closed it) or a stray byte rule
+/// it out.
+fn quiet_and_open(stream: &QuietStream) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        recv(stream.as_raw_fd(), &mut byte, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
+        Err(nix::errno::Errno::EAGAIN)
+    )
+}
+
+/// A connection that goes back to its client's kept ones when dropped
+/// once `reusable`, and is closed otherwise.
+#[derive(Debug)]
+struct Conn {
+    stream: Option<QuietStream>,
+    idle: Arc<Idle>,
+    reusable: bool,
+    /// Since when nothing was sent or run on it.
+    since: Instant,
+}
+
+impl Conn {
+    fn stream(&mut self) -> io::Result<&mut QuietStream> {
+        self.stream.as_mut().ok_or_else(|| io::ErrorKind::NotConnected.into())
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let (true, Some(stream)) = (self.reusable, self.stream.take()) {
+            self.idle.keep(self.since, stream);
+        }
+    }
+}
+
+/// What a run connection yields.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEvent {
+    /// One line the skill wrote on stderr.
+    Stderr(String),
+    /// The run waits for one of the executor's run slots.
+    Queued,
+    /// The run got its slot after [`RunEvent::Queued`] and starts now.
+    Started,
+    /// The final report; nothing follows.
+    Report(Box<Reported>),
+}
+
+/// A run's report, decoded, and the executor's JSON text of it, which
+/// skilld's answers carry as they are instead of encoding the report again
+/// (the executor encodes the same [`RunReport`] type).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reported {
+    /// The report, for the audit row, the metrics and the log.
+    pub report: RunReport,
+    /// The report as the executor sent it, on one line.
+    pub json: policy::RawJson,
+}
+
+/// A connection to the executor with nothing sent yet
+/// ([`ExecutorClient::open`]); dropped unused, it is kept for a later run.
+#[derive(Debug)]
+pub struct Opened(Conn);
+
+/// An `execute` sent with `hold` ([`ExecutorClient::execute_held`]): the
+/// executor checks and prepares the run but spawns nothing before
+/// [`HeldRun::start`]. Dropping it closes the connection, which cancels
+/// the run before it ever started.
+#[derive(Debug)]
+pub struct HeldRun(RunConnection);
+
+impl HeldRun {
+    /// Lets the held run go; its events follow on the returned connection.
+    /// A failed write is not an error here: the executor may have answered
+    /// (a refusal, `busy`) and closed, and that answer is read next.
+    pub async fn start(mut self) -> RunConnection {
+        if let Ok(stream) = self.0.conn.stream() {
+            let _ = stream.write_all(&wire::encode_start(1)).await;
+        }
+        self.0
+    }
+}
+
+/// An open `execute` call. Dropping it cancels the run.
+#[derive(Debug)]
+pub struct RunConnection {
+    conn: Conn,
+    lines: LineBuffer,
+    ready: VecDeque<Result<Vec<u8>, wire::WireError>>,
+    /// Read into its spare capacity (never zeroed), cleared after each read.
+    read_buf: Vec<u8>,
+    finished: bool,
+}
+
+impl ExecutorClient {
+    /// A client of the executor listening on `socket`.
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self { socket: socket.into(), idle: Arc::default() }
+    }
+
+    /// Connections kept for the next run now.
+    pub fn idle(&self) -> usize {
+        self.idle.lock().len()
+    }
+
+    /// The socket path.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// A kept connection fit for a run, else a new one.
+    async fn connect(&self) -> Result<Conn, ExecutorError> {
+        let conn = |since, stream| Conn {
+            stream: Some(stream),
+            idle: Arc::clone(&self.idle),
+            reusable: false,
+            since,
+        };
+        if let Some((since, stream)) = self.idle.take() {
+            return Ok(conn(since, stream));
+        }
+        let connect = QuietStream::connect(&self.socket);
+        match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+            Ok(Ok(stream)) => Ok(conn(Instant::now(), stream)),
+            Ok(Err(source)) => Err(ExecutorError::Connect { socket: self.socket.clone(), source }),
+            Err(_) => Err(ExecutorError::Connect {
+                socket: self.socket.clone(),
+                source: io::Error::new(io::ErrorKind::TimedOut, "connect timed out"),
+            }),
+        }
+    }
+
+    /// Starts a run: connects and sends `execute`.
+    ///
+    /// # Errors
+    ///
+    /// [`ExecutorError::Connect`] when the executor is down,
+    /// [`ExecutorError::Io`] when the request cannot be written.
+    pub async fn execute(&self, params: &ExecuteParams) -> Result<RunConnection, ExecutorError> {
+        self.execute_on(None, params).await
+    }
+
+    /// Opens a connection ahead of a run, to be passed to
+    /// [`ExecutorClient::execute_on`] (the loader connects while the audit
+    /// row of the decision is written). Nothing is sent: dropping it
+    /// starts nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`ExecutorError::Connect`] when the executor is down.
+    pub async fn open(&self) -> Result<Opened, ExecutorError> {
+        let mut conn = self.connect().await?;
+        conn.reusable = true;
+        Ok(Opened(conn))
+    }
+
+    /// [`ExecutorClient::execute`] on a connection opened ahead, if any
+    /// (`None`: a fresh one).
+    ///
+    /// # Errors
+    ///
+    /// As [`ExecutorClient::execute`].
+    pub async fn execute_on(
+        &self,
+        opened: Option<Opened>,
+        params: &ExecuteParams,
+    ) -> Result<RunConnection, ExecutorError> {
+        let mut conn = match opened {
+            Some(Opened(mut conn)) => {
+                conn.reusable = false;
+                conn
+            }
+            None => self.connect().await?,
+        };
+        let stream = conn.stream().map_err(ExecutorError::Io)?;
+        stream.write_all(&wire::encode_execute(1, params)).await.map_err(ExecutorError::Io)?;
+        Ok(RunConnection::new(conn, MAX_LINE_BYTES))
+    }
+
+    /// Sends `execute` with `hold` on a kept or new connection: the executor
+    /// prepares the run while the caller finishes its own work (the audit
+    /// row of the decision), then [`HeldRun::start`] lets it go.
+    ///
+    /// # Errors
+    ///
+    /// As [`ExecutorClient::execute`].
+    pub async fn execute_held(&self, mut params: ExecuteParams) -> Result<HeldRun, ExecutorError> {
+        params.hold = true;
+        self.execute_on(None, &params).await.map(HeldRun)
+    }
+
+    /// The executor's Prometheus text (`metrics` call), within `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// Any [`ExecutorError`]; a timeout is [`ExecutorError::Io`].
+    pub async fn metrics(&self, timeout: Duration) -> Result<String, ExecutorError> {
+        let call = async {
+            let mut conn = self.connect().await?;
+            let stream = conn.stream().map_err(ExecutorError::Io)?;
+            stream.write_all(&wire::encode_metrics(1)).await.map_err(ExecutorError::Io)?;
+            let mut conn = RunConnection::new(conn, MAX_LINE_BYTES);
+            match conn.next_reply().await? {
+                Reply::Result { result, .. } => serde_json::from_str::<MetricsResult>(result.get())
+                    .map(|m| m.text)
+                    .map_err(|e| ExecutorError::Protocol(format!("metrics result: {e}"))),
+                other => Err(reply_error(other)),
+            }
+        };
+        tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
+            Err(ExecutorError::Io(io::Error::new(io::ErrorKind::TimedOut, "metrics timed out")))
+        })
+    }
+
+    /// Returns true if and only if the executor answers `ping` within
+    /// `timeout`.
+    pub async fn ping(&self, timeout: Duration) -> bool {
+        self.pong(timeout).await.is_some()
+    }
+
+    /// The executor's answer to `ping` within `timeout`, if any: its
+    /// longest run timeout among it.
+    pub async fn pong(&self, timeout: Duration) -> Option<PingResult> {
+        let call = async {
+            let mut conn = self.connect().await.ok()?;
+            let req = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n";
+            conn.stream().ok()?.write_all(req).await.ok()?;
+            let mut conn = RunConnection::new(conn, 64 << 10);
+            match conn.next_reply().await {
+                Ok(Reply::Result { result, .. }) => serde_json::from_str(result.get()).ok(),
+                _ => None,
+            }
+        };
+        tokio::time::timeout(timeout, call).await.ok().flatten()
+    }
+}
+
+fn reply_error(reply: Reply) -> ExecutorError {
+    match reply {
+        Reply::Error { code, message, .. } if code == wire::code::BUSY => {
+            ExecutorError::Busy(message)
+        }
+        Reply::Error { code, message, .. } => ExecutorError::Remote { code, message },
+        Reply::Stderr { .. } => ExecutorError::Protocol("unexpected stderr notification".into()),
+        Reply::Queued { .. } | Reply::Started { .. } => {
+            ExecutorError::Protocol("unexpected queue notification".into())
+        }
+        Reply::Result { .. } => ExecutorError::Protocol("unexpected result".into()),
+    }
+}
+
+impl RunConnection {
+    fn new(conn: Conn, max_line: usize) -> Self {
+        Self {
+            conn,
+            lines: LineBuffer::new(max_line),
+            ready: VecDeque::new(),
+            read_buf: Vec::with_capacity(16 << 10),
+            finished: false,
+        }
+    }
+
+    /// The next event of the run: stderr lines, then the report.
+    ///
+    /// A report with outcome `busy` is returned as [`ExecutorError::Busy`].
+    ///
+    /// # Errors
+    ///
+    /// [`ExecutorError`] when the connection fails or closes early, or the
+    /// executor answers with an error.
+    pub async fn next(&mut self) -> Result<RunEvent, ExecutorError> {
+        if self.finished {
+            return Err(ExecutorError::Closed);
+        }
+        match self.next_reply().await? {
+            Reply::Stderr { line, .. } => Ok(RunEvent::Stderr(line)),
+            Reply::Queued { .. } => Ok(RunEvent::Queued),
+            Reply::Started { .. } => Ok(RunEvent::Started),
+            Reply::Result { result, .. } => {
+                self.finished = true;
+                // The run is over and nothing else came: the connection
+                // may serve the next run.
+                self.conn.reusable = self.ready.is_empty() && self.lines.pending() == 0;
+                self.conn.since = Instant::now();
+                let report: RunReport = serde_json::from_str(result.get())
+                    .map_err(|e| ExecutorError::Protocol(format!("run report: {e}")))?;
+                if report.outcome == Outcome::Busy {
+                    return Err(ExecutorError::Busy(report.error.unwrap_or_default()));
+                }
+                Ok(RunEvent::Report(Box::new(Reported { report, json: result })))
+            }
+            other => {
+                self.finished = true;
+                Err(reply_error(other))
+            }
+        }
+    }
+
+    /// Reads until the run's report, dropping stderr lines.
+    ///
+    /// # Errors
+    ///
+    /// As [`RunConnection::next`].
+    pub async fn report(mut self) -> Result<RunReport, ExecutorError> {
+        loop {
+            if let RunEvent::Report(r) = self.next().await? {
+                return Ok(r.report);
+            }
+        }
+    }
+
+    async fn next_reply(&mut self) -> Result<Reply, ExecutorError> {
+        loop {
+            if let Some(line) = self.ready.pop_front() {
+                let line = line.map_err(|e| ExecutorError::Protocol(e.to_string()))?;
+                return wire::decode_reply(&line)
+                    .map_err(|e| ExecutorError::Protocol(e.to_string()));
+            }
+            let stream = self.conn.stream().map_err(ExecutorError::Io)?;
+            self.read_buf.clear();
+            let n = stream.read_buf(&mut self.read_buf).await.map_err(ExecutorError::Io)?;
+            if n == 0 {
+                return Err(ExecutorError::Closed);
+            }
+            self.ready.extend(self.lines.push(&self.read_buf[..n]));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use tokio::net::UnixListener;
+
+    use super::*;
+
+    /// An executor that answers the first request with `reply` verbatim.
+    async fn one_shot(reply: &'static [u8]) -> (tempfile::TempDir, ExecutorClient) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(reply).await;
+        });
+        (dir, ExecutorClient::new(path))
+    }
+
+    fn params() -> ExecuteParams {
+        ExecuteParams {
+            manifest: "/s/skill.json".into(),
+            args: policy::RawJson::from_slice(b"{}").unwrap(),
+            session_id: None,
+            class: None,
+            tool: None,
+            hold: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn stderr_then_report() {
+        let report = RunReport::not_run("s", Outcome::Rejected, "no");
+        let mut reply = wire::encode_stderr(&json!(1), "a");
+        reply.extend(wire::encode_report(&json!(1), &report));
+        let reply: &'static [u8] = Box::leak(reply.into_boxed_slice());
+        let (_d, c) = one_shot(reply).await;
+        let mut conn = c.execute(&params()).await.unwrap();
+        assert_eq!(conn.next().await.unwrap(), RunEvent::Stderr("a".into()));
+        let RunEvent::Report(got) = conn.next().await.unwrap() else { panic!("no report") };
+        assert_eq!(got.report, report);
+        // The text forwarded is the executor's, and it is the report.
+        assert_eq!(got.json.get(), serde_json::to_string(&report).unwrap());
+        assert!(matches!(conn.next().await, Err(ExecutorError::Closed)));
+    }
+
+    /// A listener on a fresh socket and a client of it.
+    fn listening() -> (tempfile::TempDir, UnixListener, ExecutorClient) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        (dir, listener, ExecutorClient::new(path))
+    }
+
+    /// A connection opened ahead carries the run when used, and nothing
+    /// at all when dropped: it is kept, and the next run goes over it.
+    #[tokio::test]
+    async fn an_opened_connection_sends_only_when_used() {
+        let (dir, listener, client) = listening();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            s.read_to_end(&mut buf).await.unwrap();
+            let second = tokio::time::timeout(Duration::from_millis(100), listener.accept()).await;
+            (buf, second.is_ok())
+        });
+        drop(client.open().await.unwrap());
+        assert_eq!(client.idle(), 1, "an unused connection is kept");
+        let opened = client.open().await.unwrap();
+        assert_eq!(client.idle(), 0);
+        // Dropped before its report: closed, which cancels the run.
+        drop(client.execute_on(Some(opened), &params()).await.unwrap());
+        assert_eq!(client.idle(), 0, "a run dropped before its report is not kept");
+        let (got, second) = server.await.unwrap();
+        assert_eq!(got, wire::encode_execute(1, &params()), "nothing before the request");
+        assert!(!second, "one connection served both");
+        assert!(matches!(
+            ExecutorClient::new(dir.path().join("none.sock")).open().await,
+            Err(ExecutorError::Connect { .. })
+        ));
+    }
+
+    /// An executor that answers every `execute` line with `report`, on
+    /// every connection, and counts the connections.
+    fn answering(listener: UnixListener, report: RunReport) -> Arc<std::sync::atomic::AtomicUsize> {
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let report = report.clone();
+                tokio::spawn(async move {
+                    let mut lines = LineBuffer::new(MAX_LINE_BYTES);
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let n = s.read(&mut chunk).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        for _ in lines.push(&chunk[..n]) {
+                            let line = wire::encode_report(&json!(1), &report);
+                            s.write_all(&line).await.unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        accepted
+    }
+
+    /// A run that ended with its report leaves its connection for the
+    /// next run; one closed by the executor meanwhile, or kept longer
+    /// than `IDLE_FOR`, is not used again.
+    #[tokio::test]
+    async fn a_finished_run_leaves_its_connection_for_the_next() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (_dir, listener, client) = listening();
+        let report = RunReport::not_run("s", Outcome::Rejected, "no");
+        let accepted = answering(listener, report.clone());
+        for _ in 0..5 {
+            let got = client.execute(&params()).await.unwrap().report().await.unwrap();
+            assert_eq!(got, report);
+            assert_eq!(client.idle(), 1);
+        }
+        assert_eq!(accepted.load(SeqCst), 1, "five runs, one connection");
+        // Too old: a new connection.
+        tokio::time::sleep(IDLE_FOR).await;
+        client.execute(&params()).await.unwrap().report().await.unwrap();
+        assert_eq!(accepted.load(SeqCst), 2);
+
+        // The executor closes a kept connection: it is not taken.
+        let (_dir, listener, client) = listening();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut chunk = [0u8; 4096];
+            let _ = s.read(&mut chunk).await.unwrap();
+            let line = wire::encode_report(&json!(1), &RunReport::not_run("s", Outcome::Ok, ""));
+            s.write_all(&line).await.unwrap();
+            drop(s);
+            listener
+        });
+        client.execute(&params()).await.unwrap().report().await.unwrap();
+        let listener = server.await.unwrap();
+        assert_eq!(client.idle(), 1);
+        let accepted = answering(listener, report.clone());
+        let got = client.execute(&params()).await.unwrap().report().await.unwrap();
+        assert_eq!(got, report, "served by a new connection");
+        assert_eq!(accepted.load(SeqCst), 1);
+    }
+
+    /// A held run's request carries `hold`, its `start` comes only when
+    /// started, and a dropped one sends nothing more.
+    #[tokio::test]
+    async fn a_held_run_sends_start_only_when_started() {
+        let (_dir, listener, client) = listening();
+        let server = tokio::spawn(async move {
+            let mut got = Vec::new();
+            for answer in [false, true] {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let n = s.read(&mut chunk).await.unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    if answer && buf.iter().filter(|b| **b == b'\n').count() == 2 {
+                        let report = RunReport::not_run("s", Outcome::Rejected, "no");
+                        s.write_all(&wire::encode_report(&json!(1), &report)).await.unwrap();
+                    }
+                }
+                got.push(buf);
+            }
+            got
+        });
+        drop(client.execute_held(params()).await.unwrap());
+        let held = client.execute_held(params()).await.unwrap();
+        let report = held.start().await.report().await.unwrap();
+        assert_eq!(report.outcome, Outcome::Rejected);
+        // The finished run's connection is kept: the client closes it.
+        assert_eq!(client.idle(), 1);
+        drop(client);
+        let got = server.await.unwrap();
+        let held_params = ExecuteParams { hold: true, ..params() };
+        assert_eq!(got[0], wire::encode_execute(1, &held_params), "dropped: no start");
+        let mut want = wire::encode_execute(1, &held_params);
+        want.extend(wire::encode_start(1));
+        assert_eq!(got[1], want);
+    }
+
+    type Case = (&'static [u8], fn(&ExecutorError) -> bool);
+
+    #[tokio::test]
+    async fn failures_are_typed() {
+        let cases: [Case; 5] = [
+            (b"", |e| matches!(e, ExecutorError::Closed)),
+            (b"not json\n", |e| matches!(e, ExecutorError::Protocol(_))),
+            (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"x\":1}}\n", |e| {
+                matches!(e, ExecutorError::Protocol(_))
+            }),
+            (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":-32002,\"message\":\"full\"}}\n", |e| {
+                matches!(e, ExecutorError::Busy(m) if m == "full")
+            }),
+            (b"{\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":-32001,\"message\":\"who\"}}\n", |e| {
+                matches!(e, ExecutorError::Remote { code: -32001, .. })
+            }),
+        ];
+        for (reply, want) in cases {
+            let (_d, c) = one_shot(reply).await;
+            let e = c.execute(&params()).await.unwrap().report().await.unwrap_err();
+            assert!(want(&e), "{:?}: {e:?}", String::from_utf8_lossy(reply));
+        }
+        let missing = ExecutorClient::new("/nonexistent/e.sock");
+        assert!(matches!(missing.execute(&params()).await, Err(ExecutorError::Connect { .. })));
+        assert!(!missing.ping(Duration::from_millis(100)).await);
+    }
+}

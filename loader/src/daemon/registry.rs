@@ -1,0 +1,318 @@
+//! The daemon's registry: the skills of the last scan, swapped atomically
+//! on reload. Every schema is compiled once by the scan (a skill whose
+//! schema does not compile is not registered: [`crate::scan::build`]); the
+//! compiled validators the scan hands on are kept in a bounded cache per
+//! snapshot ([`crate::scan::validators`]) and compiled again on a request when
+//! they were dropped.
+//!
+//! A [`Snapshot`] is immutable. [`Registry::current`] hands out an
+//! `Arc<Snapshot>`, and a run holds an `Arc<Skill>` from it, so a reload
+//! that replaces the snapshot never disturbs a request already in flight:
+//! the old snapshot lives until its last reader drops it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::scan::skill::RegisteredSkill;
+use crate::scan::validators::{self, ValidatorCache};
+use crate::scan::ScanReport;
+
+/// At most this many violations are listed in a 400 answer.
+pub const MAX_VIOLATIONS: usize = 32;
+
+/// A registered skill ready to serve: the scan's result plus its place in
+/// its snapshot's cache of compiled validators.
+pub struct Skill {
+    registered: RegisteredSkill,
+    slot: usize,
+    validators: Arc<ValidatorCache>,
+}
+
+impl fmt::Debug for Skill {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Skill").field("registered", &self.registered).finish_non_exhaustive()
+    }
+}
+
+/// One way the args do not match the schema.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// JSON Pointer into the args (`""` = the args object itself).
+    pub path: String,
+    /// What is wrong, as the validator words it.
+    pub message: String,
+}
+
+impl Skill {
+    /// Compiles the schema of `registered`.
+    ///
+    /// # Errors
+    ///
+    /// The validator's message when the schema does not compile (an
+    /// unknown `$ref`, a bad regex, a keyword of the wrong type).
+    pub fn new(registered: RegisteredSkill) -> Result<Self, String> {
+        let validators = Arc::new(ValidatorCache::new(1));
+        validators.insert(0, validators::compile(registered.manifest().schema())?);
+        Ok(Self { registered, slot: 0, validators })
+    }
+
+    /// The scan's view of the skill.
+    pub fn registered(&self) -> &RegisteredSkill {
+        &self.registered
+    }
+
+    /// The skill's name.
+    pub fn name(&self) -> &str {
+        self.registered.name().as_str()
+    }
+
+    /// Checks `args` against the schema; the violations, at most
+    /// [`MAX_VIOLATIONS`], when they do not match.
+    ///
+    /// # Errors
+    ///
+    /// The list of violations (never empty).
+    pub fn check_args(&self, args: &Value) -> Result<(), Vec<Violation>> {
+        let schema = self.registered.manifest().schema();
+        let validator = self
+            .validators
+            .get_or_compile(self.slot, || validators::compile(schema))
+            // It compiled at scan time, and the text has not changed since.
+            .map_err(|e| vec![Violation { path: String::new(), message: e }])?;
+        let violations: Vec<Violation> = validator
+            .iter_errors(args)
+            .take(MAX_VIOLATIONS)
+            .map(|e| Violation { path: e.instance_path().to_string(), message: e.to_string() })
+            .collect();
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(violations)
+        }
+    }
+
+    /// The skill as the client API lists it: `name`,
+    /// `description`, `class`, `category`, `schema`, `timeout_seconds`,
+    /// `env_allow`, `source`.
+    pub fn to_api_json(&self) -> Value {
+        let m = self.registered.manifest();
+        json!({
+            "name": m.name(),
+            "description": m.description(),
+            "class": m.class(),
+            "category": m.category(),
+            "schema": m.schema(),
+            "timeout_seconds": m.timeout().as_secs(),
+            "env_allow": m.env_allow(),
+            "source": self.registered.source(),
+        })
+    }
+}
+
+/// The registered skills of one scan, by name.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    skills: BTreeMap<String, Arc<Skill>>,
+    skipped: usize,
+}
+
+impl Snapshot {
+    /// Builds a snapshot from a scan, taking over the validators it
+    /// compiled (each skill's slot in the cache is its index in
+    /// `report.skills`).
+    pub fn build(report: ScanReport) -> Self {
+        let skipped = report.events.iter().filter(|e| e.is_skip()).count();
+        let cache = report.validators;
+        let skills = report
+            .skills
+            .into_iter()
+            .enumerate()
+            .map(|(slot, registered)| {
+                let name = registered.name().as_str().to_owned();
+                let skill = Skill { registered, slot, validators: Arc::clone(&cache) };
+                (name, Arc::new(skill))
+            })
+            .collect();
+        Self { skills, skipped }
+    }
+
+    /// The skill named `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<Skill>> {
+        self.skills.get(name)
+    }
+
+    /// Every skill, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Skill>> {
+        self.skills.values()
+    }
+
+    /// How many skills are registered.
+    pub fn registered(&self) -> usize {
+        self.skills.len()
+    }
+
+    /// How many manifests, files or roots the scan skipped.
+    pub fn skipped(&self) -> usize {
+        self.skipped
+    }
+}
+
+/// The current snapshot, replaced as a whole on reload.
+#[derive(Debug, Default)]
+pub struct Registry {
+    current: RwLock<Arc<Snapshot>>,
+}
+
+impl Registry {
+    /// A registry holding `snapshot`.
+    pub fn new(snapshot: Snapshot) -> Self {
+        Self { current: RwLock::new(Arc::new(snapshot)) }
+    }
+
+    /// The current snapshot.
+    pub fn current(&self) -> Arc<Snapshot> {
+        // The lock only guards an Arc swap; a panic while holding it cannot
+        // leave the Arc half-written, so a poisoned lock is still usable.
+        self.current.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Replaces the snapshot; readers holding the old one keep it.
+    pub fn replace(&self, snapshot: Snapshot) {
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use policy::{Manifest, ValidateOptions};
+
+    use super::*;
+
+    fn skill(name: &str, schema: &str) -> RegisteredSkill {
+        let text = format!(
+            r#"{{"name":"{name}","description":"d","entry":"run","schema":{schema},"class":"mutating"}}"#
+        );
+        let m = Manifest::from_slice(text.as_bytes(), &ValidateOptions::default()).unwrap();
+        RegisteredSkill::new(
+            m,
+            PathBuf::from("/s/run"),
+            PathBuf::from(format!("/s/{name}/skill.json")),
+            PathBuf::from("/s"),
+        )
+    }
+
+    #[test]
+    fn args_are_checked_against_the_schema() {
+        let s = Skill::new(skill(
+            "disk",
+            r#"{"type":"object","properties":{"path":{"type":"string"},"n":{"type":"integer","maximum":5}},
+                "required":["path"],"additionalProperties":false}"#,
+        ))
+        .unwrap();
+        assert_eq!(s.check_args(&json!({"path": "/"})), Ok(()));
+        assert_eq!(s.check_args(&json!({"path": "/", "n": 5})), Ok(()));
+        let v = s.check_args(&json!({"n": 9, "x": 1})).unwrap_err();
+        assert_eq!(v.len(), 3, "{v:?}");
+        assert!(v.iter().any(|v| v.path == "/n"), "{v:?}");
+        assert!(v.iter().any(|v| v.path.is_empty() && v.message.contains("path")), "{v:?}");
+        assert!(s.check_args(&json!([])).is_err());
+    }
+
+    #[test]
+    fn violations_are_bounded() {
+        let s =
+            Skill::new(skill("many", r#"{"type":"object","additionalProperties":false}"#)).unwrap();
+        let args: serde_json::Map<String, Value> =
+            (0..100).map(|i| (format!("k{i}"), json!(i))).collect();
+        let v = s.check_args(&Value::Object(args)).unwrap_err();
+        assert!(!v.is_empty() && v.len() <= MAX_VIOLATIONS);
+    }
+
+    #[test]
+    fn validators_are_bounded_and_compiled_again_when_dropped() {
+        let skills: Vec<RegisteredSkill> = (0..5)
+            .map(|i| skill(&format!("s{i}"), r#"{"type":"object","required":["a"]}"#))
+            .collect();
+        // As the scan leaves them: every schema compiled in order, the
+        // last ones held.
+        let validators = Arc::new(ValidatorCache::new(2));
+        for (slot, s) in skills.iter().enumerate() {
+            validators.insert(slot, validators::compile(s.manifest().schema()).unwrap());
+        }
+        let snap = Snapshot::build(ScanReport { skills, validators, ..ScanReport::default() });
+        assert_eq!(snap.registered(), 5);
+        let s0 = snap.get("s0").unwrap();
+        assert!(!s0.validators.contains(s0.slot), "dropped: only the last 2 are held");
+        assert!(snap.get("s4").unwrap().validators.contains(4));
+        assert_eq!(s0.check_args(&json!({"a": 1})), Ok(()));
+        assert!(s0.check_args(&json!({})).is_err());
+        assert!(s0.validators.contains(s0.slot));
+        assert_eq!(s0.validators.len(), 2);
+    }
+
+    #[test]
+    fn a_schema_that_does_not_compile_leaves_its_name_to_the_next_manifest() {
+        use std::fs;
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = fs::canonicalize(tmp.path()).unwrap();
+        let pack = |dir: &str, schema: &str| {
+            let dir = root.join(dir);
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("run"), "#!/bin/sh\n").unwrap();
+            fs::set_permissions(dir.join("run"), fs::Permissions::from_mode(0o755)).unwrap();
+            let text =
+                format!(r#"{{"name":"same","description":"d","entry":"run","schema":{schema}}}"#);
+            fs::write(dir.join("skill.json"), text).unwrap();
+            dir.join("skill.json")
+        };
+        pack("a", r#"{"properties":{"a":{"pattern":"("}}}"#);
+        let good = pack("b", r#"{"type":"object","required":["n"]}"#);
+        let report = crate::scan::Scanner::default().scan(&[&root]);
+        let lines: Vec<String> = report.events.iter().map(ToString::to_string).collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].starts_with("skill loader: build \"same\": schema in "), "{lines:?}");
+        assert!(lines[1].starts_with("skill loader: registered subprocess skill \"same\""));
+        let snap = Snapshot::build(report);
+        assert_eq!((snap.registered(), snap.skipped()), (1, 1));
+        let s = snap.get("same").unwrap();
+        assert_eq!(s.registered().manifest_path(), good);
+        // The scan's compiled validator is the one the registry uses.
+        assert!(s.validators.contains(s.slot));
+        assert!(s.check_args(&json!({})).is_err());
+        assert_eq!(s.check_args(&json!({"n": 1})), Ok(()));
+    }
+
+    #[test]
+    fn api_json_has_the_documented_fields() {
+        let s = Skill::new(skill("disk", r#"{"type":"object"}"#)).unwrap();
+        let v = s.to_api_json();
+        assert_eq!(v["source"], "skill.json");
+        assert_eq!(v["class"], "mutating");
+        assert_eq!(v["timeout_seconds"], 30);
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(keys.len(), 8, "{keys:?}");
+    }
+
+    #[test]
+    fn replace_keeps_old_readers_valid() {
+        let snap = Snapshot::build(ScanReport {
+            skills: vec![skill("a", r#"{"type":"object"}"#)],
+            events: vec![],
+            ..ScanReport::default()
+        });
+        let reg = Registry::new(snap);
+        let old = reg.current();
+        let held = old.get("a").unwrap().clone();
+        reg.replace(Snapshot::default());
+        assert_eq!(reg.current().registered(), 0);
+        assert_eq!(held.name(), "a");
+        assert_eq!(old.registered(), 1);
+    }
+}
