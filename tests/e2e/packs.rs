@@ -13,8 +13,12 @@ use serde_json::{json, Value};
 
 use crate::harness::{bin, temp_dir};
 
-const GRANTS: &str = "[skills.probe_tcp]\nnetwork = true\n[skills.probe_http]\nnetwork = true\n\
-    [skills.probe_dns]\nnetwork = true\n[skills.tail_file]\nfs_read = [\"/var/log\"]\n";
+/// Loopback is refused unless a grant names it: these grants name the
+/// loopback address the tests' listeners use (port 53 never among them).
+const GRANTS: &str = "[skills.probe_tcp]\nnetwork = true\nconnect = [\"127.0.0.1:*\"]\n\
+    [skills.probe_http]\nnetwork = true\nconnect = [\"127.0.0.1:*\"]\n\
+    [skills.probe_dns]\nnetwork = true\nconnect = [\"127.0.0.1:*\"]\n\
+    [skills.tail_file]\nfs_read = [\"/var/log\"]\n";
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
