@@ -84,6 +84,37 @@ fn example_packs_validate_cleanly() {
     }
 }
 
+/// `validate --grants` names each `connect` entry of a manifest that its
+/// grant does not cover, and none when a bare network grant covers all.
+#[test]
+fn validate_names_connect_entries_no_grant_covers() {
+    let dir = tempfile::tempdir().unwrap();
+    let grants = dir.path().join("grants.toml");
+    std::fs::write(
+        &grants,
+        "[skills.probe_http]\nnetwork = true\nconnect = [\"0.0.0.0/0:443\", \"[::]/0:*\"]\n\
+         [skills.probe_tcp]\nnetwork = true\n",
+    )
+    .unwrap();
+    let out = Command::new(bin("ongrid-skill"))
+        .arg("validate")
+        .arg("--grants")
+        .arg(&grants)
+        .arg(examples())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "notes only: {text}");
+    let note = |skill: &str| {
+        text.lines().find(|l| l.starts_with("note") && l.contains(&format!("[skills.{skill}]")))
+    };
+    let http = note("probe_http").unwrap_or_else(|| panic!("{text}"));
+    assert!(http.ends_with("covers 0.0.0.0/0:80 (a run gets the grant's list only)"), "{http}");
+    assert!(note("probe_tcp").is_none(), "a bare grant covers any destination: {text}");
+    let dns = note("probe_dns").unwrap_or_else(|| panic!("{text}"));
+    assert!(dns.contains("0.0.0.0/0:53, [::]/0:53"), "no grant at all: {dns}");
+}
+
 #[test]
 fn probe_tcp_open_and_closed_ports_and_no_grant() {
     let sb = Sandbox::new(GRANTS);
