@@ -5,7 +5,8 @@
 //! the configured resolv.conf answer on port 53. Every refusal is `EPERM`
 //! within milliseconds and listed in the report.
 //!
-//! Every packet goes to loopback listeners this test opens.
+//! Every packet goes to loopback listeners this test opens, or to
+//! addresses on interfaces of a network namespace the test makes.
 
 use std::net::{TcpListener, UdpSocket};
 use std::time::Duration;
@@ -189,5 +190,92 @@ fn dns_reaches_only_the_listed_resolvers() {
     let enforced = net["enforced"].as_array().cloned().unwrap_or_default();
     assert!(enforced.contains(&json!("127.0.0.57:53")), "{net}");
     assert_eq!(net["denied_total"], 2, "{net}");
+    no_leftovers(&skill, &g);
+}
+
+/// A network namespace this test made, with a veth pair holding a
+/// link-local, a private and a unique-local address; removed on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(name: &str) -> Option<Self> {
+        let ip = |a: &[&str]| {
+            std::process::Command::new("ip").args(a).status().is_ok_and(|s| s.success())
+        };
+        if !ip(&["netns", "add", name]) {
+            return None;
+        }
+        let ns = Self(name.to_owned());
+        let ok = ip(&["-n", name, "link", "add", "va", "type", "veth", "peer", "name", "vb"])
+            && ip(&["-n", name, "addr", "add", "169.254.169.254/32", "dev", "vb"])
+            && ip(&["-n", name, "addr", "add", "10.77.0.1/32", "dev", "vb"])
+            && ip(&["-n", name, "addr", "add", "fd00::1/128", "dev", "vb", "nodad"])
+            && ["lo", "va", "vb"].iter().all(|d| ip(&["-n", name, "link", "set", d, "up"]));
+        ok.then_some(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// The executor run inside a network namespace this test made (entered
+/// with `nsenter --net`, which keeps the host's `/sys` and so its cgroup
+/// mounts): under a bare `network = true`, the link-local metadata
+/// address and the namespace's own private and unique-local addresses are
+/// refused at once. Every address is on an interface of that namespace.
+#[test]
+fn link_local_and_own_addresses_refused_in_a_netns() {
+    let Some(g) = shared("link_local_and_own_addresses_refused_in_a_netns") else { return };
+    if ongrid_tests::served::via() == ongrid_tests::served::Via::Serve {
+        // The served executor runs in the host's namespace: one-shot only.
+        ongrid_tests::host::skip(
+            "link_local_and_own_addresses_refused_in_a_netns",
+            "the served executor is not in the test's namespace",
+        );
+        drop(g);
+        return;
+    }
+    let name = format!("ongrid-egress-{}", std::process::id());
+    let Some(ns) = Netns::new(&name) else {
+        ongrid_tests::host::skip("link_local_and_own_addresses_refused_in_a_netns", "no netns");
+        return;
+    };
+    let skill = attack("egress_netns").with("sandbox", json!({"network": true}));
+    skill.write_manifest();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("executor.toml");
+    let config = Config::new().grant(skill.name(), "network = true");
+    std::fs::write(&cfg, config.to_toml()).expect("config");
+    let cases = vec![
+        tcp("169.254.169.254:80"),
+        json!({"kind": "udp_sendto", "addr": "169.254.169.254:80"}),
+        tcp("10.77.0.1:80"),
+        tcp("[fd00::1]:80"),
+    ];
+    let a = args("egress", json!({"cases": cases})).to_string();
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", ns.0))
+        .arg(ongrid_tests::run::executor_bin())
+        .args(["run", "--json", "--manifest"])
+        .arg(skill.manifest_path())
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--args", &a])
+        .output()
+        .expect("nsenter ongrid-executor");
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(report["outcome"], "ok", "{report}");
+    let results = report["result"]["results"].as_array().cloned().unwrap_or_default();
+    assert_eq!(results.len(), cases.len(), "{report}");
+    for (c, r) in cases.iter().zip(&results) {
+        assert_eq!(r["errno"], i64::from(libc::EPERM), "{c}: {r}");
+        assert!(r["ms"].as_f64().unwrap_or(f64::MAX) < FAST_MS, "{c}: {r}");
+    }
+    assert_eq!(report["sandbox"]["network"]["denied_total"], 4, "{report}");
+    drop(ns);
     no_leftovers(&skill, &g);
 }
