@@ -55,6 +55,18 @@ pub enum LandlockMode {
     BestEffort,
 }
 
+/// Whether a networked run's egress allowlist must be held by the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EgressMode {
+    /// A networked run whose allowlist cannot be attached (no cgroup v2
+    /// hierarchy, no BPF) fails with `sandbox_failed`.
+    #[default]
+    Required,
+    /// Run it with the network unrestricted and say so in the report.
+    BestEffort,
+}
+
 /// The parsed `executor.toml`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -75,6 +87,11 @@ pub struct Config {
     pub runs_tmpfs_bytes: Option<u64>,
     /// Landlock requirement.
     pub landlock: LandlockMode,
+    /// Egress allowlist requirement (networked runs).
+    pub egress: EgressMode,
+    /// Where the resolvers of a `dns = true` grant are read (`nameserver`
+    /// lines).
+    pub resolv_conf: PathBuf,
     /// Longest timeout a manifest may ask for (longer ones are clamped).
     pub max_timeout_seconds: u64,
     /// Users that may own an entry and its folders (plus the executor's own user).
@@ -149,6 +166,8 @@ impl Default for Config {
             runtime_dir: None,
             runs_tmpfs_bytes: None,
             landlock: LandlockMode::Required,
+            egress: EgressMode::Required,
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
             max_timeout_seconds: policy::limits::DEFAULT_MAX_TIMEOUT.as_secs(),
             entry_owners: vec!["root".to_owned()],
             limits: Limits::default(),
@@ -520,16 +539,24 @@ mod tests {
             roots = ["/etc/ongrid/skills"]
             runtime_dir = "/run/ongrid"
             landlock = "best-effort"
+            egress = "best-effort"
             max_timeout_seconds = 60
             entry_owners = ["root", "bin"]
             [limits]
             max_pids = 32
             [skills.netprobe]
             network = true
+            connect = ["0.0.0.0/0:443", "[::]/0:443", "example.com:*"]
+            dns = true
             capabilities = ["CAP_NET_RAW"]
         "#;
         let c = Config::parse(text, Path::new("x.toml")).unwrap();
         assert_eq!(c.landlock, LandlockMode::BestEffort);
+        assert_eq!(c.egress, EgressMode::BestEffort);
+        assert_eq!(c.skills["netprobe"].connect.len(), 3);
+        assert!(c.skills["netprobe"].dns);
+        let bad = "[skills.x]\nnetwork = true\nconnect = [\"10.0.0.1\"]\n";
+        assert!(Config::parse(bad, Path::new("x.toml")).is_err(), "an entry without a port");
         assert_eq!(c.limits.max_pids, 32);
         assert_eq!(c.limits.nofile, Limits::default().nofile);
         assert!(c.skills["netprobe"].network);

@@ -70,7 +70,7 @@ pub fn mask_only_sigchld() -> std::io::Result<()> {
     sys::process::mask_only_sigchld()
 }
 
-pub use config::{Config, ConfigError, LandlockMode};
+pub use config::{Config, ConfigError, EgressMode, LandlockMode};
 pub use metrics::Metrics;
 pub use run::engine::{Engine, EngineError, RunRequest};
 pub use run::janitor::SlotCounts;

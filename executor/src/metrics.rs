@@ -166,6 +166,9 @@ pub struct Metrics {
     /// from a finished run on the run's path, `made` on the run's path;
     /// brought up to the engine's counts at each scrape.
     pub run_slots_total: IntCounterVec,
+    /// `ongrid_network_denied_total{skill}`: connects and sends the runs'
+    /// egress rules refused.
+    pub network_denied_total: IntCounterVec,
     /// Serialises [`Metrics::sync_engine`].
     engine_sync: std::sync::Arc<std::sync::Mutex<()>>,
 }
@@ -250,8 +253,16 @@ impl Metrics {
                 ),
                 &["how"],
             )?,
+            network_denied_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_network_denied_total",
+                    "Connects and sends refused by the runs' egress allowlists, by skill.",
+                ),
+                &["skill"],
+            )?,
             engine_sync: std::sync::Arc::default(),
         };
+        registry.register(Box::new(m.network_denied_total.clone()))?;
         registry.register(Box::new(m.runs_total.clone()))?;
         registry.register(Box::new(m.run_duration_seconds.clone()))?;
         registry.register(Box::new(m.sandbox_setup_seconds.clone()))?;
@@ -310,6 +321,10 @@ impl Metrics {
                 Enforcement::None => "none",
             };
             self.landlock_enforcement_total.with_label_values(&[status]).inc();
+            if sandbox.network.denied_total > 0 {
+                let denied = self.network_denied_total.with_label_values(&[skill]);
+                denied.inc_by(sandbox.network.denied_total);
+            }
         }
     }
 
@@ -405,5 +420,36 @@ mod tests {
         assert!(text.contains("ongrid_sandbox_setup_seconds_count 0"));
         assert!(text.contains("ongrid_executor_connections 0"));
         assert!(text.contains("ongrid_executor_peer_rejected_total 0"));
+    }
+
+    #[test]
+    fn refusals_count_by_skill() {
+        let m = Metrics::new(&Registry::new()).unwrap();
+        let mut report = RunReport::not_run("probe", Outcome::Ok, "");
+        report.sandbox = Some(policy::SandboxReport {
+            uid: 0,
+            gid: 0,
+            no_new_privs: true,
+            capabilities: vec![],
+            landlock: policy::report::LandlockReport {
+                abi: 0,
+                status: Enforcement::None,
+                net: false,
+                scoped: false,
+            },
+            seccomp: true,
+            network: policy::NetworkReport {
+                enabled: true,
+                denied_total: 3,
+                ..policy::NetworkReport::default()
+            },
+            cgroup: policy::report::CgroupReport::default(),
+            rlimits: std::collections::BTreeMap::new(),
+            degraded: vec![],
+        });
+        m.record_run("probe", &report, Duration::from_millis(1));
+        m.record_run("probe", &report, Duration::from_millis(1));
+        let text = m.render();
+        assert!(text.contains("ongrid_network_denied_total{skill=\"probe\"} 6"), "{text}");
     }
 }

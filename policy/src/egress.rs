@@ -14,7 +14,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-pub use rules::{EgressRules, Protocol, Rule, Step};
+pub use rules::{resolver_rules, EgressRules, Protocol, Rule, Step, DNS_PORT};
 
 /// Longest DNS name (RFC 1035, without the trailing dot).
 pub const MAX_DNS_NAME: usize = 253;

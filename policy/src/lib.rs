@@ -78,7 +78,9 @@ pub use manifest::{
 pub use name::SkillName;
 pub use permission::{DenyReason, PermissionMode};
 pub use raw_json::RawJson;
-pub use report::{Enforcement, LimitKind, Outcome, RunReport, SandboxReport};
+pub use report::{
+    DeniedReport, Enforcement, LimitKind, NetworkReport, Outcome, RunReport, SandboxReport,
+};
 pub use sandbox::{GrantError, GrantedSandbox, SandboxRequest, SkillGrant};
 pub use schema::Schema;
 pub use skillmd::{SkillMd, SkillMdError};

@@ -493,6 +493,30 @@ fn parse_paths(v: &Value, field: &str) -> Result<Vec<std::path::PathBuf>, Manife
         .collect()
 }
 
+/// `sandbox.network`: `true`/`false`, or `{"connect": [...]}` (network
+/// needed, toward those entries; what the run gets is the grant's list).
+fn parse_network(v: &Value, field: &str, req: &mut SandboxRequest) -> Result<(), ManifestError> {
+    if let Some(b) = v.as_bool() {
+        req.network = b;
+        return Ok(());
+    }
+    let obj = v.as_object().ok_or_else(|| wrong(field, "a boolean or an object", v))?;
+    req.network = true;
+    for (key, v) in obj {
+        let sub = format!("{field}.{key}");
+        if key != "connect" {
+            return Err(invalid(&sub, "unknown network field (known: connect)"));
+        }
+        for (i, e) in string_list(v, &sub)?.iter().enumerate() {
+            let entry = e
+                .parse::<crate::egress::Entry>()
+                .map_err(|err| invalid(&format!("{sub}[{i}]"), err.to_string()))?;
+            req.connect.push(entry);
+        }
+    }
+    Ok(())
+}
+
 fn parse_sandbox(s: &Map<String, Value>) -> Result<SandboxRequest, ManifestError> {
     let mut req = SandboxRequest::default();
     for (key, v) in s {
@@ -503,7 +527,7 @@ fn parse_sandbox(s: &Map<String, Value>) -> Result<SandboxRequest, ManifestError
         match key.as_str() {
             "fs_read" => req.fs_read = parse_paths(v, &field)?,
             "fs_write" => req.fs_write = parse_paths(v, &field)?,
-            "network" => req.network = v.as_bool().ok_or_else(|| wrong(&field, "a boolean", v))?,
+            "network" => parse_network(v, &field, &mut req)?,
             "run_as" => {
                 let u = v.as_str().ok_or_else(|| wrong(&field, "a string", v))?;
                 let ok = !u.is_empty() && u.len() <= 32 && u.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));

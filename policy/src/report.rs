@@ -128,6 +128,70 @@ pub struct CgroupReport {
     pub pids: Option<String>,
 }
 
+/// One destination the run's egress rules refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeniedReport {
+    /// `"127.0.0.3:8080"`, `"[::1]:80"`; `"*"` for a socket refused when
+    /// made (ICMP), before it named a destination.
+    pub destination: String,
+    /// `tcp`, `udp`, `icmp`, or `ip:N`.
+    pub protocol: String,
+    /// Times refused.
+    pub count: u64,
+}
+
+/// The run's network as enforced.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "NetworkWire")]
+pub struct NetworkReport {
+    /// The run had network.
+    pub enabled: bool,
+    /// The allow rules held for the run, names resolved (`"10.0.0.0/8:443"`,
+    /// `"192.0.2.1:443"`), resolvers included; empty with no network, or
+    /// with every destination but the default refusals allowed.
+    #[serde(default)]
+    pub enforced: Vec<String>,
+    /// The resolvers of the host were reachable on port 53.
+    #[serde(default)]
+    pub dns: bool,
+    /// The most refused destinations, at most 16, most refused first.
+    #[serde(default)]
+    pub denied: Vec<DeniedReport>,
+    /// Every refusal, listed or not.
+    #[serde(default)]
+    pub denied_total: u64,
+}
+
+/// `network` as sent: an object, or the boolean of an executor before
+/// allowlists (so reports parse in both directions between versions).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NetworkWire {
+    Enabled(bool),
+    Report {
+        enabled: bool,
+        #[serde(default)]
+        enforced: Vec<String>,
+        #[serde(default)]
+        dns: bool,
+        #[serde(default)]
+        denied: Vec<DeniedReport>,
+        #[serde(default)]
+        denied_total: u64,
+    },
+}
+
+impl From<NetworkWire> for NetworkReport {
+    fn from(w: NetworkWire) -> Self {
+        match w {
+            NetworkWire::Enabled(enabled) => Self { enabled, ..Self::default() },
+            NetworkWire::Report { enabled, enforced, dns, denied, denied_total } => {
+                Self { enabled, enforced, dns, denied, denied_total }
+            }
+        }
+    }
+}
+
 /// What the sandbox actually enforced for a run. Nothing degrades silently:
 /// anything asked for and not enforced is listed in `degraded`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,8 +208,9 @@ pub struct SandboxReport {
     pub landlock: LandlockReport,
     /// A seccomp filter was attached.
     pub seccomp: bool,
-    /// Networking was granted.
-    pub network: bool,
+    /// The run's network: granted or not, where it could connect, what
+    /// was refused (a boolean from an executor before allowlists).
+    pub network: NetworkReport,
     /// cgroup mechanisms.
     pub cgroup: CgroupReport,
     /// Resource limits that were set (name → value), e.g. `RLIMIT_NOFILE`.
@@ -219,6 +284,27 @@ mod tests {
             assert_eq!(s, format!("\"{}\"", o.as_str()));
             assert_eq!(serde_json::from_str::<Outcome>(&s).unwrap(), o);
         }
+    }
+
+    #[test]
+    fn network_reads_the_object_and_the_old_boolean() {
+        let old: NetworkReport = serde_json::from_str("true").unwrap();
+        assert_eq!(old, NetworkReport { enabled: true, ..NetworkReport::default() });
+        let r = NetworkReport {
+            enabled: true,
+            enforced: vec!["127.0.0.1:8080".into()],
+            dns: true,
+            denied: vec![DeniedReport {
+                destination: "127.0.0.3:8080".into(),
+                protocol: "tcp".into(),
+                count: 2,
+            }],
+            denied_total: 3,
+        };
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(text.starts_with(r#"{"enabled":true,"enforced":["127.0.0.1:8080"]"#), "{text}");
+        assert_eq!(serde_json::from_str::<NetworkReport>(&text).unwrap(), r);
+        assert!(serde_json::from_str::<NetworkReport>(r#"{"dns":true}"#).is_err());
     }
 
     #[test]

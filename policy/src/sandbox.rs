@@ -73,8 +73,12 @@ pub struct SandboxRequest {
     pub fs_read: Vec<PathBuf>,
     /// Extra absolute paths to write below.
     pub fs_write: Vec<PathBuf>,
-    /// TCP/UDP/ICMP networking.
+    /// TCP/UDP networking.
     pub network: bool,
+    /// Where the skill says it connects (`sandbox.network.connect`): what
+    /// `validate` checks against the grant; the run gets the grant's list.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub connect: Vec<crate::egress::Entry>,
     /// Run as this user instead of the executor's default.
     pub run_as: Option<String>,
     /// Capability numbers to keep (see [`CAPABILITY_NAMES`]).
@@ -102,6 +106,12 @@ pub struct SkillGrant {
     pub fs_write: Vec<PathBuf>,
     /// Whether the manifest may ask for the network.
     pub network: bool,
+    /// Where a networked run may connect; empty = every destination but
+    /// the default refusals (loopback, link-local, the host's addresses).
+    pub connect: Vec<crate::egress::Entry>,
+    /// Whether a networked run may reach the resolvers of the host's
+    /// `/etc/resolv.conf` on port 53 (nothing else on 53 unless listed).
+    pub dns: bool,
     /// Users the manifest may ask to run as.
     pub run_as: Vec<String>,
     /// Capability names the manifest may ask to keep.
@@ -122,6 +132,13 @@ pub struct GrantedSandbox {
     pub fs_write: Vec<PathBuf>,
     /// Networking allowed.
     pub network: bool,
+    /// The grant's `connect` list (with `network`; empty = any destination
+    /// but the default refusals).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub connect: Vec<crate::egress::Entry>,
+    /// The grant's `dns`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dns: bool,
     /// User to run as; `None` = the executor's configured default.
     pub run_as: Option<String>,
     /// Capability numbers kept.
@@ -217,6 +234,8 @@ impl SandboxRequest {
             fs_read: self.fs_read.clone(),
             fs_write: self.fs_write.clone(),
             network: self.network,
+            connect: if self.network { grant.connect.clone() } else { Vec::new() },
+            dns: self.network && grant.dns,
             run_as: self.run_as.clone(),
             capabilities: self.capabilities.clone(),
             limits,
@@ -283,6 +302,8 @@ mod tests {
             fs_read: vec!["/var/log".into()],
             fs_write: vec!["/srv/out".into()],
             network: true,
+            connect: vec!["127.0.0.1:8080".parse().unwrap()],
+            dns: true,
             run_as: vec!["root".into()],
             capabilities: vec!["net_raw".into()],
             memory_bytes: Some(1 << 30),
@@ -292,12 +313,17 @@ mod tests {
             fs_read: vec!["/var/log/syslog".into(), "/srv/out/x".into()],
             fs_write: vec!["/srv/out".into()],
             network: true,
+            connect: vec!["10.0.0.1:443".parse().unwrap()],
             run_as: Some("root".into()),
             capabilities: vec![13],
             memory_bytes: Some(1 << 30),
             max_pids: Some(128),
         };
         let g = req.authorize(&skill(), Some(&grant), &d).unwrap();
+        assert_eq!(g.connect, grant.connect, "the run gets the grant's list, never the manifest's");
+        assert!(g.dns);
+        let quiet = SandboxRequest::default().authorize(&skill(), Some(&grant), &d).unwrap();
+        assert!(quiet.connect.is_empty() && !quiet.dns, "no network asked: no list");
         assert_eq!(g.limits.memory_bytes, 1 << 30);
         assert_eq!(g.limits.max_pids, 128);
         let over = SandboxRequest { memory_bytes: Some((1 << 30) + 1), ..Default::default() };

@@ -201,7 +201,17 @@ fn rejects_with_the_field_named() {
         Reject {
             what: "sandbox network string",
             manifest: with("sandbox", json!({"network": "yes"})),
-            needle: "field \"sandbox.network\": expected a boolean",
+            needle: "field \"sandbox.network\": expected a boolean or an object",
+        },
+        Reject {
+            what: "sandbox network connect entry",
+            manifest: with("sandbox", json!({"network": {"connect": ["127.0.0.1"]}})),
+            needle: "field \"sandbox.network.connect[0]\": \"127.0.0.1\": expected HOST:PORT",
+        },
+        Reject {
+            what: "sandbox network unknown key",
+            manifest: with("sandbox", json!({"network": {"allow": []}})),
+            needle: "field \"sandbox.network.allow\"",
         },
         Reject {
             what: "sandbox fs_read relative",
@@ -520,6 +530,21 @@ fn sandbox_request_parsed() {
     assert_eq!(s.capabilities, [13]);
     assert_eq!(s.memory_bytes, Some(1 << 30));
     assert_eq!(s.max_pids, Some(8));
+}
+
+#[test]
+fn sandbox_network_object_lists_where_the_skill_connects() {
+    let m = parse(with(
+        "sandbox",
+        json!({"network": {"connect": ["example.com:443", "[::1]:53", "10.0.0.0/8:*"]}}),
+    ))
+    .unwrap();
+    let s = m.sandbox();
+    assert!(s.network, "an object means the skill needs network");
+    let listed: Vec<String> = s.connect.iter().map(ToString::to_string).collect();
+    assert_eq!(listed, ["example.com:443", "[::1]:53", "10.0.0.0/8:*"]);
+    let bare = parse(with("sandbox", json!({"network": true}))).unwrap();
+    assert!(bare.sandbox().network && bare.sandbox().connect.is_empty());
 }
 
 #[test]

@@ -13,8 +13,12 @@ use serde_json::{json, Value};
 
 use crate::harness::{bin, temp_dir};
 
-const GRANTS: &str = "[skills.probe_tcp]\nnetwork = true\n[skills.probe_http]\nnetwork = true\n\
-    [skills.probe_dns]\nnetwork = true\n[skills.tail_file]\nfs_read = [\"/var/log\"]\n";
+/// Loopback is refused unless a grant names it: these grants name the
+/// loopback address the tests' listeners use (port 53 never among them).
+const GRANTS: &str = "[skills.probe_tcp]\nnetwork = true\nconnect = [\"127.0.0.1:*\"]\n\
+    [skills.probe_http]\nnetwork = true\nconnect = [\"127.0.0.1:*\"]\n\
+    [skills.probe_dns]\nnetwork = true\nconnect = [\"127.0.0.1:*\"]\n\
+    [skills.tail_file]\nfs_read = [\"/var/log\"]\n";
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -78,6 +82,37 @@ fn example_packs_validate_cleanly() {
     for name in ["probe_tcp", "probe_http", "probe_dns", "tail_file", "disk_usage", "host_load"] {
         assert!(text.contains(&format!("registered subprocess skill \"{name}\"")), "{text}");
     }
+}
+
+/// `validate --grants` names each `connect` entry of a manifest that its
+/// grant does not cover, and none when a bare network grant covers all.
+#[test]
+fn validate_names_connect_entries_no_grant_covers() {
+    let dir = tempfile::tempdir().unwrap();
+    let grants = dir.path().join("grants.toml");
+    std::fs::write(
+        &grants,
+        "[skills.probe_http]\nnetwork = true\nconnect = [\"0.0.0.0/0:443\", \"[::]/0:*\"]\n\
+         [skills.probe_tcp]\nnetwork = true\n",
+    )
+    .unwrap();
+    let out = Command::new(bin("ongrid-skill"))
+        .arg("validate")
+        .arg("--grants")
+        .arg(&grants)
+        .arg(examples())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "notes only: {text}");
+    let note = |skill: &str| {
+        text.lines().find(|l| l.starts_with("note") && l.contains(&format!("[skills.{skill}]")))
+    };
+    let http = note("probe_http").unwrap_or_else(|| panic!("{text}"));
+    assert!(http.ends_with("covers 0.0.0.0/0:80 (a run gets the grant's list only)"), "{http}");
+    assert!(note("probe_tcp").is_none(), "a bare grant covers any destination: {text}");
+    let dns = note("probe_dns").unwrap_or_else(|| panic!("{text}"));
+    assert!(dns.contains("0.0.0.0/0:53, [::]/0:53"), "no grant at all: {dns}");
 }
 
 #[test]

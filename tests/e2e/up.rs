@@ -291,7 +291,7 @@ fn up_grants_a_packs_sandbox_request_from_a_file() {
     up.stop(Signal::SIGTERM);
     assert_eq!(report["outcome"], "ok", "{report}");
     assert_eq!(report["result"]["x"], 1, "{report}");
-    assert_eq!(report["sandbox"]["network"], true, "{report}");
+    assert_eq!(report["sandbox"]["network"]["enabled"], true, "{report}");
 }
 
 /// Ctrl-C with a run in flight says what `up` waits for (the run may take

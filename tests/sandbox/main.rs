@@ -24,6 +24,7 @@
 //! - `grants`: manifests asking for more than the operator grants.
 //! - `isolation`: two live runs side by side cannot reach each other.
 
+mod egress;
 mod env;
 mod exhaustion;
 mod filesystem;

@@ -74,26 +74,32 @@ fn icmp_fails_without_grant() {
     no_leftovers(&skill, &g);
 }
 
-/// With `sandbox.network` granted, TCP and UDP to loopback work, and the
-/// report says so.
+/// With `sandbox.network` granted and the loopback ports named in the
+/// grant's `connect` list (loopback is refused unless named), TCP and UDP
+/// to them work, and the report says so.
 #[test]
 fn granted_network_reaches_loopback() {
     let Some(g) = shared("granted_network_reaches_loopback") else { return };
     let skill = attack("net_granted").with("sandbox", json!({"network": true}));
-    let config = Config::new().grant(skill.name(), "network = true");
     let l = TcpListener::bind("127.0.0.1:0").expect("bind tcp");
     let addr = l.local_addr().expect("addr").to_string();
+    let s = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
+    let udp = s.local_addr().expect("addr").to_string();
+    let config = Config::new()
+        .grant(skill.name(), &format!("network = true\nconnect = [\"{addr}\", \"{udp}\"]"));
     let run = skill.run(&config, &args("tcp_connect", json!({"addr": addr})));
     allowed(&run);
     assert!(
-        run.report.sandbox.as_ref().is_some_and(|s| s.network),
+        run.report
+            .sandbox
+            .as_ref()
+            .is_some_and(|s| s.network.enabled && s.network.enforced.contains(&addr)),
         "report: network not granted:\n{}",
         run.dump()
     );
     l.set_nonblocking(true).expect("nonblocking");
     assert!(l.accept().is_ok(), "granted TCP connect did not arrive");
-    let s = UdpSocket::bind("127.0.0.1:0").expect("bind udp");
-    let addr = s.local_addr().expect("addr").to_string();
+    let addr = udp;
     let run = skill.run(&config, &args("udp_send", json!({"addr": addr})));
     allowed(&run);
     s.set_read_timeout(Some(std::time::Duration::from_secs(1))).expect("timeout");

@@ -9,11 +9,12 @@ pub struct Config {
     landlock: &'static str,
     limits: Vec<(&'static str, u64)>,
     grants: Vec<(String, String)>,
+    settings: Vec<String>,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { landlock: "required", limits: Vec::new(), grants: Vec::new() }
+        Self { landlock: "required", limits: Vec::new(), grants: Vec::new(), settings: Vec::new() }
     }
 }
 
@@ -38,10 +39,20 @@ impl Config {
         self
     }
 
+    /// Adds a top-level line, e.g. `resolv_conf = "/tmp/x/resolv.conf"`.
+    #[must_use]
+    pub fn setting(mut self, line: &str) -> Self {
+        self.settings.push(line.to_owned());
+        self
+    }
+
     /// The TOML text.
     pub fn to_toml(&self) -> String {
         let mut s =
             format!("run_as = \"{}\"\nlandlock = \"{}\"\n", crate::host::SKILL_USER, self.landlock);
+        for line in &self.settings {
+            let _ = writeln!(s, "{line}");
+        }
         if !self.limits.is_empty() {
             s.push_str("\n[limits]\n");
             for (k, v) in &self.limits {
@@ -70,7 +81,9 @@ mod tests {
             .limit("max_pids", 8)
             .grant("probe", "network = true")
             .grant("probe", "run_as = [\"root\"]")
+            .setting("egress = \"required\"")
             .to_toml();
+        assert!(t.contains("landlock = \"required\"\negress = \"required\"\n"), "{t}");
         assert!(t.starts_with("run_as = \"ongrid-skill\"\nlandlock = \"required\"\n"), "{t}");
         assert!(t.contains("[limits]\nmax_pids = 8\n"), "{t}");
         assert!(t.contains("[skills.probe]\nnetwork = true\nrun_as = [\"root\"]\n"), "{t}");

@@ -342,6 +342,7 @@ impl Engine {
         let go = start.await;
         *held = waiting.elapsed();
         if !go {
+            prep.end_egress();
             self.janitor.discard(prep.cgroup.take(), &mut prep.run_dir, warm);
             let why = "the held run was not started by its caller";
             let mut r = RunReport::not_run(skill, Outcome::Rejected, why);
@@ -357,6 +358,7 @@ impl Engine {
         let child = match spawned {
             Ok(c) => c,
             Err(e) => {
+                prep.end_egress();
                 let mut r = RunReport::not_run(skill, e.outcome(), e.to_string());
                 r.sandbox = Some(prep.report.clone());
                 return r;
@@ -392,6 +394,8 @@ impl Engine {
         after.leftovers = sup.leftovers.take();
         let oom = prep.cgroup.as_mut().is_some_and(settle);
         self.reaper.reap_orphans();
+        // Its processes are gone: nothing more can be refused.
+        prep.end_egress();
         // The run is over (its tree is gone): its cgroups and directory are
         // removed after the report, by the janitor, woken once the report
         // is out (when the caller drops `wake`).

@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
 use nix::sys::resource::{getrlimit, Resource};
-use policy::report::SandboxReport;
+use policy::report::{NetworkReport, SandboxReport};
 use policy::sandbox::CAPABILITY_NAMES;
 use policy::Outcome;
 
-use crate::config::{Config, LandlockMode};
+use crate::config::{Config, EgressMode, LandlockMode};
+use crate::run::egress::{self, EgressCache, RunEgress, RunEgressError};
 use crate::run::plan::Plan;
 use crate::run::rundir::{RunDir, RunDirError};
 use crate::run::spawner::Spawner;
@@ -39,6 +40,14 @@ pub enum SpawnError {
     /// The Landlock ruleset.
     #[error(transparent)]
     Landlock(#[from] LandlockError),
+    /// The egress allowlist of a networked run.
+    #[error("skill \"{skill}\": {source}")]
+    Egress {
+        /// The skill.
+        skill: String,
+        /// What failed.
+        source: RunEgressError,
+    },
     /// A pipe, or a string with a NUL byte.
     #[error("skill \"{skill}\": cannot prepare the child: {reason}")]
     Prepare {
@@ -94,6 +103,8 @@ pub struct Host {
     pub runs_dir: PathBuf,
     /// Shortfalls found at start-up, repeated in every report.
     pub notes: Vec<String>,
+    /// Egress programs loaded for networked runs, by rule set.
+    pub egress: std::sync::Arc<EgressCache>,
 }
 
 impl Host {
@@ -106,6 +117,7 @@ impl Host {
             cgroups,
             runs_dir: PathBuf::new(),
             notes,
+            egress: std::sync::Arc::default(),
         }
     }
 }
@@ -121,6 +133,9 @@ pub struct Prepared {
     stdio: Option<Stdio>,
     /// What the sandbox enforces, for the report.
     pub report: SandboxReport,
+    /// The networked run's allowlist, attached to its cgroup v2 leaf
+    /// before the child joins it ([`Prepared::end_egress`] at the end).
+    pub egress: Option<RunEgress>,
     /// The Landlock ruleset was one built for an earlier run in the slot
     /// (`landlock::Cache`).
     pub landlock_reused: bool,
@@ -379,6 +394,7 @@ pub fn prepare(
         .collect::<Result<Vec<_>, _>>()?;
     let cwd = cstring(&skill, "run directory", run_dir.path().as_os_str().as_bytes())?;
 
+    let (network, run_egress) = attach_egress(config, host, plan, cgroup.as_ref(), &mut degraded)?;
     let variant = seccomp::Variant::for_run(
         plan.granted.network,
         plan.run_as.dedicated,
@@ -396,7 +412,7 @@ pub fn prepare(
             .collect(),
         landlock: ll.report,
         seccomp: true,
-        network: plan.granted.network,
+        network,
         cgroup: cgroup.as_ref().map(|c| c.report.clone()).unwrap_or_default(),
         rlimits: rlimit_report,
         degraded,
@@ -406,6 +422,7 @@ pub fn prepare(
         cgroup,
         stdio,
         report,
+        egress: run_egress,
         landlock_reused: ll.reused,
         landlock: ll.fd,
         seccomp: seccomp::program(variant),
@@ -423,6 +440,57 @@ pub fn prepare(
         cwd,
         skill,
     })
+}
+
+/// The networked run's allowlist, put on its cgroup v2 leaf (before the
+/// child joins it), and the report's `network` object. Where the kernel
+/// cannot hold it, the run is refused unless `egress = "best-effort"`,
+/// which runs it unrestricted and says so in `degraded`.
+fn attach_egress(
+    config: &Config,
+    host: &Host,
+    plan: &Plan,
+    cgroup: Option<&RunCgroup>,
+    degraded: &mut Vec<String>,
+) -> Result<(NetworkReport, Option<RunEgress>), SpawnError> {
+    let granted = &plan.granted;
+    let mut report = NetworkReport { enabled: granted.network, ..NetworkReport::default() };
+    if !granted.network {
+        return Ok((report, None));
+    }
+    let skill = plan.manifest.name().to_string();
+    let fail = |source| SpawnError::Egress { skill: skill.clone(), source };
+    let (rules, enforced) =
+        egress::rules_for(granted, &config.resolv_conf, &egress::host_addrs()).map_err(fail)?;
+    report.dns = granted.dns;
+    let attached =
+        cgroup.and_then(RunCgroup::v2_leaf).ok_or(RunEgressError::NoCgroupV2).and_then(|leaf| {
+            let loaded = host.egress.get(&rules)?;
+            RunEgress::attach(loaded, leaf)
+        });
+    match attached {
+        Ok(a) => {
+            report.enforced = enforced;
+            Ok((report, Some(a)))
+        }
+        Err(e) if config.egress == EgressMode::BestEffort => {
+            tracing::warn!("skill \"{skill}\": network unrestricted (best effort): {e}");
+            degraded.push(format!("network: allowlist not enforced: {e}"));
+            Ok((report, None))
+        }
+        Err(e) => Err(fail(e)),
+    }
+}
+
+impl Prepared {
+    /// Detaches the run's allowlist (its processes are gone, or none ran)
+    /// and puts what it refused in the report; before its cgroup leaf
+    /// serves another run.
+    pub fn end_egress(&mut self) {
+        if let Some(e) = self.egress.take() {
+            e.finish(&mut self.report.network);
+        }
+    }
 }
 
 /// The engine's spawner threads ([`crate::run::spawner`]): one pool per seccomp

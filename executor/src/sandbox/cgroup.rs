@@ -449,6 +449,11 @@ impl RunCgroup {
         Ok(())
     }
 
+    /// The run's cgroup v2 leaf, where its egress programs attach.
+    pub fn v2_leaf(&self) -> Option<&Path> {
+        self.v2.as_deref()
+    }
+
     pub(crate) fn leaves(&self) -> Vec<PathBuf> {
         [&self.v2, &self.pids, &self.memory].into_iter().flatten().cloned().collect()
     }

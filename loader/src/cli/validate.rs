@@ -31,6 +31,11 @@ pub struct Args {
     /// Print the results as a JSON object.
     #[arg(long)]
     pub json: bool,
+    /// An `executor.toml` (or an `up --grants` file): note each manifest
+    /// `sandbox.network.connect` entry its `[skills.NAME]` grant does not
+    /// cover (the run gets the grant's list, never the manifest's).
+    #[arg(long, value_name = "FILE")]
+    pub grants: Option<PathBuf>,
     /// Manifests (`skill.json`), pack folders or roots to check.
     #[arg(value_name = "PATH", required = true)]
     pub paths: Vec<PathBuf>,
@@ -140,6 +145,53 @@ fn exec_format_note(skill: &crate::scan::skill::RegisteredSkill) -> Option<Findi
     Some(Finding { status: Status::Note, path: skill.manifest_path().to_path_buf(), message })
 }
 
+/// The `[skills.NAME]` tables of a grants file (other keys ignored).
+#[derive(Debug, Default, serde::Deserialize)]
+struct GrantsFile {
+    #[serde(default)]
+    skills: std::collections::BTreeMap<String, policy::SkillGrant>,
+}
+
+/// The grants of `path`, or the error line about it.
+fn read_grants(path: &std::path::Path) -> Result<GrantsFile, Finding> {
+    let fail = |message: String| Finding { status: Status::Error, path: path.into(), message };
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    toml::from_str(&text).map_err(|e| fail(format!("grants: {e}")))
+}
+
+/// A note naming the `connect` entries of `skill`'s manifest that its
+/// grant does not cover. A grant of the network without a list covers
+/// every destination outside the default refusals.
+fn uncovered_note(
+    grants: &GrantsFile,
+    skill: &crate::scan::skill::RegisteredSkill,
+) -> Option<Finding> {
+    let asked = &skill.manifest().sandbox().connect;
+    if asked.is_empty() {
+        return None;
+    }
+    let grant = grants.skills.get(skill.name().as_str());
+    let any: Vec<policy::egress::Entry> =
+        ["0.0.0.0/0:*", "[::]/0:*"].iter().filter_map(|e| e.parse().ok()).collect();
+    let list = match grant {
+        Some(g) if g.network && g.connect.is_empty() => &any,
+        Some(g) if g.network => &g.connect,
+        _ => &Vec::new(),
+    };
+    let missing = policy::egress::uncovered(list, asked);
+    if missing.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    let message = format!(
+        "sandbox.network.connect: no grant of [skills.{}] covers {} (a run gets the grant's \
+         list only)",
+        skill.name(),
+        names.join(", ")
+    );
+    Some(Finding { status: Status::Note, path: skill.manifest_path().to_path_buf(), message })
+}
+
 /// Validates every PATH and prints one line per finding on `out`.
 ///
 /// # Errors
@@ -186,6 +238,12 @@ pub fn run(args: &Args, out: &mut dyn Write, _err: &mut dyn Write) -> io::Result
     findings.extend(report.events.iter().map(Finding::from_event));
     findings.extend(report.skills.iter().filter_map(writable_note));
     findings.extend(report.skills.iter().filter_map(exec_format_note));
+    if let Some(path) = &args.grants {
+        match read_grants(path) {
+            Ok(g) => findings.extend(report.skills.iter().filter_map(|s| uncovered_note(&g, s))),
+            Err(f) => findings.push(f),
+        }
+    }
     for (given, canonical) in folders {
         let found = report.events.iter().any(|e| {
             e.path() != canonical

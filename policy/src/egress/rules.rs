@@ -116,6 +116,11 @@ pub fn default_refusals() -> [Cidr; 6] {
     ]
 }
 
+/// The DNS port: reachable only through a rule that names it (the
+/// resolvers of a `dns = true` grant, or an entry with `:53`), so a grant
+/// of every destination is no way around the resolvers the operator chose.
+pub const DNS_PORT: u16 = 53;
+
 /// A run's resolved egress rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EgressRules {
@@ -142,10 +147,25 @@ impl EgressRules {
         allow.sort_unstable();
         allow.dedup();
         let explicit = |r: &Rule| refused.iter().any(|x| x.covers(r.net));
+        let dns = |r: &Rule| r.port == Port::One(dns_port());
         let step = |r: &Rule| Step { net: r.net, port: r.port, allow: true };
-        let mut steps: Vec<Step> = allow.iter().filter(|r| explicit(r)).map(step).collect();
-        steps.extend(refused.iter().map(|&net| Step { net, port: Port::Any, allow: false }));
-        steps.extend(allow.iter().filter(|r| !explicit(r)).map(step));
+        let refuse = |net: Cidr, port: Port| Step { net, port, allow: false };
+        // Port 53 first: the rules naming it (an explicit one ahead of the
+        // default refusals on 53, which stand only when a wider rule names
+        // 53), then no other destination on 53, whatever rule follows.
+        let mut steps: Vec<Step> =
+            allow.iter().filter(|r| dns(r) && explicit(r)).map(step).collect();
+        if allow.iter().any(|r| dns(r) && !explicit(r)) {
+            steps.extend(refused.iter().map(|&net| refuse(net, Port::One(dns_port()))));
+            steps.extend(allow.iter().filter(|r| dns(r) && !explicit(r)).map(step));
+        }
+        steps.extend(
+            [Cidr::V4(Ipv4Addr::UNSPECIFIED, 0), Cidr::V6(Ipv6Addr::UNSPECIFIED, 0)]
+                .map(|net| refuse(net, Port::One(dns_port()))),
+        );
+        steps.extend(allow.iter().filter(|r| !dns(r) && explicit(r)).map(step));
+        steps.extend(refused.iter().map(|&net| refuse(net, Port::Any)));
+        steps.extend(allow.iter().filter(|r| !dns(r) && !explicit(r)).map(step));
         if steps.len() > MAX_STEPS {
             return Err(TooManyRules(steps.len()));
         }
@@ -171,9 +191,27 @@ impl EgressRules {
         let addr = unmap(addr);
         self.steps
             .iter()
-            .find(|s| s.net.contains(addr) && (!s.allow || s.port.allows(port, protocol)))
+            .find(|s| {
+                s.net.contains(addr)
+                    && if s.allow {
+                        s.port.allows(port, protocol)
+                    } else {
+                        matches!(s.port, Port::Any)
+                            || protocol != Protocol::Icmp && s.port.allows(port, protocol)
+                    }
+            })
             .is_some_and(|s| s.allow)
     }
+}
+
+fn dns_port() -> std::num::NonZeroU16 {
+    std::num::NonZeroU16::new(DNS_PORT).unwrap_or(std::num::NonZeroU16::MIN)
+}
+
+/// The allow rules of a `dns = true` grant: each resolver on port 53.
+#[must_use]
+pub fn resolver_rules(resolvers: &[IpAddr]) -> Vec<Rule> {
+    resolvers.iter().map(|a| Rule { net: Cidr::host(*a), port: Port::One(dns_port()) }).collect()
 }
 
 #[cfg(test)]
@@ -254,12 +292,35 @@ mod tests {
         let r =
             rules(&["0.0.0.0/0:443", "127.0.0.1:80", "127.0.0.1:80"], &["127.0.0.1", "10.0.0.5"]);
         let s = r.steps();
-        assert_eq!(s.len(), 1 + 6 + 1 + 1, "{s:?}");
-        assert!(s[0].allow && s[0].net.to_string() == "127.0.0.1");
-        assert!(s[1..8].iter().all(|s| !s.allow));
-        assert_eq!(s[7].net.to_string(), "10.0.0.5");
-        assert!(s[8].allow && s[8].net.to_string() == "0.0.0.0/0");
+        assert_eq!(s.len(), 2 + 1 + 6 + 1 + 1, "{s:?}");
+        assert!(s[..2].iter().all(|s| !s.allow && s.port.to_string() == "53"));
+        assert!(s[2].allow && s[2].net.to_string() == "127.0.0.1");
+        assert!(s[3..10].iter().all(|s| !s.allow));
+        assert_eq!(s[9].net.to_string(), "10.0.0.5");
+        assert!(s[10].allow && s[10].net.to_string() == "0.0.0.0/0");
         assert_eq!(r.allowed().len(), 2);
+    }
+
+    #[test]
+    fn port_53_is_reachable_only_where_a_rule_names_it() {
+        let mut allow: Vec<Rule> = ["0.0.0.0/0:*", "[::]/0:*", "192.0.2.9:53", "127.0.0.0/8:*"]
+            .iter()
+            .map(|s| Rule::from_entry(&s.parse().unwrap()).unwrap())
+            .collect();
+        allow.extend(resolver_rules(&["127.0.0.53".parse().unwrap(), "10.0.0.2".parse().unwrap()]));
+        let r = EgressRules::new(&allow, &[]).unwrap();
+        assert!(ok(&r, "127.0.0.53", 53));
+        assert!(r.decide("10.0.0.2".parse().unwrap(), 53, Protocol::Udp));
+        assert!(ok(&r, "192.0.2.9", 53));
+        assert!(!ok(&r, "10.0.0.3", 53));
+        assert!(!r.decide("2001:db8::1".parse().unwrap(), 53, Protocol::Udp));
+        assert!(!ok(&r, "127.0.0.55", 53), "loopback granted, but not on 53");
+        assert!(ok(&r, "127.0.0.55", 54));
+        let wide = rules(&["0.0.0.0/0:53"], &[]);
+        assert!(ok(&wide, "192.0.2.1", 53));
+        assert!(!ok(&wide, "127.0.0.1", 53), "a wide rule on 53 opens no refused range");
+        assert!(ok(&r, "10.0.0.3", 54));
+        assert!(!r.decide("10.0.0.3".parse().unwrap(), 0, Protocol::Icmp));
     }
 
     #[test]

@@ -180,10 +180,10 @@ fn steps(a: &mut Asm, steps: &[Step], v6: bool, deny: Label) {
         for ((net, mask), reg) in words.into_iter().zip([R1, R2, R3, R4]) {
             match_word(a, reg, net, mask, next);
         }
+        if let Port::One(p) = s.port {
+            a.jmp32_imm(Cond::Ne, R7, port_word(p.get()), next);
+        }
         if s.allow {
-            if let Port::One(p) = s.port {
-                a.jmp32_imm(Cond::Ne, R7, port_word(p.get()), next);
-            }
             a.mov64_imm(R0, 1);
             a.exit();
         } else {

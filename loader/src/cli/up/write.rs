@@ -144,10 +144,17 @@ fn executor_config(
 }
 
 /// What the bundled example packs ask for in their `sandbox` object, and
-/// nothing more (as in `packaging/executor.toml`'s commented examples).
+/// nothing more (as in `packaging/executor.toml`'s commented examples):
+/// the network probes get the safe default (every destination but
+/// loopback, link-local and the host's own addresses, no `connect` list)
+/// and the host's resolvers (`dns`), since they take host names.
 fn example_grants() -> BTreeMap<String, toml::Table> {
     let grant = |key: &str, value: toml::Value| toml::Table::from_iter([(key.to_owned(), value)]);
-    let network = || grant("network", toml::Value::Boolean(true));
+    let network = || {
+        let mut g = grant("network", toml::Value::Boolean(true));
+        g.insert("dns".to_owned(), toml::Value::Boolean(true));
+        g
+    };
     let var_log = toml::Value::Array(vec![toml::Value::String("/var/log".to_owned())]);
     BTreeMap::from([
         ("probe_tcp".to_owned(), network()),
@@ -178,6 +185,8 @@ mod tests {
         assert_eq!(v["run_as"].as_str(), Some("nobody"));
         assert_eq!(v["allowed_uids"][0].as_integer(), Some(i64::from(nix_uid())));
         assert_eq!(v["skills"]["probe_tcp"]["network"].as_bool(), Some(true));
+        assert_eq!(v["skills"]["probe_tcp"]["dns"].as_bool(), Some(true));
+        assert!(v["skills"]["probe_tcp"].get("connect").is_none(), "the safe default: no list");
         assert_eq!(v["skills"]["tail_file"]["fs_read"][0].as_str(), Some("/var/log"));
         assert!(v["skills"]["tail_file"].get("network").is_none());
     }
@@ -256,8 +265,8 @@ mod tests {
              entry_owners = [{owners}]\n\
              landlock = \"best-effort\"\n\
              run_as = \"nobody\"\n\
-             [skills.probe_http]\nnetwork = true\n\
-             [skills.probe_dns]\nnetwork = true\n\
+             [skills.probe_http]\nnetwork = true\ndns = true\n\
+             [skills.probe_dns]\nnetwork = true\ndns = true\n\
              [skills.tail_file]\nfs_read = [\"/var/log\"]\n\
              [skills.probe_tcp]\nfs_read = [\"/srv\"]\n"
         );

@@ -16,11 +16,13 @@
 //! - `probe`: identity, capabilities, fds, tty, rlimits, environment.
 //! - `fs`: reads, writes, links, symlinks, truncation, special files.
 //! - `net`: TCP, UDP, ICMP, Unix sockets.
+//! - `egress`: timed connects and sends against an egress allowlist.
 //! - `kernel`: denied syscalls, signals, ptrace, cross-process reads.
 //! - `limits`: fork bombs, memory hogs, floods, rlimit probes.
 //! - `tree`: process-tree shapes that try to outlive the run.
 #![allow(unsafe_code)]
 
+mod egress;
 mod fs;
 mod kernel;
 mod limits;
@@ -91,6 +93,7 @@ fn main() {
     let case = args["case"].as_str().unwrap_or("probe").to_owned();
     let out = match case.as_str() {
         "probe" => probe::probe(),
+        "egress" => egress::attempt(&args),
         "exit" => {
             print!("{}", param(&args, "stdout"));
             let _ = std::io::stdout().flush();

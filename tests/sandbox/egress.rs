@@ -1,0 +1,281 @@
+//! Egress allowlists: a networked run reaches exactly what its grant's
+//! `connect` list names, from every process of the run and on every path
+//! out (TCP, UDP, ICMP, a socket made before a fork); loopback is refused
+//! under a bare `network = true`; with `dns = true` only the resolvers of
+//! the configured resolv.conf answer on port 53. Every refusal is `EPERM`
+//! within milliseconds and listed in the report.
+//!
+//! Every packet goes to loopback listeners this test opens, or to
+//! addresses on interfaces of a network namespace the test makes.
+
+use std::net::{TcpListener, UdpSocket};
+use std::time::Duration;
+
+use ongrid_tests::{Config, Run};
+use serde_json::{json, Value};
+
+use crate::{allowed, args, attack, no_leftovers, shared};
+
+/// A refusal slower than this hung somewhere instead of failing at once.
+const FAST_MS: f64 = 100.0;
+
+/// Runs the batch and returns each case's `(errno, ms)`.
+fn batch(run: &Run, cases: &[Value]) -> Vec<(i64, f64)> {
+    let r = allowed(run);
+    let results = r["results"].as_array().cloned().unwrap_or_default();
+    assert_eq!(results.len(), cases.len(), "{}", run.dump());
+    results
+        .iter()
+        .map(|x| (x["errno"].as_i64().unwrap_or(-2), x["ms"].as_f64().unwrap_or(f64::MAX)))
+        .collect()
+}
+
+/// Each case got its expected errno (0 = went through; [`PING`]: `EPERM`,
+/// or `EACCES` when the host's `ping_group_range` leaves the run's group
+/// out); each refusal fast. Returns the errnos.
+fn check(run: &Run, cases: &[Value], want: &[i64]) -> Vec<i64> {
+    let got = batch(run, cases);
+    for ((c, (e, ms)), w) in cases.iter().zip(&got).zip(want) {
+        let fine = e == w || *w == PING && [libc::EPERM, libc::EACCES].map(i64::from).contains(e);
+        assert!(fine, "{c}: errno {e} in {ms:.1} ms, expected {w}:\n{}", run.dump());
+        if *w != 0 {
+            assert!(*ms < FAST_MS, "{c}: refused after {ms:.1} ms, not at once");
+        }
+    }
+    got.into_iter().map(|(e, _)| e).collect()
+}
+
+/// The expected errno of a ping socket (see [`check`]).
+const PING: i64 = -100;
+
+fn network(run: &Run) -> Value {
+    serde_json::to_value(&run.report).expect("report as JSON")["sandbox"]["network"].clone()
+}
+
+fn tcp(addr: &str) -> Value {
+    json!({"kind": "tcp", "addr": addr})
+}
+
+/// Only the granted `127.0.0.2:PORT` connects; the same host on another
+/// port, another host on that port, the v4-mapped spelling of the other
+/// host, a UDP `sendto`, a ping socket and a connect on a socket made
+/// before a fork are refused, from the run's process and from a forked,
+/// `setsid`, double-forked or exec'd one; the report lists the refusals.
+#[test]
+fn allowlist_holds_every_path_out() {
+    let Some(g) = shared("allowlist_holds_every_path_out") else { return };
+    let skill = attack("egress_list").with("sandbox", json!({"network": true}));
+    let l = TcpListener::bind("127.0.0.2:0").expect("bind tcp");
+    let p = l.local_addr().expect("addr").port();
+    let other = if p == 65535 { p - 1 } else { p + 1 };
+    let ok = format!("127.0.0.2:{p}");
+    let config =
+        Config::new().grant(skill.name(), &format!("network = true\nconnect = [\"{ok}\"]"));
+    let refused = format!("127.0.0.3:{p}");
+    let cases = vec![
+        tcp(&ok),
+        tcp(&format!("[::ffff:127.0.0.2]:{p}")),
+        tcp(&format!("127.0.0.2:{other}")),
+        tcp(&refused),
+        tcp(&format!("[::ffff:127.0.0.3]:{p}")),
+        json!({"kind": "udp_sendto", "addr": refused}),
+        json!({"kind": "icmp", "addr": "127.0.0.2"}),
+        json!({"kind": "inherit", "addr": refused}),
+        json!({"kind": "inherit", "addr": ok}),
+        json!({"kind": "fork", "case": tcp(&refused)}),
+        json!({"kind": "setsid", "case": tcp(&refused)}),
+        json!({"kind": "double_fork", "case": tcp(&refused)}),
+        json!({"kind": "exec", "case": tcp(&refused)}),
+        json!({"kind": "exec", "case": tcp(&ok)}),
+    ];
+    let run = skill.run(&config, &args("egress", json!({"cases": cases})));
+    let eperm = i64::from(libc::EPERM);
+    let mut want = vec![0, 0];
+    want.extend([eperm; 10]);
+    want[6] = PING;
+    want[8] = 0;
+    want.extend([eperm, 0]);
+    let got = check(&run, &cases, &want);
+    // A ping socket the kernel refused for the group range never reached
+    // the egress programs.
+    let icmp = u64::from(got[6] == eperm);
+    l.set_nonblocking(true).expect("nonblocking");
+    let mut arrived = 0;
+    while l.accept().is_ok() {
+        arrived += 1;
+    }
+    assert_eq!(arrived, 4, "direct, v4-mapped, inherited and exec'd connects to {ok}");
+
+    let net = network(&run);
+    assert_eq!(net["enabled"], true, "{net}");
+    assert_eq!(net["enforced"], json!([ok]), "{net}");
+    let count = |dest: &str, proto: &str| {
+        net["denied"]
+            .as_array()
+            .and_then(|d| d.iter().find(|x| x["destination"] == dest && x["protocol"] == proto))
+            .and_then(|x| x["count"].as_u64())
+    };
+    assert_eq!(
+        count(&refused, "tcp"),
+        Some(6),
+        "direct, inherited, fork, setsid, double fork, exec: {net}"
+    );
+    assert_eq!(count(&refused, "udp"), Some(1), "{net}");
+    assert_eq!(count(&format!("127.0.0.2:{other}"), "tcp"), Some(1), "{net}");
+    assert_eq!(count(&format!("[::ffff:127.0.0.3]:{p}"), "tcp"), Some(1), "{net}");
+    if icmp == 1 {
+        assert_eq!(count("*", "icmp"), Some(1), "the ping socket, refused when made: {net}");
+    }
+    assert_eq!(net["denied_total"], 9 + icmp, "{net}");
+    no_leftovers(&skill, &g);
+}
+
+/// `network = true` without a list: loopback is refused (v4, v6, mapped),
+/// at once, and the report counts it.
+#[test]
+fn bare_network_refuses_loopback() {
+    let Some(g) = shared("bare_network_refuses_loopback") else { return };
+    let skill = attack("egress_bare").with("sandbox", json!({"network": true}));
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind tcp");
+    let p = l.local_addr().expect("addr").port();
+    let config = Config::new().grant(skill.name(), "network = true");
+    let cases = vec![
+        tcp(&format!("127.0.0.1:{p}")),
+        tcp(&format!("[::ffff:127.0.0.1]:{p}")),
+        tcp(&format!("[::1]:{p}")),
+        tcp(&format!("0.0.0.0:{p}")),
+        json!({"kind": "udp_sendto", "addr": format!("127.0.0.1:{p}")}),
+    ];
+    let run = skill.run(&config, &args("egress", json!({"cases": cases})));
+    check(&run, &cases, &[i64::from(libc::EPERM); 5]);
+    l.set_nonblocking(true).expect("nonblocking");
+    assert!(l.accept().is_err(), "a loopback connect got through a bare network grant");
+    let net = network(&run);
+    assert_eq!(net["enforced"], json!(["0.0.0.0/0:*", "[::]/0:*"]), "{net}");
+    assert_eq!(net["denied_total"], 5, "{net}");
+    no_leftovers(&skill, &g);
+}
+
+/// `dns = true`: the resolver of the configured resolv.conf (a fake one on
+/// a loopback address) gets the query on port 53; another address on 53
+/// is refused even though the grant opens it on every other port.
+#[test]
+fn dns_reaches_only_the_listed_resolvers() {
+    let Some(g) = shared("dns_reaches_only_the_listed_resolvers") else { return };
+    let skill = attack("egress_dns").with("sandbox", json!({"network": true}));
+    let Ok(resolver) = UdpSocket::bind("127.0.0.57:53") else {
+        ongrid_tests::host::skip("dns_reaches_only_the_listed_resolvers", "cannot bind :53");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conf = dir.path().join("resolv.conf");
+    std::fs::write(&conf, "nameserver 127.0.0.57\n").expect("resolv.conf");
+    let config = Config::new()
+        .setting(&format!("resolv_conf = \"{}\"", conf.display()))
+        .grant(skill.name(), "network = true\nconnect = [\"127.0.0.0/8:*\"]\ndns = true");
+    let cases = vec![
+        json!({"kind": "udp_sendto", "addr": "127.0.0.57:53"}),
+        json!({"kind": "udp_sendto", "addr": "127.0.0.55:53"}),
+        tcp("127.0.0.55:53"),
+    ];
+    let run = skill.run(&config, &args("egress", json!({"cases": cases})));
+    let eperm = i64::from(libc::EPERM);
+    check(&run, &cases, &[0, eperm, eperm]);
+    resolver.set_read_timeout(Some(Duration::from_secs(1))).expect("timeout");
+    let mut buf = [0u8; 64];
+    let (n, _) = resolver.recv_from(&mut buf).expect("the query reaches the resolver");
+    assert_eq!(&buf[..n], b"ongrid-udp");
+    let net = network(&run);
+    assert_eq!(net["dns"], true, "{net}");
+    let enforced = net["enforced"].as_array().cloned().unwrap_or_default();
+    assert!(enforced.contains(&json!("127.0.0.57:53")), "{net}");
+    assert_eq!(net["denied_total"], 2, "{net}");
+    no_leftovers(&skill, &g);
+}
+
+/// A network namespace this test made, with a veth pair holding a
+/// link-local, a private and a unique-local address; removed on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(name: &str) -> Option<Self> {
+        let ip = |a: &[&str]| {
+            std::process::Command::new("ip").args(a).status().is_ok_and(|s| s.success())
+        };
+        if !ip(&["netns", "add", name]) {
+            return None;
+        }
+        let ns = Self(name.to_owned());
+        let ok = ip(&["-n", name, "link", "add", "va", "type", "veth", "peer", "name", "vb"])
+            && ip(&["-n", name, "addr", "add", "169.254.169.254/32", "dev", "vb"])
+            && ip(&["-n", name, "addr", "add", "10.77.0.1/32", "dev", "vb"])
+            && ip(&["-n", name, "addr", "add", "fd00::1/128", "dev", "vb", "nodad"])
+            && ["lo", "va", "vb"].iter().all(|d| ip(&["-n", name, "link", "set", d, "up"]));
+        ok.then_some(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// The executor run inside a network namespace this test made (entered
+/// with `nsenter --net`, which keeps the host's `/sys` and so its cgroup
+/// mounts): under a bare `network = true`, the link-local metadata
+/// address and the namespace's own private and unique-local addresses are
+/// refused at once. Every address is on an interface of that namespace.
+#[test]
+fn link_local_and_own_addresses_refused_in_a_netns() {
+    let Some(g) = shared("link_local_and_own_addresses_refused_in_a_netns") else { return };
+    if ongrid_tests::served::via() == ongrid_tests::served::Via::Serve {
+        // The served executor runs in the host's namespace: one-shot only.
+        ongrid_tests::host::skip(
+            "link_local_and_own_addresses_refused_in_a_netns",
+            "the served executor is not in the test's namespace",
+        );
+        drop(g);
+        return;
+    }
+    let name = format!("ongrid-egress-{}", std::process::id());
+    let Some(ns) = Netns::new(&name) else {
+        ongrid_tests::host::skip("link_local_and_own_addresses_refused_in_a_netns", "no netns");
+        return;
+    };
+    let skill = attack("egress_netns").with("sandbox", json!({"network": true}));
+    skill.write_manifest();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("executor.toml");
+    let config = Config::new().grant(skill.name(), "network = true");
+    std::fs::write(&cfg, config.to_toml()).expect("config");
+    let cases = vec![
+        tcp("169.254.169.254:80"),
+        json!({"kind": "udp_sendto", "addr": "169.254.169.254:80"}),
+        tcp("10.77.0.1:80"),
+        tcp("[fd00::1]:80"),
+    ];
+    let a = args("egress", json!({"cases": cases})).to_string();
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", ns.0))
+        .arg(ongrid_tests::run::executor_bin())
+        .args(["run", "--json", "--manifest"])
+        .arg(skill.manifest_path())
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--args", &a])
+        .output()
+        .expect("nsenter ongrid-executor");
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(report["outcome"], "ok", "{report}");
+    let results = report["result"]["results"].as_array().cloned().unwrap_or_default();
+    assert_eq!(results.len(), cases.len(), "{report}");
+    for (c, r) in cases.iter().zip(&results) {
+        assert_eq!(r["errno"], i64::from(libc::EPERM), "{c}: {r}");
+        assert!(r["ms"].as_f64().unwrap_or(f64::MAX) < FAST_MS, "{c}: {r}");
+    }
+    assert_eq!(report["sandbox"]["network"]["denied_total"], 4, "{report}");
+    drop(ns);
+    no_leftovers(&skill, &g);
+}

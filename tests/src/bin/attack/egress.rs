@@ -1,0 +1,224 @@
+//! Egress allowlist probes: a batch of connects and sends, each timed,
+//! made directly or from a forked, `setsid`, double-forked or exec'd
+//! process, or on a socket made before a fork (the child connects it).
+//!
+//! `{"case": "egress", "cases": [{"kind": K, "addr": "HOST:PORT"}, ...]}`
+//! prints `{"results": [{"errno": N, "ms": F}, ...]}`, errno 0 on success.
+//! Kinds: `tcp`, `udp_sendto`, `udp_connect`, `icmp` (a ping socket,
+//! `addr` an IPv4 address), `inherit` (TCP socket made by the parent,
+//! connected by a forked child), and `fork`, `setsid`, `double_fork`,
+//! `exec` wrapping a `case`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::FromRawFd;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::{errno, io_errno, param};
+
+fn sockaddr(addr: &str) -> Result<SocketAddr, i32> {
+    addr.parse::<SocketAddr>().map_err(|_| libc::EINVAL)
+}
+
+fn ping(addr: &str) -> i32 {
+    let Ok(ip) = addr.parse::<std::net::Ipv4Addr>() else { return libc::EINVAL };
+    // SAFETY: plain socket(2) call with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_ICMP) };
+    if fd < 0 {
+        return errno();
+    }
+    let pkt = [8u8, 0, 0xf7, 0xfe, 0, 0, 0, 1];
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `pkt` and `sa` are valid for the lengths passed; fd is ours.
+    let n = unsafe {
+        libc::sendto(
+            fd,
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            std::ptr::from_ref(&sa).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    let e = if n < 0 { errno() } else { 0 };
+    // SAFETY: fd is ours and closed once.
+    unsafe { libc::close(fd) };
+    e
+}
+
+/// A TCP socket made here, connected by a forked child.
+fn inherit(addr: &str) -> i32 {
+    let sa = match sockaddr(addr) {
+        Ok(sa) => sa,
+        Err(e) => return e,
+    };
+    let family = if sa.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM, 0) };
+    if fd < 0 {
+        return errno();
+    }
+    // SAFETY: `fd` is the parent's socket of `sa`'s family, inherited.
+    let e = in_child(false, false, &|| unsafe { raw_connect(fd, sa) });
+    // SAFETY: fd is ours and closed once.
+    unsafe { libc::close(fd) };
+    e
+}
+
+/// `connect(2)` of the raw socket `fd` to `sa`; the errno or 0.
+///
+/// # Safety
+///
+/// `fd` must be an open socket of `sa`'s family.
+unsafe fn raw_connect(fd: i32, sa: SocketAddr) -> i32 {
+    let r = match sa {
+        SocketAddr::V4(a) => {
+            let s = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: `s` is valid for its length.
+            unsafe {
+                libc::connect(
+                    fd,
+                    std::ptr::from_ref(&s).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            }
+        }
+        SocketAddr::V6(a) => {
+            let s = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: `s` is valid for its length.
+            unsafe {
+                libc::connect(
+                    fd,
+                    std::ptr::from_ref(&s).cast(),
+                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            }
+        }
+    };
+    if r < 0 {
+        errno()
+    } else {
+        0
+    }
+}
+
+/// Runs `f` in a forked child (after `setsid`, or in a grandchild) and
+/// returns the errno it wrote back (-1 when none came).
+fn in_child(setsid: bool, double: bool, f: &dyn Fn() -> i32) -> i32 {
+    let mut p = [-1; 2];
+    // SAFETY: `p` has room for two descriptors.
+    if unsafe { libc::pipe(p.as_mut_ptr()) } < 0 {
+        return errno();
+    }
+    // SAFETY: this binary is single-threaded; the child only runs `f` and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: setsid and fork in the child, which exits with _exit.
+        unsafe {
+            if setsid {
+                libc::setsid();
+            }
+            if double && libc::fork() != 0 {
+                libc::_exit(0);
+            }
+            let e = f();
+            let mut w = std::fs::File::from_raw_fd(p[1]);
+            let _ = w.write_all(&e.to_ne_bytes());
+            libc::_exit(0);
+        }
+    }
+    // SAFETY: the write end is ours to close; the read end is owned once.
+    let mut r = unsafe {
+        libc::close(p[1]);
+        std::fs::File::from_raw_fd(p[0])
+    };
+    let mut b = [0u8; 4];
+    let e = if r.read_exact(&mut b).is_ok() { i32::from_ne_bytes(b) } else { -1 };
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    e
+}
+
+/// The same case run by a new copy of this binary.
+fn exec(case: &Value) -> i32 {
+    let input = json!({"case": "egress", "cases": [case]}).to_string();
+    let child = std::process::Command::new("/proc/self/exe")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else { return -1 };
+    if let Some(mut i) = child.stdin.take() {
+        let _ = i.write_all(input.as_bytes());
+    }
+    let out = child.wait_with_output().map(|o| o.stdout).unwrap_or_default();
+    let v: Value = serde_json::from_slice(&out).unwrap_or_default();
+    v["results"][0]["errno"].as_i64().and_then(|e| i32::try_from(e).ok()).unwrap_or(-1)
+}
+
+fn one(c: &Value) -> i32 {
+    let addr = param(c, "addr");
+    let sub = &c["case"];
+    match param(c, "kind") {
+        "tcp" => sockaddr(addr).map_or_else(
+            |e| e,
+            |sa| {
+                TcpStream::connect_timeout(&sa, Duration::from_secs(2))
+                    .map_or_else(|e| io_errno(&e), |_| 0)
+            },
+        ),
+        "udp_sendto" | "udp_connect" => sockaddr(addr).map_or_else(
+            |e| e,
+            |sa| {
+                let local = if sa.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+                let r = UdpSocket::bind(local).and_then(|s| {
+                    if param(c, "kind") == "udp_connect" {
+                        s.connect(sa).and_then(|()| s.send(b"ongrid-udp"))
+                    } else {
+                        s.send_to(b"ongrid-udp", sa)
+                    }
+                });
+                r.map_or_else(|e| io_errno(&e), |_| 0)
+            },
+        ),
+        "icmp" => ping(addr),
+        "inherit" => inherit(addr),
+        "fork" => in_child(false, false, &|| one(sub)),
+        "setsid" => in_child(true, false, &|| one(sub)),
+        "double_fork" => in_child(true, true, &|| one(sub)),
+        "exec" => exec(sub),
+        _ => libc::EINVAL,
+    }
+}
+
+/// Runs the batch.
+pub(crate) fn attempt(args: &Value) -> Value {
+    let cases = args["cases"].as_array().cloned().unwrap_or_default();
+    let results: Vec<Value> = cases
+        .iter()
+        .map(|c| {
+            let t = Instant::now();
+            let e = one(c);
+            json!({"errno": e, "ms": t.elapsed().as_secs_f64() * 1e3})
+        })
+        .collect();
+    json!({"attempt": "egress", "succeeded": true, "errno": null, "results": results})
+}
