@@ -12,7 +12,8 @@ use super::table::Table;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Print the registered skills as a JSON array.
-    #[arg(long)]
+    /// (The global `--json`.)
+    #[arg(skip)]
     pub json: bool,
     /// Also print debug events (ignored manifest fields).
     #[arg(short, long)]
@@ -25,12 +26,24 @@ pub struct Args {
 }
 
 /// Scans, prints every event on `err` and the skills on `out`. Exits 0 even
-/// when manifests were skipped: a broken pack never blocks the others.
+/// when manifests were skipped: a broken pack never blocks the others; but
+/// a DIR given on the command line that is not a directory is a mistake of
+/// the caller, named on `err` with exit 1 (a silent empty scan would look
+/// like a root without packs).
 ///
 /// # Errors
 ///
 /// I/O errors writing the output.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let missing: Vec<&PathBuf> = args.dirs.iter().filter(|d| !d.is_dir()).collect();
+    for dir in &missing {
+        let path = dir.display().to_string();
+        let path = policy::printable::line(&path);
+        writeln!(err, "ongrid-skill: scan: {path}: no such directory")?;
+    }
+    if !missing.is_empty() {
+        return Ok(ExitCode::FAILURE);
+    }
     let report = super::dirs::scan_roots(&args.dirs, err)?;
     for event in &report.events {
         if args.verbose || event.level() > Level::Debug {

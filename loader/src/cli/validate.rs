@@ -29,7 +29,8 @@ use policy::printable;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Print the results as a JSON object.
-    #[arg(long)]
+    /// (The global `--json`.)
+    #[arg(skip)]
     pub json: bool,
     /// Manifests (`skill.json`), pack folders or roots to check.
     #[arg(value_name = "PATH", required = true)]
