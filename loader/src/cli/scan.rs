@@ -27,23 +27,18 @@ pub struct Args {
 
 /// Scans, prints every event on `err` and the skills on `out`. Exits 0 even
 /// when manifests were skipped: a broken pack never blocks the others; but
-/// a DIR given on the command line that is not a directory is a mistake of
-/// the caller, named on `err` with exit 1 (a silent empty scan would look
-/// like a root without packs).
+/// a DIR given on the command line that does not exist is the caller's
+/// mistake (a typo would otherwise look like a root without packs): the
+/// scan's line names it and the exit code is 1.
 ///
 /// # Errors
 ///
 /// I/O errors writing the output.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
-    let missing: Vec<&PathBuf> = args.dirs.iter().filter(|d| !d.is_dir()).collect();
-    for dir in &missing {
-        let path = dir.display().to_string();
-        let path = policy::printable::line(&path);
-        writeln!(err, "ongrid-skill: scan: {path}: no such directory")?;
-    }
-    if !missing.is_empty() {
-        return Ok(ExitCode::FAILURE);
-    }
+    let missing = args
+        .dirs
+        .iter()
+        .any(|d| std::fs::symlink_metadata(d).is_err_and(|e| e.kind() == io::ErrorKind::NotFound));
     let report = super::dirs::scan_roots(&args.dirs, err)?;
     for event in &report.events {
         if args.verbose || event.level() > Level::Debug {
@@ -72,5 +67,5 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         }
         table.write(out)?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if missing { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
