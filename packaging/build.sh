@@ -56,7 +56,7 @@ for bin in ongrid-executor ongrid-skilld ongrid-skill; do
 done
 echo "== man pages and completions (ongrid-gen-docs)"
 "$target/release/ongrid-gen-docs" "$pkg"
-gzip -9n "$pkg"/man/*.1
+gzip -9n "$pkg"/man/*.1 "$pkg"/man/*.8
 ls "$pkg"/man "$pkg"/completions/*
 
 echo "== cargo deb"

@@ -21,10 +21,10 @@ use policy::printable;
 
 /// Arguments of `audit`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = remote::EXIT_CODES_HELP)]
+#[command(after_help = remote::AUDIT_EXIT_CODES)]
 pub struct Args {
-    /// How to reach the daemon.
-    #[command(flatten)]
+    /// How to reach the daemon (the global `--socket`).
+    #[arg(skip)]
     pub daemon: DaemonArgs,
     /// Only this skill.
     #[arg(long)]
@@ -42,7 +42,8 @@ pub struct Args {
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
     /// Print the answer (`{"items":[...],"total":N}`) as JSON.
-    #[arg(long)]
+    /// (The global `--json`.)
+    #[arg(skip)]
     pub json: bool,
 }
 

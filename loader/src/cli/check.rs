@@ -20,7 +20,8 @@ use policy::printable;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Print the statuses as JSON.
-    #[arg(long)]
+    /// (The global `--json`.)
+    #[arg(skip)]
     pub json: bool,
     /// Allow-list roots to check. Default: the roots in
     /// ONGRID_SKILLS_EXTERNAL_DIRS.

@@ -9,16 +9,17 @@ use crate::cli::client::encode_segment;
 
 /// Arguments of `list`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = remote::EXIT_CODES_HELP)]
+#[command(after_help = remote::LIST_EXIT_CODES)]
 pub struct Args {
-    /// How to reach the daemon.
-    #[command(flatten)]
+    /// How to reach the daemon (the global `--socket`).
+    #[arg(skip)]
     pub daemon: DaemonArgs,
     /// Only skills of this category.
     #[arg(long)]
     pub category: Option<String>,
     /// Print the answer (`{"items":[...],"total":N}`) as JSON.
-    #[arg(long)]
+    /// (The global `--json`.)
+    #[arg(skip)]
     pub json: bool,
 }
 

@@ -5,16 +5,19 @@
 //! tested without a process. `scan`, `validate` and `check` work on files; `list`,
 //! `show`, `run`, `reload` and `audit` talk to `ongrid-skilld` over its
 //! socket (`--socket`, env `ONGRID_SOCKET`, either empty meaning the
-//! default `/run/ongrid/skilld.sock`) through [`remote`]; `mcp`
+//! default `/run/ongrid/skilld.sock`) through [`remote`]; `--socket` and
+//! `--json` are global (before or after the subcommand) and ignored by the
+//! commands that have no use for them; `mcp`
 //! serves the daemon's skills as MCP tools on stdin/stdout; `up` starts
 //! both daemons in the foreground ([`up`]); `keygen` and `approve` make
 //! approver keys and approvals for `dangerous` skills, offline.
 //!
 //! Exit codes: 0 = success, 1 = the command ran and found problems
-//! (`validate`) or the skill failed (`run`), 2 = usage error, and for the
-//! daemon commands 3 = daemon unreachable, 4 = no such skill, 5 = refused
-//! (invalid args, bad request, denied), 6 = executor unavailable or busy
-//! ([`remote::exit`]).
+//! (`validate`, `check`) or the skill failed (`run`), 2 = usage error, and
+//! for the daemon commands 3 = daemon unreachable, 4 = no such skill, 5 =
+//! refused (invalid args, bad request, denied), 6 = executor unavailable or
+//! busy ([`remote::exit`]); each daemon command's `--help` lists only the
+//! codes it returns.
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -50,6 +53,14 @@ pub mod validate;
     after_help = remote::EXIT_CODES_HELP
 )]
 pub struct Cli {
+    /// How to reach the daemon (`--socket`, global).
+    #[command(flatten)]
+    pub daemon: remote::DaemonArgs,
+    /// Print JSON instead of text: the answer or report of list, show, run,
+    /// reload, audit, scan, validate and check; ignored by mcp, up, keygen
+    /// and approve.
+    #[arg(long, global = true)]
+    pub json: bool,
     /// The command to run.
     #[command(subcommand)]
     pub command: Command,
@@ -94,17 +105,21 @@ pub enum Command {
 ///
 /// Only I/O errors writing the output.
 pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
-    match cli.command {
-        Command::Scan(args) => scan::run(&args, out, err),
-        Command::Validate(args) => validate::run(&args, out, err),
-        Command::Check(args) => check::run(&args, out, err),
-        Command::Mcp(args) => mcp::run(&args, out, err),
-        Command::List(args) => list::run(&args, out, err),
-        Command::Show(args) => show::run(&args, out, err),
-        Command::Run(args) => run::run(&args, out, err),
-        Command::Reload(args) => reload::run(&args, out, err),
+    // `--socket` and `--json` are global: clap gives the top level their
+    // values wherever on the line they were written, and each command's
+    // `Args` takes them from there.
+    let Cli { daemon, json, command } = cli;
+    match command {
+        Command::Scan(args) => scan::run(&scan::Args { json, ..args }, out, err),
+        Command::Validate(args) => validate::run(&validate::Args { json, ..args }, out, err),
+        Command::Check(args) => check::run(&check::Args { json, ..args }, out, err),
+        Command::Mcp(_) => mcp::run(&mcp::Args { daemon }, out, err),
+        Command::List(args) => list::run(&list::Args { daemon, json, ..args }, out, err),
+        Command::Show(args) => show::run(&show::Args { daemon, json, ..args }, out, err),
+        Command::Run(args) => run::run(&run::Args { daemon, json, ..args }, out, err),
+        Command::Reload(_) => reload::run(&reload::Args { daemon, json }, out, err),
         Command::Up(args) => up::run(&args, out, err),
-        Command::Audit(args) => audit::run(&args, out, err),
+        Command::Audit(args) => audit::run(&audit::Args { daemon, json, ..args }, out, err),
         Command::Keygen(args) => keygen::run(&args, out, err),
         Command::Approve(args) => approve::run(&args, out, err),
     }

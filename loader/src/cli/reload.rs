@@ -9,13 +9,14 @@ use super::remote::{self, DaemonArgs};
 
 /// Arguments of `reload`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = remote::EXIT_CODES_HELP)]
+#[command(after_help = remote::RELOAD_EXIT_CODES)]
 pub struct Args {
-    /// How to reach the daemon.
-    #[command(flatten)]
+    /// How to reach the daemon (the global `--socket`).
+    #[arg(skip)]
     pub daemon: DaemonArgs,
     /// Print the answer (`{"registered":N,"skipped":M}`) as JSON.
-    #[arg(long)]
+    /// (The global `--json`.)
+    #[arg(skip)]
     pub json: bool,
 }
 

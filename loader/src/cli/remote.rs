@@ -1,5 +1,5 @@
-//! What the daemon commands (`list`, `show`, `run`, `reload`) share: the
-//! `--socket` option, the exit codes, and printing the daemon's errors.
+//! What the daemon commands (`list`, `show`, `run`, `reload`, `audit`)
+//! share: the `--socket` option, the exit codes, and printing the daemon's errors.
 
 use std::future::Future;
 use std::io::{self, Write};
@@ -33,8 +33,42 @@ pub mod exit {
     pub const UNAVAILABLE: u8 = 6;
 }
 
-/// The exit-code table printed by `--help`.
+/// The exit-code table of `ongrid-skill --help`: every code any command
+/// returns. Each daemon command's `--help` carries only its own codes
+/// (the constants below), so a reader of `list --help` is not told about
+/// codes only `run` can return.
 pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  success
+  1  the command found problems (validate, check), the skill ran and failed
+     (run), or another error
+  2  usage error (bad flags, --args not a JSON object)
+  3  ongrid-skilld unreachable (socket missing, refused, permission)
+  4  no such skill (show, run)
+  5  refused: args do not match the schema, bad request, or denied
+  6  executor unavailable or busy, or audit trail unreadable (retry later)";
+
+/// The exit codes of `list`.
+pub const LIST_EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  the daemon answered something unexpected
+  2  usage error (bad flags)
+  3  ongrid-skilld unreachable (socket missing, refused, permission)
+  5  refused: bad request";
+
+/// The exit codes of `show`.
+pub const SHOW_EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  the daemon answered something unexpected
+  2  usage error (bad flags)
+  3  ongrid-skilld unreachable (socket missing, refused, permission)
+  4  no such skill
+  5  refused: bad request";
+
+/// The exit codes of `run`.
+pub const RUN_EXIT_CODES: &str = "\
 Exit codes:
   0  success
   1  the skill ran and failed (outcome other than ok), or another error
@@ -44,13 +78,36 @@ Exit codes:
   5  refused: args do not match the schema, bad request, or denied
   6  executor unavailable or busy (retry later)";
 
-/// How to reach the daemon.
+/// The exit codes of `reload`.
+pub const RELOAD_EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  the daemon answered something unexpected
+  2  usage error (bad flags)
+  3  ongrid-skilld unreachable (socket missing, refused, permission)
+  5  refused: denied";
+
+/// The exit codes of `audit`.
+pub const AUDIT_EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  the daemon answered something unexpected
+  2  usage error (bad flags)
+  3  ongrid-skilld unreachable (socket missing, refused, permission)
+  5  refused: bad request, or not an audit reader
+  6  the audit trail is unavailable (retry later)";
+
+/// How to reach the daemon: `--socket` is global on `ongrid-skill`
+/// (accepted before or after the subcommand) and ignored by the commands
+/// that do not talk to the daemon.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DaemonArgs {
-    /// The daemon's socket (empty: the default, so that an empty
-    /// ONGRID_SOCKET counts as unset).
+    /// ongrid-skilld's socket (empty: the default, so that an empty
+    /// ONGRID_SOCKET counts as unset); ignored by scan, validate, check,
+    /// up, keygen and approve.
     #[arg(
         long,
+        global = true,
         env = "ONGRID_SOCKET",
         value_name = "PATH",
         default_value = DEFAULT_SOCKET,
@@ -70,6 +127,12 @@ fn socket_path() -> impl TypedValueParser<Value = PathBuf> {
             PathBuf::from(s)
         }
     })
+}
+
+impl Default for DaemonArgs {
+    fn default() -> Self {
+        Self { socket: PathBuf::from(DEFAULT_SOCKET) }
+    }
 }
 
 impl DaemonArgs {

@@ -23,10 +23,10 @@ use policy::printable;
 
 /// Arguments of `run`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = remote::EXIT_CODES_HELP)]
+#[command(after_help = remote::RUN_EXIT_CODES)]
 pub struct Args {
-    /// How to reach the daemon.
-    #[command(flatten)]
+    /// How to reach the daemon (the global `--socket`).
+    #[arg(skip)]
     pub daemon: DaemonArgs,
     /// The skill's name.
     pub name: String,
@@ -37,7 +37,8 @@ pub struct Args {
     #[arg(long)]
     pub stream: bool,
     /// Print the run report (with --stream: the NDJSON events) as JSON.
-    #[arg(long)]
+    /// (The global `--json`.)
+    #[arg(skip)]
     pub json: bool,
     /// A session id recorded with the run.
     #[arg(long, value_name = "ID")]

@@ -12,7 +12,8 @@ use super::table::Table;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Print the registered skills as a JSON array.
-    #[arg(long)]
+    /// (The global `--json`.)
+    #[arg(skip)]
     pub json: bool,
     /// Also print debug events (ignored manifest fields).
     #[arg(short, long)]
@@ -25,12 +26,19 @@ pub struct Args {
 }
 
 /// Scans, prints every event on `err` and the skills on `out`. Exits 0 even
-/// when manifests were skipped: a broken pack never blocks the others.
+/// when manifests were skipped: a broken pack never blocks the others; but
+/// a DIR given on the command line that does not exist is the caller's
+/// mistake (a typo would otherwise look like a root without packs): the
+/// scan's line names it and the exit code is 1.
 ///
 /// # Errors
 ///
 /// I/O errors writing the output.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let missing = args
+        .dirs
+        .iter()
+        .any(|d| std::fs::symlink_metadata(d).is_err_and(|e| e.kind() == io::ErrorKind::NotFound));
     let report = super::dirs::scan_roots(&args.dirs, err)?;
     for event in &report.events {
         if args.verbose || event.level() > Level::Debug {
@@ -59,5 +67,5 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         }
         table.write(out)?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if missing { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

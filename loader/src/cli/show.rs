@@ -9,15 +9,16 @@ use policy::printable;
 
 /// Arguments of `show`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = remote::EXIT_CODES_HELP)]
+#[command(after_help = remote::SHOW_EXIT_CODES)]
 pub struct Args {
-    /// How to reach the daemon.
-    #[command(flatten)]
+    /// How to reach the daemon (the global `--socket`).
+    #[arg(skip)]
     pub daemon: DaemonArgs,
     /// The skill's name.
     pub name: String,
     /// Print the skill as JSON.
-    #[arg(long)]
+    /// (The global `--json`.)
+    #[arg(skip)]
     pub json: bool,
 }
 

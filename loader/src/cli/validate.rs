@@ -29,7 +29,8 @@ use policy::printable;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Print the results as a JSON object.
-    #[arg(long)]
+    /// (The global `--json`.)
+    #[arg(skip)]
     pub json: bool,
     /// An `executor.toml` (or an `up --grants` file): note each manifest
     /// `sandbox.network.connect` entry its `[skills.NAME]` grant does not

@@ -1,4 +1,6 @@
-//! `ongrid-gen-docs OUT_DIR`: writes the man pages (`OUT_DIR/man/*.1`) and
+//! `ongrid-gen-docs OUT_DIR`: writes the man pages (`OUT_DIR/man/*.1` for
+//! the `ongrid-skill` command, `OUT_DIR/man/*.8` for the two daemons, the
+//! section of system administration commands) and
 //! the bash, zsh and fish completions (`OUT_DIR/completions/{bash,zsh,fish}/`)
 //! of `ongrid-executor`, `ongrid-skilld` and `ongrid-skill` from their clap
 //! definitions (`executor::cli`, `loader::daemon::cli`, `loader::cli`), so
@@ -44,9 +46,11 @@ fn literal(text: &str) -> String {
 /// One man page: clap_mangen's sections, with the `--help` epilogue
 /// (`after_help`: exit codes, systemd behaviour) as a literal NOTES
 /// section instead of clap_mangen's filled EXTRA paragraph.
-fn page(cmd: &clap::Command) -> io::Result<Vec<u8>> {
+fn page(cmd: &clap::Command, section: &str) -> io::Result<Vec<u8>> {
     let version = cmd.get_version().unwrap_or_default().to_owned();
-    let man = clap_mangen::Man::new(cmd.clone()).source(format!("ongrid-skills {version}"));
+    let man = clap_mangen::Man::new(cmd.clone())
+        .section(section)
+        .source(format!("ongrid-skills {version}"));
     let mut w = Vec::new();
     man.render_title(&mut w)?;
     man.render_name_section(&mut w)?;
@@ -68,17 +72,17 @@ fn page(cmd: &clap::Command) -> io::Result<Vec<u8>> {
     Ok(w)
 }
 
-/// Writes the page of `cmd` and, as clap_mangen names them
+/// Writes the page of `cmd` in `section` and, as clap_mangen names them
 /// (`ongrid-skill-run.1`), of each visible subcommand, recursively.
-fn pages(man: &Path, cmd: &clap::Command) -> io::Result<()> {
+fn pages(man: &Path, cmd: &clap::Command, section: &str) -> io::Result<()> {
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-        pages(man, sub)?;
+        pages(man, sub, section)?;
     }
     let name = cmd.get_display_name().unwrap_or_else(|| cmd.get_name());
-    fs::write(man.join(format!("{name}.1")), page(cmd)?)
+    fs::write(man.join(format!("{name}.{section}")), page(cmd, section)?)
 }
 
-fn write_one(out: &Path, cmd: clap::Command, description: &str) -> io::Result<()> {
+fn write_one(out: &Path, cmd: clap::Command, section: &str, description: &str) -> io::Result<()> {
     let name = cmd.get_name().to_owned();
     // NAME line of the page (`ongrid-skill - ...`); the original text stays
     // as the DESCRIPTION.
@@ -87,7 +91,7 @@ fn write_one(out: &Path, cmd: clap::Command, description: &str) -> io::Result<()
     cmd.build();
     let man = out.join("man");
     fs::create_dir_all(&man)?;
-    pages(&man, &cmd)?;
+    pages(&man, &cmd, section)?;
     for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
         let dir = out.join("completions").join(shell.to_string());
         fs::create_dir_all(&dir)?;
@@ -104,19 +108,22 @@ fn main() -> ExitCode {
         eprintln!("usage: ongrid-gen-docs OUT_DIR");
         return ExitCode::from(2);
     };
+    // Section 8 for the daemons (run by root or systemd), 1 for the command.
     let pages = [
         (
             executor::cli::Cli::command(),
+            "8",
             "sandboxing executor of ongrid-skills (root daemon and one-shot runs)",
         ),
         (
             loader::daemon::cli::Args::command(),
+            "8",
             "registry daemon of ongrid-skills (client API and metrics)",
         ),
-        (loader::cli::Cli::command(), "command-line client and pack linter of ongrid-skills"),
+        (loader::cli::Cli::command(), "1", "command-line client and pack linter of ongrid-skills"),
     ];
-    for (cmd, description) in pages {
-        if let Err(e) = write_one(out, cmd, description) {
+    for (cmd, section, description) in pages {
+        if let Err(e) = write_one(out, cmd, section, description) {
             eprintln!("ongrid-gen-docs: {}: {e}", out.display());
             return ExitCode::FAILURE;
         }

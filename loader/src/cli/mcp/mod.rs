@@ -54,7 +54,7 @@ const INSTRUCTIONS: &str = "Each tool is a sandboxed ongrid skill run on this ho
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// How to reach the daemon.
-    #[command(flatten)]
+    #[arg(skip)]
     pub daemon: DaemonArgs,
 }
 
