@@ -172,7 +172,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
             let t = cpu_ticks(&stat(pid)).unwrap();
-            if t % per_second != 0 {
+            if !t.is_multiple_of(per_second) {
                 return (child, pid, t);
             }
             kill(nix_pid, Signal::SIGCONT).unwrap();

@@ -10,14 +10,12 @@ pub mod cli;
 pub mod config;
 pub mod connection;
 pub mod executor_client;
-pub mod journald;
 pub mod metrics;
 pub mod metrics_listener;
 pub mod quiet_stream;
 pub mod registry;
 pub mod replay;
 pub mod server;
-pub mod systemd;
 
 use std::sync::Arc;
 
@@ -112,7 +110,7 @@ impl Daemon {
     /// registry, binds both listeners and does the first scan.
     ///
     /// `inherited` is a listening socket passed by socket activation
-    /// ([`crate::daemon::systemd::take_listener`]): it is served as it is (its
+    /// ([`plumbing::notify::take_listener`]): it is served as it is (its
     /// owner, group and mode are the socket unit's), and `settings.socket`
     /// is neither removed nor bound. Without it the socket is bound at
     /// `settings.socket` with `socket_mode` and `socket_group`, and removed
@@ -128,7 +126,7 @@ impl Daemon {
         let registry = prometheus::Registry::new();
         // `ongrid_skilld_process_*`: the executor's are renamed
         // `ongrid_executor_process_*` when its text is merged.
-        let process = crate::daemon::metrics::ProcessMetrics::for_self(
+        let process = plumbing::process_metrics::ProcessMetrics::for_self(
             crate::daemon::metrics::PROCESS_NAMESPACE,
         )
         .map_err(StartError::Metrics)?;
@@ -142,8 +140,7 @@ impl Daemon {
         let api = match inherited {
             Some(listener) => {
                 node = None;
-                listener.set_nonblocking(true).map_err(StartError::Inherited)?;
-                UnixListener::from_std(listener).map_err(StartError::Inherited)?
+                plumbing::notify::into_tokio(listener).map_err(StartError::Inherited)?
             }
             None => {
                 let (api, bound) = server::bind(&settings.socket, settings.socket_mode)?;
