@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use plumbing::accept::Backoff;
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -192,57 +193,38 @@ pub async fn serve(
     let permits = Arc::new(Semaphore::new(opts.max_connections));
     let tracker = TaskTracker::new();
     let abort = CancellationToken::new();
-    let mut backoff = Duration::from_millis(10);
-    loop {
-        // Wait for a free slot before accepting, so excess clients queue in
-        // the kernel backlog instead of holding file descriptors here.
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                // The semaphore is never closed.
-                Err(_) => break,
-            },
-            () = shutdown.cancelled() => break,
-        };
-        let stream = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((stream, _)) => {
-                    backoff = Duration::from_millis(10);
-                    stream
-                }
+    plumbing::accept::serve(
+        &listener,
+        permits,
+        Backoff::DEFAULT,
+        &shutdown,
+        |e| tracing::warn!(error = %e, "accept failed"),
+        |stream, permit| {
+            let caller = match Caller::of(&stream) {
+                Ok(c) => c,
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                    continue;
+                    tracing::warn!(error = %e, "cannot read peer credentials; closing");
+                    return;
                 }
-            },
-            () = shutdown.cancelled() => break,
-        };
-        let caller = match Caller::of(&stream) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read peer credentials; closing");
-                continue;
-            }
-        };
-        let stream = match QuietStream::from_tokio(stream) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot register the connection; closing");
-                continue;
-            }
-        };
-        let router = router.clone();
-        let ends = Ends { shutdown: shutdown.clone(), abort: abort.clone() };
-        let timeouts = (opts.header_timeout, opts.idle_timeout);
-        let requests_total = opts.requests_total.clone();
-        tracker.spawn(async move {
-            let _permit = permit;
-            serve_connection(stream, caller, router, timeouts, ends, requests_total).await;
-        });
-    }
+            };
+            let stream = match QuietStream::from_tokio(stream) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot register the connection; closing");
+                    return;
+                }
+            };
+            let router = router.clone();
+            let ends = Ends { shutdown: shutdown.clone(), abort: abort.clone() };
+            let timeouts = (opts.header_timeout, opts.idle_timeout);
+            let requests_total = opts.requests_total.clone();
+            tracker.spawn(async move {
+                let _permit = permit;
+                serve_connection(stream, caller, router, timeouts, ends, requests_total).await;
+            });
+        },
+    )
+    .await;
     drop(listener);
     tracker.close();
     Draining { tracker, abort }
