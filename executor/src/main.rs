@@ -27,8 +27,8 @@ fn failure_code(e: &anyhow::Error) -> u8 {
     let config = e.chain().any(|cause| {
         cause.is::<executor::ConfigError>()
             || matches!(
-                cause.downcast_ref::<executor::server::SocketError>(),
-                Some(executor::server::SocketError::Unknown { .. })
+                cause.downcast_ref::<plumbing::socket::SocketError>(),
+                Some(plumbing::socket::SocketError::Unknown { .. })
             )
     });
     if config {

@@ -88,7 +88,8 @@ use crate::run::engine::Engine;
 use context::Shared;
 pub use manifests::{Checked, ManifestCache};
 pub use peer::PeerPolicy;
-pub use socket::{bind, SocketError, SocketNode};
+pub use plumbing::socket::{SocketError, SocketNode};
+pub use socket::bind;
 
 /// Margin added to the longest run before a drain kills what is left.
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);

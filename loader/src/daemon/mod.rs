@@ -19,13 +19,14 @@ pub mod server;
 
 use std::sync::Arc;
 
+use plumbing::socket::{NodeOptions, SocketNode};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
 use self::app::App;
 use self::config::Settings;
 use self::metrics::Metrics;
-use self::server::{ServeOptions, SocketNode};
+use self::server::ServeOptions;
 
 /// The soft `RLIMIT_NOFILE` skilld raises itself to, towards its hard
 /// limit: the packaged unit's `LimitNOFILE`. skilld holds a descriptor per
@@ -60,21 +61,10 @@ pub enum StartError {
     Metrics(#[source] prometheus::Error),
     /// The client socket could not be bound.
     #[error(transparent)]
-    Bind(#[from] server::BindError),
+    Bind(#[from] plumbing::socket::SocketError),
     /// The audit thread could not be started.
     #[error("cannot start the audit thread")]
     Audit(#[source] std::io::Error),
-    /// The client socket's group could not be set.
-    #[error("cannot set the group of {path} to {gid}")]
-    SocketGroup {
-        /// The socket.
-        path: std::path::PathBuf,
-        /// The group.
-        gid: u32,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
     /// The client socket passed by socket activation could not be used.
     #[error("cannot serve on the socket passed by systemd")]
     Inherited(#[source] std::io::Error),
@@ -143,18 +133,17 @@ impl Daemon {
                 plumbing::notify::into_tokio(listener).map_err(StartError::Inherited)?
             }
             None => {
-                let (api, bound) = server::bind(&settings.socket, settings.socket_mode)?;
+                // With mode 0660 the group decides who may connect at all.
+                // The daemon must be root or a member of the group to set it.
+                let opts = NodeOptions {
+                    group: settings.socket_group,
+                    ..NodeOptions::new(settings.socket_mode)
+                };
+                let (api, bound) = plumbing::socket::bind(&settings.socket, &opts)?;
                 node = Some(bound);
                 api
             }
         };
-        if let (Some(gid), false) = (settings.socket_group, socket_inherited) {
-            // With mode 0660 the group decides who may connect at all. The
-            // daemon must be root or a member of the group to set it.
-            std::os::unix::fs::chown(&settings.socket, None, Some(gid)).map_err(|source| {
-                StartError::SocketGroup { path: settings.socket.clone(), gid, source }
-            })?;
-        }
         app.preload_approvals().await;
         let metrics = match settings.metrics_listen {
             Some(addr) => Some(
