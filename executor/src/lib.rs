@@ -16,8 +16,6 @@
 //! - [`config`]: `executor.toml` ([`Config`]), the operator's rules.
 //! - [`metrics`]: the executor's Prometheus metrics on an injected registry.
 //! - [`cli`]: the binary's command line.
-//! - [`journald`], [`systemd`]: logging to the journal, readiness and
-//!   socket activation.
 //! - `sys`: the only unsafe code, thin wrappers of one kernel call each
 //!   (and the child's sequence between clone and exec).
 //!
@@ -30,13 +28,11 @@
 pub mod cli;
 pub mod config;
 pub mod host;
-pub mod journald;
 pub mod metrics;
 pub mod run;
 pub mod sandbox;
 pub mod server;
 pub(crate) mod sys;
-pub mod systemd;
 
 /// Serves large allocations (a flooding skill's stdout buffers) from their
 /// own mappings, given back to the kernel when freed, instead of glibc's

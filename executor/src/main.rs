@@ -27,8 +27,8 @@ fn failure_code(e: &anyhow::Error) -> u8 {
     let config = e.chain().any(|cause| {
         cause.is::<executor::ConfigError>()
             || matches!(
-                cause.downcast_ref::<executor::server::SocketError>(),
-                Some(executor::server::SocketError::Unknown { .. })
+                cause.downcast_ref::<plumbing::socket::SocketError>(),
+                Some(plumbing::socket::SocketError::Unknown { .. })
             )
     });
     if config {
@@ -115,7 +115,8 @@ fn run(
 fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8> {
     // Before any thread or child: this edits the environment and marks the
     // inherited socket close-on-exec (the watchdog must not hold it).
-    let inherited = executor::systemd::take_listener().context("socket activation")?;
+    let inherited =
+        plumbing::notify::take_listener("ongrid-executor").context("socket activation")?;
     let config = load_config(config).context("loading the configuration")?.for_serve();
     // Before any thread or child: capabilities are per thread and inherited.
     executor::host::capabilities::drop_unneeded(&config).context("capabilities")?;
@@ -128,7 +129,7 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
     // Said at start, not only in every run's report.
     if nix::unistd::geteuid().is_root() {
         for user in config.missing_users() {
-            executor::journald::eprint(
+            plumbing::journald::eprint(
                 Level::WARN,
                 &format!(
                     "ongrid-executor: run-as user {user:?} does not exist: every run as it fails \
@@ -149,7 +150,7 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
             enabled.join(" ")
         ),
         Ok(other) => tracing::info!("executor: cgroup delegation: {other:?}"),
-        Err(e) => executor::journald::eprint(
+        Err(e) => plumbing::journald::eprint(
             Level::WARN,
             &format!("ongrid-executor: {e:#}; runs get what the cgroup offers as it is"),
         ),
@@ -192,8 +193,8 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
         let registry = prometheus::Registry::new();
         // Unprefixed `process_*`: the loader renames them when it appends
         // this text to its own /metrics.
-        let process =
-            executor::metrics::ProcessMetrics::for_self().context("registering process metrics")?;
+        let process = plumbing::process_metrics::ProcessMetrics::for_self("")
+            .context("registering process metrics")?;
         registry.register(Box::new(process)).context("registering process metrics")?;
         let metrics = Arc::new(executor::Metrics::new(&registry).context("registering metrics")?);
         let engine = Arc::new(Engine::new(config).context("starting the engine")?);
@@ -204,8 +205,7 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
         let mut _node = None;
         let listener = match inherited {
             Some(listener) => {
-                listener.set_nonblocking(true).context("the socket passed by systemd")?;
-                let listener = tokio::net::UnixListener::from_std(listener)
+                let listener = plumbing::notify::into_tokio(listener)
                     .context("the socket passed by systemd")?;
                 eprintln!("ongrid-executor: serving on the socket passed by systemd");
                 listener
@@ -223,10 +223,10 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
         let signal = shutdown_signal(stop_on_stdin_eof)
             .context("listening for SIGTERM, SIGINT and SIGHUP")?;
         // The socket accepts and the engine is up: runs are served from here.
-        executor::systemd::ready("serving");
+        plumbing::notify::ready("serving");
         let shutdown = async {
             signal.await;
-            executor::systemd::stopping();
+            plumbing::notify::stopping();
         };
         executor::server::run(listener, engine, metrics, shutdown).await;
         Ok(0)
@@ -325,7 +325,7 @@ fn main() -> ExitCode {
     // Before any thread too: SIGCHLD would only wake a thread to drop it,
     // and a stop signal the parent blocked must reach the handlers.
     if let Err(e) = executor::mask_only_sigchld() {
-        executor::journald::eprint(
+        plumbing::journald::eprint(
             Level::WARN,
             &format!(
                 "ongrid-executor: cannot set the signal mask ({e}): each run's exit wakes a \
@@ -337,7 +337,7 @@ fn main() -> ExitCode {
     let nofile = executor::raise_nofile();
     let cli = Cli::parse();
     // Under systemd, lines for the journal (priorities, no timestamp).
-    let _ = executor::journald::try_init(
+    let _ = plumbing::journald::try_init(
         tracing_subscriber::EnvFilter::try_from_env("ONGRID_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
     );
@@ -357,7 +357,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            executor::journald::eprint(Level::ERROR, &format!("ongrid-executor: {e:#}"));
+            plumbing::journald::eprint(Level::ERROR, &format!("ongrid-executor: {e:#}"));
             ExitCode::from(failure_code(&e))
         }
     }

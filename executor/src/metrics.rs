@@ -11,105 +11,15 @@
 //! The loader fetches [`Metrics::render`] through the `metrics` method of
 //! the executor wire and appends it to its own `/metrics`.
 //!
-//! [`ProcessMetrics`] are the process's own `process_*` (unprefixed: the
-//! loader renames them `ongrid_executor_process_*` when it merges them).
+//! The process's own `process_*` are `plumbing::process_metrics`, unprefixed:
+//! the loader renames them `ongrid_executor_process_*` when it merges them.
 
 use std::time::Duration;
 
 use policy::{Enforcement, RunReport};
-use prometheus::core::{Collector, Desc};
-use prometheus::proto::MetricFamily;
 use prometheus::{
-    Counter, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
-
-/// The executor process's `process_*` metrics: those of the prometheus
-/// crate's process collector (open and max fds, virtual and resident
-/// memory, threads, start time), with its `process_cpu_seconds_total`,
-/// which it truncates to whole seconds, replaced by the exact value: the
-/// `utime + stime` ticks of `/proc/<pid>/stat` over `CLK_TCK`, as a float.
-/// (skilld's `loader::metrics::ProcessMetrics` is the same, prefixed.)
-#[derive(Debug)]
-pub struct ProcessMetrics {
-    pid: i32,
-    inner: prometheus::process_collector::ProcessCollector,
-    /// The CPU counter's options: a counter made afresh at each collect,
-    /// set to the kernel's total (which only grows), so collects at once
-    /// cannot add the same time twice.
-    cpu: Opts,
-    descs: Vec<Desc>,
-}
-
-/// The family [`ProcessMetrics`] computes itself.
-const CPU_SECONDS: &str = "process_cpu_seconds_total";
-
-impl ProcessMetrics {
-    /// The metrics of process `pid`.
-    ///
-    /// # Errors
-    ///
-    /// A metric that cannot be made (never, with these fixed names).
-    pub fn new(pid: i32) -> Result<Self, prometheus::Error> {
-        let inner = prometheus::process_collector::ProcessCollector::new(pid, "");
-        let cpu = Opts::new(CPU_SECONDS, "Total user and system CPU time in seconds.");
-        let descs = inner
-            .desc()
-            .into_iter()
-            .filter(|d| d.fq_name != CPU_SECONDS)
-            .chain(Counter::with_opts(cpu.clone())?.desc())
-            .cloned()
-            .collect();
-        Ok(Self { pid, inner, cpu, descs })
-    }
-
-    /// This process's metrics.
-    ///
-    /// # Errors
-    ///
-    /// As [`ProcessMetrics::new`].
-    pub fn for_self() -> Result<Self, prometheus::Error> {
-        Self::new(i32::try_from(std::process::id()).unwrap_or(i32::MAX))
-    }
-}
-
-impl Collector for ProcessMetrics {
-    fn desc(&self) -> Vec<&Desc> {
-        self.descs.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        let mut families: Vec<MetricFamily> =
-            self.inner.collect().into_iter().filter(|f| f.name() != CPU_SECONDS).collect();
-        if let (Some(total), Ok(cpu)) =
-            (cpu_seconds(self.pid), Counter::with_opts(self.cpu.clone()))
-        {
-            cpu.inc_by(total);
-            families.extend(cpu.collect());
-        }
-        families
-    }
-}
-
-/// The CPU time of process `pid` in seconds: `utime + stime` of
-/// `/proc/<pid>/stat` over `CLK_TCK`.
-fn cpu_seconds(pid: i32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
-    if per_second <= 0 {
-        return None;
-    }
-    Some(cpu_ticks(&stat)? as f64 / per_second as f64)
-}
-
-/// `utime + stime` (fields 14 and 15) of a `/proc/<pid>/stat` line,
-/// counted from the command name's last `)`.
-fn cpu_ticks(stat: &str) -> Option<u64> {
-    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    utime.checked_add(stime)
-}
 
 /// Run-duration buckets, 1 ms to 60 s (a run killed at a 60 s timeout
 /// lands in `le="60"` or `+Inf`).
@@ -343,63 +253,6 @@ mod tests {
     use policy::Outcome;
 
     use super::*;
-
-    /// `process_*` (renamed by the loader), and the CPU time exact, not
-    /// truncated to whole seconds: a child that burnt a few tenths of a
-    /// second and was stopped reads its ticks over CLK_TCK, fraction
-    /// included.
-    #[test]
-    fn process_cpu_seconds_are_fractional() {
-        use nix::sys::signal::{kill, Signal};
-        assert_eq!(
-            cpu_ticks("42 (a) b (c) S 1 42 42 0 -1 4194560 100 0 0 0 23 2 0 0 20"),
-            Some(25)
-        );
-        let per_second =
-            nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).unwrap().unwrap() as u64;
-        let mut child = std::process::Command::new("/bin/sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .unwrap();
-        let pid = i32::try_from(child.id()).unwrap();
-        let nix_pid = nix::unistd::Pid::from_raw(pid);
-        let stat = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        // Stopped with at least 0.2 s of CPU time that is not a whole
-        // number of seconds: the truncated value would be off.
-        let burnt = loop {
-            assert!(std::time::Instant::now() < deadline, "the child burnt no CPU");
-            std::thread::sleep(Duration::from_millis(20));
-            if cpu_ticks(&stat(pid)).unwrap() < per_second / 5 {
-                continue;
-            }
-            kill(nix_pid, Signal::SIGSTOP).unwrap();
-            while !stat(pid).contains(") T ") {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            let t = cpu_ticks(&stat(pid)).unwrap();
-            if !t.is_multiple_of(per_second) {
-                break t;
-            }
-            kill(nix_pid, Signal::SIGCONT).unwrap();
-        };
-        let r = Registry::new();
-        r.register(Box::new(ProcessMetrics::new(pid).unwrap())).unwrap();
-        let text = TextEncoder::new().encode_to_string(&r.gather()).unwrap();
-        let _ = child.kill();
-        let _ = child.wait();
-        let cpu: f64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("process_cpu_seconds_total "))
-            .unwrap_or_else(|| panic!("no cpu seconds in\n{text}"))
-            .parse()
-            .unwrap();
-        let want = burnt as f64 / per_second as f64;
-        assert!((cpu - want).abs() < 1e-9, "cpu {cpu}, ticks {burnt} / {per_second}\n{text}");
-        assert!(cpu > 0.0 && cpu.fract() != 0.0, "{cpu}");
-        assert!(text.contains("# TYPE process_cpu_seconds_total counter\n"), "{text}");
-        assert!(text.contains("# TYPE process_open_fds gauge\n"), "{text}");
-    }
 
     #[test]
     fn fresh_registry_counts_exactly() {

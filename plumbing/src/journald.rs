@@ -13,16 +13,12 @@
 //! `<N>` of its own.
 
 use std::ffi::OsStr;
-use std::fmt;
 
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 
 use policy::printable;
-use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::fmt::format::{Format, Full, Writer};
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
-use tracing_subscriber::registry::LookupSpan;
+use tracing::Level;
 use tracing_subscriber::EnvFilter;
 
 /// Whether `$JOURNAL_STREAM` (`journal_stream`, `DEVICE:INODE`,
@@ -38,48 +34,7 @@ pub fn names_stream(journal_stream: Option<&OsStr>, dev: u64, ino: u64) -> bool 
     d.parse::<u64>() == Ok(dev) && i.parse::<u64>() == Ok(ino)
 }
 
-/// The syslog priority of a level, as journald reads it from a `<N>`
-/// prefix: error 3, warn 4, info 6, debug and trace 7.
-#[must_use]
-pub fn priority(level: Level) -> u8 {
-    match level {
-        Level::ERROR => 3,
-        Level::WARN => 4,
-        Level::INFO => 6,
-        _ => 7,
-    }
-}
-
-/// The event format for the journal's stream: the priority prefix, then
-/// the usual text without timestamp, level word or colours. Its fields
-/// are formatted by the subscriber's field formatter: with
-/// [`crate::log_line::OneLineFields`] a record is one line.
-#[derive(Debug)]
-pub struct StreamFormat {
-    text: Format<Full, ()>,
-}
-
-impl Default for StreamFormat {
-    fn default() -> Self {
-        Self { text: tracing_subscriber::fmt::format().without_time().with_level(false) }
-    }
-}
-
-impl<S, N> FormatEvent<S, N> for StreamFormat
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
-{
-    fn format_event(
-        &self,
-        ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
-        event: &Event<'_>,
-    ) -> fmt::Result {
-        write!(writer, "<{}>", priority(*event.metadata().level()))?;
-        self.text.format_event(ctx, writer, event)
-    }
-}
+pub use crate::log_line::{priority, StreamFormat};
 
 /// Whether stderr is the journal's stream.
 #[must_use]

@@ -17,13 +17,12 @@ use std::fmt::{self, Write as _};
 
 use policy::printable;
 use tracing::field::{Field, Visit};
-use tracing::Subscriber;
+use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::field::{MakeVisitor, VisitFmt, VisitOutput};
-use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::fmt::format::{Format, Full, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
-
-use crate::journald::StreamFormat;
 
 /// The daemons' subscriber: `filter`, to `writer`, fields through
 /// [`OneLineFields`]; in the journal's format ([`StreamFormat`]) when
@@ -156,6 +155,49 @@ impl VisitOutput<fmt::Result> for OneLineVisitor<'_> {
 impl VisitFmt for OneLineVisitor<'_> {
     fn writer(&mut self) -> &mut dyn fmt::Write {
         &mut self.writer
+    }
+}
+
+/// The syslog priority of a level, as journald reads it from a `<N>`
+/// prefix: error 3, warn 4, info 6, debug and trace 7.
+#[must_use]
+pub fn priority(level: Level) -> u8 {
+    match level {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        _ => 7,
+    }
+}
+
+/// The event format for the journal's stream: the priority prefix, then
+/// the usual text without timestamp, level word or colours. Its fields
+/// are formatted by the subscriber's field formatter: with
+/// [`OneLineFields`] a record is one line.
+#[derive(Debug)]
+pub struct StreamFormat {
+    text: Format<Full, ()>,
+}
+
+impl Default for StreamFormat {
+    fn default() -> Self {
+        Self { text: tracing_subscriber::fmt::format().without_time().with_level(false) }
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for StreamFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        write!(writer, "<{}>", priority(*event.metadata().level()))?;
+        self.text.format_event(ctx, writer, event)
     }
 }
 

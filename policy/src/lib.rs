@@ -30,10 +30,6 @@
 //!   node and size limits) for that frontmatter.
 //! - [`printable`]: text from packs and skills made safe to print: control
 //!   characters escaped, one line stays one line.
-//! - [`journald`]: the daemons' log lines for journald (`<N>` priority,
-//!   no timestamp) and when stderr is its stream.
-//! - [`log_line`]: the daemons' `tracing` subscriber, each record one line
-//!   (the control characters in its fields escaped).
 //! - [`wire`]: the executor wire (newline-delimited JSON-RPC 2.0, capped lines):
 //!   `execute`, `ping` and `metrics` requests, and the replies the loader reads.
 //!
@@ -50,9 +46,7 @@ pub mod canonical;
 pub mod class;
 pub mod egress;
 pub mod env;
-pub mod journald;
 pub mod limits;
-pub mod log_line;
 pub mod manifest;
 pub mod name;
 pub mod path;

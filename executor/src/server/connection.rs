@@ -9,12 +9,11 @@
 //! never cut for being quiet: it ends with its runs.
 
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream as StdStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use plumbing::peer::hung_up;
 use policy::wire::{self, code, LineBuffer};
 use serde_json::Value;
 use tokio::io::unix::AsyncFd;
@@ -210,19 +209,6 @@ async fn write_all(mut wr: StdStream, line: &[u8]) -> std::io::Result<StdStream>
         }
     }
     Ok(wr)
-}
-
-/// Returns true if and only if the peer closed its end (both directions):
-/// AF_UNIX reports `POLLHUP` then, but only `POLLIN` (EOF) after a
-/// `shutdown(SHUT_WR)`.
-fn hung_up(stream: &StdStream) -> bool {
-    let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLIN)];
-    match poll(&mut fds, PollTimeout::ZERO) {
-        Ok(_) => {
-            fds[0].revents().is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
-        }
-        Err(_) => false,
-    }
 }
 
 /// Writes queued lines until every sender is gone; a failed write means the

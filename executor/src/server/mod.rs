@@ -76,6 +76,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use plumbing::accept::Backoff;
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -87,13 +88,11 @@ use crate::run::engine::Engine;
 use context::Shared;
 pub use manifests::{Checked, ManifestCache};
 pub use peer::PeerPolicy;
-pub use socket::{bind, SocketError, SocketNode};
+pub use plumbing::socket::{SocketError, SocketNode};
+pub use socket::bind;
 
 /// Margin added to the longest run before a drain kills what is left.
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);
-
-/// Accept-error backoff bounds (EMFILE and the like must not spin).
-const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
 /// Serves the executor wire on `listener` until `shutdown` completes and
 /// the runs in flight have ended (see the module docs).
@@ -140,8 +139,24 @@ pub async fn run(
     }
     let tracker = TaskTracker::new();
     let connections = Arc::new(Semaphore::new(config.max_connections));
+    // The stop is `shutdown`; the loop's own token is never cancelled.
+    let never = CancellationToken::new();
+    let accepting = plumbing::accept::serve(
+        &listener,
+        Arc::clone(&connections),
+        Backoff::DEFAULT,
+        &never,
+        |e| tracing::warn!("executor: accept: {e}"),
+        |stream, permit| {
+            let shared = Arc::clone(&shared);
+            tracker.spawn(async move {
+                connection::serve(stream, shared).await;
+                drop(permit);
+            });
+        },
+    );
     tokio::select! {
-        () = accept_loop(&listener, &shared, &tracker, &connections) => {}
+        () = accepting => {}
         _ = shutdown => {}
     }
     // Stop accepting: the socket refuses new connections from here on.
@@ -162,32 +177,4 @@ pub async fn run(
         tracker.wait().await;
     }
     tracing::info!("executor: stopped");
-}
-
-async fn accept_loop(
-    listener: &UnixListener,
-    shared: &Arc<Shared>,
-    tracker: &TaskTracker,
-    connections: &Arc<Semaphore>,
-) {
-    let mut backoff = ACCEPT_BACKOFF.0;
-    loop {
-        // The semaphore is never closed, so acquiring only waits.
-        let Ok(permit) = connections.clone().acquire_owned().await else { return };
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                backoff = ACCEPT_BACKOFF.0;
-                let shared = Arc::clone(shared);
-                tracker.spawn(async move {
-                    connection::serve(stream, shared).await;
-                    drop(permit);
-                });
-            }
-            Err(e) => {
-                tracing::warn!("executor: accept: {e}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(ACCEPT_BACKOFF.1);
-            }
-        }
-    }
 }

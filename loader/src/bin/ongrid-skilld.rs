@@ -32,7 +32,7 @@ fn main() -> ExitCode {
     let _ = nix::sys::signal::SigSet::empty().thread_set_mask();
     let args = Args::parse();
     // Under systemd, lines for the journal (priorities, no timestamp).
-    let _ = loader::daemon::journald::try_init(
+    let _ = plumbing::journald::try_init(
         tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
     );
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
         Err(e) => {
             // With its sources: the OS error of a file that cannot be read.
             let e = anyhow::Error::from(e);
-            loader::daemon::journald::eprint(
+            plumbing::journald::eprint(
                 Level::ERROR,
                 &format!("ongrid-skilld: configuration: {e:#}"),
             );
@@ -67,17 +67,17 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     // Before the runtime starts any thread: this edits the environment.
-    let inherited = match loader::daemon::systemd::take_listener() {
+    let inherited = match plumbing::notify::take_listener("ongrid-skilld") {
         Ok(l) => l,
         Err(e) => {
-            loader::daemon::journald::eprint(Level::ERROR, &format!("ongrid-skilld: {e}"));
+            plumbing::journald::eprint(Level::ERROR, &format!("ongrid-skilld: {e}"));
             return ExitCode::FAILURE;
         }
     };
     match serve(settings, inherited) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            loader::daemon::journald::eprint(Level::ERROR, &format!("ongrid-skilld: {e:#}"));
+            plumbing::journald::eprint(Level::ERROR, &format!("ongrid-skilld: {e:#}"));
             ExitCode::FAILURE
         }
     }
@@ -127,7 +127,7 @@ fn serve(
         // Bound, listening and scanned: clients are answered from here on;
         // each rescan since is told to systemd (RELOADING=1, READY=1). The
         // signals that came meanwhile wait in their streams.
-        loader::daemon::systemd::ready(&daemon.app.status_line());
+        plumbing::notify::ready(&daemon.app.status_line());
         daemon.app.notify_reloads();
         let app = daemon.app.clone();
         let shutdown = CancellationToken::new();
@@ -145,7 +145,7 @@ fn serve(
                 }
             }
             tracing::info!("shutting down");
-            loader::daemon::systemd::stopping();
+            plumbing::notify::stopping();
             stop.cancel();
         });
         daemon.run(shutdown).await;

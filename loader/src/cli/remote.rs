@@ -162,12 +162,7 @@ pub fn client_error(e: &ClientError, json: bool, err: &mut dyn Write) -> io::Res
         ClientError::Connect { .. } => (exit::UNREACHABLE, "unreachable"),
         _ => (exit::FAILED, "protocol"),
     };
-    let mut message = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        message.push_str(&format!(": {s}"));
-        source = s.source();
-    }
+    let message = plumbing::errors::chain(e);
     if json {
         let body = serde_json::json!({"error": {"code": name, "message": message}});
         writeln!(err, "{body}")?;

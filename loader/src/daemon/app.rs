@@ -139,7 +139,7 @@ impl App {
     }
 
     /// From now on every [`App::reload`] tells the service manager
-    /// (`NOTIFY_SOCKET`, [`crate::daemon::systemd`]): `RELOADING=1` with
+    /// (`NOTIFY_SOCKET`, `plumbing::notify`): `RELOADING=1` with
     /// `MONOTONIC_USEC=` before the scan, `READY=1` with the new `STATUS=`
     /// after it, whatever asked for it (SIGHUP, `POST /v1/reload`). The
     /// daemon turns it on once it has sent its first `READY=1`.
@@ -157,11 +157,11 @@ impl App {
         let _one_at_a_time = self.reload_lock.lock().await;
         let notify = self.notify_reloads.load(Ordering::Relaxed);
         if notify {
-            crate::daemon::systemd::reloading();
+            plumbing::notify::reloading();
         }
         let summary = self.rescan().await;
         if notify {
-            crate::daemon::systemd::ready(&self.status_line());
+            plumbing::notify::ready(&self.status_line());
         }
         summary
     }

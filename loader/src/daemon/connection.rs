@@ -43,7 +43,6 @@
 
 use std::convert::Infallible;
 use std::io;
-use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream as StdStream;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -57,6 +56,7 @@ use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use plumbing::peer::hung_up;
 use tokio::io::Interest;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixStream;
@@ -319,20 +319,6 @@ fn http1_answer(status: StatusCode, body: &str) -> String {
         status.canonical_reason().unwrap_or(""),
         body.len()
     )
-}
-
-/// Returns true if and only if the peer closed its end in both directions:
-/// a Unix socket reports `POLLHUP` then, but only `POLLIN` (EOF) after a
-/// `shutdown(SHUT_WR)`.
-fn hung_up(stream: &StdStream) -> bool {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLIN)];
-    match poll(&mut fds, PollTimeout::ZERO) {
-        Ok(_) => {
-            fds[0].revents().is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
-        }
-        Err(_) => false,
-    }
 }
 
 /// When a connection last moved a byte, and since when its writes block

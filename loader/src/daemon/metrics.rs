@@ -24,15 +24,13 @@
 //! | `ongrid_audit_syncs_total` | counter | `when` |
 //! | `ongrid_audit_wait_seconds` | histogram | `row` |
 //! | `ongrid_build_info` | gauge | `version` |
-//! | `ongrid_skilld_process_*` | [`ProcessMetrics`] (`cpu_seconds_total`, `open_fds`, `max_fds`, `virtual_memory_bytes`, `resident_memory_bytes`, `start_time_seconds`, `threads`) | |
+//! | `ongrid_skilld_process_*` | `plumbing::process_metrics::ProcessMetrics` (`cpu_seconds_total`, `open_fds`, `max_fds`, `virtual_memory_bytes`, `resident_memory_bytes`, `start_time_seconds`, `threads`) | |
 //! | `ongrid_executor_process_*` | the executor's, renamed | |
 
 use std::collections::HashSet;
 
-use prometheus::core::{Collector, Desc};
-use prometheus::proto::MetricFamily;
 use prometheus::{
-    Counter, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -225,99 +223,6 @@ impl Drop for InFlight {
     }
 }
 
-/// A process's metrics, named `<namespace>_process_*`: those of the
-/// prometheus crate's process collector (open and max fds, virtual and
-/// resident memory, threads, start time), with its
-/// `process_cpu_seconds_total`, which it truncates to whole seconds,
-/// replaced by the exact value: the `utime + stime` ticks of
-/// `/proc/<pid>/stat` over `CLK_TCK`, as a float.
-#[derive(Debug)]
-pub struct ProcessMetrics {
-    pid: i32,
-    inner: prometheus::process_collector::ProcessCollector,
-    /// The CPU counter's options: a counter made afresh at each collect,
-    /// set to the kernel's total (which only grows), so collects at once
-    /// cannot add the same time twice.
-    cpu: Opts,
-    /// The full name of `cpu`, the family of `inner` it replaces.
-    cpu_name: String,
-    descs: Vec<Desc>,
-}
-
-impl ProcessMetrics {
-    /// The metrics of process `pid` under `namespace` (`""`: plain
-    /// `process_*`).
-    ///
-    /// # Errors
-    ///
-    /// An invalid namespace.
-    pub fn new(pid: i32, namespace: &str) -> Result<Self, prometheus::Error> {
-        let inner = prometheus::process_collector::ProcessCollector::new(pid, namespace);
-        let cpu =
-            Opts::new("process_cpu_seconds_total", "Total user and system CPU time in seconds.")
-                .namespace(namespace);
-        let cpu_desc: Vec<Desc> =
-            Counter::with_opts(cpu.clone())?.desc().into_iter().cloned().collect();
-        let cpu_name = cpu_desc.iter().map(|d| d.fq_name.clone()).next().unwrap_or_default();
-        let descs = inner
-            .desc()
-            .into_iter()
-            .filter(|d| d.fq_name != cpu_name)
-            .cloned()
-            .chain(cpu_desc)
-            .collect();
-        Ok(Self { pid, inner, cpu, cpu_name, descs })
-    }
-
-    /// This process's metrics under `namespace`.
-    ///
-    /// # Errors
-    ///
-    /// An invalid namespace.
-    pub fn for_self(namespace: &str) -> Result<Self, prometheus::Error> {
-        Self::new(i32::try_from(std::process::id()).unwrap_or(i32::MAX), namespace)
-    }
-}
-
-impl Collector for ProcessMetrics {
-    fn desc(&self) -> Vec<&Desc> {
-        self.descs.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        let mut families: Vec<MetricFamily> =
-            self.inner.collect().into_iter().filter(|f| f.name() != self.cpu_name).collect();
-        if let (Some(total), Ok(cpu)) =
-            (cpu_seconds(self.pid), Counter::with_opts(self.cpu.clone()))
-        {
-            cpu.inc_by(total);
-            families.extend(cpu.collect());
-        }
-        families
-    }
-}
-
-/// The CPU time of process `pid` in seconds: `utime + stime` of
-/// `/proc/<pid>/stat` over `CLK_TCK`.
-fn cpu_seconds(pid: i32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??;
-    if per_second <= 0 {
-        return None;
-    }
-    Some(cpu_ticks(&stat)? as f64 / per_second as f64)
-}
-
-/// `utime + stime` (fields 14 and 15) of a `/proc/<pid>/stat` line. The
-/// command name (field 2) may hold spaces and parentheses: the fields are
-/// counted from its last `)`.
-fn cpu_ticks(stat: &str) -> Option<u64> {
-    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    utime.checked_add(stime)
-}
-
 /// Encodes `registry` in the text format.
 pub fn encode(registry: &Registry) -> String {
     let mut buf = Vec::new();
@@ -424,85 +329,6 @@ mod tests {
         assert_eq!((m.answers_unsent.get(), m.runs_in_flight.get()), (1, 0));
         drop(c);
         assert_eq!(m.answers_unsent.get(), 0);
-    }
-
-    /// Fields 14 and 15 of a stat line, counted from the command name's
-    /// last `)` (a name may hold both spaces and parentheses).
-    #[test]
-    fn cpu_ticks_are_utime_plus_stime() {
-        let stat = "42 (a) b (c) S 1 42 42 0 -1 4194560 100 0 0 0 23 2 0 0 20 0 1 0 9 0 0";
-        assert_eq!(cpu_ticks(stat), Some(25));
-        assert_eq!(cpu_ticks("42 (x) S 1"), None);
-        assert_eq!(cpu_ticks("no parenthesis"), None);
-    }
-
-    /// The process metrics are `<namespace>_process_*`, and the CPU time
-    /// is exact, not truncated to whole seconds: a child that burnt a few
-    /// tenths of a second and was stopped reads its ticks over CLK_TCK,
-    /// fraction included.
-    #[test]
-    fn process_metrics_are_prefixed_and_cpu_seconds_fractional() {
-        use nix::sys::signal::{kill, Signal};
-        let per_second =
-            nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).unwrap().unwrap() as u64;
-        let mut child = std::process::Command::new("/bin/sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .unwrap();
-        let pid = i32::try_from(child.id()).unwrap();
-        let nix_pid = nix::unistd::Pid::from_raw(pid);
-        let ticks = |pid: i32| {
-            cpu_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap()).unwrap()
-        };
-        let stopped = |pid: i32| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap().contains(") T ")
-        };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        // Stopped with at least 0.2 s of CPU time that is not a whole
-        // number of seconds: the truncated value would be off.
-        let burnt = loop {
-            assert!(std::time::Instant::now() < deadline, "the child burnt no CPU");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            if ticks(pid) < per_second / 5 {
-                continue;
-            }
-            kill(nix_pid, Signal::SIGSTOP).unwrap();
-            while !stopped(pid) {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            let t = ticks(pid);
-            if t % per_second != 0 {
-                break t;
-            }
-            kill(nix_pid, Signal::SIGCONT).unwrap();
-        };
-        let r = Registry::new();
-        r.register(Box::new(ProcessMetrics::new(pid, PROCESS_NAMESPACE).unwrap())).unwrap();
-        let text = encode(&r);
-        let _ = child.kill();
-        let _ = child.wait();
-        let cpu: f64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("ongrid_skilld_process_cpu_seconds_total "))
-            .unwrap_or_else(|| panic!("no cpu seconds in\n{text}"))
-            .parse()
-            .unwrap();
-        let want = burnt as f64 / per_second as f64;
-        assert!((cpu - want).abs() < 1e-9, "cpu {cpu}, ticks {burnt} / {per_second}\n{text}");
-        assert!(cpu > 0.0 && cpu.fract() != 0.0, "{cpu}");
-        for family in [
-            "cpu_seconds_total counter",
-            "open_fds gauge",
-            "max_fds gauge",
-            "resident_memory_bytes gauge",
-            "virtual_memory_bytes gauge",
-            "start_time_seconds gauge",
-            "threads gauge",
-        ] {
-            let want = format!("# TYPE ongrid_skilld_process_{family}\n");
-            assert!(text.contains(&want), "no {want:?} in\n{text}");
-        }
-        assert!(text.lines().all(|l| l.starts_with('#') || l.starts_with("ongrid_")), "{text}");
     }
 
     #[test]

@@ -18,7 +18,8 @@ use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use plumbing::accept::Backoff;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -69,53 +70,42 @@ pub async fn serve_bounded(
 ) {
     let permits = Arc::new(Semaphore::new(bounds.connections));
     let tracker = TaskTracker::new();
-    let mut backoff = Duration::from_millis(10);
-    loop {
-        let permit = tokio::select! {
-            p = Arc::clone(&permits).acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = shutdown.cancelled() => break,
-        };
-        let stream = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((stream, _)) => {
-                    backoff = Duration::from_millis(10);
-                    stream
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics: accept failed");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                    continue;
-                }
-            },
-            () = shutdown.cancelled() => break,
-        };
-        let router = router.clone();
-        tracker.spawn(async move {
-            let _permit = permit;
-            let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-                let router = router.clone();
-                async move {
-                    Ok::<_, Infallible>(router.oneshot(req).await.unwrap_or_else(|e| match e {}))
-                }
+    plumbing::accept::serve(
+        &listener,
+        permits,
+        Backoff::DEFAULT,
+        &shutdown,
+        |e| tracing::warn!(error = %e, "metrics: accept failed"),
+        |stream, permit| {
+            let router = router.clone();
+            tracker.spawn(async move {
+                let _permit = permit;
+                serve_one(stream, router, bounds).await;
             });
-            let mut builder = http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(bounds.header_time)
-                .keep_alive(false)
-                .max_buf_size(16 << 10);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            if tokio::time::timeout(bounds.connection_time, conn).await.is_err() {
-                tracing::debug!(after = ?bounds.connection_time, "metrics: connection closed");
-            }
-        });
-    }
+        },
+    )
+    .await;
     tracker.close();
     tracker.wait().await;
+}
+
+/// Serves one scrape on `stream`: one request, then the connection closes;
+/// the whole connection lasts at most `bounds.connection_time`.
+async fn serve_one(stream: TcpStream, router: Router, bounds: Bounds) {
+    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let router = router.clone();
+        async move { Ok::<_, Infallible>(router.oneshot(req).await.unwrap_or_else(|e| match e {})) }
+    });
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(bounds.header_time)
+        .keep_alive(false)
+        .max_buf_size(16 << 10);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    if tokio::time::timeout(bounds.connection_time, conn).await.is_err() {
+        tracing::debug!(after = ?bounds.connection_time, "metrics: connection closed");
+    }
 }
 
 #[cfg(test)]

@@ -10,24 +10,23 @@ pub mod cli;
 pub mod config;
 pub mod connection;
 pub mod executor_client;
-pub mod journald;
 pub mod metrics;
 pub mod metrics_listener;
 pub mod quiet_stream;
 pub mod registry;
 pub mod replay;
 pub mod server;
-pub mod systemd;
 
 use std::sync::Arc;
 
+use plumbing::socket::{NodeOptions, SocketNode};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
 use self::app::App;
 use self::config::Settings;
 use self::metrics::Metrics;
-use self::server::{ServeOptions, SocketNode};
+use self::server::ServeOptions;
 
 /// The soft `RLIMIT_NOFILE` skilld raises itself to, towards its hard
 /// limit: the packaged unit's `LimitNOFILE`. skilld holds a descriptor per
@@ -62,21 +61,10 @@ pub enum StartError {
     Metrics(#[source] prometheus::Error),
     /// The client socket could not be bound.
     #[error(transparent)]
-    Bind(#[from] server::BindError),
+    Bind(#[from] plumbing::socket::SocketError),
     /// The audit thread could not be started.
     #[error("cannot start the audit thread")]
     Audit(#[source] std::io::Error),
-    /// The client socket's group could not be set.
-    #[error("cannot set the group of {path} to {gid}")]
-    SocketGroup {
-        /// The socket.
-        path: std::path::PathBuf,
-        /// The group.
-        gid: u32,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
     /// The client socket passed by socket activation could not be used.
     #[error("cannot serve on the socket passed by systemd")]
     Inherited(#[source] std::io::Error),
@@ -112,7 +100,7 @@ impl Daemon {
     /// registry, binds both listeners and does the first scan.
     ///
     /// `inherited` is a listening socket passed by socket activation
-    /// ([`crate::daemon::systemd::take_listener`]): it is served as it is (its
+    /// ([`plumbing::notify::take_listener`]): it is served as it is (its
     /// owner, group and mode are the socket unit's), and `settings.socket`
     /// is neither removed nor bound. Without it the socket is bound at
     /// `settings.socket` with `socket_mode` and `socket_group`, and removed
@@ -128,7 +116,7 @@ impl Daemon {
         let registry = prometheus::Registry::new();
         // `ongrid_skilld_process_*`: the executor's are renamed
         // `ongrid_executor_process_*` when its text is merged.
-        let process = crate::daemon::metrics::ProcessMetrics::for_self(
+        let process = plumbing::process_metrics::ProcessMetrics::for_self(
             crate::daemon::metrics::PROCESS_NAMESPACE,
         )
         .map_err(StartError::Metrics)?;
@@ -142,22 +130,20 @@ impl Daemon {
         let api = match inherited {
             Some(listener) => {
                 node = None;
-                listener.set_nonblocking(true).map_err(StartError::Inherited)?;
-                UnixListener::from_std(listener).map_err(StartError::Inherited)?
+                plumbing::notify::into_tokio(listener).map_err(StartError::Inherited)?
             }
             None => {
-                let (api, bound) = server::bind(&settings.socket, settings.socket_mode)?;
+                // With mode 0660 the group decides who may connect at all.
+                // The daemon must be root or a member of the group to set it.
+                let opts = NodeOptions {
+                    group: settings.socket_group,
+                    ..NodeOptions::new(settings.socket_mode)
+                };
+                let (api, bound) = plumbing::socket::bind(&settings.socket, &opts)?;
                 node = Some(bound);
                 api
             }
         };
-        if let (Some(gid), false) = (settings.socket_group, socket_inherited) {
-            // With mode 0660 the group decides who may connect at all. The
-            // daemon must be root or a member of the group to set it.
-            std::os::unix::fs::chown(&settings.socket, None, Some(gid)).map_err(|source| {
-                StartError::SocketGroup { path: settings.socket.clone(), gid, source }
-            })?;
-        }
         app.preload_approvals().await;
         let metrics = match settings.metrics_listen {
             Some(addr) => Some(

@@ -41,7 +41,7 @@ use serde_json::{json, Value};
 
 use self::raw_args::{Calls, Tee};
 use super::remote::DaemonArgs;
-use crate::cli::client::{encode_segment, ApiResponse, ClientError, DaemonClient};
+use crate::cli::client::{encode_segment, ApiResponse, DaemonClient};
 
 mod raw_args;
 
@@ -117,7 +117,7 @@ impl Server {
             .client
             .get("/v1/tools?format=mcp")
             .await
-            .map_err(|e| ErrorData::internal_error(client_message(&e), None))?;
+            .map_err(|e| ErrorData::internal_error(plumbing::errors::chain(&e), None))?;
         if !r.status.is_success() {
             return Err(ErrorData::internal_error(daemon_message(&r), None));
         }
@@ -153,7 +153,7 @@ impl Server {
         let r = match self.client.post(&path, &body).await {
             Ok(r) => r,
             Err(e) => {
-                let text = client_message(&e);
+                let text = plumbing::errors::chain(&e);
                 let structured = json!({"error": {"code": "unreachable", "message": text}});
                 return Ok(tool_result(text, structured, true));
             }
@@ -260,16 +260,6 @@ fn daemon_message(r: &ApiResponse) -> String {
         text.push_str(&format!("\n  {path}: {}", v["message"].as_str().unwrap_or_default()));
     }
     text
-}
-
-fn client_message(e: &ClientError) -> String {
-    let mut message = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        message.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    message
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use plumbing::errors::chain;
 use policy::{PermissionMode, SkillGrant};
 use serde::Deserialize;
 
@@ -187,18 +188,6 @@ impl Plan {
         };
         Ok(Self { runtime_dir, roots, executor_bin, metrics, settings, run_as, grants })
     }
-}
-
-/// The error and its sources, `: `-separated.
-pub(super) fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 pub(super) fn nix_uid() -> u32 {

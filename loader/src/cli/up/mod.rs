@@ -81,7 +81,7 @@ use choose::{fail, Plan};
 ///
 /// I/O errors writing `out` or `err`.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
-    let _ = crate::daemon::journald::try_init(
+    let _ = plumbing::journald::try_init(
         tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
     );

@@ -8,12 +8,13 @@ use std::process::{ExitCode, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use plumbing::errors::chain;
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
 use super::choose::{
-    chain, fail, is_root, nix_uid, Failure, Plan, EXECUTOR_CONFIG, EXECUTOR_SOCKET, SKILLD_SOCKET,
+    fail, is_root, nix_uid, Failure, Plan, EXECUTOR_CONFIG, EXECUTOR_SOCKET, SKILLD_SOCKET,
 };
 use super::write::{cleanup, prepare_dir};
 use crate::daemon::app::App;

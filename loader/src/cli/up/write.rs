@@ -72,7 +72,7 @@ pub(super) fn prepare_dir(plan: &Plan) -> Result<(), Failure> {
     for name in [SKILLD_SOCKET, EXECUTOR_SOCKET] {
         let path = dir.join(name);
         if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket())
-            && !crate::daemon::server::SocketNode::nobody_listens(&path)
+            && !plumbing::socket::nobody_listens(&path)
         {
             return Err(Failure::start(format!(
                 "{} answers: another `ongrid-skill up` (or daemon) uses this runtime dir; \

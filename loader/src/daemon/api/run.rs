@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
+use plumbing::errors::chain;
 use policy::{Outcome, RunReport};
 use serde_json::json;
 use tokio::sync::OwnedSemaphorePermit;
@@ -204,16 +205,4 @@ pub(super) async fn executor_error(
     };
     let _ = allowed.finish(not_run(outcome, &e.to_string())).await;
     e
-}
-
-/// The error and its causes, `a: b: c`.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
