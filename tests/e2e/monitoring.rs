@@ -211,7 +211,8 @@ fn busy_answer(s: &Arc<Stack>) -> usize {
     panic!("no busy answer in 5 attempts:\n{}", s.logs());
 }
 
-/// Puts load on the daemons: one run of each skill first, a request
+/// Puts load on the daemons: one run of each skill first (one of them
+/// refused a connection by its egress allowlist), a request
 /// answered busy ([`busy_answer`]), then 320 runs from 8 clients, one in
 /// 10 of the failing skill. Returns the number of requests. The first runs
 /// make every labelled series the load feeds exist seconds before it, in a
@@ -220,6 +221,9 @@ fn busy_answer(s: &Arc<Stack>) -> usize {
 fn put_load(s: &Arc<Stack>) -> usize {
     assert_eq!(s.execute("echo", &json!({})).json()["outcome"], "ok");
     assert_eq!(s.execute("fail", &json!({})).json()["outcome"], "exit_nonzero");
+    let refused = s.execute("refused", &json!({})).json();
+    let denied = refused["sandbox"]["network"]["denied_total"].as_u64();
+    assert!(denied.is_some_and(|n| n >= 1), "the loopback connect is refused: {refused}");
     let busy_requests = busy_answer(s);
     let clients: Vec<_> = (0..8)
         .map(|c| {
@@ -241,7 +245,7 @@ fn put_load(s: &Arc<Stack>) -> usize {
     for c in clients {
         c.join().unwrap();
     }
-    2 + busy_requests + 8 * 40
+    3 + busy_requests + 8 * 40
 }
 
 /// `expr` as Grafana sends it: its variables replaced (`$instance` by the
@@ -262,7 +266,18 @@ fn every_dashboard_query_returns_data_from_a_live_prometheus() {
     let case = "every_dashboard_query_returns_data_from_a_live_prometheus";
     let Some(bin) = tool(case, "prometheus") else { return };
     let (dashboard, queries) = dashboard_queries();
-    let s = Arc::new(Stack::start_with("", "max_concurrent_runs = 2\nqueue_timeout_seconds = 1\n"));
+    // `refused` is granted the network and tries loopback, which a bare
+    // grant refuses in the kernel: the egress panel's counter.
+    let s = Arc::new(Stack::start_with(
+        "[skills.refused]\nnetwork = true\n",
+        "max_concurrent_runs = 2\nqueue_timeout_seconds = 1\n",
+    ));
+    write_skill(
+        &s.skills,
+        "refused",
+        r#","sandbox":{"network":true}"#,
+        "/bin/bash -c 'echo > /dev/tcp/127.0.0.1/9' 2>/dev/null\necho '{}'",
+    );
     // Holds a slot 5 s: the busy request's 1 s queue timeout ends long
     // before either hold does, even on a slow host.
     write_skill(&s.skills, "hold", r#","timeout_seconds":20"#, "/bin/sleep 5\necho '{}'");
