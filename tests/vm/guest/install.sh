@@ -107,7 +107,7 @@ network = true
 fs_read = ["/var/log"]
 TOML
     mkdir -p /etc/systemd/system/ongrid-executor.service.d
-    printf '[Service]\nPrivateNetwork=no\nRestrictAddressFamilies=AF_UNIX AF_INET AF_INET6\n' \
+    printf '[Service]\nPrivateNetwork=no\nRestrictAddressFamilies=AF_UNIX AF_INET AF_INET6\nCapabilityBoundingSet=CAP_BPF CAP_NET_ADMIN\nSystemCallFilter=bpf\n' \
         > /etc/systemd/system/ongrid-executor.service.d/network.conf
     systemctl daemon-reload
     systemctl restart ongrid-executor.service || { why "restart of the executor with the grants failed"; return 1; }
