@@ -510,7 +510,7 @@ fn wake_one(word: &AtomicU32) {
 /// The parked child: steps 4a and 4b, the parent-death signal, then wait
 /// in the berth; given a spec, steps 4c to 5.
 extern "C" fn parked_main(arg: *mut c_void) -> c_int {
-    // SAFETY: `arg` is the berth passed by `park`, alive for the spawner's
+    // SAFETY: `arg` is the berth `park` hands over, alive for the spawner's
     // life, which outlasts this child (whose parent-death signal is set).
     let berth = unsafe { &*arg.cast::<Berth>() };
     let mut handoff: Option<&Handoff> = None;

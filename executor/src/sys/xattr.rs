@@ -12,7 +12,7 @@ pub fn names_fd(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
     let mut buf = vec![0u8; 1024];
     loop {
         // SAFETY: `fd` is open for the call and `buf` a writable buffer of
-        // the length passed.
+        // the length given.
         let n = unsafe { libc::flistxattr(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         if n >= 0 {
             buf.truncate(usize::try_from(n).unwrap_or(0));
@@ -41,7 +41,7 @@ pub fn set(path: &std::path::Path, name: &std::ffi::CStr, value: &[u8]) -> io::R
     use std::os::unix::ffi::OsStrExt;
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: valid C strings and a value buffer of the length passed.
+    // SAFETY: valid C strings and a value buffer of the length given.
     let r = unsafe {
         libc::lsetxattr(c.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0)
     };
