@@ -148,6 +148,16 @@ impl Asm {
         self.push(insn(ALU | LSH | K, dst, R0, 0, imm));
     }
 
+    /// `dst <<= imm` (64 bits).
+    pub fn lsh64_imm(&mut self, dst: Reg, imm: i32) {
+        self.push(insn(ALU64 | LSH | K, dst, R0, 0, imm));
+    }
+
+    /// `dst |= src` (64 bits).
+    pub fn or64(&mut self, dst: Reg, src: Reg) {
+        self.push(insn(ALU64 | OR | X, dst, src, 0, 0));
+    }
+
     /// `wdst |= wsrc` (32 bits).
     pub fn or32(&mut self, dst: Reg, src: Reg) {
         self.push(insn(ALU | OR | X, dst, src, 0, 0));
@@ -158,19 +168,9 @@ impl Asm {
         self.push(insn(LDX | W | MEM, dst, src, off, 0));
     }
 
-    /// `*(u32 *)(dst + off) = wsrc`.
-    pub fn stx_w(&mut self, dst: Reg, off: i16, src: Reg) {
-        self.push(insn(STX | W | MEM, dst, src, off, 0));
-    }
-
     /// `*(u64 *)(dst + off) = src`.
     pub fn stx_dw(&mut self, dst: Reg, off: i16, src: Reg) {
         self.push(insn(STX | DW | MEM, dst, src, off, 0));
-    }
-
-    /// `*(u32 *)(dst + off) = imm`.
-    pub fn st_w(&mut self, dst: Reg, off: i16, imm: u32) {
-        self.push(insn(ST | W | MEM, dst, R0, off, i32::from_ne_bytes(imm.to_ne_bytes())));
     }
 
     /// `*(u64 *)(dst + off) = imm` (sign-extended).

@@ -49,11 +49,18 @@ const BPF_NOEXIST: i32 = 1;
 const HELPER_GET_CURRENT_CGROUP_ID: i32 = 80;
 
 // Stack slots below the frame pointer: the denial key (its first 8 bytes,
-// the cgroup id, are the total map's key), and a first count.
+// the cgroup id, are the total map's key), and a first count. The key is
+// written in whole, aligned 8-byte slots, two 32-bit fields composed in a
+// register per slot: a narrower store into a slot the verifier tracks as a
+// spilled register is refused without `CAP_PERFMON` on older kernels (6.1:
+// "attempt to corrupt spilled pointer on stack").
 const KEY: i16 = -32;
-const FAMILY: i16 = KEY + 8;
-const ADDR: i16 = KEY + 12;
-const PORT_PROTO: i16 = KEY + 28;
+/// The family (low word) and address word 0.
+const FAMILY_ADDR0: i16 = KEY + 8;
+/// Address words 1 and 2.
+const ADDR1_ADDR2: i16 = KEY + 16;
+/// Address word 3 and `protocol << 16 | port`.
+const ADDR3_PORT_PROTO: i16 = KEY + 24;
 const ONE: i16 = -40;
 
 /// A `CGROUP_SOCK_ADDR` hook the egress programs attach to.
@@ -213,24 +220,37 @@ fn match_word(a: &mut Asm, reg: Reg, net: u32, mask: u32, next: Label) {
 fn record_denial(a: &mut Asm, v6: bool, maps: Maps) {
     a.call(HELPER_GET_CURRENT_CGROUP_ID);
     a.stx_dw(R10, KEY, R0);
-    a.st_w(R10, FAMILY, if v6 { 6 } else { 4 });
-    for i in 0..4i16 {
-        if v6 {
-            a.ldx_w(R1, R6, USER_IP6 + 4 * i);
-            a.stx_w(R10, ADDR + 4 * i, R1);
-        } else if i == 0 {
-            a.ldx_w(R1, R6, USER_IP4);
-            a.stx_w(R10, ADDR, R1);
-        } else {
-            a.st_w(R10, ADDR + 4 * i, 0);
-        }
+    a.mov64_imm(R1, if v6 { 6 } else { 4 });
+    if v6 {
+        a.ldx_w(R2, R6, USER_IP6);
+        store_pair(a, FAMILY_ADDR0, R1, R2);
+        a.ldx_w(R1, R6, USER_IP6 + 4);
+        a.ldx_w(R2, R6, USER_IP6 + 8);
+        store_pair(a, ADDR1_ADDR2, R1, R2);
+        a.ldx_w(R1, R6, USER_IP6 + 12);
+    } else {
+        a.ldx_w(R2, R6, USER_IP4);
+        store_pair(a, FAMILY_ADDR0, R1, R2);
+        a.st_dw(R10, ADDR1_ADDR2, 0);
+        a.mov64_imm(R1, 0);
     }
-    a.mov32(R1, R8);
-    a.lsh32_imm(R1, 16);
-    a.or32(R1, R7);
-    a.stx_w(R10, PORT_PROTO, R1);
+    a.mov32(R2, R8);
+    a.lsh32_imm(R2, 16);
+    a.or32(R2, R7);
+    store_pair(a, ADDR3_PORT_PROTO, R1, R2);
     count_key(a, maps.denied);
     count_key(a, maps.total);
+}
+
+/// Stores the 32-bit values in `first` and `second` (upper halves clear)
+/// as one 8-byte slot at `off`, `first` at the lower address; `second` is
+/// clobbered.
+fn store_pair(a: &mut Asm, off: i16, first: Reg, second: Reg) {
+    let (low, high) =
+        if cfg!(target_endian = "little") { (first, second) } else { (second, first) };
+    a.lsh64_imm(high, 32);
+    a.or64(low, high);
+    a.stx_dw(R10, off, low);
 }
 
 /// Adds 1 to the count of the key on the stack in `map` (both maps' keys
@@ -284,25 +304,24 @@ fn increment(a: &mut Asm, map: i32, absent: Label, then: Label) {
 /// [`AsmError`], which a fixed program never hits.
 pub fn only_tcp_and_udp_sockets(maps: Maps) -> Result<Vec<Insn>, AsmError> {
     let mut a = Asm::new();
-    let (allow, v6, key) = (a.label(), a.label(), a.label());
+    let (allow, key) = (a.label(), a.label());
     a.ldx_w(R8, R1, SOCK_PROTOCOL);
     a.ldx_w(R7, R1, SOCK_FAMILY);
     a.jmp32_imm(Cond::Eq, R8, IPPROTO_TCP, allow);
     a.jmp32_imm(Cond::Eq, R8, IPPROTO_UDP, allow);
     a.call(HELPER_GET_CURRENT_CGROUP_ID);
     a.stx_dw(R10, KEY, R0);
-    a.jmp32_imm(Cond::Eq, R7, AF_INET6, v6);
-    a.st_w(R10, FAMILY, 4);
-    a.ja(key);
-    a.bind(v6);
-    a.st_w(R10, FAMILY, 6);
+    a.mov64_imm(R1, 4);
+    a.jmp32_imm(Cond::Ne, R7, AF_INET6, key);
+    a.mov64_imm(R1, 6);
     a.bind(key);
-    for i in 0..4i16 {
-        a.st_w(R10, ADDR + 4 * i, 0);
-    }
-    a.mov32(R1, R8);
-    a.lsh32_imm(R1, 16);
-    a.stx_w(R10, PORT_PROTO, R1);
+    a.mov64_imm(R2, 0);
+    store_pair(&mut a, FAMILY_ADDR0, R1, R2);
+    a.st_dw(R10, ADDR1_ADDR2, 0);
+    a.mov64_imm(R1, 0);
+    a.mov32(R2, R8);
+    a.lsh32_imm(R2, 16);
+    store_pair(&mut a, ADDR3_PORT_PROTO, R1, R2);
     count_key(&mut a, maps.denied);
     count_key(&mut a, maps.total);
     a.mov64_imm(R0, 0);
@@ -376,6 +395,28 @@ mod tests {
         k[8..12].copy_from_slice(&6u32.to_ne_bytes());
         k[12..28].copy_from_slice(&"::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
         assert_eq!(decode_key(&k).1, "::1".parse::<IpAddr>().unwrap());
+    }
+
+    /// Every store to the stack is a whole, aligned 8-byte slot, which
+    /// every kernel's verifier accepts without `CAP_PERFMON`.
+    fn assert_whole_stack_slots(p: &[Insn], what: &str) {
+        for (i, insn) in p.iter().enumerate() {
+            let class = insn.code & 0x07;
+            let to_stack = matches!(class, 0x02 | 0x03) && insn.regs & 0x0f == 10;
+            if to_stack {
+                assert_eq!(insn.code & 0x18, 0x18, "{what}: insn {i} stores fewer than 8 bytes");
+                assert_eq!(insn.off % 8, 0, "{what}: insn {i} stores at unaligned {}", insn.off);
+            }
+        }
+    }
+
+    #[test]
+    fn stack_stores_fill_whole_slots() {
+        let maps = Maps { denied: 3, total: 4 };
+        for hook in Hook::ALL {
+            assert_whole_stack_slots(&sock_addr(&rules(4), hook, maps).unwrap(), hook.name());
+        }
+        assert_whole_stack_slots(&only_tcp_and_udp_sockets(maps).unwrap(), "sock_create");
     }
 
     #[test]
