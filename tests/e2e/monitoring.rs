@@ -224,6 +224,11 @@ fn put_load(s: &Arc<Stack>) -> usize {
     let refused = s.execute("refused", &json!({})).json();
     let denied = refused["sandbox"]["network"]["denied_total"].as_u64();
     assert!(denied.is_some_and(|n| n >= 1), "the loopback connect is refused: {refused}");
+    // The audit row keeps the count; a run without network keeps none.
+    let rows = s.get("/v1/audit?skill=refused&limit=1").json();
+    assert_eq!(rows["items"][0]["network_denied"].as_u64(), denied, "{rows}");
+    let rows = s.get("/v1/audit?skill=echo&limit=1").json();
+    assert!(rows["items"][0]["network_denied"].is_null(), "{rows}");
     let busy_requests = busy_answer(s);
     let clients: Vec<_> = (0..8)
         .map(|c| {

@@ -113,12 +113,14 @@ impl Run {
             duration_ms = report.duration_ms,
             "run finished"
         );
+        let network = report.sandbox.as_ref().map(|s| &s.network);
         let finished = self.allowed.finish(Finish {
             outcome: report.outcome.as_str().to_owned(),
             error: report.error.clone(),
             exit_code: report.exit_code,
             result: report.result.clone(),
             duration_ms: Some(report.duration_ms),
+            network_denied: network.filter(|n| n.enabled).map(|n| n.denied_total),
         });
         if let Err(e) = finished.await {
             if self.app.audit().required() {

@@ -99,6 +99,9 @@ pub struct Finish {
     pub result: Option<policy::RawJson>,
     /// The run's duration (the report's, else the time since the decision).
     pub duration_ms: Option<u64>,
+    /// For a run with network: how many connects and sends its egress
+    /// allowlist refused.
+    pub network_denied: Option<u64>,
 }
 
 /// A row as read back (`GET /v1/audit`).
@@ -146,6 +149,8 @@ pub struct Entry {
     pub finished_at: Option<i64>,
     /// Duration of the run.
     pub duration_ms: Option<i64>,
+    /// Refusals of the run's egress allowlist (runs with network only).
+    pub network_denied: Option<i64>,
 }
 
 /// The rows a query read, and whether they can be the whole trail.

@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS audit (
     exit_code INTEGER,
     started_at INTEGER NOT NULL,
     finished_at INTEGER,
-    duration_ms INTEGER
+    duration_ms INTEGER,
+    network_denied INTEGER
 );
 CREATE INDEX IF NOT EXISTS audit_started ON audit (started_at);
 CREATE INDEX IF NOT EXISTS audit_skill ON audit (skill, id);
@@ -44,8 +45,28 @@ CREATE TABLE IF NOT EXISTS used_approvals (
     expires_at INTEGER NOT NULL,
     audit_id INTEGER NOT NULL
 );
-PRAGMA user_version = 1;
 ";
+
+/// The schema version this build writes; [`migrate`] brings an older
+/// database (kept across upgrades) to it.
+const USER_VERSION: i64 = 2;
+
+/// Adds what later versions added to the `audit` table of a database an
+/// earlier version made: `network_denied` (version 2).
+fn migrate(db: &Connection) -> rusqlite::Result<()> {
+    let version: i64 = db.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version >= USER_VERSION {
+        return Ok(());
+    }
+    let has = db
+        .prepare("SELECT 1 FROM pragma_table_info('audit') WHERE name = 'network_denied'")?
+        .exists([])?;
+    if !has {
+        db.execute_batch("ALTER TABLE audit ADD COLUMN network_denied INTEGER")?;
+        tracing::info!(version = USER_VERSION, "audit: database schema upgraded");
+    }
+    db.pragma_update(None, "user_version", USER_VERSION)
+}
 
 /// Runs a statement without parameters, prepared once per connection.
 pub(super) fn run_cached(db: &Connection, sql: &str) -> rusqlite::Result<()> {
@@ -106,6 +127,7 @@ pub(super) fn open(settings: &AuditSettings) -> rusqlite::Result<Connection> {
     }
     db.pragma_update(None, "synchronous", settings.synchronous.pragma())?;
     db.execute_batch(SCHEMA)?;
+    migrate(&db)?;
     prune(&mut db, settings)?;
     tracing::info!(path = %settings.db.display(), "audit: database open");
     Ok(db)
@@ -145,7 +167,11 @@ fn restrict_modes(db: &std::path::Path) {
 }
 
 pub(super) fn prune(db: &mut Connection, settings: &AuditSettings) -> rusqlite::Result<()> {
-    let tx = db.transaction()?;
+    // Immediate: the write lock is taken (waiting out the busy timeout)
+    // before the first read. A deferred transaction that reads, then
+    // writes, fails at once with "database is locked" when another
+    // connection wrote in between (a closing daemon's checkpoint).
+    let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     if settings.max_rows > 0 {
         let keep = i64::try_from(settings.max_rows).unwrap_or(i64::MAX);
         let rows: i64 = tx.query_row("SELECT count(*) FROM audit", [], |r| r.get(0))?;
@@ -291,6 +317,9 @@ pub(super) struct Done {
     pub(super) result_truncated: bool,
     pub(super) finished_at: i64,
     pub(super) duration_ms: Option<i64>,
+    /// Absent in journal lines of an earlier version.
+    #[serde(default)]
+    pub(super) network_denied: Option<i64>,
 }
 
 impl Done {
@@ -312,6 +341,7 @@ impl Done {
             result_truncated,
             finished_at: now_ms(),
             duration_ms: f.duration_ms.map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
+            network_denied: f.network_denied.map(|d| i64::try_from(d).unwrap_or(i64::MAX)),
         }
     }
 }
@@ -426,7 +456,7 @@ pub(super) fn update(db: &Connection, done: &Done) -> Result<(), WriteError> {
         .prepare_cached(
             "UPDATE audit SET outcome = ?2, error = ?3, exit_code = ?4, result = ?5,
                  result_truncated = ?6, finished_at = ?7,
-                 duration_ms = COALESCE(?8, ?7 - started_at)
+                 duration_ms = COALESCE(?8, ?7 - started_at), network_denied = ?9
              WHERE id = ?1",
         )?
         .execute(params![
@@ -438,6 +468,7 @@ pub(super) fn update(db: &Connection, done: &Done) -> Result<(), WriteError> {
             done.result_truncated,
             done.finished_at,
             done.duration_ms,
+            done.network_denied,
         ])?;
     if n == 0 {
         return Err(WriteError::Lost(done.id));
@@ -458,7 +489,7 @@ pub(super) fn select(db: &Connection, q: &Query) -> rusqlite::Result<Vec<Entry>>
     let mut stmt = db.prepare(
         "SELECT id, session_id, skill, class, caller_uid, caller_pid, role, mode, decision,
                 reason, approvers, args, args_truncated, result, result_truncated, outcome,
-                error, exit_code, started_at, finished_at, duration_ms
+                error, exit_code, started_at, finished_at, duration_ms, network_denied
          FROM audit
          WHERE (?1 IS NULL OR skill = ?1) AND (?2 IS NULL OR outcome = ?2)
            AND (?3 IS NULL OR decision = ?3) AND (?4 IS NULL OR started_at >= ?4)
@@ -489,6 +520,7 @@ pub(super) fn select(db: &Connection, q: &Query) -> rusqlite::Result<Vec<Entry>>
             started_at: r.get(18)?,
             finished_at: r.get(19)?,
             duration_ms: r.get(20)?,
+            network_denied: r.get(21)?,
         })
     })?;
     rows.collect()

@@ -58,6 +58,7 @@ async fn rows_are_written_completed_and_read_back() {
                 outcome: "ok".into(),
                 exit_code: Some(0),
                 result: Some(policy::RawJson::from_value(&json!({"big": big}))),
+                network_denied: Some(7),
                 ..Finish::default()
             },
         )
@@ -81,6 +82,7 @@ async fn rows_are_written_completed_and_read_back() {
     assert!(e.result.to_value().as_str().unwrap().len() <= FIELD_MAX_BYTES);
     assert_eq!(e.exit_code, Some(0));
     assert!(e.finished_at.is_some() && e.duration_ms.is_some());
+    assert_eq!(e.network_denied, Some(7));
     let none = Query { skill: Some("other".into()), limit: 10, ..Query::default() };
     assert!(audit.query(none).await.unwrap().items.is_empty());
     let future = Query { since_ms: Some(now_ms() + 60_000), limit: 10, ..Query::default() };
@@ -879,4 +881,46 @@ async fn refusals_are_pruned_first_and_keep_short_args() {
     let kept = |e: &Entry| e.args.to_value().as_str().map(str::len);
     assert!(refused.iter().all(|e| e.args_truncated && kept(e) == Some(REFUSED_ARGS_MAX_BYTES)));
     assert_eq!(errors.get(), 0);
+}
+
+/// A database made before `network_denied` existed (schema version 1,
+/// kept across an upgrade) gains the column when opened: its rows read
+/// back with none, and new rows store the count.
+#[tokio::test]
+async fn an_earlier_versions_database_gains_the_network_denied_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(dir.path(), 0);
+    {
+        let db = rusqlite::Connection::open(&s.db).unwrap();
+        db.execute_batch(
+            "CREATE TABLE audit (
+                id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT, skill TEXT NOT NULL,
+                class TEXT NOT NULL, caller_uid INTEGER NOT NULL, caller_pid INTEGER,
+                role TEXT NOT NULL, mode TEXT NOT NULL, decision TEXT NOT NULL,
+                reason TEXT NOT NULL, approvers TEXT NOT NULL, args TEXT,
+                args_truncated INTEGER NOT NULL DEFAULT 0, result TEXT,
+                result_truncated INTEGER NOT NULL DEFAULT 0, outcome TEXT, error TEXT,
+                exit_code INTEGER, started_at INTEGER NOT NULL, finished_at INTEGER,
+                duration_ms INTEGER);
+             INSERT INTO audit (skill, class, caller_uid, role, mode, decision, reason,
+                approvers, outcome, started_at, finished_at)
+             VALUES ('old', 'safe', 0, 'root', 'open', 'allow', 'open', '[]', 'ok', 1, 2);
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let errors = IntCounter::new("e", "e").unwrap();
+    let audit = Audit::start(&s, errors.clone(), &syncs()).unwrap();
+    let id = audit.record(record("new", &[])).await.unwrap();
+    let done = Finish { outcome: "ok".into(), network_denied: Some(3), ..Finish::default() };
+    audit.finish(id, done).await.unwrap();
+    let rows = audit.query(Query { limit: 10, ..Query::default() }).await.unwrap().items;
+    let by = |skill: &str| rows.iter().find(|e| e.skill == skill).map(|e| e.network_denied);
+    assert_eq!(by("old"), Some(None), "{rows:?}");
+    assert_eq!(by("new"), Some(Some(3)), "{rows:?}");
+    assert_eq!(errors.get(), 0);
+    drop(audit);
+    let db = rusqlite::Connection::open(&s.db).unwrap();
+    let v: i64 = db.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    assert_eq!(v, 2);
 }
