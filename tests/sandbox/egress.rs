@@ -11,6 +11,7 @@
 use std::net::{TcpListener, UdpSocket};
 use std::time::Duration;
 
+use ongrid_tests::run::RunOptions;
 use ongrid_tests::{Config, Run};
 use serde_json::{json, Value};
 
@@ -58,9 +59,10 @@ fn tcp(addr: &str) -> Value {
 
 /// Only the granted `127.0.0.2:PORT` connects; the same host on another
 /// port, another host on that port, the v4-mapped spelling of the other
-/// host, a UDP `sendto`, a ping socket and a connect on a socket made
-/// before a fork are refused, from the run's process and from a forked,
-/// `setsid`, double-forked or exec'd one; the report lists the refusals.
+/// host, a UDP `sendto`, a ping socket, a connect on a socket made
+/// before a fork and one on a socket passed over a Unix socket are
+/// refused, from the run's process and from a forked, `setsid`,
+/// double-forked or exec'd one; the report lists the refusals.
 #[test]
 fn allowlist_holds_every_path_out() {
     let Some(g) = shared("allowlist_holds_every_path_out") else { return };
@@ -87,6 +89,8 @@ fn allowlist_holds_every_path_out() {
         json!({"kind": "double_fork", "case": tcp(&refused)}),
         json!({"kind": "exec", "case": tcp(&refused)}),
         json!({"kind": "exec", "case": tcp(&ok)}),
+        json!({"kind": "passed", "addr": refused}),
+        json!({"kind": "passed", "addr": ok}),
     ];
     let run = skill.run(&config, &args("egress", json!({"cases": cases})));
     let eperm = i64::from(libc::EPERM);
@@ -94,7 +98,7 @@ fn allowlist_holds_every_path_out() {
     want.extend([eperm; 10]);
     want[6] = PING;
     want[8] = 0;
-    want.extend([eperm, 0]);
+    want.extend([eperm, 0, eperm, 0]);
     let got = check(&run, &cases, &want);
     // A ping socket the kernel refused for the group range never reached
     // the egress programs.
@@ -104,7 +108,7 @@ fn allowlist_holds_every_path_out() {
     while l.accept().is_ok() {
         arrived += 1;
     }
-    assert_eq!(arrived, 4, "direct, v4-mapped, inherited and exec'd connects to {ok}");
+    assert_eq!(arrived, 5, "direct, v4-mapped, inherited, exec'd and passed connects to {ok}");
 
     let net = network(&run);
     assert_eq!(net["enabled"], true, "{net}");
@@ -117,8 +121,8 @@ fn allowlist_holds_every_path_out() {
     };
     assert_eq!(
         count(&refused, "tcp"),
-        Some(6),
-        "direct, inherited, fork, setsid, double fork, exec: {net}"
+        Some(7),
+        "direct, inherited, fork, setsid, double fork, exec, passed: {net}"
     );
     assert_eq!(count(&refused, "udp"), Some(1), "{net}");
     assert_eq!(count(&format!("127.0.0.2:{other}"), "tcp"), Some(1), "{net}");
@@ -126,7 +130,7 @@ fn allowlist_holds_every_path_out() {
     if icmp == 1 {
         assert_eq!(count("*", "icmp"), Some(1), "the ping socket, refused when made: {net}");
     }
-    assert_eq!(net["denied_total"], 9 + icmp, "{net}");
+    assert_eq!(net["denied_total"], 10 + icmp, "{net}");
     no_leftovers(&skill, &g);
 }
 
@@ -221,61 +225,31 @@ impl Drop for Netns {
     }
 }
 
-/// The executor run inside a network namespace this test made (entered
-/// with `nsenter --net`, which keeps the host's `/sys` and so its cgroup
-/// mounts): under a bare `network = true`, the link-local metadata
-/// address and the namespace's own private and unique-local addresses are
-/// refused at once. Every address is on an interface of that namespace.
+/// The executor run inside a network namespace this test made (one-shot,
+/// or a served executor started in it): under a bare `network = true`,
+/// the link-local metadata address and the namespace's own private and
+/// unique-local addresses are refused at once. Every address is on an
+/// interface of that namespace.
 #[test]
 fn link_local_and_own_addresses_refused_in_a_netns() {
     let Some(g) = shared("link_local_and_own_addresses_refused_in_a_netns") else { return };
-    if ongrid_tests::served::via() == ongrid_tests::served::Via::Serve {
-        // The served executor runs in the host's namespace: one-shot only.
-        ongrid_tests::host::skip(
-            "link_local_and_own_addresses_refused_in_a_netns",
-            "the served executor is not in the test's namespace",
-        );
-        drop(g);
-        return;
-    }
     let name = format!("ongrid-egress-{}", std::process::id());
     let Some(ns) = Netns::new(&name) else {
         ongrid_tests::host::skip("link_local_and_own_addresses_refused_in_a_netns", "no netns");
         return;
     };
     let skill = attack("egress_netns").with("sandbox", json!({"network": true}));
-    skill.write_manifest();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = dir.path().join("executor.toml");
     let config = Config::new().grant(skill.name(), "network = true");
-    std::fs::write(&cfg, config.to_toml()).expect("config");
     let cases = vec![
         tcp("169.254.169.254:80"),
         json!({"kind": "udp_sendto", "addr": "169.254.169.254:80"}),
         tcp("10.77.0.1:80"),
         tcp("[fd00::1]:80"),
     ];
-    let a = args("egress", json!({"cases": cases})).to_string();
-    let out = std::process::Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", ns.0))
-        .arg(ongrid_tests::run::executor_bin())
-        .args(["run", "--json", "--manifest"])
-        .arg(skill.manifest_path())
-        .arg("--config")
-        .arg(&cfg)
-        .args(["--args", &a])
-        .output()
-        .expect("nsenter ongrid-executor");
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-    assert_eq!(report["outcome"], "ok", "{report}");
-    let results = report["result"]["results"].as_array().cloned().unwrap_or_default();
-    assert_eq!(results.len(), cases.len(), "{report}");
-    for (c, r) in cases.iter().zip(&results) {
-        assert_eq!(r["errno"], i64::from(libc::EPERM), "{c}: {r}");
-        assert!(r["ms"].as_f64().unwrap_or(f64::MAX) < FAST_MS, "{c}: {r}");
-    }
-    assert_eq!(report["sandbox"]["network"]["denied_total"], 4, "{report}");
+    let opts = RunOptions::args(&args("egress", json!({"cases": cases}))).netns(&ns.0);
+    let run = skill.run_with(&config, opts);
+    check(&run, &cases, &[i64::from(libc::EPERM); 4]);
+    assert_eq!(network(&run)["denied_total"], 4, "{}", run.raw);
     drop(ns);
     no_leftovers(&skill, &g);
 }

@@ -23,17 +23,21 @@ pub struct RunOptions {
     /// Environment of the executor (which `env_allow` selects from), on top
     /// of a fixed `PATH`.
     pub env: Vec<(String, String)>,
+    /// A network namespace (a name under `/run/netns`) the executor runs
+    /// in, entered with `nsenter --net`, which keeps the host's `/sys` and
+    /// so its cgroup mounts.
+    pub netns: Option<String>,
 }
 
 impl RunOptions {
     /// The args object serialised as JSON.
     pub fn args(args: &Value) -> Self {
-        Self { args: args.to_string().into_bytes(), env: Vec::new() }
+        Self { args: args.to_string().into_bytes(), env: Vec::new(), netns: None }
     }
 
     /// Raw bytes as args (hostile input).
     pub fn raw(args: &[u8]) -> Self {
-        Self { args: args.to_vec(), env: Vec::new() }
+        Self { args: args.to_vec(), env: Vec::new(), netns: None }
     }
 
     /// Adds an environment variable of the executor.
@@ -41,6 +45,25 @@ impl RunOptions {
     pub fn env(mut self, name: &str, value: &str) -> Self {
         self.env.push((name.to_owned(), value.to_owned()));
         self
+    }
+
+    /// Runs the executor in the network namespace `name`.
+    #[must_use]
+    pub fn netns(mut self, name: &str) -> Self {
+        self.netns = Some(name.to_owned());
+        self
+    }
+}
+
+/// A command starting the executor, in `netns` when one is named.
+pub(crate) fn executor_command(netns: Option<&str>) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{ns}")).arg(executor_bin());
+            c
+        }
+        None => Command::new(executor_bin()),
     }
 }
 
@@ -193,7 +216,7 @@ fn oneshot(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Durat
     std::fs::write(&cfg, config.to_toml()).expect("write executor.toml");
 
     let started = Instant::now();
-    let mut child = Command::new(executor_bin())
+    let mut child = executor_command(opts.netns.as_deref())
         .arg("run")
         .arg("--manifest")
         .arg(manifest)

@@ -74,8 +74,9 @@ impl Served {
     }
 }
 
-/// The served executors, by configuration text and environment.
-type Key = (String, Vec<(String, String)>);
+/// The served executors, by configuration text, environment and network
+/// namespace.
+type Key = (String, Vec<(String, String)>, Option<String>);
 
 struct Registry {
     base: PathBuf,
@@ -137,9 +138,10 @@ pub fn instance_names() -> Vec<String> {
         .collect()
 }
 
-/// The served executor for `config` and `env`, started on first use.
-fn served(config: &Config, env: &[(String, String)]) -> Arc<Served> {
-    let key = (config.to_toml(), env.to_vec());
+/// The served executor for `config`, `env` and `netns`, started on first
+/// use (in that network namespace while it lives: the executor keeps it).
+fn served(config: &Config, env: &[(String, String)], netns: Option<&str>) -> Arc<Served> {
+    let key = (config.to_toml(), env.to_vec(), netns.map(str::to_owned));
     let mut reg = registry().lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(s) = reg.started.get(&key) {
         return Arc::clone(s);
@@ -161,7 +163,7 @@ fn served(config: &Config, env: &[(String, String)]) -> Arc<Served> {
     );
     let cfg = s.dir.join("executor.toml");
     std::fs::write(&cfg, toml).expect("write a served executor's config");
-    let mut command = Command::new(crate::run::executor_bin());
+    let mut command = crate::run::executor_command(netns);
     command
         .arg("serve")
         .arg("--config")
@@ -260,7 +262,7 @@ pub fn run(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Durat
     let args = policy::RawJson::from_slice(&opts.args).unwrap_or_else(|e| {
         panic!("served runs take JSON args ({e}); raw bytes are a one-shot input")
     });
-    let s = served(config, &opts.env);
+    let s = served(config, &opts.env, opts.netns.as_deref());
     let started = Instant::now();
     let (socket, log) = (s.socket(), s.log());
     let mut stream = UnixStream::connect(&socket)

@@ -6,8 +6,9 @@
 //! prints `{"results": [{"errno": N, "ms": F}, ...]}`, errno 0 on success.
 //! Kinds: `tcp`, `udp_sendto`, `udp_connect`, `icmp` (a ping socket,
 //! `addr` an IPv4 address), `inherit` (TCP socket made by the parent,
-//! connected by a forked child), and `fork`, `setsid`, `double_fork`,
-//! `exec` wrapping a `case`.
+//! connected by a forked child), `passed` (TCP socket made by a forked
+//! child, passed to the parent over a Unix socket and connected there),
+//! and `fork`, `setsid`, `double_fork`, `exec` wrapping a `case`.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -201,6 +202,7 @@ fn one(c: &Value) -> i32 {
         ),
         "icmp" => ping(addr),
         "inherit" => inherit(addr),
+        "passed" => passed(addr),
         "fork" => in_child(false, false, &|| one(sub)),
         "setsid" => in_child(true, false, &|| one(sub)),
         "double_fork" => in_child(true, true, &|| one(sub)),
@@ -221,4 +223,57 @@ pub(crate) fn attempt(args: &Value) -> Value {
         })
         .collect();
     json!({"attempt": "egress", "succeeded": true, "errno": null, "results": results})
+}
+
+/// A TCP socket made by a forked child and passed to this process over a
+/// Unix socket (`SCM_RIGHTS`), connected here.
+fn passed(addr: &str) -> i32 {
+    use nix::sys::socket::{
+        recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+        SockFlag, SockType,
+    };
+    use std::os::fd::AsRawFd;
+    let sa = match sockaddr(addr) {
+        Ok(sa) => sa,
+        Err(e) => return e,
+    };
+    let Ok((ours, theirs)) =
+        socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
+    else {
+        return errno();
+    };
+    let family = if sa.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let sent = in_child(false, false, &|| {
+        // SAFETY: plain socket(2) call.
+        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM, 0) };
+        if fd < 0 {
+            return errno();
+        }
+        let iov = [std::io::IoSlice::new(b"s")];
+        let rights = [fd];
+        let cmsg = [ControlMessage::ScmRights(&rights)];
+        sendmsg::<()>(theirs.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
+            .map_or_else(|e| e as i32, |_| 0)
+    });
+    if sent != 0 {
+        return sent;
+    }
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let fd = match recvmsg::<()>(ours.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::empty()) {
+        Ok(msg) => msg.cmsgs().ok().and_then(|mut c| {
+            c.find_map(|m| match m {
+                ControlMessageOwned::ScmRights(fds) => fds.first().copied(),
+                _ => None,
+            })
+        }),
+        Err(e) => return e as i32,
+    };
+    let Some(fd) = fd else { return -1 };
+    // SAFETY: `fd` is the passed socket of `sa`'s family, ours from here.
+    let e = unsafe { raw_connect(fd, sa) };
+    // SAFETY: fd is ours and closed once.
+    unsafe { libc::close(fd) };
+    e
 }
