@@ -5,6 +5,10 @@ fi
 if [ "$1" -ge 1 ]; then
     systemctl try-restart ongrid-executor.service ongrid-skilld.service >/dev/null 2>&1 || :
 else
+    # A one-shot `ongrid-executor run` started by hand leaves its runs
+    # tmpfs mounted under /run/ongrid in the host's mount namespace.
+    awk '$2 ~ "^/run/ongrid/" { print $2 }' /proc/self/mounts | sort -r |
+        while read -r m; do umount -l "$m" 2>/dev/null || :; done
     rm -rf /run/ongrid
     # Directories the payload cannot own (cargo-generate-rpm ships no
     # directory entries), deepest first; operator packs are kept. Every

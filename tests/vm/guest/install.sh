@@ -96,13 +96,17 @@ check_packs_installed() {
     cp -r /usr/share/ongrid/examples/skills/. /etc/ongrid/skills/
     cat >> /etc/ongrid/executor.toml <<'TOML'
 
-# Added by the VM test: the example packs' grants.
+# Added by the VM test: the example packs' grants. Loopback is refused
+# unless named, so each probe's grant names the guest's loopback servers.
 [skills.probe_tcp]
 network = true
+connect = ["127.0.0.1:18080"]
 [skills.probe_http]
 network = true
+connect = ["127.0.0.1:18080"]
 [skills.probe_dns]
 network = true
+connect = ["127.0.0.1:18053"]
 [skills.tail_file]
 fs_read = ["/var/log"]
 TOML

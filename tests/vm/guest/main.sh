@@ -30,6 +30,10 @@ mkdir -p "$work"
 . "$here/service.sh"
 # shellcheck source=tests/vm/guest/lifecycle.sh
 . "$here/lifecycle.sh"
+# shellcheck source=tests/vm/guest/suite.sh
+. "$here/suite.sh"
+# shellcheck source=tests/vm/guest/rpm.sh
+. "$here/rpm.sh"
 
 log "== ongrid-vm guest: $distro, kernel $(uname -r), systemd $(systemctl --version | sed -n '1s/^systemd \([0-9]*\).*/\1/p')"
 # The checks start once the boot is done (this unit is Type=simple, so it
@@ -57,6 +61,9 @@ done
 check sandbox-cgroup-v2 check_sandbox_cgroup_v2
 check sandbox-landlock-degraded check_landlock_degraded
 check ungranted-network-rejected check_ungranted_network
+check egress-refused check_egress_refused
+check sandbox-suite-oneshot check_sandbox_suite oneshot
+check sandbox-suite-served check_sandbox_suite serve
 check fork-bomb-stopped check_fork_bomb
 check memory-hog-stopped check_memory_hog
 check disk-filler-stopped check_disk_filler
@@ -67,4 +74,6 @@ check journal-priorities check_journal_priorities
 check no-failed-units check_no_failed_units
 check upgrade-keeps-edits-and-audit check_upgrade
 check purge check_purge
+check rpm-install check_rpm_install
+check rpm-erase check_rpm_erase
 finish

@@ -150,6 +150,30 @@ check_ungranted_network() {
     json "$work/netask.json" '"network" in r["error"]' >/dev/null || why "error does not name network: $(json "$work/netask.json" 'r["error"]')"
 }
 
+# The egress allowlist under the real unit: probe_tcp's grant names
+# 127.0.0.1:18080 only, so a connect to 18081 is refused in the kernel at
+# once, and the report and the audit row count it.
+check_egress_refused() {
+    start_listeners
+    api_run probe_tcp '{"host":"127.0.0.1","port":18081}' "$work/egress-refused.json"
+    cat "$work/egress-refused.json"; echo
+    local net
+    net=$(json "$work/egress-refused.json" 'r["sandbox"]["network"]')
+    info egress "$net"
+    json "$work/egress-refused.json" 'r["result"]["reachable"] is False' >/dev/null ||
+        { why "probe_tcp to an ungranted port: $(head -c 400 "$work/egress-refused.json")"; return 1; }
+    json "$work/egress-refused.json" \
+        'any(d["destination"] == "127.0.0.1:18081" and d["protocol"] == "tcp" for d in r["sandbox"]["network"]["denied"])' \
+        >/dev/null || why "denied does not list 127.0.0.1:18081: $net"
+    json "$work/egress-refused.json" 'r["sandbox"]["network"]["enforced"] == ["127.0.0.1:18080"]' >/dev/null ||
+        why "enforced is not the grant's list: $net"
+    curl -sS --max-time 30 --unix-socket "$SKILLD_SOCK" \
+        'http://localhost/v1/audit?skill=probe_tcp&limit=1' > "$work/egress-audit.json"
+    json "$work/egress-audit.json" 'r["items"][0]["network_denied"] >= 1' >/dev/null ||
+        why "the audit row keeps no refusal count: $(head -c 300 "$work/egress-audit.json")"
+    [ ! -s "$work/why" ]
+}
+
 # The hostile packs (and a sleeper used by the lifecycle checks).
 install_test_packs() {
     [ -d /etc/ongrid/skills/sleeper ] && return 0
