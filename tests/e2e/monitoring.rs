@@ -229,6 +229,14 @@ fn put_load(s: &Arc<Stack>) -> usize {
     assert_eq!(rows["items"][0]["network_denied"].as_u64(), denied, "{rows}");
     let rows = s.get("/v1/audit?skill=echo&limit=1").json();
     assert!(rows["items"][0]["network_denied"].is_null(), "{rows}");
+    // And the executor's counter, which the egress panel reads.
+    let text = s.scrape();
+    let counted = text
+        .lines()
+        .find(|l| l.starts_with("ongrid_network_denied_total{skill=\"refused\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<u64>().ok());
+    assert_eq!(counted, denied, "ongrid_network_denied_total of refused:\n{text}");
     let busy_requests = busy_answer(s);
     let clients: Vec<_> = (0..8)
         .map(|c| {
