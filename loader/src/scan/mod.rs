@@ -356,6 +356,13 @@ impl Session<'_> {
             events.push(ScanEvent::Duplicate { name, manifest: path, first: first.clone() });
             return;
         }
+        // An MCP server pack is not run with args on stdin: the executor
+        // owns its server and lists its tools.
+        if manifest.mcp().is_some() {
+            events.push(ScanEvent::McpPack { name: name.clone(), manifest: path.clone() });
+            self.first_seen.insert(name, path);
+            return;
+        }
         let ignored = manifest.ignored_fields().to_vec();
         let clamped = manifest.timeout_clamped_from().map(|r| (r, manifest.timeout().as_secs()));
         let scope = EntryScope { root, all_roots: &self.all_roots };
@@ -454,6 +461,24 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    #[test]
+    fn an_mcp_pack_is_not_registered_as_a_one_shot_skill_but_keeps_its_name() {
+        let (_tmp, base) = base();
+        exe(&base.join("m/server"));
+        let json = r#"{"kind":"mcp","name":"srv","description":"d","entry":"server"}"#;
+        fs::write(base.join("m").join(MANIFEST_FILE_NAME), json).unwrap();
+        // A one-shot skill of the same name further on is a duplicate.
+        exe(&base.join("z/run"));
+        manifest(&base.join("z"), "srv", "run");
+        let report = Scanner::default().scan(&[&base]);
+        assert_eq!(report.registered(), 0);
+        assert!(
+            matches!(&report.events[0], ScanEvent::McpPack { name, .. } if name.as_str() == "srv")
+        );
+        assert!(!report.events[0].is_skip());
+        assert!(matches!(&report.events[1], ScanEvent::Duplicate { .. }), "{:?}", report.events);
     }
 
     #[test]
