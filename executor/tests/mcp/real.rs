@@ -1,0 +1,1 @@
+//! Real MCP servers from the package registries (filled below).
