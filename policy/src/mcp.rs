@@ -90,6 +90,18 @@ pub fn check_tool_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The skill name the tool `tool` of the pack `pack` is registered as:
+/// `<pack>_<tool>`, lowercased, `-` mapped to `_` (skill names are
+/// `[a-z0-9_]`, which LLM tool APIs accept; they refuse the dot of
+/// `pack.tool`).
+///
+/// # Errors
+///
+/// The result is not a valid [`crate::SkillName`] (too long).
+pub fn tool_skill_name(pack: &str, tool: &str) -> Result<crate::SkillName, crate::name::NameError> {
+    crate::SkillName::new(&format!("{pack}_{tool}").to_ascii_lowercase().replace('-', "_"))
+}
+
 /// A field error: the field path and what is wrong.
 pub type FieldError = (String, String);
 

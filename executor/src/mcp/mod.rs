@@ -56,6 +56,19 @@ impl Servers {
         self.get(manifest).lock().await.tools(engine).await
     }
 
+    /// The tools of the pack at `manifest` as the wire lists them.
+    ///
+    /// # Errors
+    ///
+    /// The report of the failed start (never carries a secret).
+    pub async fn tool_infos(
+        &self,
+        engine: &Engine,
+        manifest: &Path,
+    ) -> Result<Vec<policy::wire::McpToolInfo>, Box<RunReport>> {
+        self.get(manifest).lock().await.tool_infos(engine).await
+    }
+
     /// Calls `tool` of the pack at `manifest` with `args`.
     pub async fn call(
         &self,

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use policy::report::SandboxReport;
+use policy::wire::McpToolInfo;
 use policy::{LimitKind, Outcome, RawJson, RunReport};
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
@@ -109,6 +110,30 @@ impl Server {
         Ok(self.running.as_ref().map(|r| r.tools.clone()).unwrap_or_default())
     }
 
+    /// The tools it listed as the wire's `mcp_tools` answers them: with the
+    /// skill each is registered as and its class.
+    ///
+    /// # Errors
+    ///
+    /// The report of the failed start.
+    pub async fn tool_infos(&mut self, engine: &Engine) -> Result<Vec<McpToolInfo>, Refused> {
+        let tools = self.tools(engine).await?;
+        let Some(run) = self.running.as_ref() else { return Ok(Vec::new()) };
+        let manifest = &run.plan.manifest;
+        let pack = manifest.name().as_str();
+        let Some(spec) = manifest.mcp() else { return Ok(Vec::new()) };
+        Ok(tools
+            .into_iter()
+            .map(|t| McpToolInfo {
+                skill: skill_name(pack, &t.name),
+                class: spec.class_of(&t.name, manifest.class()),
+                name: t.name,
+                description: t.description,
+                input_schema: t.input_schema,
+            })
+            .collect())
+    }
+
     /// Calls `tool` with `args` (a JSON object): the report's result is the
     /// tool's result (`content`, `isError`, `structuredContent`) and its
     /// `sandbox` the box the server runs in.
@@ -122,12 +147,12 @@ impl Server {
 
     async fn call_inner(&mut self, engine: &Engine, tool: &str, args: Value) -> RunReport {
         if let Err(r) = self.ensure(engine).await {
-            return RunReport { skill: format!("{}.{tool}", r.skill), ..*r };
+            return RunReport { skill: skill_name(&r.skill, tool), ..*r };
         }
         let Some(run) = self.running.as_mut() else {
             return RunReport::not_run(tool, Outcome::SpawnFailed, "the server is not running");
         };
-        let skill = format!("{}.{tool}", run.plan.manifest.name());
+        let skill = skill_name(run.plan.manifest.name().as_str(), tool);
         let sandbox = Some(run.prep.report.clone());
         if !run.tools.iter().any(|t| t.name == tool) {
             let why = format!("the server did not list a tool named {tool:?}");
@@ -237,6 +262,14 @@ impl Server {
             end(engine, run, STOP_GRACE).await;
         }
     }
+}
+
+/// The skill `tool` of `pack` is registered as (`pack_tool`; as written
+/// when that is not a valid skill name, which the loader then never
+/// registers).
+fn skill_name(pack: &str, tool: &str) -> String {
+    policy::mcp::tool_skill_name(pack, tool)
+        .map_or_else(|_| format!("{pack}_{tool}"), |n| n.to_string())
 }
 
 /// The report of a call whose server was cut off.

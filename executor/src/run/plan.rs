@@ -218,10 +218,16 @@ pub fn parse_manifest(
             let skill = SkillMd::from_slice(bytes, opts).map_err(skill_md_err)?;
             Ok(skill.tool(tool).map_err(skill_md_err)?.manifest().clone())
         }
-        (false, Some(_)) => Err(PlanError::Tool {
-            path: path.to_owned(),
-            reason: "a tool is only meaningful for a SKILL.md",
-        }),
+        // A tool of an MCP server pack: the pack's manifest (its server
+        // checks the tool's name against what it listed).
+        (false, Some(_)) => match Manifest::from_slice(bytes, opts) {
+            Ok(m) if m.mcp().is_some() => Ok(m),
+            Ok(_) => Err(PlanError::Tool {
+                path: path.to_owned(),
+                reason: "a tool is only meaningful for a SKILL.md or an MCP server pack",
+            }),
+            Err(source) => Err(PlanError::Manifest { path: path.to_owned(), source }),
+        },
         (true, None) => {
             Err(PlanError::Tool { path: path.to_owned(), reason: "a SKILL.md needs a tool" })
         }

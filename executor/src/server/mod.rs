@@ -93,6 +93,8 @@ pub use socket::bind;
 
 /// Margin added to the longest run before a drain kills what is left.
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);
+/// How often MCP servers are checked for their idle stop.
+const MCP_IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// Serves the executor wire on `listener` until `shutdown` completes and
 /// the runs in flight have ended (see the module docs).
@@ -117,6 +119,7 @@ pub async fn run(
         slots: Arc::new(Semaphore::new(config.max_concurrent_runs)),
         stopping: CancellationToken::new(),
         kill: CancellationToken::new(),
+        servers: crate::mcp::Servers::default(),
         engine,
         metrics,
     });
@@ -155,8 +158,16 @@ pub async fn run(
             });
         },
     );
+    // MCP servers idle past their pack's `idle_seconds` are stopped.
+    let idle = async {
+        loop {
+            tokio::time::sleep(MCP_IDLE_CHECK).await;
+            shared.servers.stop_idle(&shared.engine).await;
+        }
+    };
     tokio::select! {
         () = accepting => {}
+        () = idle => {}
         _ = shutdown => {}
     }
     // Stop accepting: the socket refuses new connections from here on.
@@ -176,5 +187,7 @@ pub async fn run(
         shared.kill.cancel();
         tracker.wait().await;
     }
+    // No call is in flight any more: the MCP servers go too.
+    shared.servers.stop_all(&shared.engine).await;
     tracing::info!("executor: stopped");
 }
