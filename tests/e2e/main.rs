@@ -36,6 +36,7 @@ mod faults;
 mod load;
 mod malformed;
 mod mcp;
+mod mcp_packs;
 mod monitoring;
 mod openapi;
 mod packs;

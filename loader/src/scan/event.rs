@@ -143,6 +143,16 @@ pub enum ScanEvent {
         /// The manifest.
         manifest: PathBuf,
     },
+    /// An MCP server pack whose tools could not be listed, or one tool of
+    /// it that could not be registered: left out.
+    McpTools {
+        /// The pack's name.
+        name: SkillName,
+        /// The manifest.
+        manifest: PathBuf,
+        /// Why (never a secret: the executor's answer names no value).
+        reason: String,
+    },
     /// A SKILL.md without tools (instructions only): nothing to run.
     NoTools {
         /// The skill's name as the SKILL.md writes it.
@@ -192,7 +202,7 @@ impl ScanEvent {
     /// A short stable name of the event's kind, used as a metric label:
     /// `registered`, `duplicate`, `parse`, `build`, `not_regular`,
     /// `symlinked_dir`, `root`, `root_repeated`, `walk`, `ignored_fields`,
-    /// `timeout_clamped`, `requirement`, `no_tools`, `mcp_pack`.
+    /// `timeout_clamped`, `requirement`, `no_tools`, `mcp_pack`, `mcp_tools`.
     pub fn kind(&self) -> &'static str {
         match self {
             ScanEvent::Registered { .. } => "registered",
@@ -209,6 +219,7 @@ impl ScanEvent {
             ScanEvent::RequirementNotMet { .. } => "requirement",
             ScanEvent::NoTools { .. } => "no_tools",
             ScanEvent::McpPack { .. } => "mcp_pack",
+            ScanEvent::McpTools { .. } => "mcp_tools",
         }
     }
 
@@ -223,7 +234,8 @@ impl ScanEvent {
             | ScanEvent::TimeoutClamped { manifest, .. }
             | ScanEvent::RequirementNotMet { manifest, .. }
             | ScanEvent::NoTools { manifest, .. }
-            | ScanEvent::McpPack { manifest, .. } => manifest,
+            | ScanEvent::McpPack { manifest, .. }
+            | ScanEvent::McpTools { manifest, .. } => manifest,
             ScanEvent::NotRegular { path, .. }
             | ScanEvent::SymlinkedDir { path }
             | ScanEvent::Walk { path, .. } => path,
@@ -263,6 +275,7 @@ impl ScanEvent {
             ScanEvent::McpPack { name, .. } => {
                 format!("pack \"{name}\": an MCP server, not registered as a one-shot skill")
             }
+            ScanEvent::McpTools { name, reason, .. } => format!("pack \"{name}\": {reason}"),
         }
     }
 }
@@ -330,6 +343,9 @@ impl fmt::Display for ScanEvent {
                 "pack \"{name}\" from {}: an MCP server, not registered as a one-shot skill",
                 manifest.display()
             ),
+            ScanEvent::McpTools { name, manifest, reason } => {
+                write!(f, "pack \"{name}\" from {}: {reason}", manifest.display())
+            }
         }
     }
 }

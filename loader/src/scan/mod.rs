@@ -27,6 +27,7 @@ pub mod build;
 pub mod entry;
 pub mod event;
 pub mod manifest_file;
+pub mod mcp;
 pub mod requirements;
 pub mod roots;
 pub mod skill;
@@ -96,6 +97,10 @@ pub struct ScanReport {
     pub events: Vec<ScanEvent>,
     /// The requirement checks of every valid SKILL.md, in scan order.
     pub requirements: Vec<RequirementReport>,
+    /// The MCP server packs found (checked as a skill's entry and path
+    /// are): not skills themselves; the daemon asks the executor for their
+    /// tools ([`mcp::add_tools`]).
+    pub mcp_packs: Vec<RegisteredSkill>,
 }
 
 impl ScanReport {
@@ -356,13 +361,6 @@ impl Session<'_> {
             events.push(ScanEvent::Duplicate { name, manifest: path, first: first.clone() });
             return;
         }
-        // An MCP server pack is not run with args on stdin: the executor
-        // owns its server and lists its tools.
-        if manifest.mcp().is_some() {
-            events.push(ScanEvent::McpPack { name: name.clone(), manifest: path.clone() });
-            self.first_seen.insert(name, path);
-            return;
-        }
         let ignored = manifest.ignored_fields().to_vec();
         let clamped = manifest.timeout_clamped_from().map(|r| (r, manifest.timeout().as_secs()));
         let scope = EntryScope { root, all_roots: &self.all_roots };
@@ -373,6 +371,14 @@ impl Session<'_> {
                 return;
             }
         };
+        // An MCP server pack is not run with args on stdin: the executor
+        // owns its server and lists its tools.
+        if skill.manifest().mcp().is_some() {
+            events.push(ScanEvent::McpPack { name: name.clone(), manifest: path.clone() });
+            self.first_seen.insert(name, path);
+            self.report.mcp_packs.push(skill);
+            return;
+        }
         events.push(ScanEvent::Registered { name: name.clone(), manifest: path.clone() });
         if !ignored.is_empty() {
             events.push(ScanEvent::IgnoredFields {
