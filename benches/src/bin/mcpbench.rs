@@ -1,17 +1,18 @@
-//! `mcpbench`: a warm MCP tool call through the executor (the server boxed
-//! and spoken to by `executor::mcp`) against the same server called
-//! directly over its stdio, unboxed. The server is the executor tests'
-//! small Python server (`executor/tests/mcp/fake_server.py`), its `echo`
-//! tool.
+//! `mcpbench`: a warm MCP tool call three ways: the server called directly
+//! over its stdio, unboxed; through the executor's library (the server
+//! boxed and spoken to by `executor::mcp`); and through both daemons
+//! (`POST /v1/skills/bench_echo/execute` to `ongrid-skilld`, which asks
+//! `ongrid-executor serve`, audit on, as `loadbench` starts them). The
+//! server is the executor tests' small Python server
+//! (`executor/tests/mcp/fake_server.py`), its `echo` tool.
 //!
 //! ```sh
-//! cargo build --release -p ongrid-benches
+//! cargo build --release --workspace --bins
 //! sudo target/release/mcpbench            # default: --calls 500
 //! ```
 //!
 //! As root the server runs as the executor's `run_as` user (which must
-//! exist); as another user it runs as that user. Not measured here: the
-//! hop through `ongrid-skilld`, whose API does not route MCP tools yet.
+//! exist); as another user it runs as that user.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -23,6 +24,18 @@ use executor::mcp::Servers;
 use executor::{Config, Engine};
 use ongrid_benches::{pct, sorted};
 use serde_json::json;
+
+// `loadbench`'s daemon pair and HTTP client, shared as they are; mcpbench
+// uses part of them.
+#[allow(dead_code)]
+#[path = "loadbench/http.rs"]
+mod http;
+#[allow(dead_code)]
+#[path = "loadbench/scrape.rs"]
+mod scrape;
+#[allow(dead_code)]
+#[path = "loadbench/stack.rs"]
+mod stack;
 
 const SERVER: &str = include_str!("../../../executor/tests/mcp/fake_server.py");
 
@@ -110,16 +123,49 @@ fn boxed(manifest: &Path, calls: usize) -> Vec<f64> {
     })
 }
 
+/// The same calls through both daemons, started on sockets under `base`
+/// with `root` as their allow-list root; `expected`: the tools to wait for.
+fn daemons(root: &Path, base: &Path, calls: usize, expected: usize) -> Vec<f64> {
+    let exe = std::env::current_exe().expect("own path");
+    let bin_dir = exe.parent().expect("bin dir");
+    let audit = base.join("audit");
+    let roots = [root.to_owned()];
+    let stack = stack::Stack::start("daemon-mcp", bin_dir, base, &roots, &audit, expected);
+    let mut client = http::Http::connect(&stack.socket);
+    let path = "/v1/skills/bench_echo/execute";
+    let (status, body) = client.post(path, br#"{"args":{"warm":true}}"#);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let mut ms = Vec::with_capacity(calls);
+    for i in 0..calls {
+        let body = format!(r#"{{"args":{{"i":{i}}}}}"#);
+        let t = Instant::now();
+        let (status, _) = client.post(path, body.as_bytes());
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(status, 200);
+    }
+    ms
+}
+
 fn main() {
     let calls = calls_opt();
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let entry = dir.path().join("server.py");
+    let top = tempfile::tempdir().expect("tempdir");
+    let root = top.path().join("skills");
+    let dir = root.join("bench");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    for d in [top.path(), &root, &dir] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let entry = dir.join("server.py");
     std::fs::write(&entry, SERVER).expect("write");
     std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let manifest = dir.path().join("skill.json");
+    let manifest = dir.join("skill.json");
     let text = json!({"kind": "mcp", "name": "bench", "description": "b", "entry": "server.py"});
     std::fs::write(&manifest, text.to_string()).expect("write");
     report("direct", &direct(&entry, calls));
     report("executor", &boxed(&manifest, calls));
+    let tools = SERVER
+        .lines()
+        .find(|l| l.starts_with("TOOLS = "))
+        .map_or(0, |l| l.matches('"').count() / 2);
+    report("daemons", &daemons(&root, &top.path().join("stack"), calls, tools));
 }

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 # A small MCP server over stdio for the executor's tests: well-behaved for
 # echo and secret_is, hostile on demand (garbage, flood, stall, die, fork).
-import json, os, sys, time, hashlib
+import json, os, socket, sys, time, hashlib
 
-TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid"]
+TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect"]
 
 
 def send(msg):
@@ -41,6 +41,12 @@ def call(name, args):
                 time.sleep(3600)
                 os._exit(0)
         time.sleep(3600)
+    if name == "connect":
+        try:
+            with socket.create_connection((args["host"], args["port"]), timeout=2):
+                return text("connected")
+        except OSError as e:
+            return text("refused: %s" % e.strerror, True)
     if name == "pid":
         return text(str(os.getpid()))
     return text("unknown", True)

@@ -195,3 +195,36 @@ fn an_idle_server_is_stopped_and_started_again_on_the_next_call() {
         servers.stop_all(&engine).await;
     });
 }
+
+#[test]
+fn a_server_reaches_only_the_loopback_targets_its_egress_grant_names() {
+    if !is_root() {
+        println!("SKIP: not root: the egress allowlist needs root");
+        return;
+    }
+    let granted = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (gp, op) = (granted.local_addr().unwrap().port(), other.local_addr().unwrap().port());
+    let grant = policy::SkillGrant {
+        network: true,
+        connect: vec![format!("127.0.0.1:{gp}").parse().unwrap()],
+        ..policy::SkillGrant::default()
+    };
+    let mut config = Config::default();
+    config.skills.insert("fake".to_owned(), grant);
+    let Some(engine) = engine(config) else { return };
+    let (_d, m) = pack(r#","sandbox":{"network":true}"#);
+    let servers = Servers::default();
+    rt().block_on(async {
+        let r =
+            servers.call(&engine, &m, "connect", json!({"host": "127.0.0.1", "port": gp})).await;
+        assert_eq!(text_of(&r), "connected", "{r:?}");
+        let network = &r.sandbox.as_ref().unwrap().network;
+        assert!(network.enabled, "{network:?}");
+        let r =
+            servers.call(&engine, &m, "connect", json!({"host": "127.0.0.1", "port": op})).await;
+        assert!(text_of(&r).starts_with("refused"), "{r:?}");
+        assert_eq!(r.result.as_ref().unwrap().to_value()["isError"], json!(true));
+        servers.stop_all(&engine).await;
+    });
+}

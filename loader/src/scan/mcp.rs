@@ -107,3 +107,73 @@ pub fn add_tools(
         report.skills.push(skill);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use policy::SkillClass;
+
+    use super::*;
+
+    fn report_with_pack() -> ScanReport {
+        let m = Manifest::from_slice(
+            br#"{"kind":"mcp","name":"srv","description":"d","entry":"server","category":"ops","timeout_seconds":7}"#,
+            &ValidateOptions::default(),
+        )
+        .unwrap();
+        let pack = RegisteredSkill::new(
+            m,
+            PathBuf::from("/s/srv/server"),
+            PathBuf::from("/s/srv/skill.json"),
+            PathBuf::from("/s"),
+        );
+        let mut report = ScanReport::default();
+        report.mcp_packs.push(pack);
+        report
+    }
+
+    fn tool(name: &str, schema: Value) -> McpToolInfo {
+        McpToolInfo {
+            name: name.to_owned(),
+            skill: String::new(),
+            description: String::new(),
+            input_schema: schema,
+            class: SkillClass::Mutating,
+        }
+    }
+
+    #[test]
+    fn listed_tools_become_skills_and_bad_ones_are_left_out_with_a_line() {
+        let mut report = report_with_pack();
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+        let tools = vec![
+            tool("get-Time", schema),
+            tool("bad", json!({"type": "string"})),
+            tool("get_time", json!({})),
+            tool(&"x".repeat(64), json!({})),
+        ];
+        add_tools(&mut report, 0, Ok(tools), &ValidateOptions::default());
+        assert_eq!(report.registered(), 1, "{:?}", report.events);
+        let s = report.get("srv_get_time").expect("registered");
+        assert_eq!((s.tool(), s.source()), (Some("get-Time"), "mcp"));
+        let m = s.manifest();
+        assert_eq!(m.class(), SkillClass::Mutating);
+        assert_eq!((m.category(), m.timeout().as_secs()), ("ops", 7));
+        assert!(m.description().contains("get-Time"), "a description is made up");
+        assert_eq!(s.manifest_path(), PathBuf::from("/s/srv/skill.json"));
+        let kinds: Vec<&str> = report.events.iter().map(ScanEvent::kind).collect();
+        assert_eq!(kinds, ["registered", "mcp_tools", "duplicate", "mcp_tools"]);
+    }
+
+    #[test]
+    fn a_pack_whose_tools_cannot_be_listed_registers_nothing_and_says_why() {
+        let mut report = report_with_pack();
+        let why = "pack \"srv\": required variable TOKEN is not set".to_owned();
+        add_tools(&mut report, 0, Err(why), &ValidateOptions::default());
+        assert_eq!(report.registered(), 0);
+        let line = report.events[0].to_string();
+        assert!(line.contains("tools not listed") && line.contains("TOKEN is not set"), "{line}");
+        assert!(report.events[0].is_skip());
+    }
+}
