@@ -439,7 +439,12 @@ async fn end_tree(
     match prep.cgroup.as_ref() {
         Some(cg) => {
             cg.kill();
-            cg.wait_empty(Duration::from_secs(2));
+            // Polled here, not slept on in `wait_empty`: this is a runtime
+            // thread other connections share.
+            let until = Instant::now() + Duration::from_secs(2);
+            while !cg.wait_empty(Duration::ZERO) && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
         None => {
             let _ = nix::sys::signal::killpg(

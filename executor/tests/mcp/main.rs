@@ -228,3 +228,27 @@ fn a_server_reaches_only_the_loopback_targets_its_egress_grant_names() {
         servers.stop_all(&engine).await;
     });
 }
+
+#[test]
+fn a_server_killed_mid_call_answers_signaled_and_the_next_call_succeeds() {
+    let Some(engine) = engine(Config::default()) else { return };
+    let (_d, m) = pack("");
+    let servers = Servers::default();
+    rt().block_on(async {
+        let first = servers.call(&engine, &m, "pid", json!({})).await;
+        let pid: i32 = text_of(&first).parse().expect("the server's pid");
+        let killer = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL)
+                .unwrap();
+        };
+        let (r, ()) = tokio::join!(servers.call(&engine, &m, "stall", json!({})), killer);
+        assert_eq!(r.outcome, Outcome::Signaled, "{r:?}");
+        assert_eq!(r.signal, Some(9), "{r:?}");
+        assert!(r.error.as_deref().unwrap_or("").contains("closed its output"), "{r:?}");
+        let next = servers.call(&engine, &m, "pid", json!({})).await;
+        assert_eq!(next.outcome, Outcome::Ok, "{next:?}");
+        assert_ne!(text_of(&next), text_of(&first));
+        servers.stop_all(&engine).await;
+    });
+}
