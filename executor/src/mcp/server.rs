@@ -165,26 +165,31 @@ impl Server {
         let timeout = run.plan.manifest.timeout();
         let params = json!({"name": tool, "arguments": args});
         let answer = run.conn.request("tools/call", params, timeout).await;
-        let answer = match answer {
-            Ok(result) if run.conn.list_changed => {
-                // Refreshed before the next call; a failure here cuts it off.
-                if let Ok(tools) = run.conn.list_tools(timeout).await {
-                    run.tools = tools;
-                }
-                Ok(result)
+        // A tool's result is an object (`content`, `isError`, ...).
+        let answer = answer.and_then(|r| match r {
+            Value::Object(o) => Ok(o),
+            _ => Err(ConnError::Malformed { method: "tools/call", reason: "not an object".into() }),
+        });
+        // The server said its tools changed: listed again before the next
+        // call; a listing that breaks the connection cuts it off after this
+        // call's answer.
+        let mut broken = false;
+        if answer.is_ok() && run.conn.list_changed {
+            match run.conn.list_tools(timeout).await {
+                Ok(tools) => run.tools = tools,
+                Err(e) => broken = !e.keeps_connection(),
             }
-            other => other,
-        };
+        }
         match answer {
-            Ok(result) => {
+            Ok(mut result) => {
+                if broken {
+                    self.cut_off(engine).await;
+                }
                 let mut r = RunReport::not_run(skill, Outcome::Ok, "");
                 r.error = None;
                 let is_error = result.get("isError").and_then(Value::as_bool).unwrap_or(false);
-                let mut result = result;
-                if let Some(o) = result.as_object_mut() {
-                    o.insert("isError".to_owned(), Value::Bool(is_error));
-                }
-                r.result = Some(RawJson::from_value(&result));
+                result.insert("isError".to_owned(), Value::Bool(is_error));
+                r.result = Some(RawJson::from_value(&Value::Object(result)));
                 r.sandbox = sandbox;
                 r
             }

@@ -3,7 +3,7 @@
 # echo and secret_is, hostile on demand (garbage, flood, stall, die, fork).
 import json, os, socket, sys, time, hashlib
 
-TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect"]
+TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect", "grow", "scalar"]
 
 
 def send(msg):
@@ -47,6 +47,13 @@ def call(name, args):
                 return text("connected")
         except OSError as e:
             return text("refused: %s" % e.strerror, True)
+    if name == "grow":
+        # A new tool, announced before the answer.
+        TOOLS.append("extra")
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        return text("grown")
+    if name == "extra":
+        return text("extra")
     if name == "pid":
         return text(str(os.getpid()))
     return text("unknown", True)
@@ -66,6 +73,9 @@ for line in sys.stdin:
     elif method == "tools/call":
         p = msg["params"]
         send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}})
+        if p["name"] == "scalar":
+            send({"jsonrpc": "2.0", "id": mid, "result": 5})
+            continue
         send({"jsonrpc": "2.0", "id": mid, "result": call(p["name"], p.get("arguments") or {})})
     elif mid is not None:
         send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "no"}})

@@ -252,3 +252,26 @@ fn a_server_killed_mid_call_answers_signaled_and_the_next_call_succeeds() {
         servers.stop_all(&engine).await;
     });
 }
+
+#[test]
+fn a_tools_list_changed_notification_refreshes_the_list_and_a_malformed_result_cuts_off() {
+    let Some(engine) = engine(Config::default()) else { return };
+    let (_d, m) = pack("");
+    let servers = Servers::default();
+    rt().block_on(async {
+        let r = servers.call(&engine, &m, "extra", json!({})).await;
+        assert_eq!(r.outcome, Outcome::Rejected, "not listed yet: {r:?}");
+        let r = servers.call(&engine, &m, "grow", json!({})).await;
+        assert_eq!(text_of(&r), "grown", "{r:?}");
+        let tools = servers.tools(&engine, &m).await.unwrap();
+        assert!(tools.iter().any(|t| t.name == "extra"), "{tools:?}");
+        let r = servers.call(&engine, &m, "extra", json!({})).await;
+        assert_eq!(text_of(&r), "extra", "{r:?}");
+
+        let r = servers.call(&engine, &m, "scalar", json!({})).await;
+        assert_eq!(r.outcome, Outcome::InvalidResult, "{r:?}");
+        assert!(r.error.as_deref().unwrap_or("").contains("cut off"), "{r:?}");
+        assert_eq!(servers.get(&m).lock().await.pid(), None, "cut off");
+        servers.stop_all(&engine).await;
+    });
+}
