@@ -177,9 +177,12 @@ async fn mcp_tools(ctx: ConnCtx, id: Value, params: McpToolsParams) {
     ctx.send(wire::encode_result(&id, &result));
 }
 
-/// `execute` of a tool of an MCP server pack: after a held call's start,
-/// the call goes to the pack's server ([`crate::mcp`]), which takes no run
-/// slot (it runs already, its calls take turns); reported as a run.
+/// `execute` of a tool of an MCP server pack: admitted as a run is (or
+/// `busy`), then, after a held call's start, the call goes to the pack's
+/// server ([`crate::mcp`]), which takes no run slot (it runs already, its
+/// calls take turns); reported as a run. Closing the connection does not
+/// cancel a call in flight (the server is mid-request): it ends within the
+/// pack's `timeout_seconds`.
 async fn call_tool(
     ctx: &ConnCtx,
     id: &Value,
@@ -196,6 +199,14 @@ async fn call_tool(
             return refuse(ctx, id, skill, &report);
         }
     };
+    let Ok(admitted) = shared.admission.clone().try_acquire_owned() else {
+        let config = shared.engine.config();
+        let why = format!(
+            "the executor is at its cap ({} runs, {} queued)",
+            config.max_concurrent_runs, config.max_queued_runs
+        );
+        return busy(ctx, id, skill, &why);
+    };
     let gave_up = AtomicBool::new(false);
     if !start_signal(ctx, start, &gave_up).await {
         if ctx.token.is_cancelled() {
@@ -209,6 +220,7 @@ async fn call_tool(
     let tool = params.tool.as_deref().unwrap_or_default();
     let report = shared.servers.call(&shared.engine, &checked.path, tool, args).await;
     drop(in_flight);
+    drop(admitted);
     shared.metrics.record_run(skill, &report, started.elapsed());
     log_outcome(ctx, skill, &report, "");
     ctx.send(wire::encode_report(id, &report));
