@@ -32,6 +32,10 @@ pub use server::Server;
 #[derive(Debug, Default)]
 pub struct Servers {
     by_manifest: std::sync::Mutex<HashMap<PathBuf, Arc<Mutex<Server>>>>,
+    /// Told after each use of a server (which may have started it or moved
+    /// its idle deadline): what [`Servers::watch_idle`] waits on when no
+    /// deadline is nearer.
+    used: tokio::sync::Notify,
 }
 
 impl Servers {
@@ -53,7 +57,9 @@ impl Servers {
         engine: &Engine,
         manifest: &Path,
     ) -> Result<Vec<Tool>, Box<RunReport>> {
-        self.get(manifest).lock().await.tools(engine).await
+        let tools = self.get(manifest).lock().await.tools(engine).await;
+        self.used.notify_one();
+        tools
     }
 
     /// The tools of the pack at `manifest` as the wire lists them.
@@ -66,7 +72,9 @@ impl Servers {
         engine: &Engine,
         manifest: &Path,
     ) -> Result<Vec<policy::wire::McpToolInfo>, Box<RunReport>> {
-        self.get(manifest).lock().await.tool_infos(engine).await
+        let tools = self.get(manifest).lock().await.tool_infos(engine).await;
+        self.used.notify_one();
+        tools
     }
 
     /// Calls `tool` of the pack at `manifest` with `args`.
@@ -77,7 +85,9 @@ impl Servers {
         tool: &str,
         args: Value,
     ) -> RunReport {
-        self.get(manifest).lock().await.call(engine, tool, args).await
+        let report = self.get(manifest).lock().await.call(engine, tool, args).await;
+        self.used.notify_one();
+        report
     }
 
     fn all(&self) -> Vec<Arc<Mutex<Server>>> {
@@ -86,7 +96,7 @@ impl Servers {
     }
 
     /// Stops the servers idle past their pack's `idle_seconds`; returns how
-    /// many it stopped. Called on a timer by the server loop.
+    /// many it stopped ([`Servers::watch_idle`] calls it as deadlines pass).
     pub async fn stop_idle(&self, engine: &Engine) -> usize {
         let mut stopped = 0;
         for s in self.all() {
@@ -96,6 +106,30 @@ impl Servers {
             }
         }
         stopped
+    }
+
+    /// The nearest idle deadline of a running server not in a call (one in
+    /// a call notifies `used` when it is done).
+    fn next_idle_deadline(&self) -> Option<std::time::Instant> {
+        self.all().iter().filter_map(|s| s.try_lock().ok()?.idle_deadline()).min()
+    }
+
+    /// Stops idle servers as their deadlines pass, for ever: asleep until
+    /// the nearest deadline or the next use of a server, so an executor
+    /// without running servers is not woken.
+    pub async fn watch_idle(&self, engine: &Engine) {
+        loop {
+            match self.next_idle_deadline() {
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at.into()) => {}
+                        () = self.used.notified() => {}
+                    }
+                }
+                None => self.used.notified().await,
+            }
+            self.stop_idle(engine).await;
+        }
     }
 
     /// Stops every server (drain): stdin closed and SIGTERM, then killed.

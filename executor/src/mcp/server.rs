@@ -246,6 +246,13 @@ impl Server {
         Some(end(engine, run, Duration::ZERO).await)
     }
 
+    /// When it is to stop for idleness: its last use plus its pack's
+    /// `idle_seconds`; `None` while it is not running.
+    pub fn idle_deadline(&self) -> Option<Instant> {
+        let spec = self.running.as_ref()?.plan.manifest.mcp()?;
+        Some(self.last_used + spec.idle)
+    }
+
     /// Stops the server when it had no call for its pack's `idle_seconds`.
     /// Returns whether it stopped it.
     pub async fn stop_if_idle(&mut self, engine: &Engine) -> bool {

@@ -93,8 +93,6 @@ pub use socket::bind;
 
 /// Margin added to the longest run before a drain kills what is left.
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);
-/// How often MCP servers are checked for their idle stop.
-const MCP_IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// Serves the executor wire on `listener` until `shutdown` completes and
 /// the runs in flight have ended (see the module docs).
@@ -159,12 +157,7 @@ pub async fn run(
         },
     );
     // MCP servers idle past their pack's `idle_seconds` are stopped.
-    let idle = async {
-        loop {
-            tokio::time::sleep(MCP_IDLE_CHECK).await;
-            shared.servers.stop_idle(&shared.engine).await;
-        }
-    };
+    let idle = shared.servers.watch_idle(&shared.engine);
     tokio::select! {
         () = accepting => {}
         () = idle => {}

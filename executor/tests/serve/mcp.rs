@@ -14,12 +14,13 @@ use crate::support::*;
 
 const FAKE: &str = include_str!("../mcp/fake_server.py");
 
-fn pack(root: &Path) -> PathBuf {
+fn pack(root: &Path, idle_seconds: u64) -> PathBuf {
     let dir = root.join("fake");
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let manifest = json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
-        "timeout_seconds": 2, "class": "mutating", "tool_classes": {"echo": "safe"}});
+        "timeout_seconds": 2, "class": "mutating", "tool_classes": {"echo": "safe"},
+        "idle_seconds": idle_seconds});
     std::fs::write(dir.join("skill.json"), manifest.to_string()).unwrap();
     std::fs::write(dir.join("server.py"), FAKE).unwrap();
     std::fs::set_permissions(dir.join("server.py"), std::fs::Permissions::from_mode(0o755))
@@ -39,7 +40,7 @@ fn tools_are_listed_and_called_over_the_wire_and_the_drain_stops_the_server() {
         return;
     }
     let mut server = Server::start(|_| {});
-    let m = pack(&server.root);
+    let m = pack(&server.root, 0);
     let marker = server.root.to_string_lossy().into_owned();
     let mut c = server.client();
     let list = json!({"jsonrpc": "2.0", "id": 1, "method": "mcp_tools", "params": {"manifest": m}});
@@ -82,4 +83,23 @@ fn tools_are_listed_and_called_over_the_wire_and_the_drain_stops_the_server() {
     assert!(server.finished_within(Duration::from_secs(30)));
     let left = common::procs_with(&marker);
     assert!(left.is_empty(), "the drain stops the server: {left:?}");
+}
+
+#[test]
+fn serve_stops_a_server_idle_past_its_idle_seconds() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let m = pack(&server.root, 1);
+    let marker = server.root.to_string_lossy().into_owned();
+    let mut c = server.client();
+    let r = call(&mut c, 1, &m, "pid", json!({}), "mutating");
+    assert_eq!(r["outcome"], "ok", "{r}");
+    assert!(!common::procs_with(&marker).is_empty(), "the server runs");
+    wait_for("the idle server to stop", Duration::from_secs(10), || {
+        common::procs_with(&marker).is_empty()
+    });
+    let r = call(&mut c, 2, &m, "pid", json!({}), "mutating");
+    assert_eq!(r["outcome"], "ok", "started again: {r}");
 }
