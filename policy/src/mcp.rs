@@ -4,7 +4,7 @@
 //!
 //! Fields beyond a skill's (docs/skills.md): `args` (argv after the entry,
 //! at most [`MAX_ARGS`] strings without NUL bytes), `start` (`"lazy"`, the
-//! default: on the first call; `"eager"`: when the executor starts),
+//! default: on the first call; `"eager"`: from the first listing of its tools),
 //! `idle_seconds` (the server is stopped after this long without a call;
 //! 0 or absent = [`DEFAULT_IDLE_SECONDS`]), `tool_classes` (a class per tool
 //! name, overriding the pack's `class`), `env_required` (names that must be
@@ -45,10 +45,12 @@ pub enum PackKind {
 /// When the executor starts a server.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Start {
-    /// On the first call (or the first listing of its tools).
+    /// On the first call; a server started only to list its tools is
+    /// stopped again.
     #[default]
     Lazy,
-    /// When the executor starts serving.
+    /// From the first listing of its tools (skilld lists every pack when it
+    /// starts) on.
     Eager,
 }
 

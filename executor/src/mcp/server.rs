@@ -116,13 +116,18 @@ impl Server {
     /// # Errors
     ///
     /// The report of the failed start.
+    /// A `"start": "lazy"` pack's server started only for this listing is
+    /// stopped again: it starts on its first call. An `"eager"` one stays
+    /// (skilld lists every pack when it starts).
     pub async fn tool_infos(&mut self, engine: &Engine) -> Result<Vec<McpToolInfo>, Refused> {
+        let was_running = self.running.is_some();
         let tools = self.tools(engine).await?;
         let Some(run) = self.running.as_ref() else { return Ok(Vec::new()) };
         let manifest = &run.plan.manifest;
         let pack = manifest.name().as_str();
         let Some(spec) = manifest.mcp() else { return Ok(Vec::new()) };
-        Ok(tools
+        let lazy = spec.start == policy::mcp::Start::Lazy;
+        let infos = tools
             .into_iter()
             .map(|t| McpToolInfo {
                 skill: skill_name(pack, &t.name),
@@ -131,7 +136,11 @@ impl Server {
                 description: t.description,
                 input_schema: t.input_schema,
             })
-            .collect())
+            .collect();
+        if lazy && !was_running {
+            self.stop(engine).await;
+        }
+        Ok(infos)
     }
 
     /// Calls `tool` with `args` (a JSON object): the report's result is the

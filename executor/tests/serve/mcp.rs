@@ -103,3 +103,27 @@ fn serve_stops_a_server_idle_past_its_idle_seconds() {
     let r = call(&mut c, 2, &m, "pid", json!({}), "mutating");
     assert_eq!(r["outcome"], "ok", "started again: {r}");
 }
+
+#[test]
+fn a_lazy_pack_s_server_is_stopped_after_its_listing_and_an_eager_one_stays() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let m = pack(&server.root, 0);
+    let marker = server.root.to_string_lossy().into_owned();
+    let mut c = server.client();
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "mcp_tools", "params": {"manifest": m}});
+    c.send(&list);
+    assert!(c.recv()["result"]["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    assert!(common::procs_with(&marker).is_empty(), "lazy: stopped after the listing");
+
+    let text = std::fs::read_to_string(&m).unwrap();
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    v["start"] = json!("eager");
+    std::fs::write(&m, v.to_string()).unwrap();
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "mcp_tools", "params": {"manifest": m}});
+    c.send(&list);
+    assert!(c.recv()["result"]["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    assert!(!common::procs_with(&marker).is_empty(), "eager: it stays");
+}
