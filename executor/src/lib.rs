@@ -28,6 +28,7 @@
 pub mod cli;
 pub mod config;
 pub mod host;
+pub mod mcp;
 pub mod metrics;
 pub mod run;
 pub mod sandbox;

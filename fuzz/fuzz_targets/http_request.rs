@@ -99,6 +99,7 @@ fn answer(stream: std::os::unix::net::UnixStream, mode: ExecutorMode) {
         (_, ExecutorMode::Garbage) => b"{\"jsonrpc\":\"2.0\",\"id\":1,\"resu\xff\n".to_vec(),
         (Err((id, e)), _) => wire::encode_error(&id, &e),
         (Ok(WireRequest::Ping { id }), _) => wire::encode_result(&id, &json!({"ok": true})),
+        (Ok(WireRequest::McpTools { id, .. }), _) => wire::encode_result(&id, &json!({"tools": []})),
         // The first line is never a start (skilld holds an execute first).
         (Ok(WireRequest::Start { .. }), _) => Vec::new(),
         (Ok(WireRequest::Metrics { id }), _) => wire::encode_result(

@@ -78,6 +78,9 @@ fn check_line(line: &[u8]) {
                 }
                 Request::Ping { id } => (id, "ping", None),
                 Request::Metrics { id } => (id, "metrics", None),
+                Request::McpTools { id, params } => {
+                    (id, "mcp_tools", Some(serde_json::to_string(params).unwrap()))
+                }
                 Request::Start { .. } => unreachable!("matched above"),
             };
             assert_eq!(&v["id"], id, "request id");

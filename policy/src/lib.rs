@@ -48,6 +48,7 @@ pub mod egress;
 pub mod env;
 pub mod limits;
 pub mod manifest;
+pub mod mcp;
 pub mod name;
 pub mod path;
 pub mod permission;

@@ -26,6 +26,7 @@ use serde_json::{Map, Value};
 use crate::class::SkillClass;
 use crate::env::EnvName;
 use crate::limits::{DEFAULT_MAX_TIMEOUT, DEFAULT_TIMEOUT};
+use crate::mcp::{McpSpec, PackKind, MCP_FIELDS};
 use crate::name::SkillName;
 use crate::path::absolute_normal;
 use crate::sandbox::{capability_number, SandboxRequest};
@@ -133,6 +134,7 @@ pub struct Manifest {
     class: SkillClass,
     category: String,
     sandbox: SandboxRequest,
+    mcp: Option<McpSpec>,
     ignored_fields: Vec<String>,
 }
 
@@ -401,6 +403,13 @@ impl Manifest {
             Some(v) => return Err(wrong("sandbox", "an object", v)),
         };
 
+        let mcp = match crate::mcp::kind(&obj).map_err(|(f, r)| invalid(&f, r))? {
+            PackKind::Skill => None,
+            PackKind::Mcp => {
+                Some(crate::mcp::parse(&obj, &env_allow).map_err(|(f, r)| invalid(&f, r))?)
+            }
+        };
+
         let known = [
             "name",
             "description",
@@ -413,7 +422,11 @@ impl Manifest {
             "category",
             "sandbox",
         ];
-        let ignored_fields = obj.keys().filter(|k| !known.contains(&k.as_str())).cloned().collect();
+        // `kind` is known in every pack; the other MCP fields in MCP packs.
+        let is_known = |k: &str| {
+            known.contains(&k) || k == "kind" || (mcp.is_some() && MCP_FIELDS.contains(&k))
+        };
+        let ignored_fields = obj.keys().filter(|k| !is_known(k)).cloned().collect();
 
         Ok(Self {
             name,
@@ -427,6 +440,7 @@ impl Manifest {
             class,
             category,
             sandbox,
+            mcp,
             ignored_fields,
         })
     }
@@ -476,6 +490,11 @@ impl Manifest {
     /// What the manifest's `sandbox` object asks for.
     pub fn sandbox(&self) -> &SandboxRequest {
         &self.sandbox
+    }
+    /// The MCP server fields of a `"kind": "mcp"` pack; `None` for a
+    /// one-shot skill.
+    pub fn mcp(&self) -> Option<&McpSpec> {
+        self.mcp.as_ref()
     }
     /// Top-level fields that were present but are not part of the contract.
     pub fn ignored_fields(&self) -> &[String] {

@@ -120,6 +120,11 @@ pub struct SkillGrant {
     pub memory_bytes: Option<u64>,
     /// Most processes the manifest may ask for.
     pub max_pids: Option<u32>,
+    /// An MCP pack's secrets: a root-owned file of mode 0600 with
+    /// `NAME=VALUE` lines, read by the executor when it starts the server;
+    /// only names in the pack's `env_allow` are passed. Never read from the
+    /// manifest, never logged.
+    pub env_file: Option<PathBuf>,
 }
 
 /// The sandbox a run actually gets: the request, checked against the grant,
@@ -308,6 +313,7 @@ mod tests {
             capabilities: vec!["net_raw".into()],
             memory_bytes: Some(1 << 30),
             max_pids: Some(128),
+            env_file: None,
         };
         let req = SandboxRequest {
             fs_read: vec!["/var/log/syslog".into(), "/srv/out/x".into()],

@@ -100,6 +100,14 @@ pub enum Request {
         /// JSON-RPC id.
         id: Value,
     },
+    /// The tools of an MCP server pack (`"kind": "mcp"`), answered with
+    /// [`McpToolsResult`]; starts the pack's server when it is not running.
+    McpTools {
+        /// JSON-RPC id.
+        id: Value,
+        /// What to list.
+        params: McpToolsParams,
+    },
     /// A notification (no id, no answer): start the held run whose
     /// `execute` had the id `run` on this connection.
     Start {
@@ -118,6 +126,41 @@ pub struct PingResult {
     /// more is clamped). Absent from older executors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_timeout_seconds: Option<u64>,
+}
+
+/// Parameters of `mcp_tools`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolsParams {
+    /// Absolute path of the pack's `skill.json`.
+    pub manifest: String,
+}
+
+/// One tool of an MCP server pack, as `mcp_tools` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpToolInfo {
+    /// The tool's name as the server lists it (what `execute`'s `tool` names).
+    pub name: String,
+    /// The skill it is registered as ([`crate::mcp::tool_skill_name`]).
+    pub skill: String,
+    /// Its description.
+    pub description: String,
+    /// Its input schema (a JSON Schema of an object).
+    #[serde(rename = "inputSchema")]
+    pub input_schema: Value,
+    /// Its class: the pack's `tool_classes` entry, else the pack's class.
+    pub class: crate::class::SkillClass,
+}
+
+/// The result of `mcp_tools`: the tools, or why there are none (the
+/// server did not start; never a secret).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpToolsResult {
+    /// The tools the server listed.
+    pub tools: Vec<McpToolInfo>,
+    /// Why the server could not be asked, when it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// The result of `metrics`.
@@ -224,6 +267,13 @@ pub fn decode_line(line: &[u8]) -> Result<Request, (Value, WireError)> {
             Err(e) => Err((id, WireError::InvalidRequest(e.to_string()))),
         },
         "ping" => Ok(Request::Ping { id }),
+        "mcp_tools" => {
+            let params = obj.remove("params").unwrap_or(Value::Null);
+            match serde_json::from_value::<McpToolsParams>(params) {
+                Ok(params) => Ok(Request::McpTools { id, params }),
+                Err(e) => Err((id, WireError::InvalidParams(e.to_string()))),
+            }
+        }
         "metrics" => Ok(Request::Metrics { id }),
         other => {
             let shown: String = other.chars().take(64).collect();

@@ -13,6 +13,9 @@
 //! ongrid-skilld cannot exceed `[[peers]]`), [`approvals`] (docs/operating.md's
 //! permissions and approvals walk-through, run as written), [`mcp`]
 //! (`ongrid-skill mcp`: a real MCP session over stdio, SKILL.md tools),
+//! [`mcp_packs`] (MCP server packs' tools as skills: a fake server with a
+//! secret, the reference filesystem server, through the API and our MCP
+//! front),
 //! [`packs`] (the example packs in the real sandbox against loopback
 //! listeners), [`faults`] (daemons SIGKILLed mid-run, the audit database on
 //! a full or read-only file system, the executor socket gone, packs changed
@@ -36,6 +39,7 @@ mod faults;
 mod load;
 mod malformed;
 mod mcp;
+mod mcp_packs;
 mod monitoring;
 mod openapi;
 mod packs;

@@ -13,14 +13,14 @@ use serde_json::{json, Value};
 
 use crate::harness::{bin, eventually, write_skill, Stack};
 
-struct Mcp {
+pub(crate) struct Mcp {
     child: std::process::Child,
     stdin: Option<std::process::ChildStdin>,
     lines: mpsc::Receiver<String>,
 }
 
 impl Mcp {
-    fn start(socket: &std::path::Path) -> Self {
+    pub(crate) fn start(socket: &std::path::Path) -> Self {
         let mut child = Command::new(bin("ongrid-skill"))
             .arg("mcp")
             .arg("--socket")
@@ -44,7 +44,7 @@ impl Mcp {
         Mcp { child, stdin, lines }
     }
 
-    fn send(&mut self, msg: &Value) {
+    pub(crate) fn send(&mut self, msg: &Value) {
         let stdin = self.stdin.as_mut().unwrap();
         writeln!(stdin, "{msg}").unwrap();
         stdin.flush().unwrap();
@@ -61,7 +61,7 @@ impl Mcp {
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON on stdout ({e}): {line}"))
     }
 
-    fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
+    pub(crate) fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         let answer = self.recv();
         assert_eq!(answer["jsonrpc"], "2.0");
@@ -69,7 +69,7 @@ impl Mcp {
         answer
     }
 
-    fn call(&mut self, id: u64, name: &str, arguments: Value) -> Value {
+    pub(crate) fn call(&mut self, id: u64, name: &str, arguments: Value) -> Value {
         self.request(id, "tools/call", json!({"name": name, "arguments": arguments}))
     }
 }

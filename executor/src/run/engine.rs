@@ -183,6 +183,12 @@ impl Engine {
         &self.host
     }
 
+    /// What an MCP server's start needs of the engine: its spawner
+    /// threads, its copy of the environment and the process's reaper.
+    pub(crate) fn server_parts(&self) -> (&Spawners, &[(OsString, OsString)], &'static Reaper) {
+        (&self.spawners, &self.env, self.reaper)
+    }
+
     /// Runs one skill to its end. Each stderr line goes to `stderr_sink` as
     /// it arrives; `cancel` completing (client gone) kills the run's tree.
     /// Never fails: every problem is a report outcome.

@@ -18,6 +18,7 @@ use policy::{
 
 use crate::config::Config;
 use crate::run::resolve::{self, Open, Resolved};
+use policy::mcp::PackKind;
 
 /// Why a request is refused before anything runs.
 #[derive(Debug, thiserror::Error)]
@@ -217,10 +218,16 @@ pub fn parse_manifest(
             let skill = SkillMd::from_slice(bytes, opts).map_err(skill_md_err)?;
             Ok(skill.tool(tool).map_err(skill_md_err)?.manifest().clone())
         }
-        (false, Some(_)) => Err(PlanError::Tool {
-            path: path.to_owned(),
-            reason: "a tool is only meaningful for a SKILL.md",
-        }),
+        // A tool of an MCP server pack: the pack's manifest (its server
+        // checks the tool's name against what it listed).
+        (false, Some(_)) => match Manifest::from_slice(bytes, opts) {
+            Ok(m) if m.mcp().is_some() => Ok(m),
+            Ok(_) => Err(PlanError::Tool {
+                path: path.to_owned(),
+                reason: "a tool is only meaningful for a SKILL.md or an MCP server pack",
+            }),
+            Err(source) => Err(PlanError::Manifest { path: path.to_owned(), source }),
+        },
         (true, None) => {
             Err(PlanError::Tool { path: path.to_owned(), reason: "a SKILL.md needs a tool" })
         }
@@ -403,10 +410,38 @@ impl Plan {
     /// [`PlanError`]; see [`PlanError::outcome`].
     pub fn build_located(
         config: &Config,
+        located: Located,
+        tool: Option<&str>,
+        args: Vec<u8>,
+        env: &[(OsString, OsString)],
+    ) -> Result<Plan, PlanError> {
+        Self::build_kind(config, located, tool, args, env, PackKind::Skill)
+    }
+
+    /// Validates the start of the MCP server of a `"kind": "mcp"` pack
+    /// already opened and placed under its root, as [`Plan::build_located`]
+    /// validates a run (entry, owners, grant, run-as user); the plan's
+    /// args are empty, its environment the allowed names set in `env`.
+    ///
+    /// # Errors
+    ///
+    /// [`PlanError`]; a pack that is not an MCP pack is
+    /// [`PlanError::Tool`].
+    pub fn build_server(
+        config: &Config,
+        located: Located,
+        env: &[(OsString, OsString)],
+    ) -> Result<Plan, PlanError> {
+        Self::build_kind(config, located, None, b"{}".to_vec(), env, PackKind::Mcp)
+    }
+
+    fn build_kind(
+        config: &Config,
         mut located: Located,
         tool: Option<&str>,
         args: Vec<u8>,
         env: &[(OsString, OsString)],
+        kind: PackKind,
     ) -> Result<Plan, PlanError> {
         let manifest = match located.parsed.take() {
             // Parsed from this very file (same inode, size, mtime, ctime),
@@ -417,6 +452,17 @@ impl Plan {
                 Arc::new(located.parse(tool, &opts)?)
             }
         };
+        // The executor decides what a pack is run as: an MCP pack's entry
+        // is a server, never run with a skill's args on its stdin.
+        let is_mcp = manifest.mcp().is_some();
+        if is_mcp != (kind == PackKind::Mcp) {
+            let reason = if is_mcp {
+                "an MCP server pack is not a one-shot skill: call one of its tools"
+            } else {
+                "not an MCP server pack (\"kind\": \"mcp\")"
+            };
+            return Err(PlanError::Tool { path: located.path, reason });
+        }
         let Located { file, path: canonical, skill_dir, roots, root, parsed: _ } = located;
         drop(file);
         let skill = manifest.name().to_string();

@@ -152,6 +152,9 @@ pub struct Prepared {
     envp: Vec<CString>,
     cwd: CString,
     skill: String,
+    /// A long-lived server's stdin stays open for the executor to write
+    /// requests on ([`Prepared::serve_with`]).
+    keep_stdin: bool,
 }
 
 /// A running child and the parent's ends of its pipes.
@@ -183,12 +186,18 @@ fn cstring(skill: &str, what: &str, bytes: &[u8]) -> Result<CString, SpawnError>
 
 fn rlimit_table(plan: &Plan, root: bool) -> Vec<(&'static str, Resource, u64, u64)> {
     let l = &plan.granted.limits;
-    let cpu = l.cpu_seconds_for(plan.manifest.timeout());
+    // An MCP server lives across calls: its CPU time is not bounded by one
+    // call's timeout (each call is, by its deadline) unless the operator
+    // sets `cpu_seconds`.
+    let cpu = match plan.manifest.mcp() {
+        Some(_) if l.cpu_seconds == 0 => libc::RLIM_INFINITY,
+        _ => l.cpu_seconds_for(plan.manifest.timeout()),
+    };
     let table = [
         ("RLIMIT_CORE", Resource::RLIMIT_CORE, 0, 0),
         ("RLIMIT_NOFILE", Resource::RLIMIT_NOFILE, l.nofile, l.nofile),
         ("RLIMIT_FSIZE", Resource::RLIMIT_FSIZE, l.fsize_bytes, l.fsize_bytes),
-        ("RLIMIT_CPU", Resource::RLIMIT_CPU, cpu, cpu + 1),
+        ("RLIMIT_CPU", Resource::RLIMIT_CPU, cpu, cpu.saturating_add(1)),
         ("RLIMIT_AS", Resource::RLIMIT_AS, l.address_space_bytes, l.address_space_bytes),
         // No real-time policy, no nice value below 0 (step 5 resets both).
         ("RLIMIT_RTPRIO", Resource::RLIMIT_RTPRIO, 0, 0),
@@ -439,6 +448,7 @@ pub fn prepare(
         envp,
         cwd,
         skill,
+        keep_stdin: false,
     })
 }
 
@@ -483,6 +493,21 @@ fn attach_egress(
 }
 
 impl Prepared {
+    /// Makes this the start of a long-lived server: argv is the entry and
+    /// then `args`, and [`spawn`] keeps the child's stdin open.
+    ///
+    /// # Errors
+    ///
+    /// [`SpawnError::Prepare`] for an argument with a NUL byte.
+    pub fn serve_with(&mut self, args: &[String]) -> Result<(), SpawnError> {
+        for a in args {
+            let a = cstring(&self.skill, "argument", a.as_bytes())?;
+            self.argv.push(a);
+        }
+        self.keep_stdin = true;
+        Ok(())
+    }
+
     /// Detaches the run's allowlist (its processes are gone, or none ran)
     /// and puts what it refused in the report; before its cgroup leaf
     /// serves another run.
@@ -632,7 +657,7 @@ pub fn spawn(
     let skill = prep.skill.as_str();
     let Stdio { stdin: (stdin_r, stdin_w), stdout: (stdout_r, stdout_w), stderr } = stdio;
     let (stderr_r, stderr_w) = stderr;
-    let stdin = prefill_stdin(stdin_w, args);
+    let stdin = if prep.keep_stdin { Some((stdin_w, 0)) } else { prefill_stdin(stdin_w, args) };
     let argv: Vec<*const c_char> =
         prep.argv.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
     let envp: Vec<*const c_char> =

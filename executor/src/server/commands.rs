@@ -3,12 +3,15 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use policy::wire::{self, code, ExecuteParams, MetricsResult, Request, WireError};
+use policy::wire::{
+    self, code, ExecuteParams, McpToolsParams, McpToolsResult, MetricsResult, Request, WireError,
+};
 use policy::{Outcome, RunReport};
 use serde_json::{json, Value};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::context::{ConnCtx, GaugeGuard};
+use super::manifests::Checked;
 use crate::run::engine::ManifestSource;
 use crate::run::lock::relock;
 
@@ -56,6 +59,10 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
             });
             let run_ctx = ctx.clone();
             ctx.runs.spawn(execute(run_ctx, id, params, start));
+        }
+        Ok(Request::McpTools { id, params }) => {
+            let list_ctx = ctx.clone();
+            ctx.runs.spawn(mcp_tools(list_ctx, id, params));
         }
         Ok(Request::Start { run }) => match relock(&ctx.held).remove(&run.to_string()) {
             Some(tx) => {
@@ -152,6 +159,73 @@ async fn execute(
     }
 }
 
+/// `mcp_tools`: the tools of an MCP server pack, starting its server when
+/// needed; a pack that cannot be listed is answered with no tools and the
+/// reason.
+async fn mcp_tools(ctx: ConnCtx, id: Value, params: McpToolsParams) {
+    let shared = &ctx.shared;
+    let result = match shared.manifests.check(&params.manifest) {
+        Err(report) => McpToolsResult { tools: Vec::new(), error: report.error },
+        Ok((checked, _)) => match shared.servers.tool_infos(&shared.engine, &checked.path).await {
+            Ok(tools) => McpToolsResult { tools, error: None },
+            Err(report) => {
+                log_outcome(&ctx, &checked.name, &report, "listing tools, ");
+                McpToolsResult { tools: Vec::new(), error: report.error }
+            }
+        },
+    };
+    ctx.send(wire::encode_result(&id, &result));
+}
+
+/// `execute` of a tool of an MCP server pack: admitted as a run is (or
+/// `busy`), then, after a held call's start, the call goes to the pack's
+/// server ([`crate::mcp`]), which takes no run slot (it runs already, its
+/// calls take turns); reported as a run. Closing the connection does not
+/// cancel a call in flight (the server is mid-request): it ends within the
+/// pack's `timeout_seconds`.
+async fn call_tool(
+    ctx: &ConnCtx,
+    id: &Value,
+    params: &ExecuteParams,
+    start: Option<oneshot::Receiver<()>>,
+    checked: &Checked,
+) {
+    let shared = &ctx.shared;
+    let skill = checked.name.as_str();
+    let args = match policy::Args::from_slice(params.args.get().as_bytes()) {
+        Ok(args) => args.value().clone(),
+        Err(e) => {
+            let report = RunReport::not_run(skill, Outcome::InvalidArgs, format!("args: {e}"));
+            return refuse(ctx, id, skill, &report);
+        }
+    };
+    let Ok(admitted) = shared.admission.clone().try_acquire_owned() else {
+        let config = shared.engine.config();
+        let why = format!(
+            "the executor is at its cap ({} runs, {} queued)",
+            config.max_concurrent_runs, config.max_queued_runs
+        );
+        return busy(ctx, id, skill, &why);
+    };
+    let gave_up = AtomicBool::new(false);
+    if !start_signal(ctx, start, &gave_up).await {
+        if ctx.token.is_cancelled() {
+            return;
+        }
+        let why = "the held run was not started by its caller";
+        return refuse(ctx, id, skill, &RunReport::not_run(skill, Outcome::Rejected, why));
+    }
+    let in_flight = GaugeGuard::new(&shared.metrics.runs_in_flight);
+    let started = Instant::now();
+    let tool = params.tool.as_deref().unwrap_or_default();
+    let report = shared.servers.call(&shared.engine, &checked.path, tool, args).await;
+    drop(in_flight);
+    drop(admitted);
+    shared.metrics.record_run(skill, &report, started.elapsed());
+    log_outcome(ctx, skill, &report, "");
+    ctx.send(wire::encode_report(id, &report));
+}
+
 /// A run slot, at once or after waiting in the queue (telling the caller
 /// `queued`, then `started`); `None` when the connection closed or the
 /// executor began shutting down meanwhile (answered `busy` then).
@@ -213,6 +287,9 @@ async fn execute_run(
     }
     if shared.stopping.is_cancelled() {
         return busy(ctx, id, skill, "the executor is shutting down");
+    }
+    if checked.mcp {
+        return call_tool(ctx, id, &params, start, &checked).await;
     }
     // Admission: a run slot or a queue place, else busy at once.
     let Ok(admitted) = shared.admission.clone().try_acquire_owned() else {

@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     pub(crate) stopping: CancellationToken,
     /// Cancelled when the drain is over: every run is killed.
     pub(crate) kill: CancellationToken,
+    /// The MCP server packs' servers (stopped on drain).
+    pub(crate) servers: crate::mcp::Servers,
 }
 
 /// Past this many bytes of answers waiting for the peer to read them, the

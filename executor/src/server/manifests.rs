@@ -26,8 +26,11 @@ pub struct Checked {
     pub path: PathBuf,
     /// The skill's name.
     pub name: String,
-    /// The skill's class as the manifest declares it.
+    /// The skill's class as the manifest declares it (for a tool of an
+    /// MCP server pack: the pack's `tool_classes` entry, else its class).
     pub class: SkillClass,
+    /// A tool of an MCP server pack: the call goes to the pack's server.
+    pub mcp: bool,
 }
 
 /// See the module docs.
@@ -82,11 +85,22 @@ impl ManifestCache {
         };
         let located = Located::open(&self.roots, Path::new(path)).map_err(refused)?;
         let manifest = self.parsed.get(&located, tool).map_err(refused)?;
-        let checked = Checked {
+        let mut checked = Checked {
             path: located.path().to_owned(),
             name: manifest.name().to_string(),
             class: manifest.class(),
+            mcp: false,
         };
+        if let (Some(spec), Some(tool)) = (manifest.mcp(), tool) {
+            let name = policy::mcp::tool_skill_name(manifest.name().as_str(), tool)
+                .map_err(|e| reject(format!("manifest {path}: tool {tool:?}: {e}")))?;
+            checked = Checked {
+                name: name.to_string(),
+                class: spec.class_of(tool, manifest.class()),
+                mcp: true,
+                ..checked
+            };
+        }
         Ok((checked, located.parsed_as(manifest)))
     }
 

@@ -117,6 +117,7 @@ pub async fn run(
         slots: Arc::new(Semaphore::new(config.max_concurrent_runs)),
         stopping: CancellationToken::new(),
         kill: CancellationToken::new(),
+        servers: crate::mcp::Servers::default(),
         engine,
         metrics,
     });
@@ -155,8 +156,11 @@ pub async fn run(
             });
         },
     );
+    // MCP servers idle past their pack's `idle_seconds` are stopped.
+    let idle = shared.servers.watch_idle(&shared.engine);
     tokio::select! {
         () = accepting => {}
+        () = idle => {}
         _ = shutdown => {}
     }
     // Stop accepting: the socket refuses new connections from here on.
@@ -176,5 +180,7 @@ pub async fn run(
         shared.kill.cancel();
         tracker.wait().await;
     }
+    // No call is in flight any more: the MCP servers go too.
+    shared.servers.stop_all(&shared.engine).await;
     tracing::info!("executor: stopped");
 }

@@ -12,6 +12,7 @@ mod support;
 
 mod admission;
 mod lifecycle;
+mod mcp;
 mod sandbox;
 mod socket;
 mod wire;

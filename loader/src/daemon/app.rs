@@ -22,6 +22,9 @@ use crate::scan::Scanner;
 
 /// How long a reload waits for the executor's `ping` (its longest timeout).
 const PONG_TIMEOUT: Duration = Duration::from_secs(1);
+/// The longest wait for the tools of one MCP server pack: its server may
+/// have to start (Node.js or Python, then `initialize`).
+const MCP_LIST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Limits applied to client requests.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -174,25 +177,20 @@ impl App {
             self.max_timeout.store(max, Ordering::Relaxed);
         }
         let max_timeout = Duration::from_secs(self.max_timeout.load(Ordering::Relaxed));
-        let scanner = Scanner::new(ValidateOptions { max_timeout });
+        let opts = ValidateOptions { max_timeout };
+        let scanner = Scanner::new(opts.clone());
         let this = Arc::clone(self);
         let scanned = tokio::task::spawn_blocking(move || {
             let report = scanner.scan(&this.roots);
-            for event in &report.events {
-                match event.level() {
-                    Level::Debug => tracing::debug!("{event}"),
-                    Level::Info => tracing::info!("{event}"),
-                    Level::Warn => tracing::warn!("{event}"),
-                }
-                if event.is_skip() {
-                    this.metrics.manifest_errors_total.with_label_values(&[event.kind()]).inc();
-                }
-            }
-            Snapshot::build(report)
+            this.log_events(&report.events);
+            report
         })
         .await;
         let snapshot = match scanned {
-            Ok(s) => s,
+            Ok(mut report) => {
+                self.add_mcp_tools(&mut report, &opts).await;
+                Snapshot::build(report)
+            }
             Err(e) => {
                 // The scan does not panic on any input; if it ever does,
                 // keep serving the previous registry.
@@ -214,6 +212,33 @@ impl App {
             if summary.registered == 1 { "" } else { "s" }
         );
         summary
+    }
+
+    /// Logs scan events at their level and counts the skips.
+    fn log_events(&self, events: &[crate::scan::event::ScanEvent]) {
+        for event in events {
+            match event.level() {
+                Level::Debug => tracing::debug!("{event}"),
+                Level::Info => tracing::info!("{event}"),
+                Level::Warn => tracing::warn!("{event}"),
+            }
+            if event.is_skip() {
+                self.metrics.manifest_errors_total.with_label_values(&[event.kind()]).inc();
+            }
+        }
+    }
+
+    /// Asks the executor for the tools of each MCP server pack the scan
+    /// found (which starts their servers) and registers them
+    /// ([`crate::scan::mcp`]).
+    async fn add_mcp_tools(&self, report: &mut crate::scan::ScanReport, opts: &ValidateOptions) {
+        for pack in 0..report.mcp_packs.len() {
+            let path = report.mcp_packs[pack].manifest_path().to_string_lossy().into_owned();
+            let listed = self.executor.mcp_tools(&path, MCP_LIST_TIMEOUT).await;
+            let before = report.events.len();
+            crate::scan::mcp::add_tools(report, pack, listed, opts);
+            self.log_events(&report.events[before..]);
+        }
     }
 
     /// Notes that a request may become a run with this timeout (called

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use nix::sys::socket::{recv, MsgFlags};
 
 use policy::wire::{
-    self, ExecuteParams, LineBuffer, MetricsResult, PingResult, Reply, MAX_LINE_BYTES,
+    self, ExecuteParams, LineBuffer, McpToolInfo, McpToolsResult, MetricsResult, PingResult, Reply,
+    MAX_LINE_BYTES,
 };
 use policy::{Outcome, RunReport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -341,6 +342,42 @@ impl ExecutorClient {
         tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
             Err(ExecutorError::Io(io::Error::new(io::ErrorKind::TimedOut, "metrics timed out")))
         })
+    }
+
+    /// The tools of the MCP server pack at `manifest` (`mcp_tools`), within
+    /// `timeout`: `Err` with the executor's reason when it has none.
+    ///
+    /// # Errors
+    ///
+    /// Why there are no tools (the executor's reason, or the wire's error).
+    pub async fn mcp_tools(
+        &self,
+        manifest: &str,
+        timeout: Duration,
+    ) -> Result<Vec<McpToolInfo>, String> {
+        let call = async {
+            let mut conn = self.connect().await?;
+            let stream = conn.stream().map_err(ExecutorError::Io)?;
+            let req = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "mcp_tools",
+                "params": {"manifest": manifest}});
+            let mut line = req.to_string().into_bytes();
+            line.push(b'\n');
+            stream.write_all(&line).await.map_err(ExecutorError::Io)?;
+            let mut conn = RunConnection::new(conn, MAX_LINE_BYTES);
+            match conn.next_reply().await? {
+                Reply::Result { result, .. } => {
+                    serde_json::from_str::<McpToolsResult>(result.get())
+                        .map_err(|e| ExecutorError::Protocol(format!("mcp_tools result: {e}")))
+                }
+                other => Err(reply_error(other)),
+            }
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Err(_) => Err(format!("the executor did not list them within {timeout:?}")),
+            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Ok(McpToolsResult { error: Some(why), .. })) => Err(why),
+            Ok(Ok(McpToolsResult { tools, error: None })) => Ok(tools),
+        }
     }
 
     /// Returns true if and only if the executor answers `ping` within

@@ -134,6 +134,25 @@ pub enum ScanEvent {
         /// The first unmet requirement (`bin "jq" not found on PATH`).
         reason: String,
     },
+    /// A `"kind": "mcp"` pack: its server is the executor's to run, and
+    /// the pack is not a one-shot skill, so the scan does not register it
+    /// as one.
+    McpPack {
+        /// The pack's name.
+        name: SkillName,
+        /// The manifest.
+        manifest: PathBuf,
+    },
+    /// An MCP server pack whose tools could not be listed, or one tool of
+    /// it that could not be registered: left out.
+    McpTools {
+        /// The pack's name.
+        name: SkillName,
+        /// The manifest.
+        manifest: PathBuf,
+        /// Why (never a secret: the executor's answer names no value).
+        reason: String,
+    },
     /// A SKILL.md without tools (instructions only): nothing to run.
     NoTools {
         /// The skill's name as the SKILL.md writes it.
@@ -160,7 +179,7 @@ impl ScanEvent {
         match self {
             ScanEvent::Registered { .. } => Level::Info,
             ScanEvent::IgnoredFields { .. } => Level::Debug,
-            ScanEvent::NoTools { .. } => Level::Info,
+            ScanEvent::NoTools { .. } | ScanEvent::McpPack { .. } => Level::Info,
             _ => Level::Warn,
         }
     }
@@ -175,6 +194,7 @@ impl ScanEvent {
                 | ScanEvent::IgnoredFields { .. }
                 | ScanEvent::TimeoutClamped { .. }
                 | ScanEvent::NoTools { .. }
+                | ScanEvent::McpPack { .. }
                 | ScanEvent::SymlinkedDir { .. }
         )
     }
@@ -182,7 +202,7 @@ impl ScanEvent {
     /// A short stable name of the event's kind, used as a metric label:
     /// `registered`, `duplicate`, `parse`, `build`, `not_regular`,
     /// `symlinked_dir`, `root`, `root_repeated`, `walk`, `ignored_fields`,
-    /// `timeout_clamped`, `requirement`, `no_tools`.
+    /// `timeout_clamped`, `requirement`, `no_tools`, `mcp_pack`, `mcp_tools`.
     pub fn kind(&self) -> &'static str {
         match self {
             ScanEvent::Registered { .. } => "registered",
@@ -198,6 +218,8 @@ impl ScanEvent {
             ScanEvent::TimeoutClamped { .. } => "timeout_clamped",
             ScanEvent::RequirementNotMet { .. } => "requirement",
             ScanEvent::NoTools { .. } => "no_tools",
+            ScanEvent::McpPack { .. } => "mcp_pack",
+            ScanEvent::McpTools { .. } => "mcp_tools",
         }
     }
 
@@ -211,7 +233,9 @@ impl ScanEvent {
             | ScanEvent::IgnoredFields { manifest, .. }
             | ScanEvent::TimeoutClamped { manifest, .. }
             | ScanEvent::RequirementNotMet { manifest, .. }
-            | ScanEvent::NoTools { manifest, .. } => manifest,
+            | ScanEvent::NoTools { manifest, .. }
+            | ScanEvent::McpPack { manifest, .. }
+            | ScanEvent::McpTools { manifest, .. } => manifest,
             ScanEvent::NotRegular { path, .. }
             | ScanEvent::SymlinkedDir { path }
             | ScanEvent::Walk { path, .. } => path,
@@ -248,6 +272,10 @@ impl ScanEvent {
             ScanEvent::NoTools { name, .. } => {
                 format!("skill \"{name}\": no tools, nothing to register")
             }
+            ScanEvent::McpPack { name, .. } => {
+                format!("pack \"{name}\": an MCP server, not registered as a one-shot skill")
+            }
+            ScanEvent::McpTools { name, reason, .. } => format!("pack \"{name}\": {reason}"),
         }
     }
 }
@@ -310,6 +338,14 @@ impl fmt::Display for ScanEvent {
                 "skill \"{name}\" from {}: no tools, nothing to register",
                 manifest.display()
             ),
+            ScanEvent::McpPack { name, manifest } => write!(
+                f,
+                "pack \"{name}\" from {}: an MCP server, not registered as a one-shot skill",
+                manifest.display()
+            ),
+            ScanEvent::McpTools { name, manifest, reason } => {
+                write!(f, "pack \"{name}\" from {}: {reason}", manifest.display())
+            }
         }
     }
 }

@@ -27,6 +27,7 @@ pub mod build;
 pub mod entry;
 pub mod event;
 pub mod manifest_file;
+pub mod mcp;
 pub mod requirements;
 pub mod roots;
 pub mod skill;
@@ -96,6 +97,10 @@ pub struct ScanReport {
     pub events: Vec<ScanEvent>,
     /// The requirement checks of every valid SKILL.md, in scan order.
     pub requirements: Vec<RequirementReport>,
+    /// The MCP server packs found (checked as a skill's entry and path
+    /// are): not skills themselves; the daemon asks the executor for their
+    /// tools ([`mcp::add_tools`]).
+    pub mcp_packs: Vec<RegisteredSkill>,
 }
 
 impl ScanReport {
@@ -366,6 +371,14 @@ impl Session<'_> {
                 return;
             }
         };
+        // An MCP server pack is not run with args on stdin: the executor
+        // owns its server and lists its tools.
+        if skill.manifest().mcp().is_some() {
+            events.push(ScanEvent::McpPack { name: name.clone(), manifest: path.clone() });
+            self.first_seen.insert(name, path);
+            self.report.mcp_packs.push(skill);
+            return;
+        }
         events.push(ScanEvent::Registered { name: name.clone(), manifest: path.clone() });
         if !ignored.is_empty() {
             events.push(ScanEvent::IgnoredFields {
@@ -454,6 +467,24 @@ mod tests {
                 ..
             }]
         ));
+    }
+
+    #[test]
+    fn an_mcp_pack_is_not_registered_as_a_one_shot_skill_but_keeps_its_name() {
+        let (_tmp, base) = base();
+        exe(&base.join("m/server"));
+        let json = r#"{"kind":"mcp","name":"srv","description":"d","entry":"server"}"#;
+        fs::write(base.join("m").join(MANIFEST_FILE_NAME), json).unwrap();
+        // A one-shot skill of the same name further on is a duplicate.
+        exe(&base.join("z/run"));
+        manifest(&base.join("z"), "srv", "run");
+        let report = Scanner::default().scan(&[&base]);
+        assert_eq!(report.registered(), 0);
+        assert!(
+            matches!(&report.events[0], ScanEvent::McpPack { name, .. } if name.as_str() == "srv")
+        );
+        assert!(!report.events[0].is_skip());
+        assert!(matches!(&report.events[1], ScanEvent::Duplicate { .. }), "{:?}", report.events);
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub struct RegisteredSkill {
     manifest_path: PathBuf,
     root: PathBuf,
     tool: Option<String>,
+    mcp: bool,
 }
 
 impl RegisteredSkill {
@@ -27,7 +28,7 @@ impl RegisteredSkill {
         entry.shrink_to_fit();
         manifest_path.shrink_to_fit();
         root.shrink_to_fit();
-        Self { manifest, entry, manifest_path, root, tool: None }
+        Self { manifest, entry, manifest_path, root, tool: None, mcp: false }
     }
 
     /// The same skill, as the tool `tool` (its name as written) of the
@@ -38,15 +39,28 @@ impl RegisteredSkill {
         self
     }
 
-    /// For a SKILL.md skill: the tool's name as written (what the executor
-    /// is asked to run); `None` for a `skill.json`.
+    /// The same skill, as the tool `tool` (its name as the server lists it)
+    /// of the MCP server pack at [`RegisteredSkill::manifest_path`].
+    #[must_use]
+    pub fn with_mcp_tool(mut self, tool: impl Into<String>) -> Self {
+        self.tool = Some(tool.into());
+        self.mcp = true;
+        self
+    }
+
+    /// For a SKILL.md skill or an MCP server's tool: the tool's name as
+    /// written (what the executor is asked to run); `None` for a
+    /// `skill.json`.
     pub fn tool(&self) -> Option<&str> {
         self.tool.as_deref()
     }
 
-    /// Where the skill was declared: `"skill.json"` or `"skill.md"`.
+    /// Where the skill was declared: `"skill.json"`, `"skill.md"` or
+    /// `"mcp"` (a tool an MCP server pack's server listed).
     pub fn source(&self) -> &'static str {
-        if self.tool.is_some() {
+        if self.mcp {
+            "mcp"
+        } else if self.tool.is_some() {
             "skill.md"
         } else {
             "skill.json"

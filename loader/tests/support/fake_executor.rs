@@ -109,6 +109,8 @@ async fn connection(stream: UnixStream, stats: Arc<Stats>) {
                 let n = stats.metrics_calls.fetch_add(1, Ordering::SeqCst);
                 wire::encode_result(&id, &json!(MetricsResult { text: metrics_text(&stats, n) }))
             }
+            // No MCP server packs here.
+            Ok(Request::McpTools { id, .. }) => wire::encode_result(&id, &json!({"tools": []})),
             // A start for no held run: nothing to do, no answer.
             Ok(Request::Start { .. }) => continue,
             Ok(Request::Execute { id, params }) => {

@@ -1,0 +1,288 @@
+//! The MCP client side over a server's stdio: newline-delimited JSON-RPC
+//! 2.0 (the MCP stdio transport), one request in flight at a time.
+//!
+//! Written here rather than taken from the SDK's client because the
+//! executor must bound what it reads from an untrusted server: every line
+//! is capped (a longer one is a flood), a line that is not a JSON-RPC
+//! message is garbage, and either ends the connection (the caller cuts the
+//! server off). Between a request and its response the server may send
+//! notifications (`notifications/tools/list_changed` is remembered, the
+//! rest dropped) and requests (`ping` is answered, any other refused with
+//! "method not found": the executor offers the server no capability).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe;
+
+/// The protocol version the executor asks for in `initialize`.
+pub const PROTOCOL_VERSION: &str = "2025-06-18";
+/// Most `tools/list` pages read (a server paging forever is cut off).
+pub const MAX_LIST_PAGES: usize = 64;
+/// Most tools a server may list.
+pub const MAX_TOOLS: usize = 1024;
+
+/// Why a request got no usable answer. The connection is unusable after
+/// any of these but [`ConnError::Rpc`]: the caller cuts the server off.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnError {
+    /// The server closed its stdout (it exited, or was killed).
+    #[error("the server closed its output (it exited or was killed)")]
+    Closed,
+    /// No answer within the deadline.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// A line over the cap.
+    #[error("the server wrote a line over {0} bytes")]
+    Flood(usize),
+    /// A line that is not a JSON-RPC 2.0 message.
+    #[error("the server wrote a line that is not a JSON-RPC message")]
+    Garbage,
+    /// The answer has the wrong shape for the request.
+    #[error("the server answered {method} with a malformed result: {reason}")]
+    Malformed {
+        /// The request.
+        method: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Writing to the server failed (its stdin is closed).
+    #[error("cannot write to the server: {0}")]
+    Write(String),
+    /// The server answered with a JSON-RPC error.
+    #[error("the server answered {method} with error {code}: {message}")]
+    Rpc {
+        /// The request.
+        method: &'static str,
+        /// The error code.
+        code: i64,
+        /// Its message, cut to 256 bytes.
+        message: String,
+    },
+}
+
+impl ConnError {
+    /// Whether the connection can still be used after it.
+    pub fn keeps_connection(&self) -> bool {
+        matches!(self, ConnError::Rpc { .. })
+    }
+}
+
+/// One tool as the server listed it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    /// Its name (checked by [`policy::mcp::check_tool_name`]).
+    pub name: String,
+    /// Its description (empty when it gave none).
+    pub description: String,
+    /// Its `inputSchema` (an object schema).
+    pub input_schema: Value,
+}
+
+/// A connection to one server's stdio.
+#[derive(Debug)]
+pub struct Conn {
+    tx: pipe::Sender,
+    rx: BufReader<pipe::Receiver>,
+    next_id: u64,
+    max_line: usize,
+    /// The server said its tool list changed since the last listing.
+    pub list_changed: bool,
+}
+
+fn cut(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+impl Conn {
+    /// A connection on the executor's (non-blocking) ends of the pipes;
+    /// lines longer than `max_line` are a flood.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnError::Write`] when the pipes cannot be registered.
+    pub fn new(
+        stdin: std::os::fd::OwnedFd,
+        stdout: std::os::fd::OwnedFd,
+        max_line: usize,
+    ) -> Result<Self, ConnError> {
+        let reg = |e: std::io::Error| ConnError::Write(e.to_string());
+        let tx = pipe::Sender::from_owned_fd_unchecked(stdin).map_err(reg)?;
+        let rx = pipe::Receiver::from_owned_fd_unchecked(stdout).map_err(reg)?;
+        Ok(Conn { tx, rx: BufReader::new(rx), next_id: 1, max_line, list_changed: false })
+    }
+
+    async fn send(&mut self, msg: &Value) -> Result<(), ConnError> {
+        let mut line = msg.to_string().into_bytes();
+        line.push(b'\n');
+        self.tx.write_all(&line).await.map_err(|e| ConnError::Write(e.to_string()))
+    }
+
+    /// One line, without its newline, at most `max_line` bytes.
+    async fn read_line(&mut self) -> Result<Vec<u8>, ConnError> {
+        let mut line = Vec::new();
+        loop {
+            let buf = self.rx.fill_buf().await.map_err(|_| ConnError::Closed)?;
+            if buf.is_empty() {
+                return Err(ConnError::Closed);
+            }
+            let (take, done) = match buf.iter().position(|b| *b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (buf.len(), false),
+            };
+            line.extend_from_slice(&buf[..take]);
+            self.rx.consume(take);
+            if line.len() > self.max_line.saturating_add(1) {
+                return Err(ConnError::Flood(self.max_line));
+            }
+            if done {
+                line.pop();
+                return Ok(line);
+            }
+        }
+    }
+
+    /// Reads messages until the response to `id`, handling what comes
+    /// between.
+    async fn response(&mut self, id: u64, method: &'static str) -> Result<Value, ConnError> {
+        loop {
+            let line = self.read_line().await?;
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let msg: Value = serde_json::from_slice(&line).map_err(|_| ConnError::Garbage)?;
+            let Some(obj) = msg.as_object().filter(|o| o.get("jsonrpc") == Some(&json!("2.0")))
+            else {
+                return Err(ConnError::Garbage);
+            };
+            match (obj.get("method").and_then(Value::as_str), obj.get("id")) {
+                (Some(m), Some(req_id)) => {
+                    let reply = if m == "ping" {
+                        json!({"jsonrpc": "2.0", "id": req_id, "result": {}})
+                    } else {
+                        let error = json!({"code": -32601, "message": "method not found"});
+                        json!({"jsonrpc": "2.0", "id": req_id, "error": error})
+                    };
+                    self.send(&reply).await?;
+                }
+                (Some(m), None) => {
+                    if m == "notifications/tools/list_changed" {
+                        self.list_changed = true;
+                    }
+                }
+                (None, Some(got)) if got.as_u64() == Some(id) => {
+                    if let Some(e) = obj.get("error") {
+                        let code = e.get("code").and_then(Value::as_i64).unwrap_or(0);
+                        let message = e.get("message").and_then(Value::as_str).unwrap_or("");
+                        return Err(ConnError::Rpc { method, code, message: cut(message, 256) });
+                    }
+                    return obj.get("result").cloned().ok_or(ConnError::Malformed {
+                        method,
+                        reason: "neither result nor error".to_owned(),
+                    });
+                }
+                // A late answer to an earlier request: nothing waits for it.
+                (None, Some(_)) => {}
+                (None, None) => return Err(ConnError::Garbage),
+            }
+        }
+    }
+
+    /// Sends `method` with `params` and waits up to `timeout` for its
+    /// result.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnError`].
+    pub async fn request(
+        &mut self,
+        method: &'static str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Value, ConnError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let exchange = async {
+            self.send(&msg).await?;
+            self.response(id, method).await
+        };
+        tokio::time::timeout(timeout, exchange).await.map_err(|_| ConnError::Timeout(timeout))?
+    }
+
+    /// `initialize`, then `notifications/initialized`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnError`].
+    pub async fn initialize(&mut self, timeout: Duration) -> Result<(), ConnError> {
+        let params = json!({
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "ongrid-executor", "version": env!("CARGO_PKG_VERSION")},
+        });
+        let result = self.request("initialize", params, timeout).await?;
+        if !result.is_object() {
+            let reason = "not an object".to_owned();
+            return Err(ConnError::Malformed { method: "initialize", reason });
+        }
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        self.send(&note).await
+    }
+
+    /// Every tool the server lists (`tools/list`, following its cursor).
+    /// A tool whose name cannot be a skill's is left out (logged).
+    ///
+    /// # Errors
+    ///
+    /// [`ConnError`]; a malformed listing is [`ConnError::Malformed`].
+    pub async fn list_tools(&mut self, timeout: Duration) -> Result<Vec<Tool>, ConnError> {
+        self.list_changed = false;
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_LIST_PAGES {
+            let params = cursor.as_ref().map_or_else(|| json!({}), |c| json!({"cursor": c}));
+            let page = self.request("tools/list", params, timeout).await?;
+            let bad = |reason: &str| ConnError::Malformed {
+                method: "tools/list",
+                reason: reason.to_owned(),
+            };
+            let listed =
+                page.get("tools").and_then(Value::as_array).ok_or_else(|| bad("no tools array"))?;
+            for t in listed {
+                tools.push(tool(t).ok_or_else(|| bad("a tool without a name or inputSchema"))?);
+                if tools.len() > MAX_TOOLS {
+                    return Err(bad("too many tools"));
+                }
+            }
+            cursor = page.get("nextCursor").and_then(Value::as_str).map(str::to_owned);
+            if cursor.is_none() {
+                tools.retain(|t: &Tool| match policy::mcp::check_tool_name(&t.name) {
+                    Ok(()) => true,
+                    Err(reason) => {
+                        tracing::warn!(
+                            "MCP tool {:?} left out: its name {reason}",
+                            cut(&t.name, 64)
+                        );
+                        false
+                    }
+                });
+                return Ok(tools);
+            }
+        }
+        Err(ConnError::Malformed { method: "tools/list", reason: "too many pages".to_owned() })
+    }
+}
+
+fn tool(v: &Value) -> Option<Tool> {
+    let name = v.get("name")?.as_str()?.to_owned();
+    let description = v.get("description").and_then(Value::as_str).unwrap_or("").to_owned();
+    let input_schema = v.get("inputSchema").filter(|s| s.is_object())?.clone();
+    Some(Tool { name, description, input_schema })
+}

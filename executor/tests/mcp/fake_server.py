@@ -1,0 +1,81 @@
+#!/usr/bin/python3
+# A small MCP server over stdio for the executor's tests: well-behaved for
+# echo and secret_is, hostile on demand (garbage, flood, stall, die, fork).
+import json, os, socket, sys, time, hashlib
+
+TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect", "grow", "scalar"]
+
+
+def send(msg):
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+def text(s, is_error=False):
+    return {"content": [{"type": "text", "text": s}], "isError": is_error}
+
+
+def call(name, args):
+    if name == "echo":
+        return text(json.dumps(args))
+    if name == "secret_is":
+        # Answers whether the variable equals the digest given, never the value.
+        v = os.environ.get(args.get("name", ""), "")
+        return text(str(hashlib.sha256(v.encode()).hexdigest() == args.get("sha256")))
+    if name == "garbage":
+        sys.stdout.write("this is not json\n")
+        sys.stdout.flush()
+        time.sleep(60)
+    if name == "flood":
+        chunk = "x" * 65536
+        while True:
+            sys.stdout.write(chunk)
+    if name == "stall":
+        time.sleep(3600)
+    if name == "die":
+        os._exit(7)
+    if name == "fork":
+        for _ in range(3):
+            if os.fork() == 0:
+                os.setsid()
+                time.sleep(3600)
+                os._exit(0)
+        time.sleep(3600)
+    if name == "connect":
+        try:
+            with socket.create_connection((args["host"], args["port"]), timeout=2):
+                return text("connected")
+        except OSError as e:
+            return text("refused: %s" % e.strerror, True)
+    if name == "grow":
+        # A new tool, announced before the answer.
+        TOOLS.append("extra")
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        return text("grown")
+    if name == "extra":
+        return text("extra")
+    if name == "pid":
+        return text(str(os.getpid()))
+    return text("unknown", True)
+
+
+for line in sys.stdin:
+    msg = json.loads(line)
+    mid, method = msg.get("id"), msg.get("method")
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {
+            "protocolVersion": msg["params"]["protocolVersion"],
+            "capabilities": {"tools": {"listChanged": True}},
+            "serverInfo": {"name": "fake", "version": "1"}}})
+    elif method == "tools/list":
+        tools = [{"name": t, "description": t, "inputSchema": {"type": "object"}} for t in TOOLS]
+        send({"jsonrpc": "2.0", "id": mid, "result": {"tools": tools}})
+    elif method == "tools/call":
+        p = msg["params"]
+        send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}})
+        if p["name"] == "scalar":
+            send({"jsonrpc": "2.0", "id": mid, "result": 5})
+            continue
+        send({"jsonrpc": "2.0", "id": mid, "result": call(p["name"], p.get("arguments") or {})})
+    elif mid is not None:
+        send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "no"}})

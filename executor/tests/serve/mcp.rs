@@ -1,0 +1,129 @@
+//! MCP server packs over the wire: `mcp_tools` lists a pack's tools (with
+//! the skill and class each is registered as), `execute` with `tool` calls
+//! one in the pack's server, held calls wait for their `start`, and the
+//! drain stops the servers.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common;
+use crate::support::*;
+
+const FAKE: &str = include_str!("../mcp/fake_server.py");
+
+fn pack(root: &Path, idle_seconds: u64) -> PathBuf {
+    let dir = root.join("fake");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let manifest = json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
+        "timeout_seconds": 2, "class": "mutating", "tool_classes": {"echo": "safe"},
+        "idle_seconds": idle_seconds});
+    std::fs::write(dir.join("skill.json"), manifest.to_string()).unwrap();
+    std::fs::write(dir.join("server.py"), FAKE).unwrap();
+    std::fs::set_permissions(dir.join("server.py"), std::fs::Permissions::from_mode(0o755))
+        .unwrap();
+    dir.join("skill.json")
+}
+
+fn call(c: &mut Client, id: u64, m: &Path, tool: &str, args: Value, class: &str) -> Value {
+    let params = json!({"manifest": m, "tool": tool, "args": args, "class": class});
+    c.send(&json!({"jsonrpc": "2.0", "id": id, "method": "execute", "params": params}));
+    c.run_result().1["result"].clone()
+}
+
+#[test]
+fn tools_are_listed_and_called_over_the_wire_and_the_drain_stops_the_server() {
+    if !can_run() {
+        return;
+    }
+    let mut server = Server::start(|_| {});
+    let m = pack(&server.root, 0);
+    let marker = server.root.to_string_lossy().into_owned();
+    let mut c = server.client();
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "mcp_tools", "params": {"manifest": m}});
+    c.send(&list);
+    let v = c.recv();
+    let tools = v["result"]["tools"].as_array().unwrap_or_else(|| panic!("{v}"));
+    let echo = tools.iter().find(|t| t["name"] == "echo").unwrap_or_else(|| panic!("{v}"));
+    assert_eq!((echo["skill"].as_str(), echo["class"].as_str()), (Some("fake_echo"), Some("safe")));
+    assert_eq!(echo["inputSchema"], json!({"type": "object"}));
+    let stall = tools.iter().find(|t| t["name"] == "stall").unwrap();
+    assert_eq!(stall["class"], "mutating", "the pack's class");
+
+    let r = call(&mut c, 2, &m, "echo", json!({"x": 1}), "safe");
+    assert_eq!(r["outcome"], "ok", "{r}");
+    assert_eq!(r["skill"], "fake_echo");
+    assert_eq!(r["result"]["content"][0]["text"], r#"{"x": 1}"#);
+    // The class the executor reads from the pack is re-checked.
+    let r = call(&mut c, 3, &m, "stall", json!({}), "safe");
+    assert_eq!(r["outcome"], "denied", "{r}");
+    let r = call(&mut c, 4, &m, "not_listed", json!({}), "mutating");
+    assert_eq!(r["outcome"], "rejected", "{r}");
+    // A one-shot run of the pack is refused.
+    c.execute(5, &m, json!({}));
+    let r = c.run_result().1["result"].clone();
+    assert_eq!(r["outcome"], "rejected", "{r}");
+
+    // A held call waits for its start.
+    let params = json!({"manifest": m, "tool": "pid", "args": {}, "hold": true});
+    c.send(&json!({"jsonrpc": "2.0", "id": 6, "method": "execute", "params": params}));
+    std::thread::sleep(Duration::from_millis(200));
+    c.send(&json!({"jsonrpc": "2.0", "method": "start", "params": {"id": 6}}));
+    let r = c.run_result().1["result"].clone();
+    assert_eq!(r["outcome"], "ok", "{r}");
+    assert!(!common::procs_with(&marker).is_empty(), "the server runs");
+    let text = server.metrics();
+    assert_eq!(runs_total(&text, "fake_echo", "ok"), 1.0, "{text}");
+
+    drop(c);
+    server.shutdown();
+    assert!(server.finished_within(Duration::from_secs(30)));
+    let left = common::procs_with(&marker);
+    assert!(left.is_empty(), "the drain stops the server: {left:?}");
+}
+
+#[test]
+fn serve_stops_a_server_idle_past_its_idle_seconds() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let m = pack(&server.root, 1);
+    let marker = server.root.to_string_lossy().into_owned();
+    let mut c = server.client();
+    let r = call(&mut c, 1, &m, "pid", json!({}), "mutating");
+    assert_eq!(r["outcome"], "ok", "{r}");
+    assert!(!common::procs_with(&marker).is_empty(), "the server runs");
+    wait_for("the idle server to stop", Duration::from_secs(10), || {
+        common::procs_with(&marker).is_empty()
+    });
+    let r = call(&mut c, 2, &m, "pid", json!({}), "mutating");
+    assert_eq!(r["outcome"], "ok", "started again: {r}");
+}
+
+#[test]
+fn a_lazy_pack_s_server_is_stopped_after_its_listing_and_an_eager_one_stays() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let m = pack(&server.root, 0);
+    let marker = server.root.to_string_lossy().into_owned();
+    let mut c = server.client();
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "mcp_tools", "params": {"manifest": m}});
+    c.send(&list);
+    assert!(c.recv()["result"]["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    assert!(common::procs_with(&marker).is_empty(), "lazy: stopped after the listing");
+
+    let text = std::fs::read_to_string(&m).unwrap();
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    v["start"] = json!("eager");
+    std::fs::write(&m, v.to_string()).unwrap();
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "mcp_tools", "params": {"manifest": m}});
+    c.send(&list);
+    assert!(c.recv()["result"]["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    assert!(!common::procs_with(&marker).is_empty(), "eager: it stays");
+}

