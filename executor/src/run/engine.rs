@@ -115,8 +115,8 @@ impl Engine {
     ///
     /// [`EngineError`].
     pub fn new(config: Config) -> Result<Self, EngineError> {
-        // The bands first, while the table is short (sys::fdtable).
-        let _ = sys::fdtable::bands();
+        // The bands first, while the table is short (host::fdtable).
+        let _ = crate::host::fdtable::bands();
         Self::with_spawners(config, Spawners::default())
     }
 
@@ -127,7 +127,7 @@ impl Engine {
     ///
     /// As [`Engine::new`].
     pub fn with_spawners(config: Config, spawners: Spawners) -> Result<Self, EngineError> {
-        let _ = sys::fdtable::bands();
+        let _ = crate::host::fdtable::bands();
         sys::process::set_child_subreaper().map_err(EngineError::Subreaper)?;
         let mut host = Host::detect();
         let instance = Instance::start(&config, &host.cgroups)?;

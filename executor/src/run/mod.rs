@@ -76,8 +76,8 @@
 //!    parked waits for the next thread that is done, which makes one for
 //!    it. Before the clone (or the hand-over) the run moves the
 //!    descriptors its child keeps (the three pipe ends and the Landlock
-//!    ruleset) onto a band of low numbers reserved at start (`sys`'s
-//!    `fdtable`), so that step 4d copies a few descriptors, not the ~100
+//!    ruleset) onto a band of low numbers reserved at start (`host::fdtable`),
+//!    so that step 4d copies a few descriptors, not the ~100
 //!    that the executor holds below the floor under load.
 //! 4. In the child, raw syscalls only: (4a) default signal dispositions;
 //!    (4b) new session (`setsid`, no controlling terminal); (4c) join the
@@ -89,7 +89,7 @@
 //!    (`close_range(floor, ~0, CLOSE_RANGE_UNSHARE)`; the floor is the top
 //!    of the band its descriptors were placed on, else the table's floor,
 //!    above which the cgroup files and the executor's other long-lived
-//!    descriptors live: `sys`'s `fdtable`); pipes on 0, 1, 2 and every
+//!    descriptors live: `host::fdtable`); pipes on 0, 1, 2 and every
 //!    other fd close-on-exec;
 //!    `chdir` into the run
 //!    directory; rlimits (CORE 0, NOFILE, FSIZE, CPU, AS, RTPRIO 0, NICE

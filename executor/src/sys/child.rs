@@ -54,7 +54,7 @@ pub(super) fn check_spec(spec: &ChildSpec<'_>) -> Result<libc::sock_fprog, Spawn
         return Err(bad);
     }
     if let Some(floor) = spec.share_below {
-        if !super::fdtable::all_below(floor, spec.stdio.into_iter().chain(spec.landlock)) {
+        if !super::spec::all_below(floor, spec.stdio.into_iter().chain(spec.landlock)) {
             return Err(bad);
         }
     }

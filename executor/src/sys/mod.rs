@@ -19,7 +19,7 @@ pub mod berth;
 pub mod bpf;
 pub mod call;
 pub mod child;
-pub mod fdtable;
+pub mod fd;
 pub mod futex;
 pub mod join;
 pub mod landlock;

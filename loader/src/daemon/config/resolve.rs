@@ -8,7 +8,13 @@ use std::time::Duration;
 use policy::approval::{Approver, DEFAULT_MAX_TTL_SECONDS};
 
 use super::error::value;
-use super::*;
+use super::{
+    ApproverEntry, AuditSettings, CallerEntry, CallerRule, ConfigError, FileConfig, Overrides,
+    Principal, Settings, DEFAULT_AUDIT_DB, DEFAULT_AUDIT_MAX_AGE_DAYS, DEFAULT_AUDIT_MAX_BYTES,
+    DEFAULT_AUDIT_MAX_ROWS, DEFAULT_AUDIT_SYNC_INTERVAL_MS, DEFAULT_EXECUTOR_SOCKET,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_METRICS_LISTEN, DEFAULT_SKILLS_DIR, DEFAULT_SOCKET,
+    MAX_APPROVAL_TTL_SECONDS, MAX_AUDIT_SYNC_INTERVAL_MS, MAX_DRAIN, MIN_AUDIT_MAX_BYTES,
+};
 
 /// The path of `key`: the command line's (`flag`), else the file's, else
 /// `default`; it must be absolute.
