@@ -2,7 +2,6 @@
 //! blocking line client, skills, the `serve` binary, metrics samples.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,41 +12,17 @@ use serde_json::{json, Value};
 
 pub(crate) const RUN_AS: &str = "ongrid-skill";
 
+/// Whether runs can be sandboxed here (the kit's host-skip convention).
 pub(crate) fn can_run() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIP: serve tests need root (the sandbox switches users)");
-        return false;
-    }
-    if nix::unistd::User::from_name(RUN_AS).ok().flatten().is_none() {
-        eprintln!("SKIP: run-as user {RUN_AS} missing (scripts/test creates it)");
-        return false;
-    }
-    true
+    testkit::can_run("serve tests")
 }
 
-pub(crate) fn dir_0755() -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
-}
+pub(crate) use testkit::{dir_0755, wait_for};
 
 /// Writes `<root>/<name>/{skill.json,run.sh}`; returns the manifest path.
 pub(crate) fn skill(root: &Path, name: &str, class: &str, timeout: u32, script: &str) -> PathBuf {
-    let dir = root.join(name);
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let manifest = dir.join("skill.json");
-    std::fs::write(
-        &manifest,
-        format!(
-            r#"{{"name":"{name}","description":"t","entry":"run.sh","class":"{class}","timeout_seconds":{timeout}}}"#
-        ),
-    )
-    .unwrap();
-    let entry = dir.join("run.sh");
-    std::fs::write(&entry, format!("#!/bin/sh\n{script}\n")).unwrap();
-    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
-    manifest
+    let extra = format!(r#","class":"{class}","timeout_seconds":{timeout}"#);
+    testkit::write_pack(root, name, "run.sh", &extra, script).join("skill.json")
 }
 
 /// A server on its own runtime; dropping it shuts it down.
@@ -290,14 +265,6 @@ pub(crate) fn sample(text: &str, name: &str) -> f64 {
 
 pub(crate) fn runs_total(text: &str, skill: &str, outcome: &str) -> f64 {
     sample(text, &format!("ongrid_executor_runs_total{{outcome=\"{outcome}\",skill=\"{skill}\"}}"))
-}
-
-pub(crate) fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let until = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A marker unique to this test process and call site.
