@@ -84,7 +84,7 @@
 //!    cgroups (a parked child whose run watches for its exec leaves the
 //!    joins to the run: the run's thread writes the child's pid into the
 //!    leaves' `cgroup.procs` while the child takes 4d to 4i, and the
-//!    child waits for that before step 5: `sys`'s `join`); (4d) a
+//!    child waits for that before step 5: `run::join`); (4d) a
 //!    descriptor table of its own holding only what is below its floor
 //!    (`close_range(floor, ~0, CLOSE_RANGE_UNSHARE)`; the floor is the top
 //!    of the band its descriptors were placed on, else the table's floor,
@@ -146,6 +146,7 @@
 pub mod egress;
 pub mod engine;
 pub(crate) mod janitor;
+pub mod join;
 pub(crate) mod lock;
 pub mod parsed;
 pub mod plan;

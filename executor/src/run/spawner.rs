@@ -228,7 +228,7 @@ impl Spawner {
     /// `child::spawn` does; for up to `spin` of that without sleeping,
     /// when a parked child took it (`Handoff::wait`); with a nonzero
     /// `spin` the calling thread also offers to make that child's cgroup
-    /// joins (step 4c, `sys`'s `join`) while it works. `meanwhile` runs once
+    /// joins (step 4c, `run::join`) while it works. `meanwhile` runs once
     /// the spec is handed over (and those joins made), while the child
     /// works towards its `exec`: what the run has to do that its child
     /// need not wait for.

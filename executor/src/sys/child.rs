@@ -15,9 +15,9 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use super::call::{self, errno, monotonic_now_ns};
-use super::join::Joining;
 use super::process::real_time_policy;
 use super::spec::{ChildSpec, Identity, SpawnFailure, Spawned, Step};
+use crate::run::join::Joining;
 
 /// Memory shared with the `CLONE_VM` child.
 struct Shared<'s, 'a> {

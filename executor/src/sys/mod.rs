@@ -7,7 +7,8 @@
 //!
 //! # Async-signal-safety
 //!
-//! [`child`], [`berth`] and [`join`]'s wait run in a `CLONE_VM | CLONE_VFORK` child that
+//! [`child`], [`berth`] and `run::join`'s child side (taking the offer up,
+//! the wait) run in a `CLONE_VM | CLONE_VFORK` child that
 //! shares the executor's memory, through the wrappers of [`call`] and
 //! [`futex`]. Code on that path only issues raw system calls on
 //! values the parent built beforehand: no allocation, no locks, no glibc
@@ -21,7 +22,6 @@ pub mod call;
 pub mod child;
 pub mod fd;
 pub mod futex;
-pub mod join;
 pub mod landlock;
 pub mod memory;
 pub mod mount;
