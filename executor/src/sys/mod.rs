@@ -1,7 +1,10 @@
 //! The only unsafe code of the workspace: raw system calls.
 //!
 //! Every function here is a thin wrapper around one kernel interface, with a
-//! `// SAFETY:` comment on each unsafe block. Decisions (which rights, which
+//! `// SAFETY:` comment on each unsafe block. [`berth`] is the exception:
+//! its `unsafe` is not a kernel call but the lifetime of memory shared with
+//! a `CLONE_VM` child (the spec and handoff pointers it reads), which only
+//! holds where the child is created. Decisions (which rights, which
 //! syscalls, which user) are made by the safe modules above; this module only
 //! applies them.
 //!
