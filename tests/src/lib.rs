@@ -18,6 +18,7 @@
 //! - [`lock`]: serialises the resource-heavy cases.
 //! - [`pack`]: skill packs under a served root, and 0755 temp folders.
 //! - [`wait`]: waiting with a deadline, a free loopback port.
+//! - [`wire`]: a blocking line client of the executor's wire.
 //!
 //! This crate is also the test kit of every suite (the executor's and the
 //! loader's integration tests, the benches): the helpers they share are
@@ -42,6 +43,7 @@ pub mod served;
 pub mod skill;
 pub mod victim;
 pub mod wait;
+pub mod wire;
 
 pub use config::Config;
 pub use host::{can_run, root_or_skip};

@@ -1,14 +1,12 @@
 //! Helpers shared by the serve tests: a server on its own runtime, a
 //! blocking line client, skills, the `serve` binary, metrics samples.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use executor::{Config, Engine, Metrics};
-use serde_json::{json, Value};
+use serde_json::json;
 
 pub(crate) const RUN_AS: &str = "ongrid-skill";
 
@@ -198,62 +196,7 @@ impl Drop for Server {
     }
 }
 
-/// A blocking line client.
-pub(crate) struct Client {
-    pub(crate) stream: UnixStream,
-    pub(crate) reader: BufReader<UnixStream>,
-}
-
-impl Client {
-    pub(crate) fn connect(socket: &Path) -> Client {
-        let stream = UnixStream::connect(socket).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let reader = BufReader::new(stream.try_clone().unwrap());
-        Client { stream, reader }
-    }
-
-    pub(crate) fn send_raw(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).unwrap();
-    }
-
-    pub(crate) fn send(&mut self, v: &Value) {
-        let mut line = serde_json::to_vec(v).unwrap();
-        line.push(b'\n');
-        self.send_raw(&line);
-    }
-
-    pub(crate) fn execute(&mut self, id: u64, manifest: &Path, args: Value) {
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": "execute",
-            "params": {"manifest": manifest, "args": args, "session_id": "t"}}));
-    }
-
-    /// The next line, or None at EOF.
-    pub(crate) fn recv_opt(&mut self) -> Option<Value> {
-        let mut line = String::new();
-        match self.reader.read_line(&mut line) {
-            Ok(0) => None,
-            Ok(_) => Some(serde_json::from_str(&line).unwrap()),
-            Err(e) => panic!("read: {e}"),
-        }
-    }
-
-    pub(crate) fn recv(&mut self) -> Value {
-        self.recv_opt().expect("connection closed")
-    }
-
-    /// Reads the stderr notifications, then the report.
-    pub(crate) fn run_result(&mut self) -> (Vec<String>, Value) {
-        let mut stderr = Vec::new();
-        loop {
-            let v = self.recv();
-            if v["method"] == "stderr" {
-                stderr.push(v["params"]["line"].as_str().unwrap().to_owned());
-            } else {
-                return (stderr, v);
-            }
-        }
-    }
-}
+pub(crate) use testkit::wire::Client;
 
 /// The value of the sample `name` (with its labels, as rendered).
 pub(crate) fn sample(text: &str, name: &str) -> f64 {
