@@ -519,19 +519,8 @@ mod tests {
     /// (no stale key, each key under the right table).
     #[test]
     fn the_shipped_config_uncommented_parses() {
-        fn uncomment(l: &str) -> &str {
-            let Some(rest) = l.strip_prefix('#') else { return l };
-            let name = rest.split(" = ").next().unwrap_or_default();
-            let is_key =
-                rest.contains(" = ") && name.chars().all(|c| c.is_ascii_lowercase() || c == '_');
-            if rest.starts_with('[') || is_key {
-                rest
-            } else {
-                l
-            }
-        }
         let shipped = include_str!("../../packaging/executor.toml");
-        let uncommented: String = shipped.lines().map(|l| format!("{}\n", uncomment(l))).collect();
+        let uncommented = testkit::shipped::uncomment(shipped, "[");
         assert!(uncommented.contains("\n[skills.netprobe]\n"), "{uncommented}");
         let c = Config::parse(&uncommented, Path::new("executor.toml"))
             .unwrap_or_else(|e| panic!("{e}\n{uncommented}"));

@@ -19,6 +19,7 @@
 //! - [`pack`]: skill packs under a served root, and 0755 temp folders.
 //! - [`wait`]: waiting with a deadline, a free loopback port.
 //! - [`wire`]: a blocking line client of the executor's wire.
+//! - [`shipped`]: the packaged configuration files, uncommented.
 //!
 //! This crate is also the test kit of every suite (the executor's and the
 //! loader's integration tests, the benches): the helpers they share are
@@ -40,6 +41,7 @@ pub mod pack;
 pub mod procs;
 pub mod run;
 pub mod served;
+pub mod shipped;
 pub mod skill;
 pub mod victim;
 pub mod wait;

@@ -18,18 +18,7 @@ fn parse(text: &str) -> Result<FileConfig, ConfigError> {
 #[test]
 fn the_shipped_config_uncommented_parses_and_shows_the_defaults() {
     let shipped = include_str!("../../../../packaging/skilld.toml");
-    fn uncomment(l: &str) -> &str {
-        let Some(rest) = l.strip_prefix('#') else { return l };
-        let name = rest.split(" = ").next().unwrap_or_default();
-        let is_key =
-            rest.contains(" = ") && name.chars().all(|c| c.is_ascii_lowercase() || c == '_');
-        if rest.starts_with("[[") || is_key {
-            rest
-        } else {
-            l
-        }
-    }
-    let uncommented: String = shipped.lines().map(|l| format!("{}\n", uncomment(l))).collect();
+    let uncommented = testkit::shipped::uncomment(shipped, "[[");
     assert!(uncommented.contains("\n[[callers]]\n"), "{uncommented}");
     let all = parse(&uncommented).unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
     assert_eq!(all.callers.as_ref().map(Vec::len), Some(2));
