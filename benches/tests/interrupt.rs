@@ -40,11 +40,7 @@ fn stops_within(pid: u32, within: Duration) -> bool {
 
 /// Whether this test may start the daemons (else it says SKIP).
 fn can_run() -> bool {
-    let root = nix::unistd::geteuid().is_root();
-    if !root {
-        println!("SKIP: the daemons loadbench starts need root (the executor's cgroups)");
-    }
-    root
+    testkit::root_or_skip("the daemons loadbench starts", "the executor's cgroups")
 }
 
 /// A loadbench of `daemon` runs that would take hours, on the daemons

@@ -266,36 +266,11 @@ impl Config {
             .collect()
     }
 
-    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+    /// Each `[skills.NAME]` grant: a skill name, limits in range, a pinned
+    /// manifest path that names a manifest, known capabilities.
+    fn validate_skills(&self, path: &Path) -> Result<(), ConfigError> {
         let invalid =
             |field, reason: String| ConfigError::Invalid { path: path.to_owned(), field, reason };
-        if self.run_as.is_empty() {
-            return Err(invalid("run_as", "empty user name".to_owned()));
-        }
-        for root in &self.roots {
-            let s = root.to_string_lossy();
-            policy::path::absolute_normal(&s).map_err(|e| invalid("roots", e.to_string()))?;
-        }
-        if let Some(dir) = &self.runtime_dir {
-            policy::path::absolute_normal(&dir.to_string_lossy())
-                .map_err(|e| invalid("runtime_dir", e.to_string()))?;
-        }
-        if self.runs_tmpfs_bytes.is_some_and(|b| b < MIN_RUNS_TMPFS_BYTES) {
-            return Err(invalid(
-                "runs_tmpfs_bytes",
-                format!("must be at least {MIN_RUNS_TMPFS_BYTES}"),
-            ));
-        }
-        if self.runs_tmpfs_bytes.is_some_and(|b| b > MAX_RUNS_TMPFS_BYTES) {
-            return Err(invalid(
-                "runs_tmpfs_bytes",
-                format!("must be at most {MAX_RUNS_TMPFS_BYTES}"),
-            ));
-        }
-        if self.max_timeout_seconds == 0 {
-            return Err(invalid("max_timeout_seconds", "must be at least 1".to_owned()));
-        }
-        self.limits.check().map_err(|e| invalid("limits", e.to_string()))?;
         for (name, grant) in &self.skills {
             let checks = [
                 grant.memory_bytes.map(policy::limits::check_memory),
@@ -328,17 +303,13 @@ impl Config {
                 }
             }
         }
-        if let Some(socket) = &self.socket {
-            policy::path::absolute_normal(&socket.to_string_lossy())
-                .map_err(|e| invalid("socket", e.to_string()))?;
-        }
-        if self.socket_owner.is_empty() {
-            return Err(invalid("socket_owner", "empty user name".to_owned()));
-        }
-        if self.socket_group.as_deref() == Some("") {
-            return Err(invalid("socket_group", "empty group name".to_owned()));
-        }
-        parse_mode(&self.socket_mode).map_err(|reason| invalid("socket_mode", reason))?;
+        Ok(())
+    }
+
+    /// Each `[[peers]]` names one uid or one user, and none twice.
+    fn validate_peers(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid =
+            |field, reason: String| ConfigError::Invalid { path: path.to_owned(), field, reason };
         let mut seen = Vec::new();
         for p in &self.peers {
             let who = match (&p.uid, &p.user) {
@@ -356,6 +327,52 @@ impl Config {
             }
             seen.push(who);
         }
+        Ok(())
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid =
+            |field, reason: String| ConfigError::Invalid { path: path.to_owned(), field, reason };
+        if self.run_as.is_empty() {
+            return Err(invalid("run_as", "empty user name".to_owned()));
+        }
+        for root in &self.roots {
+            let s = root.to_string_lossy();
+            policy::path::absolute_normal(&s).map_err(|e| invalid("roots", e.to_string()))?;
+        }
+        if let Some(dir) = &self.runtime_dir {
+            policy::path::absolute_normal(&dir.to_string_lossy())
+                .map_err(|e| invalid("runtime_dir", e.to_string()))?;
+        }
+        if self.runs_tmpfs_bytes.is_some_and(|b| b < MIN_RUNS_TMPFS_BYTES) {
+            return Err(invalid(
+                "runs_tmpfs_bytes",
+                format!("must be at least {MIN_RUNS_TMPFS_BYTES}"),
+            ));
+        }
+        if self.runs_tmpfs_bytes.is_some_and(|b| b > MAX_RUNS_TMPFS_BYTES) {
+            return Err(invalid(
+                "runs_tmpfs_bytes",
+                format!("must be at most {MAX_RUNS_TMPFS_BYTES}"),
+            ));
+        }
+        if self.max_timeout_seconds == 0 {
+            return Err(invalid("max_timeout_seconds", "must be at least 1".to_owned()));
+        }
+        self.limits.check().map_err(|e| invalid("limits", e.to_string()))?;
+        self.validate_skills(path)?;
+        if let Some(socket) = &self.socket {
+            policy::path::absolute_normal(&socket.to_string_lossy())
+                .map_err(|e| invalid("socket", e.to_string()))?;
+        }
+        if self.socket_owner.is_empty() {
+            return Err(invalid("socket_owner", "empty user name".to_owned()));
+        }
+        if self.socket_group.as_deref() == Some("") {
+            return Err(invalid("socket_group", "empty group name".to_owned()));
+        }
+        parse_mode(&self.socket_mode).map_err(|reason| invalid("socket_mode", reason))?;
+        self.validate_peers(path)?;
         if self.max_concurrent_runs == 0 {
             return Err(invalid("max_concurrent_runs", "must be at least 1".to_owned()));
         }
@@ -502,19 +519,8 @@ mod tests {
     /// (no stale key, each key under the right table).
     #[test]
     fn the_shipped_config_uncommented_parses() {
-        fn uncomment(l: &str) -> &str {
-            let Some(rest) = l.strip_prefix('#') else { return l };
-            let name = rest.split(" = ").next().unwrap_or_default();
-            let is_key =
-                rest.contains(" = ") && name.chars().all(|c| c.is_ascii_lowercase() || c == '_');
-            if rest.starts_with('[') || is_key {
-                rest
-            } else {
-                l
-            }
-        }
         let shipped = include_str!("../../packaging/executor.toml");
-        let uncommented: String = shipped.lines().map(|l| format!("{}\n", uncomment(l))).collect();
+        let uncommented = testkit::shipped::uncomment(shipped, "[");
         assert!(uncommented.contains("\n[skills.netprobe]\n"), "{uncommented}");
         let c = Config::parse(&uncommented, Path::new("executor.toml"))
             .unwrap_or_else(|e| panic!("{e}\n{uncommented}"));

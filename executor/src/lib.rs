@@ -44,7 +44,7 @@ pub fn map_large_allocations() -> bool {
 }
 
 /// Raises the soft `RLIMIT_NOFILE` towards the hard one
-/// (`sys::fdtable::raise_nofile`): systemd starts services at 1024. The
+/// (`host::fdtable::raise_nofile`): systemd starts services at 1024. The
 /// binary calls it first, before the descriptor floor is decided. Returns
 /// the soft limit before and after.
 ///
@@ -52,7 +52,7 @@ pub fn map_large_allocations() -> bool {
 ///
 /// The error of `getrlimit` or `setrlimit`.
 pub fn raise_nofile() -> std::io::Result<(u64, u64)> {
-    sys::fdtable::raise_nofile()
+    host::fdtable::raise_nofile()
 }
 
 /// Sets the calling thread's signal mask to `SIGCHLD` alone, and so every

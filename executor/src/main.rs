@@ -126,58 +126,9 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
     if inherited.is_none() {
         executor::server::socket::ensure_free(&config).context("binding the socket")?;
     }
-    // Said at start, not only in every run's report.
-    if nix::unistd::geteuid().is_root() {
-        for user in config.missing_users() {
-            plumbing::journald::eprint(
-                Level::WARN,
-                &format!(
-                    "ongrid-executor: run-as user {user:?} does not exist: every run as it fails \
-                     (sandbox_failed) until it is created (useradd --system --user-group \
-                     --no-create-home --shell /usr/sbin/nologin {user}) or executor.toml names \
-                     another"
-                ),
-            );
-        }
-    }
-    // A delegated cgroup v2 subtree (systemd Delegate=yes): move into
-    // <own>/supervisor so the run cgroups below get pids and memory.
-    match executor::host::delegation::take_own() {
-        Ok(executor::host::delegation::Delegation::Taken { root, enabled }) => eprintln!(
-            "ongrid-executor: cgroup {} delegated: moved into {}/, enabled {} for the runs",
-            root.display(),
-            executor::host::delegation::SUPERVISOR,
-            enabled.join(" ")
-        ),
-        Ok(other) => tracing::info!("executor: cgroup delegation: {other:?}"),
-        Err(e) => plumbing::journald::eprint(
-            Level::WARN,
-            &format!("ongrid-executor: {e:#}; runs get what the cgroup offers as it is"),
-        ),
-    }
-    // Cgroup joins without an RCU grace period after idle gaps.
-    if config.cgroup_favordynmods && nix::unistd::geteuid().is_root() {
-        use executor::host::dynmods::{self, Favor};
-        match dynmods::ensure() {
-            Ok(Favor::Enabled(at)) => eprintln!(
-                "ongrid-executor: cgroup: remounted {} with {} (runs after an idle gap no \
-                 longer wait an RCU grace period to join their cgroup; cgroup_favordynmods = \
-                 false leaves the mounts as they are)",
-                at.display(),
-                dynmods::OPTION
-            ),
-            Ok(Favor::Already(at)) => {
-                tracing::debug!("executor: cgroup: {} has {}", at.display(), dynmods::OPTION);
-            }
-            Ok(Favor::NoCgroup) => {}
-            Err(e) => tracing::warn!(
-                "executor: cgroup: cannot turn on {} ({e}): a run after an idle gap waits an \
-                 RCU grace period (ms) to join its cgroup; mount a cgroup hierarchy with \
-                 {0} or boot with cgroup_favordynmods=true",
-                dynmods::OPTION
-            ),
-        }
-    }
+    warn_missing_users(&config);
+    take_cgroup_delegation();
+    favor_dynmods(&config);
     // Runs are spawned from the runtime's worker threads, which live as long
     // as the runtime (the children's parent-death signal is tied to the
     // spawning thread; see `executor::server`). Runs also block a worker
@@ -231,6 +182,70 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
         executor::server::run(listener, engine, metrics, shutdown).await;
         Ok(0)
     })
+}
+
+/// Said at start, not only in every run's report: a run-as user that
+/// does not exist fails every run as it.
+fn warn_missing_users(config: &Config) {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    for user in config.missing_users() {
+        plumbing::journald::eprint(
+            Level::WARN,
+            &format!(
+                "ongrid-executor: run-as user {user:?} does not exist: every run as it fails \
+                 (sandbox_failed) until it is created (useradd --system --user-group \
+                 --no-create-home --shell /usr/sbin/nologin {user}) or executor.toml names \
+                 another"
+            ),
+        );
+    }
+}
+
+/// A delegated cgroup v2 subtree (systemd Delegate=yes): move into
+/// <own>/supervisor so the run cgroups below get pids and memory.
+fn take_cgroup_delegation() {
+    match executor::host::delegation::take_own() {
+        Ok(executor::host::delegation::Delegation::Taken { root, enabled }) => eprintln!(
+            "ongrid-executor: cgroup {} delegated: moved into {}/, enabled {} for the runs",
+            root.display(),
+            executor::host::delegation::SUPERVISOR,
+            enabled.join(" ")
+        ),
+        Ok(other) => tracing::info!("executor: cgroup delegation: {other:?}"),
+        Err(e) => plumbing::journald::eprint(
+            Level::WARN,
+            &format!("ongrid-executor: {e:#}; runs get what the cgroup offers as it is"),
+        ),
+    }
+}
+
+/// Cgroup joins without an RCU grace period after idle gaps.
+fn favor_dynmods(config: &Config) {
+    use executor::host::dynmods::{self, Favor};
+    if !config.cgroup_favordynmods || !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    match dynmods::ensure() {
+        Ok(Favor::Enabled(at)) => eprintln!(
+            "ongrid-executor: cgroup: remounted {} with {} (runs after an idle gap no \
+             longer wait an RCU grace period to join their cgroup; cgroup_favordynmods = \
+             false leaves the mounts as they are)",
+            at.display(),
+            dynmods::OPTION
+        ),
+        Ok(Favor::Already(at)) => {
+            tracing::debug!("executor: cgroup: {} has {}", at.display(), dynmods::OPTION);
+        }
+        Ok(Favor::NoCgroup) => {}
+        Err(e) => tracing::warn!(
+            "executor: cgroup: cannot turn on {} ({e}): a run after an idle gap waits an \
+             RCU grace period (ms) to join its cgroup; mount a cgroup hierarchy with \
+             {0} or boot with cgroup_favordynmods=true",
+            dynmods::OPTION
+        ),
+    }
 }
 
 /// Starts listening for SIGTERM and SIGINT now (and, with

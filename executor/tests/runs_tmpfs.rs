@@ -21,12 +21,7 @@ use std::process::Command;
 use serde_json::Value;
 
 fn can_run() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIP: runs tmpfs tests need root");
-        return false;
-    }
-    if nix::unistd::User::from_name("ongrid-skill").ok().flatten().is_none() {
-        eprintln!("SKIP: run-as user ongrid-skill missing (scripts/test creates it)");
+    if !testkit::can_run("runs tmpfs tests") {
         return false;
     }
     if Command::new("setpriv").arg("--version").output().is_err() {

@@ -14,11 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn can_run() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIP: systemd tests of serve need root (the engine switches users)");
-        return false;
-    }
-    true
+    testkit::root_or_skip("systemd tests of serve", "the engine switches users")
 }
 
 struct Setup {

@@ -290,92 +290,17 @@ impl Manifest {
         let name = string(&obj, "name")?.ok_or(ManifestError::Missing("name"))?;
         let name = SkillName::new(name).map_err(|e| invalid("name", e.to_string()))?;
 
-        let description =
-            string(&obj, "description")?.ok_or(ManifestError::Missing("description"))?;
-        if description.trim().is_empty() {
-            return Err(invalid("description", "must not be empty"));
-        }
-        if description.len() > MAX_DESCRIPTION_BYTES {
-            return Err(invalid(
-                "description",
-                format!("must be at most {MAX_DESCRIPTION_BYTES} bytes"),
-            ));
-        }
+        let description = parse_description(&obj)?;
 
-        let entry = string(&obj, "entry")?.ok_or(ManifestError::Missing("entry"))?;
-        if entry.is_empty() {
-            return Err(invalid("entry", "must not be empty"));
-        }
-        if entry.contains('\0') {
-            return Err(invalid("entry", "must not contain a NUL byte"));
-        }
+        let entry = parse_entry(&obj)?;
 
-        let schema = match get(&obj, "schema") {
-            None => Schema::from_value(&serde_json::json!({"type": "object", "properties": {}})),
-            Some(Value::Object(s)) => {
-                if let Some(t) = s.get("type") {
-                    if t != "object" {
-                        return Err(invalid(
-                            "schema",
-                            format!(
-                                "must describe an object (\"type\": \"object\"), got \"type\": {t}"
-                            ),
-                        ));
-                    }
-                }
-                // Args are always an object; saying so makes the schema a
-                // valid tool definition (MCP, OpenAI and Anthropic require
-                // `"type": "object"`; `{}` made an agent's tools request
-                // fail). It validates the same args.
-                let mut s = s.clone();
-                s.entry("type").or_insert_with(|| Value::from("object"));
-                Schema::from_value(&Value::Object(s))
-            }
-            Some(v) => return Err(wrong("schema", "an object (a JSON Schema)", v)),
-        }
-        .map_err(|e| invalid("schema", e.to_string()))?;
+        let schema = parse_schema(get(&obj, "schema"))?;
         let output_schema = parse_output_schema(get(&obj, "output_schema"))?;
 
-        let mut env_allow: Vec<EnvName> = Vec::new();
-        if let Some(v) = get(&obj, "env_allow") {
-            for (i, n) in string_list(v, "env_allow")?.iter().enumerate() {
-                let n = EnvName::new(n)
-                    .map_err(|e| invalid(&format!("env_allow[{i}]"), e.to_string()))?;
-                if !env_allow.contains(&n) {
-                    env_allow.push(n);
-                }
-            }
-        }
+        let env_allow = parse_env_allow(get(&obj, "env_allow"))?;
 
-        // The default obeys the operator maximum too (an executor with
-        // `max_timeout_seconds` under 30 must not run a skill for 30 s).
-        let default_timeout = DEFAULT_TIMEOUT.min(opts.max_timeout);
-        // A whole number over the maximum is clamped however large it is.
-        let (timeout, timeout_clamped_from) = match get(&obj, "timeout_seconds") {
-            None => (default_timeout, None),
-            Some(v) => {
-                let w = whole(v, "timeout_seconds", None).map_err(|e| {
-                    // Quoted as written (a `Value` keeps `1.50` as `1.5`):
-                    // the file is read again, on this error only; every key
-                    // is unique, so this sees the same members.
-                    let written = bytes.and_then(|b| serde_json::from_slice::<Written>(b).ok());
-                    match written.as_ref().and_then(|w| w.timeout_seconds) {
-                        Some(text) => {
-                            whole(v, "timeout_seconds", Some(text.get())).err().unwrap_or(e)
-                        }
-                        None => e,
-                    }
-                })?;
-                match w {
-                    Whole::Fits(0) => (default_timeout, None),
-                    Whole::Fits(s) if Duration::from_secs(s) > opts.max_timeout => {
-                        (opts.max_timeout, Some(s))
-                    }
-                    Whole::Fits(s) => (Duration::from_secs(s), None),
-                    Whole::Beyond => (opts.max_timeout, Some(u64::MAX)),
-                }
-            }
-        };
+        let (timeout, timeout_clamped_from) =
+            parse_timeout(get(&obj, "timeout_seconds"), opts, bytes)?;
 
         let class = match string(&obj, "class")? {
             None => SkillClass::default(),
@@ -384,18 +309,7 @@ impl Manifest {
                 .map_err(|e: crate::class::UnknownClass| invalid("class", e.to_string()))?,
         };
 
-        let category = match string(&obj, "category")? {
-            // Blank is no category, as empty is.
-            None => DEFAULT_CATEGORY.to_owned(),
-            Some(c) if c.trim().is_empty() => DEFAULT_CATEGORY.to_owned(),
-            Some(c) if c.len() > 64 || c.chars().any(char::is_control) => {
-                return Err(invalid(
-                    "category",
-                    "must be at most 64 bytes without control characters",
-                ));
-            }
-            Some(c) => c.to_owned(),
-        };
+        let category = parse_category(&obj)?;
 
         let sandbox = match get(&obj, "sandbox") {
             None => SandboxRequest::default(),
@@ -580,6 +494,127 @@ fn parse_sandbox(s: &Map<String, Value>) -> Result<SandboxRequest, ManifestError
         }
     }
     Ok(req)
+}
+
+/// `description`: required, not blank, at most [`MAX_DESCRIPTION_BYTES`].
+fn parse_description(obj: &Map<String, Value>) -> Result<&str, ManifestError> {
+    let description = string(obj, "description")?.ok_or(ManifestError::Missing("description"))?;
+    if description.trim().is_empty() {
+        return Err(invalid("description", "must not be empty"));
+    }
+    if description.len() > MAX_DESCRIPTION_BYTES {
+        return Err(invalid(
+            "description",
+            format!("must be at most {MAX_DESCRIPTION_BYTES} bytes"),
+        ));
+    }
+    Ok(description)
+}
+
+/// `entry`: required, not empty, without a NUL byte.
+fn parse_entry(obj: &Map<String, Value>) -> Result<&str, ManifestError> {
+    let entry = string(obj, "entry")?.ok_or(ManifestError::Missing("entry"))?;
+    if entry.is_empty() {
+        return Err(invalid("entry", "must not be empty"));
+    }
+    if entry.contains('\0') {
+        return Err(invalid("entry", "must not contain a NUL byte"));
+    }
+    Ok(entry)
+}
+
+/// `schema`: absent (no args), or a JSON Schema of an object.
+fn parse_schema(value: Option<&Value>) -> Result<Schema, ManifestError> {
+    match value {
+        None => Schema::from_value(&serde_json::json!({"type": "object", "properties": {}})),
+        Some(Value::Object(s)) => {
+            if let Some(t) = s.get("type") {
+                if t != "object" {
+                    return Err(invalid(
+                        "schema",
+                        format!(
+                            "must describe an object (\"type\": \"object\"), got \"type\": {t}"
+                        ),
+                    ));
+                }
+            }
+            // Args are always an object; saying so makes the schema a
+            // valid tool definition (MCP, OpenAI and Anthropic require
+            // `"type": "object"`; `{}` made an agent's tools request
+            // fail). It validates the same args.
+            let mut s = s.clone();
+            s.entry("type").or_insert_with(|| Value::from("object"));
+            Schema::from_value(&Value::Object(s))
+        }
+        Some(v) => return Err(wrong("schema", "an object (a JSON Schema)", v)),
+    }
+    .map_err(|e| invalid("schema", e.to_string()))
+}
+
+/// `env_allow`: variable names, each kept once.
+fn parse_env_allow(value: Option<&Value>) -> Result<Vec<EnvName>, ManifestError> {
+    let mut env_allow: Vec<EnvName> = Vec::new();
+    if let Some(v) = value {
+        for (i, n) in string_list(v, "env_allow")?.iter().enumerate() {
+            let n =
+                EnvName::new(n).map_err(|e| invalid(&format!("env_allow[{i}]"), e.to_string()))?;
+            if !env_allow.contains(&n) {
+                env_allow.push(n);
+            }
+        }
+    }
+    Ok(env_allow)
+}
+
+/// `timeout_seconds` and, when it was over the operator maximum and
+/// clamped, the number written. `bytes`: the manifest file, read again
+/// for the text of a number an error quotes.
+fn parse_timeout(
+    value: Option<&Value>,
+    opts: &ValidateOptions,
+    bytes: Option<&[u8]>,
+) -> Result<(Duration, Option<u64>), ManifestError> {
+    // The default obeys the operator maximum too (an executor with
+    // `max_timeout_seconds` under 30 must not run a skill for 30 s).
+    let default_timeout = DEFAULT_TIMEOUT.min(opts.max_timeout);
+    // A whole number over the maximum is clamped however large it is.
+    Ok(match value {
+        None => (default_timeout, None),
+        Some(v) => {
+            let w = whole(v, "timeout_seconds", None).map_err(|e| {
+                // Quoted as written (a `Value` keeps `1.50` as `1.5`):
+                // the file is read again, on this error only; every key
+                // is unique, so this sees the same members.
+                let written = bytes.and_then(|b| serde_json::from_slice::<Written>(b).ok());
+                match written.as_ref().and_then(|w| w.timeout_seconds) {
+                    Some(text) => whole(v, "timeout_seconds", Some(text.get())).err().unwrap_or(e),
+                    None => e,
+                }
+            })?;
+            match w {
+                Whole::Fits(0) => (default_timeout, None),
+                Whole::Fits(s) if Duration::from_secs(s) > opts.max_timeout => {
+                    (opts.max_timeout, Some(s))
+                }
+                Whole::Fits(s) => (Duration::from_secs(s), None),
+                Whole::Beyond => (opts.max_timeout, Some(u64::MAX)),
+            }
+        }
+    })
+}
+
+/// `category`: absent or blank is [`DEFAULT_CATEGORY`]; at most 64 bytes
+/// without control characters.
+fn parse_category(obj: &Map<String, Value>) -> Result<String, ManifestError> {
+    Ok(match string(obj, "category")? {
+        // Blank is no category, as empty is.
+        None => DEFAULT_CATEGORY.to_owned(),
+        Some(c) if c.trim().is_empty() => DEFAULT_CATEGORY.to_owned(),
+        Some(c) if c.len() > 64 || c.chars().any(char::is_control) => {
+            return Err(invalid("category", "must be at most 64 bytes without control characters"));
+        }
+        Some(c) => c.to_owned(),
+    })
 }
 
 /// `output_schema`: absent, or a JSON Schema of an object (MCP's

@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -65,35 +65,13 @@ pub fn with_blocked<T>(signals: &[Signal], f: impl FnOnce() -> T + std::panic::U
     out.unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
-/// A free loopback port (bound then released).
-pub fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
+pub use ongrid_tests::{free_port, temp_dir};
 
-/// A temp dir the run-as user can traverse (0755), canonical.
-pub fn temp_dir(prefix: &str) -> (tempfile::TempDir, PathBuf) {
-    let tmp = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
-    let base = fs::canonicalize(tmp.path()).unwrap();
-    fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
-    (tmp, base)
-}
-
-/// Writes a pack `root/name/` with `skill.json` (name, description, entry
-/// `run`, plus `extra` fields, JSON text starting with `,`) and an
-/// executable `/bin/sh` entry holding `script`. Skills run with no
-/// environment: tools by absolute path.
+/// Writes a pack `root/name/` with `skill.json` (entry `run`, plus
+/// `extra` fields, JSON text starting with `,`) and an executable
+/// `/bin/sh` entry holding `script` ([`ongrid_tests::write_pack`]).
 pub fn write_skill(root: &Path, name: &str, extra: &str, script: &str) -> PathBuf {
-    let dir = root.join(name);
-    fs::create_dir_all(&dir).unwrap();
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
-    let run = dir.join("run");
-    fs::write(&run, format!("#!/bin/sh\n{script}\n")).unwrap();
-    fs::set_permissions(&run, fs::Permissions::from_mode(0o755)).unwrap();
-    let manifest =
-        format!(r#"{{"name":"{name}","description":"{name} e2e skill","entry":"run"{extra}}}"#);
-    fs::write(dir.join("skill.json"), manifest).unwrap();
-    fs::set_permissions(dir.join("skill.json"), fs::Permissions::from_mode(0o644)).unwrap();
-    dir
+    ongrid_tests::write_pack(root, name, "run", extra, script)
 }
 
 /// The standard skills of the suite, under `root`.

@@ -155,19 +155,7 @@ pub(crate) fn removed_soon(path: &Path) -> bool {
     poll(Duration::from_secs(2), || (!path.exists()).then_some(())).is_some()
 }
 
-/// Calls `f` every 10 ms until it gives a value, for at most `within`.
-pub(crate) fn poll<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if std::time::Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+pub(crate) use ongrid_tests::poll;
 
 /// A unique path outside every allowed directory, for the test to plant
 /// files the skill must not reach (world-accessible, so only the sandbox

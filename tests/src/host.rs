@@ -59,6 +59,30 @@ pub fn prepare(case: &str) -> bool {
     true
 }
 
+/// Whether this process runs as root; else prints `SKIP: <suite> need
+/// root (<why>)` and returns false.
+pub fn root_or_skip(suite: &str, why: &str) -> bool {
+    let root = is_root();
+    if !root {
+        println!("SKIP: {suite} need root ({why})");
+    }
+    root
+}
+
+/// Whether runs can be sandboxed here: root, and [`SKILL_USER`] exists
+/// (`scripts/test` creates it); else prints the `SKIP:` line saying which
+/// is missing and returns false.
+pub fn can_run(suite: &str) -> bool {
+    if !root_or_skip(suite, "the sandbox switches users") {
+        return false;
+    }
+    if lookup(SKILL_USER).is_none() {
+        println!("SKIP: run-as user {SKILL_USER} missing (scripts/test creates it)");
+        return false;
+    }
+    true
+}
+
 /// Prints the standard skip line for a case this host cannot check.
 pub fn skip(case: &str, reason: &str) {
     println!("SKIP: {case}: {reason}");

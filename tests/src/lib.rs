@@ -16,6 +16,14 @@
 //! - [`victim`]: [`Victim`], a process outside the sandbox, owned by the
 //!   run-as user, that sandboxed skills try to signal, trace or read.
 //! - [`lock`]: serialises the resource-heavy cases.
+//! - [`pack`]: skill packs under a served root, and 0755 temp folders.
+//! - [`wait`]: waiting with a deadline, a free loopback port.
+//! - [`wire`]: a blocking line client of the executor's wire.
+//! - [`shipped`]: the packaged configuration files, uncommented.
+//!
+//! This crate is also the test kit of every suite (the executor's and the
+//! loader's integration tests, the benches): the helpers they share are
+//! re-exported at its root.
 //!
 //! # Test strategy
 //!
@@ -29,13 +37,20 @@
 pub mod config;
 pub mod host;
 pub mod lock;
+pub mod pack;
 pub mod procs;
 pub mod run;
 pub mod served;
+pub mod shipped;
 pub mod skill;
 pub mod victim;
+pub mod wait;
+pub mod wire;
 
 pub use config::Config;
+pub use host::{can_run, root_or_skip};
+pub use pack::{dir_0755, temp_dir, write_pack};
 pub use run::Run;
 pub use skill::SkillDir;
 pub use victim::Victim;
+pub use wait::{free_port, poll, wait_for};

@@ -49,6 +49,13 @@ pub fn scan() -> Vec<Proc> {
     out
 }
 
+/// Every process but this one whose command line contains `needle`: not
+/// a pattern but a marker unique to the test, so no other process on the
+/// host matches.
+pub fn with_cmdline(needle: &str) -> Vec<Proc> {
+    scan().into_iter().filter(|p| p.cmdline.contains(needle)).collect()
+}
+
 /// Which processes count as the run's.
 #[derive(Debug, Clone, Default)]
 pub struct Scope {

@@ -19,5 +19,6 @@ pub mod attach_lock;
 pub mod capabilities;
 pub mod delegation;
 pub mod dynmods;
+pub mod fdtable;
 pub mod instance;
 pub mod sweep;

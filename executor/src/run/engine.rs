@@ -115,8 +115,8 @@ impl Engine {
     ///
     /// [`EngineError`].
     pub fn new(config: Config) -> Result<Self, EngineError> {
-        // The bands first, while the table is short (sys::fdtable).
-        let _ = sys::fdtable::bands();
+        // The bands first, while the table is short (host::fdtable).
+        let _ = crate::host::fdtable::bands();
         Self::with_spawners(config, Spawners::default())
     }
 
@@ -127,7 +127,7 @@ impl Engine {
     ///
     /// As [`Engine::new`].
     pub fn with_spawners(config: Config, spawners: Spawners) -> Result<Self, EngineError> {
-        let _ = sys::fdtable::bands();
+        let _ = crate::host::fdtable::bands();
         sys::process::set_child_subreaper().map_err(EngineError::Subreaper)?;
         let mut host = Host::detect();
         let instance = Instance::start(&config, &host.cgroups)?;
@@ -229,26 +229,15 @@ impl Engine {
         cancel: impl Future<Output = ()>,
     ) -> (RunReport, Duration) {
         let source = ManifestSource::Path(req.manifest_path);
-        self.run_source(source, req.args, tool, stderr_sink, start, cancel).await
-    }
-
-    /// [`Engine::run_held`] for a manifest given as a [`ManifestSource`].
-    pub async fn run_source(
-        &self,
-        source: ManifestSource,
-        args: Vec<u8>,
-        tool: Option<&str>,
-        stderr_sink: &mut (dyn FnMut(&str) + Send),
-        start: impl Future<Output = bool>,
-        cancel: impl Future<Output = ()>,
-    ) -> (RunReport, Duration) {
         let (report, held, _wake) =
-            self.run_source_then(source, args, tool, stderr_sink, start, cancel).await;
+            self.run_source_then(source, req.args, tool, stderr_sink, start, cancel).await;
         (report, held)
     }
 
-    /// [`Engine::run_source`], also returning what of the run is better
-    /// done after its report is written, for the caller to drop then.
+    /// [`Engine::run_held`] for a manifest given as a [`ManifestSource`]
+    /// (the server's, opened once when it was checked), also returning
+    /// what of the run is better done after its report is written, for the
+    /// caller to drop then.
     pub(crate) async fn run_source_then(
         &self,
         source: ManifestSource,

@@ -76,20 +76,20 @@
 //!    parked waits for the next thread that is done, which makes one for
 //!    it. Before the clone (or the hand-over) the run moves the
 //!    descriptors its child keeps (the three pipe ends and the Landlock
-//!    ruleset) onto a band of low numbers reserved at start (`sys`'s
-//!    `fdtable`), so that step 4d copies a few descriptors, not the ~100
+//!    ruleset) onto a band of low numbers reserved at start (`host::fdtable`),
+//!    so that step 4d copies a few descriptors, not the ~100
 //!    that the executor holds below the floor under load.
 //! 4. In the child, raw syscalls only: (4a) default signal dispositions;
 //!    (4b) new session (`setsid`, no controlling terminal); (4c) join the
 //!    cgroups (a parked child whose run watches for its exec leaves the
 //!    joins to the run: the run's thread writes the child's pid into the
 //!    leaves' `cgroup.procs` while the child takes 4d to 4i, and the
-//!    child waits for that before step 5: `sys`'s `join`); (4d) a
+//!    child waits for that before step 5: `run::join`); (4d) a
 //!    descriptor table of its own holding only what is below its floor
 //!    (`close_range(floor, ~0, CLOSE_RANGE_UNSHARE)`; the floor is the top
 //!    of the band its descriptors were placed on, else the table's floor,
 //!    above which the cgroup files and the executor's other long-lived
-//!    descriptors live: `sys`'s `fdtable`); pipes on 0, 1, 2 and every
+//!    descriptors live: `host::fdtable`); pipes on 0, 1, 2 and every
 //!    other fd close-on-exec;
 //!    `chdir` into the run
 //!    directory; rlimits (CORE 0, NOFILE, FSIZE, CPU, AS, RTPRIO 0, NICE
@@ -146,6 +146,7 @@
 pub mod egress;
 pub mod engine;
 pub(crate) mod janitor;
+pub mod join;
 pub(crate) mod lock;
 pub mod parsed;
 pub mod plan;

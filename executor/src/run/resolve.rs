@@ -123,7 +123,7 @@ fn fd_link(file: &File) -> io::Result<PathBuf> {
             .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
             .open(format!("/proc/{pid}/fd"))
             .ok()
-            .map(|dir| (pid, crate::sys::fdtable::lift_file(dir)))
+            .map(|dir| (pid, crate::host::fdtable::lift_file(dir)))
     });
     let name = file.as_raw_fd().to_string();
     match dir {

@@ -689,10 +689,10 @@ pub fn spawn(
         exec_at: Some(&exec_ns),
     };
     // The child shares the table until its cgroups are joined, then keeps
-    // only what is below its floor (sys::fdtable): the top of the band its
+    // only what is below its floor (host::fdtable): the top of the band its
     // descriptors are placed on, else the table's floor when they are below
     // it; else it copies the table. `placed` lives until the child exec'd.
-    let placed = sys::fdtable::bands().and_then(|bands| {
+    let placed = crate::host::fdtable::bands().and_then(|bands| {
         let [i, o, e] = spec.stdio;
         bands.place([Some(i), Some(o), Some(e), spec.landlock])
     });
@@ -703,8 +703,8 @@ pub fn spawn(
             spec.share_below = Some(top);
         }
         _ => {
-            spec.share_below = sys::fdtable::floor().filter(|floor| {
-                sys::fdtable::all_below(*floor, spec.stdio.into_iter().chain(spec.landlock))
+            spec.share_below = crate::host::fdtable::floor().filter(|floor| {
+                crate::sys::spec::all_below(*floor, spec.stdio.into_iter().chain(spec.landlock))
             });
         }
     }

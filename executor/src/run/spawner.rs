@@ -228,7 +228,7 @@ impl Spawner {
     /// `child::spawn` does; for up to `spin` of that without sleeping,
     /// when a parked child took it (`Handoff::wait`); with a nonzero
     /// `spin` the calling thread also offers to make that child's cgroup
-    /// joins (step 4c, `sys`'s `join`) while it works. `meanwhile` runs once
+    /// joins (step 4c, `run::join`) while it works. `meanwhile` runs once
     /// the spec is handed over (and those joins made), while the child
     /// works towards its `exec`: what the run has to do that its child
     /// need not wait for.
@@ -505,16 +505,16 @@ mod tests {
     }
 
     /// A child that shares the table until its cgroups are joined
-    /// (`share_below`, sys::fdtable) leaves the parent's table as it was:
+    /// (`share_below`, host::fdtable) leaves the parent's table as it was:
     /// its stdio went onto 0..2 of its own table, not ours, and its
     /// `close_range` above the floor closed nothing of ours.
     #[test]
     fn a_child_sharing_the_table_leaves_the_parents_alone() {
-        let Some(floor) = crate::sys::fdtable::floor() else {
-            println!("SKIP: no descriptor floor here (see sys::fdtable)");
+        let Some(floor) = crate::host::fdtable::floor() else {
+            println!("SKIP: no descriptor floor here (see host::fdtable)");
             return;
         };
-        let high = crate::sys::fdtable::lift_file(std::fs::File::open("/dev/null").unwrap());
+        let high = crate::host::fdtable::lift_file(std::fs::File::open("/dev/null").unwrap());
         assert!(u32::try_from(high.as_raw_fd()).unwrap() >= floor);
         let before: Vec<_> = (0..3).map(identity).chain([identity(high.as_raw_fd())]).collect();
         let spawner = Spawner::start(test_program(), 2, "test-share").unwrap();

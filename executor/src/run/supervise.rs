@@ -161,6 +161,20 @@ impl Tree<'_> {
     /// True when the run's cgroup says no process is left in it (nothing
     /// can join an empty cgroup but what the executor puts there), so no
     /// kill is needed; false without a cgroup, or when unsure.
+    /// Step 7: the main process is gone; its leftovers go now
+    /// (`cgroup.kill` takes forks in flight too, `killpg` the session's
+    /// group; nothing is left to kill after it). A cgroup that is already
+    /// empty (most runs) needs none: its `cgroup.events` is read instead of
+    /// a write to `cgroup.kill`, which takes the cgroup mutex the other
+    /// runs' joins wait on. Returns until when the pipes are still drained.
+    fn after_exit(&self, hard_deadline: Instant) -> Instant {
+        if !self.seen_empty() {
+            self.kill_rest();
+        }
+        let now = Instant::now();
+        (now + DRAIN).min(hard_deadline.max(now))
+    }
+
     fn is_empty(&self) -> bool {
         self.cgroup.is_some_and(|c| c.can_kill() && c.wait_empty(Duration::ZERO))
     }
@@ -411,6 +425,18 @@ async fn wait_exit(pidfd: &mut Option<PidFd>, reaper: &Reaper, pid: i32, spin: D
     }
 }
 
+/// How long the next look at the exit may watch without sleeping: the
+/// whole spin once, at the first look `due` (the pipes are done and the
+/// tree is not being stopped), decided then since other runs may have
+/// started since this one; zero otherwise.
+fn spin_now(exit_spin: &mut Option<ExitSpin<'_>>, due: bool) -> Duration {
+    if due {
+        exit_spin.take().map_or(Duration::ZERO, |s| s.now())
+    } else {
+        Duration::ZERO
+    }
+}
+
 /// Supervises `child` until it and its whole tree are gone.
 pub async fn supervise(
     child: Child,
@@ -427,8 +453,7 @@ pub async fn supervise(
     let deadline = start + bounds.timeout;
     let hard_deadline = deadline + bounds.grace;
     let watch_at = start + WATCH_AFTER;
-    // Spent once, by the first look once the pipes are done (and decided
-    // then: other runs may have started since this one).
+    // Spent once ([`spin_now`]).
     let mut exit_spin = Some(bounds.exit_spin);
     // Always `Some` outside `wait_exit` (which takes it to register it).
     let mut pidfd = Some(PidFd::Plain(pidfd));
@@ -457,13 +482,7 @@ pub async fn supervise(
             // comes next (see `PidFd`).
             let pipes_done = stdout_out.is_some() && stderr_done;
             watching |= pipes_done || killed || kill_at.is_some();
-            // The exit is watched for without sleeping once, when the pipes
-            // are done (not for a tree being stopped).
-            let spin = if pipes_done && !killed && kill_at.is_none() {
-                exit_spin.take().map_or(Duration::ZERO, |s| s.now())
-            } else {
-                Duration::ZERO
-            };
+            let spin = spin_now(&mut exit_spin, pipes_done && !killed && kill_at.is_none());
             tokio::select! {
                 () = &mut stdin_fut, if !stdin_done => stdin_done = true,
                 (r, rx) = &mut stdout_fut, if stdout_out.is_none() => {
@@ -486,18 +505,8 @@ pub async fn supervise(
                 }
                 e = wait_exit(&mut pidfd, reaper, pid, spin), if exit.is_none() && watching => {
                     exit = Some(e);
-                    // Step 7: the main process is gone; its leftovers go now
-                    // (`cgroup.kill` takes forks in flight too, `killpg` the
-                    // session's group; nothing is left to kill after it). A
-                    // cgroup that is already empty (most runs) needs none:
-                    // its `cgroup.events` is read instead of a write to
-                    // `cgroup.kill`, which takes the cgroup mutex the other
-                    // runs' joins wait on.
-                    if !tree.seen_empty() {
-                        tree.kill_rest();
-                    }
+                    drain_until = tree.after_exit(hard_deadline);
                     killed = true;
-                    drain_until = (Instant::now() + DRAIN).min(hard_deadline.max(Instant::now()));
                 }
                 () = sleep_until(deadline), if stop == Stop::None && kill_at.is_none() && exit.is_none() => {
                     stop = Stop::WallTime;

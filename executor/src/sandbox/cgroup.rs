@@ -245,7 +245,7 @@ impl Kept {
         self.0
             .get_or_init(|| {
                 let file = fs::OpenOptions::new().read(!write).write(write).open(path()).ok()?;
-                Some(crate::sys::fdtable::lift_file(file))
+                Some(crate::host::fdtable::lift_file(file))
             })
             .as_ref()
     }
@@ -372,7 +372,7 @@ impl RunCgroup {
                 .write(true)
                 .open(dir.join("cgroup.kill"))
                 .ok()
-                .map(crate::sys::fdtable::lift_file);
+                .map(crate::host::fdtable::lift_file);
             self.report.kill = Some("v2".into());
             if h.v2_limits {
                 self.v2_limits = true;
@@ -399,8 +399,8 @@ impl RunCgroup {
                 .open(&path)
                 .map_err(|source| CgroupError { path, what: "open", source })?;
             // Above the floor: the child writes to it before it leaves the
-            // shared table (sys::fdtable).
-            self.procs.push(crate::sys::fdtable::lift(OwnedFd::from(f)));
+            // shared table (host::fdtable).
+            self.procs.push(crate::host::fdtable::lift(OwnedFd::from(f)));
         }
         Ok(())
     }

@@ -29,7 +29,7 @@ use policy::report::LandlockReport;
 use policy::Enforcement;
 
 use crate::config::LandlockMode;
-use crate::sys;
+use crate::host;
 
 /// The sets of filesystem rights the rules grant.
 pub mod fs {
@@ -229,7 +229,7 @@ struct Cached {
     /// Per rule: the file an explicit rule's path named (`None`: none, or
     /// a system path).
     idents: Vec<Option<Ident>>,
-    /// The ruleset, above the descriptor floor (`sys::fdtable`).
+    /// The ruleset, above the descriptor floor (`host::fdtable`).
     fd: OwnedFd,
     report: LandlockReport,
     degraded: Vec<String>,
@@ -358,7 +358,7 @@ impl SystemPaths {
         }
         // Watched before the opens: a change after this is an event.
         let flags = InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC;
-        let watch = Inotify::init(flags).ok().map(sys::fdtable::lift_inotify);
+        let watch = Inotify::init(flags).ok().map(host::fdtable::lift_inotify);
         let watched: Vec<bool> = dirs
             .iter()
             .map(|d| watch.as_ref().is_some_and(|w| w.add_watch(d, watch_mask()).is_ok()))
@@ -366,8 +366,9 @@ impl SystemPaths {
         let mut paths = HashMap::new();
         for path in list {
             // Kept for the process's life: above the descriptor floor, so
-            // children do not copy them (sys::fdtable).
-            let opened = open_path(path).ok().map(|o| Opened { fd: sys::fdtable::lift(o.fd), ..o });
+            // children do not copy them (host::fdtable).
+            let opened =
+                open_path(path).ok().map(|o| Opened { fd: host::fdtable::lift(o.fd), ..o });
             paths.insert(path.to_path_buf(), opened);
         }
         // Stamps taken after the opens: a change in between shows next time.
@@ -515,7 +516,7 @@ pub fn prepare(
                 policy: policy.clone(),
                 system,
                 idents,
-                fd: sys::fdtable::lift(kept),
+                fd: host::fdtable::lift(kept),
                 report: report.clone(),
                 degraded: degraded.clone(),
             });
@@ -729,7 +730,7 @@ mod tests {
     /// the same file. Another file at a path, or another grant, builds anew.
     #[test]
     fn a_cached_ruleset_serves_only_the_same_inputs() {
-        let abi = sys::landlock::abi();
+        let abi = crate::sys::landlock::abi();
         if abi == 0 {
             println!("SKIP: no Landlock in this kernel");
             return;

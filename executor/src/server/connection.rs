@@ -38,30 +38,9 @@ const HUP_POLL: Duration = Duration::from_millis(50);
 const FLUSH: Duration = Duration::from_secs(2);
 /// Serves one accepted connection to its end.
 pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
-    let peer = match stream.peer_cred() {
-        Ok(c) => Peer { uid: c.uid(), gid: c.gid(), pid: c.pid() },
-        Err(e) => {
-            tracing::warn!("executor: connection without peer credentials ({e}); closing it");
-            return;
-        }
-    };
-    if !shared.peers.admits(&peer) {
-        shared.metrics.peer_rejected_total.inc();
-        tracing::warn!(
-            "executor: refused connection from {peer}: not in allowed_uids or allowed_gids"
-        );
-        let line = wire::encode_error_code(
-            &Value::Null,
-            code::FORBIDDEN,
-            &format!("peer uid {} gid {} may not use the executor", peer.uid, peer.gid),
-        );
-        let _ = tokio::time::timeout(FLUSH, async {
-            let _ = stream.write_all(&line).await;
-            let _ = stream.shutdown().await;
-        })
-        .await;
+    let Some(peer) = admit(&mut stream, &shared).await else {
         return;
-    }
+    };
     let _open = GaugeGuard::new(&shared.metrics.connections);
     tracing::debug!("executor: connection from {peer}");
 
@@ -91,6 +70,47 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
         held: Arc::default(),
     };
 
+    read_requests(&ctx, &rd, &backlog).await;
+    // Every run is done: close the channel and let the writer flush.
+    drop(ctx);
+    if tokio::time::timeout(FLUSH, &mut writer).await.is_err() {
+        writer.abort();
+    }
+}
+
+/// The peer's credentials, if it may use the executor; a refused peer is
+/// told why (within [`FLUSH`]) and `None` is returned.
+async fn admit(stream: &mut UnixStream, shared: &Shared) -> Option<Peer> {
+    let peer = match stream.peer_cred() {
+        Ok(c) => Peer { uid: c.uid(), gid: c.gid(), pid: c.pid() },
+        Err(e) => {
+            tracing::warn!("executor: connection without peer credentials ({e}); closing it");
+            return None;
+        }
+    };
+    if shared.peers.admits(&peer) {
+        return Some(peer);
+    }
+    shared.metrics.peer_rejected_total.inc();
+    tracing::warn!("executor: refused connection from {peer}: not in allowed_uids or allowed_gids");
+    let line = wire::encode_error_code(
+        &Value::Null,
+        code::FORBIDDEN,
+        &format!("peer uid {} gid {} may not use the executor", peer.uid, peer.gid),
+    );
+    let _ = tokio::time::timeout(FLUSH, async {
+        let _ = stream.write_all(&line).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+    None
+}
+
+/// Reads and dispatches request lines until the connection is done with:
+/// closed or idle with no run in flight, or its runs over once it stopped
+/// reading (end of file, a read error) or the executor is stopping.
+async fn read_requests(ctx: &ConnCtx, rd: &AsyncFd<StdStream>, backlog: &Backlog) {
+    let (shared, peer, token) = (&ctx.shared, &ctx.peer, &ctx.token);
     let mut lines = LineBuffer::new(shared.engine.config().max_line_bytes);
     // Zeroed once, read into as it is.
     let mut buf = vec![0u8; READ_CHUNK];
@@ -110,12 +130,12 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
         let backlogged = backlog.full();
         tokio::select! {
             () = backlog.drained.notified(), if reading && backlogged => {}
-            r = read(&rd, &mut buf), if reading && !backlogged => match r {
+            r = read(rd, &mut buf), if reading && !backlogged => match r {
                 Ok(0) => reading = false,
                 Ok(n) => {
                     for item in lines.push(&buf[..n]) {
                         last_request = tokio::time::Instant::now();
-                        commands::dispatch(&ctx, item);
+                        commands::dispatch(ctx, item);
                     }
                 }
                 Err(e) => {
@@ -150,11 +170,6 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
             () = shared.stopping.cancelled(), if !stopping => stopping = true,
             () = ctx.runs.wait(), if !reading || stopping => break,
         }
-    }
-    // Every run is done: close the channel and let the writer flush.
-    drop(ctx);
-    if tokio::time::timeout(FLUSH, &mut writer).await.is_err() {
-        writer.abort();
     }
 }
 

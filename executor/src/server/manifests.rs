@@ -59,7 +59,7 @@ impl ManifestCache {
     /// Checks one `tool` of the `SKILL.md` at `path` (`None`: a
     /// `skill.json`), as [`crate::run::plan::parse_manifest`] reads it. Also
     /// returns the manifest opened and placed under its root, for the run
-    /// ([`crate::Engine::run_source`]): the file checked is the file run.
+    /// (`Engine::run_source_then`): the file checked is the file run.
     ///
     /// # Errors
     ///

@@ -56,8 +56,8 @@ use std::time::Duration;
 use super::call;
 use super::child;
 use super::futex::{futex_wait, futex_wake};
-use super::join::Joining;
 use super::spec::{ChildSpec, SpawnFailure, Spawned, Step};
+use crate::run::join::Joining;
 
 /// The parked child waits for a spec.
 const WAITING: u32 = 0;
@@ -113,7 +113,7 @@ pub struct Handoff {
     /// The spawner thread zeroed `done` ([`Handoff::release`]), not the
     /// kernel at the child's exec or exit.
     released: AtomicBool,
-    /// Whether the run makes the child's cgroup joins ([`super::join`]).
+    /// Whether the run makes the child's cgroup joins ([`crate::run::join`]).
     pub joining: Joining,
 }
 
@@ -158,7 +158,7 @@ impl Handoff {
         sleep_while_set(&self.done);
     }
 
-    /// The run's half of [`super::join`], once the spec is handed over and
+    /// The run's half of [`crate::run::join`], once the spec is handed over and
     /// the child woken: waits (yielding its CPU) for up to `spin` for the
     /// child to take the offer up, then writes the child's pid into
     /// `procs` and lets it go on to its exec. Withdraws the offer when the
@@ -435,7 +435,7 @@ impl Drop for Job {
 /// the child exec'd or failed: from the handoff, for up to `spin` without
 /// sleeping, when a parked child took it ([`Handoff::wait`]), else from the
 /// job's answer. With a nonzero `spin` the calling thread also offers to
-/// make that child's cgroup joins (step 4c, [`super::join`]) while it
+/// make that child's cgroup joins (step 4c, [`crate::run::join`]) while it
 /// works. `meanwhile` runs once the spec is handed over (and those joins
 /// made), while the child works towards its `exec`.
 ///

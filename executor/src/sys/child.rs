@@ -15,9 +15,9 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use super::call::{self, errno, monotonic_now_ns};
-use super::join::Joining;
 use super::process::real_time_policy;
 use super::spec::{ChildSpec, Identity, SpawnFailure, Spawned, Step};
+use crate::run::join::Joining;
 
 /// Memory shared with the `CLONE_VM` child.
 struct Shared<'s, 'a> {
@@ -54,7 +54,7 @@ pub(super) fn check_spec(spec: &ChildSpec<'_>) -> Result<libc::sock_fprog, Spawn
         return Err(bad);
     }
     if let Some(floor) = spec.share_below {
-        if !super::fdtable::all_below(floor, spec.stdio.into_iter().chain(spec.landlock)) {
+        if !super::spec::all_below(floor, spec.stdio.into_iter().chain(spec.landlock)) {
             return Err(bad);
         }
     }

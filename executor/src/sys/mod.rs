@@ -1,13 +1,17 @@
 //! The only unsafe code of the workspace: raw system calls.
 //!
 //! Every function here is a thin wrapper around one kernel interface, with a
-//! `// SAFETY:` comment on each unsafe block. Decisions (which rights, which
+//! `// SAFETY:` comment on each unsafe block. [`berth`] is the exception:
+//! its `unsafe` is not a kernel call but the lifetime of memory shared with
+//! a `CLONE_VM` child (the spec and handoff pointers it reads), which only
+//! holds where the child is created. Decisions (which rights, which
 //! syscalls, which user) are made by the safe modules above; this module only
 //! applies them.
 //!
 //! # Async-signal-safety
 //!
-//! [`child`], [`berth`] and [`join`]'s wait run in a `CLONE_VM | CLONE_VFORK` child that
+//! [`child`], [`berth`] and `run::join`'s child side (taking the offer up,
+//! the wait) run in a `CLONE_VM | CLONE_VFORK` child that
 //! shares the executor's memory, through the wrappers of [`call`] and
 //! [`futex`]. Code on that path only issues raw system calls on
 //! values the parent built beforehand: no allocation, no locks, no glibc
@@ -19,9 +23,8 @@ pub mod berth;
 pub mod bpf;
 pub mod call;
 pub mod child;
-pub mod fdtable;
+pub mod fd;
 pub mod futex;
-pub mod join;
 pub mod landlock;
 pub mod memory;
 pub mod mount;

@@ -148,7 +148,7 @@ pub struct ChildSpec<'a> {
     pub landlock: Option<RawFd>,
     /// `Some(floor)`: share the parent's descriptor table (`CLONE_FILES`)
     /// until the cgroups are joined, then keep only the descriptors below
-    /// `floor` (`fdtable`); `stdio` and `landlock` must be below
+    /// `floor` (`host::fdtable`); `stdio` and `landlock` must be below
     /// it. `None`: the table is copied at `clone`.
     pub share_below: Option<u32>,
     /// Classic BPF seccomp program; empty = none.
@@ -181,4 +181,10 @@ pub struct SpawnFailure {
     pub step: Step,
     /// The errno it got.
     pub errno: i32,
+}
+
+/// True if every one of `fds` is below `floor`: what a child that shares
+/// the table keeps (`close_range(floor, ~0, CLOSE_RANGE_UNSHARE)`).
+pub fn all_below(floor: u32, fds: impl IntoIterator<Item = RawFd>) -> bool {
+    fds.into_iter().all(|fd| u32::try_from(fd).is_ok_and(|fd| fd < floor))
 }

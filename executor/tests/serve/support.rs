@@ -1,53 +1,26 @@
 //! Helpers shared by the serve tests: a server on its own runtime, a
 //! blocking line client, skills, the `serve` binary, metrics samples.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use executor::{Config, Engine, Metrics};
-use serde_json::{json, Value};
+use serde_json::json;
 
 pub(crate) const RUN_AS: &str = "ongrid-skill";
 
+/// Whether runs can be sandboxed here (the kit's host-skip convention).
 pub(crate) fn can_run() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIP: serve tests need root (the sandbox switches users)");
-        return false;
-    }
-    if nix::unistd::User::from_name(RUN_AS).ok().flatten().is_none() {
-        eprintln!("SKIP: run-as user {RUN_AS} missing (scripts/test creates it)");
-        return false;
-    }
-    true
+    testkit::can_run("serve tests")
 }
 
-pub(crate) fn dir_0755() -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    d
-}
+pub(crate) use testkit::{dir_0755, wait_for};
 
 /// Writes `<root>/<name>/{skill.json,run.sh}`; returns the manifest path.
 pub(crate) fn skill(root: &Path, name: &str, class: &str, timeout: u32, script: &str) -> PathBuf {
-    let dir = root.join(name);
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let manifest = dir.join("skill.json");
-    std::fs::write(
-        &manifest,
-        format!(
-            r#"{{"name":"{name}","description":"t","entry":"run.sh","class":"{class}","timeout_seconds":{timeout}}}"#
-        ),
-    )
-    .unwrap();
-    let entry = dir.join("run.sh");
-    std::fs::write(&entry, format!("#!/bin/sh\n{script}\n")).unwrap();
-    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
-    manifest
+    let extra = format!(r#","class":"{class}","timeout_seconds":{timeout}"#);
+    testkit::write_pack(root, name, "run.sh", &extra, script).join("skill.json")
 }
 
 /// A server on its own runtime; dropping it shuts it down.
@@ -223,62 +196,7 @@ impl Drop for Server {
     }
 }
 
-/// A blocking line client.
-pub(crate) struct Client {
-    pub(crate) stream: UnixStream,
-    pub(crate) reader: BufReader<UnixStream>,
-}
-
-impl Client {
-    pub(crate) fn connect(socket: &Path) -> Client {
-        let stream = UnixStream::connect(socket).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let reader = BufReader::new(stream.try_clone().unwrap());
-        Client { stream, reader }
-    }
-
-    pub(crate) fn send_raw(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).unwrap();
-    }
-
-    pub(crate) fn send(&mut self, v: &Value) {
-        let mut line = serde_json::to_vec(v).unwrap();
-        line.push(b'\n');
-        self.send_raw(&line);
-    }
-
-    pub(crate) fn execute(&mut self, id: u64, manifest: &Path, args: Value) {
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": "execute",
-            "params": {"manifest": manifest, "args": args, "session_id": "t"}}));
-    }
-
-    /// The next line, or None at EOF.
-    pub(crate) fn recv_opt(&mut self) -> Option<Value> {
-        let mut line = String::new();
-        match self.reader.read_line(&mut line) {
-            Ok(0) => None,
-            Ok(_) => Some(serde_json::from_str(&line).unwrap()),
-            Err(e) => panic!("read: {e}"),
-        }
-    }
-
-    pub(crate) fn recv(&mut self) -> Value {
-        self.recv_opt().expect("connection closed")
-    }
-
-    /// Reads the stderr notifications, then the report.
-    pub(crate) fn run_result(&mut self) -> (Vec<String>, Value) {
-        let mut stderr = Vec::new();
-        loop {
-            let v = self.recv();
-            if v["method"] == "stderr" {
-                stderr.push(v["params"]["line"].as_str().unwrap().to_owned());
-            } else {
-                return (stderr, v);
-            }
-        }
-    }
-}
+pub(crate) use testkit::wire::Client;
 
 /// The value of the sample `name` (with its labels, as rendered).
 pub(crate) fn sample(text: &str, name: &str) -> f64 {
@@ -290,14 +208,6 @@ pub(crate) fn sample(text: &str, name: &str) -> f64 {
 
 pub(crate) fn runs_total(text: &str, skill: &str, outcome: &str) -> f64 {
     sample(text, &format!("ongrid_executor_runs_total{{outcome=\"{outcome}\",skill=\"{skill}\"}}"))
-}
-
-pub(crate) fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let until = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A marker unique to this test process and call site.

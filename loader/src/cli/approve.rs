@@ -11,7 +11,7 @@
 //! The key file must not be readable by group or others.
 
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -54,15 +54,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         writeln!(err, "ongrid-skill approve: {msg}")?;
         Ok(ExitCode::from(exit::USAGE))
     };
-    let text = match args.args.as_deref() {
-        None => "{}".to_owned(),
-        Some("-") => {
-            let mut s = String::new();
-            io::stdin().read_to_string(&mut s)?;
-            s
-        }
-        Some(s) => s.to_owned(),
-    };
+    let text = super::run::args_text(args.args.as_deref())?;
     // Signed as written: send the same text with the run (key order and
     // whitespace may differ, numbers and values may not).
     let skill_args = match policy::Args::from_slice(text.as_bytes()) {

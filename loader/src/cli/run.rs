@@ -63,13 +63,13 @@ struct Body<'a> {
     session_id: Option<&'a str>,
 }
 
-/// Runs the skill.
+/// The text of `--args`: `{}` when not given, standard input for `-`.
 ///
 /// # Errors
 ///
-/// I/O errors reading stdin or writing the output.
-pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
-    let text = match args.args.as_deref() {
+/// An I/O error reading standard input.
+pub(crate) fn args_text(arg: Option<&str>) -> io::Result<String> {
+    Ok(match arg {
         None => "{}".to_owned(),
         Some("-") => {
             let mut s = String::new();
@@ -77,7 +77,16 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
             s
         }
         Some(s) => s.to_owned(),
-    };
+    })
+}
+
+/// Runs the skill.
+///
+/// # Errors
+///
+/// I/O errors reading stdin or writing the output.
+pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let text = args_text(args.args.as_deref())?;
     // Sent as written: the skill reads this text (key order, numbers).
     let skill_args = match policy::Args::from_slice(text.as_bytes()) {
         Ok(a) => a,

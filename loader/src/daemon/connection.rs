@@ -134,29 +134,14 @@ pub(crate) async fn serve_connection(
             Ok::<_, Infallible>(response.map(|body| Body::new(Guarded { body, _guard: guard })))
         }
     });
-    // A client may shut its write side once its request is sent (`nc -N`,
-    // socat at the end of its input) and still read the answer: hyper goes
-    // on after a read EOF (`half_close`, with which it no longer looks for
-    // one mid-request either), and only a hang-up (`POLLHUP`, both
-    // directions closed), seen on a duplicate of the socket registered for
-    // its events, ends the connection, and with it the request's run.
-    let watch = match stream
-        .get_ref()
-        .try_clone()
-        .and_then(|w| crate::daemon::quiet_stream::register(w, Interest::READABLE))
-    {
+    let watch = match hangup_watch(&stream) {
         Ok(w) => w,
         Err(e) => {
             tracing::warn!(error = %e, "cannot watch the connection for a hang-up; closing it");
             return;
         }
     };
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(None)
-        .max_buf_size(HYPER_MAX_BUF)
-        .half_close(true);
+    let builder = http1_builder();
     let io = Tracked {
         inner: stream,
         activity: Arc::clone(&activity),
@@ -224,19 +209,8 @@ pub(crate) async fn serve_connection(
                     tracing::debug!(uid = caller.uid, "the client hung up; closing the connection");
                     return;
                 }
-                let (why, next) = if in_flight.load(Ordering::Acquire) == 0 {
-                    let why = if activity.head_late(header_timeout) {
-                        Some("request head not complete within header_timeout")
-                    } else {
-                        activity.quiet_for(idle_timeout).then_some("idle")
-                    };
-                    let next = activity.quiet_until(idle_timeout);
-                    (why, activity.head_due(header_timeout).map_or(next, |h| h.min(next)))
-                } else {
-                    let blocked =
-                        activity.write_blocked_for(idle_timeout).then_some("client not reading");
-                    (blocked, tokio::time::Instant::now() + busy_tick)
-                };
+                let busy = in_flight.load(Ordering::Acquire) != 0;
+                let (why, next) = idle_verdict(&activity, busy, (header_timeout, idle_timeout), busy_tick);
                 if let Some(why) = why {
                     tracing::debug!(uid = caller.uid, timeout = ?idle_timeout, "closing the connection: {why}");
                     return;
@@ -246,19 +220,72 @@ pub(crate) async fn serve_connection(
         }
     };
     if let Err(e) = result {
-        match hyper_answer(&e) {
-            Some(status) => {
-                requests_total.with_label_values(&["other", status.as_str()]).inc();
-                tracing::info!(
-                    uid = caller.uid,
-                    pid = caller.pid,
-                    status = status.as_u16(),
-                    error = %e,
-                    "malformed request head; closing the connection"
-                );
-            }
-            None => tracing::debug!(error = %e, uid = caller.uid, "connection ended with an error"),
+        log_error_end(&e, caller, &requests_total);
+    }
+}
+
+/// hyper's settings: no head timeout of its own (this connection keeps
+/// `header_timeout`), buffers bounded by [`HYPER_MAX_BUF`], half-closed
+/// connections served ([`hangup_watch`]).
+fn http1_builder() -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(None)
+        .max_buf_size(HYPER_MAX_BUF)
+        .half_close(true);
+    builder
+}
+
+/// A client may shut its write side once its request is sent (`nc -N`,
+/// socat at the end of its input) and still read the answer: hyper goes on
+/// after a read EOF (`half_close`, with which it no longer looks for one
+/// mid-request either), and only a hang-up (`POLLHUP`, both directions
+/// closed), seen on this duplicate of the socket registered for its
+/// events, ends the connection, and with it the request's run.
+fn hangup_watch(stream: &QuietStream) -> io::Result<tokio::io::unix::AsyncFd<StdStream>> {
+    let dup = stream.get_ref().try_clone()?;
+    crate::daemon::quiet_stream::register(dup, Interest::READABLE)
+}
+
+/// Whether the connection is to be closed now (and why), and when to look
+/// again: with no request in flight, a head late for `header_timeout` or
+/// quiet for `idle_timeout`; with one (`busy`), a client not reading its
+/// answer for `idle_timeout`, looked at every `busy_tick`.
+fn idle_verdict(
+    activity: &Activity,
+    busy: bool,
+    (header_timeout, idle_timeout): (Duration, Duration),
+    busy_tick: Duration,
+) -> (Option<&'static str>, tokio::time::Instant) {
+    if busy {
+        let blocked = activity.write_blocked_for(idle_timeout).then_some("client not reading");
+        return (blocked, tokio::time::Instant::now() + busy_tick);
+    }
+    let why = if activity.head_late(header_timeout) {
+        Some("request head not complete within header_timeout")
+    } else {
+        activity.quiet_for(idle_timeout).then_some("idle")
+    };
+    let next = activity.quiet_until(idle_timeout);
+    (why, activity.head_due(header_timeout).map_or(next, |h| h.min(next)))
+}
+
+/// Logs (and counts, when hyper answered it) the error that ended a
+/// connection.
+fn log_error_end(e: &hyper::Error, caller: Caller, requests_total: &prometheus::IntCounterVec) {
+    match hyper_answer(e) {
+        Some(status) => {
+            requests_total.with_label_values(&["other", status.as_str()]).inc();
+            tracing::info!(
+                uid = caller.uid,
+                pid = caller.pid,
+                status = status.as_u16(),
+                error = %e,
+                "malformed request head; closing the connection"
+            );
         }
+        None => tracing::debug!(error = %e, uid = caller.uid, "connection ended with an error"),
     }
 }
 

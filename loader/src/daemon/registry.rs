@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::scan::skill::RegisteredSkill;
 use crate::scan::validators::{self, ValidatorCache};
@@ -99,17 +99,7 @@ impl Skill {
     /// `description`, `class`, `category`, `schema`, `timeout_seconds`,
     /// `env_allow`, `source`.
     pub fn to_api_json(&self) -> Value {
-        let m = self.registered.manifest();
-        json!({
-            "name": m.name(),
-            "description": m.description(),
-            "class": m.class(),
-            "category": m.category(),
-            "schema": m.schema(),
-            "timeout_seconds": m.timeout().as_secs(),
-            "env_allow": m.env_allow(),
-            "source": self.registered.source(),
-        })
+        self.registered.to_api_json()
     }
 }
 
@@ -191,6 +181,7 @@ mod tests {
     use std::path::PathBuf;
 
     use policy::{Manifest, ValidateOptions};
+    use serde_json::json;
 
     use super::*;
 

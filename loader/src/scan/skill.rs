@@ -93,8 +93,34 @@ impl RegisteredSkill {
     /// `env_allow`, `entry`, `manifest`, `root` and `source` (plus `tool`
     /// for a SKILL.md skill).
     pub fn to_json(&self) -> Value {
+        let mut v = self.manifest_json();
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("entry".into(), json!(self.entry.to_string_lossy()));
+            obj.insert("manifest".into(), json!(self.manifest_path.to_string_lossy()));
+            obj.insert("root".into(), json!(self.root.to_string_lossy()));
+            obj.insert("source".into(), json!(self.source()));
+            if let Some(tool) = &self.tool {
+                obj.insert("tool".into(), json!(tool));
+            }
+        }
+        v
+    }
+
+    /// The skill as the daemon's client API lists it: `name`,
+    /// `description`, `class`, `category`, `schema`, `timeout_seconds`,
+    /// `env_allow` and `source`.
+    pub fn to_api_json(&self) -> Value {
+        let mut v = self.manifest_json();
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("source".into(), json!(self.source()));
+        }
+        v
+    }
+
+    /// What both listings take from the manifest.
+    fn manifest_json(&self) -> Value {
         let m = &self.manifest;
-        let mut v = json!({
+        json!({
             "name": m.name(),
             "description": m.description(),
             "class": m.class(),
@@ -102,15 +128,7 @@ impl RegisteredSkill {
             "schema": m.schema(),
             "timeout_seconds": m.timeout().as_secs(),
             "env_allow": m.env_allow(),
-            "entry": self.entry.to_string_lossy(),
-            "manifest": self.manifest_path.to_string_lossy(),
-            "root": self.root.to_string_lossy(),
-            "source": self.source(),
-        });
-        if let (Some(tool), Some(obj)) = (&self.tool, v.as_object_mut()) {
-            obj.insert("tool".into(), json!(tool));
-        }
-        v
+        })
     }
 }
 

@@ -3,8 +3,7 @@
 
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::PermissionsExt;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,9 +21,7 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Self {
-        let tmp = tempfile::Builder::new().prefix("skilld").tempdir().unwrap();
-        let base = fs::canonicalize(tmp.path()).unwrap();
-        fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).unwrap();
+        let (tmp, base) = testkit::temp_dir("skilld");
         Env { _tmp: tmp, base }
     }
 
@@ -43,16 +40,7 @@ impl Env {
     /// A skill pack `root/name/` with `skill.json` and an executable `run`
     /// holding `script` (a shell body).
     pub fn skill(&self, root: &str, name: &str, extra: &str, script: &str) -> PathBuf {
-        let dir = self.path(&format!("{root}/{name}"));
-        fs::create_dir_all(&dir).unwrap();
-        let run = dir.join("run");
-        fs::write(&run, format!("#!/bin/sh\n{script}\n")).unwrap();
-        fs::set_permissions(&run, fs::Permissions::from_mode(0o755)).unwrap();
-        let manifest = format!(
-            r#"{{"name":"{name}","description":"{name} test skill","entry":"run"{extra}}}"#
-        );
-        fs::write(dir.join("skill.json"), manifest).unwrap();
-        dir
+        testkit::write_pack(&self.path(root), name, "run", extra, script)
     }
 
     /// The standard packs under `skills/`.
@@ -82,10 +70,7 @@ impl Env {
     }
 }
 
-/// A free loopback port (bound then released).
-pub fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
+pub use testkit::free_port;
 
 /// A running `ongrid-skilld`; killed on drop.
 pub struct Skilld {

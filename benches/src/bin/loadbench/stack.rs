@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -12,15 +12,12 @@ use std::time::{Duration, Instant};
 
 use ongrid_benches::interrupt::Started;
 use serde_json::Value;
+use testkit::free_port;
 
 use crate::scrape::gauge;
 
 fn toml_str(p: &Path) -> String {
     Value::String(p.display().to_string()).to_string()
-}
-
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
 /// `ongrid-executor serve` + `ongrid-skilld` on sockets under `base`, as

@@ -23,35 +23,9 @@ fn sockaddr(addr: &str) -> Result<SocketAddr, i32> {
     addr.parse::<SocketAddr>().map_err(|_| libc::EINVAL)
 }
 
+/// An ICMP echo request from a ping socket ([`crate::net::icmp_echo`]).
 fn ping(addr: &str) -> i32 {
-    let Ok(ip) = addr.parse::<std::net::Ipv4Addr>() else { return libc::EINVAL };
-    // SAFETY: plain socket(2) call with constant arguments.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_ICMP) };
-    if fd < 0 {
-        return errno();
-    }
-    let pkt = [8u8, 0, 0xf7, 0xfe, 0, 0, 0, 1];
-    let sa = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 0,
-        sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: `pkt` and `sa` are valid for the lengths passed; fd is ours.
-    let n = unsafe {
-        libc::sendto(
-            fd,
-            pkt.as_ptr().cast(),
-            pkt.len(),
-            0,
-            std::ptr::from_ref(&sa).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    let e = if n < 0 { errno() } else { 0 };
-    // SAFETY: fd is ours and closed once.
-    unsafe { libc::close(fd) };
-    e
+    crate::net::icmp_echo(addr, libc::SOCK_DGRAM).err().unwrap_or(0)
 }
 
 /// A TCP socket made here, connected by a forked child.

@@ -10,7 +10,9 @@ use serde_json::{json, Value};
 
 use crate::{errno, io_errno, outcome, param};
 
-fn icmp_echo(addr: &str, kind: libc::c_int) -> Result<Value, i32> {
+/// One ICMP echo request to the IPv4 `addr` from a socket of `kind` (a
+/// ping socket with `SOCK_DGRAM`, a raw one with `SOCK_RAW`).
+pub(crate) fn icmp_echo(addr: &str, kind: libc::c_int) -> Result<Value, i32> {
     let ip: std::net::Ipv4Addr = addr.parse().map_err(|_| libc::EINVAL)?;
     // SAFETY: plain socket(2) call with constant arguments.
     let fd = unsafe { libc::socket(libc::AF_INET, kind, libc::IPPROTO_ICMP) };

@@ -37,9 +37,9 @@ use std::io::Write;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
-use super::call::errno;
-use super::futex::{futex_wait, futex_wake};
-use super::spec::Step;
+use crate::sys::call;
+use crate::sys::futex::{futex_wait, futex_wake};
+use crate::sys::spec::Step;
 
 /// The child writes "0" itself: nothing was offered, or the run withdrew
 /// its offer before the child took it up.
@@ -80,7 +80,7 @@ impl Joining {
 
     /// The child at step 4c: whether the run makes the joins (the offer
     /// taken up now, or earlier); `false`: the child writes "0" itself.
-    pub(super) fn accept(&self) -> bool {
+    pub(crate) fn accept(&self) -> bool {
         match self.state.compare_exchange(OFFERED, WAITING, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => true,
             Err(now) => now != BY_CHILD,
@@ -112,14 +112,13 @@ impl Joining {
         let text = decimal(pid, &mut digits);
         // Never "0" (or less): that would move the executor itself.
         let mut failed = (pid <= 0).then_some(libc::ESRCH);
-        for fd in procs.iter().take_while(|_| failed.is_none()) {
-            // SAFETY: writes `text`, a live local slice, to a descriptor the
-            // caller keeps open for the call.
-            let n = unsafe { libc::write(*fd, text.as_ptr().cast(), text.len()) };
-            if usize::try_from(n).ok() != Some(text.len()) {
-                failed = Some(if n < 0 { errno() } else { libc::EIO });
-                break;
-            }
+        if failed.is_none() {
+            // In order, stopping at the first failure.
+            failed = procs.iter().find_map(|fd| match call::write(*fd, text) {
+                Ok(n) if usize::try_from(n).ok() == Some(text.len()) => None,
+                Ok(_) => Some(libc::EIO),
+                Err(errno) => Some(errno),
+            });
         }
         match failed {
             Some(errno) => {
@@ -147,7 +146,7 @@ impl Joining {
     /// The child, before `execve`: waits until the run is done with the
     /// joins; its failure is the child's at [`Step::Cgroup`]. Raw system
     /// calls only.
-    pub(super) fn wait(&self) -> Result<(), (Step, i32)> {
+    pub(crate) fn wait(&self) -> Result<(), (Step, i32)> {
         loop {
             match self.state.load(Ordering::Acquire) {
                 // The run keeps the handoff until our exec or exit.

@@ -26,9 +26,11 @@
 //! and the child's floor is the band's top: it copies only what lies
 //! under it.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
+
+use crate::sys::fd;
 
 /// The highest floor: the part below it holds the connections, pipes and
 /// per-run descriptors of up to ~100 runs at once.
@@ -79,10 +81,8 @@ pub fn raise_nofile() -> std::io::Result<(u64, u64)> {
 }
 
 fn nofile_soft() -> Option<u64> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes into the valid local `lim`.
-    let r = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) };
-    (r == 0).then_some(lim.rlim_cur)
+    use nix::sys::resource::{getrlimit, Resource};
+    getrlimit(Resource::RLIMIT_NOFILE).ok().map(|(soft, _)| soft)
 }
 
 /// True if `close_range` takes `CLOSE_RANGE_UNSHARE` here: both came in
@@ -91,15 +91,7 @@ fn nofile_soft() -> Option<u64> {
 /// a throwaway thread made for the test would wait out the cgroup attach
 /// lock's warm-up of a one-shot `run` (`crate::host::attach_lock`).
 fn close_range_unshares() -> bool {
-    // SAFETY: uname fills the valid local `u`.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::uname(&raw mut u) } != 0 {
-        return false;
-    }
-    // SAFETY: the kernel NUL-terminates `release` within the array.
-    let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) };
-    release_at_least(&release.to_string_lossy(), (5, 9))
+    fd::kernel_release().is_some_and(|release| release_at_least(&release, (5, 9)))
 }
 
 /// `release` ("6.18.44-fc-v1045") is `want` (major, minor) or later.
@@ -112,11 +104,7 @@ fn release_at_least(release: &str, want: (u32, u32)) -> bool {
     }
 }
 
-/// True if every one of `fds` is below `floor`: what a child that shares
-/// the table keeps (`close_range(floor, ~0, CLOSE_RANGE_UNSHARE)`).
-pub fn all_below(floor: u32, fds: impl IntoIterator<Item = RawFd>) -> bool {
-    fds.into_iter().all(|fd| u32::try_from(fd).is_ok_and(|fd| fd < floor))
-}
+pub use crate::sys::spec::all_below;
 
 /// `fd` renumbered to the lowest free number at or above the [`floor`]
 /// (close-on-exec), or `fd` itself when there is no floor or no free number
@@ -128,14 +116,8 @@ pub fn lift(fd: OwnedFd) -> OwnedFd {
     if fd.as_raw_fd() >= floor {
         return fd;
     }
-    // SAFETY: fcntl on a valid descriptor we own, integer arguments only.
-    let high: RawFd = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, floor) };
-    if high < 0 {
-        return fd;
-    }
-    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor nothing else owns;
-    // the old one is closed when `fd` drops.
-    unsafe { OwnedFd::from_raw_fd(high) }
+    // The old descriptor is closed when `fd` drops.
+    fd::dup_at_least(fd.as_fd(), floor).unwrap_or(fd)
 }
 
 /// Spawns placed at once at most (spawner threads and runtime workers that
@@ -160,6 +142,7 @@ pub const BAND: usize = 4;
 /// its own. Placing is `dup3` over a placeholder, atomic, so no other
 /// thread can ever be handed those numbers; the placeholders come back
 /// when the [`Placed`] drops (the child has exec'd or failed by then).
+#[derive(Debug)]
 pub struct Bands {
     /// `numbers[k]`: band k, ascending; band k < band k + 1.
     numbers: [[RawFd; BAND]; BANDS],
@@ -181,16 +164,10 @@ impl Bands {
     fn reserve(floor: u32) -> Option<Self> {
         let null = std::fs::File::open("/dev/null").ok().map(OwnedFd::from)?;
         let mut held = Vec::with_capacity(BANDS * BAND);
+        // Owned by `held` (closed on every early return), then by the bands.
         for _ in 0..BANDS * BAND {
-            // SAFETY: fcntl on the valid `null`, integer arguments only; the
-            // new descriptor is owned by `held` (closed on every early
-            // return) and then by the bands.
-            let fd = unsafe { libc::fcntl(null.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
-            if fd < 0 {
-                break;
-            }
-            // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor we own.
-            held.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            let Some(fd) = fd::dup_at_least(null.as_fd(), 3) else { break };
+            held.push(fd);
         }
         if held.len() < BANDS * BAND
             || held.iter().any(|fd| u32::try_from(fd.as_raw_fd()).map_or(true, |n| n >= floor))
@@ -231,10 +208,9 @@ impl Bands {
         let mut placed = Placed { bands: self, band, fds: [None; BAND] };
         for ((slot, number), fd) in placed.fds.iter_mut().zip(self.numbers[band]).zip(fds) {
             let Some(fd) = fd else { continue };
-            // SAFETY: dup3 onto a number the bands own (holding a
-            // placeholder), from a descriptor the caller keeps open; the
-            // placeholder is closed by the kernel, atomically.
-            if unsafe { libc::dup3(fd, number, libc::O_CLOEXEC) } < 0 {
+            // Onto a number the bands own (holding a placeholder), from a
+            // descriptor the caller keeps open.
+            if !fd::dup_onto(fd, number) {
                 return None;
             }
             *slot = Some(number);
@@ -244,6 +220,7 @@ impl Bands {
 }
 
 /// One band, holding a spawn's descriptors until dropped.
+#[derive(Debug)]
 pub struct Placed {
     bands: &'static Bands,
     band: usize,
@@ -269,13 +246,13 @@ impl Drop for Placed {
     fn drop(&mut self) {
         let mut restored = true;
         for number in self.fds.iter().flatten() {
-            // SAFETY: dup3 of the bands' own `null` onto a number of this
-            // band, which this `Placed` holds: the copy placed there is
-            // closed and the placeholder is back.
-            if unsafe { libc::dup3(self.bands.null.as_raw_fd(), *number, libc::O_CLOEXEC) } < 0 {
-                // SAFETY: closing the copy this band placed there (a pipe
-                // end kept open would hold the run's EOF back).
-                unsafe { libc::close(*number) };
+            // The bands' own `null` onto a number of this band, which this
+            // `Placed` holds: the copy placed there is closed and the
+            // placeholder is back.
+            if !fd::dup_onto(self.bands.null.as_raw_fd(), *number) {
+                // The copy this band placed there goes anyway (a pipe end
+                // kept open would hold the run's EOF back).
+                fd::close_held(*number);
                 restored = false;
             }
         }
@@ -290,10 +267,8 @@ impl Drop for Placed {
 /// [`lift`] for an inotify instance.
 #[must_use]
 pub fn lift_inotify(inotify: nix::sys::inotify::Inotify) -> nix::sys::inotify::Inotify {
-    let fd = lift(OwnedFd::from(inotify));
-    // SAFETY: `fd` is the inotify instance's descriptor, or a duplicate of
-    // it (the same open inotify instance), owned by nothing else.
-    unsafe { nix::sys::inotify::Inotify::from_owned_fd(fd) }
+    // The instance's descriptor, or a duplicate of it.
+    fd::inotify_from(lift(OwnedFd::from(inotify)))
 }
 
 /// [`lift`] for a `File`.
@@ -316,12 +291,20 @@ mod tests {
         assert!(!release_at_least("garbage", (5, 9)));
     }
 
+    /// The `flags:` of `fd` in `/proc/self/fdinfo` (octal; `O_CLOEXEC`
+    /// among them when the descriptor is close-on-exec).
+    fn fd_flags(fd: RawFd) -> libc::c_int {
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
+        let octal = info.lines().find_map(|l| l.strip_prefix("flags:")).unwrap().trim();
+        libc::c_int::from_str_radix(octal, 8).unwrap()
+    }
+
     fn same_file(a: RawFd, b: RawFd) -> bool {
-        let stat = |fd| {
-            // SAFETY: fstat into a local on a descriptor the test holds.
-            let mut st: libc::stat = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
-            (unsafe { libc::fstat(fd, &raw mut st) } == 0).then_some((st.st_dev, st.st_ino))
+        // The magic link is followed to the open file (a pipe's inode too).
+        let stat = |fd: RawFd| {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(format!("/proc/self/fd/{fd}")).ok()?;
+            Some((m.dev(), m.ino()))
         };
         stat(a).is_some() && stat(a) == stat(b)
     }
@@ -356,8 +339,7 @@ mod tests {
         assert!(second.top() != first.top());
         drop(first);
         for (fd, ours) in [(pr, r.as_raw_fd()), (pw, w.as_raw_fd()), (ps, status.as_raw_fd())] {
-            // SAFETY: F_GETFD on a number; no descriptor is changed.
-            let open = unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0;
+            let open = std::path::Path::new(&format!("/proc/self/fd/{fd}")).exists();
             assert!(open && !same_file(fd, ours), "{fd}: not given back to a placeholder");
         }
         // The pipe's only write end left is `w`: the placed copy is closed.
@@ -392,8 +374,7 @@ mod tests {
             (std::os::unix::fs::MetadataExt::ino(&again), again.len()),
             (std::os::unix::fs::MetadataExt::ino(&ino), ino.len())
         );
-        // SAFETY: F_GETFD on a descriptor this test owns.
-        let flags = unsafe { libc::fcntl(lifted.as_raw_fd(), libc::F_GETFD) };
-        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC, "close-on-exec");
+        let flags = fd_flags(lifted.as_raw_fd());
+        assert_eq!(flags & libc::O_CLOEXEC, libc::O_CLOEXEC, "close-on-exec");
     }
 }
