@@ -120,6 +120,10 @@ pub struct SkillGrant {
     pub memory_bytes: Option<u64>,
     /// Most processes the manifest may ask for.
     pub max_pids: Option<u32>,
+    /// Runs of this skill the executor keeps spawned ahead, boxed and
+    /// blocked reading stdin (`serve` only; 0: none), at most the
+    /// executor's `max_warm_total`.
+    pub warm: u32,
 }
 
 /// The sandbox a run actually gets: the request, checked against the grant,
@@ -308,6 +312,7 @@ mod tests {
             capabilities: vec!["net_raw".into()],
             memory_bytes: Some(1 << 30),
             max_pids: Some(128),
+            warm: 0,
         };
         let req = SandboxRequest {
             fs_read: vec!["/var/log/syslog".into(), "/srv/out/x".into()],

@@ -156,3 +156,4 @@ pub mod spawn;
 pub mod spawner;
 pub mod spin;
 pub mod supervise;
+pub mod warm;
