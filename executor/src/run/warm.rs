@@ -345,6 +345,11 @@ impl WarmPools {
                 }
                 Err(why) => {
                     pool.retry_at = Some(Instant::now() + RETRY_AFTER);
+                    // A manifest that is gone is not tried again until a
+                    // request names one.
+                    if !path.exists() {
+                        pool.source = None;
+                    }
                     drop(state);
                     tracing::warn!("executor: cannot make a warm run of {skill:?}: {why}");
                 }
