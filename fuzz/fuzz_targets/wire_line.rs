@@ -78,6 +78,9 @@ fn check_line(line: &[u8]) {
                 }
                 Request::Ping { id } => (id, "ping", None),
                 Request::Metrics { id } => (id, "metrics", None),
+                Request::Warm { id, skill } => {
+                    (id, "warm", Some(serde_json::json!({ "skill": skill }).to_string()))
+                }
                 Request::Start { .. } => unreachable!("matched above"),
             };
             assert_eq!(&v["id"], id, "request id");

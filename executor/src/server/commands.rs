@@ -47,6 +47,20 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
             let text = ctx.shared.metrics.render();
             ctx.send(wire::encode_result(&id, &json!(MetricsResult { text })));
         }
+        // A skill the executor grants no warm runs (or does not know)
+        // answers null: its name is the caller's, so nothing is minted.
+        Ok(Request::Warm { id, skill }) => {
+            let stats = ctx.shared.engine.warm_stats();
+            let found =
+                stats.into_iter().find(|(name, _)| *name == skill).map(|(_, s)| wire::WarmResult {
+                    size: s.size,
+                    idle: s.idle,
+                    hits: s.hits,
+                    misses: s.misses,
+                    discarded: s.discarded,
+                });
+            ctx.send(wire::encode_result(&id, &found));
+        }
         Ok(Request::Execute { id, params }) => {
             // A held run's start is registered before its task runs: the
             // `start` may be the very next line.
