@@ -423,7 +423,7 @@ impl Engine {
         if !go {
             let skill = warm.plan.manifest.name().to_string();
             let report = not_started(skill, &warm.prep);
-            self.kill_warm(warm);
+            self.warm.discard(warm, "its held run was not started");
             return Err(report);
         }
         let Warm { prep, child, pgid, .. } = warm;

@@ -274,6 +274,17 @@ impl WarmPools {
         true
     }
 
+    /// Hands a taken warm run that will not be used (its held run was
+    /// never started) to the pool thread to kill, off the request's path.
+    pub(crate) fn discard(&self, warm: Warm, why: &'static str) {
+        let skill = warm.plan.manifest.name().to_string();
+        let mut state = relock(&self.state);
+        state.pools.entry(skill).or_default().stats.discarded += 1;
+        state.dead.push((warm, why));
+        drop(state);
+        self.wake.notify_one();
+    }
+
     /// Each warm-granted skill's counts.
     pub fn stats(&self) -> Vec<(String, WarmStats)> {
         let state = relock(&self.state);
