@@ -41,6 +41,11 @@ pub const DEFAULT_HOLD_TIMEOUT_SECONDS: u64 = 30;
 /// Default `drain_timeout_seconds`: under the unit's `TimeoutStopSec=90s`,
 /// as skilld's.
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 75;
+/// Default `max_warm_total`: under the default `max_concurrent_runs` (16)
+/// by half, so warm runs never take most of the slots.
+pub const DEFAULT_MAX_WARM_TOTAL: usize = 8;
+/// Default `warm_idle_seconds`.
+pub const DEFAULT_WARM_IDLE_SECONDS: u64 = 60;
 /// Shortest `max_line_bytes` (a request with a manifest path must fit).
 pub const MIN_MAX_LINE_BYTES: usize = 1024;
 
@@ -144,6 +149,13 @@ pub struct Config {
     /// when none has it ([`crate::host::dynmods`]): runs after an idle gap then
     /// skip an RCU grace period (4.5-24 ms measured) in their cgroup join.
     pub cgroup_favordynmods: bool,
+    /// Warm runs (`[skills.NAME] warm`) kept at once over every skill;
+    /// each counts toward `max_concurrent_runs`, which must stay above the
+    /// warm runs granted so that a cold run always finds a slot.
+    pub max_warm_total: usize,
+    /// A warm run not taken for this long is killed and made again, so
+    /// that an idle skill's processes do not sit for ever (at least 1).
+    pub warm_idle_seconds: u64,
 }
 
 /// Which skill classes one peer may run (`[[peers]]`).
@@ -187,6 +199,8 @@ impl Default for Config {
             hold_timeout_seconds: DEFAULT_HOLD_TIMEOUT_SECONDS,
             drain_timeout_seconds: DEFAULT_DRAIN_TIMEOUT_SECONDS,
             cgroup_favordynmods: true,
+            max_warm_total: DEFAULT_MAX_WARM_TOTAL,
+            warm_idle_seconds: DEFAULT_WARM_IDLE_SECONDS,
         }
     }
 }
@@ -264,6 +278,40 @@ impl Config {
             .filter(|name| nix::unistd::User::from_name(name).ok().flatten().is_none())
             .map(str::to_owned)
             .collect()
+    }
+
+    /// Warm runs over every skill, as granted (each grant at most
+    /// `max_warm_total`, the sum clamped to it).
+    pub fn warm_total(&self) -> usize {
+        let sum = self.skills.values().map(|g| g.warm as usize).fold(0, usize::saturating_add);
+        sum.min(self.max_warm_total)
+    }
+
+    /// The warm-run settings: `(field, reason)` of the first that is off.
+    fn validate_warm(&self) -> Result<(), (&'static str, String)> {
+        if self.warm_idle_seconds == 0 {
+            return Err(("warm_idle_seconds", "must be at least 1".to_owned()));
+        }
+        for (name, grant) in &self.skills {
+            if grant.warm as usize > self.max_warm_total {
+                let max = self.max_warm_total;
+                return Err(("skills", format!("[skills.{name}] warm: at most {max}")));
+            }
+        }
+        // What is granted, not the bound: a configuration granting none is
+        // valid with any `max_concurrent_runs`.
+        if self.warm_total() >= self.max_concurrent_runs {
+            return Err((
+                "max_warm_total",
+                format!(
+                    "the warm runs granted ({}) must stay below max_concurrent_runs ({}): they \
+                     count toward it",
+                    self.warm_total(),
+                    self.max_concurrent_runs
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Each `[skills.NAME]` grant: a skill name, limits in range, a pinned
@@ -385,6 +433,7 @@ impl Config {
         if self.max_connections == 0 {
             return Err(invalid("max_connections", "must be at least 1".to_owned()));
         }
+        self.validate_warm().map_err(|(field, why)| invalid(field, why))?;
         // tokio's Semaphore holds at most usize::MAX >> 3 permits.
         let cap = usize::MAX >> 4;
         if self.max_concurrent_runs > cap
@@ -531,6 +580,19 @@ mod tests {
         );
     }
 
+    /// `[skills.NAME] warm` and the pool-wide settings parse, and the
+    /// total is clamped to `max_warm_total`.
+    #[test]
+    fn warm_grants_parse_and_are_bounded_in_total() {
+        let c = Config::parse("", Path::new("x.toml")).unwrap();
+        assert_eq!((c.max_warm_total, c.warm_idle_seconds, c.warm_total()), (8, 60, 0));
+        let text = "max_warm_total = 3\nwarm_idle_seconds = 5\n\
+                    [skills.a]\nwarm = 2\n[skills.b]\nwarm = 3\n[skills.c]\n";
+        let c = Config::parse(text, Path::new("x.toml")).unwrap();
+        assert_eq!((c.skills["a"].warm, c.skills["b"].warm, c.skills["c"].warm), (2, 3, 0));
+        assert_eq!((c.warm_idle_seconds, c.warm_total()), (5, 3));
+    }
+
     #[test]
     fn empty_is_default() {
         let c = Config::parse("", Path::new("x.toml")).unwrap();
@@ -672,6 +734,10 @@ mod tests {
             ("[skills.x]\nmanifest = \"x/skill.json\"", "[skills.x] manifest"),
             ("[skills.x]\nmanifest = \"/srv/x/../y/skill.json\"", "[skills.x] manifest"),
             ("[skills.x]\nmanifest = \"/srv/x/run.sh\"", "not a skill.json or SKILL.md"),
+            ("warm_idle_seconds = 0", "warm_idle_seconds"),
+            ("max_concurrent_runs = 4\n[skills.x]\nwarm = 4", "max_warm_total"),
+            ("max_warm_total = 2\n[skills.x]\nwarm = 3", "[skills.x] warm: at most 2"),
+            ("[skills.x]\nwarm = -1", "warm"),
         ] {
             let e = Config::parse(text, Path::new("x.toml")).unwrap_err().to_string();
             assert!(e.contains(needle), "{text}: {e}");

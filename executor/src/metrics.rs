@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use policy::{Enforcement, RunReport};
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Run-duration buckets, 1 ms to 60 s (a run killed at a 60 s timeout
@@ -79,6 +80,15 @@ pub struct Metrics {
     /// `ongrid_network_denied_total{skill}`: connects and sends the runs'
     /// egress rules refused.
     pub network_denied_total: IntCounterVec,
+    /// `ongrid_warm_hits_total{skill}`: runs that took a warm run.
+    pub warm_hits_total: IntCounterVec,
+    /// `ongrid_warm_misses_total{skill}`: runs of a warm-granted skill that
+    /// found none and ran cold.
+    pub warm_misses_total: IntCounterVec,
+    /// `ongrid_warm_discarded_total{skill}`: warm runs killed unused.
+    pub warm_discarded_total: IntCounterVec,
+    /// `ongrid_warm_idle{skill}`: warm runs waiting now.
+    pub warm_idle: IntGaugeVec,
     /// Serialises [`Metrics::sync_engine`].
     engine_sync: std::sync::Arc<std::sync::Mutex<()>>,
 }
@@ -170,6 +180,29 @@ impl Metrics {
                 ),
                 &["skill"],
             )?,
+            warm_hits_total: IntCounterVec::new(
+                Opts::new("ongrid_warm_hits_total", "Runs that took a warm run, by skill."),
+                &["skill"],
+            )?,
+            warm_misses_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_warm_misses_total",
+                    "Runs of a skill granted warm runs that found none and ran cold, by skill.",
+                ),
+                &["skill"],
+            )?,
+            warm_discarded_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_warm_discarded_total",
+                    "Warm runs killed unused (output or exit while idle, expiry, a changed \
+                     manifest or entry, eviction, shutdown), by skill.",
+                ),
+                &["skill"],
+            )?,
+            warm_idle: IntGaugeVec::new(
+                Opts::new("ongrid_warm_idle", "Warm runs waiting for a request now, by skill."),
+                &["skill"],
+            )?,
             engine_sync: std::sync::Arc::default(),
         };
         registry.register(Box::new(m.network_denied_total.clone()))?;
@@ -186,6 +219,10 @@ impl Metrics {
         registry.register(Box::new(m.idle_closed_total.clone()))?;
         registry.register(Box::new(m.landlock_rulesets_total.clone()))?;
         registry.register(Box::new(m.run_slots_total.clone()))?;
+        registry.register(Box::new(m.warm_hits_total.clone()))?;
+        registry.register(Box::new(m.warm_misses_total.clone()))?;
+        registry.register(Box::new(m.warm_discarded_total.clone()))?;
+        registry.register(Box::new(m.warm_idle.clone()))?;
         for how in ["built", "reused"] {
             m.landlock_rulesets_total.with_label_values(&[how]);
         }
@@ -209,6 +246,25 @@ impl Metrics {
         bring(&self.run_slots_total, "ready", slots.ready);
         bring(&self.run_slots_total, "recycled", slots.recycled);
         bring(&self.run_slots_total, "made", slots.made);
+    }
+
+    /// Brings the warm-pool metrics up to the engine's counts
+    /// ([`crate::Engine::warm_stats`]); the skills are those `executor.toml`
+    /// grants warm runs, so no caller mints a label.
+    pub fn sync_warm(&self, stats: &[(String, crate::run::warm::WarmStats)]) {
+        let _one = self.engine_sync.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let bring = |vec: &IntCounterVec, skill: &str, now: u64| {
+            let counter = vec.with_label_values(&[skill]);
+            counter.inc_by(now.saturating_sub(counter.get()));
+        };
+        for (skill, s) in stats {
+            bring(&self.warm_hits_total, skill, s.hits);
+            bring(&self.warm_misses_total, skill, s.misses);
+            bring(&self.warm_discarded_total, skill, s.discarded);
+            self.warm_idle
+                .with_label_values(&[skill])
+                .set(i64::try_from(s.idle).unwrap_or(i64::MAX));
+        }
     }
 
     /// Counts an answered `execute` under `skill` (`""` when the manifest

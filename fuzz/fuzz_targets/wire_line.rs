@@ -81,6 +81,9 @@ fn check_line(line: &[u8]) {
                 Request::McpTools { id, params } => {
                     (id, "mcp_tools", Some(serde_json::to_string(params).unwrap()))
                 }
+                Request::Warm { id, skill } => {
+                    (id, "warm", Some(serde_json::json!({ "skill": skill }).to_string()))
+                }
                 Request::Start { .. } => unreachable!("matched above"),
             };
             assert_eq!(&v["id"], id, "request id");

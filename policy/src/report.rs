@@ -243,6 +243,11 @@ pub struct RunReport {
     /// `execve` call, as the child timed it (a hold for `start` excluded).
     #[serde(default)]
     pub setup_us: u64,
+    /// The run was taken from the skill's warm pool: a process already
+    /// boxed and waiting for its args (`[skills.NAME] warm`), so
+    /// `setup_us` is only the take.
+    #[serde(default)]
+    pub warm: bool,
     /// Bounded tail of stderr.
     pub stderr: String,
     /// Stderr bytes not in `stderr`: dropped from the tail, or cut from
@@ -266,6 +271,7 @@ impl RunReport {
             limit: None,
             duration_ms: 0,
             setup_us: 0,
+            warm: false,
             stderr: String::new(),
             stderr_truncated_bytes: 0,
             sandbox: None,

@@ -125,6 +125,10 @@ pub struct SkillGrant {
     /// only names in the pack's `env_allow` are passed. Never read from the
     /// manifest, never logged.
     pub env_file: Option<PathBuf>,
+    /// Runs of this skill the executor keeps spawned ahead, boxed and
+    /// blocked reading stdin (`serve` only; 0: none), at most the
+    /// executor's `max_warm_total`.
+    pub warm: u32,
 }
 
 /// The sandbox a run actually gets: the request, checked against the grant,
@@ -314,6 +318,7 @@ mod tests {
             memory_bytes: Some(1 << 30),
             max_pids: Some(128),
             env_file: None,
+            warm: 0,
         };
         let req = SandboxRequest {
             fs_read: vec!["/var/log/syslog".into(), "/srv/out/x".into()],

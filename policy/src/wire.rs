@@ -108,6 +108,14 @@ pub enum Request {
         /// What to list.
         params: McpToolsParams,
     },
+    /// The warm pool of one skill, answered with [`WarmResult`], or null
+    /// when the executor grants that skill no warm runs.
+    Warm {
+        /// JSON-RPC id.
+        id: Value,
+        /// The skill's name.
+        skill: String,
+    },
     /// A notification (no id, no answer): start the held run whose
     /// `execute` had the id `run` on this connection.
     Start {
@@ -168,6 +176,28 @@ pub struct McpToolsResult {
 pub struct MetricsResult {
     /// Prometheus text exposition format 0.0.4.
     pub text: String,
+}
+
+/// The result of `warm` for a skill granted warm runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmResult {
+    /// Warm runs granted (`[skills.NAME] warm`).
+    pub size: u32,
+    /// Warm runs waiting now.
+    pub idle: u64,
+    /// Runs that took a warm run since the executor started.
+    pub hits: u64,
+    /// Runs that found none and ran cold.
+    pub misses: u64,
+    /// Warm runs killed unused.
+    pub discarded: u64,
+}
+
+/// The `params` of `warm`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WarmParams {
+    skill: String,
 }
 
 /// Why a line is not a request. Each maps to a JSON-RPC error code.
@@ -275,6 +305,11 @@ pub fn decode_line(line: &[u8]) -> Result<Request, (Value, WireError)> {
             }
         }
         "metrics" => Ok(Request::Metrics { id }),
+        "warm" => match obj.get("params").map(WarmParams::deserialize) {
+            Some(Ok(WarmParams { skill })) => Ok(Request::Warm { id, skill }),
+            Some(Err(e)) => Err((id, WireError::InvalidParams(e.to_string()))),
+            None => Err((id, WireError::InvalidParams("warm needs params".into()))),
+        },
         other => {
             let shown: String = other.chars().take(64).collect();
             Err((id, WireError::MethodNotFound(shown)))
@@ -324,6 +359,13 @@ pub fn encode_start(id: u64) -> Vec<u8> {
 /// Encodes a `metrics` request line (with its `\n`).
 pub fn encode_metrics(id: u64) -> Vec<u8> {
     line(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "metrics"}))
+}
+
+/// Encodes a `warm` request line for `skill` (with its `\n`).
+pub fn encode_warm(id: u64, skill: &str) -> Vec<u8> {
+    line(
+        &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "warm", "params": {"skill": skill}}),
+    )
 }
 
 /// Encodes a successful response carrying any `result` (`ping`, `metrics`).
@@ -675,6 +717,24 @@ mod tests {
             decode_line(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#).unwrap(),
             Request::Ping { id: json!(1) }
         );
+    }
+
+    #[test]
+    fn warm_requests_name_a_skill() {
+        let l = encode_warm(4, "py");
+        let want = Request::Warm { id: json!(4), skill: "py".into() };
+        assert_eq!(decode_line(&l[..l.len() - 1]).unwrap(), want);
+        for bad in [
+            &br#"{"jsonrpc":"2.0","id":1,"method":"warm"}"#[..],
+            br#"{"jsonrpc":"2.0","id":1,"method":"warm","params":{"skill":1}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":"warm","params":{"skill":"a","x":1}}"#,
+        ] {
+            let (_, e) = decode_line(bad).unwrap_err();
+            assert!(matches!(e, WireError::InvalidParams(_)), "{e}");
+        }
+        let r = WarmResult { size: 2, idle: 1, hits: 5, misses: 1, discarded: 0 };
+        let back: WarmResult = serde_json::from_value(json!(r)).unwrap();
+        assert_eq!(back, r);
     }
 
     #[test]

@@ -24,7 +24,8 @@
 //! OpenAPI document: validated, served, fuzzed by Schemathesis),
 //! [`monitoring`] (the packaged Grafana dashboard and Prometheus alerts
 //! against a real Prometheus server scraping the daemons, see
-//! [`prometheus`]). Every answer the harness's client receives is checked
+//! [`prometheus`]), [`warm`] (warm runs and their pool in the skill's
+//! detail). Every answer the harness's client receives is checked
 //! against the OpenAPI document ([`contract`]).
 
 mod contract;
@@ -49,3 +50,4 @@ mod reload;
 mod restart;
 mod rogue;
 mod up;
+mod warm;

@@ -23,6 +23,8 @@
 //! - `status`: the outcome taxonomy and hostile bytes.
 //! - `grants`: manifests asking for more than the operator grants.
 //! - `isolation`: two live runs side by side cannot reach each other.
+//! - `warm`: warm runs (made before their request) are boxed as cold ones,
+//!   see nothing of the request before its args, serve one request each.
 
 mod egress;
 mod env;
@@ -34,6 +36,7 @@ mod network;
 mod privilege;
 mod status;
 mod time;
+mod warm;
 
 use std::path::Path;
 use std::sync::{RwLockReadGuard, RwLockWriteGuard};

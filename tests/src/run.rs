@@ -177,10 +177,26 @@ pub(crate) fn vm_hwm_kib(pid: u32) -> Option<u64> {
 /// grace plus [`HANG_SLACK`] (a one-shot one is then killed), or gives no
 /// report.
 pub fn run(manifest: &Path, config: &Config, opts: RunOptions, timeout_s: u64) -> Run {
+    run_via(crate::served::via(), manifest, config, opts, timeout_s)
+}
+
+/// [`run`] through the given path whatever `ONGRID_SANDBOX_VIA` says (the
+/// warm-run cases compare a served run with a one-shot one).
+///
+/// # Panics
+///
+/// As [`run`].
+pub fn run_via(
+    via: crate::served::Via,
+    manifest: &Path,
+    config: &Config,
+    opts: RunOptions,
+    timeout_s: u64,
+) -> Run {
     // No case waits out a long timeout on purpose (huge ones are clamping tests).
     let hang_after =
         Duration::from_secs(timeout_s.min(60)) + policy::limits::KILL_GRACE + HANG_SLACK;
-    let once = |opts| match crate::served::via() {
+    let once = |opts| match via {
         crate::served::Via::Serve => crate::served::run(manifest, config, opts, hang_after),
         crate::served::Via::Oneshot => oneshot(manifest, config, opts, hang_after),
     };

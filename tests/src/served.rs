@@ -248,6 +248,25 @@ extern "C" fn stop_all() {
     let _ = std::fs::remove_dir_all(&reg.base);
 }
 
+/// The metrics text of the served executor for `config` (started on
+/// first use), through the wire's `metrics` method.
+///
+/// # Panics
+///
+/// When the executor cannot be reached or answers with no metrics.
+pub fn metrics(config: &Config) -> String {
+    let s = served(config, &[], None);
+    let mut stream = UnixStream::connect(s.socket()).expect("connect the served executor");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("set a read timeout");
+    stream
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"metrics\"}\n")
+        .expect("send metrics");
+    let mut line = Vec::new();
+    BufReader::new(stream).read_until(b'\n', &mut line).expect("read the metrics answer");
+    let v: Value = serde_json::from_slice(&line).expect("the metrics answer is JSON");
+    v["result"]["text"].as_str().expect("metrics text").to_owned()
+}
+
 /// Runs the skill of `manifest` through the served executor for `config`
 /// and `opts.env`: one connection, one held `execute` and its `start`, the
 /// `stderr` notifications, then the report.

@@ -29,6 +29,17 @@ impl SkillDir {
     ///
     /// When the folder cannot be created.
     pub fn new(case: &str, entry: &str) -> Self {
+        Self::new_in(case, entry, crate::served::via() == crate::served::Via::Serve)
+    }
+
+    /// [`SkillDir::new`], under the served executors' root when `served`
+    /// whatever `ONGRID_SANDBOX_VIA` says (a one-shot run takes a skill
+    /// there too: its root is then its own folder).
+    ///
+    /// # Panics
+    ///
+    /// When the folder cannot be created.
+    pub fn new_in(case: &str, entry: &str, served: bool) -> Self {
         let name: String = case
             .chars()
             .map(|c| if c.is_ascii_lowercase() || c.is_ascii_digit() { c } else { '_' })
@@ -37,9 +48,10 @@ impl SkillDir {
         let mut builder = tempfile::Builder::new();
         builder.prefix(&prefix);
         // A served executor takes only skills under its allow-list root.
-        let dir = match crate::served::via() {
-            crate::served::Via::Serve => builder.tempdir_in(crate::served::skills_root()),
-            crate::served::Via::Oneshot => builder.tempdir(),
+        let dir = if served {
+            builder.tempdir_in(crate::served::skills_root())
+        } else {
+            builder.tempdir()
         }
         .expect("create skill dir");
         set_mode(dir.path(), 0o755);
@@ -56,6 +68,20 @@ impl SkillDir {
     pub fn attack(case: &str, attack_bin: &Path) -> Self {
         let s = Self::new(case, "attack");
         s.copy_file(attack_bin, "attack", 0o755);
+        s
+    }
+
+    /// [`SkillDir::attack`] under the served executors' root.
+    pub fn served_attack(case: &str, attack_bin: &Path) -> Self {
+        let s = Self::new_in(case, "attack", true);
+        s.copy_file(attack_bin, "attack", 0o755);
+        s
+    }
+
+    /// [`SkillDir::script`] under the served executors' root.
+    pub fn served_script(case: &str, body: &str) -> Self {
+        let s = Self::new_in(case, "run.sh", true);
+        s.write_file("run.sh", &format!("#!/bin/sh\n{body}\n"), 0o755);
         s
     }
 

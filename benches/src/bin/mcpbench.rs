@@ -130,7 +130,7 @@ fn daemons(root: &Path, base: &Path, calls: usize, expected: usize) -> Vec<f64> 
     let bin_dir = exe.parent().expect("bin dir");
     let audit = base.join("audit");
     let roots = [root.to_owned()];
-    let stack = stack::Stack::start("daemon-mcp", bin_dir, base, &roots, &audit, expected);
+    let stack = stack::Stack::start("daemon-mcp", bin_dir, base, &roots, &audit, expected, "");
     let mut client = http::Http::connect(&stack.socket);
     let path = "/v1/skills/bench_echo/execute";
     let (status, body) = client.post(path, br#"{"args":{"warm":true}}"#);

@@ -4,15 +4,18 @@
 
 use std::ffi::OsString;
 use std::future::Future;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use policy::limits::KILL_GRACE;
 use policy::{Enforcement, LimitKind, Outcome, RunReport};
+use tokio::sync::Semaphore;
 
 use crate::config::Config;
-use crate::host::instance::{Instance, InstanceError};
+use crate::host::instance::{Instance, InstanceError, PgidRecord};
 use crate::run::janitor::{Janitor, SlotCounts, Wake};
 use crate::run::parsed::ParsedManifests;
 use crate::run::plan::{Located, Plan};
@@ -20,6 +23,7 @@ use crate::run::reaper::Reaper;
 use crate::run::spawn::{self, Host, Spawners};
 use crate::run::spin::{spin_for, Active, EXEC_SPIN};
 use crate::run::supervise::{self, Bounds, ExitSpin, Leftovers, Stop, Supervised};
+use crate::run::warm::{Maker, Warm, WarmPools, WarmStats};
 use crate::sandbox::cgroup::RunCgroup;
 use crate::sys;
 
@@ -84,6 +88,9 @@ pub struct Engine {
     config: Config,
     host: Host,
     reaper: &'static Reaper,
+    /// Warm runs of the skills granted them (`serve` only); dropped
+    /// (their cgroups killed) before the janitor and the spawner threads.
+    warm: WarmPools,
     janitor: Janitor,
     /// Creates the children (dropped after the runs, before the instance).
     spawners: Spawners,
@@ -136,6 +143,7 @@ impl Engine {
         host.notes.extend(instance.notes().iter().cloned());
         Ok(Engine {
             parsed: ParsedManifests::new(&config),
+            warm: WarmPools::new(&config),
             env: std::env::vars_os().collect(),
             config,
             host,
@@ -315,19 +323,49 @@ impl Engine {
         };
         let skill = plan.manifest.name().to_string();
         let _active = Active::enter(&self.active);
+        let background = self.runs.fetch_add(1, Ordering::Relaxed) > 0;
+        // A warm run made from the same files, already boxed and waiting
+        // for its args (`run::warm`), else steps 2 to 5 now.
+        let taken = if self.warm.granted(&skill) { self.warm.take(&plan, tool) } else { None };
+        let launched = match taken {
+            Some(warm) => self.launch_warm(warm, start, held).await,
+            None => self.launch_cold(&plan, background, start, held, started).await,
+        };
+        let mut run = match launched {
+            Ok(run) => run,
+            Err(report) => return *report,
+        };
+        if run.warm {
+            run.setup_us = u64::try_from(started.elapsed().saturating_sub(*held).as_micros())
+                .unwrap_or(u64::MAX);
+        }
+        self.supervise_and_report(&plan, run, background, sink, cancel, after).await
+    }
+
+    /// Steps 2 to 5 of a cold run: a slot (directory and cgroup leaves,
+    /// made ahead of time when one is ready), the sandbox prepared, a held
+    /// run's `start` awaited, the child spawned.
+    async fn launch_cold(
+        &self,
+        plan: &Plan,
+        background: bool,
+        start: impl Future<Output = bool>,
+        held: &mut Duration,
+        started: Instant,
+    ) -> Result<Launched, Box<RunReport>> {
+        let skill = plan.manifest.name().to_string();
         // Step 2: prepare everything in the parent, in a fresh slot (run
         // directory and cgroup leaves) made ahead of time when one is ready.
-        let warm = self.runs.fetch_add(1, Ordering::Relaxed) > 0;
         let l = &plan.granted.limits;
         let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
         let bounds = (l.memory_bytes, l.max_pids);
         // The pool's refill is asked for once the child has its spec.
-        let taken = self.janitor.take(warm, &self.config, &self.host, bounds, owner);
+        let taken = self.janitor.take(background, &self.config, &self.host, bounds, owner);
         let (mut prep, refill) = match taken.and_then(|(slot, refill)| {
-            spawn::prepare(&self.config, &self.host, &plan, slot).map(|p| (p, refill))
+            spawn::prepare(&self.config, &self.host, plan, slot).map(|p| (p, refill))
         }) {
             Ok(p) => p,
-            Err(e) => return RunReport::not_run(skill, e.outcome(), e.to_string()),
+            Err(e) => return Err(Box::new(RunReport::not_run(skill, e.outcome(), e.to_string()))),
         };
         if prep.report.landlock.status != Enforcement::None {
             self.rulesets[usize::from(prep.landlock_reused)].fetch_add(1, Ordering::Relaxed);
@@ -338,11 +376,8 @@ impl Engine {
         *held = waiting.elapsed();
         if !go {
             prep.end_egress();
-            self.janitor.discard(prep.cgroup.take(), &mut prep.run_dir, warm);
-            let why = "the held run was not started by its caller";
-            let mut r = RunReport::not_run(skill, Outcome::Rejected, why);
-            r.sandbox = Some(prep.report.clone());
-            return r;
+            self.janitor.discard(prep.cgroup.take(), &mut prep.run_dir, background);
+            return Err(not_started(skill, &prep));
         }
         // Steps 3-5: spawn (the child applies the sandbox and execs). The
         // only run in flight watches for its child's exec without sleeping
@@ -356,7 +391,7 @@ impl Engine {
                 prep.end_egress();
                 let mut r = RunReport::not_run(skill, e.outcome(), e.to_string());
                 r.sandbox = Some(prep.report.clone());
-                return r;
+                return Err(Box::new(r));
             }
         };
         // Setup ends at the child's exec as the child timed it: the run's
@@ -365,7 +400,44 @@ impl Engine {
         let setup = child.exec_at.saturating_duration_since(started).saturating_sub(*held);
         let setup_us = u64::try_from(setup.as_micros()).unwrap_or(u64::MAX);
         // Without a cgroup the watchdog kills the run's process group.
-        let _pgid = prep.cgroup.is_none().then(|| self.instance.record_pgid(child.pid)).flatten();
+        let pgid = prep.cgroup.is_none().then(|| self.instance.record_pgid(child.pid)).flatten();
+        Ok(Launched { prep, child, pgid, setup_us, warm: false })
+    }
+
+    /// A warm run taken for this request: a held run's `start` awaited
+    /// (a run not started is killed unused, never given args).
+    async fn launch_warm(
+        &self,
+        warm: Warm,
+        start: impl Future<Output = bool>,
+        held: &mut Duration,
+    ) -> Result<Launched, Box<RunReport>> {
+        let waiting = Instant::now();
+        let go = start.await;
+        *held = waiting.elapsed();
+        if !go {
+            let skill = warm.plan.manifest.name().to_string();
+            let report = not_started(skill, &warm.prep);
+            self.warm.discard(warm, "its held run was not started");
+            return Err(report);
+        }
+        let Warm { prep, child, pgid, .. } = warm;
+        Ok(Launched { prep, child, pgid, setup_us: 0, warm: true })
+    }
+
+    /// Steps 6 to 8: supervise the launched run with `plan`'s bounds (its
+    /// args written to stdin, its deadline from now), kill its tree, hand
+    /// its slot to the janitor, report.
+    async fn supervise_and_report(
+        &self,
+        plan: &Plan,
+        run: Launched,
+        background: bool,
+        sink: &mut (dyn FnMut(&str) + Send),
+        cancel: impl Future<Output = ()>,
+        after: &mut AfterReport,
+    ) -> RunReport {
+        let Launched { mut prep, child, pgid: _pgid, setup_us, warm } = run;
         let limits = &plan.granted.limits;
         let bounds = Bounds {
             timeout: plan.manifest.timeout(),
@@ -394,15 +466,116 @@ impl Engine {
         // The run is over (its tree is gone): its cgroups and directory are
         // removed after the report, by the janitor, woken once the report
         // is out (when the caller drops `wake`).
-        after.wake = Some(self.janitor.discard_later(prep.cgroup.take(), &mut prep.run_dir, warm));
+        after.wake =
+            Some(self.janitor.discard_later(prep.cgroup.take(), &mut prep.run_dir, background));
         // Step 8: report.
+        let skill = plan.manifest.name().as_str();
         let cpu_limit_us = limits.cpu_seconds_for(bounds.timeout).saturating_mul(1_000_000);
         let mut report =
-            classify(&skill, sup, oom, bounds.timeout, cpu_limit_us, bounds.stdout_bytes);
+            classify(skill, sup, oom, bounds.timeout, cpu_limit_us, bounds.stdout_bytes);
         report.setup_us = setup_us;
+        report.warm = warm;
         report.sandbox = Some(prep.report.clone());
         report
     }
+
+    /// Warm pools' counts by skill (`run::warm`).
+    pub fn warm_stats(&self) -> Vec<(String, WarmStats)> {
+        self.warm.stats()
+    }
+
+    /// Runs the warm pools' thread on the calling thread until
+    /// [`Engine::stop_warm`]: it makes the granted skills' warm runs, each
+    /// holding a permit of `slots` (the server's run slots) while idle, and
+    /// discards the spoiled, stale and expired ones. Returns at once when
+    /// no skill is granted warm runs. Call it from a thread that lives as
+    /// long as the runs it makes (a run created without a spawner thread
+    /// has its parent-death signal tied to it).
+    pub fn serve_warm(&self, slots: &Arc<Semaphore>) {
+        self.warm.serve(self, slots);
+    }
+
+    /// Stops [`Engine::serve_warm`], which kills every idle warm run.
+    pub fn stop_warm(&self) {
+        self.warm.stop();
+    }
+
+    /// Kills one idle warm run to free its run slot; false when none is
+    /// idle.
+    pub fn evict_warm(&self) -> bool {
+        self.warm.evict()
+    }
+
+    /// Kills a warm run never used (its tree, then its reaping), and hands
+    /// its slot back to the janitor.
+    fn kill_warm(&self, warm: Warm) {
+        let Warm { mut prep, child, pgid, .. } = warm;
+        let _ = sys::process::pidfd_signal(child.pidfd.as_fd(), libc::SIGKILL);
+        if let Some(cg) = prep.cgroup.as_mut() {
+            cg.kill();
+            settle(cg);
+        }
+        let until = Instant::now() + Duration::from_secs(2);
+        while self.reaper.collect(child.pid).is_none() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop((child, pgid));
+        self.reaper.reap_orphans();
+        prep.end_egress();
+        self.janitor.discard(prep.cgroup.take(), &mut prep.run_dir, true);
+    }
+}
+
+impl Maker for Engine {
+    fn make(&self, path: &std::path::Path, tool: Option<&str>) -> Result<Warm, String> {
+        let at = self.parsed.locate(&self.config.roots, path, tool).map_err(|e| e.to_string())?;
+        let args = b"{}".to_vec();
+        let plan = Plan::build_located(&self.config, at, tool, args, &self.env)
+            .map_err(|e| e.to_string())?;
+        let l = &plan.granted.limits;
+        let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
+        let bounds = (l.memory_bytes, l.max_pids);
+        let (slot, refill) = self
+            .janitor
+            .take(true, &self.config, &self.host, bounds, owner)
+            .map_err(|e| e.to_string())?;
+        let mut prep =
+            spawn::prepare(&self.config, &self.host, &plan, slot).map_err(|e| e.to_string())?;
+        let child = match spawn::spawn_waiting(&mut prep, &plan.entry, &self.spawners, || {
+            drop(refill);
+        }) {
+            Ok(child) => child,
+            Err(e) => {
+                prep.end_egress();
+                self.janitor.discard(prep.cgroup.take(), &mut prep.run_dir, true);
+                return Err(e.to_string());
+            }
+        };
+        self.reaper.track(child.pid);
+        let pgid = prep.cgroup.is_none().then(|| self.instance.record_pgid(child.pid)).flatten();
+        Ok(Warm::new(plan, tool.map(str::to_owned), prep, child, pgid))
+    }
+
+    fn kill(&self, warm: Warm) {
+        self.kill_warm(warm);
+    }
+}
+
+/// A run launched (spawned, or taken warm), ready for supervision.
+struct Launched {
+    prep: spawn::Prepared,
+    child: spawn::Child,
+    pgid: Option<PgidRecord>,
+    setup_us: u64,
+    warm: bool,
+}
+
+/// The report of a held run its caller never started.
+fn not_started(skill: String, prep: &spawn::Prepared) -> Box<RunReport> {
+    let why = "the held run was not started by its caller";
+    let mut r = RunReport::not_run(skill, Outcome::Rejected, why);
+    r.sandbox = Some(prep.report.clone());
+    Box::new(r)
 }
 
 /// Waits for the run's cgroup to empty (killing what is left after 2 s);

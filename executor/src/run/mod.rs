@@ -14,6 +14,9 @@
 //! - [`reaper`]: reaping main processes and orphans.
 //! - `janitor`: the run slots (directory and cgroup leaves) kept ready,
 //!   recycled after a run and removed off the runs' path.
+//! - [`warm`]: warm runs, taken through steps 1 to 5 ahead of any request
+//!   and blocked reading their args; a request with the same plan identity
+//!   takes one and starts at step 6.
 //!
 //! # Spawn sequence
 //!
@@ -157,3 +160,4 @@ pub mod spawn;
 pub mod spawner;
 pub mod spin;
 pub mod supervise;
+pub mod warm;

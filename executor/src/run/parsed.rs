@@ -26,12 +26,25 @@ pub const MAX_ENTRIES: usize = 4096;
 
 /// What identifies a file's content without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct FileKey {
+pub struct FileKey {
     dev: u64,
     ino: u64,
     size: u64,
     mtime: (i64, i64),
     ctime: (i64, i64),
+}
+
+impl FileKey {
+    /// The key of the file `meta` was read from.
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        FileKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
 }
 
 type Entries = HashMap<(PathBuf, Option<String>), (FileKey, Arc<Manifest>)>;
@@ -88,13 +101,7 @@ impl ParsedManifests {
                 "not a regular file",
             )));
         }
-        let key = FileKey {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
-        };
+        let key = FileKey::of(&meta);
         let cache_key = (path.to_owned(), tool.map(str::to_owned));
         if let Some((k, parsed)) = self.lock().get(&cache_key) {
             if *k == key {

@@ -17,6 +17,7 @@ use policy::{
 };
 
 use crate::config::Config;
+use crate::run::parsed::FileKey;
 use crate::run::resolve::{self, Open, Resolved};
 use policy::mcp::PackKind;
 
@@ -190,6 +191,10 @@ pub struct Plan {
     pub args: Vec<u8>,
     /// The run-as user.
     pub run_as: RunAs,
+    /// The manifest file's and the entry's identity when they were checked
+    /// (device, inode, size, mtime, ctime): a warm run made for another
+    /// identity is not this plan's (`run::warm`).
+    pub identity: (FileKey, FileKey),
 }
 
 /// The manifest of a run, from the bytes of the file at `path`: a
@@ -464,6 +469,10 @@ impl Plan {
             return Err(PlanError::Tool { path: located.path, reason });
         }
         let Located { file, path: canonical, skill_dir, roots, root, parsed: _ } = located;
+        let manifest_key = file
+            .metadata()
+            .map(|m| FileKey::of(&m))
+            .map_err(|source| PlanError::Read { path: canonical.clone(), source })?;
         drop(file);
         let skill = manifest.name().to_string();
         let entry_err = |path: &Path, reason: String| PlanError::Entry {
@@ -482,6 +491,7 @@ impl Plan {
             return Err(PlanError::Escapes { skill, entry, root });
         };
         let meta = entry_file.metadata().map_err(|e| entry_err(&entry, e.to_string()))?;
+        let entry_key = FileKey::of(&meta);
         drop(entry_file);
         if !meta.is_file() {
             return Err(entry_err(&entry, "not a regular file".into()));
@@ -555,6 +565,7 @@ impl Plan {
             env,
             args,
             run_as,
+            identity: (manifest_key, entry_key),
         })
     }
 

@@ -39,9 +39,11 @@ impl Reaper {
         GLOBAL.get_or_init(Reaper::default)
     }
 
-    /// Tracks `pid` as a run's main process.
+    /// Tracks `pid` as a run's main process. Tracking it again keeps a
+    /// status already parked for it (a warm run, tracked when it was made,
+    /// may have been reaped as it was taken).
     pub fn track(&self, pid: i32) {
-        self.lock().insert(pid, None);
+        self.lock().entry(pid).or_insert(None);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Option<Exit>>> {

@@ -649,6 +649,35 @@ pub fn spawn(
     spin: Duration,
     meanwhile: impl FnOnce(),
 ) -> Result<Child, SpawnError> {
+    spawn_with(prep, entry, Some(args), spawners, spin, meanwhile)
+}
+
+/// [`spawn`] for a warm run (`run::warm`): the child gets an empty stdin
+/// kept open (the returned [`Child::stdin`] is its write end, nothing
+/// written), so it execs and blocks reading its args until a request
+/// writes them. Never watched for without sleeping (nobody waits on it).
+///
+/// # Errors
+///
+/// As [`spawn`].
+pub fn spawn_waiting(
+    prep: &mut Prepared,
+    entry: &Path,
+    spawners: &Spawners,
+    meanwhile: impl FnOnce(),
+) -> Result<Child, SpawnError> {
+    spawn_with(prep, entry, None, spawners, Duration::ZERO, meanwhile)
+}
+
+/// [`spawn`] with the args to prefill, or `None`: stdin kept open and empty.
+fn spawn_with(
+    prep: &mut Prepared,
+    entry: &Path,
+    args: Option<&[u8]>,
+    spawners: &Spawners,
+    spin: Duration,
+    meanwhile: impl FnOnce(),
+) -> Result<Child, SpawnError> {
     let stdio = match prep.stdio.take() {
         Some(stdio) => stdio,
         None => Stdio::new(&prep.skill)?,
@@ -657,7 +686,11 @@ pub fn spawn(
     let skill = prep.skill.as_str();
     let Stdio { stdin: (stdin_r, stdin_w), stdout: (stdout_r, stdout_w), stderr } = stdio;
     let (stderr_r, stderr_w) = stderr;
-    let stdin = if prep.keep_stdin { Some((stdin_w, 0)) } else { prefill_stdin(stdin_w, args) };
+    // Kept open and empty: a warm run (args later) or an MCP pack's server.
+    let stdin = match args {
+        Some(args) if !prep.keep_stdin => prefill_stdin(stdin_w, args),
+        _ => Some((stdin_w, 0)),
+    };
     let argv: Vec<*const c_char> =
         prep.argv.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
     let envp: Vec<*const c_char> =

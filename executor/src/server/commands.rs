@@ -46,8 +46,23 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
         Ok(Request::Metrics { id }) => {
             let engine = &ctx.shared.engine;
             ctx.shared.metrics.sync_engine(engine.landlock_rulesets(), engine.run_slots());
+            ctx.shared.metrics.sync_warm(&engine.warm_stats());
             let text = ctx.shared.metrics.render();
             ctx.send(wire::encode_result(&id, &json!(MetricsResult { text })));
+        }
+        // A skill the executor grants no warm runs (or does not know)
+        // answers null: its name is the caller's, so nothing is minted.
+        Ok(Request::Warm { id, skill }) => {
+            let stats = ctx.shared.engine.warm_stats();
+            let found =
+                stats.into_iter().find(|(name, _)| *name == skill).map(|(_, s)| wire::WarmResult {
+                    size: s.size,
+                    idle: s.idle,
+                    hits: s.hits,
+                    misses: s.misses,
+                    discarded: s.discarded,
+                });
+            ctx.send(wire::encode_result(&id, &found));
         }
         Ok(Request::Execute { id, params }) => {
             // A held run's start is registered before its task runs: the
@@ -234,28 +249,38 @@ async fn take_slot(ctx: &ConnCtx, id: &Value, skill: &str) -> Option<OwnedSemaph
     match shared.slots.clone().try_acquire_owned() {
         Ok(_) if ctx.token.is_cancelled() => None,
         Ok(slot) => Some(slot),
-        Err(_) => {
-            ctx.send(wire::encode_queued(id));
-            let slot = tokio::select! {
-                biased;
-                () = ctx.token.cancelled() => {
-                    tracing::info!(
-                        "executor: run {skill:?} cancelled while queued (peer {})",
-                        ctx.peer
-                    );
-                    return None;
-                }
-                () = shared.stopping.cancelled() => {
-                    busy(ctx, id, skill, "the executor is shutting down");
-                    return None;
-                }
-                // The semaphore is never closed.
-                slot = shared.slots.clone().acquire_owned() => slot.ok()?,
-            };
-            ctx.send(wire::encode_started(id));
-            Some(slot)
-        }
+        // An idle warm run holds a slot this run would wait for: it goes.
+        Err(_) if shared.engine.evict_warm() => match shared.slots.clone().try_acquire_owned() {
+            Ok(slot) => Some(slot),
+            Err(_) => queue_for_slot(ctx, id, skill).await,
+        },
+        Err(_) => queue_for_slot(ctx, id, skill).await,
     }
+}
+
+/// Waits in the queue for a run slot, telling the caller `queued`, then
+/// `started`; `None` as for [`take_slot`].
+async fn queue_for_slot(ctx: &ConnCtx, id: &Value, skill: &str) -> Option<OwnedSemaphorePermit> {
+    let shared = &ctx.shared;
+    ctx.send(wire::encode_queued(id));
+    let slot = tokio::select! {
+        biased;
+        () = ctx.token.cancelled() => {
+            tracing::info!(
+                "executor: run {skill:?} cancelled while queued (peer {})",
+                ctx.peer
+            );
+            return None;
+        }
+        () = shared.stopping.cancelled() => {
+            busy(ctx, id, skill, "the executor is shutting down");
+            return None;
+        }
+        // The semaphore is never closed.
+        slot = shared.slots.clone().acquire_owned() => slot.ok()?,
+    };
+    ctx.send(wire::encode_started(id));
+    Some(slot)
 }
 
 async fn execute_run(

@@ -138,6 +138,16 @@ pub async fn run(
             root.display()
         );
     }
+    // The warm pools' thread (`run::warm`), for as long as the server: a
+    // warm run made without a spawner thread is its child.
+    let warm = {
+        let (engine, slots) = (Arc::clone(&shared.engine), Arc::clone(&shared.slots));
+        std::thread::Builder::new()
+            .name("ongrid-warm".into())
+            .spawn(move || engine.serve_warm(&slots))
+            .map_err(|e| tracing::warn!("executor: cannot start the warm pools' thread: {e}"))
+            .ok()
+    };
     let tracker = TaskTracker::new();
     let connections = Arc::new(Semaphore::new(config.max_connections));
     // The stop is `shutdown`; the loop's own token is never cancelled.
@@ -166,6 +176,8 @@ pub async fn run(
     // Stop accepting: the socket refuses new connections from here on.
     drop(listener);
     shared.stopping.cancel();
+    // Idle warm runs are killed, not drained.
+    shared.engine.stop_warm();
     tracker.close();
     let drain = (config.max_timeout() + policy::limits::KILL_GRACE + DRAIN_MARGIN)
         .min(Duration::from_secs(config.drain_timeout_seconds));
@@ -182,5 +194,8 @@ pub async fn run(
     }
     // No call is in flight any more: the MCP servers go too.
     shared.servers.stop_all(&shared.engine).await;
+    if let Some(thread) = warm {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
     tracing::info!("executor: stopped");
 }

@@ -29,7 +29,7 @@ use nix::sys::socket::{recv, MsgFlags};
 
 use policy::wire::{
     self, ExecuteParams, LineBuffer, McpToolInfo, McpToolsResult, MetricsResult, PingResult, Reply,
-    MAX_LINE_BYTES,
+    WarmResult, MAX_LINE_BYTES,
 };
 use policy::{Outcome, RunReport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -378,6 +378,33 @@ impl ExecutorClient {
             Ok(Ok(McpToolsResult { error: Some(why), .. })) => Err(why),
             Ok(Ok(McpToolsResult { tools, error: None })) => Ok(tools),
         }
+    }
+
+    /// The executor's warm pool of `skill` (`warm` call) within `timeout`:
+    /// `Ok(None)` when it grants the skill no warm runs.
+    ///
+    /// # Errors
+    ///
+    /// Any [`ExecutorError`]; a timeout is [`ExecutorError::Io`].
+    pub async fn warm(
+        &self,
+        skill: &str,
+        timeout: Duration,
+    ) -> Result<Option<WarmResult>, ExecutorError> {
+        let call = async {
+            let mut conn = self.connect().await?;
+            let stream = conn.stream().map_err(ExecutorError::Io)?;
+            stream.write_all(&wire::encode_warm(1, skill)).await.map_err(ExecutorError::Io)?;
+            let mut conn = RunConnection::new(conn, 64 << 10);
+            match conn.next_reply().await? {
+                Reply::Result { result, .. } => serde_json::from_str(result.get())
+                    .map_err(|e| ExecutorError::Protocol(format!("warm result: {e}"))),
+                other => Err(reply_error(other)),
+            }
+        };
+        tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
+            Err(ExecutorError::Io(io::Error::new(io::ErrorKind::TimedOut, "warm timed out")))
+        })
     }
 
     /// Returns true if and only if the executor answers `ping` within

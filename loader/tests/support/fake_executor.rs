@@ -111,6 +111,8 @@ async fn connection(stream: UnixStream, stats: Arc<Stats>) {
             }
             // No MCP server packs here.
             Ok(Request::McpTools { id, .. }) => wire::encode_result(&id, &json!({"tools": []})),
+            // Grants no skill warm runs.
+            Ok(Request::Warm { id, .. }) => wire::encode_result(&id, &json!(null)),
             // A start for no held run: nothing to do, no answer.
             Ok(Request::Start { .. }) => continue,
             Ok(Request::Execute { id, params }) => {

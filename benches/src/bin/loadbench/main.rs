@@ -47,6 +47,11 @@
 //!   where comparing two invocations would compare the host's moods (on the
 //!   dev machine the sequential daemon ratio moves by 0.1-0.3x between
 //!   invocations, by well under 0.05x within one). Not in the default set.
+//! - `daemon-warm`: the same as `daemon` with every skill granted
+//!   `--warm N` warm runs (default 4; `[skills.NAME] warm`, pinned to its
+//!   manifest so the pools fill at start): a run takes a process already
+//!   boxed and blocked reading its args. Its idle warm runs' VmRSS and PSS
+//!   are printed once the pools are full, its hits and misses after each set.
 //! - `executor-rpc`: `execute` sent straight to the `daemon` stack's
 //!   executor socket (JSON-RPC): the executor daemon without skilld. Each
 //!   client thread keeps its connection for the next run while it is
@@ -66,9 +71,10 @@
 //!
 //! Skills (`--skills`, each a pack whose entry copies stdin to stdout):
 //! `bin-cat` (`/bin/cat`, dynamically linked), `sh-cat` (`exec cat` from
-//! `/bin/sh`) and `static-cat` (raw system calls, no C library, so no
+//! `/bin/sh`), `static-cat` (raw system calls, no C library, so no
 //! start-up CPU probing: what the boxes themselves cost, see
-//! `build_static_cat`).
+//! `build_static_cat`) and `py-json` (`/usr/bin/python3` importing `json`
+//! and echoing its args: a script skill's interpreter start).
 //!
 //! `--gap-ms MS` idles that long before each sequential run (the state an
 //! agent's calls find the host in: every thread parked, caches cold).
@@ -120,7 +126,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ongrid_benches::interrupt::{self, Started};
 use ongrid_benches::{
@@ -131,7 +137,7 @@ use crate::opts::{parse_opts, Variant};
 use crate::report::{print_idle_settle, print_metrics, print_rss, print_table};
 use crate::run::{run_one, Client, Ctx};
 use crate::scrape::{parse_audit_waits, parse_hist, parse_slots, Hist, SETUP_HIST};
-use crate::skills::{make_many, make_skill};
+use crate::skills::{make_many, make_skill, skill_name};
 use crate::stack::{proc_cpu, Stack};
 use crate::worker::Worker;
 
@@ -367,6 +373,7 @@ fn main() {
                 std::slice::from_ref(&skills_root),
                 &audit_dir,
                 manifests.len(),
+                "",
             );
             stacks.insert(variant.name(), s);
         }
@@ -390,6 +397,7 @@ fn main() {
             std::slice::from_ref(&skills_root),
             &audit_dir,
             manifests.len(),
+            "",
         );
         stacks.insert("daemon-b", s);
     }
@@ -404,6 +412,7 @@ fn main() {
             std::slice::from_ref(&skills_root),
             shm.path(),
             manifests.len(),
+            "",
         );
         stacks.insert("daemon-shm", s);
         shm_dirs.push(shm);
@@ -420,8 +429,13 @@ fn main() {
             &[skills_root.clone(), many],
             &audit_dir,
             manifests.len() + o.loaded_skills,
+            "",
         );
         stacks.insert("daemon10k", s);
+    }
+    if o.variants.contains(&Variant::DaemonWarm) {
+        let s = start_warm(&o, &base, &skills_root, &audit_dir, &manifests);
+        stacks.insert("daemon-warm", s);
     }
     for s in stacks.values() {
         println!(
@@ -469,12 +483,73 @@ fn main() {
             );
             print_table(&variants, &samples);
             print_metrics(&ctx, &variants, &samples, &mark);
+            if let Some(s) = ctx.stacks.get("daemon-warm") {
+                let text = s.scrape();
+                let sum = |name: &str| crate::scrape::labelled_sum(&text, name);
+                println!(
+                    "daemon-warm: since start: warm hits {:.0}, misses {:.0}, discarded {:.0}",
+                    sum("ongrid_warm_hits_total"),
+                    sum("ongrid_warm_misses_total"),
+                    sum("ongrid_warm_discarded_total")
+                );
+            }
             print_rss(&ctx, &format!("after c={conc}"));
         }
     }
     println!("\nloadavg at end: {}", first_line("/proc/loadavg"));
     drop(ctx);
     drop(shm_dirs);
+}
+
+/// The `daemon-warm` stack: every bench skill granted `--warm` warm runs,
+/// pinned to its manifest so the pools fill at start; waits for them to
+/// fill and prints what an idle warm run holds.
+fn start_warm(
+    o: &opts::Opts,
+    base: &Path,
+    skills_root: &Path,
+    audit_dir: &Path,
+    manifests: &[(String, PathBuf)],
+) -> Stack {
+    let total = o.warm as usize * manifests.len();
+    let mut extra =
+        format!("max_warm_total = {total}\nmax_concurrent_runs = {}\n", (total + 8).max(16));
+    for (kind, manifest) in manifests {
+        let path = serde_json::Value::String(manifest.display().to_string());
+        extra.push_str(&format!(
+            "[skills.{}]\nwarm = {}\nmanifest = {path}\n",
+            skill_name(kind),
+            o.warm
+        ));
+    }
+    let s = Stack::start(
+        "daemon-warm",
+        &o.bin_dir,
+        &base.join("stack-warm"),
+        &[skills_root.to_owned()],
+        audit_dir,
+        manifests.len(),
+        &extra,
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.idle_skills().len() < total && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Settled: what a warm run holds once its start-up is done.
+    std::thread::sleep(Duration::from_millis(500));
+    let idle = s.idle_skills();
+    let n = idle.len().max(1) as f64;
+    let (rss, pss): (u64, u64) = idle.iter().fold((0, 0), |(a, b), (r, p)| (a + r, b + p));
+    println!(
+        "daemon-warm: {} idle warm runs of {total} ({} skills x {}): VmRSS {:.1} MiB each, \
+         PSS {:.1} MiB each (mean)",
+        idle.len(),
+        manifests.len(),
+        o.warm,
+        rss as f64 / n / 1024.0,
+        pss as f64 / n / 1024.0
+    );
+    s
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub(crate) enum Variant {
     DaemonNormal,
     DaemonFull,
     DaemonB,
+    DaemonWarm,
     ExecutorRpc,
     Engine,
     Engine1g,
@@ -23,7 +24,7 @@ pub(crate) enum Variant {
     Firejail,
 }
 
-const ALL: [Variant; 13] = [
+const ALL: [Variant; 14] = [
     Variant::Bare,
     Variant::Cli,
     Variant::Daemon,
@@ -32,6 +33,7 @@ const ALL: [Variant; 13] = [
     Variant::DaemonNormal,
     Variant::DaemonFull,
     Variant::DaemonB,
+    Variant::DaemonWarm,
     Variant::ExecutorRpc,
     Variant::Engine,
     Variant::Engine1g,
@@ -54,6 +56,7 @@ impl Variant {
             Variant::DaemonNormal => "daemon-normal",
             Variant::DaemonFull => "daemon-full",
             Variant::DaemonB => "daemon-b",
+            Variant::DaemonWarm => "daemon-warm",
             Variant::ExecutorRpc => "executor-rpc",
             Variant::Engine => "engine",
             Variant::Engine1g => "engine1g",
@@ -88,6 +91,8 @@ pub(crate) struct Opts {
     /// The other build's daemons, for `daemon-b`.
     pub(crate) bin_dir_b: Option<PathBuf>,
     pub(crate) audit_dir: Option<PathBuf>,
+    /// `daemon-warm`'s warm runs per skill (`[skills.NAME] warm`).
+    pub(crate) warm: u32,
     /// Sequential runs: idle time before each run (0: back to back).
     pub(crate) gap: Duration,
     /// Wait untimed after each `bwrap` and `firejail` run (or round) until
@@ -99,8 +104,8 @@ fn usage() -> ! {
     eprintln!(
         "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
          [--loaded-skills N] [--skills sh-cat,bin-cat,static-cat] \
-         [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,daemon-full,daemon-b,executor-rpc,engine,engine1g,bwrap,firejail] \
-         [--bin-dir DIR] [--bin-dir-b DIR] [--audit-dir DIR] [--gap-ms MS] [--settle]\n       loadbench --engine-worker MB"
+         [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,daemon-full,daemon-b,daemon-warm,executor-rpc,engine,engine1g,bwrap,firejail] \
+         [--warm N] [--bin-dir DIR] [--bin-dir-b DIR] [--audit-dir DIR] [--gap-ms MS] [--settle]\n       loadbench --engine-worker MB"
     );
     std::process::exit(2)
 }
@@ -126,6 +131,7 @@ pub(crate) fn parse_opts() -> Opts {
                         | Variant::DaemonNormal
                         | Variant::DaemonFull
                         | Variant::DaemonB
+                        | Variant::DaemonWarm
                         | Variant::ExecutorRpc
                 )
             })
@@ -133,6 +139,7 @@ pub(crate) fn parse_opts() -> Opts {
         bin_dir: exe_dir,
         bin_dir_b: None,
         audit_dir: None,
+        warm: 4,
         gap: Duration::ZERO,
         settle: false,
     };
@@ -158,6 +165,7 @@ pub(crate) fn parse_opts() -> Opts {
             "--bin-dir-b" => o.bin_dir_b = Some(PathBuf::from(val())),
             "--audit-dir" => o.audit_dir = Some(PathBuf::from(val())),
             "--settle" => o.settle = true,
+            "--warm" => o.warm = u32::try_from(num(val())).unwrap_or_else(|_| usage()).max(1),
             "--gap-ms" => {
                 o.gap = Duration::from_millis(u64::try_from(num(val())).unwrap_or(u64::MAX))
             }

@@ -9,6 +9,14 @@ pub(crate) fn gauge(text: &str, name: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// The sum of a labelled counter's or gauge's samples (0 without one).
+pub(crate) fn labelled_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .sum()
+}
+
 /// The executor's sandbox setup histogram, compared with the reports.
 pub(crate) const SETUP_HIST: &str = "ongrid_sandbox_setup_seconds";
 

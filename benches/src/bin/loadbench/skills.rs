@@ -1,4 +1,5 @@
-//! The skill packs the variants run (`bin-cat`, `sh-cat`, `static-cat`)
+//! The skill packs the variants run (`bin-cat`, `sh-cat`, `static-cat`,
+//! `py-json`)
 //! and the generated ones `daemon10k`'s registry also holds.
 
 use std::fs;
@@ -19,7 +20,15 @@ pub(crate) fn make_skill(base: &Path, kind: &str) -> PathBuf {
             fs::copy("/bin/cat", &entry).unwrap();
         }
         "static-cat" => build_static_cat(&dir, &entry),
-        other => panic!("unknown skill {other} (sh-cat, bin-cat, static-cat)"),
+        // A script skill: the interpreter's start and an import before it
+        // reads a byte of its args, which a warm run has done already.
+        "py-json" => fs::write(
+            &entry,
+            "#!/usr/bin/python3\nimport json, sys\nargs = json.load(sys.stdin)\n\
+             sys.stdout.write(json.dumps(args, separators=(',', ':')))\n",
+        )
+        .unwrap(),
+        other => panic!("unknown skill {other} (sh-cat, bin-cat, static-cat, py-json)"),
     }
     fs::set_permissions(&entry, fs::Permissions::from_mode(0o755)).unwrap();
     fs::write(

@@ -41,6 +41,7 @@ impl Stack {
         roots: &[PathBuf],
         audit_dir: &Path,
         expected: usize,
+        executor_extra: &str,
     ) -> Stack {
         fs::create_dir_all(base).unwrap();
         fs::set_permissions(base, fs::Permissions::from_mode(0o755)).unwrap();
@@ -55,7 +56,8 @@ impl Stack {
             format!(
                 "roots = [{roots_toml}]\nruntime_dir = {run}\nsocket = {sock}\n\
                  socket_owner = \"{uid}\"\nsocket_group = \"{gid}\"\nsocket_mode = \"0600\"\n\
-                 allowed_uids = [{uid}]\nallowed_gids = []\nlandlock = \"best-effort\"\n",
+                 allowed_uids = [{uid}]\nallowed_gids = []\nlandlock = \"best-effort\"\n\
+                 {executor_extra}",
                 run = toml_str(&base.join("run")),
                 sock = toml_str(&ex_sock),
             ),
@@ -143,6 +145,25 @@ impl Stack {
         [d[0], e[0], e[1]]
     }
 
+    /// The executor's children that are `run` (a skill's entry, `cat` once
+    /// `sh-cat` exec'd it) and sleeping: its idle warm runs. Their VmRSS and PSS (kB) each.
+    pub(crate) fn idle_skills(&self) -> Vec<(u64, u64)> {
+        let ppid = self.executor.id().to_string();
+        let Ok(dir) = fs::read_dir("/proc") else { return Vec::new() };
+        dir.flatten()
+            .filter_map(|e| {
+                let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+                let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                let (comm, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                (matches!(comm, "run" | "cat")
+                    && f.first() == Some(&"S")
+                    && f.get(1) == Some(&ppid.as_str()))
+                .then(|| (vm_rss_kb(pid), pss_kb(pid)))
+            })
+            .collect()
+    }
+
     pub(crate) fn rss_kb(&self) -> (u64, u64) {
         (vm_rss_kb(self.executor.id()), vm_rss_kb(self.skilld.id()))
     }
@@ -207,6 +228,18 @@ pub(crate) fn proc_cpu(pid: u32) -> [f64; 2] {
         .map_or(100.0, |t| t as f64);
     let at = |i: usize| f.get(i).copied().unwrap_or(0.0) / tck;
     [at(11) + at(12), at(13) + at(14)]
+}
+
+/// `Pss:` of `/proc/PID/smaps_rollup`, kB: the process's share of the
+/// pages it shares (the interpreter's and libraries' text with every other
+/// process mapping them).
+pub(crate) fn pss_kb(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }
 
 pub(crate) fn vm_rss_kb(pid: u32) -> u64 {

@@ -63,12 +63,22 @@ pub async fn show(
     let Path(name) = name.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let who = app.authz().identify(&caller);
     let snapshot = app.registry().current();
-    snapshot
+    let mut shown = snapshot
         .get(&name)
         .filter(|s| visible(app.authz(), &who, s))
-        .map(|s| Json(s.to_api_json()))
-        .ok_or_else(|| ApiError::no_such_skill(&name))
+        .map(|s| s.to_api_json())
+        .ok_or_else(|| ApiError::no_such_skill(&name))?;
+    // The executor's warm pool of the skill: null when it grants none, or
+    // does not answer in time (the detail is served either way).
+    let warm = app.executor().warm(&name, WARM_ASK_TIMEOUT).await.ok().flatten();
+    if let Some(o) = shown.as_object_mut() {
+        o.insert("warm".into(), serde_json::to_value(warm).unwrap_or(Value::Null));
+    }
+    Ok(Json(shown))
 }
+
+/// How long `GET /v1/skills/{name}` waits for the executor's `warm` answer.
+const WARM_ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Query of `GET /v1/tools`.
 #[derive(Debug, Deserialize)]

@@ -13,7 +13,9 @@
 //!
 //! # Layout
 //!
-//! - `probe`: identity, capabilities, fds, tty, rlimits, environment.
+//! - `probe`: identity, capabilities, fds, tty, rlimits, environment, the
+//!   run directory, cgroup and Landlock as seen from inside; what the
+//!   process saw before its args (`early`).
 //! - `fs`: reads, writes, links, symlinks, truncation, special files.
 //! - `net`: TCP, UDP, ICMP, Unix sockets.
 //! - `egress`: timed connects and sends against an egress allowlist.
@@ -87,12 +89,15 @@ fn main() {
         }
         _ => {}
     }
+    // Before a byte of the args: what a warm run sees while it waits.
+    let early = probe::early();
     let mut input = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut input);
     let args: Value = serde_json::from_slice(&input).unwrap_or_else(|_| json!({}));
     let case = args["case"].as_str().unwrap_or("probe").to_owned();
     let out = match case.as_str() {
         "probe" => probe::probe(),
+        "early" => json!({"attempt": "early", "early": early, "late": probe::early()}),
         "egress" => egress::attempt(&args),
         "exit" => {
             print!("{}", param(&args, "stdout"));

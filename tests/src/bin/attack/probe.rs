@@ -67,6 +67,7 @@ pub(crate) fn probe() -> Value {
         })
         .unwrap_or_else(|e| vec![format!("<unreadable: {e}>")]);
     let cwd = std::env::current_dir().map(|p| p.to_string_lossy().into_owned()).ok();
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
 
     json!({
         "attempt": "probe",
@@ -85,5 +86,53 @@ pub(crate) fn probe() -> Value {
         "env": env,
         "environ": environ,
         "cwd": cwd,
+        "cwd_entries": cwd_entries(),
+        "cgroup": cgroup,
+        "tmp_write": tmp_write(),
+    })
+}
+
+/// The names in the working directory (the run directory), sorted.
+fn cwd_entries() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(".")
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// 0 when a new file in `/tmp` (world-writable: only Landlock refuses it)
+/// can be made (and it is removed again), else the errno.
+fn tmp_write() -> i32 {
+    let path = format!("/tmp/ongrid-probe-{}", std::process::id());
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&path);
+            0
+        }
+        Err(e) => crate::io_errno(&e),
+    }
+}
+
+/// What a process sees of itself before it reads a byte of stdin: the
+/// clock, its pid, its argv and environment, its run directory's names
+/// and its cgroup. Taken at the start of every run, and again for the
+/// `early` case after the args, so a warm run (made before the request)
+/// can be compared with what the request brought.
+pub(crate) fn early() -> Value {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    let ns = i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec);
+    let read = |p: &str| {
+        std::fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+    };
+    json!({
+        "time_ms": u64::try_from(ns / 1_000_000).unwrap_or(0),
+        "pid": std::process::id(),
+        "cmdline": read("/proc/self/cmdline"),
+        "environ": read("/proc/self/environ"),
+        "cwd_entries": cwd_entries(),
+        "cgroup": read("/proc/self/cgroup"),
     })
 }

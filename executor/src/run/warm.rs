@@ -1,0 +1,441 @@
+//! Warm runs: processes of a skill already boxed and blocked reading their
+//! stdin, so a request's run starts at its args.
+//!
+//! A warm run is a run taken through steps 1 to 5 ahead of any request
+//! (its plan, its slot with a fresh run directory and cgroup leaves, its
+//! child exec'd in the full box) with its stdin pipe kept open and empty:
+//! the skill starts, loads what it loads, and blocks reading its args. The
+//! environment and argv are a cold run's (the plan is built from the same
+//! manifest with the engine's environment; nothing of a request is in
+//! either). A request whose plan has the same identity (manifest and entry
+//! files: device, inode, size, mtime, ctime; same path and tool) takes one,
+//! writes its args, closes stdin, and is supervised from then: its
+//! deadline, its limits and its report start at the take. Each warm run
+//! serves one request and is never reused.
+//!
+//! A skill gets a pool only when `executor.toml` grants it (`[skills.NAME]
+//! warm = N`, N at most `max_warm_total`), and only in `serve`, where one
+//! thread ([`WarmPools::serve`]) makes them off the requests' path: for a
+//! grant pinned to its manifest from the start, else from the first
+//! request of the skill (a miss, run cold). Every [`SWEEP_EVERY`] (and
+//! when a request took or missed) the thread discards what must not be
+//! handed out, each with a log line and a count: a run that wrote to
+//! stdout or stderr or exited while idle, one idle for `warm_idle_seconds`,
+//! one whose manifest or entry file is not the one it was made from. A
+//! request checks the same (output, exit, identity) before it takes one.
+//!
+//! Each idle warm run holds one of the server's run slots (the
+//! `max_concurrent_runs` semaphore), so warm runs count toward the cap and
+//! toward the runs tmpfs and memory sized for it; a request that would
+//! queue for a slot evicts an idle warm run first ([`WarmPools::evict`]).
+//! `max_warm_total` stays below `max_concurrent_runs` (the configuration
+//! refuses otherwise). On shutdown the idle runs are killed, not drained.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::host::instance::PgidRecord;
+use crate::run::lock::relock;
+use crate::run::parsed::FileKey;
+use crate::run::plan::Plan;
+use crate::run::spawn::{Child, Prepared};
+
+/// How often the pool thread looks over the idle runs when nothing wakes
+/// it: an idle run that wrote or died is discarded (and made again) within
+/// this, though a request never takes one in that state anyway.
+pub const SWEEP_EVERY: Duration = Duration::from_millis(250);
+
+/// After a warm run of a skill could not be made, or wrote or exited
+/// before it was taken, its pool waits this long before making another
+/// (the reason is logged each time).
+pub const RETRY_AFTER: Duration = Duration::from_secs(2);
+
+/// A warm run: its plan, its prepared sandbox and its exec'd child, whose
+/// stdin is open and empty ([`crate::run::spawn::spawn_waiting`]).
+#[derive(Debug)]
+pub struct Warm {
+    /// The plan it was made from (with the args `{}`, never written).
+    pub(crate) plan: Plan,
+    /// The `SKILL.md` tool it runs, if any.
+    pub(crate) tool: Option<String>,
+    /// Its slot and sandbox.
+    pub(crate) prep: Prepared,
+    /// Its process and the parent's pipe ends.
+    pub(crate) child: Child,
+    /// Without a cgroup, its process group recorded for the watchdog.
+    pub(crate) pgid: Option<PgidRecord>,
+    made: Instant,
+    /// The run slot it holds while idle.
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Warm {
+    /// A warm run made now from these parts.
+    pub(crate) fn new(
+        plan: Plan,
+        tool: Option<String>,
+        prep: Prepared,
+        child: Child,
+        pgid: Option<PgidRecord>,
+    ) -> Self {
+        Warm { plan, tool, prep, child, pgid, made: Instant::now(), permit: None }
+    }
+
+    /// Why it must not serve a request, if it must not: it wrote to stdout
+    /// or stderr, or exited (its pidfd readable), while nobody had written
+    /// its args.
+    fn spoiled(&self) -> Option<&'static str> {
+        let c = &self.child;
+        let fds = [c.stdout.as_fd(), c.stderr.as_fd(), c.pidfd.as_fd()];
+        let mut polled = fds.map(|fd| PollFd::new(fd, PollFlags::POLLIN));
+        match nix::poll::poll(&mut polled, PollTimeout::ZERO) {
+            Ok(0) => None,
+            Ok(_) => {
+                let ready = |p: &PollFd<'_>| p.revents().is_some_and(|r| !r.is_empty());
+                if ready(&polled[2]) {
+                    Some("it exited before it was taken")
+                } else {
+                    Some("it wrote output before it was taken")
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => None,
+            Err(_) => Some("its pipes cannot be polled"),
+        }
+    }
+
+    /// Whether its manifest and entry files are still the ones it was made
+    /// from (looked up again by path).
+    fn current(&self) -> bool {
+        let key = |p: &Path| std::fs::metadata(p).ok().map(|m| FileKey::of(&m));
+        let (manifest, entry) = self.plan.identity;
+        key(&self.plan.manifest_path) == Some(manifest) && key(&self.plan.entry) == Some(entry)
+    }
+
+    /// Whether it was made for a request with this plan and tool.
+    fn serves(&self, plan: &Plan, tool: Option<&str>) -> bool {
+        self.plan.identity == plan.identity
+            && self.plan.manifest_path == plan.manifest_path
+            && self.tool.as_deref() == tool
+    }
+}
+
+/// One skill's pool, as [`WarmPools::stats`] reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WarmStats {
+    /// Warm runs granted (`[skills.NAME] warm`).
+    pub size: u32,
+    /// Idle warm runs now.
+    pub idle: u64,
+    /// Requests that took a warm run.
+    pub hits: u64,
+    /// Requests of a warm-granted skill that found none and ran cold.
+    pub misses: u64,
+    /// Warm runs killed unused (output or exit while idle, expiry, a
+    /// changed manifest or entry, eviction, shutdown).
+    pub discarded: u64,
+}
+
+#[derive(Debug, Default)]
+struct Pool {
+    /// The manifest (canonical path) and tool the pool is made from.
+    source: Option<(PathBuf, Option<String>)>,
+    idle: VecDeque<Warm>,
+    stats: WarmStats,
+    /// Not tried again before this (a warm run could not be made).
+    retry_at: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    pools: HashMap<String, Pool>,
+    /// Warm runs to kill, with why (the pool thread kills them).
+    dead: Vec<(Warm, &'static str)>,
+    stop: bool,
+    /// Idle warm runs over all pools.
+    idle: usize,
+}
+
+/// What the pool thread is told to do by [`WarmPools::serve`]'s caller.
+pub(crate) trait Maker {
+    /// Makes one warm run of the manifest at `path` (and `tool`).
+    fn make(&self, path: &Path, tool: Option<&str>) -> Result<Warm, String>;
+    /// Kills a warm run's processes and hands its slot back.
+    fn kill(&self, warm: Warm);
+}
+
+/// The engine's warm pools: see the module docs.
+#[derive(Debug)]
+pub struct WarmPools {
+    state: Mutex<State>,
+    wake: Condvar,
+    /// `[skills.NAME] warm`, by skill.
+    sizes: HashMap<String, u32>,
+    /// Warm runs at most over every skill.
+    total: usize,
+    idle_for: Duration,
+}
+
+impl WarmPools {
+    /// Pools for the grants of `config`.
+    pub(crate) fn new(config: &crate::config::Config) -> Self {
+        let sizes: HashMap<String, u32> = config
+            .skills
+            .iter()
+            .filter(|(_, g)| g.warm > 0)
+            .map(|(name, g)| (name.clone(), g.warm))
+            .collect();
+        let mut state = State::default();
+        // A grant pinned to its manifest names the pool's source now.
+        for (name, grant) in &config.skills {
+            if let (true, Some(path)) = (grant.warm > 0, &grant.manifest) {
+                let pool = state.pools.entry(name.clone()).or_default();
+                pool.source = Some((path.clone(), None));
+            }
+        }
+        WarmPools {
+            state: Mutex::new(state),
+            wake: Condvar::new(),
+            sizes,
+            total: config.warm_total(),
+            idle_for: Duration::from_secs(config.warm_idle_seconds),
+        }
+    }
+
+    /// Whether runs of `skill` look for a warm run: it is granted some
+    /// (without the pool thread, as in a one-shot `run`, each is a miss).
+    pub fn granted(&self, skill: &str) -> bool {
+        self.sizes.contains_key(skill)
+    }
+
+    /// A warm run made for `plan` and `tool`, taken (it is no longer
+    /// pooled), or `None` (a miss, counted; the pool thread is woken to
+    /// make some, from this manifest). Idle runs that are not this plan's,
+    /// or spoiled, are handed to the pool thread to kill on the way.
+    pub(crate) fn take(&self, plan: &Plan, tool: Option<&str>) -> Option<Warm> {
+        let skill = plan.manifest.name().as_str();
+        let mut state = relock(&self.state);
+        if state.stop {
+            return None;
+        }
+        let State { pools, dead, idle, .. } = &mut *state;
+        let pool = pools.entry(skill.to_owned()).or_default();
+        pool.source = Some((plan.manifest_path.clone(), tool.map(str::to_owned)));
+        let mut found = None;
+        while let Some(warm) = pool.idle.pop_front() {
+            *idle = idle.saturating_sub(1);
+            let why = if warm.serves(plan, tool) { warm.spoiled() } else { Some(STALE) };
+            match why {
+                None => {
+                    found = Some(warm);
+                    break;
+                }
+                Some(why) => {
+                    if why != STALE {
+                        pool.retry_at = Some(Instant::now() + RETRY_AFTER);
+                    }
+                    pool.stats.discarded += 1;
+                    dead.push((warm, why));
+                }
+            }
+        }
+        match &mut found {
+            Some(warm) => {
+                pool.stats.hits += 1;
+                warm.permit = None;
+            }
+            None => pool.stats.misses += 1,
+        }
+        drop(state);
+        self.wake.notify_one();
+        found
+    }
+
+    /// Kills one idle warm run (the oldest of the fullest pool) to free
+    /// its run slot for a request that would wait for one; false when
+    /// there is none.
+    pub fn evict(&self) -> bool {
+        let mut state = relock(&self.state);
+        let State { pools, dead, idle, .. } = &mut *state;
+        let Some(pool) = pools.values_mut().max_by_key(|p| p.idle.len()) else { return false };
+        let Some(mut warm) = pool.idle.pop_front() else { return false };
+        *idle = idle.saturating_sub(1);
+        pool.stats.discarded += 1;
+        // The slot is free now; the process is killed by the pool thread.
+        warm.permit = None;
+        dead.push((warm, "its run slot was needed by a request"));
+        drop(state);
+        self.wake.notify_one();
+        true
+    }
+
+    /// Hands a taken warm run that will not be used (its held run was
+    /// never started) to the pool thread to kill, off the request's path.
+    pub(crate) fn discard(&self, warm: Warm, why: &'static str) {
+        let skill = warm.plan.manifest.name().to_string();
+        let mut state = relock(&self.state);
+        state.pools.entry(skill).or_default().stats.discarded += 1;
+        state.dead.push((warm, why));
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// Each warm-granted skill's counts.
+    pub fn stats(&self) -> Vec<(String, WarmStats)> {
+        let state = relock(&self.state);
+        let mut all: Vec<(String, WarmStats)> = self
+            .sizes
+            .iter()
+            .map(|(name, size)| {
+                let pool = state.pools.get(name);
+                let mut stats = pool.map(|p| p.stats).unwrap_or_default();
+                stats.size = *size;
+                stats.idle = pool.map_or(0, |p| p.idle.len() as u64);
+                (name.clone(), stats)
+            })
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// Stops the pool thread, which kills every idle warm run on its way
+    /// out; no request takes one from now.
+    pub fn stop(&self) {
+        let mut state = relock(&self.state);
+        state.stop = true;
+        drop(state);
+        self.wake.notify_all();
+    }
+
+    /// The pool thread: makes warm runs with `maker` while there is room
+    /// (a run slot of `slots` free beyond one kept for a cold run, the
+    /// skill's size, `max_warm_total`), discards the spoiled, stale and
+    /// expired ones, until [`WarmPools::stop`]. Returns at once when no
+    /// skill is granted warm runs.
+    pub(crate) fn serve(&self, maker: &dyn Maker, slots: &Arc<Semaphore>) {
+        if self.sizes.is_empty() || self.total == 0 {
+            return;
+        }
+        loop {
+            let (dead, work, stop) = self.look_over(slots);
+            for (warm, why) in dead {
+                tracing::info!(
+                    "executor: warm run of {:?} discarded: {why}",
+                    warm.plan.manifest.name().as_str()
+                );
+                maker.kill(warm);
+            }
+            if stop {
+                return;
+            }
+            let Some((skill, path, tool, permit)) = work else {
+                let state = relock(&self.state);
+                if !state.stop && state.dead.is_empty() {
+                    let _ = self.wake.wait_timeout(state, SWEEP_EVERY);
+                }
+                continue;
+            };
+            let made = maker.make(&path, tool.as_deref());
+            let mut state = relock(&self.state);
+            let pool = state.pools.entry(skill.clone()).or_default();
+            match made {
+                Ok(mut warm) if warm.plan.manifest.name().as_str() == skill => {
+                    warm.permit = Some(permit);
+                    pool.retry_at = None;
+                    pool.idle.push_back(warm);
+                    state.idle += 1;
+                }
+                Ok(warm) => {
+                    pool.retry_at = Some(Instant::now() + RETRY_AFTER);
+                    state.dead.push((warm, "its manifest now declares another name"));
+                }
+                Err(why) => {
+                    pool.retry_at = Some(Instant::now() + RETRY_AFTER);
+                    // A manifest that is gone is not tried again until a
+                    // request names one.
+                    if !path.exists() {
+                        pool.source = None;
+                    }
+                    drop(state);
+                    tracing::warn!("executor: cannot make a warm run of {skill:?}: {why}");
+                }
+            }
+        }
+    }
+
+    /// Under the lock: the idle runs to discard (spoiled, expired, stale),
+    /// and the next warm run to make with the run slot it will hold.
+    #[allow(clippy::type_complexity)]
+    fn look_over(
+        &self,
+        slots: &Arc<Semaphore>,
+    ) -> (
+        Vec<(Warm, &'static str)>,
+        Option<(String, PathBuf, Option<String>, OwnedSemaphorePermit)>,
+        bool,
+    ) {
+        let mut state = relock(&self.state);
+        let State { pools, dead, idle, stop, .. } = &mut *state;
+        let mut out = std::mem::take(dead);
+        for pool in pools.values_mut() {
+            let before = pool.idle.len();
+            let mut kept = VecDeque::with_capacity(before);
+            for warm in pool.idle.drain(..) {
+                let why = if *stop {
+                    Some("the executor is stopping")
+                } else if warm.made.elapsed() >= self.idle_for {
+                    Some("idle for warm_idle_seconds")
+                } else if !warm.current() {
+                    Some(STALE)
+                } else {
+                    let spoiled = warm.spoiled();
+                    // A skill that writes or exits before its args would
+                    // do it again: its pool rests before the next.
+                    if spoiled.is_some() {
+                        pool.retry_at = Some(Instant::now() + RETRY_AFTER);
+                    }
+                    spoiled
+                };
+                match why {
+                    Some(why) => out.push((warm, why)),
+                    None => kept.push_back(warm),
+                }
+            }
+            let gone = before - kept.len();
+            pool.stats.discarded += gone as u64;
+            *idle = idle.saturating_sub(gone);
+            pool.idle = kept;
+        }
+        if *stop {
+            return (out, None, true);
+        }
+        let now = Instant::now();
+        let room = |name: &String, pool: &Pool| {
+            let size = self.sizes.get(name).copied().unwrap_or(0) as usize;
+            pool.source.is_some()
+                && pool.idle.len() < size
+                && pool.retry_at.is_none_or(|at| now >= at)
+        };
+        // The pool furthest below its size first.
+        let next =
+            pools.iter().filter(|(name, pool)| room(name, pool)).max_by_key(|(name, pool)| {
+                self.sizes.get(*name).copied().unwrap_or(0) as usize - pool.idle.len()
+            });
+        let work = match next {
+            Some((name, pool)) if *idle < self.total && slots.available_permits() > 1 => {
+                let (path, tool) = pool.source.clone().unwrap_or_default();
+                slots.clone().try_acquire_owned().ok().map(|p| (name.clone(), path, tool, p))
+            }
+            _ => None,
+        };
+        (out, work, false)
+    }
+}
+
+/// Why a warm run made from other files than the request's is discarded.
+const STALE: &str = "its manifest or entry changed since it was made";

@@ -1,0 +1,201 @@
+//! Warm runs through the engine (`run::warm`): an engine granting a skill
+//! warm runs, its pool thread on a thread of the test, runs named by path.
+//! Root only (the sandbox needs it); as another user each test prints SKIP.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use executor::run::warm::WarmStats;
+use executor::{Config, Engine, RunRequest};
+use policy::{Outcome, RunReport};
+use tokio::sync::Semaphore;
+
+/// A skill folder (0755) with `skill.json` and an executable `run.sh`.
+fn skill(name: &str, timeout: u32, script: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let manifest = dir.path().join("skill.json");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"{{"name":"{name}","description":"t","entry":"run.sh","timeout_seconds":{timeout}}}"#
+        ),
+    )
+    .unwrap();
+    write_entry(dir.path(), script);
+    (dir, manifest)
+}
+
+/// Writes `run.sh` as a new file renamed over the old one (a new inode).
+fn write_entry(dir: &Path, script: &str) {
+    let tmp = dir.join("run.sh.new");
+    std::fs::write(&tmp, format!("#!/bin/sh\n{script}\n")).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&tmp, dir.join("run.sh")).unwrap();
+}
+
+/// An engine granting `name` `warm` runs, with its pool thread running,
+/// stopped (its warm runs killed) when dropped.
+struct Pooled {
+    engine: Arc<Engine>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _runtime: tempfile::TempDir,
+}
+
+impl Pooled {
+    fn new(test: &str, name: &str, warm: u32, tune: impl FnOnce(&mut Config)) -> Option<Self> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: {test} needs root (the sandbox)");
+            return None;
+        }
+        let user = nix::unistd::User::from_name(executor::config::DEFAULT_RUN_AS);
+        if user.ok().flatten().is_none() {
+            eprintln!("SKIP: {test}: run-as user missing (scripts/test creates it)");
+            return None;
+        }
+        let runtime = tempfile::tempdir().unwrap();
+        let mut text = format!("[skills.{name}]\nwarm = {warm}\n");
+        text.insert_str(0, "warm_idle_seconds = 60\n");
+        let mut config = Config::parse(&text, Path::new("t.toml")).unwrap();
+        config.runtime_dir = Some(runtime.path().to_owned());
+        tune(&mut config);
+        let engine = Arc::new(Engine::new(config).unwrap());
+        let slots = Arc::new(Semaphore::new(engine.config().max_concurrent_runs));
+        let serving = Arc::clone(&engine);
+        let thread = std::thread::spawn(move || serving.serve_warm(&slots));
+        Some(Pooled { engine, thread: Some(thread), _runtime: runtime })
+    }
+
+    fn run(&self, manifest: &Path, args: &str) -> RunReport {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let req = RunRequest { manifest_path: manifest.to_owned(), args: args.as_bytes().to_vec() };
+        rt.block_on(self.engine.run(req, &mut |_| {}, std::future::pending()))
+    }
+
+    fn stats(&self, name: &str) -> WarmStats {
+        let all = self.engine.warm_stats();
+        all.into_iter().find(|(n, _)| n == name).map(|(_, s)| s).unwrap_or_default()
+    }
+
+    /// Waits up to 10 s for `f` of the skill's stats to hold.
+    fn wait_for(&self, name: &str, f: impl Fn(&WarmStats) -> bool) -> WarmStats {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.stats(name);
+            if f(&s) || Instant::now() > until {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        self.engine.stop_warm();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `{"pid": $$, "args": ARGS}`.
+const ECHO_PID: &str = "args=$(cat)\nprintf '{\"pid\":%s,\"args\":%s}' $$ \"$args\"";
+
+/// The first run of a granted skill is a miss and starts its pool; later
+/// runs take warm processes, each once, with the request's args, their
+/// deadline from the take (a warm run made longer ago than its timeout
+/// still runs to its end), `setup_us` near zero.
+#[test]
+fn warm_runs_serve_each_request_once_with_its_args() {
+    let test = "warm_runs_serve_each_request_once_with_its_args";
+    let Some(p) = Pooled::new(test, "echo", 2, |_| {}) else { return };
+    let (_dir, manifest) = skill("echo", 1, ECHO_PID);
+    let first = p.run(&manifest, r#"{"n":0}"#);
+    assert_eq!((first.outcome, first.warm), (Outcome::Ok, false), "{first:?}");
+    let s = p.wait_for("echo", |s| s.idle == 2);
+    assert_eq!((s.size, s.idle, s.hits, s.misses), (2, 2, 0, 1), "{s:?}");
+    // Older than the skill's 1 s timeout when taken.
+    std::thread::sleep(Duration::from_millis(1300));
+    let mut pids = std::collections::BTreeSet::new();
+    for n in 1..=4 {
+        p.wait_for("echo", |s| s.idle == 2);
+        let r = p.run(&manifest, &format!(r#"{{"n":{n}}}"#));
+        assert_eq!((r.outcome, r.warm), (Outcome::Ok, true), "run {n}: {r:?}");
+        let v = r.result.as_ref().expect("a result").to_value();
+        assert_eq!(v["args"], serde_json::json!({ "n": n }), "{v}");
+        assert!(pids.insert(v["pid"].as_i64().unwrap()), "a process served twice: {v}");
+        assert!(r.setup_us < 50_000, "setup_us {} for a warm run", r.setup_us);
+    }
+    let s = p.stats("echo");
+    assert_eq!((s.hits, s.misses), (4, 1), "{s:?}");
+}
+
+/// A warm process that writes before it is taken, or exits, is discarded
+/// and never handed a request (its pool then rests for a while, so the
+/// runs meanwhile are cold).
+#[test]
+fn a_warm_process_that_wrote_or_exited_is_never_used() {
+    let test = "a_warm_process_that_wrote_or_exited_is_never_used";
+    // Writes to stderr before reading its args; dies before reading them.
+    for (name, script) in [("early", "echo early >&2\nexec cat"), ("crash", "kill -SEGV $$")] {
+        let Some(p) = Pooled::new(test, name, 2, |_| {}) else { return };
+        let (_dir, manifest) = skill(name, 5, script);
+        let r = p.run(&manifest, r#"{"a":1}"#);
+        assert!(!r.warm, "{r:?}");
+        let s = p.wait_for(name, |s| s.discarded >= 1 && s.idle == 0);
+        assert!(s.discarded >= 1 && s.idle == 0, "{name}: {s:?}");
+        let r = p.run(&manifest, r#"{"a":1}"#);
+        assert!(!r.warm, "{name}: {r:?}");
+        if name == "early" {
+            assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+        }
+        assert_eq!(p.stats(name).hits, 0, "{name}");
+    }
+}
+
+/// Replacing the entry discards the pool: the next run runs the new file,
+/// and the pool is made again from it.
+#[test]
+fn replacing_the_entry_discards_the_pool() {
+    let test = "replacing_the_entry_discards_the_pool";
+    let Some(p) = Pooled::new(test, "swap", 2, |_| {}) else { return };
+    let (dir, manifest) = skill("swap", 5, "cat >/dev/null\necho '{\"v\":1}'");
+    assert_eq!(p.run(&manifest, "{}").outcome, Outcome::Ok);
+    p.wait_for("swap", |s| s.idle == 2);
+    write_entry(dir.path(), "cat >/dev/null\necho '{\"v\":2}'");
+    let r = p.run(&manifest, "{}");
+    assert_eq!(r.result.map(|v| v.to_value()), Some(serde_json::json!({"v": 2})));
+    let s = p.wait_for("swap", |s| s.discarded >= 2 && s.idle == 2);
+    assert!(s.discarded >= 2 && s.idle == 2, "{s:?}");
+    let r = p.run(&manifest, "{}");
+    assert!(r.warm, "{r:?}");
+    assert_eq!(r.result.map(|v| v.to_value()), Some(serde_json::json!({"v": 2})));
+}
+
+/// Idle warm runs expire after `warm_idle_seconds` (and are made again);
+/// a warm run's output cap and timeout hold as a cold run's.
+#[test]
+fn warm_runs_expire_and_keep_their_limits() {
+    let test = "warm_runs_expire_and_keep_their_limits";
+    let tune = |c: &mut Config| {
+        c.warm_idle_seconds = 1;
+        c.limits.stdout_bytes = 4096;
+    };
+    let Some(p) = Pooled::new(test, "lim", 1, tune) else { return };
+    let script = "args=$(cat)\ncase $args in\n*flood*) exec yes ;;\n*sleep*) exec sleep 30 ;;\n\
+                  *) echo '{}' ;;\nesac";
+    let (_dir, manifest) = skill("lim", 1, script);
+    assert_eq!(p.run(&manifest, "{}").outcome, Outcome::Ok);
+    p.wait_for("lim", |s| s.idle == 1);
+    let s = p.wait_for("lim", |s| s.discarded >= 1 && s.idle == 1);
+    assert!(s.discarded >= 1 && s.idle == 1, "expired and made again: {s:?}");
+    let r = p.run(&manifest, r#"{"flood":1}"#);
+    assert_eq!((r.outcome, r.warm), (Outcome::OutputLimit, true), "{r:?}");
+    p.wait_for("lim", |s| s.idle == 1);
+    let r = p.run(&manifest, r#"{"sleep":1}"#);
+    assert_eq!((r.outcome, r.warm), (Outcome::Timeout, true), "{r:?}");
+    assert!(r.duration_ms >= 1000, "{r:?}");
+}

@@ -1,0 +1,55 @@
+//! Warm runs through both daemons: a skill the executor grants warm runs
+//! (`[skills.NAME] warm`) is served from processes made ahead once its
+//! first run (a miss, cold) started its pool; `GET /v1/skills/{name}`
+//! shows the pool's size, hits and misses, and `/metrics` the
+//! `ongrid_warm_*` series.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::harness::{eventually, Stack};
+
+/// A labelled sample of skilld's `/metrics` (the executor's, appended).
+fn sample(text: &str, name: &str, skill: &str) -> Option<f64> {
+    let key = format!("{name}{{skill=\"{skill}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(key.as_str())).and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn a_granted_skill_runs_warm_and_shows_its_pool() {
+    let s = Stack::start_with("[skills.strict]\nwarm = 2\n", "");
+    let pool = |name: &str| s.get(&format!("/v1/skills/{name}")).json()["warm"].clone();
+    assert_eq!(pool("fail"), json!(null), "a skill granted none");
+    // `echo` writes to stderr before it reads its args: a warm run of it
+    // would be discarded each time; `strict` is `exec cat`.
+    assert_eq!(
+        pool("strict"),
+        json!({"size": 2, "idle": 0, "hits": 0, "misses": 0, "discarded": 0}),
+        "before its first run"
+    );
+    let r = s.execute("strict", &json!({"path": "a"}));
+    assert_eq!(r.status, 200, "{}", s.logs());
+    let first = r.json();
+    assert_eq!((first["outcome"].clone(), first["warm"].clone()), (json!("ok"), json!(false)));
+    assert!(
+        eventually(Duration::from_secs(10), || pool("strict")["idle"] == 2),
+        "the pool never filled: {}\n{}",
+        pool("strict"),
+        s.logs()
+    );
+    let r = s.execute("strict", &json!({"path": "b"})).json();
+    assert_eq!(r["outcome"], "ok", "{r}");
+    assert_eq!(r["warm"], true, "{r}");
+    assert_eq!(r["result"], json!({"path": "b"}));
+    let p = pool("strict");
+    assert_eq!(
+        (p["size"].clone(), p["hits"].clone(), p["misses"].clone()),
+        (json!(2), json!(1), json!(1)),
+        "{p}"
+    );
+    let text = s.scrape();
+    assert_eq!(sample(&text, "ongrid_warm_hits_total", "strict"), Some(1.0), "{text}");
+    assert_eq!(sample(&text, "ongrid_warm_misses_total", "strict"), Some(1.0));
+    assert!(sample(&text, "ongrid_warm_idle", "strict").is_some());
+}
