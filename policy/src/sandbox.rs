@@ -66,6 +66,33 @@ pub fn capability_number(name: &str) -> Option<u8> {
     CAPABILITY_NAMES.iter().position(|c| *c == full).and_then(|i| u8::try_from(i).ok())
 }
 
+/// Which processes a run sees in `/proc`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcView {
+    /// Its own: a PID namespace of its own with its own `/proc` (the
+    /// default).
+    #[default]
+    Own,
+    /// The host's process table (an operator's `proc = "host"` grant, or
+    /// an executor that cannot make the namespace).
+    Host,
+}
+
+impl ProcView {
+    /// The host's view (what an executor before per-run views reported).
+    #[must_use]
+    pub fn host() -> Self {
+        ProcView::Host
+    }
+
+    /// The default view.
+    #[must_use]
+    pub fn is_own(&self) -> bool {
+        *self == ProcView::Own
+    }
+}
+
 /// What a manifest's `sandbox` object asks for. Empty = the default box.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct SandboxRequest {
@@ -120,6 +147,10 @@ pub struct SkillGrant {
     pub memory_bytes: Option<u64>,
     /// Most processes the manifest may ask for.
     pub max_pids: Option<u32>,
+    /// `"host"`: the skill's runs see the host's process table (for
+    /// process-listing skills); default `"own"`, their own processes only.
+    #[serde(skip_serializing_if = "ProcView::is_own")]
+    pub proc: ProcView,
 }
 
 /// The sandbox a run actually gets: the request, checked against the grant,
@@ -145,6 +176,9 @@ pub struct GrantedSandbox {
     pub capabilities: Vec<u8>,
     /// Effective limits.
     pub limits: Limits,
+    /// The grant's `proc`: the process table the run sees.
+    #[serde(skip_serializing_if = "ProcView::is_own")]
+    pub proc: ProcView,
 }
 
 /// A `sandbox` field asks for more than the operator grants.
@@ -239,6 +273,7 @@ impl SandboxRequest {
             run_as: self.run_as.clone(),
             capabilities: self.capabilities.clone(),
             limits,
+            proc: grant.proc,
         })
     }
 }
@@ -263,6 +298,7 @@ mod tests {
     fn empty_request_needs_no_grant() {
         let g = SandboxRequest::default().authorize(&skill(), None, &Limits::default()).unwrap();
         assert!(!g.network && g.fs_read.is_empty() && g.capabilities.is_empty());
+        assert_eq!(g.proc, ProcView::Own, "by default a run sees its own processes");
         assert_eq!(g.limits, Limits::default());
     }
 
@@ -308,6 +344,7 @@ mod tests {
             capabilities: vec!["net_raw".into()],
             memory_bytes: Some(1 << 30),
             max_pids: Some(128),
+            proc: ProcView::Host,
         };
         let req = SandboxRequest {
             fs_read: vec!["/var/log/syslog".into(), "/srv/out/x".into()],
@@ -322,6 +359,7 @@ mod tests {
         let g = req.authorize(&skill(), Some(&grant), &d).unwrap();
         assert_eq!(g.connect, grant.connect, "the run gets the grant's list, never the manifest's");
         assert!(g.dns);
+        assert_eq!(g.proc, ProcView::Host, "the grant's process table view");
         let quiet = SandboxRequest::default().authorize(&skill(), Some(&grant), &d).unwrap();
         assert!(quiet.connect.is_empty() && !quiet.dns, "no network asked: no list");
         assert_eq!(g.limits.memory_bytes, 1 << 30);

@@ -249,7 +249,9 @@ fn another_process_cannot_be_reniced_or_limited() {
 fn granted_root_cannot_limit_the_executor() {
     let Some(g) = shared("granted_root_cannot_limit_the_executor") else { return };
     let skill = attack("interfere_root").with("sandbox", json!({"run_as": "root"}));
-    let config = Config::new().grant(skill.name(), "run_as = [\"root\"]");
+    // The host's process table: in a PID namespace of its own the run
+    // cannot name the executor side (its parent reads as pid 0).
+    let config = Config::new().grant(skill.name(), "run_as = [\"root\"]\nproc = \"host\"");
     let run = skill.run(&config, &args("interfere", json!({"pid": 0})));
     assert_eq!(run.report.sandbox.as_ref().map(|s| s.uid), Some(0), "{}", run.dump());
     all_refused(&run);
@@ -311,13 +313,18 @@ fn posix_message_queues_are_refused() {
     no_leftovers(&skill, &g);
 }
 
-/// Signalling a same-user process outside the sandbox fails.
+/// Signalling a same-user process outside the sandbox fails: its pid
+/// names nothing in the run's own PID namespace (ESRCH), and with the
+/// host's process table granted the signal is refused (EPERM).
 #[test]
 fn cannot_signal_a_same_user_process() {
     let Some(g) = shared("cannot_signal_a_same_user_process") else { return };
     let mut v = victim();
     let skill = attack("signal");
     let run = skill.run(&Config::new(), &args("kill", json!({"pid": v.pid})));
+    blocked_with(&run, &[libc::ESRCH]);
+    let host = Config::new().grant(skill.name(), "proc = \"host\"");
+    let run = skill.run(&host, &args("kill", json!({"pid": v.pid})));
     blocked_with(&run, &[libc::EPERM]);
     assert!(v.alive(), "the victim was killed from inside the sandbox");
     no_leftovers(&skill, &g);
@@ -328,7 +335,8 @@ fn cannot_signal_a_same_user_process() {
 fn granted_root_cannot_signal_the_executor() {
     let Some(g) = shared("granted_root_cannot_signal_the_executor") else { return };
     let skill = attack("signal_executor").with("sandbox", json!({"run_as": "root"}));
-    let config = Config::new().grant(skill.name(), "run_as = [\"root\"]");
+    // The host's process table, as above.
+    let config = Config::new().grant(skill.name(), "run_as = [\"root\"]\nproc = \"host\"");
     let run = skill.run(&config, &args("kill", json!({"pid": 0})));
     blocked_with(&run, &[libc::EPERM]);
     no_leftovers(&skill, &g);

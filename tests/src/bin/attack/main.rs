@@ -20,6 +20,7 @@
 //! - `kernel`: denied syscalls, signals, ptrace, cross-process reads.
 //! - `limits`: fork bombs, memory hogs, floods, rlimit probes.
 //! - `tree`: process-tree shapes that try to outlive the run.
+//! - `procfs`: the processes and global files a run sees in `/proc`.
 #![allow(unsafe_code)]
 
 mod egress;
@@ -29,6 +30,7 @@ mod limits;
 mod meta;
 mod net;
 mod probe;
+mod procfs;
 mod tree;
 
 use std::io::{Read, Write};
@@ -93,6 +95,7 @@ fn main() {
     let case = args["case"].as_str().unwrap_or("probe").to_owned();
     let out = match case.as_str() {
         "probe" => probe::probe(),
+        "proc_view" => procfs::view(),
         "egress" => egress::attempt(&args),
         "exit" => {
             print!("{}", param(&args, "stdout"));
