@@ -47,6 +47,8 @@
 //!   where comparing two invocations would compare the host's moods (on the
 //!   dev machine the sequential daemon ratio moves by 0.1-0.3x between
 //!   invocations, by well under 0.05x within one). Not in the default set.
+//!   With `--host-proc-b`, daemon-b's executor grants every bench skill
+//!   `proc = "host"` (no PID namespace of its own): one build, both views.
 //! - `executor-rpc`: `execute` sent straight to the `daemon` stack's
 //!   executor socket (JSON-RPC): the executor daemon without skilld. Each
 //!   client thread keeps its connection for the next run while it is
@@ -131,7 +133,7 @@ use crate::opts::{parse_opts, Variant};
 use crate::report::{print_idle_settle, print_metrics, print_rss, print_table};
 use crate::run::{run_one, Client, Ctx};
 use crate::scrape::{parse_audit_waits, parse_hist, parse_slots, Hist, SETUP_HIST};
-use crate::skills::{make_many, make_skill};
+use crate::skills::{make_many, make_skill, skill_name};
 use crate::stack::{proc_cpu, Stack};
 use crate::worker::Worker;
 
@@ -367,6 +369,7 @@ fn main() {
                 std::slice::from_ref(&skills_root),
                 &audit_dir,
                 manifests.len(),
+                "",
             );
             stacks.insert(variant.name(), s);
         }
@@ -383,6 +386,17 @@ fn main() {
             }
         }
         println!("daemon-b: the daemons of {}", dir.display());
+        // `--host-proc-b`: every bench skill granted the host's process
+        // table, so its runs take the path without a PID namespace.
+        let grants: String = if o.host_proc_b {
+            println!("daemon-b: every skill granted proc = \"host\"");
+            o.skills
+                .iter()
+                .map(|k| format!("\n[skills.{}]\nproc = \"host\"\n", skill_name(k)))
+                .collect()
+        } else {
+            String::new()
+        };
         let s = Stack::start(
             "daemon-b",
             &dir,
@@ -390,6 +404,7 @@ fn main() {
             std::slice::from_ref(&skills_root),
             &audit_dir,
             manifests.len(),
+            &grants,
         );
         stacks.insert("daemon-b", s);
     }
@@ -404,6 +419,7 @@ fn main() {
             std::slice::from_ref(&skills_root),
             shm.path(),
             manifests.len(),
+            "",
         );
         stacks.insert("daemon-shm", s);
         shm_dirs.push(shm);
@@ -420,6 +436,7 @@ fn main() {
             &[skills_root.clone(), many],
             &audit_dir,
             manifests.len() + o.loaded_skills,
+            "",
         );
         stacks.insert("daemon10k", s);
     }

@@ -44,6 +44,7 @@ impl Stack {
         roots: &[PathBuf],
         audit_dir: &Path,
         expected: usize,
+        grants: &str,
     ) -> Stack {
         fs::create_dir_all(base).unwrap();
         fs::set_permissions(base, fs::Permissions::from_mode(0o755)).unwrap();
@@ -58,7 +59,7 @@ impl Stack {
             format!(
                 "roots = [{roots_toml}]\nruntime_dir = {run}\nsocket = {sock}\n\
                  socket_owner = \"{uid}\"\nsocket_group = \"{gid}\"\nsocket_mode = \"0600\"\n\
-                 allowed_uids = [{uid}]\nallowed_gids = []\nlandlock = \"best-effort\"\n",
+                 allowed_uids = [{uid}]\nallowed_gids = []\nlandlock = \"best-effort\"\n{grants}",
                 run = toml_str(&base.join("run")),
                 sock = toml_str(&ex_sock),
             ),
