@@ -70,12 +70,15 @@ pub fn capability_number(name: &str) -> Option<u8> {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProcView {
-    /// Its own: a PID namespace of its own with its own `/proc` (the
-    /// default).
-    #[default]
+    /// Its own: a PID namespace of its own with its own `/proc` (an
+    /// operator's `proc = "own"`).
     Own,
-    /// The host's process table (an operator's `proc = "host"` grant, or
-    /// an executor that cannot make the namespace).
+    /// The host's process table (the default, and what an executor that
+    /// cannot make the namespace gives). Not yet `Own` by default: the
+    /// entry is PID 1 of its namespace there, and the kernel drops the
+    /// signals PID 1 has no handler for, its own `SIGXFSZ`, `SIGPIPE` and
+    /// raised `SIGSEGV` among them, which would change the reports.
+    #[default]
     Host,
 }
 
@@ -86,10 +89,16 @@ impl ProcView {
         ProcView::Host
     }
 
-    /// The default view.
+    /// The run's own view.
     #[must_use]
     pub fn is_own(&self) -> bool {
         *self == ProcView::Own
+    }
+
+    /// The default view.
+    #[must_use]
+    pub fn is_host(&self) -> bool {
+        *self == ProcView::Host
     }
 }
 
@@ -147,9 +156,10 @@ pub struct SkillGrant {
     pub memory_bytes: Option<u64>,
     /// Most processes the manifest may ask for.
     pub max_pids: Option<u32>,
-    /// `"host"`: the skill's runs see the host's process table (for
-    /// process-listing skills); default `"own"`, their own processes only.
-    #[serde(skip_serializing_if = "ProcView::is_own")]
+    /// `"own"`: the skill's runs see only their own processes (a PID
+    /// namespace and `/proc` of their own); default `"host"`, the host's
+    /// process table.
+    #[serde(skip_serializing_if = "ProcView::is_host")]
     pub proc: ProcView,
 }
 
@@ -177,7 +187,7 @@ pub struct GrantedSandbox {
     /// Effective limits.
     pub limits: Limits,
     /// The grant's `proc`: the process table the run sees.
-    #[serde(skip_serializing_if = "ProcView::is_own")]
+    #[serde(skip_serializing_if = "ProcView::is_host")]
     pub proc: ProcView,
 }
 
@@ -298,7 +308,7 @@ mod tests {
     fn empty_request_needs_no_grant() {
         let g = SandboxRequest::default().authorize(&skill(), None, &Limits::default()).unwrap();
         assert!(!g.network && g.fs_read.is_empty() && g.capabilities.is_empty());
-        assert_eq!(g.proc, ProcView::Own, "by default a run sees its own processes");
+        assert_eq!(g.proc, ProcView::Host, "by default a run sees the host's table");
         assert_eq!(g.limits, Limits::default());
     }
 
@@ -344,7 +354,7 @@ mod tests {
             capabilities: vec!["net_raw".into()],
             memory_bytes: Some(1 << 30),
             max_pids: Some(128),
-            proc: ProcView::Host,
+            proc: ProcView::Own,
         };
         let req = SandboxRequest {
             fs_read: vec!["/var/log/syslog".into(), "/srv/out/x".into()],
@@ -359,7 +369,7 @@ mod tests {
         let g = req.authorize(&skill(), Some(&grant), &d).unwrap();
         assert_eq!(g.connect, grant.connect, "the run gets the grant's list, never the manifest's");
         assert!(g.dns);
-        assert_eq!(g.proc, ProcView::Host, "the grant's process table view");
+        assert_eq!(g.proc, ProcView::Own, "the grant's process table view");
         let quiet = SandboxRequest::default().authorize(&skill(), Some(&grant), &d).unwrap();
         assert!(quiet.connect.is_empty() && !quiet.dns, "no network asked: no list");
         assert_eq!(g.limits.memory_bytes, 1 << 30);

@@ -79,11 +79,11 @@
 //!    ruleset and, for a run in its own PID namespace, a pidfd of the
 //!    executor) onto a band of low numbers reserved at start (`sys`'s
 //!    `fdtable`), so that step 4d copies a few descriptors, not the ~100
-//!    that the executor holds below the floor under load. A run that sees
-//!    only its own processes (the default; not one granted `proc =
-//!    "host"`) is cloned with `CLONE_NEWPID | CLONE_NEWNS` too, by the
-//!    run's thread, not a spawner thread: a parked child is made before
-//!    its run, and its filter denies `mount`.
+//!    that the executor holds below the floor under load. A run of a
+//!    skill granted `proc = "own"` (only its own processes) is cloned with
+//!    `CLONE_NEWPID | CLONE_NEWNS` too, by the run's thread, not a spawner
+//!    thread: a parked child is made before its run, and its filter denies
+//!    `mount`.
 //! 4. In the child, raw syscalls only: (4a) default signal dispositions;
 //!    (4b) new session (`setsid`, no controlling terminal), and in a PID
 //!    namespace of its own `/proc` made private to its mount namespace and

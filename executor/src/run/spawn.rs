@@ -465,8 +465,9 @@ pub fn prepare(
     })
 }
 
-/// The processes the run sees: its own unless granted the host's, or the
-/// executor cannot make it a PID namespace (said in `degraded`).
+/// The processes the run sees: the host's unless the grant says `proc =
+/// "own"` and the executor can make it a PID namespace (else said in
+/// `degraded`).
 fn proc_view(plan: &Plan, host: &Host, degraded: &mut Vec<String>) -> ProcView {
     if plan.granted.proc == ProcView::Host {
         return ProcView::Host;
@@ -475,8 +476,8 @@ fn proc_view(plan: &Plan, host: &Host, degraded: &mut Vec<String>) -> ProcView {
         return ProcView::Own;
     }
     degraded.push(
-        "proc: the executor cannot make a PID namespace (it needs root with CAP_SYS_ADMIN); \
-         the run sees the host's process table"
+        "proc: own view not enforced: the executor cannot make a PID namespace (it needs \
+         root with CAP_SYS_ADMIN); the run sees the host's process table"
             .to_owned(),
     );
     ProcView::Host

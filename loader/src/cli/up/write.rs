@@ -202,7 +202,7 @@ mod tests {
             &file,
             "[skills.netprobe_tcp]\nnetwork = true\nmanifest = \"/p/netprobe/SKILL.md\"\n\
              [skills.probe_tcp]\nnetwork = false\nfs_read = [\"/srv\"]\n\
-             [skills.ps]\nproc = \"host\"\n",
+             [skills.ps]\nproc = \"own\"\n",
         )
         .unwrap();
         let grants = read_grants(&file).unwrap();
@@ -214,7 +214,7 @@ mod tests {
         assert_eq!(skills["netprobe_tcp"]["manifest"].as_str(), Some("/p/netprobe/SKILL.md"));
         assert_eq!(skills["probe_tcp"]["network"].as_bool(), Some(false), "replaced: {text}");
         assert_eq!(skills["probe_tcp"]["fs_read"][0].as_str(), Some("/srv"));
-        assert_eq!(skills["ps"]["proc"].as_str(), Some("host"), "the process table grant: {text}");
+        assert_eq!(skills["ps"]["proc"].as_str(), Some("own"), "the process view: {text}");
         assert_eq!(skills["probe_dns"]["network"].as_bool(), Some(true), "the other examples stay");
         assert_eq!(skills["tail_file"]["fs_read"][0].as_str(), Some("/var/log"));
 
