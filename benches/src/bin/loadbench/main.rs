@@ -47,8 +47,8 @@
 //!   where comparing two invocations would compare the host's moods (on the
 //!   dev machine the sequential daemon ratio moves by 0.1-0.3x between
 //!   invocations, by well under 0.05x within one). Not in the default set.
-//!   With `--host-proc-b`, daemon-b's executor grants every bench skill
-//!   `proc = "host"` (no PID namespace of its own): one build, both views.
+//!   With `--own-proc-b`, daemon-b's executor grants every bench skill
+//!   `proc = "own"` (a PID namespace of its own): one build, both views.
 //! - `executor-rpc`: `execute` sent straight to the `daemon` stack's
 //!   executor socket (JSON-RPC): the executor daemon without skilld. Each
 //!   client thread keeps its connection for the next run while it is
@@ -386,13 +386,13 @@ fn main() {
             }
         }
         println!("daemon-b: the daemons of {}", dir.display());
-        // `--host-proc-b`: every bench skill granted the host's process
-        // table, so its runs take the path without a PID namespace.
-        let grants: String = if o.host_proc_b {
-            println!("daemon-b: every skill granted proc = \"host\"");
+        // `--own-proc-b`: every bench skill granted its own process view,
+        // so its runs take the path with a PID namespace of their own.
+        let grants: String = if o.own_proc_b {
+            println!("daemon-b: every skill granted proc = \"own\"");
             o.skills
                 .iter()
-                .map(|k| format!("\n[skills.{}]\nproc = \"host\"\n", skill_name(k)))
+                .map(|k| format!("\n[skills.{}]\nproc = \"own\"\n", skill_name(k)))
                 .collect()
         } else {
             String::new()

@@ -87,8 +87,8 @@ pub(crate) struct Opts {
     pub(crate) bin_dir: PathBuf,
     /// The other build's daemons, for `daemon-b`.
     pub(crate) bin_dir_b: Option<PathBuf>,
-    /// `daemon-b`'s executor grants every skill `proc = "host"`.
-    pub(crate) host_proc_b: bool,
+    /// `daemon-b`'s executor grants every skill `proc = "own"`.
+    pub(crate) own_proc_b: bool,
     pub(crate) audit_dir: Option<PathBuf>,
     /// Sequential runs: idle time before each run (0: back to back).
     pub(crate) gap: Duration,
@@ -102,7 +102,7 @@ fn usage() -> ! {
         "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
          [--loaded-skills N] [--skills sh-cat,bin-cat,static-cat] \
          [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,daemon-full,daemon-b,executor-rpc,engine,engine1g,bwrap,firejail] \
-         [--bin-dir DIR] [--bin-dir-b DIR] [--host-proc-b] [--audit-dir DIR] [--gap-ms MS] [--settle]\n       loadbench --engine-worker MB"
+         [--bin-dir DIR] [--bin-dir-b DIR] [--own-proc-b] [--audit-dir DIR] [--gap-ms MS] [--settle]\n       loadbench --engine-worker MB"
     );
     std::process::exit(2)
 }
@@ -134,7 +134,7 @@ pub(crate) fn parse_opts() -> Opts {
             .collect(),
         bin_dir: exe_dir,
         bin_dir_b: None,
-        host_proc_b: false,
+        own_proc_b: false,
         audit_dir: None,
         gap: Duration::ZERO,
         settle: false,
@@ -161,7 +161,7 @@ pub(crate) fn parse_opts() -> Opts {
             "--bin-dir-b" => o.bin_dir_b = Some(PathBuf::from(val())),
             "--audit-dir" => o.audit_dir = Some(PathBuf::from(val())),
             "--settle" => o.settle = true,
-            "--host-proc-b" => o.host_proc_b = true,
+            "--own-proc-b" => o.own_proc_b = true,
             "--gap-ms" => {
                 o.gap = Duration::from_millis(u64::try_from(num(val())).unwrap_or(u64::MAX))
             }
