@@ -110,31 +110,16 @@ fn denied(name: &str, baseline: bool) {
     if baseline {
         let (uid, gid) = host::skill_user();
         let base = unsandboxed(Path::new(crate::ATTACK), uid, gid, &a);
-        if base["succeeded"] != json!(true) && host_policy_refuses(name) {
-            host::skip(&case, &format!("baseline: the host's own policy refuses {name}: {base}"));
-        } else {
-            assert_eq!(
-                base["succeeded"],
-                json!(true),
-                "baseline: {name} fails even unsandboxed: {base}"
-            );
-        }
+        assert_eq!(
+            base["succeeded"],
+            json!(true),
+            "baseline: {name} fails even unsandboxed: {base}"
+        );
     }
     let skill = attack(&case);
     let run = skill.run(&Config::new(), &a);
     syscall_denied(&run);
     no_leftovers(&skill, &g);
-}
-
-/// The host itself refuses `name` to an unprivileged user, so no
-/// baseline can show it working: `perf_event_open` under
-/// `kernel.perf_event_paranoid` 3 (Debian's default), which only Debian's
-/// kernels have.
-fn host_policy_refuses(name: &str) -> bool {
-    name == "perf_event_open"
-        && host::sysctl("/proc/sys/kernel/perf_event_paranoid")
-            .and_then(|v| v.parse::<i32>().ok())
-            .is_some_and(|v| v > 2)
 }
 
 macro_rules! denied_syscalls {
