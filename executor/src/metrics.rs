@@ -355,6 +355,7 @@ mod tests {
             cgroup: policy::report::CgroupReport::default(),
             rlimits: std::collections::BTreeMap::new(),
             degraded: vec![],
+            proc: policy::sandbox::ProcView::Own,
         });
         m.record_run("probe", &report, Duration::from_millis(1));
         m.record_run("probe", &report, Duration::from_millis(1));

@@ -217,6 +217,10 @@ pub struct SandboxReport {
     pub rlimits: std::collections::BTreeMap<String, u64>,
     /// What could not be enforced, one human-readable line each.
     pub degraded: Vec<String>,
+    /// The processes the run saw in `/proc`: `own` (its own PID namespace)
+    /// or `host` (granted, or the executor could not make the namespace).
+    #[serde(default = "crate::sandbox::ProcView::host")]
+    pub proc: crate::sandbox::ProcView,
 }
 
 /// The report every run ends with (its fields: docs/skills.md).

@@ -66,6 +66,42 @@ pub fn capability_number(name: &str) -> Option<u8> {
     CAPABILITY_NAMES.iter().position(|c| *c == full).and_then(|i| u8::try_from(i).ok())
 }
 
+/// Which processes a run sees in `/proc`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcView {
+    /// Its own: a PID namespace of its own with its own `/proc` (an
+    /// operator's `proc = "own"`).
+    Own,
+    /// The host's process table (the default, and what an executor that
+    /// cannot make the namespace gives). Not yet `Own` by default: the
+    /// entry is PID 1 of its namespace there, and the kernel drops the
+    /// signals PID 1 has no handler for, its own `SIGXFSZ`, `SIGPIPE` and
+    /// raised `SIGSEGV` among them, which would change the reports.
+    #[default]
+    Host,
+}
+
+impl ProcView {
+    /// The host's view (what an executor before per-run views reported).
+    #[must_use]
+    pub fn host() -> Self {
+        ProcView::Host
+    }
+
+    /// The run's own view.
+    #[must_use]
+    pub fn is_own(&self) -> bool {
+        *self == ProcView::Own
+    }
+
+    /// The default view.
+    #[must_use]
+    pub fn is_host(&self) -> bool {
+        *self == ProcView::Host
+    }
+}
+
 /// What a manifest's `sandbox` object asks for. Empty = the default box.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct SandboxRequest {
@@ -129,6 +165,11 @@ pub struct SkillGrant {
     /// blocked reading stdin (`serve` only; 0: none), at most the
     /// executor's `max_warm_total`.
     pub warm: u32,
+    /// `"own"`: the skill's runs see only their own processes (a PID
+    /// namespace and `/proc` of their own); default `"host"`, the host's
+    /// process table.
+    #[serde(skip_serializing_if = "ProcView::is_host")]
+    pub proc: ProcView,
 }
 
 /// The sandbox a run actually gets: the request, checked against the grant,
@@ -154,6 +195,9 @@ pub struct GrantedSandbox {
     pub capabilities: Vec<u8>,
     /// Effective limits.
     pub limits: Limits,
+    /// The grant's `proc`: the process table the run sees.
+    #[serde(skip_serializing_if = "ProcView::is_host")]
+    pub proc: ProcView,
 }
 
 /// A `sandbox` field asks for more than the operator grants.
@@ -248,6 +292,7 @@ impl SandboxRequest {
             run_as: self.run_as.clone(),
             capabilities: self.capabilities.clone(),
             limits,
+            proc: grant.proc,
         })
     }
 }
@@ -272,6 +317,7 @@ mod tests {
     fn empty_request_needs_no_grant() {
         let g = SandboxRequest::default().authorize(&skill(), None, &Limits::default()).unwrap();
         assert!(!g.network && g.fs_read.is_empty() && g.capabilities.is_empty());
+        assert_eq!(g.proc, ProcView::Host, "by default a run sees the host's table");
         assert_eq!(g.limits, Limits::default());
     }
 
@@ -319,6 +365,7 @@ mod tests {
             max_pids: Some(128),
             env_file: None,
             warm: 0,
+            proc: ProcView::Own,
         };
         let req = SandboxRequest {
             fs_read: vec!["/var/log/syslog".into(), "/srv/out/x".into()],
@@ -333,6 +380,7 @@ mod tests {
         let g = req.authorize(&skill(), Some(&grant), &d).unwrap();
         assert_eq!(g.connect, grant.connect, "the run gets the grant's list, never the manifest's");
         assert!(g.dns);
+        assert_eq!(g.proc, ProcView::Own, "the grant's process table view");
         let quiet = SandboxRequest::default().authorize(&skill(), Some(&grant), &d).unwrap();
         assert!(quiet.connect.is_empty() && !quiet.dns, "no network asked: no list");
         assert_eq!(g.limits.memory_bytes, 1 << 30);

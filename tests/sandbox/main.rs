@@ -34,6 +34,7 @@ mod grants;
 mod isolation;
 mod network;
 mod privilege;
+mod procfs;
 mod status;
 mod time;
 mod warm;

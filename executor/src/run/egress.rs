@@ -259,6 +259,7 @@ mod tests {
             run_as: None,
             capabilities: vec![],
             limits: policy::Limits::default(),
+            proc: policy::sandbox::ProcView::Own,
         };
         let (r, enforced) = rules_for(&g, Path::new("/nonexistent"), &[]).unwrap();
         assert_eq!(enforced, ["0.0.0.0/0:*", "[::]/0:*"]);

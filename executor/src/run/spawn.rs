@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nix::fcntl::OFlag;
 use nix::sys::resource::{getrlimit, Resource};
 use policy::report::{NetworkReport, SandboxReport};
-use policy::sandbox::CAPABILITY_NAMES;
+use policy::sandbox::{ProcView, CAPABILITY_NAMES};
 use policy::Outcome;
 
 use crate::config::{Config, EgressMode, LandlockMode};
@@ -25,7 +25,7 @@ use crate::sandbox::cgroup::{CgroupError, Hierarchies, RunCgroup};
 use crate::sandbox::landlock::{self, FsPolicy, LandlockError};
 use crate::sandbox::seccomp;
 use crate::sys;
-use crate::sys::spec::{ChildSpec, Identity, SpawnFailure, Step};
+use crate::sys::spec::{ChildSpec, Identity, OwnProc, SpawnFailure, Step};
 
 /// Why a run could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +105,9 @@ pub struct Host {
     pub notes: Vec<String>,
     /// Egress programs loaded for networked runs, by rule set.
     pub egress: std::sync::Arc<EgressCache>,
+    /// The executor may give a run a PID namespace and `/proc` of its own
+    /// (root with `CAP_SYS_ADMIN`).
+    pub pid_namespaces: bool,
 }
 
 impl Host {
@@ -118,6 +121,9 @@ impl Host {
             runs_dir: PathBuf::new(),
             notes,
             egress: std::sync::Arc::default(),
+            pid_namespaces: crate::run::plan::euid() == 0
+                && caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_SYS_ADMIN)
+                    .unwrap_or(false),
         }
     }
 }
@@ -147,6 +153,9 @@ pub struct Prepared {
     identity: Option<Identity>,
     capabilities: u64,
     cap_last: u32,
+    /// Rights beneath the run's own `/proc` (`Some`: a PID namespace of its
+    /// own; 0: no Landlock ruleset to add them to).
+    own_proc: Option<u64>,
     path: CString,
     argv: Vec<CString>,
     envp: Vec<CString>,
@@ -361,7 +370,8 @@ pub fn prepare(
     // Read-write beneath the slot's home, whose only entry is the run
     // directory (rundir): a ruleset built for an earlier run of the same
     // policy in this slot serves this one (landlock::Cache).
-    let fs = FsPolicy::new(
+    let proc = proc_view(plan, host, &mut degraded);
+    let mut fs = FsPolicy::new(
         &plan.skill_dir,
         &plan.entry,
         run_dir.home(),
@@ -369,8 +379,16 @@ pub fn prepare(
         &plan.granted.fs_write,
         plan.granted.network,
     );
-    let ll =
-        landlock::prepare(host.landlock_abi, config.landlock, &fs, Some(&mut run_dir.rulesets))?;
+    // A run with its own /proc gets the rule for it from its child (step
+    // 4i), added to a ruleset of its own: never one of the cache, which
+    // other runs take.
+    let cache = if proc.is_own() {
+        fs.rules.retain(|r| r.explicit || r.path != Path::new("/proc"));
+        None
+    } else {
+        Some(&mut run_dir.rulesets)
+    };
+    let ll = landlock::prepare(host.landlock_abi, config.landlock, &fs, cache)?;
     degraded.extend(ll.degraded);
     if config.landlock == LandlockMode::BestEffort && ll.fd.is_none() {
         tracing::warn!("skill \"{skill}\": running without Landlock (best effort)");
@@ -409,6 +427,9 @@ pub fn prepare(
         plan.run_as.dedicated,
         &plan.granted.capabilities,
     );
+    let ll_fd = ll.fd;
+    let own_proc =
+        proc.is_own().then(|| if ll_fd.is_some() { landlock::fs::READ.bits() } else { 0 });
     let report = SandboxReport {
         uid: plan.run_as.uid,
         gid: plan.run_as.gid,
@@ -425,6 +446,7 @@ pub fn prepare(
         cgroup: cgroup.as_ref().map(|c| c.report.clone()).unwrap_or_default(),
         rlimits: rlimit_report,
         degraded,
+        proc,
     };
     Ok(Prepared {
         run_dir,
@@ -433,7 +455,7 @@ pub fn prepare(
         report,
         egress: run_egress,
         landlock_reused: ll.reused,
-        landlock: ll.fd,
+        landlock: ll_fd,
         seccomp: seccomp::program(variant),
         variant,
         rlimits,
@@ -443,6 +465,7 @@ pub fn prepare(
             .then_some(Identity { uid: plan.run_as.uid, gid: plan.run_as.gid }),
         capabilities,
         cap_last: host.cap_last,
+        own_proc,
         argv: vec![path.clone()],
         path,
         envp,
@@ -450,6 +473,35 @@ pub fn prepare(
         skill,
         keep_stdin: false,
     })
+}
+
+/// The processes the run sees: the host's unless the grant says `proc =
+/// "own"` and the executor can make it a PID namespace (else said in
+/// `degraded`).
+fn proc_view(plan: &Plan, host: &Host, degraded: &mut Vec<String>) -> ProcView {
+    if plan.granted.proc == ProcView::Host {
+        return ProcView::Host;
+    }
+    if host.pid_namespaces && executor_pidfd().is_some() {
+        return ProcView::Own;
+    }
+    degraded.push(
+        "proc: own view not enforced: the executor cannot make a PID namespace (it needs \
+         root with CAP_SYS_ADMIN); the run sees the host's process table"
+            .to_owned(),
+    );
+    ProcView::Host
+}
+
+/// A pidfd of the executor, opened once (above the descriptor floor): a
+/// child in its own PID namespace checks the executor is alive through it
+/// in step 4h.
+fn executor_pidfd() -> Option<RawFd> {
+    static PIDFD: OnceLock<Option<OwnedFd>> = OnceLock::new();
+    PIDFD
+        .get_or_init(|| sys::process::pidfd_open(own_pid()).ok().map(crate::host::fdtable::lift))
+        .as_ref()
+        .map(AsRawFd::as_raw_fd)
 }
 
 /// The networked run's allowlist, put on its cgroup v2 leaf (before the
@@ -702,7 +754,18 @@ fn spawn_with(
     // start) the child installs the program itself in step 4i.
     // Its bounding set is empty: a run granted capabilities (they must stay
     // in the bounding set) goes without one.
-    let spawner = if prep.capabilities == 0 { spawners.get(prep.variant) } else { None };
+    // A run in its own PID namespace goes without one too: its namespace
+    // and /proc are made by `clone` and the child's step 4b, which a
+    // child made ahead of its run cannot have (and its filter denies).
+    let own_proc = prep
+        .own_proc
+        .zip(executor_pidfd())
+        .map(|(landlock_access, parent_pidfd)| OwnProc { parent_pidfd, landlock_access });
+    let spawner = if prep.capabilities == 0 && own_proc.is_none() {
+        spawners.get(prep.variant)
+    } else {
+        None
+    };
     let mut spec = ChildSpec {
         path: &prep.path,
         argv: &argv,
@@ -720,6 +783,7 @@ fn spawn_with(
         parent: own_pid(),
         bounding_cleared: false,
         exec_at: Some(&exec_ns),
+        own_proc,
     };
     // The child shares the table until its cgroups are joined, then keeps
     // only what is below its floor (host::fdtable): the top of the band its
@@ -727,18 +791,23 @@ fn spawn_with(
     // it; else it copies the table. `placed` lives until the child exec'd.
     let placed = crate::host::fdtable::bands().and_then(|bands| {
         let [i, o, e] = spec.stdio;
-        bands.place([Some(i), Some(o), Some(e), spec.landlock])
+        let pidfd = spec.own_proc.map(|o| o.parent_pidfd);
+        bands.place([Some(i), Some(o), Some(e), spec.landlock, pidfd])
     });
     match placed.as_ref().map(|p| (p.fds(), p.top())) {
-        Some(([Some(i), Some(o), Some(e), landlock], top)) => {
+        Some(([Some(i), Some(o), Some(e), landlock, pidfd], top)) => {
             spec.stdio = [i, o, e];
             spec.landlock = landlock;
+            if let (Some(own), Some(parent_pidfd)) = (spec.own_proc.as_mut(), pidfd) {
+                own.parent_pidfd = parent_pidfd;
+            }
             spec.share_below = Some(top);
         }
         _ => {
-            spec.share_below = crate::host::fdtable::floor().filter(|floor| {
-                crate::sys::spec::all_below(*floor, spec.stdio.into_iter().chain(spec.landlock))
-            });
+            let pidfd = spec.own_proc.map(|o| o.parent_pidfd);
+            let kept = spec.stdio.into_iter().chain(spec.landlock).chain(pidfd);
+            spec.share_below = crate::host::fdtable::floor()
+                .filter(|floor| crate::sys::spec::all_below(*floor, kept.clone()));
         }
     }
     // Steps 3-5 (in the child): see sys::child.

@@ -419,6 +419,7 @@ mod tests {
             parent: nix::unistd::getpid().as_raw(),
             bounding_cleared: false,
             exec_at: None,
+            own_proc: None,
         };
         let spawned = spawn(&spec)?;
         drop((in_r, in_w, out_w, err_w));

@@ -451,6 +451,10 @@ pub fn lend<'b>(
 ) -> Result<Spawned, SpawnFailure> {
     // A parked child cannot report a malformed spec before using it.
     child::check_spec(spec)?;
+    // Nor take a run's own PID namespace: it was created before the run.
+    if spec.own_proc.is_some() {
+        return Err(SpawnFailure { step: Step::Clone, errno: libc::EINVAL });
+    }
     let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };
     let (reply, answer) = mpsc::sync_channel(1);
     let handoff = Arc::new(Handoff::default());

@@ -115,12 +115,11 @@ pub fn reap_pidfd(pidfd: BorrowedFd<'_>) -> io::Result<()> {
     }
 }
 
-/// `pidfd_open(pid)`: a pidfd for the process `pid` now names (tests').
+/// `pidfd_open(pid)`: a pidfd for the process `pid` now names.
 ///
 /// # Errors
 ///
 /// The errno of `pidfd_open` (`ESRCH`: no such process).
-#[cfg(test)]
 pub fn pidfd_open(pid: libc::pid_t) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: a raw syscall with integer arguments.

@@ -52,6 +52,8 @@
 //!   manifest so the pools fill at start): a run takes a process already
 //!   boxed and blocked reading its args. Its idle warm runs' VmRSS and PSS
 //!   are printed once the pools are full, its hits and misses after each set.
+//!   With `--own-proc-b`, daemon-b's executor grants every bench skill
+//!   `proc = "own"` (a PID namespace of its own): one build, both views.
 //! - `executor-rpc`: `execute` sent straight to the `daemon` stack's
 //!   executor socket (JSON-RPC): the executor daemon without skilld. Each
 //!   client thread keeps its connection for the next run while it is
@@ -390,6 +392,17 @@ fn main() {
             }
         }
         println!("daemon-b: the daemons of {}", dir.display());
+        // `--own-proc-b`: every bench skill granted its own process view,
+        // so its runs take the path with a PID namespace of their own.
+        let grants: String = if o.own_proc_b {
+            println!("daemon-b: every skill granted proc = \"own\"");
+            o.skills
+                .iter()
+                .map(|k| format!("\n[skills.{}]\nproc = \"own\"\n", skill_name(k)))
+                .collect()
+        } else {
+            String::new()
+        };
         let s = Stack::start(
             "daemon-b",
             &dir,
@@ -397,7 +410,7 @@ fn main() {
             std::slice::from_ref(&skills_root),
             &audit_dir,
             manifests.len(),
-            "",
+            &grants,
         );
         stacks.insert("daemon-b", s);
     }

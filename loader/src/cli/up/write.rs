@@ -201,7 +201,8 @@ mod tests {
         fs::write(
             &file,
             "[skills.netprobe_tcp]\nnetwork = true\nmanifest = \"/p/netprobe/SKILL.md\"\n\
-             [skills.probe_tcp]\nnetwork = false\nfs_read = [\"/srv\"]\nwarm = 2\n",
+             [skills.probe_tcp]\nnetwork = false\nfs_read = [\"/srv\"]\nwarm = 2\n\
+             [skills.ps]\nproc = \"own\"\n",
         )
         .unwrap();
         let grants = read_grants(&file).unwrap();
@@ -214,12 +215,14 @@ mod tests {
         assert_eq!(skills["probe_tcp"]["network"].as_bool(), Some(false), "replaced: {text}");
         assert_eq!(skills["probe_tcp"]["fs_read"][0].as_str(), Some("/srv"));
         assert_eq!(skills["probe_tcp"]["warm"].as_integer(), Some(2), "warm runs: {text}");
+        assert_eq!(skills["ps"]["proc"].as_str(), Some("own"), "the process view: {text}");
         assert_eq!(skills["probe_dns"]["network"].as_bool(), Some(true), "the other examples stay");
         assert_eq!(skills["tail_file"]["fs_read"][0].as_str(), Some("/var/log"));
 
         for (body, needle) in [
             ("[skills.x]\nnetwrk = true\n", "[skills.x]: unknown field `netwrk`"),
             ("[skills.x]\nwarm = -1\n", "[skills.x]"),
+            ("[skills.x]\nproc = \"all\"\n", "[skills.x]: unknown variant `all`"),
             ("run_as = \"root\"\n", "run_as: only [skills.NAME] tables"),
             ("[limits]\nmax_pids = 1\n", "[limits]: only [skills.NAME] tables"),
             ("[skills.Bad-Name]\nnetwork = true\n", "[skills.Bad-Name]"),

@@ -22,6 +22,7 @@
 //! - `kernel`: denied syscalls, signals, ptrace, cross-process reads.
 //! - `limits`: fork bombs, memory hogs, floods, rlimit probes.
 //! - `tree`: process-tree shapes that try to outlive the run.
+//! - `procfs`: the processes and global files a run sees in `/proc`.
 #![allow(unsafe_code)]
 
 mod egress;
@@ -31,6 +32,7 @@ mod limits;
 mod meta;
 mod net;
 mod probe;
+mod procfs;
 mod tree;
 
 use std::io::{Read, Write};
@@ -98,6 +100,7 @@ fn main() {
     let out = match case.as_str() {
         "probe" => probe::probe(),
         "early" => json!({"attempt": "early", "early": early, "late": probe::early()}),
+        "proc_view" => procfs::view(),
         "egress" => egress::attempt(&args),
         "exit" => {
             print!("{}", param(&args, "stdout"));
