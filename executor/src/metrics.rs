@@ -79,6 +79,10 @@ pub struct Metrics {
     /// `ongrid_network_denied_total{skill}`: connects and sends the runs'
     /// egress rules refused.
     pub network_denied_total: IntCounterVec,
+    /// `ongrid_sandbox_denials_total{skill,kind}`: the runs' refusals
+    /// listed in their reports (`sandbox.denials`), by kind (`fs`,
+    /// `syscall`, `network`).
+    pub sandbox_denials_total: IntCounterVec,
     /// Serialises [`Metrics::sync_engine`].
     engine_sync: std::sync::Arc<std::sync::Mutex<()>>,
 }
@@ -170,8 +174,16 @@ impl Metrics {
                 ),
                 &["skill"],
             )?,
+            sandbox_denials_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_sandbox_denials_total",
+                    "Refusals listed in the runs' reports (sandbox.denials), by skill and kind.",
+                ),
+                &["skill", "kind"],
+            )?,
             engine_sync: std::sync::Arc::default(),
         };
+        registry.register(Box::new(m.sandbox_denials_total.clone()))?;
         registry.register(Box::new(m.network_denied_total.clone()))?;
         registry.register(Box::new(m.runs_total.clone()))?;
         registry.register(Box::new(m.run_duration_seconds.clone()))?;
@@ -234,6 +246,10 @@ impl Metrics {
             if sandbox.network.denied_total > 0 {
                 let denied = self.network_denied_total.with_label_values(&[skill]);
                 denied.inc_by(sandbox.network.denied_total);
+            }
+            for d in &sandbox.denials {
+                let kind = d.kind.as_str();
+                self.sandbox_denials_total.with_label_values(&[skill, kind]).inc_by(d.count);
             }
         }
     }
@@ -299,10 +315,22 @@ mod tests {
             cgroup: policy::report::CgroupReport::default(),
             rlimits: std::collections::BTreeMap::new(),
             degraded: vec![],
+            denials: vec![policy::Denial {
+                kind: policy::DenialKind::Fs,
+                access: "read_file".into(),
+                path: Some("/etc/shadow".into()),
+                syscall: None,
+                destination: None,
+                count: 2,
+            }],
+            denials_total: 2,
+            denials_off: None,
         });
         m.record_run("probe", &report, Duration::from_millis(1));
         m.record_run("probe", &report, Duration::from_millis(1));
         let text = m.render();
         assert!(text.contains("ongrid_network_denied_total{skill=\"probe\"} 6"), "{text}");
+        let fs = "ongrid_sandbox_denials_total{kind=\"fs\",skill=\"probe\"} 4";
+        assert!(text.contains(fs), "{text}");
     }
 }

@@ -9,10 +9,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use policy::limits::KILL_GRACE;
-use policy::{Enforcement, LimitKind, Outcome, RunReport};
+use policy::{Denial, DenialKind, Enforcement, LimitKind, Outcome, RunReport, MAX_DENIALS};
 
 use crate::config::Config;
 use crate::host::instance::{Instance, InstanceError};
+use crate::run::denials::{Denials, Watch};
 use crate::run::janitor::{Janitor, SlotCounts, Wake};
 use crate::run::parsed::ParsedManifests;
 use crate::run::plan::{Located, Plan};
@@ -100,6 +101,8 @@ pub struct Engine {
     /// This process's environment, read once: the source of every run's
     /// allowed variables (`env_allow`).
     env: Vec<(OsString, OsString)>,
+    /// The runs' refusals read back from the kernel's audit.
+    denials: Denials,
     /// Dropped after the janitor (its slots are removed first).
     instance: Instance,
 }
@@ -126,7 +129,7 @@ impl Engine {
     /// # Errors
     ///
     /// As [`Engine::new`].
-    pub fn with_spawners(config: Config, spawners: Spawners) -> Result<Self, EngineError> {
+    pub fn with_spawners(config: Config, mut spawners: Spawners) -> Result<Self, EngineError> {
         let _ = sys::fdtable::bands();
         sys::process::set_child_subreaper().map_err(EngineError::Subreaper)?;
         let mut host = Host::detect();
@@ -134,7 +137,10 @@ impl Engine {
         host.cgroups = instance.cgroups().clone();
         host.runs_dir = instance.dir().to_owned();
         host.notes.extend(instance.notes().iter().cloned());
+        let denials = Denials::start(config.report_denials, host.landlock_abi);
+        spawners.log_denials(denials.off().is_none());
         Ok(Engine {
+            denials,
             parsed: ParsedManifests::new(&config),
             env: std::env::vars_os().collect(),
             config,
@@ -166,6 +172,13 @@ impl Engine {
     /// made on the run's path ([`SlotCounts`]).
     pub fn run_slots(&self) -> SlotCounts {
         self.janitor.counts()
+    }
+
+    /// Why the runs' refusals are not reported (`None`: they are), and
+    /// the records lost to a full socket and come after their run's
+    /// report so far.
+    pub fn denials(&self) -> (Option<&str>, (u64, u64)) {
+        (self.denials.off(), self.denials.lost_and_late())
     }
 
     /// The instance this engine runs as.
@@ -337,6 +350,10 @@ impl Engine {
         if prep.report.landlock.status != Enforcement::None {
             self.rulesets[usize::from(prep.landlock_reused)].fetch_add(1, Ordering::Relaxed);
         }
+        prep.report.denials_off = self.denials.off().map(str::to_owned);
+        let leaves = prep.cgroup.as_ref().map(RunCgroup::leaves).unwrap_or_default();
+        let watch = self.denials.watch(leaves);
+        prep.log_denials = watch.is_some();
         // A held run waits here, prepared, for its caller's start.
         let waiting = Instant::now();
         let go = start.await;
@@ -369,6 +386,9 @@ impl Engine {
         // policy it can wait behind the skill it just started).
         let setup = child.exec_at.saturating_duration_since(started).saturating_sub(*held);
         let setup_us = u64::try_from(setup.as_micros()).unwrap_or(u64::MAX);
+        if let Some(w) = &watch {
+            w.pid(child.pid);
+        }
         // Without a cgroup the watchdog kills the run's process group.
         let _pgid = prep.cgroup.is_none().then(|| self.instance.record_pgid(child.pid)).flatten();
         let limits = &plan.granted.limits;
@@ -396,6 +416,7 @@ impl Engine {
         self.reaper.reap_orphans();
         // Its processes are gone: nothing more can be refused.
         prep.end_egress();
+        add_denials(&mut prep.report, watch.map(Watch::finish));
         // The run is over (its tree is gone): its cgroups and directory are
         // removed after the report, by the janitor, woken once the report
         // is out (when the caller drops `wake`).
@@ -408,6 +429,27 @@ impl Engine {
         report.sandbox = Some(prep.report.clone());
         report
     }
+}
+
+/// The report's `denials`: what the audit gave (`None` when not
+/// watched), then the egress allowlist's refusals (always known).
+fn add_denials(report: &mut policy::SandboxReport, audit: Option<(Vec<Denial>, u64)>) {
+    let (mut listed, mut total) = audit.unwrap_or_default();
+    for d in &report.network.denied {
+        if listed.len() < MAX_DENIALS {
+            listed.push(Denial {
+                kind: DenialKind::Network,
+                access: d.protocol.clone(),
+                path: None,
+                syscall: None,
+                destination: Some(d.destination.clone()),
+                count: d.count,
+            });
+        }
+    }
+    total += report.network.denied_total;
+    report.denials = listed;
+    report.denials_total = total;
 }
 
 /// Waits for the run's cgroup to empty (killing what is left after 2 s);

@@ -141,6 +141,8 @@ pub struct Prepared {
     pub landlock_reused: bool,
     landlock: Option<OwnedFd>,
     seccomp: &'static [seccomp::Insn],
+    /// The child logs its refusals to the audit (`run::denials`).
+    pub log_denials: bool,
     /// Which of the four seccomp programs (`seccomp::program`).
     variant: seccomp::Variant,
     rlimits: Vec<(u32, u64, u64)>,
@@ -416,6 +418,9 @@ pub fn prepare(
         cgroup: cgroup.as_ref().map(|c| c.report.clone()).unwrap_or_default(),
         rlimits: rlimit_report,
         degraded,
+        denials: Vec::new(),
+        denials_total: 0,
+        denials_off: None,
     };
     Ok(Prepared {
         run_dir,
@@ -426,6 +431,7 @@ pub fn prepare(
         landlock_reused: ll.reused,
         landlock: ll.fd,
         seccomp: seccomp::program(variant),
+        log_denials: false,
         variant,
         rlimits,
         identity: plan
@@ -503,6 +509,9 @@ pub struct Spawners {
     pools: [OnceLock<Option<Spawner>>; 4],
     /// No spawner threads: every child installs the filter itself.
     inline: bool,
+    /// The threads' filters log their refusals to the audit (the runs'
+    /// refusals are read back: `run::denials`).
+    log: bool,
 }
 
 impl Spawners {
@@ -513,6 +522,12 @@ impl Spawners {
     /// period wait with it (2-3 ms more per one-shot run, measured).
     pub fn inline() -> Self {
         Spawners { inline: true, ..Spawners::default() }
+    }
+
+    /// The threads' filters log their refusals (set before the first run:
+    /// a pool's filter is installed when the pool starts).
+    pub fn log_denials(&mut self, log: bool) {
+        self.log = log;
     }
 
     /// The pool for `seccomp::program(variant)`, `None` when inline or
@@ -532,7 +547,9 @@ impl Spawners {
                 // lower in 6.
                 let threads = std::thread::available_parallelism()
                     .map_or(4, |n| n.get().saturating_mul(2).clamp(4, 8));
-                match Spawner::start(seccomp::program(variant), threads, "ongrid-spawner") {
+                let flags = if self.log { sys::call::SECCOMP_FILTER_FLAG_LOG } else { 0 };
+                let program = seccomp::program(variant);
+                match Spawner::start_with(program, flags, threads, "ongrid-spawner") {
                     Ok(s) => Some(s),
                     Err(e) => {
                         tracing::warn!(
@@ -659,6 +676,7 @@ pub fn spawn(
         landlock: prep.landlock.as_ref().map(AsRawFd::as_raw_fd),
         share_below: None,
         seccomp: prep.seccomp,
+        log_denials: prep.log_denials,
         parent: own_pid(),
         bounding_cleared: false,
         exec_at: Some(&exec_ns),
