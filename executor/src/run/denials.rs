@@ -45,6 +45,8 @@ const SOCKET_BUFFER: usize = 8 << 20;
 const DRAIN_BATCH: usize = 256;
 /// Landlock access records held until their domain's maker is known.
 const PENDING: usize = 64;
+/// How many events later a held access record is given up.
+const PENDING_SERIALS: u64 = 4096;
 /// Pids known not to be of a run, remembered until a run starts.
 const STRANGERS: usize = 4096;
 
@@ -122,8 +124,10 @@ impl Denials {
                 .into());
         }
         let status = audit::status().map_err(|e| format!("kernel audit unavailable: {e}"))?;
+        // "on" relies on the audit even when found on: an executor that
+        // enabled it restores it only once no other relies on it.
         let enabled = match (status.enabled, mode) {
-            (0, ReportDenials::On) => Some(enable::Enabled::take(status)?),
+            (_, ReportDenials::On) => Some(enable::Enabled::take()?),
             (0, _) => {
                 return Err("the kernel's audit is off (report_denials = \"auto\")".into());
             }
@@ -319,16 +323,20 @@ impl State {
 
     fn take(&mut self, parsed: record::Parsed, late: &AtomicU64) {
         let record::Parsed { serial, record } = parsed;
-        // Held records of an earlier event whose maker never showed are
-        // another sandbox's.
-        self.pending.retain(|(s, _)| *s == serial);
+        // Records of other events come between those of one event (each
+        // record is queued on its own, the call's at its exit): held
+        // records are dropped only once far behind, as another sandbox's.
+        self.pending.retain(|(s, _)| s.saturating_add(PENDING_SERIALS) >= serial);
         match record {
             Record::Access { domain, .. } => {
                 if let Some(k) = self.domains.get(&domain).copied() {
                     self.add(k, access_denial(&record), late);
                 } else if self.done_domains.contains(&domain) {
                     late.fetch_add(1, Ordering::Relaxed);
-                } else if self.pending.len() < PENDING {
+                } else {
+                    if self.pending.len() >= PENDING {
+                        self.pending.remove(0);
+                    }
                     self.pending.push((serial, record));
                 }
             }
@@ -341,6 +349,7 @@ impl State {
                 let held: Vec<u64> = self
                     .pending
                     .iter()
+                    .filter(|(s, _)| *s == serial)
                     .filter_map(|(_, r)| match r {
                         Record::Access { domain, .. } => Some(*domain),
                         _ => None,

@@ -96,7 +96,7 @@ fn value<'a>(fields: &'a str, key: &str) -> Option<std::borrow::Cow<'a, str>> {
 
 /// A bare string value written as hexadecimal, decoded.
 fn unhex(word: &str) -> Option<String> {
-    if word.len() % 2 != 0 || !word.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !word.len().is_multiple_of(2) || !word.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..word.len())

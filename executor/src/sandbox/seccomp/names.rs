@@ -126,10 +126,10 @@ const NAMES: &[(libc::c_long, &str)] = &[
 
 /// The name of the native call `nr`; `syscall:N` for one not listed.
 #[must_use]
-pub fn name(nr: i64) -> String {
+pub fn name(nr: libc::c_long) -> String {
     NAMES
         .iter()
-        .find(|(n, _)| i64::from(*n) == nr)
+        .find(|(n, _)| *n == nr)
         .map_or_else(|| format!("syscall:{nr}"), |(_, name)| (*name).to_owned())
 }
 
@@ -144,10 +144,10 @@ mod tests {
             .chain(super::super::METADATA)
             .chain(super::super::NO_NETWORK)
         {
-            assert!(!name(i64::from(*n)).starts_with("syscall:"), "{n}");
+            assert!(!name(*n).starts_with("syscall:"), "{n}");
         }
-        assert_eq!(name(libc::SYS_unshare.into()), "unshare");
-        assert_eq!(name(libc::SYS_io_uring_setup.into()), "io_uring_setup");
+        assert_eq!(name(libc::SYS_unshare), "unshare");
+        assert_eq!(name(libc::SYS_io_uring_setup), "io_uring_setup");
         assert_eq!(name(100_000), "syscall:100000");
     }
 }
