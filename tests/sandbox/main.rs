@@ -23,7 +23,9 @@
 //! - `status`: the outcome taxonomy and hostile bytes.
 //! - `grants`: manifests asking for more than the operator grants.
 //! - `isolation`: two live runs side by side cannot reach each other.
+//! - `denials`: what the box refused a run is listed in its report.
 
+mod denials;
 mod egress;
 mod env;
 mod exhaustion;
