@@ -83,6 +83,10 @@ pub struct Metrics {
     /// listed in their reports (`sandbox.denials`), by kind (`fs`,
     /// `syscall`, `network`).
     pub sandbox_denials_total: IntCounterVec,
+    /// `ongrid_sandbox_denial_records_lost_total{why}`: audit records of
+    /// refusals not in any report: `socket` (the executor's socket was
+    /// full), `late` (the run's report was out).
+    pub denial_records_lost_total: IntCounterVec,
     /// Serialises [`Metrics::sync_engine`].
     engine_sync: std::sync::Arc<std::sync::Mutex<()>>,
 }
@@ -181,8 +185,17 @@ impl Metrics {
                 ),
                 &["skill", "kind"],
             )?,
+            denial_records_lost_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_sandbox_denial_records_lost_total",
+                    "Audit records of refusals in no report: the socket was full, or the run's \
+                     report was out.",
+                ),
+                &["why"],
+            )?,
             engine_sync: std::sync::Arc::default(),
         };
+        registry.register(Box::new(m.denial_records_lost_total.clone()))?;
         registry.register(Box::new(m.sandbox_denials_total.clone()))?;
         registry.register(Box::new(m.network_denied_total.clone()))?;
         registry.register(Box::new(m.runs_total.clone()))?;
@@ -200,6 +213,9 @@ impl Metrics {
         registry.register(Box::new(m.run_slots_total.clone()))?;
         for how in ["built", "reused"] {
             m.landlock_rulesets_total.with_label_values(&[how]);
+        }
+        for why in ["socket", "late"] {
+            m.denial_records_lost_total.with_label_values(&[why]);
         }
         for how in ["ready", "recycled", "made"] {
             m.run_slots_total.with_label_values(&[how]);
@@ -221,6 +237,16 @@ impl Metrics {
         bring(&self.run_slots_total, "ready", slots.ready);
         bring(&self.run_slots_total, "recycled", slots.recycled);
         bring(&self.run_slots_total, "made", slots.made);
+    }
+
+    /// Brings `ongrid_sandbox_denial_records_lost_total` up to the engine's
+    /// counts ([`crate::Engine::denials`]).
+    pub fn sync_denials(&self, (lost, late): (u64, u64)) {
+        let _one = self.engine_sync.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (why, now) in [("socket", lost), ("late", late)] {
+            let counter = self.denial_records_lost_total.with_label_values(&[why]);
+            counter.inc_by(now.saturating_sub(counter.get()));
+        }
     }
 
     /// Counts an answered `execute` under `skill` (`""` when the manifest
