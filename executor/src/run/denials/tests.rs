@@ -117,3 +117,15 @@ fn off_says_why() {
     let old = Denials::start(ReportDenials::On, 6);
     assert!(old.off().is_some_and(|w| w.contains("ABI 6")), "{:?}", old.off());
 }
+
+#[test]
+fn kauditd_is_idle_when_it_sleeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let stat = dir.path().join("stat");
+    std::fs::write(&stat, "45 (kauditd) S 2 0 0 0 -1").unwrap();
+    assert!(kauditd_idle(Some(&stat)));
+    std::fs::write(&stat, "45 (kau) dit) R 2 0 0 0 -1").unwrap();
+    assert!(!kauditd_idle(Some(&stat)));
+    assert!(!kauditd_idle(None), "unknown: the grace applies");
+    assert!(find_kauditd().is_none_or(|p| p.ends_with("stat")));
+}
