@@ -49,6 +49,10 @@ const PENDING: usize = 64;
 const PENDING_SERIALS: u64 = 4096;
 /// Pids known not to be of a run, remembered until a run starts.
 const STRANGERS: usize = 4096;
+/// Pids and domains remembered as a run's, all runs together (past it a
+/// pid is looked up again each time, a domain's later records lost): a
+/// run forking or nesting domains without end keeps the map bounded.
+const REMEMBERED: usize = 16_384;
 
 /// What the engine's runs are watched with, or why they are not.
 #[derive(Debug)]
@@ -268,12 +272,13 @@ impl State {
             })
         });
         match found {
-            Some(k) => {
+            Some(k) if self.pids.len() < REMEMBERED => {
                 self.pids.insert(pid, k);
                 if let Some(r) = self.runs.get_mut(&k) {
                     r.pids.push(pid);
                 }
             }
+            Some(_) => {}
             None => {
                 if self.strangers.len() >= STRANGERS {
                     self.strangers.clear();
@@ -306,9 +311,11 @@ impl State {
     }
 
     fn bind_domain(&mut self, domain: u64, key: u64, late: &AtomicU64) {
-        self.domains.insert(domain, key);
-        if let Some(r) = self.runs.get_mut(&key) {
-            r.domains.push(domain);
+        if self.domains.len() < REMEMBERED {
+            self.domains.insert(domain, key);
+            if let Some(r) = self.runs.get_mut(&key) {
+                r.domains.push(domain);
+            }
         }
         let held = std::mem::take(&mut self.pending);
         for (serial, rec) in held {
