@@ -8,9 +8,12 @@
 //! before its spawn ([`Denials::watch`]) by its cgroup leaves; a record is
 //! its run's when its pid is in one of the leaves (`/proc/<pid>/cgroup`,
 //! the answer kept per pid) or, for Landlock, when its domain's maker is
-//! (the domain is made by the run's child: each run has its own). Records
-//! of other processes are dropped unread beyond their pid. Each run keeps
-//! at most [`MAX_DENIALS`] distinct entries and a total.
+//! (the domain is made by the run's child: each run has its own). A
+//! record whose process has already gone when it is read is held (at most
+//! [`PENDING`]) until the run's thread registers the run's main pid
+//! ([`Watch::pid`]); records of other processes are dropped once far
+//! behind. Each run keeps at most [`MAX_DENIALS`] distinct entries and a
+//! total.
 //!
 //! At a run's end ([`Watch::finish`]) the socket is drained once more
 //! after the kernel's `kauditd` thread, which sends the records, has gone
@@ -43,7 +46,7 @@ pub const GRACE: Duration = Duration::from_millis(5);
 const SOCKET_BUFFER: usize = 8 << 20;
 /// Records drained per hold of the lock (a run's end waits at most this).
 const DRAIN_BATCH: usize = 256;
-/// Landlock access records held until their domain's maker is known.
+/// Records held until their process's run (or domain's maker) is known.
 const PENDING: usize = 64;
 /// How many events later a held access record is given up.
 const PENDING_SERIALS: u64 = 4096;
@@ -211,6 +214,7 @@ impl Watch {
         if let Some(run) = st.runs.get_mut(&self.key) {
             run.pids.push(pid);
         }
+        st.claim(pid, self.key, &self.shared.late);
     }
 
     /// The run's refusals (its processes are gone): at most
@@ -342,17 +346,13 @@ impl State {
                 } else if self.done_domains.contains(&domain) {
                     late.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    if self.pending.len() >= PENDING {
-                        self.pending.remove(0);
-                    }
-                    self.pending.push((serial, record));
+                    self.hold(serial, record);
                 }
             }
-            Record::Domain { domain, pid } => {
-                if let Some(k) = self.run_of(pid) {
-                    self.bind_domain(domain, k, late);
-                }
-            }
+            Record::Domain { domain, pid } => match self.run_of(pid) {
+                Some(k) => self.bind_domain(domain, k, late),
+                None => self.hold(serial, record),
+            },
             Record::Syscall { pid } => {
                 let held: Vec<u64> = self
                     .pending
@@ -369,22 +369,57 @@ impl State {
                     self.bind_domain(*domain, k, late);
                 }
             }
-            Record::Seccomp { pid, syscall, native, action } => {
-                if let Some(k) = self.run_of(pid) {
-                    let name =
-                        if native { seccomp::name(syscall) } else { format!("syscall:{syscall}") };
-                    let d = Denial {
-                        kind: DenialKind::Syscall,
-                        access: action.to_owned(),
-                        path: None,
-                        syscall: Some(name),
-                        destination: None,
-                        count: 1,
-                    };
-                    self.add(k, d, late);
+            Record::Seccomp { pid, .. } => match self.run_of(pid) {
+                Some(k) => self.add(k, seccomp_denial(&record), late),
+                None => self.hold(serial, record),
+            },
+        }
+    }
+
+    /// Keeps a record whose run is not known yet: its process may have
+    /// ended before its run's thread registered its pid
+    /// ([`Watch::pid`], which takes it then).
+    fn hold(&mut self, serial: u64, record: Record) {
+        if self.pending.len() >= PENDING {
+            self.pending.remove(0);
+        }
+        self.pending.push((serial, record));
+    }
+
+    /// `pid` is now known as run `key`'s: the held records it made are.
+    fn claim(&mut self, pid: i32, key: u64, late: &AtomicU64) {
+        self.strangers.remove(&pid);
+        let held = std::mem::take(&mut self.pending);
+        let mut domains = Vec::new();
+        for (serial, rec) in held {
+            match rec {
+                Record::Seccomp { pid: p, .. } if p == pid => {
+                    self.add(key, seccomp_denial(&rec), late);
                 }
+                Record::Domain { domain, pid: p } if p == pid => domains.push(domain),
+                _ => self.pending.push((serial, rec)),
             }
         }
+        for d in domains {
+            self.bind_domain(d, key, late);
+        }
+    }
+}
+
+/// The report entry of a seccomp record: the call by name.
+fn seccomp_denial(r: &Record) -> Denial {
+    let (syscall, native, action) = match r {
+        Record::Seccomp { syscall, native, action, .. } => (*syscall, *native, *action),
+        _ => (-1, false, "errno"),
+    };
+    let name = if native { seccomp::name(syscall) } else { format!("syscall:{syscall}") };
+    Denial {
+        kind: DenialKind::Syscall,
+        access: action.to_owned(),
+        path: None,
+        syscall: Some(name),
+        destination: None,
+        count: 1,
     }
 }
 
