@@ -72,6 +72,22 @@ pub enum EgressMode {
     BestEffort,
 }
 
+/// Whether runs' Landlock and seccomp refusals are read back from the
+/// kernel's audit into their reports (`sandbox.denials`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReportDenials {
+    /// Only when the kernel's audit is already enabled (by auditd or the
+    /// operator): nothing of the host's audit setup is changed.
+    #[default]
+    Auto,
+    /// The executor enables the kernel's audit when it is off (no rules, a
+    /// rate limit), and restores what it changed when it exits.
+    On,
+    /// Never: reports say so.
+    Off,
+}
+
 /// The parsed `executor.toml`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -94,6 +110,8 @@ pub struct Config {
     pub landlock: LandlockMode,
     /// Egress allowlist requirement (networked runs).
     pub egress: EgressMode,
+    /// Whether refusals are reported (`"auto"`, `"on"`, `"off"`).
+    pub report_denials: ReportDenials,
     /// Where the resolvers of a `dns = true` grant are read (`nameserver`
     /// lines).
     pub resolv_conf: PathBuf,
@@ -179,6 +197,7 @@ impl Default for Config {
             runs_tmpfs_bytes: None,
             landlock: LandlockMode::Required,
             egress: EgressMode::Required,
+            report_denials: ReportDenials::Auto,
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
             max_timeout_seconds: policy::limits::DEFAULT_MAX_TIMEOUT.as_secs(),
             entry_owners: vec!["root".to_owned()],
@@ -608,6 +627,7 @@ mod tests {
             runtime_dir = "/run/ongrid"
             landlock = "best-effort"
             egress = "best-effort"
+            report_denials = "on"
             max_timeout_seconds = 60
             entry_owners = ["root", "bin"]
             [limits]
@@ -623,6 +643,7 @@ mod tests {
         let c = Config::parse(text, Path::new("x.toml")).unwrap();
         assert_eq!(c.landlock, LandlockMode::BestEffort);
         assert_eq!(c.egress, EgressMode::BestEffort);
+        assert_eq!(c.report_denials, ReportDenials::On);
         assert_eq!(c.skills["netprobe"].connect.len(), 3);
         assert!(c.skills["netprobe"].dns);
         assert_eq!(c.skills["ps"].proc, policy::sandbox::ProcView::Own);

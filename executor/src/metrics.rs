@@ -89,6 +89,14 @@ pub struct Metrics {
     pub warm_discarded_total: IntCounterVec,
     /// `ongrid_warm_idle{skill}`: warm runs waiting now.
     pub warm_idle: IntGaugeVec,
+    /// `ongrid_sandbox_denials_total{skill,kind}`: the runs' refusals
+    /// listed in their reports (`sandbox.denials`), by kind (`fs`,
+    /// `syscall`, `network`).
+    pub sandbox_denials_total: IntCounterVec,
+    /// `ongrid_sandbox_denial_records_lost_total{why}`: audit records of
+    /// refusals not in any report: `socket` (the executor's socket was
+    /// full), `late` (the run's report was out).
+    pub denial_records_lost_total: IntCounterVec,
     /// Serialises [`Metrics::sync_engine`].
     engine_sync: std::sync::Arc<std::sync::Mutex<()>>,
 }
@@ -203,8 +211,25 @@ impl Metrics {
                 Opts::new("ongrid_warm_idle", "Warm runs waiting for a request now, by skill."),
                 &["skill"],
             )?,
+            sandbox_denials_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_sandbox_denials_total",
+                    "Refusals listed in the runs' reports (sandbox.denials), by skill and kind.",
+                ),
+                &["skill", "kind"],
+            )?,
+            denial_records_lost_total: IntCounterVec::new(
+                Opts::new(
+                    "ongrid_sandbox_denial_records_lost_total",
+                    "Audit records of refusals in no report: the socket was full, or the run's \
+                     report was out.",
+                ),
+                &["why"],
+            )?,
             engine_sync: std::sync::Arc::default(),
         };
+        registry.register(Box::new(m.denial_records_lost_total.clone()))?;
+        registry.register(Box::new(m.sandbox_denials_total.clone()))?;
         registry.register(Box::new(m.network_denied_total.clone()))?;
         registry.register(Box::new(m.runs_total.clone()))?;
         registry.register(Box::new(m.run_duration_seconds.clone()))?;
@@ -225,6 +250,9 @@ impl Metrics {
         registry.register(Box::new(m.warm_idle.clone()))?;
         for how in ["built", "reused"] {
             m.landlock_rulesets_total.with_label_values(&[how]);
+        }
+        for why in ["socket", "late"] {
+            m.denial_records_lost_total.with_label_values(&[why]);
         }
         for how in ["ready", "recycled", "made"] {
             m.run_slots_total.with_label_values(&[how]);
@@ -267,6 +295,16 @@ impl Metrics {
         }
     }
 
+    /// Brings `ongrid_sandbox_denial_records_lost_total` up to the engine's
+    /// counts ([`crate::Engine::denials`]).
+    pub fn sync_denials(&self, (lost, late): (u64, u64)) {
+        let _one = self.engine_sync.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (why, now) in [("socket", lost), ("late", late)] {
+            let counter = self.denial_records_lost_total.with_label_values(&[why]);
+            counter.inc_by(now.saturating_sub(counter.get()));
+        }
+    }
+
     /// Counts an answered `execute` under `skill` (`""` when the manifest
     /// was not validated).
     pub fn count_outcome(&self, skill: &str, outcome: policy::Outcome) {
@@ -290,6 +328,10 @@ impl Metrics {
             if sandbox.network.denied_total > 0 {
                 let denied = self.network_denied_total.with_label_values(&[skill]);
                 denied.inc_by(sandbox.network.denied_total);
+            }
+            for d in &sandbox.denials {
+                let kind = d.kind.as_str();
+                self.sandbox_denials_total.with_label_values(&[skill, kind]).inc_by(d.count);
             }
         }
     }
@@ -356,10 +398,22 @@ mod tests {
             rlimits: std::collections::BTreeMap::new(),
             degraded: vec![],
             proc: policy::sandbox::ProcView::Own,
+            denials: vec![policy::Denial {
+                kind: policy::DenialKind::Fs,
+                access: "read_file".into(),
+                path: Some("/etc/shadow".into()),
+                syscall: None,
+                destination: None,
+                count: 2,
+            }],
+            denials_total: 2,
+            denials_off: None,
         });
         m.record_run("probe", &report, Duration::from_millis(1));
         m.record_run("probe", &report, Duration::from_millis(1));
         let text = m.render();
         assert!(text.contains("ongrid_network_denied_total{skill=\"probe\"} 6"), "{text}");
+        let fs = "ongrid_sandbox_denials_total{kind=\"fs\",skill=\"probe\"} 4";
+        assert!(text.contains(fs), "{text}");
     }
 }

@@ -74,7 +74,8 @@ pub use name::SkillName;
 pub use permission::{DenyReason, PermissionMode};
 pub use raw_json::RawJson;
 pub use report::{
-    DeniedReport, Enforcement, LimitKind, NetworkReport, Outcome, RunReport, SandboxReport,
+    Denial, DenialKind, DeniedReport, Enforcement, LimitKind, NetworkReport, Outcome, RunReport,
+    SandboxReport, MAX_DENIALS,
 };
 pub use sandbox::{GrantError, GrantedSandbox, SandboxRequest, SkillGrant};
 pub use schema::Schema;

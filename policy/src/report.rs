@@ -140,6 +140,54 @@ pub struct DeniedReport {
     pub count: u64,
 }
 
+/// Which wall refused a run: Landlock's filesystem rules, the seccomp
+/// filter, or the egress allowlist (or Landlock's network rules).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DenialKind {
+    /// Landlock refused a file access; `path` names the file.
+    Fs,
+    /// The seccomp filter refused a call; `syscall` names it.
+    Syscall,
+    /// A destination was refused; `destination` names it.
+    Network,
+}
+
+impl DenialKind {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenialKind::Fs => "fs",
+            DenialKind::Syscall => "syscall",
+            DenialKind::Network => "network",
+        }
+    }
+}
+
+/// One thing the sandbox refused a run, with how many times.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Denial {
+    /// Which wall refused it.
+    pub kind: DenialKind,
+    /// What was refused: Landlock's access right (`read_file`,
+    /// `write_file`, `make_reg`..., several joined with `,`), the filter's
+    /// action for a syscall (`errno`, `kill`), the protocol of a
+    /// destination (`tcp`, `udp`...).
+    pub access: String,
+    /// The file, for `fs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The call's name (`unshare`; `syscall:N` for one without a name
+    /// here), for `syscall`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<String>,
+    /// `addr:port` (`*` for a socket refused when made), for `network`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<String>,
+    /// Times refused.
+    pub count: u64,
+}
+
 /// The run's network as enforced.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "NetworkWire")]
@@ -221,7 +269,23 @@ pub struct SandboxReport {
     /// or `host` (granted, or the executor could not make the namespace).
     #[serde(default = "crate::sandbox::ProcView::host")]
     pub proc: crate::sandbox::ProcView,
+    /// What the sandbox refused the run, first seen first, at most
+    /// [`MAX_DENIALS`] entries (the rest counted in `denials_total`);
+    /// empty when nothing was refused or when `denials_off` says why it
+    /// was not watched.
+    #[serde(default)]
+    pub denials: Vec<Denial>,
+    /// Every refusal seen, listed or not.
+    #[serde(default)]
+    pub denials_total: u64,
+    /// Null when the run's refusals were watched; else why not (the
+    /// executor's `report_denials`, the kernel's audit or Landlock ABI).
+    #[serde(default)]
+    pub denials_off: Option<String>,
 }
+
+/// Most entries of [`SandboxReport::denials`].
+pub const MAX_DENIALS: usize = 32;
 
 /// The report every run ends with (its fields: docs/skills.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -25,7 +25,9 @@
 //! - `isolation`: two live runs side by side cannot reach each other.
 //! - `warm`: warm runs (made before their request) are boxed as cold ones,
 //!   see nothing of the request before its args, serve one request each.
+//! - `denials`: what the box refused a run is listed in its report.
 
+mod denials;
 mod egress;
 mod env;
 mod exhaustion;

@@ -44,6 +44,12 @@ pub const NEEDED: &[Capability] = &[
     Capability::CAP_BPF,
     // Attaching the egress filters to each run's cgroup.
     Capability::CAP_NET_ADMIN,
+    // Reading the audit records of the runs' refusals (the multicast
+    // group of every record), for their reports' `sandbox.denials`.
+    Capability::CAP_AUDIT_READ,
+    // Reading the audit status, and enabling it with
+    // `report_denials = "on"` (restored at exit).
+    Capability::CAP_AUDIT_CONTROL,
 ];
 
 /// Why the drop failed.

@@ -11,11 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use policy::limits::KILL_GRACE;
-use policy::{Enforcement, LimitKind, Outcome, RunReport};
+use policy::{Denial, DenialKind, Enforcement, LimitKind, Outcome, RunReport, MAX_DENIALS};
 use tokio::sync::Semaphore;
 
 use crate::config::Config;
 use crate::host::instance::{Instance, InstanceError, PgidRecord};
+use crate::run::denials::{Denials, Watch};
 use crate::run::janitor::{Janitor, SlotCounts, Wake};
 use crate::run::parsed::ParsedManifests;
 use crate::run::plan::{Located, Plan};
@@ -107,6 +108,8 @@ pub struct Engine {
     /// This process's environment, read once: the source of every run's
     /// allowed variables (`env_allow`).
     env: Vec<(OsString, OsString)>,
+    /// The runs' refusals read back from the kernel's audit.
+    denials: Denials,
     /// Dropped after the janitor (its slots are removed first).
     instance: Instance,
 }
@@ -133,7 +136,7 @@ impl Engine {
     /// # Errors
     ///
     /// As [`Engine::new`].
-    pub fn with_spawners(config: Config, spawners: Spawners) -> Result<Self, EngineError> {
+    pub fn with_spawners(config: Config, mut spawners: Spawners) -> Result<Self, EngineError> {
         let _ = crate::host::fdtable::bands();
         sys::process::set_child_subreaper().map_err(EngineError::Subreaper)?;
         let mut host = Host::detect();
@@ -141,7 +144,10 @@ impl Engine {
         host.cgroups = instance.cgroups().clone();
         host.runs_dir = instance.dir().to_owned();
         host.notes.extend(instance.notes().iter().cloned());
+        let denials = Denials::start(config.report_denials, host.landlock_abi);
+        spawners.log_denials(denials.off().is_none());
         Ok(Engine {
+            denials,
             parsed: ParsedManifests::new(&config),
             warm: WarmPools::new(&config),
             env: std::env::vars_os().collect(),
@@ -174,6 +180,13 @@ impl Engine {
     /// made on the run's path ([`SlotCounts`]).
     pub fn run_slots(&self) -> SlotCounts {
         self.janitor.counts()
+    }
+
+    /// Why the runs' refusals are not reported (`None`: they are), and
+    /// the records lost to a full socket and come after their run's
+    /// report so far.
+    pub fn denials(&self) -> (Option<&str>, (u64, u64)) {
+        (self.denials.off(), self.denials.lost_and_late())
     }
 
     /// The instance this engine runs as.
@@ -370,6 +383,10 @@ impl Engine {
         if prep.report.landlock.status != Enforcement::None {
             self.rulesets[usize::from(prep.landlock_reused)].fetch_add(1, Ordering::Relaxed);
         }
+        prep.report.denials_off = self.denials.off().map(str::to_owned);
+        let leaves = prep.cgroup.as_ref().map(RunCgroup::leaves).unwrap_or_default();
+        let watch = self.denials.watch(leaves);
+        prep.log_denials = watch.is_some();
         // A held run waits here, prepared, for its caller's start.
         let waiting = Instant::now();
         let go = start.await;
@@ -399,9 +416,12 @@ impl Engine {
         // policy it can wait behind the skill it just started).
         let setup = child.exec_at.saturating_duration_since(started).saturating_sub(*held);
         let setup_us = u64::try_from(setup.as_micros()).unwrap_or(u64::MAX);
+        if let Some(w) = &watch {
+            w.pid(child.pid);
+        }
         // Without a cgroup the watchdog kills the run's process group.
         let pgid = prep.cgroup.is_none().then(|| self.instance.record_pgid(child.pid)).flatten();
-        Ok(Launched { prep, child, pgid, setup_us, warm: false })
+        Ok(Launched { prep, child, pgid, setup_us, warm: false, watch })
     }
 
     /// A warm run taken for this request: a held run's `start` awaited
@@ -421,8 +441,16 @@ impl Engine {
             self.warm.discard(warm, "its held run was not started");
             return Err(report);
         }
-        let Warm { prep, child, pgid, .. } = warm;
-        Ok(Launched { prep, child, pgid, setup_us: 0, warm: true })
+        let Warm { mut prep, child, pgid, .. } = warm;
+        // Made before its request without the kernel's log flags: its
+        // Landlock and seccomp refusals are not reported.
+        prep.report.denials_off = Some(
+            self.denials
+                .off()
+                .unwrap_or("a warm run's Landlock and seccomp refusals are not watched")
+                .to_owned(),
+        );
+        Ok(Launched { prep, child, pgid, setup_us: 0, warm: true, watch: None })
     }
 
     /// Steps 6 to 8: supervise the launched run with `plan`'s bounds (its
@@ -437,7 +465,7 @@ impl Engine {
         cancel: impl Future<Output = ()>,
         after: &mut AfterReport,
     ) -> RunReport {
-        let Launched { mut prep, child, pgid: _pgid, setup_us, warm } = run;
+        let Launched { mut prep, child, pgid: _pgid, setup_us, warm, watch } = run;
         let limits = &plan.granted.limits;
         let bounds = Bounds {
             timeout: plan.manifest.timeout(),
@@ -463,6 +491,7 @@ impl Engine {
         self.reaper.reap_orphans();
         // Its processes are gone: nothing more can be refused.
         prep.end_egress();
+        add_denials(&mut prep.report, watch.map(Watch::finish));
         // The run is over (its tree is gone): its cgroups and directory are
         // removed after the report, by the janitor, woken once the report
         // is out (when the caller drops `wake`).
@@ -568,6 +597,8 @@ struct Launched {
     pgid: Option<PgidRecord>,
     setup_us: u64,
     warm: bool,
+    /// The run's refusals as the kernel's audit reports them, when watched.
+    watch: Option<Watch>,
 }
 
 /// The report of a held run its caller never started.
@@ -576,6 +607,27 @@ fn not_started(skill: String, prep: &spawn::Prepared) -> Box<RunReport> {
     let mut r = RunReport::not_run(skill, Outcome::Rejected, why);
     r.sandbox = Some(prep.report.clone());
     Box::new(r)
+}
+
+/// The report's `denials`: what the audit gave (`None` when not
+/// watched), then the egress allowlist's refusals (always known).
+fn add_denials(report: &mut policy::SandboxReport, audit: Option<(Vec<Denial>, u64)>) {
+    let (mut listed, mut total) = audit.unwrap_or_default();
+    for d in &report.network.denied {
+        if listed.len() < MAX_DENIALS {
+            listed.push(Denial {
+                kind: DenialKind::Network,
+                access: d.protocol.clone(),
+                path: None,
+                syscall: None,
+                destination: Some(d.destination.clone()),
+                count: d.count,
+            });
+        }
+    }
+    total += report.network.denied_total;
+    report.denials = listed;
+    report.denials_total = total;
 }
 
 /// Waits for the run's cgroup to empty (killing what is left after 2 s);

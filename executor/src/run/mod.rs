@@ -156,6 +156,7 @@
 //! 8. Report ([`engine::classify`]): outcome, limit, result, stderr tail,
 //!    and what the sandbox enforced.
 
+pub mod denials;
 pub mod egress;
 pub mod engine;
 pub(crate) mod janitor;

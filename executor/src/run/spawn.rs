@@ -147,6 +147,8 @@ pub struct Prepared {
     pub landlock_reused: bool,
     landlock: Option<OwnedFd>,
     seccomp: &'static [seccomp::Insn],
+    /// The child logs its refusals to the audit (`run::denials`).
+    pub log_denials: bool,
     /// Which of the four seccomp programs (`seccomp::program`).
     variant: seccomp::Variant,
     rlimits: Vec<(u32, u64, u64)>,
@@ -447,6 +449,9 @@ pub fn prepare(
         rlimits: rlimit_report,
         degraded,
         proc,
+        denials: Vec::new(),
+        denials_total: 0,
+        denials_off: None,
     };
     Ok(Prepared {
         run_dir,
@@ -457,6 +462,7 @@ pub fn prepare(
         landlock_reused: ll.reused,
         landlock: ll_fd,
         seccomp: seccomp::program(variant),
+        log_denials: false,
         variant,
         rlimits,
         identity: plan
@@ -580,6 +586,9 @@ pub struct Spawners {
     pools: [OnceLock<Option<Spawner>>; 4],
     /// No spawner threads: every child installs the filter itself.
     inline: bool,
+    /// The threads' filters log their refusals to the audit (the runs'
+    /// refusals are read back: `run::denials`).
+    log: bool,
 }
 
 impl Spawners {
@@ -590,6 +599,12 @@ impl Spawners {
     /// period wait with it (2-3 ms more per one-shot run, measured).
     pub fn inline() -> Self {
         Spawners { inline: true, ..Spawners::default() }
+    }
+
+    /// The threads' filters log their refusals (set before the first run:
+    /// a pool's filter is installed when the pool starts).
+    pub fn log_denials(&mut self, log: bool) {
+        self.log = log;
     }
 
     /// The pool for `seccomp::program(variant)`, `None` when inline or
@@ -609,7 +624,9 @@ impl Spawners {
                 // lower in 6.
                 let threads = std::thread::available_parallelism()
                     .map_or(4, |n| n.get().saturating_mul(2).clamp(4, 8));
-                match Spawner::start(seccomp::program(variant), threads, "ongrid-spawner") {
+                let flags = if self.log { sys::call::SECCOMP_FILTER_FLAG_LOG } else { 0 };
+                let program = seccomp::program(variant);
+                match Spawner::start_with(program, flags, threads, "ongrid-spawner") {
                     Ok(s) => Some(s),
                     Err(e) => {
                         tracing::warn!(
@@ -780,6 +797,7 @@ fn spawn_with(
         landlock: prep.landlock.as_ref().map(AsRawFd::as_raw_fd),
         share_below: None,
         seccomp: prep.seccomp,
+        log_denials: prep.log_denials,
         parent: own_pid(),
         bounding_cleared: false,
         exec_at: Some(&exec_ns),

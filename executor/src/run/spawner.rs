@@ -193,6 +193,21 @@ impl Spawner {
         threads: usize,
         name: &str,
     ) -> io::Result<Self> {
+        Self::start_with(program, 0, threads, name)
+    }
+
+    /// [`Spawner::start`] with the filter installed with `flags`
+    /// (`SECCOMP_FILTER_FLAG_LOG` where the runs' refusals are read back).
+    ///
+    /// # Errors
+    ///
+    /// As [`Spawner::start`].
+    pub fn start_with(
+        program: &'static [libc::sock_filter],
+        flags: u32,
+        threads: usize,
+        name: &str,
+    ) -> io::Result<Self> {
         let threads = threads.max(1);
         let queue = Arc::new(Queue::new(threads));
         let mut spawner = Spawner { queue: Arc::clone(&queue), threads: Vec::new() };
@@ -201,7 +216,7 @@ impl Spawner {
             let (ready, installed) = mpsc::sync_channel(1);
             let queue = Arc::clone(&queue);
             let handle = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
-                let r = install(program);
+                let r = install(program, flags);
                 let ok = r.is_ok();
                 let _ = ready.send(r);
                 if ok {
@@ -265,9 +280,9 @@ impl Drop for Spawner {
 }
 
 /// `no_new_privs`, then the filter, on the calling thread only.
-fn install(program: &[libc::sock_filter]) -> io::Result<()> {
+fn install(program: &[libc::sock_filter], flags: u32) -> io::Result<()> {
     process::set_no_new_privs()?;
-    process::install_thread_filter(program)
+    process::install_thread_filter(program, flags)
 }
 
 /// Empties the calling thread's capability bounding set; false (and the
@@ -416,6 +431,7 @@ mod tests {
             landlock: None,
             share_below: None,
             seccomp: &[],
+            log_denials: false,
             parent: nix::unistd::getpid().as_raw(),
             bounding_cleared: false,
             exec_at: None,

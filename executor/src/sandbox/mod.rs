@@ -26,6 +26,7 @@
 //! skill wrote steers a cleanup (the sweep trusts only files owned by the
 //! executor's user, in directories the skill cannot write).
 
+pub mod audit;
 pub mod cgroup;
 pub mod egress;
 pub mod landlock;

@@ -47,6 +47,7 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
             let engine = &ctx.shared.engine;
             ctx.shared.metrics.sync_engine(engine.landlock_rulesets(), engine.run_slots());
             ctx.shared.metrics.sync_warm(&engine.warm_stats());
+            ctx.shared.metrics.sync_denials(engine.denials().1);
             let text = ctx.shared.metrics.render();
             ctx.send(wire::encode_result(&id, &json!(MetricsResult { text })));
         }

@@ -32,6 +32,13 @@ struct CapData {
 
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 const SECCOMP_SET_MODE_FILTER: c_long = 1;
+/// `SECCOMP_FILTER_FLAG_LOG`: the filter's refusals (other than `allow`)
+/// are sent to the kernel's audit.
+pub const SECCOMP_FILTER_FLAG_LOG: u32 = 1 << 1;
+/// `LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON` (ABI 7): the domain's
+/// refusals are sent to the audit after an `execve` too (by default only
+/// until the first one, and skills are exec'd after the restriction).
+pub const LANDLOCK_LOG_NEW_EXEC_ON: u32 = 1 << 1;
 /// `close_range` flag: set close-on-exec instead of closing.
 pub const CLOSE_RANGE_CLOEXEC: c_long = 1 << 2;
 /// `close_range` flag: unshare the descriptor table first.
@@ -224,18 +231,19 @@ pub fn exited(pidfd: RawFd) -> Result<bool, i32> {
     Ok(n > 0)
 }
 
-/// `landlock_restrict_self(ruleset, 0)`.
-pub fn landlock_restrict_self(ruleset: RawFd) -> Result<c_long, i32> {
+/// `landlock_restrict_self(ruleset, flags)`.
+pub fn landlock_restrict_self(ruleset: RawFd, flags: u32) -> Result<c_long, i32> {
     // SAFETY: integer arguments only.
-    checked(unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) })
+    checked(unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, flags) })
 }
 
-/// `seccomp(SECCOMP_SET_MODE_FILTER, 0, fprog)`: this thread only.
-pub fn seccomp_filter(fprog: &libc::sock_fprog) -> Result<c_long, i32> {
+/// `seccomp(SECCOMP_SET_MODE_FILTER, flags, fprog)`: this thread only
+/// (`flags` without `TSYNC`).
+pub fn seccomp_filter(fprog: &libc::sock_fprog, flags: u32) -> Result<c_long, i32> {
     // SAFETY: reads `fprog` and the program it points to, which its
     // builder keeps alive for the call.
     checked(unsafe {
-        libc::syscall(libc::SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0u32, std::ptr::from_ref(fprog))
+        libc::syscall(libc::SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, std::ptr::from_ref(fprog))
     })
 }
 

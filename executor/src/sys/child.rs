@@ -474,11 +474,18 @@ fn grant_own_proc(own: OwnProc, ruleset: RawFd) -> Result<(), (Step, i32)> {
 /// spawner thread already carries its filter (the spec's program is empty
 /// then): nothing above is on its deny-list.
 fn restrict(spec: &ChildSpec<'_>, fprog: &libc::sock_fprog) -> Result<(), (Step, i32)> {
+    // Logging only where the run's refusals are read back (the kernel
+    // prints seccomp's logged refusals even with its audit off).
+    let (ll_flags, sc_flags) = if spec.log_denials {
+        (call::LANDLOCK_LOG_NEW_EXEC_ON, call::SECCOMP_FILTER_FLAG_LOG)
+    } else {
+        (0, 0)
+    };
     if let Some(fd) = spec.landlock {
-        at(Step::Landlock, call::landlock_restrict_self(fd))?;
+        at(Step::Landlock, call::landlock_restrict_self(fd, ll_flags))?;
     }
     if !spec.seccomp.is_empty() {
-        at(Step::Seccomp, call::seccomp_filter(fprog))?;
+        at(Step::Seccomp, call::seccomp_filter(fprog, sc_flags))?;
     }
     Ok(())
 }

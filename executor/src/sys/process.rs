@@ -280,21 +280,22 @@ pub fn set_no_new_privs() -> io::Result<()> {
     Ok(())
 }
 
-/// `seccomp(SECCOMP_SET_MODE_FILTER, 0, program)`: the filter on the
-/// calling thread only (no `TSYNC`), inherited by what it creates.
+/// `seccomp(SECCOMP_SET_MODE_FILTER, flags, program)`: the filter on the
+/// calling thread only (`flags` without `TSYNC`), inherited by what it
+/// creates.
 ///
 /// # Errors
 ///
 /// `InvalidInput` for a program too long for `sock_fprog`, else the error
 /// of `seccomp`.
-pub fn install_thread_filter(program: &[libc::sock_filter]) -> io::Result<()> {
+pub fn install_thread_filter(program: &[libc::sock_filter], flags: u32) -> io::Result<()> {
     let len = u16::try_from(program.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "seccomp program too long"))?;
     let fprog = libc::sock_fprog { len, filter: program.as_ptr().cast_mut() };
     // SAFETY: `fprog` points to `program`, alive for the call, and holds its
-    // length; flags 0: this thread only (no TSYNC).
+    // length; `flags` holds no TSYNC: this thread only.
     let r = unsafe {
-        libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0u32, &raw const fprog)
+        libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, flags, &raw const fprog)
     };
     if r != 0 {
         return Err(io::Error::last_os_error());

@@ -172,6 +172,9 @@ pub struct ChildSpec<'a> {
     pub share_below: Option<u32>,
     /// Classic BPF seccomp program; empty = none.
     pub seccomp: &'a [libc::sock_filter],
+    /// The run's refusals are read back from the audit: Landlock's domain
+    /// logs past the exec (ABI 7), the filter logs its refusals.
+    pub log_denials: bool,
     /// The executor's pid, checked after `PR_SET_PDEATHSIG`.
     pub parent: libc::pid_t,
     /// The creating thread's capability bounding set is empty already (a

@@ -39,17 +39,21 @@
 //! high bits, CVE-2019-10063).
 
 mod bpf;
+mod names;
 
 pub use bpf::Insn;
 use bpf::{
     jump, off_arg_lo, stmt, ALU_AND_K, JA, JEQ_K, JGE_K, JSET_K, LD_W_ABS, OFF_ARCH, OFF_NR,
     RET_ALLOW, RET_ERRNO, RET_K, RET_KILL_PROCESS,
 };
+pub use names::name;
 
+/// The native architecture as seccomp and audit records name it.
 #[cfg(target_arch = "x86_64")]
-const AUDIT_ARCH: u32 = 0xC000_003E;
+pub const AUDIT_ARCH: u32 = 0xC000_003E;
+/// The native architecture as seccomp and audit records name it.
 #[cfg(target_arch = "aarch64")]
-const AUDIT_ARCH: u32 = 0xC000_00B7;
+pub const AUDIT_ARCH: u32 = 0xC000_00B7;
 
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 const TIOCSTI: u32 = 0x5412;

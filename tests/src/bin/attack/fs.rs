@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 
 use serde_json::{json, Value};
 
-use crate::{errno, io_errno, outcome, param};
+use crate::{errno, io_errno, num, outcome, param};
 
 fn cstr(s: &str) -> CString {
     CString::new(s).unwrap_or_default()
@@ -120,6 +120,12 @@ pub(crate) fn attempt(case: &str, args: &Value) -> Value {
             }
         }
         "exec_setuid" => exec_setuid(path),
+        // `count` opens of `path`, each refused: a flood of refusals.
+        "open_flood" => {
+            let count = num(args, "count", 1000);
+            let refused = (0..count).filter(|_| std::fs::File::open(path).is_err()).count();
+            Ok(json!({"refused": refused}))
+        }
         "persist" => {
             let mut wrote = Vec::new();
             let mut results = serde_json::Map::new();

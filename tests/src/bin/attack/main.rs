@@ -109,7 +109,7 @@ fn main() {
         }
         "segv" => kernel::segv(),
         "read" | "write" | "list" | "mkdir" | "symlink_write" | "link" | "rename" | "truncate"
-        | "mknod" | "exec_setuid" | "persist" | "exists" | "messy_run_dir" => {
+        | "mknod" | "exec_setuid" | "persist" | "exists" | "messy_run_dir" | "open_flood" => {
             fs::attempt(&case, &args)
         }
         "metadata" => meta::attempt(&case, &args),
