@@ -159,6 +159,7 @@
 pub mod denials;
 pub mod egress;
 pub mod engine;
+pub mod file_key;
 pub(crate) mod janitor;
 pub mod join;
 pub(crate) mod lock;

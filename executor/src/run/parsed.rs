@@ -11,7 +11,6 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -24,28 +23,7 @@ use crate::run::plan::{Located, PlanError};
 /// operator's roots, so this bounds only a caller probing many paths).
 pub const MAX_ENTRIES: usize = 4096;
 
-/// What identifies a file's content without reading it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FileKey {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl FileKey {
-    /// The key of the file `meta` was read from.
-    pub fn of(meta: &std::fs::Metadata) -> Self {
-        FileKey {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
-        }
-    }
-}
+pub use super::file_key::FileKey;
 
 type Entries = HashMap<(PathBuf, Option<String>), (FileKey, Arc<Manifest>)>;
 

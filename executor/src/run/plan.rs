@@ -17,7 +17,7 @@ use policy::{
 };
 
 use crate::config::Config;
-use crate::run::parsed::FileKey;
+use crate::run::file_key::FileKey;
 use crate::run::resolve::{self, Open, Resolved};
 use policy::mcp::PackKind;
 

@@ -10,7 +10,7 @@ use policy::{Outcome, RunReport};
 use serde_json::{json, Value};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use super::context::{ConnCtx, GaugeGuard};
+use super::context::{ConnCtx, GaugeGuard, Shared};
 use super::manifests::Checked;
 use crate::run::engine::ManifestSource;
 use crate::run::lock::relock;
@@ -216,12 +216,7 @@ async fn call_tool(
         }
     };
     let Ok(admitted) = shared.admission.clone().try_acquire_owned() else {
-        let config = shared.engine.config();
-        let why = format!(
-            "the executor is at its cap ({} runs, {} queued)",
-            config.max_concurrent_runs, config.max_queued_runs
-        );
-        return busy(ctx, id, skill, &why);
+        return busy(ctx, id, skill, &at_cap(shared));
     };
     let gave_up = AtomicBool::new(false);
     if !start_signal(ctx, start, &gave_up).await {
@@ -319,12 +314,7 @@ async fn execute_run(
     }
     // Admission: a run slot or a queue place, else busy at once.
     let Ok(admitted) = shared.admission.clone().try_acquire_owned() else {
-        let config = shared.engine.config();
-        let why = format!(
-            "the executor is at its cap ({} runs, {} queued)",
-            config.max_concurrent_runs, config.max_queued_runs
-        );
-        return busy(ctx, id, skill, &why);
+        return busy(ctx, id, skill, &at_cap(shared));
     };
     let queued = Instant::now();
     let waiting = GaugeGuard::new(&shared.metrics.runs_queued);
@@ -386,4 +376,13 @@ async fn execute_run(
     ctx.send(wire::encode_report(id, &report));
     // The run's pipes closed and the janitor woken, once the report is out.
     ctx.after_sent(after);
+}
+
+/// Why an `execute` was answered busy at admission.
+fn at_cap(shared: &Shared) -> String {
+    let config = shared.engine.config();
+    format!(
+        "the executor is at its cap ({} runs, {} queued)",
+        config.max_concurrent_runs, config.max_queued_runs
+    )
 }
