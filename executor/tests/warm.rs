@@ -12,20 +12,14 @@ use executor::{Config, Engine, RunRequest};
 use policy::{Outcome, RunReport};
 use tokio::sync::Semaphore;
 
-/// A skill folder (0755) with `skill.json` and an executable `run.sh`.
+/// A skill folder (0755) with `skill.json` and an executable `run.sh`, in
+/// a temporary root.
 fn skill(name: &str, timeout: u32, script: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let manifest = dir.path().join("skill.json");
-    std::fs::write(
-        &manifest,
-        format!(
-            r#"{{"name":"{name}","description":"t","entry":"run.sh","timeout_seconds":{timeout}}}"#
-        ),
-    )
-    .unwrap();
-    write_entry(dir.path(), script);
-    (dir, manifest)
+    let root = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let extra = format!(r#","timeout_seconds":{timeout}"#);
+    let pack = testkit::write_pack(root.path(), name, "run.sh", &extra, script);
+    (root, pack.join("skill.json"))
 }
 
 /// Writes `run.sh` as a new file renamed over the old one (a new inode).
@@ -162,10 +156,10 @@ fn a_warm_process_that_wrote_or_exited_is_never_used() {
 fn replacing_the_entry_discards_the_pool() {
     let test = "replacing_the_entry_discards_the_pool";
     let Some(p) = Pooled::new(test, "swap", 2, |_| {}) else { return };
-    let (dir, manifest) = skill("swap", 5, "cat >/dev/null\necho '{\"v\":1}'");
+    let (_root, manifest) = skill("swap", 5, "cat >/dev/null\necho '{\"v\":1}'");
     assert_eq!(p.run(&manifest, "{}").outcome, Outcome::Ok);
     p.wait_for("swap", |s| s.idle == 2);
-    write_entry(dir.path(), "cat >/dev/null\necho '{\"v\":2}'");
+    write_entry(manifest.parent().unwrap(), "cat >/dev/null\necho '{\"v\":2}'");
     let r = p.run(&manifest, "{}");
     assert_eq!(r.result.map(|v| v.to_value()), Some(serde_json::json!({"v": 2})));
     let s = p.wait_for("swap", |s| s.discarded >= 2 && s.idle == 2);
