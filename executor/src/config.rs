@@ -638,7 +638,7 @@ mod tests {
             dns = true
             capabilities = ["CAP_NET_RAW"]
             [skills.ps]
-            proc = "own"
+            proc = "host"
         "#;
         let c = Config::parse(text, Path::new("x.toml")).unwrap();
         assert_eq!(c.landlock, LandlockMode::BestEffort);
@@ -646,8 +646,8 @@ mod tests {
         assert_eq!(c.report_denials, ReportDenials::On);
         assert_eq!(c.skills["netprobe"].connect.len(), 3);
         assert!(c.skills["netprobe"].dns);
-        assert_eq!(c.skills["ps"].proc, policy::sandbox::ProcView::Own);
-        assert_eq!(c.skills["netprobe"].proc, policy::sandbox::ProcView::Host, "the default");
+        assert_eq!(c.skills["ps"].proc, policy::sandbox::ProcView::Host);
+        assert_eq!(c.skills["netprobe"].proc, policy::sandbox::ProcView::Own, "the default");
         let bad = "[skills.x]\nnetwork = true\nconnect = [\"10.0.0.1\"]\n";
         assert!(Config::parse(bad, Path::new("x.toml")).is_err(), "an entry without a port");
         assert_eq!(c.limits.max_pids, 32);

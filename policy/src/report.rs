@@ -265,8 +265,9 @@ pub struct SandboxReport {
     pub rlimits: std::collections::BTreeMap<String, u64>,
     /// What could not be enforced, one human-readable line each.
     pub degraded: Vec<String>,
-    /// The processes the run saw in `/proc`: `own` (its own PID namespace)
-    /// or `host` (granted, or the executor could not make the namespace).
+    /// The processes the run saw in `/proc`: `own` (its own tree only) or
+    /// `host` (granted, or not hidden: `degraded` says why). Absent from an
+    /// executor older than the per-run view, which showed the host's.
     #[serde(default = "crate::sandbox::ProcView::host")]
     pub proc: crate::sandbox::ProcView,
     /// What the sandbox refused the run, first seen first, at most

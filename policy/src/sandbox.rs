@@ -70,15 +70,14 @@ pub fn capability_number(name: &str) -> Option<u8> {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProcView {
-    /// Its own: a PID namespace of its own with its own `/proc` (an
-    /// operator's `proc = "own"`).
-    Own,
-    /// The host's process table (the default, and what an executor that
-    /// cannot make the namespace gives). Not yet `Own` by default: the
-    /// entry is PID 1 of its namespace there, and the kernel drops the
-    /// signals PID 1 has no handler for, its own `SIGXFSZ`, `SIGPIPE` and
-    /// raised `SIGSEGV` among them, which would change the reports.
+    /// Its own processes only (the default): a `/proc` that lists only
+    /// what the run may `ptrace`, which its Landlock domain limits to its
+    /// own tree.
     #[default]
+    Own,
+    /// The host's process table (an operator's `proc = "host"`, for
+    /// process-listing skills; also what an executor that cannot hide it
+    /// gives, said in the report's `degraded`).
     Host,
 }
 
@@ -95,7 +94,7 @@ impl ProcView {
         *self == ProcView::Own
     }
 
-    /// The default view.
+    /// The host's view.
     #[must_use]
     pub fn is_host(&self) -> bool {
         *self == ProcView::Host
@@ -165,10 +164,9 @@ pub struct SkillGrant {
     /// blocked reading stdin (`serve` only; 0: none), at most the
     /// executor's `max_warm_total`.
     pub warm: u32,
-    /// `"own"`: the skill's runs see only their own processes (a PID
-    /// namespace and `/proc` of their own); default `"host"`, the host's
-    /// process table.
-    #[serde(skip_serializing_if = "ProcView::is_host")]
+    /// `"host"`: the skill's runs see the host's process table; default
+    /// `"own"`, only their own processes.
+    #[serde(skip_serializing_if = "ProcView::is_own")]
     pub proc: ProcView,
 }
 
@@ -196,7 +194,7 @@ pub struct GrantedSandbox {
     /// Effective limits.
     pub limits: Limits,
     /// The grant's `proc`: the process table the run sees.
-    #[serde(skip_serializing_if = "ProcView::is_host")]
+    #[serde(skip_serializing_if = "ProcView::is_own")]
     pub proc: ProcView,
 }
 
@@ -317,7 +315,7 @@ mod tests {
     fn empty_request_needs_no_grant() {
         let g = SandboxRequest::default().authorize(&skill(), None, &Limits::default()).unwrap();
         assert!(!g.network && g.fs_read.is_empty() && g.capabilities.is_empty());
-        assert_eq!(g.proc, ProcView::Host, "by default a run sees the host's table");
+        assert_eq!(g.proc, ProcView::Own, "by default a run sees only its own processes");
         assert_eq!(g.limits, Limits::default());
     }
 
@@ -365,7 +363,7 @@ mod tests {
             max_pids: Some(128),
             env_file: None,
             warm: 0,
-            proc: ProcView::Own,
+            proc: ProcView::Host,
         };
         let req = SandboxRequest {
             fs_read: vec!["/var/log/syslog".into(), "/srv/out/x".into()],
@@ -380,7 +378,7 @@ mod tests {
         let g = req.authorize(&skill(), Some(&grant), &d).unwrap();
         assert_eq!(g.connect, grant.connect, "the run gets the grant's list, never the manifest's");
         assert!(g.dns);
-        assert_eq!(g.proc, ProcView::Own, "the grant's process table view");
+        assert_eq!(g.proc, ProcView::Host, "the grant's process table view");
         let quiet = SandboxRequest::default().authorize(&skill(), Some(&grant), &d).unwrap();
         assert!(quiet.connect.is_empty() && !quiet.dns, "no network asked: no list");
         assert_eq!(g.limits.memory_bytes, 1 << 30);

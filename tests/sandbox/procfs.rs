@@ -1,9 +1,8 @@
-//! What a run sees of the host's processes: with `proc = "own"` only its
-//! own (a PID namespace of its own, its own `/proc`), so neither the
-//! command lines nor the status or environment of another user's process
-//! or of another run (same run-as user) can be read, and no host pid can
-//! be signalled; the global files stay readable. With `proc = "host"` (the
-//! default) it sees the host's table.
+//! What a run sees of the host's processes: by default only its own tree,
+//! so neither the command lines nor the status or environment of another
+//! user's process or of another run (same run-as user) can be read, and no
+//! host pid can be signalled; the global files stay readable. With `proc =
+//! "host"` it sees the host's table.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -15,11 +14,6 @@ use policy::Outcome;
 use serde_json::{json, Value};
 
 use crate::{args, attack, blocked_with, no_leftovers, shared};
-
-/// A config granting `skill` its own process view.
-fn own(skill: &SkillDir) -> Config {
-    Config::new().grant(skill.name(), "proc = \"own\"")
-}
 
 /// The `proc_view` case's result, and the view the report gives.
 fn view(run: &Run) -> (Value, Option<ProcView>) {
@@ -41,26 +35,27 @@ fn globals_read(r: &Value, run: &Run) {
     }
 }
 
-/// With `proc = "own"` the run's `/proc` lists exactly its own tree (the
-/// entry, PID 1 of its namespace, and its child), and the global files read.
+/// By default the run's `/proc` lists exactly its own tree (the entry and
+/// its child), and the global files read.
 #[test]
 fn a_run_sees_only_its_own_processes() {
     let Some(g) = shared("a_run_sees_only_its_own_processes") else { return };
     let skill = attack("proc_own");
-    let run = skill.run(&own(&skill), &args("proc_view", json!({})));
+    let run = skill.run(&Config::new(), &args("proc_view", json!({})));
     let (r, proc) = view(&run);
     assert_eq!(proc, Some(ProcView::Own), "{}", run.dump());
     let child = r["child"].as_u64().expect("the child's pid");
     let own = BTreeSet::from([r["pid"].as_u64().expect("pid"), child]);
     assert_eq!(pids(&r), own, "not just its own tree:\n{}", run.dump());
-    assert_eq!(r["pid"], json!(1), "the entry is PID 1 of its namespace:\n{}", run.dump());
     globals_read(&r, &run);
     no_leftovers(&skill, &g);
 }
 
-/// With `proc = "own"`, a live neighbour run (same run-as user) and this
-/// test's own process (root) are out of sight: their `cmdline`, `status`
-/// and `environ` do not read, and neither can be signalled (`kill` fails).
+/// A live neighbour run (same run-as user) and this test's own process
+/// (root) are out of sight: their `cmdline`, `status` and `environ` do not
+/// read, and neither can be signalled (`kill` fails). The neighbour is out
+/// of `kill`'s reach by Landlock's signal scoping (ABI 6): where the kernel
+/// lacks it, the report says so and the neighbour is spared the try.
 #[test]
 fn other_processes_are_unreadable_and_unsignalable() {
     let Some(g) = shared("other_processes_are_unreadable_and_unsignalable") else { return };
@@ -79,14 +74,26 @@ fn other_processes_are_unreadable_and_unsignalable() {
         .expect("the neighbour's shell");
         let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).expect("the neighbour's cwd");
         let me = std::process::id();
-        for target in [u64::from(pid.unsigned_abs()), u64::from(me)] {
+        let neighbour_pid = u64::from(pid.unsigned_abs());
+        for target in [neighbour_pid, u64::from(me)] {
             for file in ["cmdline", "status", "environ"] {
                 let path = format!("/proc/{target}/{file}");
-                let run = intruder.run(&own(&intruder), &args("read", json!({"path": path})));
+                let run = intruder.run(&Config::new(), &args("read", json!({"path": path})));
                 blocked_with(&run, &[libc::ENOENT, libc::EACCES, libc::EPERM]);
+                let proc = run.report.sandbox.as_ref().map(|s| s.proc);
+                assert_eq!(proc, Some(ProcView::Own), "{}", run.dump());
             }
-            let run = intruder.run(&own(&intruder), &args("kill", json!({"pid": target})));
-            blocked_with(&run, &[libc::ESRCH]);
+            let probe = intruder.run(&Config::new(), &args("proc_view", json!({})));
+            let scoped = probe.report.sandbox.as_ref().is_some_and(|s| s.landlock.scoped);
+            if target == neighbour_pid && !scoped {
+                let said = probe.report.sandbox.as_ref().is_some_and(|s| {
+                    s.degraded.iter().any(|d| d.contains("no signal or abstract Unix socket"))
+                });
+                assert!(said, "no signal scoping, and the report does not say:\n{}", probe.dump());
+                continue;
+            }
+            let run = intruder.run(&Config::new(), &args("kill", json!({"pid": target})));
+            blocked_with(&run, &[libc::ESRCH, libc::EPERM]);
         }
         std::fs::write(cwd.join("go"), "").expect("the neighbour's go file");
         running.join().expect("the neighbour's run").expect(Outcome::Ok);
@@ -95,9 +102,8 @@ fn other_processes_are_unreadable_and_unsignalable() {
     no_leftovers(&intruder, &g);
 }
 
-/// A skill granted `proc = "host"` (the default, said explicitly) sees the
-/// host's table: PID 1 and this test's own process, and the report says
-/// so.
+/// A skill granted `proc = "host"` sees the host's table: PID 1 and this
+/// test's own process, and the report says so.
 #[test]
 fn a_host_grant_sees_the_host_table() {
     let Some(g) = shared("a_host_grant_sees_the_host_table") else { return };

@@ -35,8 +35,11 @@ pub const NEEDED: &[Capability] = &[
     // below); without it every run fails with sandbox_failed.
     Capability::CAP_SETPCAP,
     // Mounting and resizing the runs tmpfs when systemd did not mount one,
-    // and remounting cgroup hierarchies with favordynmods.
+    // remounting cgroup hierarchies with favordynmods, making the runs'
+    // mount namespace and its /proc, and joining it (`setns`).
     Capability::CAP_SYS_ADMIN,
+    // Joining the runs' mount namespace: `setns` asks for it too.
+    Capability::CAP_SYS_CHROOT,
     // Each child sets its run's rlimits as root before it switches user: a
     // limit above the executor's own hard limit needs it.
     Capability::CAP_SYS_RESOURCE,
@@ -47,6 +50,11 @@ pub const NEEDED: &[Capability] = &[
     // Reading the audit records of the runs' refusals (the multicast
     // group of every record), for their reports' `sandbox.denials`.
     Capability::CAP_AUDIT_READ,
+    // Matching an audit record to its run by the process's
+    // /proc/<pid>/cgroup, which a /proc mounted hidepid=invisible (the
+    // unit's ProtectProc=invisible) shows root only with it. Kept only
+    // where the unit's bounding set has it (the denials drop-in).
+    Capability::CAP_SYS_PTRACE,
     // Reading the audit status, and enabling it with
     // `report_denials = "on"` (restored at exit).
     Capability::CAP_AUDIT_CONTROL,

@@ -124,9 +124,8 @@ pub fn lift(fd: OwnedFd) -> OwnedFd {
 /// create children themselves); more fall back to the floor.
 const BANDS: usize = 16;
 /// Descriptors a child needs after its own table is made: stdin, stdout,
-/// stderr, the Landlock ruleset and, for a run in its own PID namespace,
-/// the executor's pidfd.
-pub const BAND: usize = 5;
+/// stderr and the Landlock ruleset.
+pub const BAND: usize = 4;
 
 /// Descriptor numbers held at the bottom of the table for the spawns.
 ///
@@ -325,16 +324,16 @@ mod tests {
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
         let status = std::fs::File::open("/proc/self/status").unwrap();
         let first = bands
-            .place([Some(r.as_raw_fd()), Some(w.as_raw_fd()), None, Some(status.as_raw_fd()), None])
+            .place([Some(r.as_raw_fd()), Some(w.as_raw_fd()), None, Some(status.as_raw_fd())])
             .unwrap();
-        let [Some(pr), Some(pw), None, Some(ps), None] = first.fds() else {
+        let [Some(pr), Some(pw), None, Some(ps)] = first.fds() else {
             panic!("placed {:?}", first.fds());
         };
         assert!(same_file(pr, r.as_raw_fd()) && same_file(pw, w.as_raw_fd()));
         assert!(same_file(ps, status.as_raw_fd()));
         assert!(all_below(first.top(), [pr, pw, ps]), "top {} {:?}", first.top(), first.fds());
         assert!(first.top() < floor().unwrap());
-        let second = bands.place([Some(r.as_raw_fd()), None, None, None, None]).unwrap();
+        let second = bands.place([Some(r.as_raw_fd()), None, None, None]).unwrap();
         let [Some(sr), ..] = second.fds() else { panic!("placed {:?}", second.fds()) };
         assert!(![pr, pw, ps].contains(&sr), "two bands share {sr}");
         assert!(second.top() != first.top());

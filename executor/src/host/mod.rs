@@ -12,6 +12,8 @@
 //!   join after an idle gap does not wait an RCU grace period.
 //! - [`capabilities`]: the executor's own capabilities, dropped at start
 //!   to what it and its skills' grants need.
+//! - [`procview`]: the runs' `/proc`, which shows each run only its own
+//!   processes.
 //! - [`attach_lock`]: warming the kernel's cgroup attach lock for a one-shot
 //!   run.
 
@@ -21,4 +23,5 @@ pub mod delegation;
 pub mod dynmods;
 pub mod fdtable;
 pub mod instance;
+pub mod procview;
 pub mod sweep;

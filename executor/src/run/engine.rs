@@ -144,6 +144,10 @@ impl Engine {
         host.cgroups = instance.cgroups().clone();
         host.runs_dir = instance.dir().to_owned();
         host.notes.extend(instance.notes().iter().cloned());
+        // After the runs tmpfs: the runs' mount namespace is a copy of this
+        // one, and on a host without shared mounts it sees none made later.
+        host.proc = crate::host::procview::set_up(may_mount());
+        spawners.runs_namespace(host.proc.namespace().cloned());
         let denials = Denials::start(config.report_denials, host.landlock_abi);
         spawners.log_denials(denials.off().is_none());
         Ok(Engine {
@@ -599,6 +603,15 @@ struct Launched {
     warm: bool,
     /// The run's refusals as the kernel's audit reports them, when watched.
     watch: Option<Watch>,
+}
+
+/// Whether this executor may make and join the runs' mount namespace
+/// (`host::procview`): root with `CAP_SYS_ADMIN` and `CAP_SYS_CHROOT`.
+fn may_mount() -> bool {
+    let has = |c| caps::has_cap(None, caps::CapSet::Effective, c).unwrap_or(false);
+    crate::run::plan::euid() == 0
+        && has(caps::Capability::CAP_SYS_ADMIN)
+        && has(caps::Capability::CAP_SYS_CHROOT)
 }
 
 /// The report of a held run its caller never started.

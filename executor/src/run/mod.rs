@@ -78,18 +78,16 @@
 //!    so a child queued there runs at once). A run that finds no child
 //!    parked waits for the next thread that is done, which makes one for
 //!    it. Before the clone (or the hand-over) the run moves the
-//!    descriptors its child keeps (the three pipe ends, the Landlock
-//!    ruleset and, for a run in its own PID namespace, a pidfd of the
-//!    executor) onto a band of low numbers reserved at start (`host::fdtable`), so that step 4d copies a few descriptors, not the ~100
-//!    that the executor holds below the floor under load. A run of a
-//!    skill granted `proc = "own"` (only its own processes) is cloned with
-//!    `CLONE_NEWPID | CLONE_NEWNS` too, by the run's thread, not a spawner
-//!    thread: a parked child is made before its run, and its filter denies
-//!    `mount`.
+//!    descriptors its child keeps (the three pipe ends and the Landlock
+//!    ruleset) onto a band of low numbers reserved at start (`host::fdtable`), so that step 4d copies a few descriptors, not the ~100
+//!    that the executor holds below the floor under load. The spawner
+//!    threads live in the runs' mount namespace (`host::procview`), whose
+//!    `/proc` shows a run only its own processes; a run granted `proc =
+//!    "host"` is created by the run's thread instead, in the executor's.
 //! 4. In the child, raw syscalls only: (4a) default signal dispositions;
-//!    (4b) new session (`setsid`, no controlling terminal), and in a PID
-//!    namespace of its own `/proc` made private to its mount namespace and
-//!    a procfs of its namespace (`hidepid=2`) mounted over it; (4c) join the
+//!    (4b) new session (`setsid`, no controlling terminal), then, unless a
+//!    spawner thread made it there already or it is granted the host's
+//!    `/proc`, `setns` into the runs' mount namespace; (4c) join the
 //!    cgroups (a parked child whose run watches for its exec leaves the
 //!    joins to the run: the run's thread writes the child's pid into the
 //!    leaves' `cgroup.procs` while the child takes 4d to 4i, and the
@@ -106,11 +104,9 @@
 //!    clear supplementary groups, drop the bounding set (inherited empty
 //!    from a spawner thread when no capability is granted), switch to the
 //!    run-as user and set exactly the granted capabilities (ambient too);
-//!    `PR_SET_PDEATHSIG(SIGKILL)` (the parent checked by `getppid`, or in
-//!    its own PID namespace, where that reads 0, by polling the executor's
-//!    pidfd); Landlock (in its own PID namespace the child first adds a
-//!    rule for its new `/proc` to its run's ruleset, which is then never
-//!    one of the slot's cached rulesets); seccomp (without the network
+//!    `PR_SET_PDEATHSIG(SIGKILL)` (the parent checked by `getppid`);
+//!    Landlock (a domain of its own, which is what hides every other
+//!    process from it in the runs' `/proc`); seccomp (without the network
 //!    grant `socket(2)` fails for every family, `AF_UNIX` included, and
 //!    `socketpair(2)` gives stream and seqpacket pairs only; a run whose
 //!    uid may own files outside the box cannot change any file's
@@ -165,6 +161,7 @@ pub mod join;
 pub(crate) mod lock;
 pub mod parsed;
 pub mod plan;
+pub mod proc_view;
 pub mod reaper;
 pub mod resolve;
 pub mod rundir;

@@ -7,25 +7,27 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
 use nix::sys::resource::{getrlimit, Resource};
 use policy::report::{NetworkReport, SandboxReport};
-use policy::sandbox::{ProcView, CAPABILITY_NAMES};
+use policy::sandbox::CAPABILITY_NAMES;
 use policy::Outcome;
 
 use crate::config::{Config, EgressMode, LandlockMode};
+use crate::host::procview::{ProcSetup, RunsNamespace};
 use crate::run::egress::{self, EgressCache, RunEgress, RunEgressError};
 use crate::run::plan::Plan;
+use crate::run::proc_view::ProcPlace;
 use crate::run::rundir::{RunDir, RunDirError};
 use crate::run::spawner::Spawner;
 use crate::sandbox::cgroup::{CgroupError, Hierarchies, RunCgroup};
 use crate::sandbox::landlock::{self, FsPolicy, LandlockError};
 use crate::sandbox::seccomp;
 use crate::sys;
-use crate::sys::spec::{ChildSpec, Identity, OwnProc, SpawnFailure, Step};
+use crate::sys::spec::{ChildSpec, Identity, SpawnFailure, Step};
 
 /// Why a run could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -105,9 +107,10 @@ pub struct Host {
     pub notes: Vec<String>,
     /// Egress programs loaded for networked runs, by rule set.
     pub egress: std::sync::Arc<EgressCache>,
-    /// The executor may give a run a PID namespace and `/proc` of its own
-    /// (root with `CAP_SYS_ADMIN`).
-    pub pid_namespaces: bool,
+    /// Where runs get a `/proc` that shows only their own processes (set
+    /// when the engine starts, after its runs tmpfs: the runs' mount
+    /// namespace is a copy of the executor's then).
+    pub proc: ProcSetup,
 }
 
 impl Host {
@@ -121,9 +124,7 @@ impl Host {
             runs_dir: PathBuf::new(),
             notes,
             egress: std::sync::Arc::default(),
-            pid_namespaces: crate::run::plan::euid() == 0
-                && caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_SYS_ADMIN)
-                    .unwrap_or(false),
+            proc: ProcSetup::Unavailable("the executor has not started".to_owned()),
         }
     }
 }
@@ -155,9 +156,12 @@ pub struct Prepared {
     identity: Option<Identity>,
     capabilities: u64,
     cap_last: u32,
-    /// Rights beneath the run's own `/proc` (`Some`: a PID namespace of its
-    /// own; 0: no Landlock ruleset to add them to).
-    own_proc: Option<u64>,
+    /// The child joins this mount namespace in step 4b (when no spawner
+    /// thread living in it creates the child).
+    mount_ns: Option<Arc<RunsNamespace>>,
+    /// The run must not be created by a spawner thread: those live in the
+    /// runs' mount namespace, and it is granted the host's `/proc`.
+    host_proc: bool,
     path: CString,
     argv: Vec<CString>,
     envp: Vec<CString>,
@@ -372,7 +376,6 @@ pub fn prepare(
     // Read-write beneath the slot's home, whose only entry is the run
     // directory (rundir): a ruleset built for an earlier run of the same
     // policy in this slot serves this one (landlock::Cache).
-    let proc = proc_view(plan, host, &mut degraded);
     let mut fs = FsPolicy::new(
         &plan.skill_dir,
         &plan.entry,
@@ -381,16 +384,10 @@ pub fn prepare(
         &plan.granted.fs_write,
         plan.granted.network,
     );
-    // A run with its own /proc gets the rule for it from its child (step
-    // 4i), added to a ruleset of its own: never one of the cache, which
-    // other runs take.
-    let cache = if proc.is_own() {
-        fs.rules.retain(|r| r.explicit || r.path != Path::new("/proc"));
-        None
-    } else {
-        Some(&mut run_dir.rulesets)
-    };
-    let ll = landlock::prepare(host.landlock_abi, config.landlock, &fs, cache)?;
+    let place = ProcPlace::choose(plan.granted.proc, &host.proc);
+    place.adjust(&mut fs);
+    let ll =
+        landlock::prepare(host.landlock_abi, config.landlock, &fs, Some(&mut run_dir.rulesets))?;
     degraded.extend(ll.degraded);
     if config.landlock == LandlockMode::BestEffort && ll.fd.is_none() {
         tracing::warn!("skill \"{skill}\": running without Landlock (best effort)");
@@ -430,8 +427,7 @@ pub fn prepare(
         &plan.granted.capabilities,
     );
     let ll_fd = ll.fd;
-    let own_proc =
-        proc.is_own().then(|| if ll_fd.is_some() { landlock::fs::READ.bits() } else { 0 });
+    let proc = place.view(plan.granted.proc, ll_fd.is_some(), &host.proc, &mut degraded);
     let report = SandboxReport {
         uid: plan.run_as.uid,
         gid: plan.run_as.gid,
@@ -471,7 +467,8 @@ pub fn prepare(
             .then_some(Identity { uid: plan.run_as.uid, gid: plan.run_as.gid }),
         capabilities,
         cap_last: host.cap_last,
-        own_proc,
+        mount_ns: place.namespace.clone(),
+        host_proc: place.host_proc,
         argv: vec![path.clone()],
         path,
         envp,
@@ -479,35 +476,6 @@ pub fn prepare(
         skill,
         keep_stdin: false,
     })
-}
-
-/// The processes the run sees: the host's unless the grant says `proc =
-/// "own"` and the executor can make it a PID namespace (else said in
-/// `degraded`).
-fn proc_view(plan: &Plan, host: &Host, degraded: &mut Vec<String>) -> ProcView {
-    if plan.granted.proc == ProcView::Host {
-        return ProcView::Host;
-    }
-    if host.pid_namespaces && executor_pidfd().is_some() {
-        return ProcView::Own;
-    }
-    degraded.push(
-        "proc: own view not enforced: the executor cannot make a PID namespace (it needs \
-         root with CAP_SYS_ADMIN); the run sees the host's process table"
-            .to_owned(),
-    );
-    ProcView::Host
-}
-
-/// A pidfd of the executor, opened once (above the descriptor floor): a
-/// child in its own PID namespace checks the executor is alive through it
-/// in step 4h.
-fn executor_pidfd() -> Option<RawFd> {
-    static PIDFD: OnceLock<Option<OwnedFd>> = OnceLock::new();
-    PIDFD
-        .get_or_init(|| sys::process::pidfd_open(own_pid()).ok().map(crate::host::fdtable::lift))
-        .as_ref()
-        .map(AsRawFd::as_raw_fd)
 }
 
 /// The networked run's allowlist, put on its cgroup v2 leaf (before the
@@ -589,6 +557,9 @@ pub struct Spawners {
     /// The threads' filters log their refusals to the audit (the runs'
     /// refusals are read back: `run::denials`).
     log: bool,
+    /// The runs' mount namespace, which the threads join when they start
+    /// (`host::procview`).
+    ns: Option<Arc<RunsNamespace>>,
 }
 
 impl Spawners {
@@ -605,6 +576,12 @@ impl Spawners {
     /// a pool's filter is installed when the pool starts).
     pub fn log_denials(&mut self, log: bool) {
         self.log = log;
+    }
+
+    /// The threads join the runs' mount namespace `ns` (set before the
+    /// first run, as [`Spawners::log_denials`]).
+    pub fn runs_namespace(&mut self, ns: Option<Arc<RunsNamespace>>) {
+        self.ns = ns;
     }
 
     /// The pool for `seccomp::program(variant)`, `None` when inline or
@@ -626,7 +603,8 @@ impl Spawners {
                     .map_or(4, |n| n.get().saturating_mul(2).clamp(4, 8));
                 let flags = if self.log { sys::call::SECCOMP_FILTER_FLAG_LOG } else { 0 };
                 let program = seccomp::program(variant);
-                match Spawner::start_with(program, flags, threads, "ongrid-spawner") {
+                let ns = self.ns.clone();
+                match Spawner::start_in(ns, program, flags, threads, "ongrid-spawner") {
                     Ok(s) => Some(s),
                     Err(e) => {
                         tracing::warn!(
@@ -771,18 +749,10 @@ fn spawn_with(
     // start) the child installs the program itself in step 4i.
     // Its bounding set is empty: a run granted capabilities (they must stay
     // in the bounding set) goes without one.
-    // A run in its own PID namespace goes without one too: its namespace
-    // and /proc are made by `clone` and the child's step 4b, which a
-    // child made ahead of its run cannot have (and its filter denies).
-    let own_proc = prep
-        .own_proc
-        .zip(executor_pidfd())
-        .map(|(landlock_access, parent_pidfd)| OwnProc { parent_pidfd, landlock_access });
-    let spawner = if prep.capabilities == 0 && own_proc.is_none() {
-        spawners.get(prep.variant)
-    } else {
-        None
-    };
+    // A run granted the host's /proc goes without one too: the threads
+    // live in the runs' mount namespace, whose /proc hides the host.
+    let spawner =
+        if prep.capabilities == 0 && !prep.host_proc { spawners.get(prep.variant) } else { None };
     let mut spec = ChildSpec {
         path: &prep.path,
         argv: &argv,
@@ -801,7 +771,7 @@ fn spawn_with(
         parent: own_pid(),
         bounding_cleared: false,
         exec_at: Some(&exec_ns),
-        own_proc,
+        mount_ns: prep.mount_ns.as_deref().map(|ns| ns.mount_ns().as_raw_fd()),
     };
     // The child shares the table until its cgroups are joined, then keeps
     // only what is below its floor (host::fdtable): the top of the band its
@@ -809,21 +779,16 @@ fn spawn_with(
     // it; else it copies the table. `placed` lives until the child exec'd.
     let placed = crate::host::fdtable::bands().and_then(|bands| {
         let [i, o, e] = spec.stdio;
-        let pidfd = spec.own_proc.map(|o| o.parent_pidfd);
-        bands.place([Some(i), Some(o), Some(e), spec.landlock, pidfd])
+        bands.place([Some(i), Some(o), Some(e), spec.landlock])
     });
     match placed.as_ref().map(|p| (p.fds(), p.top())) {
-        Some(([Some(i), Some(o), Some(e), landlock, pidfd], top)) => {
+        Some(([Some(i), Some(o), Some(e), landlock], top)) => {
             spec.stdio = [i, o, e];
             spec.landlock = landlock;
-            if let (Some(own), Some(parent_pidfd)) = (spec.own_proc.as_mut(), pidfd) {
-                own.parent_pidfd = parent_pidfd;
-            }
             spec.share_below = Some(top);
         }
         _ => {
-            let pidfd = spec.own_proc.map(|o| o.parent_pidfd);
-            let kept = spec.stdio.into_iter().chain(spec.landlock).chain(pidfd);
+            let kept = spec.stdio.into_iter().chain(spec.landlock);
             spec.share_below = crate::host::fdtable::floor()
                 .filter(|floor| crate::sys::spec::all_below(*floor, kept.clone()));
         }
@@ -831,7 +796,9 @@ fn spawn_with(
     // Steps 3-5 (in the child): see sys::child.
     let spawned = match spawner {
         Some(spawner) => {
+            // The thread carries the filter and lives in the namespace.
             spec.seccomp = &[];
+            spec.mount_ns = None;
             spawner.spawn_spinning(&spec, spin, meanwhile)
         }
         None => {

@@ -44,6 +44,9 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use nix::sched::CloneFlags;
+
+use crate::host::procview::RunsNamespace;
 use crate::sys::berth::{self, Berth, Job, Unparked};
 use crate::sys::process;
 use crate::sys::spec::{ChildSpec, SpawnFailure, Spawned};
@@ -208,6 +211,24 @@ impl Spawner {
         threads: usize,
         name: &str,
     ) -> io::Result<Self> {
+        Self::start_in(None, program, flags, threads, name)
+    }
+
+    /// [`Spawner::start_with`] with each thread first joining the runs'
+    /// mount namespace `ns` (`host::procview`), which its children then
+    /// inherit: they need no `setns` of their own, which the thread's
+    /// filter would deny.
+    ///
+    /// # Errors
+    ///
+    /// As [`Spawner::start`], or a thread could not join `ns`.
+    pub fn start_in(
+        ns: Option<Arc<RunsNamespace>>,
+        program: &'static [libc::sock_filter],
+        flags: u32,
+        threads: usize,
+        name: &str,
+    ) -> io::Result<Self> {
         let threads = threads.max(1);
         let queue = Arc::new(Queue::new(threads));
         let mut spawner = Spawner { queue: Arc::clone(&queue), threads: Vec::new() };
@@ -215,8 +236,9 @@ impl Spawner {
         for me in 0..threads {
             let (ready, installed) = mpsc::sync_channel(1);
             let queue = Arc::clone(&queue);
+            let ns = ns.clone();
             let handle = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
-                let r = install(program, flags);
+                let r = ns.as_deref().map_or(Ok(()), enter).and_then(|()| install(program, flags));
                 let ok = r.is_ok();
                 let _ = ready.send(r);
                 if ok {
@@ -280,6 +302,14 @@ impl Drop for Spawner {
 }
 
 /// `no_new_privs`, then the filter, on the calling thread only.
+/// Moves the calling thread, with a filesystem context of its own, into
+/// the runs' mount namespace.
+fn enter(ns: &RunsNamespace) -> io::Result<()> {
+    nix::sched::unshare(CloneFlags::CLONE_FS)?;
+    nix::sched::setns(ns.mount_ns(), CloneFlags::CLONE_NEWNS)?;
+    Ok(())
+}
+
 fn install(program: &[libc::sock_filter], flags: u32) -> io::Result<()> {
     process::set_no_new_privs()?;
     process::install_thread_filter(program, flags)
@@ -435,7 +465,7 @@ mod tests {
             parent: nix::unistd::getpid().as_raw(),
             bounding_cleared: false,
             exec_at: None,
-            own_proc: None,
+            mount_ns: None,
         };
         let spawned = spawn(&spec)?;
         drop((in_r, in_w, out_w, err_w));

@@ -451,8 +451,9 @@ pub fn lend<'b>(
 ) -> Result<Spawned, SpawnFailure> {
     // A parked child cannot report a malformed spec before using it.
     child::check_spec(spec)?;
-    // Nor take a run's own PID namespace: it was created before the run.
-    if spec.own_proc.is_some() {
+    // Nor join a mount namespace: its spawner thread's filter denies
+    // `setns` (a spawner thread lives in the runs' namespace already).
+    if spec.mount_ns.is_some() {
         return Err(SpawnFailure { step: Step::Clone, errno: libc::EINVAL });
     }
     let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };

@@ -161,74 +161,11 @@ pub fn getppid() -> libc::pid_t {
     libc::pid_t::try_from(ppid).unwrap_or(0)
 }
 
-/// `mount(NULL, target, NULL, MS_REC | MS_PRIVATE, NULL)`: mounts made on
-/// and below `target` from here on stay in this mount namespace.
-pub fn make_private(target: &CStr) -> Result<c_long, i32> {
-    let flags = (libc::MS_REC | libc::MS_PRIVATE) as c_ulong;
-    let null = std::ptr::null::<c_char>();
-    // SAFETY: `target` is a C string its owner keeps alive for the call;
-    // the other pointers are null, which the call accepts.
-    checked(unsafe { libc::syscall(libc::SYS_mount, null, target.as_ptr(), null, flags, null) })
-}
-
-/// `mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, data)`.
-pub fn mount_proc(target: &CStr, data: &CStr) -> Result<c_long, i32> {
-    let flags = (libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC) as c_ulong;
-    let proc = c"proc".as_ptr();
-    // SAFETY: every pointer is a C string alive for the call.
-    checked(unsafe {
-        libc::syscall(libc::SYS_mount, proc, target.as_ptr(), proc, flags, data.as_ptr())
-    })
-}
-
-/// `openat(AT_FDCWD, path, O_PATH | O_DIRECTORY | O_CLOEXEC)`.
-pub fn open_dir_path(path: &CStr) -> Result<RawFd, i32> {
-    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
-    // SAFETY: `path` is a C string alive for the call.
-    let fd =
-        checked(unsafe { libc::syscall(libc::SYS_openat, libc::AT_FDCWD, path.as_ptr(), flags) })?;
-    RawFd::try_from(fd).map_err(|_| libc::EBADF)
-}
-
-/// `close(fd)`.
-pub fn close(fd: RawFd) -> Result<c_long, i32> {
-    // SAFETY: an integer argument; the caller owns `fd`.
-    checked(unsafe { libc::syscall(libc::SYS_close, fd) })
-}
-
-/// The kernel's `struct landlock_path_beneath_attr` (packed).
-#[repr(C, packed)]
-struct PathBeneathAttr {
-    allowed_access: u64,
-    parent_fd: i32,
-}
-
-/// `landlock_add_rule(ruleset, LANDLOCK_RULE_PATH_BENEATH, {access, dir}, 0)`.
-pub fn landlock_add_path_rule(ruleset: RawFd, access: u64, dir: RawFd) -> Result<c_long, i32> {
-    const LANDLOCK_RULE_PATH_BENEATH: c_long = 1;
-    let attr = PathBeneathAttr { allowed_access: access, parent_fd: dir };
-    // SAFETY: reads `attr`, a local laid out as the kernel's struct.
-    checked(unsafe {
-        libc::syscall(
-            libc::SYS_landlock_add_rule,
-            ruleset,
-            LANDLOCK_RULE_PATH_BENEATH,
-            &raw const attr,
-            0u32,
-        )
-    })
-}
-
-/// Whether the process `pidfd` names has exited: `ppoll` of it with a zero
-/// timeout (a pidfd reads as readable once its process exited).
-pub fn exited(pidfd: RawFd) -> Result<bool, i32> {
-    let mut pfd = libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 };
-    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `pfd` and `zero` are locals; one entry, no signal mask.
-    let n = checked(unsafe {
-        libc::syscall(libc::SYS_ppoll, &raw mut pfd, 1usize, &raw const zero, 0usize, 8usize)
-    })?;
-    Ok(n > 0)
+/// `setns(fd, nstype)`: the calling task (a child with a filesystem
+/// context of its own) joins the namespace `fd` names.
+pub fn setns(fd: RawFd, nstype: c_int) -> Result<c_long, i32> {
+    // SAFETY: integer arguments only.
+    checked(unsafe { libc::syscall(libc::SYS_setns, fd, nstype) })
 }
 
 /// `landlock_restrict_self(ruleset, flags)`.

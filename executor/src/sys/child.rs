@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use super::call::{self, errno, monotonic_now_ns};
 use super::process::real_time_policy;
-use super::spec::{ChildSpec, Identity, OwnProc, SpawnFailure, Spawned, Step};
+use super::spec::{ChildSpec, Identity, SpawnFailure, Spawned, Step};
 use crate::run::join::Joining;
 
 /// Memory shared with the `CLONE_VM` child.
@@ -54,8 +54,7 @@ pub(super) fn check_spec(spec: &ChildSpec<'_>) -> Result<libc::sock_fprog, Spawn
         return Err(bad);
     }
     if let Some(floor) = spec.share_below {
-        let pidfd = spec.own_proc.map(|o| o.parent_pidfd);
-        let kept = spec.stdio.into_iter().chain(spec.landlock).chain(pidfd);
+        let kept = spec.stdio.into_iter().chain(spec.landlock);
         if !super::spec::all_below(floor, kept) {
             return Err(bad);
         }
@@ -80,13 +79,12 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
     let fprog = check_spec(spec)?;
     let shared = Shared { spec, fprog, step: AtomicU32::new(0), errno: AtomicI32::new(0) };
     let share = if spec.share_below.is_some() { libc::CLONE_FILES } else { 0 };
-    let own = if spec.own_proc.is_some() { libc::CLONE_NEWPID | libc::CLONE_NEWNS } else { 0 };
     let mut pidfd_at: c_int = -1;
     let arg = (&raw const shared).cast_mut().cast::<c_void>();
     // SAFETY: `child_main` only reads `shared`, alive on this frame until
     // `clone_vfork` returns, which is after the child exec'd or exited;
     // `pidfd_at` is a local of this frame too.
-    let (pid, pidfd) = unsafe { clone_vfork(child_main, arg, share | own, &raw mut pidfd_at) }
+    let (pid, pidfd) = unsafe { clone_vfork(child_main, arg, share, &raw mut pidfd_at) }
         .map_err(|errno| SpawnFailure { step: Step::Clone, errno })?;
     // SAFETY: the kernel made this pidfd for us and nothing else owns it.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
@@ -242,7 +240,7 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // suspended (CLONE_VFORK) and keeps it alive while this runs.
     let shared = unsafe { &*arg.cast::<Shared<'_, '_>>() };
     let sharing = shared.spec.share_below.is_some();
-    let failed = match fresh_process().and_then(|()| own_proc(shared.spec.own_proc.is_some())) {
+    let failed = match fresh_process().and_then(|()| enter_mount_ns(shared.spec.mount_ns)) {
         Ok(()) => sandbox_and_exec(shared.spec, &shared.fprog, sharing, None),
         Err(e) => e,
     };
@@ -272,16 +270,13 @@ pub(super) fn fresh_process() -> Result<(), (Step, i32)> {
     Ok(())
 }
 
-/// Step 4b, last, for a run in its own PID namespace (made by `clone`):
-/// `/proc` private to the child's new mount namespace (a mount on it would
-/// otherwise propagate to the executor's peers, the host's among them),
-/// then a procfs of the child's namespace over it. `hidepid=2` (invisible)
-/// hides what the run could not `ptrace` even there; every global file
-/// stays (no `subset=pid`). Needs `CAP_SYS_ADMIN`, so before step 4g.
-fn own_proc(own: bool) -> Result<(), (Step, i32)> {
-    if own {
-        at(Step::Proc, call::make_private(c"/proc"))?;
-        at(Step::Proc, call::mount_proc(c"/proc", c"hidepid=2"))?;
+/// Step 4b, last: the runs' mount namespace, whose `/proc` shows a run
+/// only what it could `ptrace` (`host::procview`). Before step 4d's
+/// `chdir` (joining a mount namespace moves the working directory to its
+/// root) and step 4g (it needs `CAP_SYS_ADMIN`).
+fn enter_mount_ns(ns: Option<RawFd>) -> Result<(), (Step, i32)> {
+    if let Some(fd) = ns {
+        at(Step::MountNs, call::setns(fd, libc::CLONE_NEWNS))?;
     }
     Ok(())
 }
@@ -334,14 +329,8 @@ fn sandbox(
     }
     set_capabilities(spec.capabilities)?;
     // Step 4h: die with the executor.
-    match spec.own_proc {
-        Some(own) => die_with_pidfd(own.parent_pidfd)?,
-        None => die_with_parent(spec.parent)?,
-    }
-    // Step 4i: Landlock (with the run's own /proc), then seccomp.
-    if let (Some(own), Some(ruleset)) = (spec.own_proc, spec.landlock) {
-        grant_own_proc(own, ruleset)?;
-    }
+    die_with_parent(spec.parent)?;
+    // Step 4i: Landlock, then seccomp.
     restrict(spec, fprog)?;
     // Step 4c, made by the run: in every cgroup before the exec.
     if let Some(joining) = joined_by_run {
@@ -438,34 +427,6 @@ pub(super) fn die_with_parent(parent: libc::pid_t) -> Result<(), (Step, i32)> {
     if call::getppid() != parent {
         return Err((Step::ParentDeath, libc::ESRCH));
     }
-    Ok(())
-}
-
-/// Step 4h in a PID namespace of its own, where `getppid` reads 0: the
-/// parent check asks the executor's pidfd whether it exited instead.
-fn die_with_pidfd(parent: RawFd) -> Result<(), (Step, i32)> {
-    let sigkill = libc::SIGKILL as c_ulong;
-    at(Step::ParentDeath, call::prctl(libc::PR_SET_PDEATHSIG, sigkill, 0))?;
-    if at(Step::ParentDeath, call::exited(parent))? {
-        return Err((Step::ParentDeath, libc::ESRCH));
-    }
-    Ok(())
-}
-
-/// Step 4i, first, in a PID namespace of its own: the ruleset's rule for
-/// `/proc` names the executor's procfs, another filesystem than the one
-/// step 4b mounted (Landlock rules follow inodes, and its walk up from a
-/// file skips the covered mount point), so the run's `/proc` gets its own
-/// rule. The ruleset is the run's alone (`run::spawn` never takes a cached
-/// one for such a run), so adding to it changes no other run's.
-fn grant_own_proc(own: OwnProc, ruleset: RawFd) -> Result<(), (Step, i32)> {
-    if own.landlock_access == 0 {
-        return Ok(());
-    }
-    let dir = at(Step::Landlock, call::open_dir_path(c"/proc"))?;
-    let added = call::landlock_add_path_rule(ruleset, own.landlock_access, dir);
-    let _ = call::close(dir);
-    at(Step::Landlock, added)?;
     Ok(())
 }
 

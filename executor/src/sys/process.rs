@@ -120,6 +120,7 @@ pub fn reap_pidfd(pidfd: BorrowedFd<'_>) -> io::Result<()> {
 /// # Errors
 ///
 /// The errno of `pidfd_open` (`ESRCH`: no such process).
+#[cfg(test)]
 pub fn pidfd_open(pid: libc::pid_t) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: a raw syscall with integer arguments.

@@ -14,8 +14,9 @@ pub enum Step {
     Clone = 1,
     /// `setsid`: new session, no controlling terminal.
     Setsid,
-    /// A `/proc` of the run's own PID namespace mounted over `/proc`.
-    Proc,
+    /// `setns` into the runs' mount namespace (its `/proc` shows a run
+    /// only its own processes).
+    MountNs,
     /// Joining the run's cgroups (`cgroup.procs`).
     Cgroup,
     /// `dup3` of the pipes onto fds 0, 1, 2.
@@ -59,7 +60,7 @@ impl Step {
     const ALL: [Step; 21] = [
         Step::Clone,
         Step::Setsid,
-        Step::Proc,
+        Step::MountNs,
         Step::Cgroup,
         Step::Stdio,
         Step::CloseFds,
@@ -90,7 +91,7 @@ impl Step {
         match self {
             Step::Clone => "clone",
             Step::Setsid => "setsid",
-            Step::Proc => "mount the run's own /proc",
+            Step::MountNs => "enter the runs' mount namespace",
             Step::Cgroup => "join the run's cgroup",
             Step::Stdio => "set up stdin/stdout/stderr",
             Step::CloseFds => "close inherited file descriptors",
@@ -120,21 +121,6 @@ pub struct Identity {
     pub uid: u32,
     /// Real, effective and saved gid; supplementary groups are cleared.
     pub gid: u32,
-}
-
-/// A run in a PID namespace of its own: created with `CLONE_NEWPID |
-/// CLONE_NEWNS`, the child mounts a `/proc` of that namespace over
-/// `/proc` (step 4b), so it sees its own processes only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OwnProc {
-    /// A pidfd of the executor, below the floor when the table is shared:
-    /// step 4h's parent check, where `getppid` reads 0 (the parent is
-    /// outside the namespace).
-    pub parent_pidfd: RawFd,
-    /// Landlock rights beneath the new `/proc`, added to the run's own
-    /// ruleset in step 4i (its rules follow inodes: the executor's `/proc`
-    /// is another filesystem); 0: no rule.
-    pub landlock_access: u64,
 }
 
 /// Everything the child needs, built by the parent before `clone`.
@@ -185,9 +171,11 @@ pub struct ChildSpec<'a> {
     /// nanoseconds of `CLOCK_MONOTONIC`: the end of the sandbox's setup as
     /// the child saw it, whenever the parent gets to run again.
     pub exec_at: Option<&'a AtomicU64>,
-    /// `Some`: the run's own PID namespace and `/proc` (never for a
-    /// parked child: see `berth::lend`).
-    pub own_proc: Option<OwnProc>,
+    /// `Some`: the child joins this mount namespace in step 4b, the runs'
+    /// own (`host::procview`), whose `/proc` shows a run only its own
+    /// processes. `None` for a child of a spawner thread, which lives in
+    /// it already, and for a run granted the host's view.
+    pub mount_ns: Option<RawFd>,
 }
 
 /// A child that was created and has exec'd.

@@ -52,8 +52,9 @@
 //!   manifest so the pools fill at start): a run takes a process already
 //!   boxed and blocked reading its args. Its idle warm runs' VmRSS and PSS
 //!   are printed once the pools are full, its hits and misses after each set.
-//!   With `--own-proc-b`, daemon-b's executor grants every bench skill
-//!   `proc = "own"` (a PID namespace of its own): one build, both views.
+//!   With `--host-proc-b`, daemon-b's executor grants every bench skill
+//!   `proc = "host"` (the host's table; default: its own processes only):
+//!   one build, both views.
 //! - `executor-rpc`: `execute` sent straight to the `daemon` stack's
 //!   executor socket (JSON-RPC): the executor daemon without skilld. Each
 //!   client thread keeps its connection for the next run while it is
@@ -392,13 +393,13 @@ fn main() {
             }
         }
         println!("daemon-b: the daemons of {}", dir.display());
-        // `--own-proc-b`: every bench skill granted its own process view,
-        // so its runs take the path with a PID namespace of their own.
-        let grants: String = if o.own_proc_b {
-            println!("daemon-b: every skill granted proc = \"own\"");
+        // `--host-proc-b`: every bench skill granted the host's process
+        // view, so its runs stay out of the runs' mount namespace.
+        let grants: String = if o.host_proc_b {
+            println!("daemon-b: every skill granted proc = \"host\"");
             o.skills
                 .iter()
-                .map(|k| format!("\n[skills.{}]\nproc = \"own\"\n", skill_name(k)))
+                .map(|k| format!("\n[skills.{}]\nproc = \"host\"\n", skill_name(k)))
                 .collect()
         } else {
             String::new()

@@ -90,8 +90,8 @@ pub(crate) struct Opts {
     pub(crate) bin_dir: PathBuf,
     /// The other build's daemons, for `daemon-b`.
     pub(crate) bin_dir_b: Option<PathBuf>,
-    /// `daemon-b`'s executor grants every skill `proc = "own"`.
-    pub(crate) own_proc_b: bool,
+    /// `daemon-b`'s executor grants every skill `proc = "host"`.
+    pub(crate) host_proc_b: bool,
     pub(crate) audit_dir: Option<PathBuf>,
     /// `daemon-warm`'s warm runs per skill (`[skills.NAME] warm`).
     pub(crate) warm: u32,
@@ -107,7 +107,7 @@ fn usage() -> ! {
         "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
          [--loaded-skills N] [--skills sh-cat,bin-cat,static-cat] \
          [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,daemon-full,daemon-b,daemon-warm,executor-rpc,engine,engine1g,bwrap,firejail] \
-         [--warm N] [--bin-dir DIR] [--bin-dir-b DIR] [--own-proc-b] [--audit-dir DIR] [--gap-ms MS] [--settle]\n       loadbench --engine-worker MB"
+         [--warm N] [--bin-dir DIR] [--bin-dir-b DIR] [--host-proc-b] [--audit-dir DIR] [--gap-ms MS] [--settle]\n       loadbench --engine-worker MB"
     );
     std::process::exit(2)
 }
@@ -140,7 +140,7 @@ pub(crate) fn parse_opts() -> Opts {
             .collect(),
         bin_dir: exe_dir,
         bin_dir_b: None,
-        own_proc_b: false,
+        host_proc_b: false,
         audit_dir: None,
         warm: 4,
         gap: Duration::ZERO,
@@ -169,7 +169,7 @@ pub(crate) fn parse_opts() -> Opts {
             "--audit-dir" => o.audit_dir = Some(PathBuf::from(val())),
             "--settle" => o.settle = true,
             "--warm" => o.warm = u32::try_from(num(val())).unwrap_or_else(|_| usage()).max(1),
-            "--own-proc-b" => o.own_proc_b = true,
+            "--host-proc-b" => o.host_proc_b = true,
             "--gap-ms" => {
                 o.gap = Duration::from_millis(u64::try_from(num(val())).unwrap_or(u64::MAX))
             }
