@@ -101,6 +101,20 @@ pub(crate) fn args(case: &str, extra: Value) -> Value {
     v
 }
 
+/// Whether `run`'s kernel scopes its signals to its Landlock domain
+/// (ABI 6): then a `kill` of anything outside the run fails with `EPERM`.
+/// Where it does not, the run's report must say so (`degraded`), and a
+/// test can only check that: no such `kill` is tried (it would land).
+pub(crate) fn signals_scoped(run: &Run) -> bool {
+    let sandbox = run.report.sandbox.as_ref().expect("a sandbox report");
+    if sandbox.landlock.scoped {
+        return true;
+    }
+    let said = sandbox.degraded.iter().any(|d| d.contains("no signal or abstract Unix socket"));
+    assert!(said, "no signal scoping, and the report does not say so:\n{}", run.dump());
+    false
+}
+
 /// The attempt ran to the end and did not succeed; returns its result.
 pub(crate) fn blocked(run: &Run) -> Value {
     let r = run.result().clone();

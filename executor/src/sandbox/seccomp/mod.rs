@@ -305,6 +305,10 @@ enum Special {
     Socketpair,
     /// `fcntl`: `EPERM` for `F_SETLEASE`.
     Fcntl,
+    /// `kill`: `EPERM` for pid -1, every process the caller may signal:
+    /// on a kernel without Landlock's signal scoping (ABI 6), every
+    /// process of the run-as user, other runs among them.
+    KillAll,
 }
 
 /// The instructions that decide a `Special` syscall; each path ends in a
@@ -369,6 +373,13 @@ fn special_block(s: Special) -> Vec<Insn> {
         Special::Fcntl => vec![
             stmt(LD_W_ABS, off_arg_lo(1)),
             jump(JEQ_K, F_SETLEASE, 0, 1),
+            stmt(RET_K, eperm),
+            stmt(RET_K, RET_ALLOW),
+        ],
+        // The kernel reads the pid as an `int`: the low word.
+        Special::KillAll => vec![
+            stmt(LD_W_ABS, off_arg_lo(0)),
+            jump(JEQ_K, u32::MAX, 0, 1),
             stmt(RET_K, eperm),
             stmt(RET_K, RET_ALLOW),
         ],
@@ -448,6 +459,7 @@ fn build(v: Variant) -> Vec<Insn> {
     table.push((nr(libc::SYS_clone), Special::Clone));
     table.push((nr(libc::SYS_ioctl), Special::Ioctl { lock_metadata: v.lock_metadata }));
     table.push((nr(libc::SYS_personality), Special::Personality));
+    table.push((nr(libc::SYS_kill), Special::KillAll));
     table.extend(SELF_ONLY.iter().map(|&n| (nr(n), Special::SelfPid)));
     table.push((nr(libc::SYS_setpriority), Special::SelfWho(PRIO_PROCESS)));
     table.push((nr(libc::SYS_ioprio_set), Special::SelfWho(IOPRIO_WHO_PROCESS)));
@@ -509,6 +521,7 @@ mod tests {
             (libc::SYS_clone, Special::Clone),
             (libc::SYS_ioctl, Special::Ioctl { lock_metadata: v.lock_metadata }),
             (libc::SYS_personality, Special::Personality),
+            (libc::SYS_kill, Special::KillAll),
             (libc::SYS_setpriority, Special::SelfWho(PRIO_PROCESS)),
             (libc::SYS_ioprio_set, Special::SelfWho(IOPRIO_WHO_PROCESS)),
         ]
@@ -705,6 +718,12 @@ mod tests {
             for n in [libc::SYS_shmget, libc::SYS_msgget, libc::SYS_semget, libc::SYS_shmat] {
                 assert_eq!(call(p, n, [0; 6]), eperm, "SysV IPC {n}");
             }
+            let kill = |pid: u64| call(p, libc::SYS_kill, [pid, 9, 0, 0, 0, 0]);
+            assert_eq!(kill(u64::MAX), eperm, "kill(-1), sign-extended");
+            assert_eq!(kill(u64::from(u32::MAX)), eperm, "kill(-1), the int alone");
+            assert_eq!(kill(0), RET_ALLOW, "its own process group");
+            assert_eq!(kill(4242), RET_ALLOW, "one process: Landlock's signal scope decides");
+            assert_eq!(kill(u64::MAX - 1), RET_ALLOW, "process group 2");
         }
     }
 }
