@@ -216,13 +216,46 @@ except OSError as e:
     err = os.strerror(e.errno)
 print(json.dumps({"mib": total, "error": err, "dir": os.getcwd()}))
 PY
+    cat > "$d/psview.py" <<'PY'
+#!/usr/bin/python3
+# What this run sees of the processes: the pids /proc lists (with one
+# child alive), and whether PID 1's command line reads.
+import json, os, subprocess
+child = subprocess.Popen(["/bin/sleep", "30"])
+pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+try:
+    with open("/proc/1/cmdline", "rb") as f:
+        init = f.read() != b""
+except OSError:
+    init = False
+child.kill()
+child.wait()
+print(json.dumps({"pids": pids, "me": os.getpid(), "child": child.pid, "init_cmdline": init}))
+PY
     printf '#!/bin/sh\necho "{}"\n' > "$d/netask.sh"
     add_pack sleeper "$d/sleeper.sh" '{"name":"sleeper","description":"Sleeps.","schema":{"type":"object","properties":{"seconds":{"type":"integer","minimum":0,"maximum":120}},"additionalProperties":false},"entry":"sleeper.sh","timeout_seconds":120,"class":"safe","category":"test"}'
     add_pack forkbomb "$d/forkbomb.sh" '{"name":"forkbomb","description":"A fork bomb.","schema":{"type":"object"},"entry":"forkbomb.sh","timeout_seconds":5,"class":"safe","category":"test"}'
     add_pack memhog "$d/memhog.py" '{"name":"memhog","description":"A memory hog.","schema":{"type":"object"},"entry":"memhog.py","timeout_seconds":30,"class":"safe","category":"test"}'
     add_pack diskfill "$d/diskfill.py" '{"name":"diskfill","description":"A disk filler.","schema":{"type":"object"},"entry":"diskfill.py","timeout_seconds":60,"class":"safe","category":"test"}'
+    add_pack psview "$d/psview.py" '{"name":"psview","description":"Lists the processes it sees.","schema":{"type":"object"},"entry":"psview.py","timeout_seconds":10,"class":"safe","category":"test"}'
     add_pack netask "$d/netask.sh" '{"name":"netask","description":"Asks for network, not granted.","schema":{"type":"object"},"entry":"netask.sh","timeout_seconds":5,"class":"safe","category":"test","sandbox":{"network":true}}'
     ongrid-skill reload
+}
+
+# A run sees only its own processes under the unit's ProtectProc=invisible:
+# /proc lists its entry and its child, PID 1's command line does not read,
+# and the report says `proc: own`.
+check_proc_own() {
+    api_run psview '{}' "$work/psview.json"
+    cat "$work/psview.json"; echo
+    [ "$(outcome "$work/psview.json")" = ok ] || { why "outcome $(outcome "$work/psview.json")"; return 1; }
+    json "$work/psview.json" 'r["sandbox"]["proc"] == "own"' >/dev/null ||
+        why "sandbox.proc is $(json "$work/psview.json" 'r["sandbox"]["proc"]')"
+    json "$work/psview.json" 'set(r["result"]["pids"]) == {r["result"]["me"], r["result"]["child"]}' >/dev/null ||
+        why "pids seen: $(json "$work/psview.json" 'r["result"]')"
+    json "$work/psview.json" 'r["result"]["init_cmdline"] is False' >/dev/null ||
+        why "PID 1's command line read"
+    [ ! -s "$work/why" ]
 }
 
 # After a hostile run: nothing of it left, and the next run works.
