@@ -294,6 +294,52 @@ fn up_grants_a_packs_sandbox_request_from_a_file() {
     assert_eq!(report["sandbox"]["network"]["enabled"], true, "{report}");
 }
 
+/// Under `up` (as root) a run sees only its own processes in `/proc` and
+/// its report says `proc: own`; a pack granted `proc = "host"` through
+/// `--grants` sees the host's table, PID 1 among it.
+#[test]
+fn up_runs_see_only_their_own_processes_unless_granted_the_hosts() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP up_runs_see_only_their_own_processes_unless_granted_the_hosts: needs root");
+        return;
+    }
+    let (_tmp, base) = temp_dir("ongrid-e2e-up-proc-");
+    let packs = base.join("packs");
+    fs::create_dir_all(&packs).unwrap();
+    let script = "cat >/dev/null\nn=$(ls /proc | grep -c '^[0-9]')\n\
+                  if [ -d /proc/1 ]; then one=true; else one=false; fi\n\
+                  echo \"{\\\"pids\\\": $n, \\\"init\\\": $one}\"";
+    write_skill(&packs, "psview", "", script);
+    let run = |up: &Up| {
+        let out = Command::new(bin("ongrid-skill"))
+            .args(["run", "psview", "--json", "--args", "{}", "--socket"])
+            .arg(up.socket())
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&out.stdout).unwrap_or_else(|e| {
+            panic!("{e}: {}\n{}", String::from_utf8_lossy(&out.stderr), up.log())
+        })
+    };
+    let up = Up::start(&base, &[&packs]);
+    let own = run(&up);
+    up.stop(Signal::SIGTERM);
+    assert_eq!(own["outcome"], "ok", "{own}");
+    assert_eq!(own["sandbox"]["proc"], "own", "{own}");
+    assert_eq!(own["result"]["init"], false, "PID 1 in sight: {own}");
+    // The script's shell, its command substitution's, `ls` and `grep`.
+    assert!(own["result"]["pids"].as_u64().is_some_and(|n| n <= 4), "{own}");
+
+    let grants = base.join("grants.toml");
+    fs::write(&grants, "[skills.psview]\nproc = \"host\"\n").unwrap();
+    let up =
+        Up::launch(&base, &[&packs], Stream::Plain, &["--grants".as_ref(), grants.as_os_str()]);
+    let host = run(&up);
+    up.stop(Signal::SIGTERM);
+    assert_eq!(host["outcome"], "ok", "{host}");
+    assert_eq!(host["sandbox"]["proc"], "host", "{host}");
+    assert_eq!(host["result"]["init"], true, "PID 1 unseen: {host}");
+}
+
 /// Ctrl-C with a run in flight says what `up` waits for (the run may take
 /// its timeout); a second Ctrl-C stops at once: the run is killed and
 /// nothing is left (before: the second was ignored, and `up` waited in
