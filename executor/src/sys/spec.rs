@@ -186,7 +186,7 @@ pub struct ChildSpec<'a> {
     /// the child saw it, whenever the parent gets to run again.
     pub exec_at: Option<&'a AtomicU64>,
     /// `Some`: the run's own PID namespace and `/proc` (never for a
-    /// parked child: see `berth::lend`).
+    /// parked child: see `run::lend`).
     pub own_proc: Option<OwnProc>,
 }
 
