@@ -130,10 +130,9 @@ fn join_if_accepted(handoff: &Handoff, procs: &[RawFd], spin: Duration) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use super::{wait_for_exec, Handoff};
+    use super::wait_for_exec;
 
     /// The wait returns once the word is zeroed: during its spin (without
     /// waiting the spin out), and after it, asleep in `futex`.
@@ -145,14 +144,7 @@ mod tests {
             .into_iter()
             .chain([(Duration::from_micros(100), ms(20), ms(5_000))])
         {
-            let handoff = Arc::new(Handoff::default());
-            let releaser = {
-                let handoff = Arc::clone(&handoff);
-                std::thread::spawn(move || {
-                    std::thread::sleep(after);
-                    handoff.release();
-                })
-            };
+            let (handoff, releaser) = crate::sys::berth::released_later(after);
             let t0 = Instant::now();
             wait_for_exec(&handoff, spin);
             let waited = t0.elapsed();

@@ -167,14 +167,31 @@ impl Handoff {
     /// Zeroes `done` and wakes the run if nothing did yet: no child took
     /// the spec and the answer was sent the other way, or the job is
     /// dropped (a panicking spawner thread must not leave its run waiting).
-    /// The caller keeps the handoff alive for the call.
-    pub fn release(&self) {
+    /// The caller keeps the handoff alive for the call. Private, as
+    /// [`Berth::child_gone`] is: called early, it would end [`lend`]'s wait
+    /// while a child still reads the spec.
+    fn release(&self) {
         // Before `done`: a run that sees it zero sees this too.
         self.released.store(true, Ordering::Release);
         if self.done.swap(0, Ordering::AcqRel) != 0 {
             wake_one(&self.done);
         }
     }
+}
+
+/// Tests: a handoff that no job holds, released after `after` on a
+/// thread of its own (joined when the returned handle is).
+#[cfg(test)]
+pub fn released_later(after: std::time::Duration) -> (Arc<Handoff>, std::thread::JoinHandle<()>) {
+    let handoff = Arc::new(Handoff::default());
+    let releaser = {
+        let handoff = Arc::clone(&handoff);
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            handoff.release();
+        })
+    };
+    (handoff, releaser)
 }
 
 /// How a parked child left its berth.
@@ -288,8 +305,9 @@ impl Berth {
     /// Tells the spawner thread that the child given a spec from this berth
     /// has exec'd or exited: called by the run once the kernel zeroed its
     /// handoff's `done` word (not [`Handoff::released`]), which the child
-    /// made its clear-child-tid word in place of `alive`.
-    pub fn child_gone(&self) {
+    /// made its clear-child-tid word in place of `alive`. Private: called
+    /// early, it would let the spawner thread reuse a stack the child is on.
+    fn child_gone(&self) {
         self.alive.store(0, Ordering::Release);
         wake_one(&self.alive);
     }
