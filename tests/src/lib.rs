@@ -52,7 +52,7 @@ pub mod wire;
 
 pub use config::Config;
 pub use host::{can_run, root_or_skip};
-pub use pack::{dir_0755, temp_dir, write_pack};
+pub use pack::{dir_0755, temp_dir, write_pack, write_pack_entry};
 pub use run::Run;
 pub use skill::SkillDir;
 pub use victim::Victim;
