@@ -1,8 +1,11 @@
 //! Both real daemons as real processes on temp sockets, requests through
 //! the loader's own HTTP client (the test kit's `http`), and `/proc`
-//! checks. Raw sockets remain only where a case checks the bytes on the
-//! wire: `bounds` (heads cut short, timeouts), `queue` (an answer read
-//! off a raw connection), and the metrics listener's `scrape` over TCP.
+//! checks. Raw sockets remain only where a case needs the connection
+//! itself: `bounds` (heads cut short, header and idle timeouts, keep-alive),
+//! `queue` (an answer whose head is read while its body is held back),
+//! `cancel` and `reload` (a client hanging up, or half-closing, mid-run),
+//! `malformed` (requests no client would send), and the metrics listener's
+//! `scrape`, over TCP.
 
 use std::fs;
 use std::io::{Read, Write};
