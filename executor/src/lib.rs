@@ -17,7 +17,8 @@
 //! - [`metrics`]: the executor's Prometheus metrics on an injected registry.
 //! - [`cli`]: the binary's command line.
 //! - `sys`: the only unsafe code, thin wrappers of one kernel call each
-//!   (and the child's sequence between clone and exec).
+//!   (and the child's sequence between clone and exec, and the berth whose
+//!   memory a spawner thread's parked child shares).
 //!
 //! Pure decisions are unit-tested where they live; `executor/tests/`
 //! drives the real run path end to end; the workspace `tests/` crate holds

@@ -111,13 +111,14 @@ impl Metrics {
         let histogram = |name: &str, help: &str, buckets: &[f64]| {
             Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
         };
+        let counters = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels)
+        };
         let m = Metrics {
             registry: registry.clone(),
-            runs_total: IntCounterVec::new(
-                Opts::new(
-                    "ongrid_executor_runs_total",
-                    "Executions answered, by skill and outcome.",
-                ),
+            runs_total: counters(
+                "ongrid_executor_runs_total",
+                "Executions answered, by skill and outcome.",
                 &["skill", "outcome"],
             )?,
             run_duration_seconds: histogram(
@@ -147,11 +148,9 @@ impl Metrics {
                 "ongrid_executor_runs_held",
                 "Held runs prepared and waiting for their start now.",
             )?,
-            landlock_enforcement_total: IntCounterVec::new(
-                Opts::new(
-                    "ongrid_landlock_enforcement_total",
-                    "Runs by the Landlock enforcement they got (full, partial, none).",
-                ),
+            landlock_enforcement_total: counters(
+                "ongrid_landlock_enforcement_total",
+                "Runs by the Landlock enforcement they got (full, partial, none).",
                 &["status"],
             )?,
             peer_rejected_total: IntCounter::new(
@@ -166,98 +165,92 @@ impl Metrics {
                 "ongrid_executor_idle_closed_total",
                 "Connections closed after idle_timeout_seconds without a request or a run.",
             )?,
-            landlock_rulesets_total: IntCounterVec::new(
-                Opts::new(
-                    "ongrid_landlock_rulesets_total",
-                    "Landlock rulesets of runs, built or reused from the run slot's cache.",
-                ),
+            landlock_rulesets_total: counters(
+                "ongrid_landlock_rulesets_total",
+                "Landlock rulesets of runs, built or reused from the run slot's cache.",
                 &["how"],
             )?,
-            run_slots_total: IntCounterVec::new(
-                Opts::new(
-                    "ongrid_executor_run_slots_total",
-                    "Run slots (directory and cgroup leaves) by how runs got them: ready from \
+            run_slots_total: counters(
+                "ongrid_executor_run_slots_total",
+                "Run slots (directory and cgroup leaves) by how runs got them: ready from \
                      the pool, recycled or made on the run's path.",
-                ),
                 &["how"],
             )?,
-            network_denied_total: IntCounterVec::new(
-                Opts::new(
-                    "ongrid_network_denied_total",
-                    "Connects and sends refused by the runs' egress allowlists, by skill.",
-                ),
+            network_denied_total: counters(
+                "ongrid_network_denied_total",
+                "Connects and sends refused by the runs' egress allowlists, by skill.",
                 &["skill"],
             )?,
-            warm_hits_total: IntCounterVec::new(
-                Opts::new("ongrid_warm_hits_total", "Runs that took a warm run, by skill."),
+            warm_hits_total: counters(
+                "ongrid_warm_hits_total",
+                "Runs that took a warm run, by skill.",
                 &["skill"],
             )?,
-            warm_misses_total: IntCounterVec::new(
-                Opts::new(
-                    "ongrid_warm_misses_total",
-                    "Runs of a skill granted warm runs that found none and ran cold, by skill.",
-                ),
+            warm_misses_total: counters(
+                "ongrid_warm_misses_total",
+                "Runs of a skill granted warm runs that found none and ran cold, by skill.",
                 &["skill"],
             )?,
-            warm_discarded_total: IntCounterVec::new(
-                Opts::new(
-                    "ongrid_warm_discarded_total",
-                    "Warm runs killed unused (output or exit while idle, expiry, a changed \
+            warm_discarded_total: counters(
+                "ongrid_warm_discarded_total",
+                "Warm runs killed unused (output or exit while idle, expiry, a changed \
                      manifest or entry, eviction, shutdown), by skill.",
-                ),
                 &["skill"],
             )?,
             warm_idle: IntGaugeVec::new(
                 Opts::new("ongrid_warm_idle", "Warm runs waiting for a request now, by skill."),
                 &["skill"],
             )?,
-            sandbox_denials_total: IntCounterVec::new(
-                Opts::new(
-                    "ongrid_sandbox_denials_total",
-                    "Refusals listed in the runs' reports (sandbox.denials), by skill and kind.",
-                ),
+            sandbox_denials_total: counters(
+                "ongrid_sandbox_denials_total",
+                "Refusals listed in the runs' reports (sandbox.denials), by skill and kind.",
                 &["skill", "kind"],
             )?,
-            denial_records_lost_total: IntCounterVec::new(
-                Opts::new(
-                    "ongrid_sandbox_denial_records_lost_total",
-                    "Audit records of refusals in no report: the socket was full, or the run's \
+            denial_records_lost_total: counters(
+                "ongrid_sandbox_denial_records_lost_total",
+                "Audit records of refusals in no report: the socket was full, or the run's \
                      report was out.",
-                ),
                 &["why"],
             )?,
             engine_sync: std::sync::Arc::default(),
         };
-        registry.register(Box::new(m.denial_records_lost_total.clone()))?;
-        registry.register(Box::new(m.sandbox_denials_total.clone()))?;
-        registry.register(Box::new(m.network_denied_total.clone()))?;
-        registry.register(Box::new(m.runs_total.clone()))?;
-        registry.register(Box::new(m.run_duration_seconds.clone()))?;
-        registry.register(Box::new(m.sandbox_setup_seconds.clone()))?;
-        registry.register(Box::new(m.queue_wait_seconds.clone()))?;
-        registry.register(Box::new(m.runs_in_flight.clone()))?;
-        registry.register(Box::new(m.runs_queued.clone()))?;
-        registry.register(Box::new(m.runs_held.clone()))?;
-        registry.register(Box::new(m.landlock_enforcement_total.clone()))?;
-        registry.register(Box::new(m.peer_rejected_total.clone()))?;
-        registry.register(Box::new(m.connections.clone()))?;
-        registry.register(Box::new(m.idle_closed_total.clone()))?;
-        registry.register(Box::new(m.landlock_rulesets_total.clone()))?;
-        registry.register(Box::new(m.run_slots_total.clone()))?;
-        registry.register(Box::new(m.warm_hits_total.clone()))?;
-        registry.register(Box::new(m.warm_misses_total.clone()))?;
-        registry.register(Box::new(m.warm_discarded_total.clone()))?;
-        registry.register(Box::new(m.warm_idle.clone()))?;
+        m.register(registry)?;
+        Ok(m)
+    }
+
+    /// Registers every metric on `registry`, and makes the series of each
+    /// label value known ahead (so they read 0 rather than missing).
+    fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
+        registry.register(Box::new(self.denial_records_lost_total.clone()))?;
+        registry.register(Box::new(self.sandbox_denials_total.clone()))?;
+        registry.register(Box::new(self.network_denied_total.clone()))?;
+        registry.register(Box::new(self.runs_total.clone()))?;
+        registry.register(Box::new(self.run_duration_seconds.clone()))?;
+        registry.register(Box::new(self.sandbox_setup_seconds.clone()))?;
+        registry.register(Box::new(self.queue_wait_seconds.clone()))?;
+        registry.register(Box::new(self.runs_in_flight.clone()))?;
+        registry.register(Box::new(self.runs_queued.clone()))?;
+        registry.register(Box::new(self.runs_held.clone()))?;
+        registry.register(Box::new(self.landlock_enforcement_total.clone()))?;
+        registry.register(Box::new(self.peer_rejected_total.clone()))?;
+        registry.register(Box::new(self.connections.clone()))?;
+        registry.register(Box::new(self.idle_closed_total.clone()))?;
+        registry.register(Box::new(self.landlock_rulesets_total.clone()))?;
+        registry.register(Box::new(self.run_slots_total.clone()))?;
+        registry.register(Box::new(self.warm_hits_total.clone()))?;
+        registry.register(Box::new(self.warm_misses_total.clone()))?;
+        registry.register(Box::new(self.warm_discarded_total.clone()))?;
+        registry.register(Box::new(self.warm_idle.clone()))?;
         for how in ["built", "reused"] {
-            m.landlock_rulesets_total.with_label_values(&[how]);
+            self.landlock_rulesets_total.with_label_values(&[how]);
         }
         for why in ["socket", "late"] {
-            m.denial_records_lost_total.with_label_values(&[why]);
+            self.denial_records_lost_total.with_label_values(&[why]);
         }
         for how in ["ready", "recycled", "made"] {
-            m.run_slots_total.with_label_values(&[how]);
+            self.run_slots_total.with_label_values(&[how]);
         }
-        Ok(m)
+        Ok(())
     }
 
     /// Brings the counters the engine keeps itself up to its counts:

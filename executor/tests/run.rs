@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -15,22 +14,13 @@ fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// A skill folder (mode 0755 so the run-as user can enter it).
+/// A skill folder (0755, so the run-as user can enter it) with
+/// `skill.json` and an executable `run.sh`, in a temporary root.
 fn skill(name: &str, timeout: u32, extra: &str, script: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let manifest = dir.path().join("skill.json");
-    std::fs::write(
-        &manifest,
-        format!(
-            r#"{{"name":"{name}","description":"t","entry":"run.sh","timeout_seconds":{timeout}{extra}}}"#
-        ),
-    )
-    .unwrap();
-    let entry = dir.path().join("run.sh");
-    std::fs::write(&entry, format!("#!/bin/sh\n{script}\n")).unwrap();
-    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
-    (dir, manifest)
+    let root = testkit::dir_0755();
+    let extra = format!(r#","timeout_seconds":{timeout}{extra}"#);
+    let pack = testkit::write_pack(root.path(), name, "run.sh", &extra, script);
+    (root, pack.join("skill.json"))
 }
 
 fn engine(config: Config) -> Option<Engine> {

@@ -1,5 +1,11 @@
-//! Both real daemons as real processes on temp sockets, a blocking HTTP/1.1
-//! client over the Unix socket, and `/proc` checks.
+//! Both real daemons as real processes on temp sockets, requests through
+//! the loader's own HTTP client (the test kit's `http`), and `/proc`
+//! checks. Raw sockets remain only where a case needs the connection
+//! itself: `bounds` (heads cut short, header and idle timeouts, keep-alive),
+//! `queue` (an answer whose head is read while its body is held back),
+//! `cancel` and `reload` (a client hanging up, or half-closing, mid-run),
+//! `malformed` (requests no client would send), and the metrics listener's
+//! `scrape`, over TCP.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -108,64 +114,14 @@ pub fn standard_skills(root: &Path) {
     );
 }
 
-/// An answer: status, lower-case headers, body (de-chunked).
-#[derive(Debug)]
-pub struct Resp {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
+pub use ongrid_tests::http::{parse_response, Resp};
 
-impl Resp {
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "{} body is not JSON ({e}): {}",
-                self.status,
-                String::from_utf8_lossy(&self.body)
-            )
-        })
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
-    }
-
-    /// The NDJSON lines of a stream answer.
-    pub fn events(&self) -> Vec<Value> {
-        self.body
-            .split(|&b| b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(|l| serde_json::from_slice(l).unwrap())
-            .collect()
-    }
-}
-
-/// One request, `Connection: close`, read to the end (60 s at most); the
-/// answer is checked against `docs/openapi.json` ([`crate::contract`]).
+/// One request through the loader's own client (`ongrid_tests::http`),
+/// read to the end (60 s at most); the answer is checked against
+/// `docs/openapi.json` ([`crate::contract`]).
 pub fn http(socket: &Path, method: &str, path: &str, accept: &str, body: Option<&[u8]>) -> Resp {
-    let mut s =
-        UnixStream::connect(socket).unwrap_or_else(|e| panic!("connect {}: {e}", socket.display()));
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: {accept}\r\nConnection: close\r\n"
-    )
-    .into_bytes();
-    if let Some(b) = body {
-        req.extend_from_slice(
-            format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()).as_bytes(),
-        );
-    }
-    req.extend_from_slice(b"\r\n");
-    if let Some(b) = body {
-        req.extend_from_slice(b);
-    }
-    s.write_all(&req).unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap_or_else(|e| panic!("{method} {path}: reading: {e}"));
-    let resp = parse_response(&raw).unwrap_or_else(|| {
-        panic!("{method} {path}: not an HTTP answer: {:?}", String::from_utf8_lossy(&raw))
-    });
+    let resp = ongrid_tests::http::request(socket, method, path, accept, body)
+        .unwrap_or_else(|e| panic!("{method} {path} on {}: {e}", socket.display()));
     // Every answer of the e2e suite is held to the API's contract (the soak
     // binary, which shares this file, carries the oracle only in its tests).
     #[cfg(test)]
@@ -173,48 +129,9 @@ pub fn http(socket: &Path, method: &str, path: &str, accept: &str, body: Option<
     resp
 }
 
-/// Parses a whole HTTP/1.1 answer.
-pub fn parse_response(raw: &[u8]) -> Option<Resp> {
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&raw[..end]).ok()?;
-    let mut lines = head.split("\r\n");
-    let status = lines.next()?.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let rest = &raw[end + 4..];
-    let chunked =
-        headers.iter().any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
-    let body = if chunked { dechunk(rest)? } else { rest.to_vec() };
-    Some(Resp { status, headers, body })
-}
-
-fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let eol = data.windows(2).position(|w| w == b"\r\n")?;
-        let size_text = std::str::from_utf8(&data[..eol]).ok()?;
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        data = &data[eol + 2..];
-        if size == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(data.get(..size)?);
-        data = data.get(size + 2..)?;
-    }
-}
-
-/// Polls `f` until it returns true or `timeout` passes.
+/// Polls `f` until it returns true or `timeout` passes (the kit's `poll`).
 pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    f()
+    ongrid_tests::poll(timeout, || f().then_some(())).is_some()
 }
 
 /// Returns true if and only if `pid` is a live (not zombie) user process

@@ -1,7 +1,7 @@
 //! End-to-end suite: both real daemons as real processes on temp sockets
 //! (`ongrid-executor serve` + `ongrid-skilld`, or `ongrid-skill up`), real
-//! skills under the real sandbox, a plain HTTP/1.1 client on the Unix
-//! socket. Needs `cargo build --workspace --bins` first (scripts/test does
+//! skills under the real sandbox, the loader's own HTTP client on the Unix
+//! socket (raw sockets where a case checks the bytes on the wire). Needs `cargo build --workspace --bins` first (scripts/test does
 //! it). Works as root (skills run as `ongrid-skill`) and as another user
 //! (skills keep that uid, no cgroup).
 //!

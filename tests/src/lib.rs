@@ -19,6 +19,8 @@
 //! - [`pack`]: skill packs under a served root, and 0755 temp folders.
 //! - [`wait`]: waiting with a deadline, a free loopback port.
 //! - [`wire`]: a blocking line client of the executor's wire.
+//! - [`http`]: blocking requests to `ongrid-skilld` through the loader's
+//!   own client, and the raw answer parser for checks of exact bytes.
 //! - [`shipped`]: the packaged configuration files, uncommented.
 //!
 //! This crate is also the test kit of every suite (the executor's and the
@@ -36,6 +38,7 @@
 
 pub mod config;
 pub mod host;
+pub mod http;
 pub mod lock;
 pub mod pack;
 pub mod procs;
@@ -49,7 +52,7 @@ pub mod wire;
 
 pub use config::Config;
 pub use host::{can_run, root_or_skip};
-pub use pack::{dir_0755, temp_dir, write_pack};
+pub use pack::{dir_0755, temp_dir, write_pack, write_pack_entry};
 pub use run::Run;
 pub use skill::SkillDir;
 pub use victim::Victim;

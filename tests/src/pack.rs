@@ -1,5 +1,6 @@
 //! Skill packs written where a suite serves them from: a folder
-//! `root/NAME/` with `skill.json` and an executable `/bin/sh` entry, and
+//! `root/NAME/` with `skill.json` and an executable entry (a `/bin/sh`
+//! script, or any bytes), and
 //! the temp folders they go in, traversable by the run-as user.
 //!
 //! Every suite that serves skills (the executor's and the loader's tests,
@@ -21,11 +22,27 @@ use crate::skill::set_mode;
 ///
 /// On I/O errors.
 pub fn write_pack(root: &Path, name: &str, entry: &str, extra: &str, script: &str) -> PathBuf {
+    write_pack_entry(root, name, entry, extra, format!("#!/bin/sh\n{script}\n").as_bytes())
+}
+
+/// [`write_pack`] with the entry's bytes as given: a copied binary, or a
+/// script with its own `#!` line.
+///
+/// # Panics
+///
+/// On I/O errors.
+pub fn write_pack_entry(
+    root: &Path,
+    name: &str,
+    entry: &str,
+    extra: &str,
+    bytes: &[u8],
+) -> PathBuf {
     let dir = root.join(name);
     fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
     set_mode(&dir, 0o755);
     let run = dir.join(entry);
-    fs::write(&run, format!("#!/bin/sh\n{script}\n")).unwrap();
+    fs::write(&run, bytes).unwrap();
     set_mode(&run, 0o755);
     let manifest = dir.join("skill.json");
     fs::write(

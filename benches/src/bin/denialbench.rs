@@ -25,23 +25,12 @@ use policy::{Outcome, RunReport};
 
 const ARGS: &[u8] = br#"{"bench":1}"#;
 
+/// A skill folder (0755) whose entry is a copy of the file `entry` when
+/// `copy`, else the script `entry`.
 fn skill(base: &Path, name: &str, entry: &str, copy: bool) -> PathBuf {
-    let dir = base.join(name);
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let run = dir.join("run");
-    if copy {
-        std::fs::copy(entry, &run).unwrap();
-    } else {
-        std::fs::write(&run, entry).unwrap();
-    }
-    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let manifest = dir.join("skill.json");
-    let text = format!(
-        r#"{{"name":"{name}","description":"denial bench","entry":"run","timeout_seconds":600}}"#
-    );
-    std::fs::write(&manifest, text).unwrap();
-    manifest
+    let bytes = if copy { std::fs::read(entry).unwrap() } else { entry.as_bytes().to_vec() };
+    let extra = r#","timeout_seconds":600"#;
+    testkit::write_pack_entry(base, name, "run", extra, &bytes).join("skill.json")
 }
 
 fn status_kib(field: &str) -> u64 {

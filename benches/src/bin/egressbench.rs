@@ -25,19 +25,12 @@ use policy::Outcome;
 
 const ARGS: &[u8] = br#"{"bench":1}"#;
 
+/// A `/bin/cat` skill folder (0755), granted the network when `network`.
 fn make_skill(base: &Path, name: &str, network: bool) -> PathBuf {
-    let dir = base.join(name);
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let entry = dir.join("run");
-    std::fs::copy("/bin/cat", &entry).unwrap();
-    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
     let sandbox = if network { r#","sandbox":{"network":true}"# } else { "" };
-    let manifest = format!(
-        r#"{{"name":"{name}","description":"egress bench","entry":"run","timeout_seconds":10{sandbox}}}"#
-    );
-    std::fs::write(dir.join("skill.json"), manifest).unwrap();
-    dir.join("skill.json")
+    let extra = format!(r#","timeout_seconds":10{sandbox}"#);
+    let cat = std::fs::read("/bin/cat").unwrap();
+    testkit::write_pack_entry(base, name, "run", &extra, &cat).join("skill.json")
 }
 
 fn config(text: &str) -> Config {

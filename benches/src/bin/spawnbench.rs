@@ -128,27 +128,14 @@ fn parse_opts() -> Opts {
 
 /// A skill folder: mode 0755, owned by us (root), entry executable.
 fn make_skill(base: &Path, kind: &str) -> PathBuf {
-    let dir = base.join(kind);
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let entry = dir.join("run");
-    match kind {
-        "sh-cat" => std::fs::write(&entry, "#!/bin/sh\nexec cat\n").unwrap(),
-        "bin-cat" => {
-            std::fs::copy("/bin/cat", &entry).unwrap();
-        }
+    let entry = match kind {
+        "sh-cat" => b"#!/bin/sh\nexec cat\n".to_vec(),
+        "bin-cat" => std::fs::read("/bin/cat").unwrap(),
         other => panic!("unknown skill {other} (sh-cat, bin-cat)"),
-    }
-    std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
     let name = format!("bench_{}", kind.replace('-', "_"));
-    std::fs::write(
-        dir.join("skill.json"),
-        format!(
-            r#"{{"name":"{name}","description":"spawn bench","entry":"run","timeout_seconds":10}}"#
-        ),
-    )
-    .unwrap();
-    dir.join("skill.json")
+    let extra = r#","timeout_seconds":10"#;
+    testkit::write_pack_entry(base, &name, "run", extra, &entry).join("skill.json")
 }
 
 fn cpu_now() -> Duration {

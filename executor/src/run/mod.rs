@@ -66,7 +66,7 @@
 //!    `CLONE_VFORK`: the thread waits in `futex`, not in uninterruptible
 //!    sleep, which the load average would count): the child takes
 //!    steps 4a and 4b, sets its parent-death signal and waits in the
-//!    thread's berth (`sys`'s `berth`: a futex, the table shared, nothing
+//!    thread's berth (`run::lend`, `sys::berth`: a futex, the table shared, nothing
 //!    of a run held) until a run gives it its prepared spec and wakes it;
 //!    it then takes steps 4c to 5 as a child made for the run does. With
 //!    the spec the run gives a handoff whose word the child makes its
@@ -158,6 +158,7 @@ pub mod engine;
 pub mod file_key;
 pub(crate) mod janitor;
 pub mod join;
+pub mod lend;
 pub(crate) mod lock;
 pub mod parsed;
 pub mod plan;

@@ -502,37 +502,8 @@ impl Plan {
 
         // Ownership of the entry and of every folder up to its root.
         let stamp = passwd_stamp();
-        let mut owners: Vec<u32> =
-            config.entry_owners.iter().filter_map(|n| uid_of(n, stamp)).collect();
-        owners.push(euid());
-        let mut at = Some(entry.as_path());
-        let mut entry_meta = Some(meta);
-        while let Some(p) = at {
-            let m = match entry_meta.take() {
-                Some(m) => m,
-                None => fs::metadata(p).map_err(|e| entry_err(p, e.to_string()))?,
-            };
-            if !owners.contains(&m.uid()) {
-                return Err(entry_err(
-                    p,
-                    format!(
-                        "owned by uid {}, not by one of entry_owners {:?}",
-                        m.uid(),
-                        config.entry_owners
-                    ),
-                ));
-            }
-            if m.mode() & 0o022 != 0 {
-                return Err(entry_err(
-                    p,
-                    format!("group or world writable (mode {:o})", m.mode() & 0o7777),
-                ));
-            }
-            if p == entry_root.as_path() {
-                break;
-            }
-            at = p.parent();
-        }
+        Self::check_owners(config, &entry, entry_root, meta, stamp)
+            .map_err(|(p, reason)| entry_err(&p, reason))?;
 
         let grant = config.skills.get(manifest.name().as_str());
         if let Some(pinned) = grant.and_then(|g| g.manifest.as_deref()) {
@@ -567,6 +538,46 @@ impl Plan {
             run_as,
             identity: (manifest_key, entry_key),
         })
+    }
+
+    /// The entry (whose metadata is `meta`) and every folder up to
+    /// `entry_root`: owned by one of `entry_owners` or the executor's user,
+    /// and neither group- nor world-writable. Else the path and why.
+    fn check_owners(
+        config: &Config,
+        entry: &Path,
+        entry_root: &Path,
+        meta: fs::Metadata,
+        stamp: Option<PasswdStamp>,
+    ) -> Result<(), (PathBuf, String)> {
+        let mut owners: Vec<u32> =
+            config.entry_owners.iter().filter_map(|n| uid_of(n, stamp)).collect();
+        owners.push(euid());
+        let mut at = Some(entry);
+        let mut entry_meta = Some(meta);
+        while let Some(p) = at {
+            let m = match entry_meta.take() {
+                Some(m) => m,
+                None => fs::metadata(p).map_err(|e| (p.to_owned(), e.to_string()))?,
+            };
+            if !owners.contains(&m.uid()) {
+                let reason = format!(
+                    "owned by uid {}, not by one of entry_owners {:?}",
+                    m.uid(),
+                    config.entry_owners
+                );
+                return Err((p.to_owned(), reason));
+            }
+            if m.mode() & 0o022 != 0 {
+                let reason = format!("group or world writable (mode {:o})", m.mode() & 0o7777);
+                return Err((p.to_owned(), reason));
+            }
+            if p == entry_root {
+                break;
+            }
+            at = p.parent();
+        }
+        Ok(())
     }
 
     fn run_as(

@@ -23,7 +23,8 @@
 //! parked child and wakes it, instead of waking a thread that then makes the child
 //! (a parked child cut a served run's latency to 0.13-0.17x of a bare
 //! run's).
-//! See `sys`'s `berth` for what a parked child holds.
+//! See `run::lend` for the run's side, `sys::berth` for what a parked
+//! child holds.
 //!
 //! The threads also fix which thread a child's parent-death signal is tied
 //! to (the kernel sends it when the *creating thread* exits): they live as
@@ -46,8 +47,9 @@ use std::time::Duration;
 
 use nix::sched::CloneFlags;
 
+use super::lend;
 use crate::host::procview::RunsNamespace;
-use crate::sys::berth::{self, Berth, Job, Unparked};
+use crate::sys::berth::{Berth, Job, Unparked};
 use crate::sys::process;
 use crate::sys::spec::{ChildSpec, SpawnFailure, Spawned};
 
@@ -259,11 +261,11 @@ impl Spawner {
     }
 
     /// Creates the child of `spec` on a spawner thread: a parked child
-    /// takes it (`sys`'s `berth`), else one made for it (`child::spawn`);
+    /// takes it (`run::lend`), else one made for it (`child::spawn`);
     /// `spec.seccomp` should be empty (the thread's filter applies). Blocks
     /// the calling thread until the child has exec'd or failed, as
     /// `child::spawn` does; for up to `spin` of that without sleeping,
-    /// when a parked child took it (`Handoff::wait`); with a nonzero
+    /// when a parked child took it (`run::lend`); with a nonzero
     /// `spin` the calling thread also offers to make that child's cgroup
     /// joins (step 4c, `run::join`) while it works. `meanwhile` runs once
     /// the spec is handed over (and those joins made), while the child
@@ -280,7 +282,7 @@ impl Spawner {
         spin: Duration,
         meanwhile: impl FnOnce(),
     ) -> Result<Spawned, SpawnFailure> {
-        berth::lend(spec, spin, |job| self.queue.push(job), meanwhile)
+        lend::lend(spec, spin, |job| self.queue.push(job), meanwhile)
     }
 
     /// How many threads have a child parked now.

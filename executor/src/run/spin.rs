@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// How long the only run in flight watches for its child's `exec` before
-/// it sleeps (`sys::berth`'s `Handoff::wait`): about what a child made
+/// it sleeps (`run::lend`): about what a child made
 /// ahead takes from its wake-up to its `exec` on the dev machines. Sleeping
 /// lets the run's vCPU halt, and a halted vCPU costs the wake-up at the
 /// `exec` ~28 µs on a guest that halts its idle vCPUs at once. Not with other

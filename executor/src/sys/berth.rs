@@ -1,14 +1,13 @@
-//! A berth: where a spawner thread keeps a child made ahead of its run.
+//! A berth: the memory a spawner thread shares with the child it made
+//! ahead of a run, and the calls that create, give, wake and release it.
 //!
-//! Creating a child and taking the steps of the spawn sequence that do not
-//! depend on the run (the `clone` itself, step 4a's signal resets, step
-//! 4b's `setsid`) cost ~55 µs traced, ~85 µs sampled, per run on the dev
-//! machine. A spawner
-//! thread (`spawner`) takes them before the run comes: it creates
-//! the child into its berth, where the child waits on a futex, and the run
-//! then only hands it its [`ChildSpec`] ([`Berth::give`]) and wakes it. The
-//! child takes the rest of the sequence (4c to 5) as a child made for the
-//! run does.
+//! Why this is more than one kernel call: the parked child is a `CLONE_VM`
+//! child on the spawner thread's stack that reads this berth, the run's
+//! spec and the run's [`Handoff`] through raw pointers, so those must stay
+//! valid until it has exec'd or exited, and only the type that creates the
+//! child and hands it the spec can promise that. Why parked children, and
+//! the run's side (the exec spin, the joins it makes for the child): see
+//! `run::lend`.
 //!
 //! What a parked child holds: nothing of a run. It shares the executor's
 //! memory (`CLONE_VM`, its stack is the spawner thread's) and descriptor
@@ -21,37 +20,27 @@
 //! the spawner thread that created it ends, as the executor's threads do
 //! when it dies; a run sets it again after the uid change (step 4h).
 //!
-//! The spawner thread waits while its child is parked and until it has
-//! exec'd or exited: one parked child per spawner thread, on the thread's
-//! child stack. It waits asleep in `futex` on the berth's `alive` word, not
-//! suspended in `clone(CLONE_VFORK)` as while a child made for a run works
-//! up to `execve`: that sleep is uninterruptible and counts in the load
-//! average, and an idle executor read one per spawner thread on `uptime`.
-//! The kernel zeroes `alive` when the
-//! child exits or execs before it took a spec (it is the child's
-//! clear-child-tid word until then); once it took one, the run zeroes it
-//! after the kernel zeroed the handoff's word ([`Berth::child_gone`]). A
-//! child told to leave
-//! ([`Berth::leave`], when the spawner closes) exits without running
-//! anything; one killed while parked is reaped and replaced.
-//!
-//! The run learns that its child exec'd from the child itself, not from the
-//! spawner thread: with the spec it gives a [`Handoff`], whose `done` word
-//! the child makes its clear-child-tid address (`set_tid_address`) before
-//! it stores its pid and pidfd there. The kernel zeroes that word and wakes
-//! its waiter when the child execs or exits, before it lets the spawner
-//! thread out of `clone`: the run's thread is woken once, by the `exec`,
-//! not by the spawner thread woken first (one cross-CPU wake-up fewer on
-//! the run's path, ~20-30 µs on the dev machine, whose idle vCPUs halt). The spawner thread and the run
-//! read the same words of the handoff to tell the outcome apart (which of
-//! them owns the pidfd, who answers): see [`Handoff::spawned`].
+//! The lifetime rule, word by word. The spawner thread sleeps in `futex`
+//! on the berth's `alive` word while its child may run on its stack. The
+//! kernel zeroes `alive` when the child exits or execs before it took a
+//! spec (it is the child's clear-child-tid word until then). A child that
+//! takes a spec first makes the handoff's `done` word its clear-child-tid
+//! address (`set_tid_address`), and the run zeroes `alive` once the kernel
+//! zeroed `done` ([`Berth::child_gone`]): the run is woken by the child's
+//! `exec` itself, not second-hand by the spawner thread. The spec lives on
+//! the run's stack while it waits in [`lend`]: for `done`, or for the
+//! job's answer, which the spawner thread sends (or drops with the job)
+//! once it no longer reads the spec. The job stays in the berth until the
+//! spawner thread takes it back after `park` returned ([`Berth::take`]).
+//! A child told to leave ([`Berth::leave`], when the spawner closes) exits
+//! without running anything; one killed while parked is reaped and
+//! replaced.
 
 use std::ffi::{c_int, c_void};
 use std::os::fd::RawFd;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use super::call;
 use super::child;
@@ -133,59 +122,21 @@ impl Default for Handoff {
 }
 
 impl Handoff {
-    /// Blocks until `done` is zero: the child that took the spec exec'd or
+    /// Whether `done` is zero: the child that took the spec exec'd or
     /// exited, or the spawner thread released the handoff.
-    ///
-    /// With a nonzero `spin`, first watches the word for that long without
-    /// sleeping, yielding the CPU between looks (the caller decides when
-    /// the CPU is not wanted elsewhere:
-    /// `engine`'s [`EXEC_SPIN`](crate::run::spin::EXEC_SPIN)). A thread asleep
-    /// in `futex` lets its vCPU halt, and on a guest whose idle vCPUs halt
-    /// at once the `exec`'s wake-up then waits for the host to run that
-    /// vCPU again (~28 µs on the dev machines); the child's steps up to
-    /// `exec` take about as long as the spin, so the run usually sees the
-    /// word change while still running.
-    pub fn wait(&self, spin: std::time::Duration) {
-        if !spin.is_zero() {
-            let since = std::time::Instant::now();
-            while self.done.load(Ordering::Acquire) != 0 && since.elapsed() < spin {
-                // `sched_yield`, not a pause: a child the scheduler queued
-                // on this CPU (the other one busy) runs at once, rather
-                // than after the spin.
-                std::thread::yield_now();
-            }
-        }
+    pub fn ended(&self) -> bool {
+        self.done.load(Ordering::Acquire) == 0
+    }
+
+    /// Blocks, asleep in `futex`, until [`Handoff::ended`].
+    pub fn sleep_until_ended(&self) {
         sleep_while_set(&self.done);
     }
 
-    /// The run's half of [`crate::run::join`], once the spec is handed over and
-    /// the child woken: waits (yielding its CPU) for up to `spin` for the
-    /// child to take the offer up, then writes the child's pid into
-    /// `procs` and lets it go on to its exec. Withdraws the offer when the
-    /// child has not answered by then, is gone, or no child took the spec:
-    /// a child that answers later finds it withdrawn and joins itself, as
-    /// one made for the run does. Call only after [`Joining::offer`], with
-    /// the spec's `cgroup_procs`.
-    pub fn join_if_accepted(&self, procs: &[RawFd], spin: std::time::Duration) {
-        let since = std::time::Instant::now();
-        while self.joining.open()
-            && self.done.load(Ordering::Acquire) != 0
-            && since.elapsed() < spin
-        {
-            std::thread::yield_now();
-        }
-        if !self.joining.withdraw() {
-            return;
-        }
-        // The child stored its pid and pidfd before it took the offer up.
-        // The spawner thread reaps it only after this run let the berth go
-        // (`Berth::child_gone`), and no wait for "any child" (the orphan
-        // reaper's) runs during the writes: the pid is the child's.
-        let (pid, pidfd) = (self.pid.load(Ordering::Acquire), self.pidfd.load(Ordering::Acquire));
-        let joined = super::process::while_unreaped(pidfd, || self.joining.join(pid, procs));
-        if joined.is_none() {
-            self.joining.gone();
-        }
+    /// The pid and pidfd of the child that took the spec, as it stored
+    /// them before it set `took` (and before it took up a joins offer).
+    pub fn taken_by(&self) -> (libc::pid_t, RawFd) {
+        (self.pid.load(Ordering::Acquire), self.pidfd.load(Ordering::Acquire))
     }
 
     /// Whether the spawner thread, not the child's exec or exit, ended the
@@ -210,26 +161,37 @@ impl Handoff {
     /// (final once it is gone). With [`Handoff::spawned`] also `None`, no
     /// child took the spec.
     pub fn failure(&self) -> Option<SpawnFailure> {
-        match self.step.load(Ordering::Acquire) {
-            0 => None,
-            step => Some(SpawnFailure {
-                step: Step::from_u32(step).unwrap_or(Step::Exec),
-                errno: self.errno.load(Ordering::Acquire),
-            }),
-        }
+        recorded(&self.step, &self.errno)
     }
 
     /// Zeroes `done` and wakes the run if nothing did yet: no child took
     /// the spec and the answer was sent the other way, or the job is
     /// dropped (a panicking spawner thread must not leave its run waiting).
-    /// The caller keeps the handoff alive for the call.
-    pub fn release(&self) {
+    /// The caller keeps the handoff alive for the call. Private, as
+    /// [`Berth::child_gone`] is: called early, it would end [`lend`]'s wait
+    /// while a child still reads the spec.
+    fn release(&self) {
         // Before `done`: a run that sees it zero sees this too.
         self.released.store(true, Ordering::Release);
         if self.done.swap(0, Ordering::AcqRel) != 0 {
             wake_one(&self.done);
         }
     }
+}
+
+/// Tests: a handoff that no job holds, released after `after` on a
+/// thread of its own (joined when the returned handle is).
+#[cfg(test)]
+pub fn released_later(after: std::time::Duration) -> (Arc<Handoff>, std::thread::JoinHandle<()>) {
+    let handoff = Arc::new(Handoff::default());
+    let releaser = {
+        let handoff = Arc::clone(&handoff);
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            handoff.release();
+        })
+    };
+    (handoff, releaser)
 }
 
 /// How a parked child left its berth.
@@ -287,18 +249,11 @@ impl Berth {
         if let Err(errno) = created {
             return Unparked::NotCreated(SpawnFailure { step: Step::Clone, errno });
         }
-        let failure = match self.step.load(Ordering::Acquire) {
-            0 => None,
-            step => Some(SpawnFailure {
-                step: Step::from_u32(step).unwrap_or(Step::Exec),
-                errno: self.errno.load(Ordering::Acquire),
-            }),
-        };
-        Unparked::Ended { failure }
+        Unparked::Ended { failure: recorded(&self.step, &self.errno) }
     }
 
     /// Gives the parked (or parking) child `job`'s spec and handoff
-    /// (the spec checked with `child::check_spec`, by [`lend`]); the berth
+    /// (the spec checked with `child::check_spec` by [`lend`]); the berth
     /// holds the job until [`Berth::take`]. [`Berth::wake`] the child after.
     /// Gives the job back if the berth holds one already.
     ///
@@ -350,8 +305,9 @@ impl Berth {
     /// Tells the spawner thread that the child given a spec from this berth
     /// has exec'd or exited: called by the run once the kernel zeroed its
     /// handoff's `done` word (not [`Handoff::released`]), which the child
-    /// made its clear-child-tid word in place of `alive`.
-    pub fn child_gone(&self) {
+    /// made its clear-child-tid word in place of `alive`. Private: called
+    /// early, it would let the spawner thread reuse a stack the child is on.
+    fn child_gone(&self) {
         self.alive.store(0, Ordering::Release);
         wake_one(&self.alive);
     }
@@ -430,14 +386,15 @@ impl Drop for Job {
     }
 }
 
-/// Lends `spec` to a spawner thread as a [`Job`] that `give` hands to a
-/// parked child (returning its berth) or queues (`None`), and waits until
-/// the child exec'd or failed: from the handoff, for up to `spin` without
-/// sleeping, when a parked child took it ([`Handoff::wait`]), else from the
-/// job's answer. With a nonzero `spin` the calling thread also offers to
-/// make that child's cgroup joins (step 4c, [`crate::run::join`]) while it
-/// works. `meanwhile` runs once the spec is handed over (and those joins
-/// made), while the child works towards its `exec`.
+/// Lends `spec` to a spawner thread as a [`Job`] with `handoff`, which
+/// `give` hands to a parked child (returning its berth) or queues
+/// (`None`), and blocks until nothing reads the spec any more: the child
+/// that took it exec'd or exited (the handoff says so), else the job is
+/// answered or dropped. `given` runs once the job is given, before that
+/// wait: the run's own work meanwhile (`run::lend`).
+///
+/// A panic in `give` or `given` aborts the process: unwinding would free
+/// the spec while a child may still read it.
 ///
 /// # Errors
 ///
@@ -445,40 +402,26 @@ impl Drop for Job {
 /// a `clone` failure (`EAGAIN`).
 pub fn lend<'b>(
     spec: &ChildSpec<'_>,
-    spin: Duration,
+    handoff: &Arc<Handoff>,
     give: impl FnOnce(Job) -> Result<Option<&'b Berth>, Job>,
-    meanwhile: impl FnOnce(),
+    given: impl FnOnce(Option<&'b Berth>),
 ) -> Result<Spawned, SpawnFailure> {
     // A parked child cannot report a malformed spec before using it.
     child::check_spec(spec)?;
-    // Nor join a mount namespace: its spawner thread's filter denies
-    // `setns` (a spawner thread lives in the runs' namespace already).
-    if spec.mount_ns.is_some() {
-        return Err(SpawnFailure { step: Step::Clone, errno: libc::EINVAL });
-    }
     let gone = SpawnFailure { step: Step::Clone, errno: libc::EAGAIN };
     let (reply, answer) = mpsc::sync_channel(1);
-    let handoff = Arc::new(Handoff::default());
-    // The only run in flight (it spins) offers to make its parked child's
-    // cgroup joins while the child takes its other steps (`super::join`).
-    let run_joins = !spin.is_zero() && !spec.cgroup_procs.is_empty();
-    if run_joins {
-        handoff.joining.offer();
+    let job =
+        Job { spec: SpecPtr(std::ptr::from_ref(spec).cast()), handoff: Arc::clone(handoff), reply };
+    let bomb = AbortOnUnwind;
+    let berth = give(job).map_err(|_| gone);
+    if let Ok(berth) = berth {
+        given(berth);
     }
-    let job = Job {
-        spec: SpecPtr(std::ptr::from_ref(spec).cast()),
-        handoff: Arc::clone(&handoff),
-        reply,
-    };
-    let berth = give(job).map_err(|_| gone)?;
-    if run_joins && berth.is_some() {
-        handoff.join_if_accepted(spec.cgroup_procs, spin);
-    }
-    meanwhile();
-    if let Some(berth) = berth {
+    std::mem::forget(bomb);
+    if let Some(berth) = berth? {
         // Woken by the child's exec (or exit) itself, or by the spawner
         // thread when no child took the spec.
-        handoff.wait(spin);
+        handoff.sleep_until_ended();
         if !handoff.released() {
             // The kernel woke us: the spawner thread still waits for the
             // child to be gone.
@@ -494,6 +437,27 @@ pub fn lend<'b>(
     // The reply is sent, or dropped, only once the spawner thread is done
     // with the spec: this wait is what keeps it alive.
     answer.recv().unwrap_or(Err(gone))
+}
+
+/// Aborts the process if dropped: [`lend`] forgets it once the closures
+/// that could unwind past a lent spec have returned.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        std::process::abort();
+    }
+}
+
+/// The failed step a child recorded (0: none) and its errno.
+fn recorded(step: &AtomicU32, errno: &AtomicI32) -> Option<SpawnFailure> {
+    match step.load(Ordering::Acquire) {
+        0 => None,
+        step => Some(SpawnFailure {
+            step: Step::from_u32(step).unwrap_or(Step::Exec),
+            errno: errno.load(Ordering::Acquire),
+        }),
+    }
 }
 
 /// Sleeps in `futex` while `word` (a clear-child-tid word: 1 until the
@@ -571,44 +535,4 @@ fn park_here(berth: &Berth) -> Result<Option<(&ChildSpec<'_>, &Handoff)>, (Step,
     // SAFETY: `give` stored a live spec before GO, kept alive by its giver
     // until `park` returns or the handoff says we exec'd.
     Ok(Some((unsafe { &*spec }, handoff)))
-}
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::{Duration, Instant};
-
-    use super::Handoff;
-
-    /// `wait` returns once the word is zeroed: during its spin (without
-    /// waiting the spin out), and after it, asleep in `futex`.
-    #[test]
-    fn a_released_handoff_is_seen_spinning_or_asleep() {
-        let ms = Duration::from_millis;
-        // (spin, released after, must return before)
-        for (spin, after, within) in [(ms(2_000), ms(5), ms(1_000)), (ms(0), ms(20), ms(5_000))]
-            .into_iter()
-            .chain([(Duration::from_micros(100), ms(20), ms(5_000))])
-        {
-            let handoff = Arc::new(Handoff::default());
-            let releaser = {
-                let handoff = Arc::clone(&handoff);
-                std::thread::spawn(move || {
-                    std::thread::sleep(after);
-                    handoff.release();
-                })
-            };
-            let t0 = Instant::now();
-            handoff.wait(spin);
-            let waited = t0.elapsed();
-            releaser.join().unwrap();
-            assert!(
-                waited >= after,
-                "spin {spin:?}: returned after {waited:?}, before the release"
-            );
-            assert!(
-                waited < within,
-                "spin {spin:?}: released at {after:?}, returned after {waited:?}"
-            );
-        }
-    }
 }

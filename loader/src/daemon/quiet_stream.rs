@@ -112,7 +112,7 @@ impl QuietStream {
 /// Registers `stream` with the runtime's reactor for `interest`.
 ///
 /// tokio 1.54 deprecated this safe constructor for the `unsafe`
-/// `register_with_interest` (tokio#8587): an `AsyncFd<T>` over a `T` that
+/// `register_with_interest`, because an `AsyncFd<T>` over a `T` that
 /// does not own its descriptor (a bare `RawFd`, say) could be closed and
 /// the number reused while registered. This crate forbids `unsafe`, and
 /// here `T` is a `std` stream that owns its descriptor and is neither
