@@ -373,25 +373,9 @@ pub fn prepare(
         cg.set_limits(l.memory_bytes, l.max_pids)?;
     }
 
-    // Read-write beneath the slot's home, whose only entry is the run
-    // directory (rundir): a ruleset built for an earlier run of the same
-    // policy in this slot serves this one (landlock::Cache).
-    let mut fs = FsPolicy::new(
-        &plan.skill_dir,
-        &plan.entry,
-        run_dir.home(),
-        &plan.granted.fs_read,
-        &plan.granted.fs_write,
-        plan.granted.network,
-    );
     let place = ProcPlace::choose(plan.granted.proc, &host.proc);
-    place.adjust(&mut fs);
-    let ll =
-        landlock::prepare(host.landlock_abi, config.landlock, &fs, Some(&mut run_dir.rulesets))?;
+    let ll = ruleset(config, host, plan, &place, &mut run_dir)?;
     degraded.extend(ll.degraded);
-    if config.landlock == LandlockMode::BestEffort && ll.fd.is_none() {
-        tracing::warn!("skill \"{skill}\": running without Landlock (best effort)");
-    }
 
     let table = rlimit_table(plan, root);
     let rlimits = table.iter().map(|(_, res, s, h)| (*res as u32, *s, *h)).collect();
@@ -406,18 +390,7 @@ pub fn prepare(
         ));
     }
 
-    let path = cstring(&skill, "entry", plan.entry.as_os_str().as_bytes())?;
-    let envp = plan
-        .env
-        .iter()
-        .map(|(k, v)| {
-            let mut kv = Vec::with_capacity(k.len() + v.len() + 1);
-            kv.extend_from_slice(k.as_bytes());
-            kv.push(b'=');
-            kv.extend_from_slice(v.as_bytes());
-            cstring(&skill, "environment", &kv)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let (path, envp) = exec_strings(&skill, plan)?;
     let cwd = cstring(&skill, "run directory", run_dir.path().as_os_str().as_bytes())?;
 
     let (network, run_egress) = attach_egress(config, host, plan, cgroup.as_ref(), &mut degraded)?;
@@ -432,12 +405,7 @@ pub fn prepare(
         uid: plan.run_as.uid,
         gid: plan.run_as.gid,
         no_new_privs: true,
-        capabilities: plan
-            .granted
-            .capabilities
-            .iter()
-            .filter_map(|c| CAPABILITY_NAMES.get(usize::from(*c)).map(|s| (*s).to_owned()))
-            .collect(),
+        capabilities: capability_names(&plan.granted.capabilities),
         landlock: ll.report,
         seccomp: true,
         network,
@@ -476,6 +444,60 @@ pub fn prepare(
         skill,
         keep_stdin: false,
     })
+}
+
+/// The run's Landlock ruleset: read-write beneath the slot's home, whose
+/// only entry is the run directory (rundir), so a ruleset built for an
+/// earlier run of the same policy in this slot serves this one
+/// (landlock::Cache); `/proc` as `place` has the child see it.
+fn ruleset(
+    config: &Config,
+    host: &Host,
+    plan: &Plan,
+    place: &ProcPlace,
+    run_dir: &mut RunDir,
+) -> Result<landlock::Prepared, SpawnError> {
+    let mut fs = FsPolicy::new(
+        &plan.skill_dir,
+        &plan.entry,
+        run_dir.home(),
+        &plan.granted.fs_read,
+        &plan.granted.fs_write,
+        plan.granted.network,
+    );
+    place.adjust(&mut fs);
+    let ll =
+        landlock::prepare(host.landlock_abi, config.landlock, &fs, Some(&mut run_dir.rulesets))?;
+    if config.landlock == LandlockMode::BestEffort && ll.fd.is_none() {
+        let skill = plan.manifest.name();
+        tracing::warn!("skill \"{skill}\": running without Landlock (best effort)");
+    }
+    Ok(ll)
+}
+
+/// The entry's path and the environment as `NAME=VALUE`, for `execve`.
+fn exec_strings(skill: &str, plan: &Plan) -> Result<(CString, Vec<CString>), SpawnError> {
+    let path = cstring(skill, "entry", plan.entry.as_os_str().as_bytes())?;
+    let envp = plan
+        .env
+        .iter()
+        .map(|(k, v)| {
+            let mut kv = Vec::with_capacity(k.len() + v.len() + 1);
+            kv.extend_from_slice(k.as_bytes());
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            cstring(skill, "environment", &kv)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((path, envp))
+}
+
+/// The report's names of the granted capability numbers.
+fn capability_names(granted: &[u8]) -> Vec<String> {
+    granted
+        .iter()
+        .filter_map(|c| CAPABILITY_NAMES.get(usize::from(*c)).map(|s| (*s).to_owned()))
+        .collect()
 }
 
 /// The networked run's allowlist, put on its cgroup v2 leaf (before the
