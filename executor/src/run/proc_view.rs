@@ -37,8 +37,9 @@ impl ProcPlace {
     /// The Landlock rule for `/proc` names the `/proc` the child will see:
     /// the runs' namespace's, reached through the executor's descriptor of
     /// it (rules follow inodes, and that procfs is not the executor's).
-    /// Not a path of the process-wide snapshot of system paths then, it is
-    /// checked like a granted one (`landlock::Cache`: a `statx` per run).
+    /// Not a path of the process-wide snapshot of system paths, it is
+    /// opened when a ruleset is built; pinned (the descriptor lives as long
+    /// as the engine), it is not looked at again when one is reused.
     pub fn adjust(&self, fs: &mut FsPolicy) {
         if let Some(ns) = &self.namespace {
             let theirs = PathBuf::from(format!("/proc/self/fd/{}", ns.proc_dir_fd()));
@@ -46,6 +47,7 @@ impl ProcPlace {
             for rule in fs.rules.iter_mut().filter(system_proc) {
                 rule.path.clone_from(&theirs);
                 rule.explicit = true;
+                rule.pinned = true;
             }
         }
     }

@@ -130,6 +130,10 @@ pub struct Rule {
     /// True when the path came from the manifest or the run (a missing one
     /// is reported as degraded rather than skipped silently).
     pub explicit: bool,
+    /// The path names a descriptor the executor holds for as long as the
+    /// rule is used (`/proc/self/fd/N`): it cannot come to name another
+    /// file, so a cached ruleset is taken without looking at it again.
+    pub pinned: bool,
 }
 
 /// What a run may touch, before it is turned into a ruleset.
@@ -153,8 +157,14 @@ impl FsPolicy {
         fs_write: &[PathBuf],
         network: bool,
     ) -> Self {
-        let system = |p: &str, access| Rule { path: PathBuf::from(p), access, explicit: false };
-        let explicit = |p: &Path, access| Rule { path: p.to_owned(), access, explicit: true };
+        let system = |p: &str, access| Rule {
+            path: PathBuf::from(p),
+            access,
+            explicit: false,
+            pinned: false,
+        };
+        let explicit =
+            |p: &Path, access| Rule { path: p.to_owned(), access, explicit: true, pinned: false };
         let mut rules: Vec<Rule> =
             SYSTEM_READ_EXEC.iter().map(|p| system(p, fs::READ_EXEC)).collect();
         rules.extend(ETC_READ.iter().map(|p| system(p, fs::READ)));
@@ -261,7 +271,7 @@ impl Cache {
             .rules
             .iter()
             .map(|r| {
-                if !r.explicit {
+                if !r.explicit || r.pinned {
                     return None;
                 }
                 std::fs::metadata(&r.path).ok().map(|m| ident(&m))
@@ -560,7 +570,9 @@ fn build(
             None => match open_path(&rule.path) {
                 Ok(o) => {
                     opened = o;
-                    *ident = opened.ident;
+                    if !rule.pinned {
+                        *ident = opened.ident;
+                    }
                     (opened.fd.as_fd(), opened.is_dir)
                 }
                 Err(e) => {
@@ -667,9 +679,11 @@ mod tests {
         let a = SystemPaths::current();
         let b = SystemPaths::current();
         assert!(Arc::ptr_eq(&a, &b), "reopened although nothing changed");
-        let usr = Rule { path: "/usr".into(), access: fs::READ_EXEC, explicit: false };
+        let usr =
+            Rule { path: "/usr".into(), access: fs::READ_EXEC, explicit: false, pinned: false };
         assert!(a.get(&usr).is_some_and(|o| o.is_some_and(|o| o.is_dir)));
-        let mine = Rule { path: "/usr".into(), access: fs::READ_EXEC, explicit: true };
+        let mine =
+            Rule { path: "/usr".into(), access: fs::READ_EXEC, explicit: true, pinned: false };
         assert!(a.get(&mine).is_none(), "explicit paths are opened per run");
         assert!(a.stamps.iter().any(|(d, _, _)| d == Path::new("/etc")));
         // A directory's stamp changes with any entry made or renamed over.
