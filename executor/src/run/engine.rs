@@ -529,6 +529,13 @@ impl Engine {
         self.warm.stop();
     }
 
+    /// Discards every idle warm run, and one being made now (`warm_discard`,
+    /// sent by skilld's reload): the pools are made again from the skill
+    /// files as they are now. Returns how many idle runs were discarded.
+    pub fn discard_warm(&self) -> u64 {
+        self.warm.discard_all()
+    }
+
     /// Kills one idle warm run to free its run slot; false when none is
     /// idle.
     pub fn evict_warm(&self) -> bool {
