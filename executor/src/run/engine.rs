@@ -441,16 +441,9 @@ impl Engine {
             self.warm.discard(warm, "its held run was not started");
             return Err(report);
         }
-        let Warm { mut prep, child, pgid, .. } = warm;
-        // Made before its request without the kernel's log flags: its
-        // Landlock and seccomp refusals are not reported.
-        prep.report.denials_off = Some(
-            self.denials
-                .off()
-                .unwrap_or("a warm run's Landlock and seccomp refusals are not watched")
-                .to_owned(),
-        );
-        Ok(Launched { prep, child, pgid, setup_us: 0, warm: true, watch: None })
+        // Watched since it was made, as a cold run is from its spawn.
+        let Warm { prep, child, pgid, watch, .. } = warm;
+        Ok(Launched { prep, child, pgid, setup_us: 0, warm: true, watch })
     }
 
     /// Steps 6 to 8: supervise the launched run with `plan`'s bounds (its
@@ -577,6 +570,13 @@ impl Maker for Engine {
             .map_err(|e| e.to_string())?;
         let mut prep =
             spawn::prepare(&self.config, &self.host, &plan, slot).map_err(|e| e.to_string())?;
+        // Its refusals are watched from its spawn, as a cold run's: the
+        // report of the request that takes it lists those of its start-up
+        // too, as a cold run's report would.
+        prep.report.denials_off = self.denials.off().map(str::to_owned);
+        let leaves = prep.cgroup.as_ref().map(RunCgroup::leaves).unwrap_or_default();
+        let watch = self.denials.watch(leaves);
+        prep.log_denials = watch.is_some();
         let child = match spawn::spawn_waiting(&mut prep, &plan.entry, &self.spawners, || {
             drop(refill);
         }) {
@@ -588,8 +588,11 @@ impl Maker for Engine {
             }
         };
         self.reaper.track(child.pid);
+        if let Some(w) = &watch {
+            w.pid(child.pid);
+        }
         let pgid = prep.cgroup.is_none().then(|| self.instance.record_pgid(child.pid)).flatten();
-        Ok(Warm::new(plan, tool.map(str::to_owned), prep, child, pgid))
+        Ok(Warm::new(plan, tool.map(str::to_owned), prep, (child, pgid), watch))
     }
 
     fn kill(&self, warm: Warm) {

@@ -7,7 +7,7 @@
 //! the skill starts, loads what it loads, and blocks reading its args. The
 //! environment and argv are a cold run's (the plan is built from the same
 //! manifest with the engine's environment; nothing of a request is in
-//! either). A request whose plan has the same identity (manifest and entry
+//! either), and its refusals are watched from its spawn, as a cold run's. A request whose plan has the same identity (manifest and entry
 //! files: device, inode, size, mtime, ctime; same path and tool) takes one,
 //! writes its args, closes stdin, and is supervised from then: its
 //! deadline, its limits and its report start at the take. Each warm run
@@ -50,6 +50,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::host::instance::PgidRecord;
+use crate::run::denials::Watch;
 use crate::run::lock::relock;
 use crate::run::parsed::FileKey;
 use crate::run::plan::Plan;
@@ -79,6 +80,8 @@ pub struct Warm {
     pub(crate) child: Child,
     /// Without a cgroup, its process group recorded for the watchdog.
     pub(crate) pgid: Option<PgidRecord>,
+    /// Its refusals, watched since its spawn (when they are watched).
+    pub(crate) watch: Option<Watch>,
     made: Instant,
     /// The run slot it holds while idle.
     permit: Option<OwnedSemaphorePermit>,
@@ -90,10 +93,10 @@ impl Warm {
         plan: Plan,
         tool: Option<String>,
         prep: Prepared,
-        child: Child,
-        pgid: Option<PgidRecord>,
+        (child, pgid): (Child, Option<PgidRecord>),
+        watch: Option<Watch>,
     ) -> Self {
-        Warm { plan, tool, prep, child, pgid, made: Instant::now(), permit: None }
+        Warm { plan, tool, prep, child, pgid, watch, made: Instant::now(), permit: None }
     }
 
     /// Why it must not serve a request, if it must not: it wrote to stdout
