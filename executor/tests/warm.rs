@@ -2,6 +2,7 @@
 //! warm runs, its pool thread on a thread of the test, runs named by path.
 //! Root only (the sandbox needs it); as another user each test prints SKIP.
 
+use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -192,4 +193,72 @@ fn warm_runs_expire_and_keep_their_limits() {
     let r = p.run(&manifest, r#"{"sleep":1}"#);
     assert_eq!((r.outcome, r.warm), (Outcome::Timeout, true), "{r:?}");
     assert!(r.duration_ms >= 1000, "{r:?}");
+}
+
+/// The shells running `DIR/run.sh` that have a child: a skill's warm runs
+/// past their start, blocked in their `cat` (a shell's child between its
+/// fork and its exec of `cat` has the shell's command line, and no child),
+/// once they are `n` and none of `not` for 100 ms, or what there is after
+/// 10 s.
+fn procs_under(dir: &Path, n: usize, not: &BTreeSet<i32>) -> BTreeSet<i32> {
+    let needle = dir.display().to_string();
+    let has_child = |pid: i32| {
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"));
+        children.is_ok_and(|c| !c.trim().is_empty())
+    };
+    let scan = || -> BTreeSet<i32> {
+        let procs = testkit::procs::with_cmdline(&needle);
+        procs.into_iter().filter(|p| p.state != 'Z' && has_child(p.pid)).map(|p| p.pid).collect()
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut last = scan();
+    let mut since = Instant::now();
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = scan();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if last.len() == n
+            && last.is_disjoint(not)
+            && since.elapsed() >= Duration::from_millis(100)
+        {
+            break;
+        }
+    }
+    last
+}
+
+/// What the entry reads at start (a file beside it) is not part of a warm
+/// run's identity: a warm run made before that file changed runs what it
+/// read. A discard (what skilld's reload sends) kills every idle warm run,
+/// the pool is made again, and the next warm run reads the file as it is.
+#[test]
+fn a_discard_remakes_the_pool_from_the_files_as_they_are() {
+    let test = "a_discard_remakes_the_pool_from_the_files_as_they_are";
+    let Some(p) = Pooled::new(test, "lib", 2, |_| {}) else { return };
+    let script = ". \"${0%/*}/lib.sh\"\ncat >/dev/null\nprintf '{\"v\":%s}' \"$V\"";
+    let (_root, manifest) = skill("lib", 5, script);
+    let dir = manifest.parent().unwrap().to_owned();
+    let lib = |v: u32| std::fs::write(dir.join("lib.sh"), format!("V={v}\n")).unwrap();
+    let v = |r: &RunReport| r.result.as_ref().map(|v| v.to_value()["v"].clone());
+    lib(1);
+    let r = p.run(&manifest, "{}");
+    assert_eq!((r.warm, v(&r)), (false, Some(serde_json::json!(1))), "{r:?}");
+    p.wait_for("lib", |s| s.idle == 2);
+    // Both have read `lib.sh` once they wait in their `cat`.
+    assert_eq!(procs_under(&dir, 2, &BTreeSet::new()).len(), 2);
+    lib(2);
+    let r = p.run(&manifest, "{}");
+    assert_eq!((r.warm, v(&r)), (true, Some(serde_json::json!(1))), "made before: {r:?}");
+    let s = p.wait_for("lib", |s| s.idle == 2);
+    let before = procs_under(&dir, 2, &BTreeSet::new());
+    assert_eq!(before.len(), 2, "two idle warm runs: {before:?} {s:?}");
+    assert_eq!(p.engine.discard_warm(), 2);
+    let now = procs_under(&dir, 2, &before);
+    assert!(now.is_disjoint(&before), "an idle warm run outlived the discard: {before:?} {now:?}");
+    assert_eq!(now.len(), 2, "the pool was not made again: {now:?}");
+    let r = p.run(&manifest, "{}");
+    assert_eq!((r.warm, v(&r)), (true, Some(serde_json::json!(2))), "{r:?}");
+    let s = p.stats("lib");
+    assert_eq!((s.hits, s.misses, s.discarded), (2, 1, 2), "{s:?}");
 }

@@ -116,6 +116,13 @@ pub enum Request {
         /// The skill's name.
         skill: String,
     },
+    /// Discard every idle warm run (skilld's reload: skill files may have
+    /// changed in ways the warm runs' identity check does not see), and
+    /// make the pools again; answered with [`WarmDiscardResult`].
+    WarmDiscard {
+        /// JSON-RPC id.
+        id: Value,
+    },
     /// A notification (no id, no answer): start the held run whose
     /// `execute` had the id `run` on this connection.
     Start {
@@ -190,6 +197,13 @@ pub struct WarmResult {
     /// Runs that found none and ran cold.
     pub misses: u64,
     /// Warm runs killed unused.
+    pub discarded: u64,
+}
+
+/// The result of `warm_discard`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmDiscardResult {
+    /// Idle warm runs discarded.
     pub discarded: u64,
 }
 
@@ -310,6 +324,11 @@ pub fn decode_line(line: &[u8]) -> Result<Request, (Value, WireError)> {
             Some(Err(e)) => Err((id, WireError::InvalidParams(e.to_string()))),
             None => Err((id, WireError::InvalidParams("warm needs params".into()))),
         },
+        "warm_discard" => match obj.get("params") {
+            None | Some(Value::Null) => Ok(Request::WarmDiscard { id }),
+            Some(Value::Object(o)) if o.is_empty() => Ok(Request::WarmDiscard { id }),
+            Some(_) => Err((id, WireError::InvalidParams("warm_discard takes no params".into()))),
+        },
         other => {
             let shown: String = other.chars().take(64).collect();
             Err((id, WireError::MethodNotFound(shown)))
@@ -366,6 +385,11 @@ pub fn encode_warm(id: u64, skill: &str) -> Vec<u8> {
     line(
         &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "warm", "params": {"skill": skill}}),
     )
+}
+
+/// Encodes a `warm_discard` request line (with its `\n`).
+pub fn encode_warm_discard(id: u64) -> Vec<u8> {
+    line(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "warm_discard"}))
 }
 
 /// Encodes a successful response carrying any `result` (`ping`, `metrics`).
@@ -735,6 +759,23 @@ mod tests {
         let r = WarmResult { size: 2, idle: 1, hits: 5, misses: 1, discarded: 0 };
         let back: WarmResult = serde_json::from_value(json!(r)).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn warm_discard_takes_no_params() {
+        let l = encode_warm_discard(5);
+        assert_eq!(decode_line(&l[..l.len() - 1]).unwrap(), Request::WarmDiscard { id: json!(5) });
+        let empty = br#"{"jsonrpc":"2.0","id":6,"method":"warm_discard","params":{}}"#;
+        assert_eq!(decode_line(empty).unwrap(), Request::WarmDiscard { id: json!(6) });
+        for bad in [
+            &br#"{"jsonrpc":"2.0","id":1,"method":"warm_discard","params":{"skill":"a"}}"#[..],
+            br#"{"jsonrpc":"2.0","id":1,"method":"warm_discard","params":[]}"#,
+        ] {
+            let (_, e) = decode_line(bad).unwrap_err();
+            assert!(matches!(e, WireError::InvalidParams(_)), "{e}");
+        }
+        let r = WarmDiscardResult { discarded: 3 };
+        assert_eq!(serde_json::to_value(r).unwrap(), json!({"discarded": 3}));
     }
 
     #[test]

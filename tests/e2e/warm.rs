@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::harness::{eventually, Stack};
+use crate::harness::{eventually, write_skill, Stack};
 
 /// A labelled sample of skilld's `/metrics` (the executor's, appended).
 fn sample(text: &str, name: &str, skill: &str) -> Option<f64> {
@@ -52,4 +52,47 @@ fn a_granted_skill_runs_warm_and_shows_its_pool() {
     assert_eq!(sample(&text, "ongrid_warm_hits_total", "strict"), Some(1.0), "{text}");
     assert_eq!(sample(&text, "ongrid_warm_misses_total", "strict"), Some(1.0));
     assert!(sample(&text, "ongrid_warm_idle", "strict").is_some());
+}
+
+/// skilld's reload discards the executor's idle warm runs: a file the entry
+/// reads at start (not its manifest or entry, which the executor checks
+/// itself) changed, and after `POST /v1/reload` the next warm run reads it
+/// as it is now; the skill's pool counts the discarded ones.
+#[test]
+fn a_reload_discards_the_warm_pools() {
+    let s = Stack::start_with("[skills.libbed]\nwarm = 2\n", "");
+    let dir = write_skill(
+        &s.skills,
+        "libbed",
+        "",
+        ". \"${0%/*}/lib.sh\"\ncat >/dev/null\nprintf '{\"v\":%s}' \"$V\"",
+    );
+    let lib = |v: u32| std::fs::write(dir.join("lib.sh"), format!("V={v}\n")).unwrap();
+    lib(1);
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200, "{}", s.logs());
+    let pool = || s.get("/v1/skills/libbed").json()["warm"].clone();
+    let r = s.execute("libbed", &json!({})).json();
+    assert_eq!((r["warm"].clone(), r["result"].clone()), (json!(false), json!({"v": 1})), "{r}");
+    assert!(
+        eventually(Duration::from_secs(10), || pool()["idle"] == 2),
+        "the pool never filled: {}\n{}",
+        pool(),
+        s.logs()
+    );
+    // Past their start (a shell reads `lib.sh` in well under this).
+    std::thread::sleep(Duration::from_millis(500));
+    lib(2);
+    let r = s.post("/v1/reload", &json!({}));
+    assert_eq!(r.status, 200, "{}", s.logs());
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let p = pool();
+            p["idle"] == 2 && p["discarded"] == 2
+        }),
+        "not discarded and made again: {}\n{}",
+        pool(),
+        s.logs()
+    );
+    let r = s.execute("libbed", &json!({})).json();
+    assert_eq!((r["warm"].clone(), r["result"].clone()), (json!(true), json!({"v": 2})), "{r}");
 }

@@ -445,16 +445,9 @@ impl Engine {
             self.warm.discard(warm, "its held run was not started");
             return Err(report);
         }
-        let Warm { mut prep, child, pgid, .. } = warm;
-        // Made before its request without the kernel's log flags: its
-        // Landlock and seccomp refusals are not reported.
-        prep.report.denials_off = Some(
-            self.denials
-                .off()
-                .unwrap_or("a warm run's Landlock and seccomp refusals are not watched")
-                .to_owned(),
-        );
-        Ok(Launched { prep, child, pgid, setup_us: 0, warm: true, watch: None })
+        // Watched since it was made, as a cold run is from its spawn.
+        let Warm { prep, child, pgid, watch, .. } = warm;
+        Ok(Launched { prep, child, pgid, setup_us: 0, warm: true, watch })
     }
 
     /// Steps 6 to 8: supervise the launched run with `plan`'s bounds (its
@@ -533,6 +526,13 @@ impl Engine {
         self.warm.stop();
     }
 
+    /// Discards every idle warm run, and one being made now (`warm_discard`,
+    /// sent by skilld's reload): the pools are made again from the skill
+    /// files as they are now. Returns how many idle runs were discarded.
+    pub fn discard_warm(&self) -> u64 {
+        self.warm.discard_all()
+    }
+
     /// Kills one idle warm run to free its run slot; false when none is
     /// idle.
     pub fn evict_warm(&self) -> bool {
@@ -574,6 +574,13 @@ impl Maker for Engine {
             .map_err(|e| e.to_string())?;
         let mut prep =
             spawn::prepare(&self.config, &self.host, &plan, slot).map_err(|e| e.to_string())?;
+        // Its refusals are watched from its spawn, as a cold run's: the
+        // report of the request that takes it lists those of its start-up
+        // too, as a cold run's report would.
+        prep.report.denials_off = self.denials.off().map(str::to_owned);
+        let leaves = prep.cgroup.as_ref().map(RunCgroup::leaves).unwrap_or_default();
+        let watch = self.denials.watch(leaves);
+        prep.log_denials = watch.is_some();
         let child = match spawn::spawn_waiting(&mut prep, &plan.entry, &self.spawners, || {
             drop(refill);
         }) {
@@ -585,8 +592,11 @@ impl Maker for Engine {
             }
         };
         self.reaper.track(child.pid);
+        if let Some(w) = &watch {
+            w.pid(child.pid);
+        }
         let pgid = prep.cgroup.is_none().then(|| self.instance.record_pgid(child.pid)).flatten();
-        Ok(Warm::new(plan, tool.map(str::to_owned), prep, child, pgid))
+        Ok(Warm::new(plan, tool.map(str::to_owned), prep, (child, pgid), watch))
     }
 
     fn kill(&self, warm: Warm) {

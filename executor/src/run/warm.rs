@@ -7,7 +7,7 @@
 //! the skill starts, loads what it loads, and blocks reading its args. The
 //! environment and argv are a cold run's (the plan is built from the same
 //! manifest with the engine's environment; nothing of a request is in
-//! either). A request whose plan has the same identity (manifest and entry
+//! either), and its refusals are watched from its spawn, as a cold run's. A request whose plan has the same identity (manifest and entry
 //! files: device, inode, size, mtime, ctime; same path and tool) takes one,
 //! writes its args, closes stdin, and is supervised from then: its
 //! deadline, its limits and its report start at the take. Each warm run
@@ -23,6 +23,15 @@
 //! stdout or stderr or exited while idle, one idle for `warm_idle_seconds`,
 //! one whose manifest or entry file is not the one it was made from. A
 //! request checks the same (output, exit, identity) before it takes one.
+//!
+//! The identity sees the manifest and the entry, not what the entry reads
+//! at start (a module or a file beside it). skilld's reload (SIGHUP,
+//! `POST /v1/reload`) is the operator's word that skill files changed: it
+//! sends `warm_discard`, and every idle warm run is discarded
+//! ([`WarmPools::discard_all`]), as is one being made while it arrived;
+//! the pools are made again from the files as they are then. Grants and
+//! the rest of `executor.toml` are read at start only: changing them is a
+//! restart, which kills the pools.
 //!
 //! Each idle warm run holds one of the server's run slots (the
 //! `max_concurrent_runs` semaphore), so warm runs count toward the cap and
@@ -41,6 +50,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::host::instance::PgidRecord;
+use crate::run::denials::Watch;
 use crate::run::lock::relock;
 use crate::run::parsed::FileKey;
 use crate::run::plan::Plan;
@@ -70,6 +80,8 @@ pub struct Warm {
     pub(crate) child: Child,
     /// Without a cgroup, its process group recorded for the watchdog.
     pub(crate) pgid: Option<PgidRecord>,
+    /// Its refusals, watched since its spawn (when they are watched).
+    pub(crate) watch: Option<Watch>,
     made: Instant,
     /// The run slot it holds while idle.
     permit: Option<OwnedSemaphorePermit>,
@@ -81,10 +93,10 @@ impl Warm {
         plan: Plan,
         tool: Option<String>,
         prep: Prepared,
-        child: Child,
-        pgid: Option<PgidRecord>,
+        (child, pgid): (Child, Option<PgidRecord>),
+        watch: Option<Watch>,
     ) -> Self {
-        Warm { plan, tool, prep, child, pgid, made: Instant::now(), permit: None }
+        Warm { plan, tool, prep, child, pgid, watch, made: Instant::now(), permit: None }
     }
 
     /// Why it must not serve a request, if it must not: it wrote to stdout
@@ -159,6 +171,9 @@ struct State {
     stop: bool,
     /// Idle warm runs over all pools.
     idle: usize,
+    /// Counts [`WarmPools::discard_all`] calls: a warm run whose making
+    /// began under an older count is discarded when made.
+    generation: u64,
 }
 
 /// What the pool thread is told to do by [`WarmPools::serve`]'s caller.
@@ -285,6 +300,29 @@ impl WarmPools {
         self.wake.notify_one();
     }
 
+    /// Discards every idle warm run of every pool (a reload said skill
+    /// files changed), and any being made now once it is made; the pools
+    /// are made again at once (a resting pool too). Returns how many idle
+    /// runs were discarded.
+    pub fn discard_all(&self) -> u64 {
+        let mut state = relock(&self.state);
+        let State { pools, dead, idle, generation, .. } = &mut *state;
+        *generation += 1;
+        let mut n = 0u64;
+        for pool in pools.values_mut() {
+            pool.retry_at = None;
+            pool.stats.discarded += pool.idle.len() as u64;
+            for warm in pool.idle.drain(..) {
+                n += 1;
+                dead.push((warm, RELOADED));
+            }
+        }
+        *idle = 0;
+        drop(state);
+        self.wake.notify_one();
+        n
+    }
+
     /// Each warm-granted skill's counts.
     pub fn stats(&self) -> Vec<(String, WarmStats)> {
         let state = relock(&self.state);
@@ -333,7 +371,7 @@ impl WarmPools {
             if stop {
                 return;
             }
-            let Some((skill, path, tool, permit)) = work else {
+            let Some(Work { skill, path, tool, permit, generation }) = work else {
                 let state = relock(&self.state);
                 if !state.stop && state.dead.is_empty() {
                     let _ = self.wake.wait_timeout(state, SWEEP_EVERY);
@@ -342,8 +380,13 @@ impl WarmPools {
             };
             let made = maker.make(&path, tool.as_deref());
             let mut state = relock(&self.state);
+            let reloaded = state.generation != generation;
             let pool = state.pools.entry(skill.clone()).or_default();
             match made {
+                Ok(warm) if reloaded => {
+                    pool.stats.discarded += 1;
+                    state.dead.push((warm, RELOADED));
+                }
                 Ok(mut warm) if warm.plan.manifest.name().as_str() == skill => {
                     warm.permit = Some(permit);
                     pool.retry_at = None;
@@ -369,18 +412,10 @@ impl WarmPools {
     }
 
     /// Under the lock: the idle runs to discard (spoiled, expired, stale),
-    /// and the next warm run to make with the run slot it will hold.
-    #[allow(clippy::type_complexity)]
-    fn look_over(
-        &self,
-        slots: &Arc<Semaphore>,
-    ) -> (
-        Vec<(Warm, &'static str)>,
-        Option<(String, PathBuf, Option<String>, OwnedSemaphorePermit)>,
-        bool,
-    ) {
+    /// the next warm run to make, and whether the pools stop.
+    fn look_over(&self, slots: &Arc<Semaphore>) -> (Vec<(Warm, &'static str)>, Option<Work>, bool) {
         let mut state = relock(&self.state);
-        let State { pools, dead, idle, stop, .. } = &mut *state;
+        let State { pools, dead, idle, stop, generation } = &mut *state;
         let mut out = std::mem::take(dead);
         for pool in pools.values_mut() {
             let before = pool.idle.len();
@@ -429,7 +464,13 @@ impl WarmPools {
         let work = match next {
             Some((name, pool)) if *idle < self.total && slots.available_permits() > 1 => {
                 let (path, tool) = pool.source.clone().unwrap_or_default();
-                slots.clone().try_acquire_owned().ok().map(|p| (name.clone(), path, tool, p))
+                slots.clone().try_acquire_owned().ok().map(|permit| Work {
+                    skill: name.clone(),
+                    path,
+                    tool,
+                    permit,
+                    generation: *generation,
+                })
             }
             _ => None,
         };
@@ -439,3 +480,17 @@ impl WarmPools {
 
 /// Why a warm run made from other files than the request's is discarded.
 const STALE: &str = "its manifest or entry changed since it was made";
+
+/// Why a warm run is discarded on `warm_discard` (skilld's reload).
+const RELOADED: &str = "a reload asked for every pool to be made again";
+
+/// The next warm run the pool thread makes: of which skill, from which
+/// manifest and tool, with the run slot it will hold while idle, under
+/// which [`State::generation`].
+struct Work {
+    skill: String,
+    path: PathBuf,
+    tool: Option<String>,
+    permit: OwnedSemaphorePermit,
+    generation: u64,
+}

@@ -65,6 +65,14 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
                 });
             ctx.send(wire::encode_result(&id, &found));
         }
+        Ok(Request::WarmDiscard { id }) => {
+            let discarded = ctx.shared.engine.discard_warm();
+            tracing::info!(
+                "executor: {discarded} idle warm runs discarded on request (peer {})",
+                ctx.peer
+            );
+            ctx.send(wire::encode_result(&id, &wire::WarmDiscardResult { discarded }));
+        }
         Ok(Request::Execute { id, params }) => {
             // A held run's start is registered before its task runs: the
             // `start` may be the very next line.

@@ -15,4 +15,5 @@ mod lifecycle;
 mod mcp;
 mod sandbox;
 mod socket;
+mod warm;
 mod wire;

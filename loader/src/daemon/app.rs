@@ -151,7 +151,8 @@ impl App {
     }
 
     /// Scans the roots and swaps the registry. Runs in flight keep the
-    /// skill they started with. Every scan event is logged at its level.
+    /// skill they started with; the executor's idle warm runs are
+    /// discarded. Every scan event is logged at its level.
     /// The executor is asked first for its longest run timeout (`ping`),
     /// to which longer manifest timeouts are clamped (a `TimeoutClamped`
     /// event), so that listings say what runs get. Told to the service
@@ -202,6 +203,7 @@ impl App {
         let summary =
             ReloadSummary { registered: snapshot.registered(), skipped: snapshot.skipped() };
         self.registry.replace(snapshot);
+        self.discard_warm().await;
         self.metrics.reloads_total.inc();
         self.metrics.skills_registered.set(i64::try_from(summary.registered).unwrap_or(i64::MAX));
         tracing::info!(
@@ -212,6 +214,19 @@ impl App {
             if summary.registered == 1 { "" } else { "s" }
         );
         summary
+    }
+
+    /// Tells the executor to discard its idle warm runs (`warm_discard`):
+    /// a scan is when skill files may have changed, some of them (a module
+    /// the entry loads at start) unseen by the check of manifest and entry
+    /// that the executor makes before handing out a warm run. Its pools are
+    /// made again from the files as they are now.
+    async fn discard_warm(&self) {
+        match self.executor.warm_discard(PONG_TIMEOUT).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("skill loader: the executor discarded {n} idle warm runs"),
+            Err(e) => tracing::debug!(error = %e, "skill loader: warm_discard"),
+        }
     }
 
     /// Logs scan events at their level and counts the skips.

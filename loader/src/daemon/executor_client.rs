@@ -29,7 +29,7 @@ use nix::sys::socket::{recv, MsgFlags};
 
 use policy::wire::{
     self, ExecuteParams, LineBuffer, McpToolInfo, McpToolsResult, MetricsResult, PingResult, Reply,
-    WarmResult, MAX_LINE_BYTES,
+    WarmDiscardResult, WarmResult, MAX_LINE_BYTES,
 };
 use policy::{Outcome, RunReport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -404,6 +404,35 @@ impl ExecutorClient {
         };
         tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
             Err(ExecutorError::Io(io::Error::new(io::ErrorKind::TimedOut, "warm timed out")))
+        })
+    }
+
+    /// Asks the executor to discard its idle warm runs and make them again
+    /// (`warm_discard`) within `timeout`: how many it discarded.
+    ///
+    /// # Errors
+    ///
+    /// Any [`ExecutorError`]; a timeout is [`ExecutorError::Io`].
+    pub async fn warm_discard(&self, timeout: Duration) -> Result<u64, ExecutorError> {
+        let call = async {
+            let mut conn = self.connect().await?;
+            let stream = conn.stream().map_err(ExecutorError::Io)?;
+            stream.write_all(&wire::encode_warm_discard(1)).await.map_err(ExecutorError::Io)?;
+            let mut conn = RunConnection::new(conn, 64 << 10);
+            match conn.next_reply().await? {
+                Reply::Result { result, .. } => {
+                    serde_json::from_str::<WarmDiscardResult>(result.get())
+                        .map(|r| r.discarded)
+                        .map_err(|e| ExecutorError::Protocol(format!("warm_discard result: {e}")))
+                }
+                other => Err(reply_error(other)),
+            }
+        };
+        tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
+            Err(ExecutorError::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "warm_discard timed out",
+            )))
         })
     }
 

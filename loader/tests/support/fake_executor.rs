@@ -113,6 +113,7 @@ async fn connection(stream: UnixStream, stats: Arc<Stats>) {
             Ok(Request::McpTools { id, .. }) => wire::encode_result(&id, &json!({"tools": []})),
             // Grants no skill warm runs.
             Ok(Request::Warm { id, .. }) => wire::encode_result(&id, &json!(null)),
+            Ok(Request::WarmDiscard { id }) => wire::encode_result(&id, &json!({"discarded": 0})),
             // A start for no held run: nothing to do, no answer.
             Ok(Request::Start { .. }) => continue,
             Ok(Request::Execute { id, params }) => {

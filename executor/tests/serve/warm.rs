@@ -1,0 +1,160 @@
+//! Warm runs served: idle warm runs hold run slots (a request that finds
+//! none free takes one's slot, and the cap holds), and on SIGTERM the
+//! idle ones are killed at once while a run taken from the pool is
+//! drained as any other.
+
+use std::collections::BTreeSet;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use policy::SkillGrant;
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+/// The `warm` answer for `skill` over a connection of its own.
+fn pool(socket: &Path, skill: &str) -> Value {
+    let mut c = Client::connect(socket);
+    c.send(&json!({"jsonrpc": "2.0", "id": 1, "method": "warm", "params": {"skill": skill}}));
+    c.recv()["result"].clone()
+}
+
+/// The shells running a script under `dir` that have a child (blocked in
+/// the `cat` reading their args; a shell's child between its fork and its
+/// exec has the shell's command line and no child), zombies aside, `but`
+/// left out.
+fn shells_under(dir: &Path, but: &[i32]) -> BTreeSet<i32> {
+    let has_child = |pid: i32| {
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"));
+        children.is_ok_and(|c| !c.trim().is_empty())
+    };
+    crate::common::procs_with(&dir.display().to_string())
+        .into_iter()
+        .filter(|p| p.state != 'Z' && !but.contains(&p.pid) && has_child(p.pid))
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()))
+        .is_some_and(|state| state != 'Z')
+}
+
+/// An idle warm run holds one of the `max_concurrent_runs` slots: with
+/// both slots taken (one by a warm run, one by a run), a second run does
+/// not queue but kills the idle warm run for its slot; the pool is not
+/// made again while every slot is busy, and a third run queues.
+#[test]
+fn idle_warm_runs_hold_run_slots() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|c| {
+        c.max_concurrent_runs = 2;
+        c.max_queued_runs = 2;
+        c.skills.insert("pool".into(), SkillGrant { warm: 1, ..SkillGrant::default() });
+    });
+    let warm = skill(&server.root, "pool", "safe", 5, "cat >/dev/null\necho '{}'");
+    let go = server.root.join("long").join("go");
+    let script = format!("while [ ! -e {} ]; do sleep 0.05; done\necho '{{}}'", go.display());
+    let long = skill(&server.root, "long", "safe", 20, &script);
+    let warm_dir = warm.parent().unwrap().to_owned();
+    let mut c = server.client();
+    c.execute(1, &warm, json!({}));
+    assert_eq!(c.run_result().1["result"]["warm"], false, "the first run is a miss");
+    wait_for("the pool to fill", Duration::from_secs(10), || {
+        pool(&server.socket, "pool")["idle"] == 1 && shells_under(&warm_dir, &[]).len() == 1
+    });
+    let idle = shells_under(&warm_dir, &[]);
+    let mut a = server.client();
+    a.execute(2, &long, json!({}));
+    server.wait_in_flight(1);
+    // Both slots are taken: the warm run's and A's.
+    let mut b = server.client();
+    b.execute(3, &long, json!({}));
+    server.wait_in_flight(2);
+    assert_eq!(server.metrics.runs_queued.get(), 0, "B queued behind an idle warm run");
+    wait_for("the idle warm run to be killed", Duration::from_secs(5), || {
+        idle.iter().all(|&pid| !alive(pid))
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    let p = pool(&server.socket, "pool");
+    assert_eq!((p["idle"].clone(), p["discarded"].clone()), (json!(0), json!(1)), "{p}");
+    assert!(shells_under(&warm_dir, &[]).is_empty(), "a warm run made over the cap");
+    let mut d = server.client();
+    d.execute(4, &long, json!({}));
+    let v = d.recv();
+    assert_eq!((&v["method"], &v["params"]["id"]), (&json!("queued"), &json!(4)), "{v}");
+    std::fs::write(&go, "").unwrap();
+    for (client, id) in [(&mut a, 2), (&mut b, 3)] {
+        let (_, v) = client.run_result();
+        assert_eq!((v["id"].clone(), v["result"]["outcome"].clone()), (json!(id), json!("ok")));
+    }
+    let (_, v) = d.run_result();
+    assert_eq!(v["method"], "started", "{v}");
+    let (_, v) = d.run_result();
+    assert_eq!(v["result"]["outcome"], "ok", "{v}");
+    wait_for("the pool to fill again", Duration::from_secs(10), || {
+        pool(&server.socket, "pool")["idle"] == 1
+    });
+}
+
+/// The binary under SIGTERM with a warm pool: the idle warm runs are gone
+/// within a second (by pid), while a run taken from the pool before the
+/// signal runs to its end and reports; then the executor exits 0.
+#[test]
+fn sigterm_kills_idle_warm_runs_and_drains_a_taken_one() {
+    if !can_run() {
+        return;
+    }
+    let root = dir_0755();
+    let runtime = dir_0755();
+    let (socket, config) = serve_config(root.path(), runtime.path());
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("[skills.pool]\nwarm = 2\n");
+    std::fs::write(&config, text).unwrap();
+    let go = root.path().join("pool").join("go");
+    let script = format!(
+        "args=$(cat)\necho \"pid $$\" >&2\ncase $args in *wait*)\n\
+         while [ ! -e {} ]; do sleep 0.05; done ;;\nesac\necho '{{}}'",
+        go.display()
+    );
+    let manifest = skill(root.path(), "pool", "safe", 20, &script);
+    let dir = manifest.parent().unwrap().to_owned();
+    let mut spawned = spawn_serve(&config, std::process::Stdio::null());
+    wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
+    let mut c = Client::connect(&socket);
+    c.execute(1, &manifest, json!({}));
+    assert_eq!(c.run_result().1["result"]["warm"], false, "the first run is a miss");
+    let full = || pool(&socket, "pool")["idle"] == 2;
+    wait_for("the pool to fill", Duration::from_secs(10), full);
+    // A run taken from the pool, in flight until `go` exists.
+    let mut a = Client::connect(&socket);
+    a.execute(2, &manifest, json!({"wait": true}));
+    let v = a.recv();
+    let line = v["params"]["line"].as_str().unwrap_or_default();
+    let taken: i32 = line.strip_prefix("pid ").and_then(|p| p.parse().ok()).expect("its pid");
+    wait_for("the pool to fill again", Duration::from_secs(10), || {
+        full() && shells_under(&dir, &[taken]).len() == 2
+    });
+    let idle = shells_under(&dir, &[taken]);
+    let signalled = Instant::now();
+    sigterm(&spawned.0);
+    wait_for("the idle warm runs to be killed", Duration::from_secs(1), || {
+        idle.iter().all(|&pid| !alive(pid))
+    });
+    let gone_after = signalled.elapsed();
+    assert!(alive(taken), "the taken run was not drained");
+    assert!(matches!(spawned.0.try_wait(), Ok(None)), "the executor did not wait for its run");
+    std::fs::write(&go, "").unwrap();
+    let (_, v) = a.run_result();
+    let r = &v["result"];
+    assert_eq!((r["outcome"].clone(), r["warm"].clone()), (json!("ok"), json!(true)), "{v}");
+    assert_eq!(wait_child(&mut spawned.0), (Some(0), None));
+    assert!(gone_after < Duration::from_secs(1), "{gone_after:?}");
+    assert!(shells_under(&dir, &[]).is_empty(), "a warm run outlived the executor");
+}
