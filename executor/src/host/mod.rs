@@ -14,6 +14,7 @@
 //!   to what it and its skills' grants need.
 //! - [`attach_lock`]: warming the kernel's cgroup attach lock for a one-shot
 //!   run.
+//! - [`stack`]: the main thread's stack, made resident at start.
 
 pub mod attach_lock;
 pub mod capabilities;
@@ -21,4 +22,5 @@ pub mod delegation;
 pub mod dynmods;
 pub mod fdtable;
 pub mod instance;
+pub mod stack;
 pub mod sweep;
