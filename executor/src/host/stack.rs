@@ -8,10 +8,11 @@
 //! computed with the operation that set them, and after a `neg` of
 //! `i64::MIN` the overflow flag comes back clear. LLVM tells the variants
 //! of a niche-tagged enum apart that way (`neg`, `seto` to the stack,
-//! `cmovo`): in Debian 12 guests under TCG, 1 to 3 of 49 one-shot runs read
-//! their `ManifestSource::Path` as the other variant and died in
-//! `Path::parent`, on the path's length taken as its pointer, when that
-//! `seto` was the first write to a page of the main thread's stack. A
+//! `cmovo`): in Debian 12 guests under TCG, about one one-shot run in a
+//! hundred (4 of 392) read its `ManifestSource::Path` as the other variant
+//! and died in `Path::parent`, on the path's length taken as its pointer,
+//! when that `seto` was the first write to a page of the main thread's
+//! stack (none of 392 with this module). A
 //! native CPU, or one under KVM, has no such defect.
 //!
 //! So the binary writes the part of its main thread's stack that its work
