@@ -334,6 +334,10 @@ fn main() -> ExitCode {
             argv.get(2..).unwrap_or_default(),
         ));
     }
+    // First: the main thread's stack mapped before the work, so that no
+    // instruction of it faults on a page of it (an emulated CPU can come
+    // back from such a fault with wrong flags: executor::host::stack).
+    executor::host::stack::prefault_main();
     // Before any thread: large buffers (a flooding skill's stdout) on
     // their own mappings, given back when freed.
     executor::map_large_allocations();

@@ -16,6 +16,7 @@
 //!   processes.
 //! - [`attach_lock`]: warming the kernel's cgroup attach lock for a one-shot
 //!   run.
+//! - [`stack`]: the main thread's stack, made resident at start.
 
 pub mod attach_lock;
 pub mod capabilities;
@@ -24,4 +25,5 @@ pub mod dynmods;
 pub mod fdtable;
 pub mod instance;
 pub mod procview;
+pub mod stack;
 pub mod sweep;
