@@ -90,6 +90,12 @@ impl Servers {
         report
     }
 
+    /// The generation of the tool list of the pack at `manifest`
+    /// ([`Server::generation`]; the server is not started by this).
+    pub async fn generation(&self, manifest: &Path) -> u64 {
+        self.get(manifest).lock().await.generation()
+    }
+
     fn all(&self) -> Vec<Arc<Mutex<Server>>> {
         let map = self.by_manifest.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         map.values().cloned().collect()

@@ -67,6 +67,22 @@ pub struct Server {
     retry_at: Option<Instant>,
     last_used: Instant,
     starts: u64,
+    /// The tools of its last listing, kept across restarts: what a new
+    /// listing is compared with.
+    known: Option<Vec<Tool>>,
+    /// Moves each time a listing differs from the one before.
+    generation: u64,
+}
+
+/// The first generation of every server of this executor: its start time
+/// in nanoseconds, so that the generations of a restarted executor differ
+/// from those its callers saw before.
+fn first_generation() -> u64 {
+    static FIRST: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *FIRST.get_or_init(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        now.map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    })
 }
 
 /// Why a server could not be started: the report of the call that wanted it.
@@ -86,7 +102,29 @@ impl Server {
             retry_at: None,
             last_used: Instant::now(),
             starts: 0,
+            known: None,
+            generation: first_generation(),
         }
+    }
+
+    /// The generation of its tool list: moves each time a listing (at a
+    /// start, or after `notifications/tools/list_changed`) differs from
+    /// the one before. The executor's answers carry it so that a caller
+    /// that registered the tools at another generation lists them again.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Takes `tools` as the server's list, moving the generation when it
+    /// differs from the last listing.
+    fn listed(&mut self, tools: Vec<Tool>) {
+        if self.known.as_ref().is_some_and(|k| *k != tools) {
+            self.generation = self.generation.wrapping_add(1);
+        }
+        if let Some(run) = self.running.as_mut() {
+            run.tools.clone_from(&tools);
+        }
+        self.known = Some(tools);
     }
 
     /// How many times it was started.
@@ -185,7 +223,7 @@ impl Server {
         let mut broken = false;
         if answer.is_ok() && run.conn.list_changed {
             match run.conn.list_tools(timeout).await {
-                Ok(tools) => run.tools = tools,
+                Ok(tools) => self.listed(tools),
                 Err(e) => broken = !e.keeps_connection(),
             }
         }
@@ -229,7 +267,9 @@ impl Server {
         }
         match start(engine, &self.manifest).await {
             Ok(run) => {
+                let tools = run.tools.clone();
                 self.running = Some(run);
+                self.listed(tools);
                 self.starts += 1;
                 self.failures = 0;
                 self.retry_at = None;

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 # A small MCP server over stdio for the executor's tests: well-behaved for
-# echo and secret_is, hostile on demand (garbage, flood, stall, die, fork).
+# echo and secret_is, hostile on demand (garbage, flood, stall, die, fork);
+# grow and shrink add and remove the tool extra, saying its list changed.
 import json, os, socket, sys, time, hashlib
 
-TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect", "grow", "scalar"]
+TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect", "grow", "shrink", "scalar"]
 
 
 def send(msg):
@@ -52,6 +53,12 @@ def call(name, args):
         TOOLS.append("extra")
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         return text("grown")
+    if name == "shrink":
+        # A tool gone, announced before the answer.
+        while "extra" in TOOLS:
+            TOOLS.remove("extra")
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        return text("shrunk")
     if name == "extra":
         return text("extra")
     if name == "pid":

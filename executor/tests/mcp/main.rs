@@ -261,12 +261,23 @@ fn a_tools_list_changed_notification_refreshes_the_list_and_a_malformed_result_c
     rt().block_on(async {
         let r = servers.call(&engine, &m, "extra", json!({})).await;
         assert_eq!(r.outcome, Outcome::Rejected, "not listed yet: {r:?}");
+        let first = servers.generation(&m).await;
         let r = servers.call(&engine, &m, "grow", json!({})).await;
         assert_eq!(text_of(&r), "grown", "{r:?}");
+        let grown = servers.generation(&m).await;
+        assert_ne!(grown, first, "the list changed: its generation moved");
         let tools = servers.tools(&engine, &m).await.unwrap();
         assert!(tools.iter().any(|t| t.name == "extra"), "{tools:?}");
         let r = servers.call(&engine, &m, "extra", json!({})).await;
         assert_eq!(text_of(&r), "extra", "{r:?}");
+        assert_eq!(servers.generation(&m).await, grown, "no change, no move");
+
+        let r = servers.call(&engine, &m, "shrink", json!({})).await;
+        assert_eq!(text_of(&r), "shrunk", "{r:?}");
+        assert_ne!(servers.generation(&m).await, grown);
+        let r = servers.call(&engine, &m, "extra", json!({})).await;
+        assert_eq!(r.outcome, Outcome::Rejected, "a removed tool is refused: {r:?}");
+        assert!(r.error.as_deref().unwrap_or("").contains("did not list"), "{r:?}");
 
         let r = servers.call(&engine, &m, "scalar", json!({})).await;
         assert_eq!(r.outcome, Outcome::InvalidResult, "{r:?}");

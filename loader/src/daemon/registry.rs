@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use serde::Serialize;
@@ -108,6 +109,19 @@ impl Skill {
 pub struct Snapshot {
     skills: BTreeMap<String, Arc<Skill>>,
     skipped: usize,
+    /// The MCP server packs of the scan, by manifest, with the generation
+    /// of the tool list their skills were registered from.
+    mcp: BTreeMap<PathBuf, McpPack>,
+}
+
+/// An MCP server pack of a snapshot.
+#[derive(Debug, Clone)]
+pub struct McpPack {
+    /// The pack as the scan found it.
+    pub pack: RegisteredSkill,
+    /// The generation of the tool list its skills come from (`None`: the
+    /// executor did not list them, or said no generation).
+    pub generation: Option<u64>,
 }
 
 impl Snapshot {
@@ -116,6 +130,16 @@ impl Snapshot {
     /// `report.skills`).
     pub fn build(report: ScanReport) -> Self {
         let skipped = report.events.iter().filter(|e| e.is_skip()).count();
+        let mut generations = report.mcp_generations;
+        let mcp = report
+            .mcp_packs
+            .into_iter()
+            .map(|pack| {
+                let path = pack.manifest_path().to_owned();
+                let generation = generations.remove(&path);
+                (path, McpPack { pack, generation })
+            })
+            .collect();
         let cache = report.validators;
         let skills = report
             .skills
@@ -127,7 +151,53 @@ impl Snapshot {
                 (name, Arc::new(skill))
             })
             .collect();
-        Self { skills, skipped }
+        Self { skills, skipped, mcp }
+    }
+
+    /// The MCP server pack at `manifest`.
+    pub fn mcp_pack(&self, manifest: &Path) -> Option<&McpPack> {
+        self.mcp.get(manifest)
+    }
+
+    /// Whether the skill is a tool of the MCP server pack at `manifest`.
+    fn is_tool_of(skill: &Skill, manifest: &Path) -> bool {
+        skill.registered.source() == "mcp" && skill.registered.manifest_path() == manifest
+    }
+
+    /// The manifest of the skill named `name`, unless it is a tool of the
+    /// MCP server pack at `manifest` (whose tools are being replaced).
+    pub fn taken_by_other(&self, name: &str, manifest: &Path) -> Option<PathBuf> {
+        let skill = self.skills.get(name).filter(|s| !Self::is_tool_of(s, manifest))?;
+        Some(skill.registered.manifest_path().to_owned())
+    }
+
+    /// This snapshot with the tools of the MCP server pack at `manifest`
+    /// replaced by `tools` (listed at `generation`); every other skill is
+    /// shared with this one, compiled validators included.
+    #[must_use]
+    pub fn with_pack_tools(
+        &self,
+        manifest: &Path,
+        tools: Vec<(RegisteredSkill, validators::Compiled)>,
+        generation: Option<u64>,
+    ) -> Self {
+        let mut skills: BTreeMap<String, Arc<Skill>> = self
+            .skills
+            .iter()
+            .filter(|(_, s)| !Self::is_tool_of(s, manifest))
+            .map(|(n, s)| (n.clone(), Arc::clone(s)))
+            .collect();
+        for (registered, validator) in tools {
+            let validators = Arc::new(ValidatorCache::new(1));
+            validators.insert(0, validator);
+            let name = registered.name().as_str().to_owned();
+            skills.insert(name, Arc::new(Skill { registered, slot: 0, validators }));
+        }
+        let mut mcp = self.mcp.clone();
+        if let Some(p) = mcp.get_mut(manifest) {
+            p.generation = generation;
+        }
+        Self { skills, skipped: self.skipped, mcp }
     }
 
     /// The skill named `name`.
