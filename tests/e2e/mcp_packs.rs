@@ -59,11 +59,7 @@ fn a_servers_list_changed_reaches_the_registry_and_our_mcp_front_within_a_bound(
         "timeout_seconds": 5, "class": "safe"}),
     );
     assert_eq!(s.get("/v1/skills/fake_extra").status, 404, "not listed yet");
-    let mut mcp = Mcp::start(&s.socket);
-    let init = json!({"protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "e2e", "version": "1"}});
-    mcp.request(1, "initialize", init);
-    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let mut mcp = front(&s);
     assert!(!front_lists(&mut mcp, 2, "fake_extra"));
 
     // The server adds a tool during a call and says so.
@@ -85,6 +81,47 @@ fn a_servers_list_changed_reaches_the_registry_and_our_mcp_front_within_a_bound(
     assert!(!front_lists(&mut mcp, 4, "fake_extra"), "gone from the MCP front");
     assert_eq!(s.get("/v1/skills/fake_echo").status, 200, "the other tools stay");
     assert!(s.logs().contains("its server's tools changed"), "{}", s.logs());
+}
+
+fn front(s: &Stack) -> Mcp {
+    let mut mcp = Mcp::start(&s.socket);
+    let init = json!({"protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "e2e", "version": "1"}});
+    mcp.request(1, "initialize", init);
+    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    mcp
+}
+
+#[test]
+fn an_mcp_tool_named_pack_dot_tool_is_the_skill_pack_tool() {
+    let s = Stack::start_with("", "");
+    fake_pack(
+        &s,
+        &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
+        "timeout_seconds": 5, "class": "safe"}),
+    );
+    let shown = s.get("/v1/skills/fake.echo");
+    assert_eq!(shown.status, 200, "{}", s.logs());
+    assert_eq!(shown.json()["name"], "fake_echo", "the registered name is shown");
+    let r = s.execute("fake.echo", &json!({"a": 1}));
+    let report = r.json();
+    assert_eq!(report["skill"], "fake_echo", "{report}");
+    assert_eq!(report["result"]["content"][0]["text"], r#"{"a": 1}"#, "{report}");
+    let mut mcp = front(&s);
+    let called = mcp.call(2, "fake.echo", json!({"b": 2}));
+    assert_eq!(called["result"]["isError"], false, "{called}");
+    // The audit trail names the skill as registered, whichever name asked.
+    let rows = s.get("/v1/audit?skill=fake_echo&limit=10").json();
+    let rows = rows["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+
+    // Only a tool of that pack: not another pack's, not a one-shot skill.
+    for unknown in ["fake.nope", "other.echo", "fake.", "fake.echo.x"] {
+        assert_eq!(s.get(&format!("/v1/skills/{unknown}")).status, 404, "{unknown}");
+        assert_eq!(s.execute(unknown, &json!({})).status, 404, "{unknown}");
+    }
+    let unknown = mcp.call(3, "fake.nope", json!({}));
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
 }
 
 #[test]
