@@ -125,6 +125,40 @@ fn an_mcp_tool_named_pack_dot_tool_is_the_skill_pack_tool() {
 }
 
 #[test]
+fn an_mcp_tool_streams_like_any_skill_with_its_progress_as_stderr_events() {
+    let s = Stack::start_with("", "");
+    fake_pack(
+        &s,
+        &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
+        "timeout_seconds": 5, "class": "safe"}),
+    );
+    let r = s.stream("fake_echo", &json!({"a": 1}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let events = r.events();
+    assert_eq!(events.len(), 1, "no stderr of its own: {events:?}");
+    let report = &events[0]["report"];
+    assert_eq!(events[0]["event"], "report");
+    assert_eq!(report["outcome"], "ok", "{report}");
+    assert_eq!(report["result"]["content"][0]["text"], r#"{"a": 1}"#, "{report}");
+    assert_eq!(report["result"]["isError"], false);
+    assert!(report["sandbox"].is_object(), "the box the server runs in: {report}");
+
+    let r = s.stream("fake.progress", &json!({}));
+    let events = r.events();
+    let lines: Vec<&str> = events.iter().filter_map(|e| e["line"].as_str()).collect();
+    assert_eq!(lines, ["progress 1/3: step 1", "progress 2/3: step 2", "progress 3/3: step 3"]);
+    let last = events.last().unwrap();
+    assert_eq!(last["event"], "report", "{events:?}");
+    assert_eq!(last["report"]["result"]["isError"], true, "{last}");
+    assert_eq!(last["report"]["outcome"], "ok", "the call answered: {last}");
+    let body = String::from_utf8_lossy(&r.body);
+    assert!(!body.contains("stderr-of-the-server"), "the server's stderr is dropped: {body}");
+    // Not streamed: the same report, the progress dropped.
+    let whole = s.execute("fake_progress", &json!({})).json();
+    assert_eq!(whole["result"]["content"][0]["text"], "done", "{whole}");
+}
+
+#[test]
 fn an_mcp_packs_tools_are_skills_through_both_daemons_and_its_secret_stays_in_the_server() {
     if !nix::unistd::geteuid().is_root() {
         println!("SKIP: not root: the env_file must be root-owned");

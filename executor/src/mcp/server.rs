@@ -185,14 +185,32 @@ impl Server {
     /// tool's result (`content`, `isError`, `structuredContent`) and its
     /// `sandbox` the box the server runs in.
     pub async fn call(&mut self, engine: &Engine, tool: &str, args: Value) -> RunReport {
+        self.call_with_progress(engine, tool, args, &mut |_| {}).await
+    }
+
+    /// [`Server::call`], handing each progress notification of the call
+    /// to `progress` as a line ([`crate::mcp::client::progress_line`]).
+    pub async fn call_with_progress(
+        &mut self,
+        engine: &Engine,
+        tool: &str,
+        args: Value,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> RunReport {
         let started = Instant::now();
-        let mut report = self.call_inner(engine, tool, args).await;
+        let mut report = self.call_inner(engine, tool, args, progress).await;
         report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_used = Instant::now();
         report
     }
 
-    async fn call_inner(&mut self, engine: &Engine, tool: &str, args: Value) -> RunReport {
+    async fn call_inner(
+        &mut self,
+        engine: &Engine,
+        tool: &str,
+        args: Value,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> RunReport {
         if let Err(r) = self.ensure(engine).await {
             return RunReport { skill: skill_name(&r.skill, tool), ..*r };
         }
@@ -211,7 +229,7 @@ impl Server {
         }
         let timeout = run.plan.manifest.timeout();
         let params = json!({"name": tool, "arguments": args});
-        let answer = run.conn.request("tools/call", params, timeout).await;
+        let answer = run.conn.request_with_progress("tools/call", params, timeout, progress).await;
         // A tool's result is an object (`content`, `isError`, ...).
         let answer = answer.and_then(|r| match r {
             Value::Object(o) => Ok(o),

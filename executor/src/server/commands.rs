@@ -234,7 +234,15 @@ async fn call_tool(
     let in_flight = GaugeGuard::new(&shared.metrics.runs_in_flight);
     let started = Instant::now();
     let tool = params.tool.as_deref().unwrap_or_default();
-    let report = shared.servers.call(&shared.engine, &checked.path, tool, args).await;
+    // The server's progress notifications go out as the call's stderr
+    // lines (its stderr itself is dropped: a server may print its
+    // environment there).
+    let tx = ctx.sender();
+    let mut progress = |line: &str| tx.send(wire::encode_stderr(id, line));
+    let report = shared
+        .servers
+        .call_with_progress(&shared.engine, &checked.path, tool, args, &mut progress)
+        .await;
     // The list's generation after the call: the caller lists the tools
     // again when it registered them at another one.
     let generation = shared.servers.generation(&checked.path).await;

@@ -254,6 +254,24 @@ fn a_server_killed_mid_call_answers_signaled_and_the_next_call_succeeds() {
 }
 
 #[test]
+fn a_calls_progress_is_handed_on_as_lines_and_its_stderr_is_not() {
+    let Some(engine) = engine(Config::default()) else { return };
+    let (_d, m) = pack("");
+    let servers = Servers::default();
+    rt().block_on(async {
+        let mut lines = Vec::new();
+        let mut sink = |l: &str| lines.push(l.to_owned());
+        let r = servers.call_with_progress(&engine, &m, "progress", json!({}), &mut sink).await;
+        assert_eq!(text_of(&r), "done", "{r:?}");
+        assert_eq!(r.result.as_ref().unwrap().to_value()["isError"], json!(true));
+        let want: Vec<String> = (1..=3).map(|i| format!("progress {i}/3: step {i}")).collect();
+        assert_eq!(lines, want, "this call's progress only, no stderr");
+        assert!(r.stderr.is_empty(), "{r:?}");
+        servers.stop_all(&engine).await;
+    });
+}
+
+#[test]
 fn a_tools_list_changed_notification_refreshes_the_list_and_a_malformed_result_cuts_off() {
     let Some(engine) = engine(Config::default()) else { return };
     let (_d, m) = pack("");
