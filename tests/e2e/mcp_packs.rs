@@ -80,6 +80,16 @@ fn a_servers_list_changed_reaches_the_registry_and_our_mcp_front_within_a_bound(
     assert_eq!(s.execute("fake_extra", &json!({})).status, 404);
     assert!(!front_lists(&mut mcp, 4, "fake_extra"), "gone from the MCP front");
     assert_eq!(s.get("/v1/skills/fake_echo").status, 200, "the other tools stay");
+
+    // A change the server says between calls is read at the next call.
+    s.execute("fake_grow", &json!({}));
+    assert!(eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake_extra").status == 200));
+    let r = s.execute("fake_shrink_later", &json!({}));
+    assert_eq!(r.json()["result"]["content"][0]["text"], "later", "{}", s.logs());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s.execute("fake_echo", &json!({})).status, 200);
+    let gone = eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake_extra").status == 404);
+    assert!(gone, "the tool removed between calls is still registered:\n{}", s.logs());
     assert!(s.logs().contains("its server's tools changed"), "{}", s.logs());
 }
 

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 
 /// The protocol version the executor asks for in `initialize`.
@@ -153,6 +153,17 @@ impl Conn {
         }
     }
 
+    /// Answers a request the server sent: `ping`, or "method not found".
+    async fn answer(&mut self, method: &str, req_id: &Value) -> Result<(), ConnError> {
+        let reply = if method == "ping" {
+            json!({"jsonrpc": "2.0", "id": req_id, "result": {}})
+        } else {
+            let error = json!({"code": -32601, "message": "method not found"});
+            json!({"jsonrpc": "2.0", "id": req_id, "error": error})
+        };
+        self.send(&reply).await
+    }
+
     /// Reads messages until the response to `id`, handling what comes
     /// between.
     async fn response(
@@ -163,25 +174,9 @@ impl Conn {
     ) -> Result<Value, ConnError> {
         let mut relayed = 0;
         loop {
-            let line = self.read_line().await?;
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let msg: Value = serde_json::from_slice(&line).map_err(|_| ConnError::Garbage)?;
-            let Some(obj) = msg.as_object().filter(|o| o.get("jsonrpc") == Some(&json!("2.0")))
-            else {
-                return Err(ConnError::Garbage);
-            };
+            let Some(obj) = message(&self.read_line().await?)? else { continue };
             match (obj.get("method").and_then(Value::as_str), obj.get("id")) {
-                (Some(m), Some(req_id)) => {
-                    let reply = if m == "ping" {
-                        json!({"jsonrpc": "2.0", "id": req_id, "result": {}})
-                    } else {
-                        let error = json!({"code": -32601, "message": "method not found"});
-                        json!({"jsonrpc": "2.0", "id": req_id, "error": error})
-                    };
-                    self.send(&reply).await?;
-                }
+                (Some(m), Some(req_id)) => self.answer(m, req_id).await?,
                 (Some(m), None) => {
                     if m == "notifications/tools/list_changed" {
                         self.list_changed = true;
@@ -208,6 +203,43 @@ impl Conn {
                 (None, None) => return Err(ConnError::Garbage),
             }
         }
+    }
+
+    /// Whether a whole line is readable now, without waiting: the buffer
+    /// holds one, or is empty and the pipe has bytes (read into it) that
+    /// end one. The buffer is only filled here, never consumed, so a line
+    /// cut short is left whole for the next read.
+    fn line_ready(&mut self) -> Result<bool, ConnError> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::pin::Pin::new(&mut self.rx).poll_fill_buf(&mut cx) {
+            std::task::Poll::Pending => Ok(false),
+            std::task::Poll::Ready(Err(_)) => Err(ConnError::Closed),
+            std::task::Poll::Ready(Ok([])) => Err(ConnError::Closed),
+            std::task::Poll::Ready(Ok(buf)) => Ok(buf.contains(&b'\n')),
+        }
+    }
+
+    /// Handles what the server wrote while no request was in flight (a
+    /// `notifications/tools/list_changed` between calls sets
+    /// [`Conn::list_changed`]; a `ping` is answered), reading only the
+    /// whole lines there are now.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnError::Closed`] when the server is gone, [`ConnError::Garbage`]
+    /// or [`ConnError::Flood`] as for a request's answer.
+    pub async fn catch_up(&mut self) -> Result<(), ConnError> {
+        while self.line_ready()? {
+            let Some(obj) = message(&self.read_line().await?)? else { continue };
+            match (obj.get("method").and_then(Value::as_str), obj.get("id")) {
+                (Some(m), Some(req_id)) => self.answer(m, req_id).await?,
+                (Some("notifications/tools/list_changed"), None) => self.list_changed = true,
+                // Other notifications, and late answers: nothing waits for them.
+                (Some(_), None) | (None, Some(_)) => {}
+                (None, None) => return Err(ConnError::Garbage),
+            }
+        }
+        Ok(())
     }
 
     /// Sends `method` with `params` and waits up to `timeout` for its
@@ -331,6 +363,18 @@ impl Conn {
             }
         }
         Err(ConnError::Malformed { method: "tools/list", reason: "too many pages".to_owned() })
+    }
+}
+
+/// One line read as a JSON-RPC 2.0 message object; `None` for a blank
+/// line.
+fn message(line: &[u8]) -> Result<Option<serde_json::Map<String, Value>>, ConnError> {
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    match serde_json::from_slice(line) {
+        Ok(Value::Object(o)) if o.get("jsonrpc") == Some(&json!("2.0")) => Ok(Some(o)),
+        _ => Err(ConnError::Garbage),
     }
 }
 

@@ -143,6 +143,10 @@ impl Server {
     ///
     /// The report of the failed start.
     pub async fn tools(&mut self, engine: &Engine) -> Result<Vec<Tool>, Refused> {
+        // A server found broken here is started again by `ensure`.
+        if self.catch_up().await.is_err() {
+            self.cut_off(engine).await;
+        }
         self.ensure(engine).await?;
         self.last_used = Instant::now();
         Ok(self.running.as_ref().map(|r| r.tools.clone()).unwrap_or_default())
@@ -214,11 +218,16 @@ impl Server {
         if let Err(r) = self.ensure(engine).await {
             return RunReport { skill: skill_name(&r.skill, tool), ..*r };
         }
+        let caught_up = self.catch_up().await;
         let Some(run) = self.running.as_mut() else {
             return RunReport::not_run(tool, Outcome::SpawnFailed, "the server is not running");
         };
         let skill = skill_name(run.plan.manifest.name().as_str(), tool);
         let sandbox = Some(run.prep.report.clone());
+        if let Err(e) = caught_up {
+            let exit = self.cut_off(engine).await;
+            return cut_off_report(skill, &e, exit, sandbox);
+        }
         if !run.tools.iter().any(|t| t.name == tool) {
             let why = format!("the server did not list a tool named {tool:?}");
             return RunReport { sandbox, ..RunReport::not_run(skill, Outcome::Rejected, why) };
@@ -269,6 +278,26 @@ impl Server {
                 let exit = self.cut_off(engine).await;
                 cut_off_report(skill, &e, exit, sandbox)
             }
+        }
+    }
+
+    /// Reads what the running server wrote since its last request (a tool
+    /// list change between calls: [`Conn::catch_up`]) and lists its tools
+    /// again when it said they changed, so that a call is checked against
+    /// its latest list.
+    async fn catch_up(&mut self) -> Result<(), ConnError> {
+        let Some(run) = self.running.as_mut() else { return Ok(()) };
+        run.conn.catch_up().await?;
+        if !run.conn.list_changed {
+            return Ok(());
+        }
+        match run.conn.list_tools(run.plan.manifest.timeout()).await {
+            Ok(tools) => {
+                self.listed(tools);
+                Ok(())
+            }
+            Err(e) if e.keeps_connection() => Ok(()),
+            Err(e) => Err(e),
         }
     }
 

@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 # A small MCP server over stdio for the executor's tests: well-behaved for
 # echo and secret_is, hostile on demand (garbage, flood, stall, die, fork);
-# grow and shrink add and remove the tool extra, saying its list changed;
+# grow and shrink add and remove the tool extra, saying its list changed
+# (shrink_later says so after its answer, between calls);
 # progress reports progress (and writes a line on stderr).
 import json, os, socket, sys, time, hashlib
 
-TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect", "grow", "shrink", "scalar", "progress"]
+TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect", "grow", "shrink", "scalar", "progress", "shrink_later"]
 # The progressToken of the call in flight, when the client asked for progress.
 TOKEN = [None]
 
@@ -98,6 +99,13 @@ for line in sys.stdin:
         send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}})
         if p["name"] == "scalar":
             send({"jsonrpc": "2.0", "id": mid, "result": 5})
+            continue
+        if p["name"] == "shrink_later":
+            # The tool extra gone after the answer: announced between calls.
+            send({"jsonrpc": "2.0", "id": mid, "result": text("later")})
+            while "extra" in TOOLS:
+                TOOLS.remove("extra")
+            send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
             continue
         send({"jsonrpc": "2.0", "id": mid, "result": call(p["name"], p.get("arguments") or {})})
     elif mid is not None:

@@ -297,6 +297,18 @@ fn a_tools_list_changed_notification_refreshes_the_list_and_a_malformed_result_c
         assert_eq!(r.outcome, Outcome::Rejected, "a removed tool is refused: {r:?}");
         assert!(r.error.as_deref().unwrap_or("").contains("did not list"), "{r:?}");
 
+        // A change said between calls is read before the next call's check.
+        servers.call(&engine, &m, "grow", json!({})).await;
+        let grown = servers.generation(&m).await;
+        let r = servers.call(&engine, &m, "shrink_later", json!({})).await;
+        assert_eq!(text_of(&r), "later", "{r:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = servers.call(&engine, &m, "extra", json!({})).await;
+        assert_eq!(r.outcome, Outcome::Rejected, "removed between calls: {r:?}");
+        assert_ne!(servers.generation(&m).await, grown);
+        let pid = servers.get(&m).lock().await.pid();
+        assert!(pid.is_some(), "the same server, not cut off");
+
         let r = servers.call(&engine, &m, "scalar", json!({})).await;
         assert_eq!(r.outcome, Outcome::InvalidResult, "{r:?}");
         assert!(r.error.as_deref().unwrap_or("").contains("cut off"), "{r:?}");
