@@ -79,6 +79,9 @@ fuzz_target!(|data: &[u8]| {
                 Reply::Stderr { id, line } => wire::encode_stderr(id, line),
                 Reply::Queued { id } => wire::encode_queued(id),
                 Reply::Started { id } => wire::encode_started(id),
+                Reply::ToolsGeneration { id, generation } => {
+                    wire::encode_tools_generation(id, *generation)
+                }
                 Reply::Result { id, result } => wire::encode_result(id, result),
                 Reply::Error { id, code, message } => wire::encode_error_code(id, *code, message),
             };

@@ -1,6 +1,7 @@
 //! The `"kind": "mcp"` part of a `skill.json`: a pack whose entry is an MCP
 //! server, run long-lived in the box and spoken to over its stdio; each
-//! tool it lists becomes the skill `NAME.TOOL`.
+//! tool it lists becomes the skill `NAME_TOOL` ([`tool_skill_name`]; skilld
+//! also accepts `NAME.TOOL` as an alias).
 //!
 //! Fields beyond a skill's (docs/skills.md): `args` (argv after the entry,
 //! at most [`MAX_ARGS`] strings without NUL bytes), `start` (`"lazy"`, the
@@ -29,7 +30,7 @@ pub const MAX_ARG_BYTES: usize = 4096;
 /// Idle time after which a server is stopped, when the pack sets none.
 pub const DEFAULT_IDLE_SECONDS: u64 = 600;
 /// Longest tool name accepted from a server or in `tool_classes`: it
-/// becomes part of a skill name (`NAME.TOOL`).
+/// becomes part of a skill name (`NAME_TOOL`).
 pub const MAX_TOOL_NAME_BYTES: usize = 64;
 
 /// What kind of pack a `skill.json` describes.

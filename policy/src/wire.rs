@@ -8,7 +8,9 @@
 //! with a `queued` notification, and a `started` one when it gets its slot
 //! (`{"jsonrpc":"2.0","method":"queued","params":{"id":ID}}`): the caller's
 //! clock for the skill's timeout starts then, not while the run waited.
-//! A run that starts at once gets neither.
+//! A run that starts at once gets neither. A call to a tool of an MCP
+//! server pack is answered after a `tools_generation` notification
+//! ([`Reply::ToolsGeneration`]).
 //!
 //! A held run: `execute` with `"hold": true` is checked and prepared by
 //! the executor (manifest, admission, run slot, cgroup, run directory,
@@ -176,6 +178,10 @@ pub struct McpToolsResult {
     /// Why the server could not be asked, when it could not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The generation of this list: it moves each time the server's list
+    /// differs from its listing before (see [`Reply::ToolsGeneration`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
 }
 
 /// The result of `metrics`.
@@ -435,6 +441,18 @@ pub enum Reply {
         /// The id of the run.
         id: Value,
     },
+    /// A `tools_generation` notification, sent before the report of a
+    /// call to a tool of an MCP server pack: the generation of that
+    /// server's tool list after the call. A caller that registered the
+    /// pack's tools at another generation (the one `mcp_tools` answered)
+    /// lists them again: the server said its tools changed, or a restarted
+    /// server lists other tools.
+    ToolsGeneration {
+        /// The id of the run.
+        id: Value,
+        /// The generation.
+        generation: u64,
+    },
     /// A successful response; for `execute`, `result` is a [`RunReport`].
     Result {
         /// The id of the request.
@@ -458,8 +476,8 @@ pub enum Reply {
 /// # Errors
 ///
 /// [`WireError::Parse`] when it is not JSON, [`WireError::InvalidRequest`]
-/// when it is not a JSON-RPC 2.0 response or a `stderr`, `queued` or
-/// `started` notification.
+/// when it is not a JSON-RPC 2.0 response or a `stderr`, `queued`,
+/// `started` or `tools_generation` notification.
 pub fn decode_reply(line: &[u8]) -> Result<Reply, WireError> {
     // The whole line is checked as JSON first (members a reply does not
     // use, and the raw `result`, are skipped below without being read).
@@ -475,7 +493,7 @@ pub fn decode_reply(line: &[u8]) -> Result<Reply, WireError> {
     }
     if let Some(method) = r.method {
         let name = method.as_str().unwrap_or("");
-        if !matches!(name, "stderr" | "queued" | "started") {
+        if !matches!(name, "stderr" | "queued" | "started" | "tools_generation") {
             return Err(WireError::MethodNotFound(method.to_string().chars().take(64).collect()));
         }
         let mut params = match r.params {
@@ -483,6 +501,12 @@ pub fn decode_reply(line: &[u8]) -> Result<Reply, WireError> {
             _ => return Err(WireError::InvalidParams(format!("{name} params must be an object"))),
         };
         let id = params.remove("id").unwrap_or(Value::Null);
+        if name == "tools_generation" {
+            return match params.get("generation").and_then(Value::as_u64) {
+                Some(generation) => Ok(Reply::ToolsGeneration { id, generation }),
+                None => Err(WireError::InvalidParams("generation must be an integer".into())),
+            };
+        }
         return match (name, params.remove("line")) {
             ("queued", _) => Ok(Reply::Queued { id }),
             ("started", _) => Ok(Reply::Started { id }),
@@ -545,6 +569,13 @@ pub fn encode_queued(id: &Value) -> Vec<u8> {
 /// Encodes a `started` notification for run `id`: it left the queue.
 pub fn encode_started(id: &Value) -> Vec<u8> {
     line(&serde_json::json!({"jsonrpc": "2.0", "method": "started", "params": {"id": id}}))
+}
+
+/// Encodes a `tools_generation` notification for run `id`
+/// ([`Reply::ToolsGeneration`]).
+pub fn encode_tools_generation(id: &Value, generation: u64) -> Vec<u8> {
+    line(&serde_json::json!({"jsonrpc": "2.0", "method": "tools_generation",
+        "params": {"id": id, "generation": generation}}))
 }
 
 /// Encodes the final response of a run.
@@ -798,6 +829,13 @@ mod tests {
         assert_eq!(decode_reply(&l[..l.len() - 1]).unwrap(), Reply::Queued { id: json!(4) });
         let l = encode_started(&json!(4));
         assert_eq!(decode_reply(&l[..l.len() - 1]).unwrap(), Reply::Started { id: json!(4) });
+        let l = encode_tools_generation(&json!(4), u64::MAX);
+        assert_eq!(
+            decode_reply(&l[..l.len() - 1]).unwrap(),
+            Reply::ToolsGeneration { id: json!(4), generation: u64::MAX }
+        );
+        let l = br#"{"jsonrpc":"2.0","method":"tools_generation","params":{"id":4}}"#;
+        assert!(matches!(decode_reply(l), Err(WireError::InvalidParams(_))));
         let l = encode_error_code(&json!(1), code::BUSY, "full");
         assert_eq!(
             decode_reply(&l[..l.len() - 1]).unwrap(),

@@ -5,10 +5,11 @@
 //! reaches the server and appears in no answer, log, audit row or metric.
 
 use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::harness::{temp_dir, Stack};
+use crate::harness::{eventually, temp_dir, Stack};
 use crate::mcp::Mcp;
 
 const FAKE: &str = include_str!("../../executor/tests/mcp/fake_server.py");
@@ -26,6 +27,147 @@ fn sha256_hex(s: &str) -> String {
     String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_owned()
 }
 
+/// The fake server as the pack `fake` of the stack, with `manifest`;
+/// registered by a reload.
+fn fake_pack(s: &Stack, manifest: &Value) {
+    let pack = s.skills.join("fake");
+    std::fs::create_dir(&pack).unwrap();
+    std::fs::set_permissions(&pack, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(pack.join("skill.json"), manifest.to_string()).unwrap();
+    std::fs::write(pack.join("server.py"), FAKE).unwrap();
+    std::fs::set_permissions(pack.join("server.py"), std::fs::Permissions::from_mode(0o755))
+        .unwrap();
+    let r = s.post("/v1/reload", &json!({}));
+    assert_eq!(r.status, 200, "{}", s.logs());
+}
+
+/// How long the registry may take to follow a server's list change: the
+/// call's answer tells skilld, which lists the pack again in the background.
+const LIST_CHANGE_BOUND: Duration = Duration::from_secs(5);
+
+fn front_lists(mcp: &mut Mcp, id: u64, name: &str) -> bool {
+    let list = mcp.request(id, "tools/list", json!({}));
+    list["result"]["tools"].as_array().unwrap().iter().any(|t| t["name"] == name)
+}
+
+#[test]
+fn a_servers_list_changed_reaches_the_registry_and_our_mcp_front_within_a_bound() {
+    let s = Stack::start_with("", "");
+    fake_pack(
+        &s,
+        &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
+        "timeout_seconds": 5, "class": "safe"}),
+    );
+    assert_eq!(s.get("/v1/skills/fake_extra").status, 404, "not listed yet");
+    let mut mcp = front(&s);
+    assert!(!front_lists(&mut mcp, 2, "fake_extra"));
+
+    // The server adds a tool during a call and says so.
+    let r = s.execute("fake_grow", &json!({}));
+    assert_eq!(r.json()["result"]["content"][0]["text"], "grown", "{}", s.logs());
+    let appeared = eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake_extra").status == 200);
+    assert!(appeared, "the new tool is not registered:\n{}", s.logs());
+    assert!(s.get("/v1/tools").json().to_string().contains("fake_extra"), "listed by /v1/tools");
+    assert!(front_lists(&mut mcp, 3, "fake_extra"), "listed by the MCP front");
+    let r = s.execute("fake_extra", &json!({}));
+    assert_eq!(r.json()["result"]["content"][0]["text"], "extra", "{}", s.logs());
+
+    // And removes it.
+    let r = s.execute("fake_shrink", &json!({}));
+    assert_eq!(r.json()["result"]["content"][0]["text"], "shrunk", "{}", s.logs());
+    let gone = eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake_extra").status == 404);
+    assert!(gone, "the removed tool is still registered:\n{}", s.logs());
+    assert_eq!(s.execute("fake_extra", &json!({})).status, 404);
+    assert!(!front_lists(&mut mcp, 4, "fake_extra"), "gone from the MCP front");
+    assert_eq!(s.get("/v1/skills/fake_echo").status, 200, "the other tools stay");
+
+    // A change the server says between calls is read at the next call.
+    s.execute("fake_grow", &json!({}));
+    assert!(eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake_extra").status == 200));
+    let r = s.execute("fake_shrink_later", &json!({}));
+    assert_eq!(r.json()["result"]["content"][0]["text"], "later", "{}", s.logs());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s.execute("fake_echo", &json!({})).status, 200);
+    let gone = eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake_extra").status == 404);
+    assert!(gone, "the tool removed between calls is still registered:\n{}", s.logs());
+    assert!(s.logs().contains("its server's tools changed"), "{}", s.logs());
+}
+
+fn front(s: &Stack) -> Mcp {
+    let mut mcp = Mcp::start(&s.socket);
+    let init = json!({"protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "e2e", "version": "1"}});
+    mcp.request(1, "initialize", init);
+    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    mcp
+}
+
+#[test]
+fn an_mcp_tool_named_pack_dot_tool_is_the_skill_pack_tool() {
+    let s = Stack::start_with("", "");
+    fake_pack(
+        &s,
+        &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
+        "timeout_seconds": 5, "class": "safe"}),
+    );
+    let shown = s.get("/v1/skills/fake.echo");
+    assert_eq!(shown.status, 200, "{}", s.logs());
+    assert_eq!(shown.json()["name"], "fake_echo", "the registered name is shown");
+    let r = s.execute("fake.echo", &json!({"a": 1}));
+    let report = r.json();
+    assert_eq!(report["skill"], "fake_echo", "{report}");
+    assert_eq!(report["result"]["content"][0]["text"], r#"{"a": 1}"#, "{report}");
+    let mut mcp = front(&s);
+    let called = mcp.call(2, "fake.echo", json!({"b": 2}));
+    assert_eq!(called["result"]["isError"], false, "{called}");
+    // The audit trail names the skill as registered, whichever name asked.
+    let rows = s.get("/v1/audit?skill=fake_echo&limit=10").json();
+    let rows = rows["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+
+    // Only a tool of that pack: not another pack's, not a one-shot skill.
+    for unknown in ["fake.nope", "other.echo", "fake.", "fake.echo.x"] {
+        assert_eq!(s.get(&format!("/v1/skills/{unknown}")).status, 404, "{unknown}");
+        assert_eq!(s.execute(unknown, &json!({})).status, 404, "{unknown}");
+    }
+    let unknown = mcp.call(3, "fake.nope", json!({}));
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+}
+
+#[test]
+fn an_mcp_tool_streams_like_any_skill_with_its_progress_as_stderr_events() {
+    let s = Stack::start_with("", "");
+    fake_pack(
+        &s,
+        &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
+        "timeout_seconds": 5, "class": "safe"}),
+    );
+    let r = s.stream("fake_echo", &json!({"a": 1}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let events = r.events();
+    assert_eq!(events.len(), 1, "no stderr of its own: {events:?}");
+    let report = &events[0]["report"];
+    assert_eq!(events[0]["event"], "report");
+    assert_eq!(report["outcome"], "ok", "{report}");
+    assert_eq!(report["result"]["content"][0]["text"], r#"{"a": 1}"#, "{report}");
+    assert_eq!(report["result"]["isError"], false);
+    assert!(report["sandbox"].is_object(), "the box the server runs in: {report}");
+
+    let r = s.stream("fake.progress", &json!({}));
+    let events = r.events();
+    let lines: Vec<&str> = events.iter().filter_map(|e| e["line"].as_str()).collect();
+    assert_eq!(lines, ["progress 1/3: step 1", "progress 2/3: step 2", "progress 3/3: step 3"]);
+    let last = events.last().unwrap();
+    assert_eq!(last["event"], "report", "{events:?}");
+    assert_eq!(last["report"]["result"]["isError"], true, "{last}");
+    assert_eq!(last["report"]["outcome"], "ok", "the call answered: {last}");
+    let body = String::from_utf8_lossy(&r.body);
+    assert!(!body.contains("stderr-of-the-server"), "the server's stderr is dropped: {body}");
+    // Not streamed: the same report, the progress dropped.
+    let whole = s.execute("fake_progress", &json!({})).json();
+    assert_eq!(whole["result"]["content"][0]["text"], "done", "{whole}");
+}
+
 #[test]
 fn an_mcp_packs_tools_are_skills_through_both_daemons_and_its_secret_stays_in_the_server() {
     if !nix::unistd::geteuid().is_root() {
@@ -38,18 +180,12 @@ fn an_mcp_packs_tools_are_skills_through_both_daemons_and_its_secret_stays_in_th
     std::fs::set_permissions(&env_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let grant = format!("[skills.fake]\nenv_file = {:?}\n", env_file.display().to_string());
     let s = Stack::start_with(&grant, "");
-    let pack = s.skills.join("fake");
-    std::fs::create_dir(&pack).unwrap();
-    std::fs::set_permissions(&pack, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let manifest = json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
+    fake_pack(
+        &s,
+        &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
         "timeout_seconds": 2, "env_allow": ["FAKE_TOKEN"], "env_required": ["FAKE_TOKEN"],
-        "class": "safe", "tool_classes": {"die": "dangerous"}});
-    std::fs::write(pack.join("skill.json"), manifest.to_string()).unwrap();
-    std::fs::write(pack.join("server.py"), FAKE).unwrap();
-    std::fs::set_permissions(pack.join("server.py"), std::fs::Permissions::from_mode(0o755))
-        .unwrap();
-    let r = s.post("/v1/reload", &json!({}));
-    assert_eq!(r.status, 200, "{}", s.logs());
+        "class": "safe", "tool_classes": {"die": "dangerous"}}),
+    );
 
     let listed = s.get("/v1/skills/fake_echo").json();
     assert_eq!(listed["source"], "mcp", "{listed}\n{}", s.logs());

@@ -322,8 +322,9 @@ pub fn run(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Durat
                 stderr.push('\n');
             }
             Ok(Reply::Result { result, .. }) => break result,
-            // Waiting for a run slot, then starting: nothing to keep.
-            Ok(Reply::Queued { .. } | Reply::Started { .. }) => {}
+            // Waiting for a run slot, then starting, or an MCP tool list's
+            // generation: nothing to keep.
+            Ok(Reply::Queued { .. } | Reply::Started { .. } | Reply::ToolsGeneration { .. }) => {}
             Ok(Reply::Error { code, message, .. }) => {
                 panic!("the executor answered error {code}: {message}\n{}", read(&log))
             }

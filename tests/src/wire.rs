@@ -85,7 +85,8 @@ impl Client {
     }
 
     /// Reads the `stderr` notifications, then the report: the stderr lines
-    /// and the report's line.
+    /// and the report's line (an MCP tool call's `tools_generation`
+    /// notification is passed over).
     ///
     /// # Panics
     ///
@@ -96,6 +97,8 @@ impl Client {
             let v = self.recv();
             if v["method"] == "stderr" {
                 stderr.push(v["params"]["line"].as_str().unwrap().to_owned());
+            } else if v["method"] == "tools_generation" {
+                continue;
             } else {
                 return (stderr, v);
             }

@@ -77,7 +77,11 @@ fn direct(entry: &Path, calls: usize) -> Vec<f64> {
     let mut ask = |method: &str, params: serde_json::Value| {
         id += 1;
         let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        writeln!(tx, "{msg}").expect("write");
+        // One write per message, as the executor's client does (`writeln!`
+        // on the pipe would write each formatted piece on its own).
+        let mut line = msg.to_string();
+        line.push('\n');
+        tx.write_all(line.as_bytes()).expect("write");
         let mut line = String::new();
         loop {
             line.clear();

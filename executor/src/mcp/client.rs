@@ -6,14 +6,15 @@
 //! is capped (a longer one is a flood), a line that is not a JSON-RPC
 //! message is garbage, and either ends the connection (the caller cuts the
 //! server off). Between a request and its response the server may send
-//! notifications (`notifications/tools/list_changed` is remembered, the
-//! rest dropped) and requests (`ping` is answered, any other refused with
+//! notifications (`notifications/tools/list_changed` is remembered,
+//! `notifications/progress` for the request in flight handed to the
+//! caller's sink as a line, the rest dropped) and requests (`ping` is answered, any other refused with
 //! "method not found": the executor offers the server no capability).
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 
 /// The protocol version the executor asks for in `initialize`.
@@ -22,6 +23,10 @@ pub const PROTOCOL_VERSION: &str = "2025-06-18";
 pub const MAX_LIST_PAGES: usize = 64;
 /// Most tools a server may list.
 pub const MAX_TOOLS: usize = 1024;
+/// Most progress lines handed on per request (more are dropped).
+pub const MAX_PROGRESS_LINES: usize = 1000;
+/// Longest progress line handed on, bytes (cut there).
+pub const MAX_PROGRESS_BYTES: usize = 1024;
 
 /// Why a request got no usable answer. The connection is unusable after
 /// any of these but [`ConnError::Rpc`]: the caller cuts the server off.
@@ -148,32 +153,38 @@ impl Conn {
         }
     }
 
+    /// Answers a request the server sent: `ping`, or "method not found".
+    async fn answer(&mut self, method: &str, req_id: &Value) -> Result<(), ConnError> {
+        let reply = if method == "ping" {
+            json!({"jsonrpc": "2.0", "id": req_id, "result": {}})
+        } else {
+            let error = json!({"code": -32601, "message": "method not found"});
+            json!({"jsonrpc": "2.0", "id": req_id, "error": error})
+        };
+        self.send(&reply).await
+    }
+
     /// Reads messages until the response to `id`, handling what comes
     /// between.
-    async fn response(&mut self, id: u64, method: &'static str) -> Result<Value, ConnError> {
+    async fn response(
+        &mut self,
+        id: u64,
+        method: &'static str,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<Value, ConnError> {
+        let mut relayed = 0;
         loop {
-            let line = self.read_line().await?;
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let msg: Value = serde_json::from_slice(&line).map_err(|_| ConnError::Garbage)?;
-            let Some(obj) = msg.as_object().filter(|o| o.get("jsonrpc") == Some(&json!("2.0")))
-            else {
-                return Err(ConnError::Garbage);
-            };
+            let Some(obj) = message(&self.read_line().await?)? else { continue };
             match (obj.get("method").and_then(Value::as_str), obj.get("id")) {
-                (Some(m), Some(req_id)) => {
-                    let reply = if m == "ping" {
-                        json!({"jsonrpc": "2.0", "id": req_id, "result": {}})
-                    } else {
-                        let error = json!({"code": -32601, "message": "method not found"});
-                        json!({"jsonrpc": "2.0", "id": req_id, "error": error})
-                    };
-                    self.send(&reply).await?;
-                }
+                (Some(m), Some(req_id)) => self.answer(m, req_id).await?,
                 (Some(m), None) => {
                     if m == "notifications/tools/list_changed" {
                         self.list_changed = true;
+                    } else if m == "notifications/progress" && relayed < MAX_PROGRESS_LINES {
+                        if let Some(line) = progress_line(obj.get("params"), id) {
+                            relayed += 1;
+                            progress(&line);
+                        }
                     }
                 }
                 (None, Some(got)) if got.as_u64() == Some(id) => {
@@ -194,6 +205,43 @@ impl Conn {
         }
     }
 
+    /// Whether a whole line is readable now, without waiting: the buffer
+    /// holds one, or is empty and the pipe has bytes (read into it) that
+    /// end one. The buffer is only filled here, never consumed, so a line
+    /// cut short is left whole for the next read.
+    fn line_ready(&mut self) -> Result<bool, ConnError> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::pin::Pin::new(&mut self.rx).poll_fill_buf(&mut cx) {
+            std::task::Poll::Pending => Ok(false),
+            std::task::Poll::Ready(Err(_)) => Err(ConnError::Closed),
+            std::task::Poll::Ready(Ok([])) => Err(ConnError::Closed),
+            std::task::Poll::Ready(Ok(buf)) => Ok(buf.contains(&b'\n')),
+        }
+    }
+
+    /// Handles what the server wrote while no request was in flight (a
+    /// `notifications/tools/list_changed` between calls sets
+    /// [`Conn::list_changed`]; a `ping` is answered), reading only the
+    /// whole lines there are now.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnError::Closed`] when the server is gone, [`ConnError::Garbage`]
+    /// or [`ConnError::Flood`] as for a request's answer.
+    pub async fn catch_up(&mut self) -> Result<(), ConnError> {
+        while self.line_ready()? {
+            let Some(obj) = message(&self.read_line().await?)? else { continue };
+            match (obj.get("method").and_then(Value::as_str), obj.get("id")) {
+                (Some(m), Some(req_id)) => self.answer(m, req_id).await?,
+                (Some("notifications/tools/list_changed"), None) => self.list_changed = true,
+                // Other notifications, and late answers: nothing waits for them.
+                (Some(_), None) | (None, Some(_)) => {}
+                (None, None) => return Err(ConnError::Garbage),
+            }
+        }
+        Ok(())
+    }
+
     /// Sends `method` with `params` and waits up to `timeout` for its
     /// result.
     ///
@@ -206,12 +254,50 @@ impl Conn {
         params: Value,
         timeout: Duration,
     ) -> Result<Value, ConnError> {
+        self.exchange(method, params, timeout, None).await
+    }
+
+    /// [`Conn::request`] asking for progress (`_meta.progressToken`, the
+    /// request's id, added to `params`, an object): each
+    /// `notifications/progress` for it is handed to `progress` as one line
+    /// ([`progress_line`]), at most [`MAX_PROGRESS_LINES`].
+    ///
+    /// # Errors
+    ///
+    /// [`ConnError`].
+    pub async fn request_with_progress(
+        &mut self,
+        method: &'static str,
+        params: Value,
+        timeout: Duration,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<Value, ConnError> {
+        self.exchange(method, params, timeout, Some(progress)).await
+    }
+
+    async fn exchange(
+        &mut self,
+        method: &'static str,
+        mut params: Value,
+        timeout: Duration,
+        progress: Option<&mut (dyn FnMut(&str) + Send)>,
+    ) -> Result<Value, ConnError> {
         let id = self.next_id;
         self.next_id += 1;
+        let mut ignore = |_: &str| {};
+        let sink: &mut (dyn FnMut(&str) + Send) = match progress {
+            Some(sink) => {
+                if let Value::Object(p) = &mut params {
+                    p.insert("_meta".to_owned(), json!({"progressToken": id}));
+                }
+                sink
+            }
+            None => &mut ignore,
+        };
         let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         let exchange = async {
             self.send(&msg).await?;
-            self.response(id, method).await
+            self.response(id, method, sink).await
         };
         tokio::time::timeout(timeout, exchange).await.map_err(|_| ConnError::Timeout(timeout))?
     }
@@ -280,9 +366,63 @@ impl Conn {
     }
 }
 
+/// One line read as a JSON-RPC 2.0 message object; `None` for a blank
+/// line.
+fn message(line: &[u8]) -> Result<Option<serde_json::Map<String, Value>>, ConnError> {
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    match serde_json::from_slice(line) {
+        Ok(Value::Object(o)) if o.get("jsonrpc") == Some(&json!("2.0")) => Ok(Some(o)),
+        _ => Err(ConnError::Garbage),
+    }
+}
+
+/// The line a `notifications/progress` for the request `id` is relayed
+/// as: `progress P/T: MESSAGE` (`/T` and `: MESSAGE` when given), cut to
+/// [`MAX_PROGRESS_BYTES`]; `None` for another token or no `progress`.
+pub fn progress_line(params: Option<&Value>, id: u64) -> Option<String> {
+    let p = params?;
+    if p.get("progressToken")?.as_u64() != Some(id) {
+        return None;
+    }
+    let done = p.get("progress").filter(|v| v.is_number())?;
+    let mut line = format!("progress {done}");
+    if let Some(total) = p.get("total").filter(|v| v.is_number()) {
+        line.push_str(&format!("/{total}"));
+    }
+    if let Some(message) = p.get("message").and_then(Value::as_str) {
+        line.push_str(": ");
+        line.push_str(message);
+    }
+    // One line on the wire and in a stream event.
+    let line = line.replace(['\n', '\r'], " ");
+    Some(cut(&line, MAX_PROGRESS_BYTES))
+}
+
 fn tool(v: &Value) -> Option<Tool> {
     let name = v.get("name")?.as_str()?.to_owned();
     let description = v.get("description").and_then(Value::as_str).unwrap_or("").to_owned();
     let input_schema = v.get("inputSchema").filter(|s| s.is_object())?.clone();
     Some(Tool { name, description, input_schema })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_lines_name_their_request_and_stay_one_bounded_line() {
+        let p = json!({"progressToken": 3, "progress": 2, "total": 5, "message": "two\nof five"});
+        assert_eq!(progress_line(Some(&p), 3).as_deref(), Some("progress 2/5: two of five"));
+        assert_eq!(progress_line(Some(&p), 4), None, "another request's");
+        let p = json!({"progressToken": 3, "progress": 0.5});
+        assert_eq!(progress_line(Some(&p), 3).as_deref(), Some("progress 0.5"));
+        let p = json!({"progressToken": "3", "progress": 1});
+        assert_eq!(progress_line(Some(&p), 3), None, "the token sent is a number");
+        assert_eq!(progress_line(Some(&json!({"progressToken": 3})), 3), None);
+        let long = json!({"progressToken": 1, "progress": 1, "message": "é".repeat(4096)});
+        let line = progress_line(Some(&long), 1).unwrap();
+        assert!(line.len() <= MAX_PROGRESS_BYTES && line.starts_with("progress 1: "));
+    }
 }

@@ -85,9 +85,29 @@ impl Servers {
         tool: &str,
         args: Value,
     ) -> RunReport {
-        let report = self.get(manifest).lock().await.call(engine, tool, args).await;
+        self.call_with_progress(engine, manifest, tool, args, &mut |_| {}).await
+    }
+
+    /// [`Servers::call`], handing each progress notification of the call
+    /// to `progress` as a line.
+    pub async fn call_with_progress(
+        &self,
+        engine: &Engine,
+        manifest: &Path,
+        tool: &str,
+        args: Value,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> RunReport {
+        let server = self.get(manifest);
+        let report = server.lock().await.call_with_progress(engine, tool, args, progress).await;
         self.used.notify_one();
         report
+    }
+
+    /// The generation of the tool list of the pack at `manifest`
+    /// ([`Server::generation`]; the server is not started by this).
+    pub async fn generation(&self, manifest: &Path) -> u64 {
+        self.get(manifest).lock().await.generation()
     }
 
     fn all(&self) -> Vec<Arc<Mutex<Server>>> {

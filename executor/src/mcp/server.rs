@@ -67,6 +67,22 @@ pub struct Server {
     retry_at: Option<Instant>,
     last_used: Instant,
     starts: u64,
+    /// The tools of its last listing, kept across restarts: what a new
+    /// listing is compared with.
+    known: Option<Vec<Tool>>,
+    /// Moves each time a listing differs from the one before.
+    generation: u64,
+}
+
+/// The first generation of every server of this executor: its start time
+/// in nanoseconds, so that the generations of a restarted executor differ
+/// from those its callers saw before.
+fn first_generation() -> u64 {
+    static FIRST: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *FIRST.get_or_init(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        now.map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    })
 }
 
 /// Why a server could not be started: the report of the call that wanted it.
@@ -86,7 +102,29 @@ impl Server {
             retry_at: None,
             last_used: Instant::now(),
             starts: 0,
+            known: None,
+            generation: first_generation(),
         }
+    }
+
+    /// The generation of its tool list: moves each time a listing (at a
+    /// start, or after `notifications/tools/list_changed`) differs from
+    /// the one before. The executor's answers carry it so that a caller
+    /// that registered the tools at another generation lists them again.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Takes `tools` as the server's list, moving the generation when it
+    /// differs from the last listing.
+    fn listed(&mut self, tools: Vec<Tool>) {
+        if self.known.as_ref().is_some_and(|k| *k != tools) {
+            self.generation = self.generation.wrapping_add(1);
+        }
+        if let Some(run) = self.running.as_mut() {
+            run.tools.clone_from(&tools);
+        }
+        self.known = Some(tools);
     }
 
     /// How many times it was started.
@@ -105,6 +143,10 @@ impl Server {
     ///
     /// The report of the failed start.
     pub async fn tools(&mut self, engine: &Engine) -> Result<Vec<Tool>, Refused> {
+        // A server found broken here is started again by `ensure`.
+        if self.catch_up().await.is_err() {
+            self.cut_off(engine).await;
+        }
         self.ensure(engine).await?;
         self.last_used = Instant::now();
         Ok(self.running.as_ref().map(|r| r.tools.clone()).unwrap_or_default())
@@ -147,22 +189,45 @@ impl Server {
     /// tool's result (`content`, `isError`, `structuredContent`) and its
     /// `sandbox` the box the server runs in.
     pub async fn call(&mut self, engine: &Engine, tool: &str, args: Value) -> RunReport {
+        self.call_with_progress(engine, tool, args, &mut |_| {}).await
+    }
+
+    /// [`Server::call`], handing each progress notification of the call
+    /// to `progress` as a line ([`crate::mcp::client::progress_line`]).
+    pub async fn call_with_progress(
+        &mut self,
+        engine: &Engine,
+        tool: &str,
+        args: Value,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> RunReport {
         let started = Instant::now();
-        let mut report = self.call_inner(engine, tool, args).await;
+        let mut report = self.call_inner(engine, tool, args, progress).await;
         report.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_used = Instant::now();
         report
     }
 
-    async fn call_inner(&mut self, engine: &Engine, tool: &str, args: Value) -> RunReport {
+    async fn call_inner(
+        &mut self,
+        engine: &Engine,
+        tool: &str,
+        args: Value,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> RunReport {
         if let Err(r) = self.ensure(engine).await {
             return RunReport { skill: skill_name(&r.skill, tool), ..*r };
         }
+        let caught_up = self.catch_up().await;
         let Some(run) = self.running.as_mut() else {
             return RunReport::not_run(tool, Outcome::SpawnFailed, "the server is not running");
         };
         let skill = skill_name(run.plan.manifest.name().as_str(), tool);
         let sandbox = Some(run.prep.report.clone());
+        if let Err(e) = caught_up {
+            let exit = self.cut_off(engine).await;
+            return cut_off_report(skill, &e, exit, sandbox);
+        }
         if !run.tools.iter().any(|t| t.name == tool) {
             let why = format!("the server did not list a tool named {tool:?}");
             return RunReport { sandbox, ..RunReport::not_run(skill, Outcome::Rejected, why) };
@@ -173,7 +238,7 @@ impl Server {
         }
         let timeout = run.plan.manifest.timeout();
         let params = json!({"name": tool, "arguments": args});
-        let answer = run.conn.request("tools/call", params, timeout).await;
+        let answer = run.conn.request_with_progress("tools/call", params, timeout, progress).await;
         // A tool's result is an object (`content`, `isError`, ...).
         let answer = answer.and_then(|r| match r {
             Value::Object(o) => Ok(o),
@@ -185,7 +250,7 @@ impl Server {
         let mut broken = false;
         if answer.is_ok() && run.conn.list_changed {
             match run.conn.list_tools(timeout).await {
-                Ok(tools) => run.tools = tools,
+                Ok(tools) => self.listed(tools),
                 Err(e) => broken = !e.keeps_connection(),
             }
         }
@@ -216,6 +281,26 @@ impl Server {
         }
     }
 
+    /// Reads what the running server wrote since its last request (a tool
+    /// list change between calls: [`Conn::catch_up`]) and lists its tools
+    /// again when it said they changed, so that a call is checked against
+    /// its latest list.
+    async fn catch_up(&mut self) -> Result<(), ConnError> {
+        let Some(run) = self.running.as_mut() else { return Ok(()) };
+        run.conn.catch_up().await?;
+        if !run.conn.list_changed {
+            return Ok(());
+        }
+        match run.conn.list_tools(run.plan.manifest.timeout()).await {
+            Ok(tools) => {
+                self.listed(tools);
+                Ok(())
+            }
+            Err(e) if e.keeps_connection() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Starts the server unless it runs; refused while a backoff runs.
     async fn ensure(&mut self, engine: &Engine) -> Result<(), Refused> {
         if self.running.is_some() {
@@ -229,7 +314,9 @@ impl Server {
         }
         match start(engine, &self.manifest).await {
             Ok(run) => {
+                let tools = run.tools.clone();
                 self.running = Some(run);
+                self.listed(tools);
                 self.starts += 1;
                 self.failures = 0;
                 self.retry_at = None;

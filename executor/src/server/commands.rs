@@ -188,13 +188,17 @@ async fn execute(
 /// reason.
 async fn mcp_tools(ctx: ConnCtx, id: Value, params: McpToolsParams) {
     let shared = &ctx.shared;
+    let none = |error| McpToolsResult { tools: Vec::new(), error, generation: None };
     let result = match shared.manifests.check(&params.manifest) {
-        Err(report) => McpToolsResult { tools: Vec::new(), error: report.error },
+        Err(report) => none(report.error),
         Ok((checked, _)) => match shared.servers.tool_infos(&shared.engine, &checked.path).await {
-            Ok(tools) => McpToolsResult { tools, error: None },
+            Ok(tools) => {
+                let generation = Some(shared.servers.generation(&checked.path).await);
+                McpToolsResult { tools, error: None, generation }
+            }
             Err(report) => {
                 log_outcome(&ctx, &checked.name, &report, "listing tools, ");
-                McpToolsResult { tools: Vec::new(), error: report.error }
+                none(report.error)
             }
         },
     };
@@ -204,7 +208,8 @@ async fn mcp_tools(ctx: ConnCtx, id: Value, params: McpToolsParams) {
 /// `execute` of a tool of an MCP server pack: admitted as a run is (or
 /// `busy`), then, after a held call's start, the call goes to the pack's
 /// server ([`crate::mcp`]), which takes no run slot (it runs already, its
-/// calls take turns); reported as a run. Closing the connection does not
+/// calls take turns); reported as a run, after a `tools_generation`
+/// notification. Closing the connection does not
 /// cancel a call in flight (the server is mid-request): it ends within the
 /// pack's `timeout_seconds`.
 async fn call_tool(
@@ -237,7 +242,19 @@ async fn call_tool(
     let in_flight = GaugeGuard::new(&shared.metrics.runs_in_flight);
     let started = Instant::now();
     let tool = params.tool.as_deref().unwrap_or_default();
-    let report = shared.servers.call(&shared.engine, &checked.path, tool, args).await;
+    // The server's progress notifications go out as the call's stderr
+    // lines (its stderr itself is dropped: a server may print its
+    // environment there).
+    let tx = ctx.sender();
+    let mut progress = |line: &str| tx.send(wire::encode_stderr(id, line));
+    let report = shared
+        .servers
+        .call_with_progress(&shared.engine, &checked.path, tool, args, &mut progress)
+        .await;
+    // The list's generation after the call: the caller lists the tools
+    // again when it registered them at another one.
+    let generation = shared.servers.generation(&checked.path).await;
+    ctx.send(wire::encode_tools_generation(id, generation));
     drop(in_flight);
     drop(admitted);
     shared.metrics.record_run(skill, &report, started.elapsed());

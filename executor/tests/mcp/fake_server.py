@@ -1,9 +1,14 @@
 #!/usr/bin/python3
 # A small MCP server over stdio for the executor's tests: well-behaved for
-# echo and secret_is, hostile on demand (garbage, flood, stall, die, fork).
+# echo and secret_is, hostile on demand (garbage, flood, stall, die, fork);
+# grow and shrink add and remove the tool extra, saying its list changed
+# (shrink_later says so after its answer, between calls);
+# progress reports progress (and writes a line on stderr).
 import json, os, socket, sys, time, hashlib
 
-TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect", "grow", "scalar"]
+TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect", "grow", "shrink", "scalar", "progress", "shrink_later"]
+# The progressToken of the call in flight, when the client asked for progress.
+TOKEN = [None]
 
 
 def send(msg):
@@ -52,6 +57,24 @@ def call(name, args):
         TOOLS.append("extra")
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         return text("grown")
+    if name == "shrink":
+        # A tool gone, announced before the answer.
+        while "extra" in TOOLS:
+            TOOLS.remove("extra")
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        return text("shrunk")
+    if name == "progress":
+        # Progress for the call, and a line on stderr, which is not relayed.
+        sys.stderr.write("stderr-of-the-server %s\n" % os.environ.get("FAKE_TOKEN", ""))
+        sys.stderr.flush()
+        for i in (1, 2, 3):
+            if TOKEN[0] is not None:
+                send({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
+                    "progressToken": TOKEN[0], "progress": i, "total": 3, "message": "step %d" % i}})
+        # Another request's progress is not this call's.
+        send({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
+            "progressToken": "other", "progress": 9}})
+        return text("done", True)
     if name == "extra":
         return text("extra")
     if name == "pid":
@@ -72,9 +95,17 @@ for line in sys.stdin:
         send({"jsonrpc": "2.0", "id": mid, "result": {"tools": tools}})
     elif method == "tools/call":
         p = msg["params"]
+        TOKEN[0] = (p.get("_meta") or {}).get("progressToken")
         send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}})
         if p["name"] == "scalar":
             send({"jsonrpc": "2.0", "id": mid, "result": 5})
+            continue
+        if p["name"] == "shrink_later":
+            # The tool extra gone after the answer: announced between calls.
+            send({"jsonrpc": "2.0", "id": mid, "result": text("later")})
+            while "extra" in TOOLS:
+                TOOLS.remove("extra")
+            send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
             continue
         send({"jsonrpc": "2.0", "id": mid, "result": call(p["name"], p.get("arguments") or {})})
     elif mid is not None:

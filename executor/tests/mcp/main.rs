@@ -254,6 +254,24 @@ fn a_server_killed_mid_call_answers_signaled_and_the_next_call_succeeds() {
 }
 
 #[test]
+fn a_calls_progress_is_handed_on_as_lines_and_its_stderr_is_not() {
+    let Some(engine) = engine(Config::default()) else { return };
+    let (_d, m) = pack("");
+    let servers = Servers::default();
+    rt().block_on(async {
+        let mut lines = Vec::new();
+        let mut sink = |l: &str| lines.push(l.to_owned());
+        let r = servers.call_with_progress(&engine, &m, "progress", json!({}), &mut sink).await;
+        assert_eq!(text_of(&r), "done", "{r:?}");
+        assert_eq!(r.result.as_ref().unwrap().to_value()["isError"], json!(true));
+        let want: Vec<String> = (1..=3).map(|i| format!("progress {i}/3: step {i}")).collect();
+        assert_eq!(lines, want, "this call's progress only, no stderr");
+        assert!(r.stderr.is_empty(), "{r:?}");
+        servers.stop_all(&engine).await;
+    });
+}
+
+#[test]
 fn a_tools_list_changed_notification_refreshes_the_list_and_a_malformed_result_cuts_off() {
     let Some(engine) = engine(Config::default()) else { return };
     let (_d, m) = pack("");
@@ -261,12 +279,35 @@ fn a_tools_list_changed_notification_refreshes_the_list_and_a_malformed_result_c
     rt().block_on(async {
         let r = servers.call(&engine, &m, "extra", json!({})).await;
         assert_eq!(r.outcome, Outcome::Rejected, "not listed yet: {r:?}");
+        let first = servers.generation(&m).await;
         let r = servers.call(&engine, &m, "grow", json!({})).await;
         assert_eq!(text_of(&r), "grown", "{r:?}");
+        let grown = servers.generation(&m).await;
+        assert_ne!(grown, first, "the list changed: its generation moved");
         let tools = servers.tools(&engine, &m).await.unwrap();
         assert!(tools.iter().any(|t| t.name == "extra"), "{tools:?}");
         let r = servers.call(&engine, &m, "extra", json!({})).await;
         assert_eq!(text_of(&r), "extra", "{r:?}");
+        assert_eq!(servers.generation(&m).await, grown, "no change, no move");
+
+        let r = servers.call(&engine, &m, "shrink", json!({})).await;
+        assert_eq!(text_of(&r), "shrunk", "{r:?}");
+        assert_ne!(servers.generation(&m).await, grown);
+        let r = servers.call(&engine, &m, "extra", json!({})).await;
+        assert_eq!(r.outcome, Outcome::Rejected, "a removed tool is refused: {r:?}");
+        assert!(r.error.as_deref().unwrap_or("").contains("did not list"), "{r:?}");
+
+        // A change said between calls is read before the next call's check.
+        servers.call(&engine, &m, "grow", json!({})).await;
+        let grown = servers.generation(&m).await;
+        let r = servers.call(&engine, &m, "shrink_later", json!({})).await;
+        assert_eq!(text_of(&r), "later", "{r:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = servers.call(&engine, &m, "extra", json!({})).await;
+        assert_eq!(r.outcome, Outcome::Rejected, "removed between calls: {r:?}");
+        assert_ne!(servers.generation(&m).await, grown);
+        let pid = servers.get(&m).lock().await.pid();
+        assert!(pid.is_some(), "the same server, not cut off");
 
         let r = servers.call(&engine, &m, "scalar", json!({})).await;
         assert_eq!(r.outcome, Outcome::InvalidResult, "{r:?}");

@@ -53,6 +53,15 @@ fn tools_are_listed_and_called_over_the_wire_and_the_drain_stops_the_server() {
     let stall = tools.iter().find(|t| t["name"] == "stall").unwrap();
     assert_eq!(stall["class"], "mutating", "the pack's class");
 
+    let generation = v["result"]["generation"].as_u64().unwrap_or_else(|| panic!("{v}"));
+    // A call's report comes after its tool list's generation.
+    let params = json!({"manifest": m, "tool": "echo", "args": {"x": 0}, "class": "safe"});
+    c.send(&json!({"jsonrpc": "2.0", "id": 20, "method": "execute", "params": params}));
+    let note = c.recv();
+    assert_eq!(note["method"], "tools_generation", "{note}");
+    assert_eq!(note["params"], json!({"id": 20, "generation": generation}), "unchanged");
+    assert_eq!(c.run_result().1["result"]["outcome"], "ok");
+
     let r = call(&mut c, 2, &m, "echo", json!({"x": 1}), "safe");
     assert_eq!(r["outcome"], "ok", "{r}");
     assert_eq!(r["skill"], "fake_echo");
@@ -76,7 +85,7 @@ fn tools_are_listed_and_called_over_the_wire_and_the_drain_stops_the_server() {
     assert_eq!(r["outcome"], "ok", "{r}");
     assert!(!common::procs_with(&marker).is_empty(), "the server runs");
     let text = server.metrics();
-    assert_eq!(runs_total(&text, "fake_echo", "ok"), 1.0, "{text}");
+    assert_eq!(runs_total(&text, "fake_echo", "ok"), 2.0, "{text}");
 
     drop(c);
     server.shutdown();

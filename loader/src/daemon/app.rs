@@ -2,7 +2,7 @@
 //! client, the run slots, the permission rules, the audit trail and the
 //! metrics.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +18,7 @@ use crate::daemon::executor_client::ExecutorClient;
 use crate::daemon::metrics::Metrics;
 use crate::daemon::registry::{Registry, Snapshot};
 use crate::scan::event::Level;
+use crate::scan::skill::RegisteredSkill;
 use crate::scan::Scanner;
 
 /// How long a reload waits for the executor's `ping` (its longest timeout).
@@ -245,15 +246,78 @@ impl App {
 
     /// Asks the executor for the tools of each MCP server pack the scan
     /// found (which starts their servers) and registers them
-    /// ([`crate::scan::mcp`]).
+    /// ([`crate::scan::mcp`]), noting the generation of each list.
     async fn add_mcp_tools(&self, report: &mut crate::scan::ScanReport, opts: &ValidateOptions) {
         for pack in 0..report.mcp_packs.len() {
-            let path = report.mcp_packs[pack].manifest_path().to_string_lossy().into_owned();
+            let manifest = report.mcp_packs[pack].manifest_path().to_owned();
+            let path = manifest.to_string_lossy().into_owned();
             let listed = self.executor.mcp_tools(&path, MCP_LIST_TIMEOUT).await;
             let before = report.events.len();
+            let listed = listed.map(|(tools, generation)| {
+                if let Some(g) = generation {
+                    report.mcp_generations.insert(manifest, g);
+                }
+                tools
+            });
             crate::scan::mcp::add_tools(report, pack, listed, opts);
             self.log_events(&report.events[before..]);
         }
+    }
+
+    /// Told the generation of the tool list of the MCP server pack
+    /// `skill` belongs to, after a call to it (the executor's
+    /// `tools_generation`): when it is not the one the registry holds the
+    /// pack's tools at (the server said its tools changed, or a restarted
+    /// server lists others), lists them again in the background
+    /// ([`App::refresh_mcp_pack`]).
+    pub fn tools_generation_seen(self: &Arc<Self>, skill: &RegisteredSkill, generation: u64) {
+        let manifest = skill.manifest_path();
+        let cur = self.registry.current();
+        let Some(pack) = cur.mcp_pack(manifest) else { return };
+        if pack.generation == Some(generation) {
+            return;
+        }
+        let (this, manifest) = (Arc::clone(self), manifest.to_owned());
+        tokio::spawn(async move { this.refresh_mcp_pack(&manifest, generation).await });
+    }
+
+    /// Lists the tools of the MCP server pack at `manifest` again and
+    /// swaps them into the registry, every other skill kept as it is (no
+    /// rescan); `seen` is the generation that asked for it (nothing is
+    /// done when the registry holds it already). When the executor cannot
+    /// list them now, the registry keeps the tools it has (the next call's
+    /// generation asks again; a reload drops them).
+    pub async fn refresh_mcp_pack(&self, manifest: &Path, seen: u64) {
+        let _one_at_a_time = self.reload_lock.lock().await;
+        let cur = self.registry.current();
+        let Some(pack) = cur.mcp_pack(manifest).cloned() else { return };
+        if pack.generation == Some(seen) {
+            return;
+        }
+        let path = manifest.to_string_lossy();
+        let (tools, generation) = match self.executor.mcp_tools(&path, MCP_LIST_TIMEOUT).await {
+            Ok(listed) => listed,
+            Err(why) => {
+                self.log_events(&[crate::scan::mcp::not_listed(&pack.pack, &why)]);
+                return;
+            }
+        };
+        let opts = ValidateOptions {
+            max_timeout: Duration::from_secs(self.max_timeout.load(Ordering::Relaxed)),
+        };
+        let taken = |name: &str| cur.taken_by_other(name, manifest);
+        let (skills, events) = crate::scan::mcp::pack_skills(&pack.pack, &tools, &opts, taken);
+        self.log_events(&events);
+        let n = skills.len();
+        let snapshot = cur.with_pack_tools(manifest, skills, generation);
+        let registered = snapshot.registered();
+        self.registry.replace(snapshot);
+        self.metrics.skills_registered.set(i64::try_from(registered).unwrap_or(i64::MAX));
+        tracing::info!(
+            registered,
+            "skill loader: pack {:?}: its server's tools changed: {n} listed again",
+            pack.pack.name().as_str()
+        );
     }
 
     /// Notes that a request may become a run with this timeout (called

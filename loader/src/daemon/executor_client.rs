@@ -222,6 +222,9 @@ pub struct RunConnection {
     /// Read into its spare capacity (never zeroed), cleared after each read.
     read_buf: Vec<u8>,
     finished: bool,
+    /// The `tools_generation` the executor sent for a call to a tool of an
+    /// MCP server pack ([`RunConnection::tools_generation`]).
+    tools_generation: Option<u64>,
 }
 
 impl ExecutorClient {
@@ -345,7 +348,8 @@ impl ExecutorClient {
     }
 
     /// The tools of the MCP server pack at `manifest` (`mcp_tools`), within
-    /// `timeout`: `Err` with the executor's reason when it has none.
+    /// `timeout`, and the generation of that list: `Err` with the
+    /// executor's reason when it has none.
     ///
     /// # Errors
     ///
@@ -354,7 +358,7 @@ impl ExecutorClient {
         &self,
         manifest: &str,
         timeout: Duration,
-    ) -> Result<Vec<McpToolInfo>, String> {
+    ) -> Result<(Vec<McpToolInfo>, Option<u64>), String> {
         let call = async {
             let mut conn = self.connect().await?;
             let stream = conn.stream().map_err(ExecutorError::Io)?;
@@ -376,7 +380,7 @@ impl ExecutorClient {
             Err(_) => Err(format!("the executor did not list them within {timeout:?}")),
             Ok(Err(e)) => Err(e.to_string()),
             Ok(Ok(McpToolsResult { error: Some(why), .. })) => Err(why),
-            Ok(Ok(McpToolsResult { tools, error: None })) => Ok(tools),
+            Ok(Ok(McpToolsResult { tools, error: None, generation })) => Ok((tools, generation)),
         }
     }
 
@@ -469,6 +473,9 @@ fn reply_error(reply: Reply) -> ExecutorError {
         Reply::Queued { .. } | Reply::Started { .. } => {
             ExecutorError::Protocol("unexpected queue notification".into())
         }
+        Reply::ToolsGeneration { .. } => {
+            ExecutorError::Protocol("unexpected tools_generation notification".into())
+        }
         Reply::Result { .. } => ExecutorError::Protocol("unexpected result".into()),
     }
 }
@@ -481,7 +488,15 @@ impl RunConnection {
             ready: VecDeque::new(),
             read_buf: Vec::with_capacity(16 << 10),
             finished: false,
+            tools_generation: None,
         }
+    }
+
+    /// For a call to a tool of an MCP server pack, once its report was
+    /// read: the generation of the server's tool list after the call
+    /// ([`Reply::ToolsGeneration`]).
+    pub fn tools_generation(&self) -> Option<u64> {
+        self.tools_generation
     }
 
     /// The next event of the run: stderr lines, then the report.
@@ -496,7 +511,12 @@ impl RunConnection {
         if self.finished {
             return Err(ExecutorError::Closed);
         }
-        match self.next_reply().await? {
+        let mut reply = self.next_reply().await?;
+        while let Reply::ToolsGeneration { generation, .. } = reply {
+            self.tools_generation = Some(generation);
+            reply = self.next_reply().await?;
+        }
+        match reply {
             Reply::Stderr { line, .. } => Ok(RunEvent::Stderr(line)),
             Reply::Queued { .. } => Ok(RunEvent::Queued),
             Reply::Started { .. } => Ok(RunEvent::Started),

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use serde::Serialize;
@@ -108,6 +109,19 @@ impl Skill {
 pub struct Snapshot {
     skills: BTreeMap<String, Arc<Skill>>,
     skipped: usize,
+    /// The MCP server packs of the scan, by manifest, with the generation
+    /// of the tool list their skills were registered from.
+    mcp: BTreeMap<PathBuf, McpPack>,
+}
+
+/// An MCP server pack of a snapshot.
+#[derive(Debug, Clone)]
+pub struct McpPack {
+    /// The pack as the scan found it.
+    pub pack: RegisteredSkill,
+    /// The generation of the tool list its skills come from (`None`: the
+    /// executor did not list them, or said no generation).
+    pub generation: Option<u64>,
 }
 
 impl Snapshot {
@@ -116,6 +130,16 @@ impl Snapshot {
     /// `report.skills`).
     pub fn build(report: ScanReport) -> Self {
         let skipped = report.events.iter().filter(|e| e.is_skip()).count();
+        let mut generations = report.mcp_generations;
+        let mcp = report
+            .mcp_packs
+            .into_iter()
+            .map(|pack| {
+                let path = pack.manifest_path().to_owned();
+                let generation = generations.remove(&path);
+                (path, McpPack { pack, generation })
+            })
+            .collect();
         let cache = report.validators;
         let skills = report
             .skills
@@ -127,12 +151,72 @@ impl Snapshot {
                 (name, Arc::new(skill))
             })
             .collect();
-        Self { skills, skipped }
+        Self { skills, skipped, mcp }
     }
 
-    /// The skill named `name`.
+    /// The MCP server pack at `manifest`.
+    pub fn mcp_pack(&self, manifest: &Path) -> Option<&McpPack> {
+        self.mcp.get(manifest)
+    }
+
+    /// Whether the skill is a tool of the MCP server pack at `manifest`.
+    fn is_tool_of(skill: &Skill, manifest: &Path) -> bool {
+        skill.registered.source() == "mcp" && skill.registered.manifest_path() == manifest
+    }
+
+    /// The manifest of the skill named `name`, unless it is a tool of the
+    /// MCP server pack at `manifest` (whose tools are being replaced).
+    pub fn taken_by_other(&self, name: &str, manifest: &Path) -> Option<PathBuf> {
+        let skill = self.skills.get(name).filter(|s| !Self::is_tool_of(s, manifest))?;
+        Some(skill.registered.manifest_path().to_owned())
+    }
+
+    /// This snapshot with the tools of the MCP server pack at `manifest`
+    /// replaced by `tools` (listed at `generation`); every other skill is
+    /// shared with this one, compiled validators included.
+    #[must_use]
+    pub fn with_pack_tools(
+        &self,
+        manifest: &Path,
+        tools: Vec<(RegisteredSkill, validators::Compiled)>,
+        generation: Option<u64>,
+    ) -> Self {
+        let mut skills: BTreeMap<String, Arc<Skill>> = self
+            .skills
+            .iter()
+            .filter(|(_, s)| !Self::is_tool_of(s, manifest))
+            .map(|(n, s)| (n.clone(), Arc::clone(s)))
+            .collect();
+        for (registered, validator) in tools {
+            let validators = Arc::new(ValidatorCache::new(1));
+            validators.insert(0, validator);
+            let name = registered.name().as_str().to_owned();
+            skills.insert(name, Arc::new(Skill { registered, slot: 0, validators }));
+        }
+        let mut mcp = self.mcp.clone();
+        if let Some(p) = mcp.get_mut(manifest) {
+            p.generation = generation;
+        }
+        Self { skills, skipped: self.skipped, mcp }
+    }
+
+    /// The skill named `name`; or, for a name `PACK.TOOL`, the tool `TOOL`
+    /// of the MCP server pack `PACK`, registered as `PACK_TOOL`
+    /// ([`policy::mcp::tool_skill_name`]): the alias the dot spelling of
+    /// MCP tool names gives, which LLM tool APIs do not accept as a name.
+    /// Two tools whose canonical names collide are never both registered,
+    /// so an alias names one skill at most.
     pub fn get(&self, name: &str) -> Option<&Arc<Skill>> {
-        self.skills.get(name)
+        if let Some(skill) = self.skills.get(name) {
+            return Some(skill);
+        }
+        let (pack, tool) = name.split_once('.')?;
+        let canonical = policy::mcp::tool_skill_name(pack, tool).ok()?;
+        let skill = self.skills.get(canonical.as_str())?;
+        let of_pack = |p: &McpPack| p.pack.name().as_str() == pack;
+        let is_tool = skill.registered.source() == "mcp"
+            && self.mcp.get(skill.registered.manifest_path()).is_some_and(of_pack);
+        is_tool.then_some(skill)
     }
 
     /// Every skill, by name.
@@ -305,5 +389,82 @@ mod tests {
         assert_eq!(reg.current().registered(), 0);
         assert_eq!(held.name(), "a");
         assert_eq!(old.registered(), 1);
+    }
+
+    /// A snapshot with the MCP server pack `srv` listing `tools` (and the
+    /// one-shot skill `srv_x`, whose name a pack's tool then cannot take).
+    fn with_mcp_pack(tools: &[&str]) -> Snapshot {
+        let m = Manifest::from_slice(
+            br#"{"kind":"mcp","name":"srv","description":"d","entry":"server"}"#,
+            &ValidateOptions::default(),
+        )
+        .unwrap();
+        let pack = RegisteredSkill::new(
+            m,
+            PathBuf::from("/s/srv/server"),
+            PathBuf::from("/s/srv/skill.json"),
+            PathBuf::from("/s"),
+        );
+        let listed = tools
+            .iter()
+            .map(|t| policy::wire::McpToolInfo {
+                name: (*t).to_owned(),
+                skill: String::new(),
+                description: String::new(),
+                input_schema: json!({"type": "object"}),
+                class: policy::SkillClass::Safe,
+            })
+            .collect();
+        let mut report = ScanReport {
+            skills: vec![skill("srv_x", r#"{"type":"object"}"#)],
+            mcp_packs: vec![pack],
+            ..ScanReport::default()
+        };
+        crate::scan::mcp::add_tools(&mut report, 0, Ok(listed), &ValidateOptions::default());
+        report.mcp_generations.insert(PathBuf::from("/s/srv/skill.json"), 7);
+        Snapshot::build(report)
+    }
+
+    #[test]
+    fn an_mcp_tool_is_found_by_its_name_and_by_pack_dot_tool() {
+        let snap = with_mcp_pack(&["get-Time", "x"]);
+        assert_eq!(snap.registered(), 2, "srv.x collides with the skill srv_x: left out");
+        let by_name = snap.get("srv_get_time").expect("the canonical name");
+        for alias in ["srv.get-Time", "srv.get_time"] {
+            let found = snap.get(alias).unwrap_or_else(|| panic!("{alias}"));
+            assert!(Arc::ptr_eq(found, by_name), "{alias}");
+        }
+        // The one-shot skill srv_x is no tool of srv: its dot spelling is
+        // nothing; nor is a pack that is not the tool's, or a bad name.
+        for unknown in ["srv.x", "sr.v_get_time", "srv.", ".get_time", "srv.get.time", "srv.nope"] {
+            assert!(snap.get(unknown).is_none(), "{unknown}");
+        }
+        assert_eq!(snap.mcp_pack(Path::new("/s/srv/skill.json")).unwrap().generation, Some(7));
+    }
+
+    #[test]
+    fn a_packs_tools_are_replaced_and_every_other_skill_is_shared() {
+        let snap = with_mcp_pack(&["a", "b"]);
+        let manifest = Path::new("/s/srv/skill.json");
+        let pack = snap.mcp_pack(manifest).unwrap().pack.clone();
+        let listed: Vec<policy::wire::McpToolInfo> = ["b", "c"]
+            .iter()
+            .map(|t| policy::wire::McpToolInfo {
+                name: (*t).to_owned(),
+                skill: String::new(),
+                description: String::new(),
+                input_schema: json!({"type": "object"}),
+                class: policy::SkillClass::Safe,
+            })
+            .collect();
+        let taken = |n: &str| snap.taken_by_other(n, manifest);
+        let (tools, _) =
+            crate::scan::mcp::pack_skills(&pack, &listed, &ValidateOptions::default(), taken);
+        let next = snap.with_pack_tools(manifest, tools, Some(8));
+        let names: Vec<&str> = next.iter().map(|s| s.name()).collect();
+        assert_eq!(names, ["srv_b", "srv_c", "srv_x"]);
+        assert!(Arc::ptr_eq(next.get("srv_x").unwrap(), snap.get("srv_x").unwrap()));
+        assert_eq!(next.mcp_pack(manifest).unwrap().generation, Some(8));
+        assert_eq!(next.get("srv_c").unwrap().check_args(&json!({})), Ok(()));
     }
 }

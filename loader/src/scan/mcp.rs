@@ -11,6 +11,8 @@
 //! a schema that is not an object's or does not compile), is left out with
 //! a log line, as a manifest would be.
 
+use std::path::PathBuf;
+
 use policy::wire::McpToolInfo;
 use policy::{Manifest, ValidateOptions};
 use serde_json::{json, Value};
@@ -66,6 +68,42 @@ pub fn tool_skill(
     Ok((skill, validator))
 }
 
+/// The skills of the `tools` the pack `pack` lists, with their compiled
+/// validators, and the events of the tools left out: a tool that cannot
+/// be a skill, or whose name is `taken` (the function answers the
+/// manifest of the skill holding it) or given to a tool of this pack
+/// listed before it.
+pub fn pack_skills(
+    pack: &RegisteredSkill,
+    tools: &[McpToolInfo],
+    opts: &ValidateOptions,
+    taken: impl Fn(&str) -> Option<PathBuf>,
+) -> (Vec<(RegisteredSkill, Compiled)>, Vec<ScanEvent>) {
+    let mut skills: Vec<(RegisteredSkill, Compiled)> = Vec::new();
+    let mut events = Vec::new();
+    let manifest = pack.manifest_path();
+    for tool in tools {
+        let (skill, validator) = match tool_skill(pack, tool, opts) {
+            Ok(s) => s,
+            Err(reason) => {
+                let name = pack.name().clone();
+                events.push(ScanEvent::McpTools { name, manifest: manifest.to_owned(), reason });
+                continue;
+            }
+        };
+        let name = skill.name().clone();
+        let first = taken(name.as_str())
+            .or_else(|| skills.iter().any(|(s, _)| s.name() == &name).then(|| manifest.to_owned()));
+        if let Some(first) = first {
+            events.push(ScanEvent::Duplicate { name, manifest: manifest.to_owned(), first });
+            continue;
+        }
+        events.push(ScanEvent::Registered { name, manifest: manifest.to_owned() });
+        skills.push((skill, validator));
+    }
+    (skills, events)
+}
+
 /// Registers the `tools` of `report.mcp_packs[pack]` into `report`, or logs
 /// why the pack has none (`error`, the executor's reason).
 pub fn add_tools(
@@ -75,43 +113,33 @@ pub fn add_tools(
     opts: &ValidateOptions,
 ) {
     let Some(p) = report.mcp_packs.get(pack).cloned() else { return };
-    let event = |reason: String| ScanEvent::McpTools {
-        name: p.name().clone(),
-        manifest: p.manifest_path().to_owned(),
-        reason,
-    };
     let tools = match listed {
         Ok(t) => t,
         Err(why) => {
-            report.events.push(event(format!("tools not listed: {why}")));
+            report.events.push(not_listed(&p, &why));
             return;
         }
     };
-    for tool in &tools {
-        let (skill, validator) = match tool_skill(&p, tool, opts) {
-            Ok(s) => s,
-            Err(why) => {
-                report.events.push(event(why));
-                continue;
-            }
-        };
-        let name = skill.name().clone();
-        let manifest = p.manifest_path().to_owned();
-        if let Some(first) = report.get(name.as_str()) {
-            let first = first.manifest_path().to_owned();
-            report.events.push(ScanEvent::Duplicate { name, manifest, first });
-            continue;
-        }
-        report.events.push(ScanEvent::Registered { name, manifest });
+    let taken = |name: &str| report.get(name).map(|s| s.manifest_path().to_owned());
+    let (skills, events) = pack_skills(&p, &tools, opts, taken);
+    report.events.extend(events);
+    for (skill, validator) in skills {
         report.validators.insert(report.skills.len(), validator);
         report.skills.push(skill);
     }
 }
 
+/// The event of a pack whose tools the executor could not list, and why.
+pub fn not_listed(pack: &RegisteredSkill, why: &str) -> ScanEvent {
+    ScanEvent::McpTools {
+        name: pack.name().clone(),
+        manifest: pack.manifest_path().to_owned(),
+        reason: format!("tools not listed: {why}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
     use policy::SkillClass;
 
     use super::*;

@@ -101,6 +101,10 @@ pub struct ScanReport {
     /// are): not skills themselves; the daemon asks the executor for their
     /// tools ([`mcp::add_tools`]).
     pub mcp_packs: Vec<RegisteredSkill>,
+    /// The generation of the tools of each MCP server pack the executor
+    /// listed, by manifest (the daemon fills it in: it lists them again
+    /// when a call's answer carries another).
+    pub mcp_generations: HashMap<PathBuf, u64>,
 }
 
 impl ScanReport {

@@ -155,7 +155,8 @@ pub(crate) fn run_one(
                 match policy::wire::decode_reply(line.trim_ascii_end()).expect("reply") {
                     policy::wire::Reply::Stderr { .. }
                     | policy::wire::Reply::Queued { .. }
-                    | policy::wire::Reply::Started { .. } => {}
+                    | policy::wire::Reply::Started { .. }
+                    | policy::wire::Reply::ToolsGeneration { .. } => {}
                     policy::wire::Reply::Result { result, .. } => {
                         let result = result.to_value();
                         assert_eq!(result["outcome"], "ok", "executor-rpc run: {result}");

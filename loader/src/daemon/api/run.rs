@@ -122,6 +122,11 @@ impl Run {
             duration_ms: Some(report.duration_ms),
             network_denied: network.filter(|n| n.enabled).map(|n| n.denied_total),
         });
+        // A call to an MCP server's tool says the generation of its tool
+        // list: the registry follows when it moved.
+        if let Some(generation) = self.conn.tools_generation() {
+            self.app.tools_generation_seen(self.skill.registered(), generation);
+        }
         if let Err(e) = finished.await {
             if self.app.audit().required() {
                 tracing::error!(skill = name, error = %e, "run report withheld: no audit trail");

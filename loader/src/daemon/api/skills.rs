@@ -70,7 +70,8 @@ pub async fn show(
         .ok_or_else(|| ApiError::no_such_skill(&name))?;
     // The executor's warm pool of the skill: null when it grants none, or
     // does not answer in time (the detail is served either way).
-    let warm = app.executor().warm(&name, WARM_ASK_TIMEOUT).await.ok().flatten();
+    let name = shown["name"].as_str().unwrap_or(&name);
+    let warm = app.executor().warm(name, WARM_ASK_TIMEOUT).await.ok().flatten();
     if let Some(o) = shown.as_object_mut() {
         o.insert("warm".into(), serde_json::to_value(warm).unwrap_or(Value::Null));
     }
