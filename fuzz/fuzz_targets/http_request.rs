@@ -103,6 +103,9 @@ fn answer(stream: std::os::unix::net::UnixStream, mode: ExecutorMode) {
         // The first line is never a start (skilld holds an execute first).
         (Ok(WireRequest::Start { .. }), _) => Vec::new(),
         (Ok(WireRequest::Warm { id, .. }), _) => wire::encode_result(&id, &json!(null)),
+        (Ok(WireRequest::WarmDiscard { id }), _) => {
+            wire::encode_result(&id, &json!({"discarded": 0}))
+        }
         (Ok(WireRequest::Metrics { id }), _) => wire::encode_result(
             &id,
             &json!({"text": "# TYPE ongrid_runs_total counter\nongrid_runs_total 1\nprocess_open_fds 3\n"}),

@@ -84,6 +84,7 @@ fn check_line(line: &[u8]) {
                 Request::Warm { id, skill } => {
                     (id, "warm", Some(serde_json::json!({ "skill": skill }).to_string()))
                 }
+                Request::WarmDiscard { id } => (id, "warm_discard", None),
                 Request::Start { .. } => unreachable!("matched above"),
             };
             assert_eq!(&v["id"], id, "request id");
