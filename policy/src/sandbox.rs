@@ -93,12 +93,6 @@ impl ProcView {
     pub fn is_own(&self) -> bool {
         *self == ProcView::Own
     }
-
-    /// The host's view.
-    #[must_use]
-    pub fn is_host(&self) -> bool {
-        *self == ProcView::Host
-    }
 }
 
 /// What a manifest's `sandbox` object asks for. Empty = the default box.

@@ -49,15 +49,10 @@ impl RunsNamespace {
         self.mnt.as_fd()
     }
 
-    /// Its `/proc`, opened `O_PATH`: the directory the runs' Landlock rule
-    /// for `/proc` must name (rules follow inodes, and this procfs is not
-    /// the executor's).
-    pub fn proc_dir(&self) -> BorrowedFd<'_> {
-        self.proc_dir.as_fd()
-    }
-
-    /// [`RunsNamespace::proc_dir`]'s number, for a path through
-    /// `/proc/self/fd`.
+    /// Its `/proc`, opened `O_PATH`, by number (for a path through
+    /// `/proc/self/fd`): the directory the runs' Landlock rule for `/proc`
+    /// must name (rules follow inodes, and this procfs is not the
+    /// executor's).
     pub fn proc_dir_fd(&self) -> RawFd {
         self.proc_dir.as_raw_fd()
     }
@@ -184,7 +179,7 @@ mod tests {
         assert_ne!(here, theirs, "the executor stays in its own namespace");
         let opts = fs::read_to_string("/proc/self/mountinfo").unwrap();
         assert!(!proc_hides(&opts), "the executor's /proc is unchanged");
-        let proc_dir = format!("/proc/self/fd/{}", ns.proc_dir().as_raw_fd());
+        let proc_dir = format!("/proc/self/fd/{}", ns.proc_dir_fd());
         assert!(fs::metadata(format!("{proc_dir}/loadavg")).is_ok(), "global files stay");
     }
 }

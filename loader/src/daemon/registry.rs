@@ -391,6 +391,20 @@ mod tests {
         assert_eq!(old.registered(), 1);
     }
 
+    /// What a server's `tools/list` gives for `names` (open schemas).
+    fn listed(names: &[&str]) -> Vec<policy::wire::McpToolInfo> {
+        names
+            .iter()
+            .map(|t| policy::wire::McpToolInfo {
+                name: (*t).to_owned(),
+                skill: String::new(),
+                description: String::new(),
+                input_schema: json!({"type": "object"}),
+                class: policy::SkillClass::Safe,
+            })
+            .collect()
+    }
+
     /// A snapshot with the MCP server pack `srv` listing `tools` (and the
     /// one-shot skill `srv_x`, whose name a pack's tool then cannot take).
     fn with_mcp_pack(tools: &[&str]) -> Snapshot {
@@ -405,16 +419,7 @@ mod tests {
             PathBuf::from("/s/srv/skill.json"),
             PathBuf::from("/s"),
         );
-        let listed = tools
-            .iter()
-            .map(|t| policy::wire::McpToolInfo {
-                name: (*t).to_owned(),
-                skill: String::new(),
-                description: String::new(),
-                input_schema: json!({"type": "object"}),
-                class: policy::SkillClass::Safe,
-            })
-            .collect();
+        let listed = listed(tools);
         let mut report = ScanReport {
             skills: vec![skill("srv_x", r#"{"type":"object"}"#)],
             mcp_packs: vec![pack],
@@ -447,16 +452,7 @@ mod tests {
         let snap = with_mcp_pack(&["a", "b"]);
         let manifest = Path::new("/s/srv/skill.json");
         let pack = snap.mcp_pack(manifest).unwrap().pack.clone();
-        let listed: Vec<policy::wire::McpToolInfo> = ["b", "c"]
-            .iter()
-            .map(|t| policy::wire::McpToolInfo {
-                name: (*t).to_owned(),
-                skill: String::new(),
-                description: String::new(),
-                input_schema: json!({"type": "object"}),
-                class: policy::SkillClass::Safe,
-            })
-            .collect();
+        let listed = listed(&["b", "c"]);
         let taken = |n: &str| snap.taken_by_other(n, manifest);
         let (tools, _) =
             crate::scan::mcp::pack_skills(&pack, &listed, &ValidateOptions::default(), taken);
