@@ -86,7 +86,8 @@ impl WarmSkill {
 }
 
 /// What must be the same in a probe of any two runs of one skill: ids,
-/// privileges, seccomp, limits, environment, session, Landlock (a file in
+/// privileges, seccomp, limits, environment, session, scheduling policy
+/// and nice value, Landlock (a file in
 /// world-writable `/tmp` refused), an empty run directory, the stdio kinds,
 /// the cgroup hierarchies and controllers a run joins.
 fn boxed(probe: &Value) -> Value {
@@ -115,6 +116,7 @@ fn boxed(probe: &Value) -> Value {
         "environ": &probe["environ"],
         "own_session": probe["session"] == probe["pid"] && probe["pgrp"] == probe["pid"],
         "tty_nr": &probe["tty_nr"],
+        "scheduling": [&probe["policy"], &probe["nice"]],
         "tmp_write": &probe["tmp_write"],
         "cwd_entries": &probe["cwd_entries"],
         "fds": fds,
@@ -261,6 +263,37 @@ fn replacing_the_entry_discards_the_warm_pool() {
     let r = w.warm(&json!({}));
     assert_eq!(r.result(), json!({"v": 2}), "{}", r.dump());
     assert!(w.metric("ongrid_warm_discarded_total") >= 1.0, "the old pool was discarded");
+    w.finish(&g);
+}
+
+/// A warm run waits at `SCHED_IDLE` (its start-up takes no CPU time a
+/// request wants), and once taken every process of it, one it started
+/// before its args included, runs at the default policy, as a cold run's.
+#[test]
+fn a_taken_warm_run_is_scheduled_as_a_cold_one() {
+    let Some(g) = shared("a_taken_warm_run_is_scheduled_as_a_cold_one") else { return };
+    // Each process's [nice, policy]: stat's fields 19 and 41 (policy 0 is
+    // SCHED_OTHER, 5 SCHED_IDLE).
+    let body = "sleep 30 &\nbg=$!\ncat >/dev/null\n\
+        sched() { cut -d' ' -f41,19 /proc/$1/stat | tr ' ' ,; }\n\
+        printf '{\"own\":[%s],\"bg\":[%s]}' \"$(sched $$)\" \"$(sched $bg)\"\n\
+        kill $bg";
+    let w = WarmSkill::new(SkillDir::served_script("warm_sched", body), 2, 5);
+    let cold = w.run(Via::Serve, &json!({}));
+    assert_eq!(cold.result(), json!({"own": [0, 0], "bg": [0, 0]}), "{}", cold.dump());
+    // The pool's idle scripts (both warm runs) wait at SCHED_IDLE.
+    let idle = crate::poll(Duration::from_secs(10), || {
+        let procs = leftovers(&w.skill, &Scope::default());
+        let policies: Vec<String> = procs
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(format!("/proc/{}/stat", p.pid)).ok())
+            .filter_map(|s| Some(s.rsplit_once(") ")?.1.split(' ').nth(38)?.to_owned()))
+            .collect();
+        (policies.len() >= 2 && policies.iter().all(|p| p == "5")).then_some(policies)
+    });
+    assert!(idle.is_some(), "the pool's idle processes are not at SCHED_IDLE");
+    let warm = w.warm(&json!({}));
+    assert_eq!(warm.result(), json!({"own": [0, 0], "bg": [0, 0]}), "{}", warm.dump());
     w.finish(&g);
 }
 

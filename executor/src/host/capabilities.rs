@@ -55,6 +55,10 @@ pub const NEEDED: &[Capability] = &[
     // unit's ProtectProc=invisible) shows root only with it. Kept only
     // where the unit's bounding set has it (the denials drop-in).
     Capability::CAP_SYS_PTRACE,
+    // Setting the default scheduling policy back on a warm run's threads
+    // (the run-as user's) when a request takes it: it was made at
+    // SCHED_IDLE. Without it warm runs are made at the default policy.
+    Capability::CAP_SYS_NICE,
     // Reading the audit status, and enabling it with
     // `report_denials = "on"` (restored at exit).
     Capability::CAP_AUDIT_CONTROL,

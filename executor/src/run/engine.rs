@@ -24,7 +24,7 @@ use crate::run::reaper::Reaper;
 use crate::run::spawn::{self, Host, Spawners};
 use crate::run::spin::{spin_for, Active, EXEC_SPIN};
 use crate::run::supervise::{self, Bounds, ExitSpin, Leftovers, Stop, Supervised};
-use crate::run::warm::{Maker, Warm, WarmPools, WarmStats};
+use crate::run::warm::{Maker, Refill, Warm, WarmPools, WarmStats};
 use crate::sandbox::cgroup::RunCgroup;
 use crate::sys;
 
@@ -153,7 +153,7 @@ impl Engine {
         Ok(Engine {
             denials,
             parsed: ParsedManifests::new(&config),
-            warm: WarmPools::new(&config),
+            warm: WarmPools::new(&config, may_renice()),
             env: std::env::vars_os().collect(),
             config,
             host,
@@ -343,7 +343,12 @@ impl Engine {
         let background = self.runs.fetch_add(1, Ordering::Relaxed) > 0;
         // A warm run made from the same files, already boxed and waiting
         // for its args (`run::warm`), else steps 2 to 5 now.
-        let taken = if self.warm.granted(&skill) { self.warm.take(&plan, tool) } else { None };
+        let taken = if self.warm.granted(&skill) {
+            after.refill = Some(self.warm.refill_later());
+            self.warm.take(&plan, tool)
+        } else {
+            None
+        };
         let launched = match taken {
             Some(warm) => self.launch_warm(warm, start, held).await,
             None => self.launch_cold(&plan, background, start, held, started).await,
@@ -581,7 +586,8 @@ impl Maker for Engine {
         let leaves = prep.cgroup.as_ref().map(RunCgroup::leaves).unwrap_or_default();
         let watch = self.denials.watch(leaves);
         prep.log_denials = watch.is_some();
-        let child = match spawn::spawn_waiting(&mut prep, &plan.entry, &self.spawners, || {
+        let idle = self.warm.idle_start();
+        let child = match spawn::spawn_waiting(&mut prep, &plan.entry, &self.spawners, idle, || {
             drop(refill);
         }) {
             Ok(child) => child,
@@ -622,6 +628,15 @@ fn may_mount() -> bool {
     crate::run::plan::euid() == 0
         && has(caps::Capability::CAP_SYS_ADMIN)
         && has(caps::Capability::CAP_SYS_CHROOT)
+}
+
+/// Whether this executor may set the run-as user's scheduling, which a
+/// warm run made at `SCHED_IDLE` needs back when taken: root with
+/// `CAP_SYS_NICE`.
+fn may_renice() -> bool {
+    crate::run::plan::euid() == 0
+        && caps::has_cap(None, caps::CapSet::Effective, caps::Capability::CAP_SYS_NICE)
+            .unwrap_or(false)
 }
 
 /// The report of a held run its caller never started.
@@ -665,12 +680,15 @@ fn settle(cg: &mut RunCgroup) -> bool {
 
 /// What of a finished run is left to do once its report is written
 /// ([`Engine::run_source_then`]): dropping it closes the run's pipes and
-/// pidfd, then wakes the janitor for its slot. Both cost tens of
-/// microseconds the report need not wait for.
+/// pidfd, then wakes the janitor for its slot and, for a warm-granted
+/// skill, the warm pools' thread for a refill. These cost tens of
+/// microseconds (the refill far more) the report need not wait for.
 #[derive(Debug, Default)]
 pub(crate) struct AfterReport {
     leftovers: Option<Leftovers>,
     wake: Option<Wake>,
+    /// A warm-granted skill's pool is made again after the report.
+    refill: Option<Refill>,
 }
 
 /// Turns what supervision saw into the report's outcome (step 8).

@@ -39,8 +39,16 @@
 //! queue for a slot evicts an idle warm run first ([`WarmPools::evict`]).
 //! `max_warm_total` stays below `max_concurrent_runs` (the configuration
 //! refuses otherwise). On shutdown the idle runs are killed, not drained.
+//!
+//! A warm run is made off the requests' path but shares their CPUs: where
+//! the executor may set another user's scheduling (`CAP_SYS_NICE`), it
+//! execs at `SCHED_IDLE`, so its start-up (an interpreter's, a dynamic
+//! linker's) runs only on CPU time no request wants, and the request that
+//! takes it sets every thread of it back to `SCHED_OTHER` before writing
+//! its args ([`Warm::schedule_default`]). A run whose threads cannot all
+//! be set back is discarded and the request runs cold.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
@@ -55,6 +63,7 @@ use crate::run::lock::relock;
 use crate::run::parsed::FileKey;
 use crate::run::plan::Plan;
 use crate::run::spawn::{Child, Prepared};
+use crate::sys;
 
 /// How often the pool thread looks over the idle runs when nothing wakes
 /// it: an idle run that wrote or died is discarded (and made again) within
@@ -129,6 +138,41 @@ impl Warm {
         key(&self.plan.manifest_path) == Some(manifest) && key(&self.plan.entry) == Some(entry)
     }
 
+    /// Sets `SCHED_OTHER` back on every thread of the run (made at
+    /// `SCHED_IDLE`): each thread its cgroup leaf lists (else its
+    /// process's), listed again until a pass finds no thread it had not
+    /// set, so one started meanwhile by a thread still idle is not missed.
+    fn schedule_default(&self) -> Result<(), String> {
+        let mut done = HashSet::new();
+        for _ in 0..8 {
+            let listed = match self.prep.cgroup.as_ref() {
+                Some(cg) => cg.threads(),
+                None => process_threads(self.child.pid),
+            };
+            let fresh: Vec<i32> = listed
+                .ok_or("its threads cannot be listed")?
+                .into_iter()
+                .filter(|t| !done.contains(t))
+                .collect();
+            if fresh.is_empty() {
+                return Ok(());
+            }
+            for tid in fresh {
+                match sys::call::sched_set_of(tid, libc::SCHED_OTHER) {
+                    // Gone: nothing of it is left to run at SCHED_IDLE.
+                    Ok(_) | Err(libc::ESRCH) => {
+                        done.insert(tid);
+                    }
+                    Err(errno) => {
+                        let e = nix::errno::Errno::from_raw(errno);
+                        return Err(format!("setting thread {tid}'s scheduling: {e}"));
+                    }
+                }
+            }
+        }
+        Err("its threads kept changing".to_owned())
+    }
+
     /// Whether it was made for a request with this plan and tool.
     fn serves(&self, plan: &Plan, tool: Option<&str>) -> bool {
         self.plan.identity == plan.identity
@@ -184,21 +228,45 @@ pub(crate) trait Maker {
     fn kill(&self, warm: Warm);
 }
 
+/// The pool thread's state and its wake-up.
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+/// Wakes the pool thread when dropped. A request that took or missed a
+/// warm run drops it once its report is out: the refill (a clone, a
+/// child's set-up before it drops to `SCHED_IDLE`) then starts after the
+/// reply, not on a CPU the reply still needs.
+#[derive(Debug)]
+pub(crate) struct Refill(Option<Arc<Shared>>);
+
+impl Drop for Refill {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            shared.wake.notify_one();
+        }
+    }
+}
+
 /// The engine's warm pools: see the module docs.
 #[derive(Debug)]
 pub struct WarmPools {
-    state: Mutex<State>,
-    wake: Condvar,
+    shared: Arc<Shared>,
     /// `[skills.NAME] warm`, by skill.
     sizes: HashMap<String, u32>,
     /// Warm runs at most over every skill.
     total: usize,
     idle_for: Duration,
+    /// Warm runs exec at `SCHED_IDLE` (the executor may set them back).
+    idle_start: bool,
 }
 
 impl WarmPools {
-    /// Pools for the grants of `config`.
-    pub(crate) fn new(config: &crate::config::Config) -> Self {
+    /// Pools for the grants of `config`; with `idle_start` warm runs exec
+    /// at `SCHED_IDLE` (the caller may set another user's scheduling).
+    pub(crate) fn new(config: &crate::config::Config, idle_start: bool) -> Self {
         let sizes: HashMap<String, u32> = config
             .skills
             .iter()
@@ -214,12 +282,17 @@ impl WarmPools {
             }
         }
         WarmPools {
-            state: Mutex::new(state),
-            wake: Condvar::new(),
+            shared: Arc::new(Shared { state: Mutex::new(state), wake: Condvar::new() }),
             sizes,
             total: config.warm_total(),
             idle_for: Duration::from_secs(config.warm_idle_seconds),
+            idle_start,
         }
+    }
+
+    /// Whether warm runs exec at `SCHED_IDLE` until taken.
+    pub(crate) fn idle_start(&self) -> bool {
+        self.idle_start
     }
 
     /// Whether runs of `skill` look for a warm run: it is granted some
@@ -229,12 +302,14 @@ impl WarmPools {
     }
 
     /// A warm run made for `plan` and `tool`, taken (it is no longer
-    /// pooled), or `None` (a miss, counted; the pool thread is woken to
-    /// make some, from this manifest). Idle runs that are not this plan's,
-    /// or spoiled, are handed to the pool thread to kill on the way.
+    /// pooled), or `None` (a miss, counted; the pool will be made from
+    /// this manifest). Idle runs that are not this plan's, or spoiled, are
+    /// handed to the pool thread to kill on the way. The pool thread is
+    /// not woken: the caller drops a [`WarmPools::refill_later`] once its
+    /// report is out.
     pub(crate) fn take(&self, plan: &Plan, tool: Option<&str>) -> Option<Warm> {
         let skill = plan.manifest.name().as_str();
-        let mut state = relock(&self.state);
+        let mut state = relock(&self.shared.state);
         if state.stop {
             return None;
         }
@@ -260,22 +335,42 @@ impl WarmPools {
             }
         }
         match &mut found {
-            Some(warm) => {
-                pool.stats.hits += 1;
-                warm.permit = None;
-            }
+            // Counted a hit once it is known to be usable, below.
+            Some(warm) => warm.permit = None,
             None => pool.stats.misses += 1,
         }
         drop(state);
-        self.wake.notify_one();
-        found
+        let warm = found?;
+        let ready = if self.idle_start { warm.schedule_default() } else { Ok(()) };
+        let mut state = relock(&self.shared.state);
+        let stats = &mut state.pools.entry(skill.to_owned()).or_default().stats;
+        match ready {
+            Ok(()) => {
+                stats.hits += 1;
+                Some(warm)
+            }
+            Err(why) => {
+                stats.misses += 1;
+                stats.discarded += 1;
+                tracing::warn!("executor: warm run of {skill:?} not used: {why}");
+                state.dead.push((warm, "its scheduling could not be set back"));
+                drop(state);
+                self.shared.wake.notify_one();
+                None
+            }
+        }
+    }
+
+    /// A [`Refill`]: the pool thread is woken when it is dropped.
+    pub(crate) fn refill_later(&self) -> Refill {
+        Refill(Some(Arc::clone(&self.shared)))
     }
 
     /// Kills one idle warm run (the oldest of the fullest pool) to free
     /// its run slot for a request that would wait for one; false when
     /// there is none.
     pub fn evict(&self) -> bool {
-        let mut state = relock(&self.state);
+        let mut state = relock(&self.shared.state);
         let State { pools, dead, idle, .. } = &mut *state;
         let Some(pool) = pools.values_mut().max_by_key(|p| p.idle.len()) else { return false };
         let Some(mut warm) = pool.idle.pop_front() else { return false };
@@ -285,7 +380,7 @@ impl WarmPools {
         warm.permit = None;
         dead.push((warm, "its run slot was needed by a request"));
         drop(state);
-        self.wake.notify_one();
+        self.shared.wake.notify_one();
         true
     }
 
@@ -293,11 +388,11 @@ impl WarmPools {
     /// never started) to the pool thread to kill, off the request's path.
     pub(crate) fn discard(&self, warm: Warm, why: &'static str) {
         let skill = warm.plan.manifest.name().to_string();
-        let mut state = relock(&self.state);
+        let mut state = relock(&self.shared.state);
         state.pools.entry(skill).or_default().stats.discarded += 1;
         state.dead.push((warm, why));
         drop(state);
-        self.wake.notify_one();
+        self.shared.wake.notify_one();
     }
 
     /// Discards every idle warm run of every pool (a reload said skill
@@ -305,7 +400,7 @@ impl WarmPools {
     /// are made again at once (a resting pool too). Returns how many idle
     /// runs were discarded.
     pub fn discard_all(&self) -> u64 {
-        let mut state = relock(&self.state);
+        let mut state = relock(&self.shared.state);
         let State { pools, dead, idle, generation, .. } = &mut *state;
         *generation += 1;
         let mut n = 0u64;
@@ -319,13 +414,13 @@ impl WarmPools {
         }
         *idle = 0;
         drop(state);
-        self.wake.notify_one();
+        self.shared.wake.notify_one();
         n
     }
 
     /// Each warm-granted skill's counts.
     pub fn stats(&self) -> Vec<(String, WarmStats)> {
-        let state = relock(&self.state);
+        let state = relock(&self.shared.state);
         let mut all: Vec<(String, WarmStats)> = self
             .sizes
             .iter()
@@ -344,10 +439,10 @@ impl WarmPools {
     /// Stops the pool thread, which kills every idle warm run on its way
     /// out; no request takes one from now.
     pub fn stop(&self) {
-        let mut state = relock(&self.state);
+        let mut state = relock(&self.shared.state);
         state.stop = true;
         drop(state);
-        self.wake.notify_all();
+        self.shared.wake.notify_all();
     }
 
     /// The pool thread: makes warm runs with `maker` while there is room
@@ -372,14 +467,14 @@ impl WarmPools {
                 return;
             }
             let Some(Work { skill, path, tool, permit, generation }) = work else {
-                let state = relock(&self.state);
+                let state = relock(&self.shared.state);
                 if !state.stop && state.dead.is_empty() {
-                    let _ = self.wake.wait_timeout(state, SWEEP_EVERY);
+                    let _ = self.shared.wake.wait_timeout(state, SWEEP_EVERY);
                 }
                 continue;
             };
             let made = maker.make(&path, tool.as_deref());
-            let mut state = relock(&self.state);
+            let mut state = relock(&self.shared.state);
             let reloaded = state.generation != generation;
             let pool = state.pools.entry(skill.clone()).or_default();
             match made {
@@ -414,7 +509,7 @@ impl WarmPools {
     /// Under the lock: the idle runs to discard (spoiled, expired, stale),
     /// the next warm run to make, and whether the pools stop.
     fn look_over(&self, slots: &Arc<Semaphore>) -> (Vec<(Warm, &'static str)>, Option<Work>, bool) {
-        let mut state = relock(&self.state);
+        let mut state = relock(&self.shared.state);
         let State { pools, dead, idle, stop, generation } = &mut *state;
         let mut out = std::mem::take(dead);
         for pool in pools.values_mut() {
@@ -476,6 +571,13 @@ impl WarmPools {
         };
         (out, work, false)
     }
+}
+
+/// The thread ids of process `pid` (`/proc/PID/task`), for a run without
+/// a cgroup leaf.
+fn process_threads(pid: i32) -> Option<Vec<i32>> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    Some(dir.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
 }
 
 /// Why a warm run made from other files than the request's is discarded.

@@ -480,6 +480,19 @@ impl RunCgroup {
         Some(procs.lines().filter_map(|l| l.trim().parse().ok()).collect())
     }
 
+    /// Thread ids now in the run, of every process: the v2 leaf's
+    /// `cgroup.threads`, else a v1 leaf's `tasks`; `None` without a leaf
+    /// or when the file cannot be read.
+    pub fn threads(&self) -> Option<Vec<i32>> {
+        let file = match (&self.v2, self.pids.as_ref().or(self.memory.as_ref())) {
+            (Some(v2), _) => v2.join("cgroup.threads"),
+            (None, Some(v1)) => v1.join("tasks"),
+            (None, None) => return None,
+        };
+        let text = fs::read_to_string(file).ok()?;
+        Some(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+    }
+
     /// True when the run can be killed as a whole.
     pub fn can_kill(&self) -> bool {
         self.listing().is_some()

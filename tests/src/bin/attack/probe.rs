@@ -75,6 +75,8 @@ pub(crate) fn probe() -> Value {
         "status": st,
         "fds": fds,
         "ppid": field(1), "pgrp": field(2), "session": field(3), "tty_nr": field(4),
+        // stat's fields 19 and 41: nice value and scheduling policy.
+        "nice": field(16), "policy": field(38),
         "rlimits": {
             "core": rlimit(libc::RLIMIT_CORE),
             "nofile": rlimit(libc::RLIMIT_NOFILE),
