@@ -52,6 +52,8 @@
 //!   manifest so the pools fill at start): a run takes a process already
 //!   boxed and blocked reading its args. Its idle warm runs' VmRSS and PSS
 //!   are printed once the pools are full, its hits and misses after each set.
+//! - `daemon-warm-b`: `daemon-warm` with the daemons of `--bin-dir-b`: the
+//!   warm path's A/B in one invocation. Not in the default set.
 //!   With `--host-proc-b`, daemon-b's executor grants every bench skill
 //!   `proc = "host"` (the host's table; default: its own processes only):
 //!   one build, both views.
@@ -448,8 +450,17 @@ fn main() {
         stacks.insert("daemon10k", s);
     }
     if o.variants.contains(&Variant::DaemonWarm) {
-        let s = start_warm(&o, &base, &skills_root, &audit_dir, &manifests);
+        let s =
+            start_warm(&o, &o.bin_dir, "daemon-warm", &base, &skills_root, &audit_dir, &manifests);
         stacks.insert("daemon-warm", s);
+    }
+    if o.variants.contains(&Variant::DaemonWarmB) {
+        let Some(dir) = o.bin_dir_b.clone() else {
+            eprintln!("daemon-warm-b needs --bin-dir-b DIR (the other build's daemons)");
+            std::process::exit(2);
+        };
+        let s = start_warm(&o, &dir, "daemon-warm-b", &base, &skills_root, &audit_dir, &manifests);
+        stacks.insert("daemon-warm-b", s);
     }
     for s in stacks.values() {
         println!(
@@ -497,11 +508,12 @@ fn main() {
             );
             print_table(&variants, &samples);
             print_metrics(&ctx, &variants, &samples, &mark);
-            if let Some(s) = ctx.stacks.get("daemon-warm") {
+            for s in ["daemon-warm", "daemon-warm-b"].iter().filter_map(|n| ctx.stacks.get(n)) {
                 let text = s.scrape();
                 let sum = |name: &str| crate::scrape::labelled_sum(&text, name);
                 println!(
-                    "daemon-warm: since start: warm hits {:.0}, misses {:.0}, discarded {:.0}",
+                    "{}: since start: warm hits {:.0}, misses {:.0}, discarded {:.0}",
+                    s.name,
                     sum("ongrid_warm_hits_total"),
                     sum("ongrid_warm_misses_total"),
                     sum("ongrid_warm_discarded_total")
@@ -515,11 +527,14 @@ fn main() {
     drop(shm_dirs);
 }
 
-/// The `daemon-warm` stack: every bench skill granted `--warm` warm runs,
-/// pinned to its manifest so the pools fill at start; waits for them to
-/// fill and prints what an idle warm run holds.
+/// The `daemon-warm` stack (`name`, daemons of `bin_dir`): every bench
+/// skill granted `--warm` warm runs, pinned to its manifest so the pools
+/// fill at start; waits for them to fill and prints what an idle warm run
+/// holds.
 fn start_warm(
     o: &opts::Opts,
+    bin_dir: &Path,
+    name: &'static str,
     base: &Path,
     skills_root: &Path,
     audit_dir: &Path,
@@ -537,9 +552,9 @@ fn start_warm(
         ));
     }
     let s = Stack::start(
-        "daemon-warm",
-        &o.bin_dir,
-        &base.join("stack-warm"),
+        name,
+        bin_dir,
+        &base.join(name),
         &[skills_root.to_owned()],
         audit_dir,
         manifests.len(),
@@ -555,7 +570,7 @@ fn start_warm(
     let n = idle.len().max(1) as f64;
     let (rss, pss): (u64, u64) = idle.iter().fold((0, 0), |(a, b), (r, p)| (a + r, b + p));
     println!(
-        "daemon-warm: {} idle warm runs of {total} ({} skills x {}): VmRSS {:.1} MiB each, \
+        "{name}: {} idle warm runs of {total} ({} skills x {}): VmRSS {:.1} MiB each, \
          PSS {:.1} MiB each (mean)",
         idle.len(),
         manifests.len(),

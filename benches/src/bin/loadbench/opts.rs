@@ -17,6 +17,7 @@ pub(crate) enum Variant {
     DaemonFull,
     DaemonB,
     DaemonWarm,
+    DaemonWarmB,
     ExecutorRpc,
     Engine,
     Engine1g,
@@ -24,7 +25,7 @@ pub(crate) enum Variant {
     Firejail,
 }
 
-const ALL: [Variant; 14] = [
+const ALL: [Variant; 15] = [
     Variant::Bare,
     Variant::Cli,
     Variant::Daemon,
@@ -34,6 +35,7 @@ const ALL: [Variant; 14] = [
     Variant::DaemonFull,
     Variant::DaemonB,
     Variant::DaemonWarm,
+    Variant::DaemonWarmB,
     Variant::ExecutorRpc,
     Variant::Engine,
     Variant::Engine1g,
@@ -57,6 +59,7 @@ impl Variant {
             Variant::DaemonFull => "daemon-full",
             Variant::DaemonB => "daemon-b",
             Variant::DaemonWarm => "daemon-warm",
+            Variant::DaemonWarmB => "daemon-warm-b",
             Variant::ExecutorRpc => "executor-rpc",
             Variant::Engine => "engine",
             Variant::Engine1g => "engine1g",
@@ -134,6 +137,7 @@ pub(crate) fn parse_opts() -> Opts {
                         | Variant::DaemonFull
                         | Variant::DaemonB
                         | Variant::DaemonWarm
+                        | Variant::DaemonWarmB
                         | Variant::ExecutorRpc
                 )
             })

@@ -117,7 +117,8 @@ pub(crate) fn run_one(
         | Variant::DaemonNormal
         | Variant::DaemonFull
         | Variant::DaemonB
-        | Variant::DaemonWarm => {
+        | Variant::DaemonWarm
+        | Variant::DaemonWarmB => {
             let stack = &ctx.stacks[v.name()];
             let conn = cl.conns.entry(stack.name).or_insert_with(|| Http::connect(&stack.socket));
             let name = skill_name(dir.file_name().unwrap().to_str().unwrap());
