@@ -18,10 +18,11 @@
 //! thread ([`WarmPools::serve`]) makes them off the requests' path: for a
 //! grant pinned to its manifest from the start, else from the first
 //! request of the skill (a miss, run cold). Every [`SWEEP_EVERY`] (and
-//! when a request took or missed) the thread discards what must not be
-//! handed out, each with a log line and a count: a run that wrote to
-//! stdout or stderr or exited while idle, one idle for `warm_idle_seconds`,
-//! one whose manifest or entry file is not the one it was made from. A
+//! after the report of a request that took or missed) the thread discards
+//! what must not be handed out, each with a log line and a count: a run
+//! that wrote to stdout or stderr or exited while idle, one idle for
+//! `warm_idle_seconds`, and (looked up at most every [`SWEEP_EVERY`]) one
+//! whose manifest or entry file is not the one it was made from. A
 //! request checks the same (output, exit, identity) before it takes one.
 //!
 //! The identity sees the manifest and the entry, not what the entry reads
@@ -218,6 +219,9 @@ struct State {
     /// Counts [`WarmPools::discard_all`] calls: a warm run whose making
     /// began under an older count is discarded when made.
     generation: u64,
+    /// When the idle runs' files were last looked up (at most every
+    /// [`SWEEP_EVERY`]: a request's take checks its own run's anyway).
+    swept: Option<Instant>,
 }
 
 /// What the pool thread is told to do by [`WarmPools::serve`]'s caller.
@@ -510,8 +514,12 @@ impl WarmPools {
     /// the next warm run to make, and whether the pools stop.
     fn look_over(&self, slots: &Arc<Semaphore>) -> (Vec<(Warm, &'static str)>, Option<Work>, bool) {
         let mut state = relock(&self.shared.state);
-        let State { pools, dead, idle, stop, generation } = &mut *state;
+        let State { pools, dead, idle, stop, generation, swept } = &mut *state;
         let mut out = std::mem::take(dead);
+        let look_up = swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY);
+        if look_up {
+            *swept = Some(Instant::now());
+        }
         for pool in pools.values_mut() {
             let before = pool.idle.len();
             let mut kept = VecDeque::with_capacity(before);
@@ -520,7 +528,7 @@ impl WarmPools {
                     Some("the executor is stopping")
                 } else if warm.made.elapsed() >= self.idle_for {
                     Some("idle for warm_idle_seconds")
-                } else if !warm.current() {
+                } else if look_up && !warm.current() {
                     Some(STALE)
                 } else {
                     let spoiled = warm.spoiled();
