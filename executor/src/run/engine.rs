@@ -586,8 +586,7 @@ impl Maker for Engine {
         let leaves = prep.cgroup.as_ref().map(RunCgroup::leaves).unwrap_or_default();
         let watch = self.denials.watch(leaves);
         prep.log_denials = watch.is_some();
-        let idle = self.warm.idle_start();
-        let child = match spawn::spawn_waiting(&mut prep, &plan.entry, &self.spawners, idle, || {
+        let child = match spawn::spawn_waiting(&mut prep, &plan.entry, &self.spawners, || {
             drop(refill);
         }) {
             Ok(child) => child,
@@ -598,6 +597,15 @@ impl Maker for Engine {
             }
         };
         self.reaper.track(child.pid);
+        // Its start-up runs on CPU time nobody else wants, from just past
+        // its exec (an exec at SCHED_IDLE could stall this thread on a busy
+        // host); the request that takes it sets the default back.
+        if self.warm.idle_start() {
+            if let Err(errno) = sys::call::sched_set_of(child.pid, libc::SCHED_IDLE) {
+                let e = nix::errno::Errno::from_raw(errno);
+                tracing::debug!("executor: a warm run stays at the default scheduling: {e}");
+            }
+        }
         if let Some(w) = &watch {
             w.pid(child.pid);
         }

@@ -718,15 +718,13 @@ pub fn spawn(
     spin: Duration,
     meanwhile: impl FnOnce(),
 ) -> Result<Child, SpawnError> {
-    spawn_with(prep, entry, Some(args), spawners, spin, false, meanwhile)
+    spawn_with(prep, entry, Some(args), spawners, spin, meanwhile)
 }
 
 /// [`spawn`] for a warm run (`run::warm`): the child gets an empty stdin
 /// kept open (the returned [`Child::stdin`] is its write end, nothing
 /// written), so it execs and blocks reading its args until a request
 /// writes them. Never watched for without sleeping (nobody waits on it).
-/// With `idle` it execs at `SCHED_IDLE` (its taker restores the default:
-/// `run::warm`).
 ///
 /// # Errors
 ///
@@ -735,10 +733,9 @@ pub fn spawn_waiting(
     prep: &mut Prepared,
     entry: &Path,
     spawners: &Spawners,
-    idle: bool,
     meanwhile: impl FnOnce(),
 ) -> Result<Child, SpawnError> {
-    spawn_with(prep, entry, None, spawners, Duration::ZERO, idle, meanwhile)
+    spawn_with(prep, entry, None, spawners, Duration::ZERO, meanwhile)
 }
 
 /// [`spawn`] with the args to prefill, or `None`: stdin kept open and empty.
@@ -748,7 +745,6 @@ fn spawn_with(
     args: Option<&[u8]>,
     spawners: &Spawners,
     spin: Duration,
-    idle: bool,
     meanwhile: impl FnOnce(),
 ) -> Result<Child, SpawnError> {
     let stdio = match prep.stdio.take() {
@@ -798,7 +794,6 @@ fn spawn_with(
         bounding_cleared: false,
         exec_at: Some(&exec_ns),
         mount_ns: prep.mount_ns.as_deref().map(|ns| ns.mount_ns().as_raw_fd()),
-        idle,
     };
     // The child shares the table until its cgroups are joined, then keeps
     // only what is below its floor (host::fdtable): the top of the band its

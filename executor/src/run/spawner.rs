@@ -468,7 +468,6 @@ mod tests {
             bounding_cleared: false,
             exec_at: None,
             mount_ns: None,
-            idle: false,
         };
         let spawned = spawn(&spec)?;
         drop((in_r, in_w, out_w, err_w));

@@ -42,9 +42,11 @@
 //! refuses otherwise). On shutdown the idle runs are killed, not drained.
 //!
 //! A warm run is made off the requests' path but shares their CPUs: where
-//! the executor may set another user's scheduling (`CAP_SYS_NICE`), it
-//! execs at `SCHED_IDLE`, so its start-up (an interpreter's, a dynamic
-//! linker's) runs only on CPU time no request wants, and the request that
+//! the executor may set another user's scheduling (`CAP_SYS_NICE`), it is
+//! set to `SCHED_IDLE` as soon as it has exec'd, so its start-up (an
+//! interpreter's, a dynamic linker's) runs only on CPU time no request
+//! wants (the exec itself runs at the default policy: at `SCHED_IDLE` it
+//! could hold the pool thread up on a busy host), and the request that
 //! takes it sets every thread of it back to `SCHED_OTHER` before writing
 //! its args ([`Warm::schedule_default`]). A run whose threads cannot all
 //! be set back is discarded and the request runs cold.

@@ -195,12 +195,6 @@ pub fn sched_set_other() -> Result<c_long, i32> {
     sched_set_of(0, libc::SCHED_OTHER)
 }
 
-/// `sched_setscheduler(0, SCHED_IDLE, {0})`: this thread runs only on
-/// CPU time no other thread of the default policy wants.
-pub fn sched_set_idle() -> Result<c_long, i32> {
-    sched_set_of(0, libc::SCHED_IDLE)
-}
-
 /// `sched_setscheduler(tid, policy, {0})` (`tid` 0: the calling thread).
 /// For another user's thread the caller needs `CAP_SYS_NICE`.
 pub fn sched_set_of(tid: libc::pid_t, policy: c_int) -> Result<c_long, i32> {

@@ -340,7 +340,7 @@ fn sandbox(
     if let Some(exec_at) = spec.exec_at {
         time_exec(exec_at);
     }
-    default_scheduling(spec.idle)?;
+    default_scheduling()?;
     Err((Step::Exec, call::execve(spec.path, spec.argv, spec.envp)))
 }
 
@@ -464,9 +464,8 @@ fn time_exec(exec_at: &AtomicU64) {
 /// nice value the executor runs with (children inherit them) is not the
 /// skill's, and with RLIMIT_RTPRIO and RLIMIT_NICE at 0 it cannot take
 /// them back. Last, after the timing: from here on a real-time thread of
-/// the executor on this CPU comes first. With `idle` (a warm run) the
-/// policy is `SCHED_IDLE` until the run is taken.
-fn default_scheduling(idle: bool) -> Result<(), (Step, i32)> {
+/// the executor on this CPU comes first.
+fn default_scheduling() -> Result<(), (Step, i32)> {
     let policy = at(Step::Scheduling, call::sched_getscheduler())?;
     if real_time_policy(c_int::try_from(policy).unwrap_or(0)) {
         at(Step::Scheduling, call::sched_set_other())?;
@@ -474,9 +473,6 @@ fn default_scheduling(idle: bool) -> Result<(), (Step, i32)> {
     // The raw call returns 20 - nice.
     if at(Step::Scheduling, call::getpriority())? > 20 {
         at(Step::Scheduling, call::setpriority_zero())?;
-    }
-    if idle {
-        at(Step::Scheduling, call::sched_set_idle())?;
     }
     Ok(())
 }

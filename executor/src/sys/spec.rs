@@ -176,9 +176,6 @@ pub struct ChildSpec<'a> {
     /// processes. `None` for a child of a spawner thread, which lives in
     /// it already, and for a run granted the host's view.
     pub mount_ns: Option<RawFd>,
-    /// Exec at `SCHED_IDLE`: a warm run made ahead of its request starts
-    /// on CPU time nobody else wants; its taker sets `SCHED_OTHER` back.
-    pub idle: bool,
 }
 
 /// A child that was created and has exec'd.
