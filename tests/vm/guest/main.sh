@@ -63,6 +63,7 @@ check sandbox-landlock-degraded check_landlock_degraded
 check ungranted-network-rejected check_ungranted_network
 check egress-refused check_egress_refused
 check proc-own check_proc_own
+check warm-idle check_warm_idle
 check sandbox-suite-oneshot check_sandbox_suite oneshot
 check sandbox-suite-served check_sandbox_suite serve
 check fork-bomb-stopped check_fork_bomb

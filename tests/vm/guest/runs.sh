@@ -232,12 +232,20 @@ child.kill()
 child.wait()
 print(json.dumps({"pids": pids, "me": os.getpid(), "child": child.pid, "init_cmdline": init}))
 PY
+    cat > "$d/warmprobe.py" <<'PY'
+#!/usr/bin/python3
+# Reads its args, then prints its own scheduling policy and nice value.
+import json, os, sys
+json.load(sys.stdin)
+print(json.dumps({"policy": os.sched_getscheduler(0), "nice": os.getpriority(os.PRIO_PROCESS, 0)}))
+PY
     printf '#!/bin/sh\necho "{}"\n' > "$d/netask.sh"
     add_pack sleeper "$d/sleeper.sh" '{"name":"sleeper","description":"Sleeps.","schema":{"type":"object","properties":{"seconds":{"type":"integer","minimum":0,"maximum":120}},"additionalProperties":false},"entry":"sleeper.sh","timeout_seconds":120,"class":"safe","category":"test"}'
     add_pack forkbomb "$d/forkbomb.sh" '{"name":"forkbomb","description":"A fork bomb.","schema":{"type":"object"},"entry":"forkbomb.sh","timeout_seconds":5,"class":"safe","category":"test"}'
     add_pack memhog "$d/memhog.py" '{"name":"memhog","description":"A memory hog.","schema":{"type":"object"},"entry":"memhog.py","timeout_seconds":30,"class":"safe","category":"test"}'
     add_pack diskfill "$d/diskfill.py" '{"name":"diskfill","description":"A disk filler.","schema":{"type":"object"},"entry":"diskfill.py","timeout_seconds":60,"class":"safe","category":"test"}'
     add_pack psview "$d/psview.py" '{"name":"psview","description":"Lists the processes it sees.","schema":{"type":"object"},"entry":"psview.py","timeout_seconds":10,"class":"safe","category":"test"}'
+    add_pack warmprobe "$d/warmprobe.py" '{"name":"warmprobe","description":"Prints its scheduling.","schema":{"type":"object"},"entry":"warmprobe.py","timeout_seconds":10,"class":"safe","category":"test"}'
     add_pack netask "$d/netask.sh" '{"name":"netask","description":"Asks for network, not granted.","schema":{"type":"object"},"entry":"netask.sh","timeout_seconds":5,"class":"safe","category":"test","sandbox":{"network":true}}'
     ongrid-skill reload
 }
@@ -255,6 +263,40 @@ check_proc_own() {
         why "pids seen: $(json "$work/psview.json" 'r["result"]')"
     json "$work/psview.json" 'r["result"]["init_cmdline"] is False' >/dev/null ||
         why "PID 1's command line read"
+    [ ! -s "$work/why" ]
+}
+
+# Warm runs under the real unit: with a grant, the pool's idle processes
+# wait at SCHED_IDLE (the unit keeps CAP_SYS_NICE), and a request takes one
+# (its report says warm) that runs at the default policy. The grant is
+# removed after, so no idle process outlives the check.
+check_warm_idle() {
+    local conf=/etc/ongrid/executor.toml i cls
+    cp "$conf" "$work/executor.toml.before"
+    printf '\n[skills.warmprobe]\nwarm = 2\n' >> "$conf"
+    systemctl restart ongrid-executor.service || { why "restart with the warm grant failed"; return 1; }
+    # The first run is a miss and starts the pool.
+    api_run warmprobe '{}' "$work/warm-first.json"
+    [ "$(outcome "$work/warm-first.json")" = ok ] || why "first run: $(head -c 300 "$work/warm-first.json")"
+    for i in $(seq 1 100); do
+        cls=$(ps -o cls= -u ongrid-skill | tr -d ' ' | sort | tr '\n' ' ')
+        [ "$cls" = "IDL IDL " ] && break
+        sleep 0.2
+    done
+    info warm-idle "idle warm processes' scheduling classes: ${cls:-none}"
+    [ "$cls" = "IDL IDL " ] || why "the pool's processes are not 2 at SCHED_IDLE: '$cls'"
+    api_run warmprobe '{}' "$work/warm-taken.json"
+    cat "$work/warm-taken.json"; echo
+    json "$work/warm-taken.json" 'r["warm"] is True' >/dev/null || why "the second run was not warm"
+    json "$work/warm-taken.json" 'r["result"] == {"policy": 0, "nice": 0}' >/dev/null ||
+        why "a taken warm run's scheduling: $(json "$work/warm-taken.json" 'r.get("result")')"
+    cp "$work/executor.toml.before" "$conf"
+    systemctl restart ongrid-executor.service || why "restart without the warm grant failed"
+    for i in $(seq 1 50); do
+        pgrep -u ongrid-skill >/dev/null || break
+        sleep 0.2
+    done
+    pgrep -u ongrid-skill >/dev/null && why "warm processes left after the grant went: $(pgrep -u ongrid-skill -a | head -n 3)"
     [ ! -s "$work/why" ]
 }
 
