@@ -265,12 +265,12 @@ pub struct WarmPools {
     /// Warm runs at most over every skill.
     total: usize,
     idle_for: Duration,
-    /// Warm runs exec at `SCHED_IDLE` (the executor may set them back).
+    /// Warm runs wait at `SCHED_IDLE` (the executor may set them back).
     idle_start: bool,
 }
 
 impl WarmPools {
-    /// Pools for the grants of `config`; with `idle_start` warm runs exec
+    /// Pools for the grants of `config`; with `idle_start` warm runs wait
     /// at `SCHED_IDLE` (the caller may set another user's scheduling).
     pub(crate) fn new(config: &crate::config::Config, idle_start: bool) -> Self {
         let sizes: HashMap<String, u32> = config
@@ -296,7 +296,8 @@ impl WarmPools {
         }
     }
 
-    /// Whether warm runs exec at `SCHED_IDLE` until taken.
+    /// Whether warm runs wait at `SCHED_IDLE` until taken (set just past
+    /// their exec by the maker).
     pub(crate) fn idle_start(&self) -> bool {
         self.idle_start
     }
