@@ -62,6 +62,18 @@ impl WarmSkill {
         }
     }
 
+    /// Waits until the pool's processes are all asleep (start-up done,
+    /// blocked reading their args), for at most 30 s: idle warm runs start
+    /// up at `SCHED_IDLE`, which on a busy host (an emulated guest running
+    /// other cases) can take a while.
+    fn settled(&self) {
+        let asleep = crate::poll(Duration::from_secs(30), || {
+            let procs = leftovers(&self.skill, &Scope::default());
+            (!procs.is_empty() && procs.iter().all(|p| p.state == 'S')).then_some(())
+        });
+        assert!(asleep.is_some(), "the pool's processes never finished starting");
+    }
+
     /// The served executor's `ongrid_warm_*` sample `name` for this skill.
     fn metric(&self, name: &str) -> f64 {
         let text = ongrid_tests::served::metrics(&self.config);
@@ -303,13 +315,18 @@ fn a_taken_warm_run_is_scheduled_as_a_cold_one() {
 fn warm_runs_keep_their_timeout_and_output_limit() {
     let Some(g) = shared("warm_runs_keep_their_timeout_and_output_limit") else { return };
     let w = WarmSkill::attack("warm_limits", 2, 1);
-    // Made more than the timeout ago, and still runs to its end.
+    // Made more than the timeout ago, and still runs to its end. Each run
+    // takes a warm run whose start-up is done, so the 1 s timeout is the
+    // attempt's alone even in an emulated guest.
     w.warm(&args("probe", json!({})));
+    w.settled();
     std::thread::sleep(Duration::from_millis(1200));
     let r = w.warm(&args("probe", json!({})));
     r.expect(Outcome::Ok);
+    w.settled();
     let r = w.warm(&args("flood_stdout", json!({})));
     r.expect(Outcome::OutputLimit);
+    w.settled();
     let r = w.warm(&args("sleep_forever", json!({})));
     r.expect(Outcome::Timeout);
     crate::ended_within(&r, Duration::from_secs(1) + policy::limits::KILL_GRACE);
