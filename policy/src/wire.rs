@@ -158,7 +158,7 @@ pub struct McpToolsParams {
 pub struct McpToolInfo {
     /// The tool's name as the server lists it (what `execute`'s `tool` names).
     pub name: String,
-    /// The skill it is registered as ([`crate::mcp::tool_skill_name`]).
+    /// The skill it is registered as, `PACK.TOOL` ([`crate::mcp::tool_name`]).
     pub skill: String,
     /// Its description.
     pub description: String,

@@ -372,12 +372,11 @@ impl Server {
     }
 }
 
-/// The skill `tool` of `pack` is registered as (`pack_tool`; as written
-/// when that is not a valid skill name, which the loader then never
-/// registers).
+/// The skill `tool` of `pack` is registered as, `pack.tool`
+/// ([`policy::mcp::tool_name`]; spelled so even when that is not a name the
+/// loader registers).
 fn skill_name(pack: &str, tool: &str) -> String {
-    policy::mcp::tool_skill_name(pack, tool)
-        .map_or_else(|_| format!("{pack}_{tool}"), |n| n.to_string())
+    policy::mcp::tool_name(pack, tool).unwrap_or_else(|_| format!("{pack}.{tool}"))
 }
 
 /// The report of a call whose server was cut off.

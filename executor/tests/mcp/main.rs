@@ -94,7 +94,7 @@ fn tools_are_listed_and_called_in_the_box_and_secrets_reach_only_the_server() {
 
         let r = servers.call(&engine, &m, "echo", json!({"a": [1, 2]})).await;
         assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
-        assert_eq!(r.skill, "fake_echo");
+        assert_eq!(r.skill, "fake.echo");
         assert_eq!(text_of(&r), r#"{"a": [1, 2]}"#);
         assert_eq!(r.result.as_ref().unwrap().to_value()["isError"], json!(false));
         let sandbox = r.sandbox.as_ref().expect("the box the server runs in");

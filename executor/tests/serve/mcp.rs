@@ -48,7 +48,7 @@ fn tools_are_listed_and_called_over_the_wire_and_the_drain_stops_the_server() {
     let v = c.recv();
     let tools = v["result"]["tools"].as_array().unwrap_or_else(|| panic!("{v}"));
     let echo = tools.iter().find(|t| t["name"] == "echo").unwrap_or_else(|| panic!("{v}"));
-    assert_eq!((echo["skill"].as_str(), echo["class"].as_str()), (Some("fake_echo"), Some("safe")));
+    assert_eq!((echo["skill"].as_str(), echo["class"].as_str()), (Some("fake.echo"), Some("safe")));
     assert_eq!(echo["inputSchema"], json!({"type": "object"}));
     let stall = tools.iter().find(|t| t["name"] == "stall").unwrap();
     assert_eq!(stall["class"], "mutating", "the pack's class");
@@ -64,7 +64,7 @@ fn tools_are_listed_and_called_over_the_wire_and_the_drain_stops_the_server() {
 
     let r = call(&mut c, 2, &m, "echo", json!({"x": 1}), "safe");
     assert_eq!(r["outcome"], "ok", "{r}");
-    assert_eq!(r["skill"], "fake_echo");
+    assert_eq!(r["skill"], "fake.echo");
     assert_eq!(r["result"]["content"][0]["text"], r#"{"x": 1}"#);
     // The class the executor reads from the pack is re-checked.
     let r = call(&mut c, 3, &m, "stall", json!({}), "safe");
@@ -85,7 +85,7 @@ fn tools_are_listed_and_called_over_the_wire_and_the_drain_stops_the_server() {
     assert_eq!(r["outcome"], "ok", "{r}");
     assert!(!common::procs_with(&marker).is_empty(), "the server runs");
     let text = server.metrics();
-    assert_eq!(runs_total(&text, "fake_echo", "ok"), 2.0, "{text}");
+    assert_eq!(runs_total(&text, "fake.echo", "ok"), 2.0, "{text}");
 
     drop(c);
     server.shutdown();

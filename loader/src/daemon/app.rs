@@ -316,7 +316,7 @@ impl App {
         tracing::info!(
             registered,
             "skill loader: pack {:?}: its server's tools changed: {n} listed again",
-            pack.pack.name().as_str()
+            pack.pack.name()
         );
     }
 

@@ -100,7 +100,9 @@ enum Format {
 /// LLM, only the skills the caller may run.
 ///
 /// - `openai`: `{"tools":[{"type":"function","function":{"name",
-///   "description","parameters"}}]}`
+///   "description","parameters"}}]}` (an MCP server's tool named by its
+///   alias `PACK_TOOL`, as in `anthropic`: names there are
+///   `^[a-zA-Z0-9_-]{1,64}$`)
 /// - `mcp`: `{"tools":[{"name","description","inputSchema"}]}`, and
 ///   `outputSchema` where the manifest declares `output_schema`
 /// - `anthropic`: `{"tools":[{"name","description","input_schema"}]}`
@@ -128,11 +130,15 @@ pub async fn tools(
         .filter(|s| visible(app.authz(), &who, s))
         .map(|s| {
             let m = s.registered().manifest();
-            let (name, description, schema) = (m.name(), m.description(), m.schema());
+            // The function formats' consumers refuse a dot in a name: an MCP
+            // server's tool is listed there by its alias `PACK_TOOL`.
+            let function = s.registered().function_name();
+            let (description, schema) = (m.description(), m.schema());
             match format {
                 Format::OpenAi => json!({"type": "function", "function": {
-                    "name": name, "description": description, "parameters": schema}}),
+                    "name": function, "description": description, "parameters": schema}}),
                 Format::Mcp => {
+                    let name = s.name();
                     let mut tool =
                         json!({"name": name, "description": description, "inputSchema": schema});
                     if let Some(output) = m.output_schema() {
@@ -141,7 +147,7 @@ pub async fn tools(
                     tool
                 }
                 Format::Anthropic => {
-                    json!({"name": name, "description": description, "input_schema": schema})
+                    json!({"name": function, "description": description, "input_schema": schema})
                 }
             }
         })
