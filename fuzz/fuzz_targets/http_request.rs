@@ -100,6 +100,9 @@ fn answer(stream: std::os::unix::net::UnixStream, mode: ExecutorMode) {
         (Err((id, e)), _) => wire::encode_error(&id, &e),
         (Ok(WireRequest::Ping { id }), _) => wire::encode_result(&id, &json!({"ok": true})),
         (Ok(WireRequest::McpTools { id, .. }), _) => wire::encode_result(&id, &json!({"tools": []})),
+        (Ok(WireRequest::McpWatch { id, params }), _) => {
+            wire::encode_result(&id, &json!({"changes": params.since, "packs": []}))
+        }
         // The first line is never a start (skilld holds an execute first).
         (Ok(WireRequest::Start { .. }), _) => Vec::new(),
         (Ok(WireRequest::Warm { id, .. }), _) => wire::encode_result(&id, &json!(null)),

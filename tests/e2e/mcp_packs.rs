@@ -94,6 +94,33 @@ fn a_servers_list_changed_reaches_the_registry_and_our_mcp_front_within_a_bound(
     assert!(s.logs().contains("its server's tools changed"), "{}", s.logs());
 }
 
+/// How long a change a server says while idle may take to reach the
+/// registry: the fake server says it half a second after its answer, then
+/// the executor's reader sees it at once, lists the tools again and answers
+/// skilld's `mcp_watch`, which lists the pack again.
+const IDLE_CHANGE_BOUND: Duration = Duration::from_millis(2500);
+
+#[test]
+fn a_change_a_server_says_while_idle_reaches_the_registry_without_a_call_to_it() {
+    let s = Stack::start_with("", "");
+    fake_pack(
+        &s,
+        &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
+        "timeout_seconds": 5, "class": "safe"}),
+    );
+    for (tool, present) in [("fake.grow_soon", 200), ("fake.shrink_soon", 404)] {
+        let r = s.execute(tool, &json!({}));
+        assert_eq!(r.json()["result"]["content"][0]["text"], "soon", "{}", s.logs());
+        let answered = std::time::Instant::now();
+        // Nobody calls the pack from here: only the registry is read.
+        let seen =
+            eventually(IDLE_CHANGE_BOUND, || s.get("/v1/skills/fake.extra").status == present);
+        assert!(seen, "{tool}: not in the registry within {IDLE_CHANGE_BOUND:?}:\n{}", s.logs());
+        eprintln!("{tool}: the registry followed {:?} after the answer", answered.elapsed());
+    }
+    assert!(s.logs().contains("its server's tools changed"), "{}", s.logs());
+}
+
 fn front(s: &Stack) -> Mcp {
     let mut mcp = Mcp::start(&s.socket);
     let init = json!({"protocolVersion": "2025-06-18", "capabilities": {},

@@ -272,6 +272,45 @@ fn a_calls_progress_is_handed_on_as_lines_and_its_stderr_is_not() {
 }
 
 #[test]
+fn a_list_change_said_while_the_server_is_idle_is_listed_at_once_and_watched() {
+    let Some(engine) = engine(Config::default()) else { return };
+    let (_d, m) = pack("");
+    let servers = Servers::default();
+    rt().block_on(async {
+        let test = async {
+            for (tool, extra) in [("grow_soon", true), ("shrink_soon", false)] {
+                let r = servers.call(&engine, &m, tool, json!({})).await;
+                assert_eq!(text_of(&r), "soon", "{r:?}");
+                let before = servers.generation(&m).await;
+                // Any count but the current one answers at once with it.
+                let since = servers.watch(u64::MAX, Duration::ZERO, std::future::pending()).await;
+                let asked = std::time::Instant::now();
+                let moves =
+                    servers.watch(since.changes, Duration::from_secs(10), std::future::pending());
+                let moves = moves.await;
+                assert!(asked.elapsed() < Duration::from_secs(2), "{:?}", asked.elapsed());
+                let now = servers.generation(&m).await;
+                assert_ne!(now, before, "listed again without a call");
+                assert_eq!(moves.packs, [(m.clone(), now)]);
+                assert_eq!(moves.changes, since.changes + 1);
+                let tools = servers.get(&m).lock().await.known_tools();
+                assert_eq!(tools.iter().any(|t| t == "extra"), extra, "{tools:?}");
+            }
+            // Nothing moved since: the wait runs out with no pack.
+            let since = servers.watch(u64::MAX, Duration::ZERO, std::future::pending()).await;
+            let idle = servers.watch(since.changes, Duration::from_millis(300), async {});
+            let idle = idle.await;
+            assert!(idle.packs.is_empty() && idle.changes == since.changes, "{idle:?}");
+        };
+        tokio::select! {
+            () = test => {}
+            () = servers.watch_changes(&engine) => unreachable!("it watches for ever"),
+        }
+        servers.stop_all(&engine).await;
+    });
+}
+
+#[test]
 fn a_tools_list_changed_notification_refreshes_the_list_and_a_malformed_result_cuts_off() {
     let Some(engine) = engine(Config::default()) else { return };
     let (_d, m) = pack("");

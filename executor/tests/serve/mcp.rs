@@ -136,3 +136,44 @@ fn a_lazy_pack_s_server_is_stopped_after_its_listing_and_an_eager_one_stays() {
     assert!(c.recv()["result"]["tools"].as_array().is_some_and(|t| !t.is_empty()));
     assert!(!common::procs_with(&marker).is_empty(), "eager: it stays");
 }
+
+#[test]
+fn mcp_watch_answers_when_an_idle_servers_tool_list_moves() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let m = pack(&server.root, 0);
+    let mut c = server.client();
+    let mut watcher = server.client();
+    let watch = |w: &mut Client, id: u64, since: u64, ms: u64| {
+        let params = json!({"since": since, "timeout_ms": ms});
+        w.send(&json!({"jsonrpc": "2.0", "id": id, "method": "mcp_watch", "params": params}));
+        w.recv()
+    };
+    // Nothing moved yet: the wait runs out with the count as it is.
+    let v = watch(&mut watcher, 1, 0, 200);
+    assert_eq!(v["result"], json!({"changes": 0, "packs": []}), "{v}");
+
+    let r = call(&mut c, 2, &m, "grow_soon", json!({}), "mutating");
+    assert_eq!(r["result"]["content"][0]["text"], "soon", "{r}");
+    let asked = std::time::Instant::now();
+    let v = watch(&mut watcher, 3, 0, 10_000);
+    assert!(asked.elapsed() < Duration::from_secs(2), "{:?}", asked.elapsed());
+    assert_eq!(v["result"]["changes"], 1, "{v}");
+    let packs = v["result"]["packs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(packs.len(), 1, "{v}");
+    let canonical = std::fs::canonicalize(&m).unwrap();
+    assert_eq!(packs[0]["manifest"], canonical.to_string_lossy().as_ref(), "{v}");
+    // The executor listed them again itself: the generation it says is
+    // the one `mcp_tools` answers, with the new tool.
+    let list = json!({"jsonrpc": "2.0", "id": 4, "method": "mcp_tools", "params": {"manifest": m}});
+    c.send(&list);
+    let tools = c.recv();
+    assert_eq!(tools["result"]["generation"], packs[0]["generation"], "{tools}");
+    let names = tools["result"]["tools"].to_string();
+    assert!(names.contains(r#""name":"extra""#), "{names}");
+    // An unknown count (a restarted executor's) is answered at once.
+    let v = watch(&mut watcher, 5, 99, 10_000);
+    assert_eq!(v["result"]["changes"], 1, "{v}");
+}

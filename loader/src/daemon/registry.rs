@@ -172,6 +172,11 @@ impl Snapshot {
         self.mcp.get(manifest)
     }
 
+    /// Whether the scan found MCP server packs.
+    pub fn has_mcp_packs(&self) -> bool {
+        !self.mcp.is_empty()
+    }
+
     /// Whether the skill is a tool of the MCP server pack at `manifest`.
     fn is_tool_of(skill: &Skill, manifest: &Path) -> bool {
         skill.registered.source() == "mcp" && skill.registered.manifest_path() == manifest
@@ -244,16 +249,42 @@ impl Snapshot {
     }
 }
 
-/// The current snapshot, replaced as a whole on reload.
-#[derive(Debug, Default)]
+/// The current snapshot, replaced as a whole on reload, and its
+/// generation.
+#[derive(Debug)]
 pub struct Registry {
     current: RwLock<Arc<Snapshot>>,
+    /// Moves at each [`Registry::replace`]: what `GET /v1/registry` waits
+    /// on. It starts from the daemon's start time in nanoseconds, so that a
+    /// restarted daemon's generations differ from those a client saw.
+    generation: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new(Snapshot::default())
+    }
 }
 
 impl Registry {
     /// A registry holding `snapshot`.
     pub fn new(snapshot: Snapshot) -> Self {
-        Self { current: RwLock::new(Arc::new(snapshot)) }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let first = now.map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        Self {
+            current: RwLock::new(Arc::new(snapshot)),
+            generation: tokio::sync::watch::Sender::new(first),
+        }
+    }
+
+    /// The generation of the current snapshot.
+    pub fn generation(&self) -> u64 {
+        *self.generation.borrow()
+    }
+
+    /// A receiver told of each move of the generation.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
     }
 
     /// The current snapshot.
@@ -263,9 +294,11 @@ impl Registry {
         self.current.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// Replaces the snapshot; readers holding the old one keep it.
+    /// Replaces the snapshot, moving the generation; readers holding the
+    /// old one keep it.
     pub fn replace(&self, snapshot: Snapshot) {
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
+        self.generation.send_modify(|g| *g = g.wrapping_add(1));
     }
 }
 
@@ -394,7 +427,10 @@ mod tests {
         let reg = Registry::new(snap);
         let old = reg.current();
         let held = old.get("a").unwrap().clone();
+        let (first, told) = (reg.generation(), reg.subscribe());
         reg.replace(Snapshot::default());
+        assert_ne!(reg.generation(), first, "a replace moves the generation");
+        assert!(told.has_changed().unwrap(), "and tells who waits on it");
         assert_eq!(reg.current().registered(), 0);
         assert_eq!(held.name(), "a");
         assert_eq!(old.registered(), 1);
