@@ -67,6 +67,8 @@ fn a_servers_list_changed_reaches_the_registry_and_our_mcp_front_within_a_bound(
     assert_eq!(r.json()["result"]["content"][0]["text"], "grown", "{}", s.logs());
     let appeared = eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake.extra").status == 200);
     assert!(appeared, "the new tool is not registered:\n{}", s.logs());
+    let told = mcp.notified("notifications/tools/list_changed", LIST_CHANGE_BOUND);
+    assert!(told, "the MCP front's client is told");
     let tools = s.get("/v1/tools?format=mcp").json().to_string();
     assert!(tools.contains("fake.extra"), "listed by /v1/tools: {tools}");
     assert!(front_lists(&mut mcp, 3, "fake.extra"), "listed by the MCP front");
@@ -78,6 +80,8 @@ fn a_servers_list_changed_reaches_the_registry_and_our_mcp_front_within_a_bound(
     assert_eq!(r.json()["result"]["content"][0]["text"], "shrunk", "{}", s.logs());
     let gone = eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake.extra").status == 404);
     assert!(gone, "the removed tool is still registered:\n{}", s.logs());
+    let told = mcp.notified("notifications/tools/list_changed", LIST_CHANGE_BOUND);
+    assert!(told, "the MCP front's client is told of the removal");
     assert_eq!(s.execute("fake.extra", &json!({})).status, 404);
     assert!(!front_lists(&mut mcp, 4, "fake.extra"), "gone from the MCP front");
     assert_eq!(s.get("/v1/skills/fake.echo").status, 200, "the other tools stay");

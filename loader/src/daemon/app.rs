@@ -81,6 +81,9 @@ pub struct App {
     prometheus: prometheus::Registry,
     authz: Authz,
     audit: Audit,
+    /// Cancelled when the daemon stops serving: long polls answer, and the
+    /// watch of the MCP servers ends.
+    stopping: tokio_util::sync::CancellationToken,
 }
 
 impl App {
@@ -121,6 +124,7 @@ impl App {
             },
             longest_allowed_ms: AtomicU64::new(0),
             prometheus,
+            stopping: tokio_util::sync::CancellationToken::new(),
         })
     }
 
@@ -398,6 +402,11 @@ impl App {
         let longest = registered.max(allowed);
         (self.limits.queue_timeout + longest + crate::daemon::executor_client::REPORT_SLACK)
             .min(self.limits.drain_timeout)
+    }
+
+    /// Cancelled when the daemon stops serving.
+    pub fn stopping(&self) -> &tokio_util::sync::CancellationToken {
+        &self.stopping
     }
 
     /// The registry.

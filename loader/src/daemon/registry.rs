@@ -255,8 +255,9 @@ impl Snapshot {
 pub struct Registry {
     current: RwLock<Arc<Snapshot>>,
     /// Moves at each [`Registry::replace`]: what `GET /v1/registry` waits
-    /// on. It starts from the daemon's start time in nanoseconds, so that a
-    /// restarted daemon's generations differ from those a client saw.
+    /// on. It starts from the daemon's start time in milliseconds (a JSON
+    /// number any client reads exactly), so that a restarted daemon's
+    /// generations differ from those a client saw.
     generation: tokio::sync::watch::Sender<u64>,
 }
 
@@ -270,7 +271,7 @@ impl Registry {
     /// A registry holding `snapshot`.
     pub fn new(snapshot: Snapshot) -> Self {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        let first = now.map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let first = now.map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         Self {
             current: RwLock::new(Arc::new(snapshot)),
             generation: tokio::sync::watch::Sender::new(first),
