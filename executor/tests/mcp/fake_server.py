@@ -3,11 +3,12 @@
 # echo and secret_is, hostile on demand (garbage, flood, stall, die, fork);
 # grow and shrink add and remove the tool extra, saying its list changed
 # (shrink_later says so after its answer, between calls; grow_soon and
-# shrink_soon half a second after their answer, with nobody calling);
+# shrink_soon half a second after their answer, with nobody calling;
+# garbage_soon writes a line that is not JSON then);
 # progress reports progress (and writes a line on stderr).
 import json, os, socket, sys, threading, time, hashlib
 
-TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect", "grow", "shrink", "scalar", "progress", "shrink_later", "grow_soon", "shrink_soon"]
+TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect", "grow", "shrink", "scalar", "progress", "shrink_later", "grow_soon", "shrink_soon", "garbage_soon"]
 # One writer at a time: a timer thread writes too.
 OUT = threading.Lock()
 # The progressToken of the call in flight, when the client asked for progress.
@@ -116,6 +117,10 @@ for line in sys.stdin:
         send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}})
         if p["name"] == "scalar":
             send({"jsonrpc": "2.0", "id": mid, "result": 5})
+            continue
+        if p["name"] == "garbage_soon":
+            send({"jsonrpc": "2.0", "id": mid, "result": text("soon")})
+            threading.Timer(0.5, lambda: send("not a message")).start()
             continue
         if p["name"] in ("grow_soon", "shrink_soon"):
             send({"jsonrpc": "2.0", "id": mid, "result": text("soon")})

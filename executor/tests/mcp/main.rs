@@ -272,7 +272,7 @@ fn a_calls_progress_is_handed_on_as_lines_and_its_stderr_is_not() {
 }
 
 #[test]
-fn a_list_change_said_while_the_server_is_idle_is_listed_at_once_and_watched() {
+fn an_idle_servers_list_change_is_listed_at_once_and_watched_and_its_garbage_cuts_it_off() {
     let Some(engine) = engine(Config::default()) else { return };
     let (_d, m) = pack("");
     let servers = Servers::default();
@@ -296,6 +296,19 @@ fn a_list_change_said_while_the_server_is_idle_is_listed_at_once_and_watched() {
                 let tools = servers.get(&m).lock().await.known_tools();
                 assert_eq!(tools.iter().any(|t| t == "extra"), extra, "{tools:?}");
             }
+            // A server that breaks the protocol while idle is cut off.
+            let pid = servers.get(&m).lock().await.pid().expect("running");
+            let r = servers.call(&engine, &m, "garbage_soon", json!({})).await;
+            assert_eq!(text_of(&r), "soon", "{r:?}");
+            let until = std::time::Instant::now() + Duration::from_secs(3);
+            while servers.get(&m).lock().await.pid().is_some() && std::time::Instant::now() < until
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(servers.get(&m).lock().await.pid(), None, "cut off while idle");
+            assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "its process is gone");
+            let r = servers.call(&engine, &m, "echo", json!({})).await;
+            assert_eq!(r.outcome, Outcome::Ok, "the next call starts it again: {r:?}");
             // Nothing moved since: the wait runs out with no pack.
             let since = servers.watch(u64::MAX, Duration::ZERO, std::future::pending()).await;
             let idle = servers.watch(since.changes, Duration::from_millis(300), async {});
