@@ -114,6 +114,8 @@ async fn the_registry_generation_is_a_long_poll_a_reload_answers() {
     // Another generation than the caller's is answered at once.
     let r = c.get(&format!("/v1/registry?since={first}&wait=30")).await.unwrap();
     assert_eq!(r.body["generation"], moved);
-    let r = c.get("/v1/registry?since=x").await.unwrap();
-    assert_eq!(r.status, 400);
+    for bad in ["since=x", "since=1&wait=301", "wait=-1"] {
+        let r = c.get(&format!("/v1/registry?{bad}")).await.unwrap();
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+    }
 }

@@ -166,8 +166,8 @@ pub struct GenerationQuery {
     /// The generation the caller knows: answered when the registry's is
     /// another. Absent: answered at once.
     pub since: Option<u64>,
-    /// How long to wait, seconds ([`DEFAULT_GENERATION_WAIT`], at most
-    /// [`MAX_GENERATION_WAIT`]).
+    /// How long to wait, seconds ([`DEFAULT_GENERATION_WAIT`]; more than
+    /// [`MAX_GENERATION_WAIT`] is refused).
     pub wait: Option<u64>,
 }
 
@@ -184,9 +184,13 @@ pub async fn generation(
     query: Result<Query<GenerationQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let wait = query.wait.unwrap_or(DEFAULT_GENERATION_WAIT);
+    if wait > MAX_GENERATION_WAIT {
+        let why = format!("wait must be at most {MAX_GENERATION_WAIT} seconds, got {wait}");
+        return Err(ApiError::BadRequest(why));
+    }
     let registry = app.registry();
     if let Some(since) = query.since {
-        let wait = query.wait.unwrap_or(DEFAULT_GENERATION_WAIT).min(MAX_GENERATION_WAIT);
         let mut told = registry.subscribe();
         tokio::select! {
             _ = told.wait_for(|g| *g != since) => {}
