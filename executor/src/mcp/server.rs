@@ -10,7 +10,10 @@
 //! server gone) kills the server's whole cgroup and answers with a clear
 //! outcome; the next call starts it again, after a backoff when starts keep
 //! failing ([`backoff`]). [`Server::stop_if_idle`] stops it after the pack's
-//! `idle_seconds` without a call; [`Server::stop`] on drain. Its stderr is
+//! `idle_seconds` without a call; [`Server::stop`] on drain. Its output is
+//! read all the time ([`crate::mcp::reader`]): a tool list change it says
+//! while idle is listed again by [`Server::refresh`], called as soon as the
+//! reader sees it. Its stderr is
 //! read and dropped: a server may print its environment there.
 
 use std::os::fd::OwnedFd;
