@@ -6,7 +6,7 @@
 //! is capped (a longer one is a flood), a line that is not a JSON-RPC
 //! message is garbage, and either ends the connection (the caller cuts the
 //! server off). The server's output is read all the time by its
-//! [`reader`](super::reader) task, a request or not: a
+//! reader task ([`super::reader`]), a request or not: a
 //! `notifications/tools/list_changed` is seen at once (the connection's
 //! flag set, the executor woken to list the tools again), the response and
 //! `notifications/progress` of the request in flight handed to it (the

@@ -146,9 +146,9 @@ impl Servers {
     /// Lists again, as servers say their tools changed, the tools of every
     /// server that said so, and cuts off a server whose connection ended
     /// while it was idle (it starts again on its next use), for ever:
-    /// asleep until a server's reader wakes it. A server in a call is skipped (the call lists its tools again
-    /// after its answer, and [`Servers::after_use`] wakes this again if
-    /// the change came later).
+    /// asleep until a server's reader wakes it. A server in a call is
+    /// skipped (the call lists its tools again after its answer, and the
+    /// end of its use wakes this again if the change came later).
     pub async fn watch_changes(&self, engine: &Engine) {
         loop {
             self.changed.notified().await;
