@@ -29,8 +29,8 @@ use http_body_util::BodyExt;
 use libfuzzer_sys::fuzz_target;
 use loader::daemon::app::App;
 use loader::daemon::config::{FileConfig, Overrides};
-use loader::daemon::metrics::Metrics;
 use loader::daemon::connection::Caller;
+use loader::daemon::metrics::Metrics;
 use policy::approval::{SecretKey, Subject};
 use policy::wire::{self, Request as WireRequest};
 use policy::{Outcome, RunReport};
@@ -99,7 +99,12 @@ fn answer(stream: std::os::unix::net::UnixStream, mode: ExecutorMode) {
         (_, ExecutorMode::Garbage) => b"{\"jsonrpc\":\"2.0\",\"id\":1,\"resu\xff\n".to_vec(),
         (Err((id, e)), _) => wire::encode_error(&id, &e),
         (Ok(WireRequest::Ping { id }), _) => wire::encode_result(&id, &json!({"ok": true})),
-        (Ok(WireRequest::McpTools { id, .. }), _) => wire::encode_result(&id, &json!({"tools": []})),
+        (Ok(WireRequest::McpTools { id, .. }), _) => {
+            wire::encode_result(&id, &json!({"tools": []}))
+        }
+        (Ok(WireRequest::McpWatch { id, params }), _) => {
+            wire::encode_result(&id, &json!({"changes": params.since, "packs": []}))
+        }
         // The first line is never a start (skilld holds an execute first).
         (Ok(WireRequest::Start { .. }), _) => Vec::new(),
         (Ok(WireRequest::Warm { id, .. }), _) => wire::encode_result(&id, &json!(null)),
@@ -226,7 +231,10 @@ public_key = "{b}"
             app.preload_approvals().await;
             let summary = app.reload().await;
             assert_eq!(summary.registered, 3, "the harness' skills did not register: {summary:?}");
-            (loader::daemon::api::router(Arc::clone(&app)), loader::daemon::api::metrics_router(app))
+            (
+                loader::daemon::api::router(Arc::clone(&app)),
+                loader::daemon::api::metrics_router(app),
+            )
         });
         Harness { rt, api, metrics, keys, _dir: dir }
     })
@@ -300,14 +308,16 @@ fn input(u: &mut Unstructured<'_>) -> arbitrary::Result<Input> {
         5 => "/v1/skills".to_owned(),
         6 => "/v1/tools".to_owned(),
         7 => "/v1/audit".to_owned(),
-        8 => (*u.choose(&["/v1/health", "/v1/reload", "/metrics"])?).to_owned(),
+        8 => (*u.choose(&["/v1/health", "/v1/reload", "/metrics", "/v1/registry"])?).to_owned(),
         _ => u.arbitrary::<String>()?,
     };
     let query = match u.int_in_range(0u8..=3)? {
         0 | 1 => String::new(),
         2 => format!(
             "?{}={}",
-            u.choose(&["format", "category", "skill", "since", "limit", "outcome", "decision"])?,
+            u.choose(&[
+                "format", "category", "skill", "since", "limit", "outcome", "decision", "wait",
+            ])?,
             u.arbitrary::<&str>()?
         ),
         _ => format!("?{}", u.arbitrary::<&str>()?),
@@ -414,17 +424,26 @@ fn check(inp: Input) {
     req.extensions_mut().insert(inp.caller);
     EXECUTOR_MODE.store(inp.mode as u8, Ordering::SeqCst);
     let router = if inp.metrics_listener { h.metrics.clone() } else { h.api.clone() };
+    // The one route that may wait: `GET /v1/registry?since=` is a long poll
+    // (up to its `wait`, 300 s at most). Any other request must answer.
+    let long_poll = req.uri().path() == "/v1/registry" && !inp.metrics_listener;
 
-    let (status, headers, body) = h.rt.block_on(async {
-        let resp = router.oneshot(req).await.unwrap_or_else(|e| match e {});
+    let answered = h.rt.block_on(async {
+        let Ok(resp) = tokio::time::timeout(Duration::from_secs(5), router.oneshot(req)).await
+        else {
+            assert!(long_poll, "no answer in 5 s to {} {}", inp.method, inp.uri);
+            return None;
+        };
+        let resp = resp.unwrap_or_else(|e| match e {});
         let (parts, body) = resp.into_parts();
         let body = tokio::time::timeout(Duration::from_secs(5), body.collect())
             .await
             .expect("response body not finished in 5 s")
             .expect("response body failed")
             .to_bytes();
-        (parts.status, parts.headers, body)
+        Some((parts.status, parts.headers, body))
     });
+    let Some((status, headers, body)) = answered else { return };
 
     if std::env::var_os("FUZZ_HTTP_TRACE").is_some() {
         // `FUZZ_HTTP_TRACE=1 cargo fuzz run http_request corpus/http_request -- -runs=0`

@@ -85,6 +85,9 @@ fn check_line(line: &[u8]) {
                     (id, "warm", Some(serde_json::json!({ "skill": skill }).to_string()))
                 }
                 Request::WarmDiscard { id } => (id, "warm_discard", None),
+                Request::McpWatch { id, params } => {
+                    (id, "mcp_watch", Some(serde_json::to_string(params).unwrap()))
+                }
                 Request::Start { .. } => unreachable!("matched above"),
             };
             assert_eq!(&v["id"], id, "request id");

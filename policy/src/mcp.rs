@@ -1,7 +1,8 @@
 //! The `"kind": "mcp"` part of a `skill.json`: a pack whose entry is an MCP
 //! server, run long-lived in the box and spoken to over its stdio; each
-//! tool it lists becomes the skill `NAME_TOOL` ([`tool_skill_name`]; skilld
-//! also accepts `NAME.TOOL` as an alias).
+//! tool it lists becomes the skill `NAME.TOOL` ([`tool_name`]; skilld also
+//! accepts `NAME_TOOL`, [`tool_function_name`], as an alias: the spelling
+//! the function formats of LLM tool APIs, which refuse a dot, list).
 //!
 //! Fields beyond a skill's (docs/skills.md): `args` (argv after the entry,
 //! at most [`MAX_ARGS`] strings without NUL bytes), `start` (`"lazy"`, the
@@ -30,7 +31,7 @@ pub const MAX_ARG_BYTES: usize = 4096;
 /// Idle time after which a server is stopped, when the pack sets none.
 pub const DEFAULT_IDLE_SECONDS: u64 = 600;
 /// Longest tool name accepted from a server or in `tool_classes`: it
-/// becomes part of a skill name (`NAME_TOOL`).
+/// becomes part of a skill name (`NAME.TOOL`).
 pub const MAX_TOOL_NAME_BYTES: usize = 64;
 
 /// What kind of pack a `skill.json` describes.
@@ -93,15 +94,34 @@ pub fn check_tool_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The skill name the tool `tool` of the pack `pack` is registered as:
-/// `<pack>_<tool>`, lowercased, `-` mapped to `_` (skill names are
-/// `[a-z0-9_]`, which LLM tool APIs accept; they refuse the dot of
-/// `pack.tool`).
+/// The name the tool `tool` of the pack `pack` is registered as:
+/// `<pack>.<tool>`, the tool's name as the server lists it (MCP's usual
+/// spelling, which MCP tool names allow). Valid when its
+/// [`tool_function_name`] is: that spelling is the tool's alias, and two
+/// tools whose aliases are the same are never both registered.
+///
+/// # Errors
+///
+/// The function spelling is not a valid [`crate::SkillName`] (too long, or
+/// the tool's name holds a character outside `[A-Za-z0-9_-]`).
+pub fn tool_name(pack: &str, tool: &str) -> Result<String, crate::name::NameError> {
+    tool_function_name(pack, tool)?;
+    Ok(format!("{pack}.{tool}"))
+}
+
+/// The spelling of the tool `tool` of the pack `pack` in the formats whose
+/// consumers refuse a dot in a name (the OpenAI and Anthropic function
+/// formats: `^[a-zA-Z0-9_-]{1,64}$`): `<pack>_<tool>`, lowercased, `-`
+/// mapped to `_`, a valid skill name. skilld accepts it back as an alias of
+/// [`tool_name`] wherever a client names a skill.
 ///
 /// # Errors
 ///
 /// The result is not a valid [`crate::SkillName`] (too long).
-pub fn tool_skill_name(pack: &str, tool: &str) -> Result<crate::SkillName, crate::name::NameError> {
+pub fn tool_function_name(
+    pack: &str,
+    tool: &str,
+) -> Result<crate::SkillName, crate::name::NameError> {
     crate::SkillName::new(&format!("{pack}_{tool}").to_ascii_lowercase().replace('-', "_"))
 }
 
@@ -205,4 +225,17 @@ pub fn parse(obj: &Map<String, Value>, env_allow: &[EnvName]) -> Result<McpSpec,
 /// The names of `required` that `is_set` says are missing, in order.
 pub fn missing(required: &[EnvName], is_set: impl Fn(&str) -> bool) -> Vec<&EnvName> {
     required.iter().filter(|n| !is_set(n.as_str())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_is_named_with_a_dot_and_aliased_in_the_function_spelling() {
+        assert_eq!(tool_name("srv", "get-Time").unwrap(), "srv.get-Time");
+        assert_eq!(tool_function_name("srv", "get-Time").unwrap().as_str(), "srv_get_time");
+        assert!(tool_name("srv", "a.b").is_err(), "a dot in the tool's own name");
+        assert!(tool_name("srv", &"x".repeat(64)).is_err(), "its alias is over 64 bytes");
+    }
 }

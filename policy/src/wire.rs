@@ -110,6 +110,17 @@ pub enum Request {
         /// What to list.
         params: McpToolsParams,
     },
+    /// A long poll on the MCP servers' tool lists: answered with
+    /// [`McpWatchResult`] once the count of generation moves is not
+    /// `since` (at once if it is not already), or when `timeout_ms` passes,
+    /// or when the executor stops. skilld keeps one in flight and lists
+    /// again the packs the answer names.
+    McpWatch {
+        /// JSON-RPC id.
+        id: Value,
+        /// What to wait for.
+        params: McpWatchParams,
+    },
     /// The warm pool of one skill, answered with [`WarmResult`], or null
     /// when the executor grants that skill no warm runs.
     Warm {
@@ -158,7 +169,7 @@ pub struct McpToolsParams {
 pub struct McpToolInfo {
     /// The tool's name as the server lists it (what `execute`'s `tool` names).
     pub name: String,
-    /// The skill it is registered as ([`crate::mcp::tool_skill_name`]).
+    /// The skill it is registered as, `PACK.TOOL` ([`crate::mcp::tool_name`]).
     pub skill: String,
     /// Its description.
     pub description: String,
@@ -182,6 +193,45 @@ pub struct McpToolsResult {
     /// differs from its listing before (see [`Reply::ToolsGeneration`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
+}
+
+/// Longest wait of an `mcp_watch`, ms (a longer `timeout_ms` is cut to it).
+pub const MAX_MCP_WATCH_MS: u64 = 300_000;
+/// The wait of an `mcp_watch` without `timeout_ms`, ms.
+pub const DEFAULT_MCP_WATCH_MS: u64 = 30_000;
+
+/// Parameters of `mcp_watch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpWatchParams {
+    /// The count of moves the caller has seen (`changes` of its last
+    /// answer; 0 at first).
+    pub since: u64,
+    /// How long to wait, ms (default [`DEFAULT_MCP_WATCH_MS`], at most
+    /// [`MAX_MCP_WATCH_MS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// One pack whose tool list's generation moved, in [`McpWatchResult`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McpPackMoved {
+    /// Absolute path of the pack's `skill.json`, as `mcp_tools` was asked.
+    pub manifest: String,
+    /// The generation of its tool list now.
+    pub generation: u64,
+}
+
+/// The result of `mcp_watch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McpWatchResult {
+    /// How many times a server's generation moved since the executor
+    /// started: the next call's `since`.
+    pub changes: u64,
+    /// The packs whose generation moved after `since` (empty when the wait
+    /// timed out). A `changes` below `since` is a restarted executor's:
+    /// every pack that moved since its start is named.
+    pub packs: Vec<McpPackMoved>,
 }
 
 /// The result of `metrics`.
@@ -321,6 +371,13 @@ pub fn decode_line(line: &[u8]) -> Result<Request, (Value, WireError)> {
             let params = obj.remove("params").unwrap_or(Value::Null);
             match serde_json::from_value::<McpToolsParams>(params) {
                 Ok(params) => Ok(Request::McpTools { id, params }),
+                Err(e) => Err((id, WireError::InvalidParams(e.to_string()))),
+            }
+        }
+        "mcp_watch" => {
+            let params = obj.remove("params").unwrap_or(Value::Null);
+            match serde_json::from_value::<McpWatchParams>(params) {
+                Ok(params) => Ok(Request::McpWatch { id, params }),
                 Err(e) => Err((id, WireError::InvalidParams(e.to_string()))),
             }
         }
@@ -807,6 +864,31 @@ mod tests {
         }
         let r = WarmDiscardResult { discarded: 3 };
         assert_eq!(serde_json::to_value(r).unwrap(), json!({"discarded": 3}));
+    }
+
+    #[test]
+    fn mcp_watch_takes_since_and_an_optional_timeout() {
+        let l = br#"{"jsonrpc":"2.0","id":7,"method":"mcp_watch","params":{"since":3}}"#;
+        let params = McpWatchParams { since: 3, timeout_ms: None };
+        assert_eq!(decode_line(l).unwrap(), Request::McpWatch { id: json!(7), params });
+        let l = br#"{"jsonrpc":"2.0","id":8,"method":"mcp_watch","params":{"since":0,"timeout_ms":500}}"#;
+        let params = McpWatchParams { since: 0, timeout_ms: Some(500) };
+        assert_eq!(decode_line(l).unwrap(), Request::McpWatch { id: json!(8), params });
+        for bad in [
+            &br#"{"jsonrpc":"2.0","id":1,"method":"mcp_watch"}"#[..],
+            br#"{"jsonrpc":"2.0","id":1,"method":"mcp_watch","params":{"since":-1}}"#,
+            br#"{"jsonrpc":"2.0","id":1,"method":"mcp_watch","params":{"since":1,"x":2}}"#,
+        ] {
+            let (_, e) = decode_line(bad).unwrap_err();
+            assert!(matches!(e, WireError::InvalidParams(_)), "{e}");
+        }
+        let r = McpWatchResult {
+            changes: 4,
+            packs: vec![McpPackMoved { manifest: "/s/p/skill.json".into(), generation: 9 }],
+        };
+        let v = json!({"changes": 4, "packs": [{"manifest": "/s/p/skill.json", "generation": 9}]});
+        assert_eq!(serde_json::to_value(&r).unwrap(), v);
+        assert_eq!(serde_json::from_value::<McpWatchResult>(v).unwrap(), r);
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub(crate) struct Mcp {
     child: std::process::Child,
     stdin: Option<std::process::ChildStdin>,
     lines: mpsc::Receiver<String>,
+    /// Notifications the server sent while an answer was awaited.
+    notes: Vec<Value>,
 }
 
 impl Mcp {
@@ -41,7 +43,7 @@ impl Mcp {
             }
         });
         let stdin = child.stdin.take();
-        Mcp { child, stdin, lines }
+        Mcp { child, stdin, lines, notes: Vec::new() }
     }
 
     pub(crate) fn send(&mut self, msg: &Value) {
@@ -63,10 +65,34 @@ impl Mcp {
 
     pub(crate) fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
-        let answer = self.recv();
+        let mut answer = self.recv();
+        // A notification may come first (a tool list change): kept aside.
+        while answer.get("id").is_none() && answer.get("method").is_some() {
+            self.notes.push(answer);
+            answer = self.recv();
+        }
         assert_eq!(answer["jsonrpc"], "2.0");
         assert_eq!(answer["id"], id, "{answer}");
         answer
+    }
+
+    /// Whether the server sent the notification `method` (kept aside, or
+    /// within `within` from now); it is taken.
+    pub(crate) fn notified(&mut self, method: &str, within: Duration) -> bool {
+        if let Some(i) = self.notes.iter().position(|n| n["method"] == method) {
+            self.notes.remove(i);
+            return true;
+        }
+        let until = std::time::Instant::now() + within;
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+            let Ok(line) = self.lines.recv_timeout(left) else { return false };
+            let msg: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+            if msg["method"] == method {
+                return true;
+            }
+            self.notes.push(msg);
+        }
+        false
     }
 
     pub(crate) fn call(&mut self, id: u64, name: &str, arguments: Value) -> Value {
@@ -324,4 +350,65 @@ fn a_cancelled_call_kills_its_run() {
     );
     // The session goes on.
     assert_eq!(mcp.request(3, "ping", json!({}))["result"], json!({}));
+}
+
+#[test]
+fn the_front_tells_its_client_when_the_tools_it_may_see_change() {
+    let s = Stack::start();
+    let mut mcp = Mcp::start(&s.socket);
+    let init = mcp.request(
+        1,
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {},
+               "clientInfo": {"name": "e2e", "version": "1"}}),
+    );
+    assert_eq!(init["result"]["capabilities"]["tools"]["listChanged"], true, "{init}");
+    mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let list = mcp.request(2, "tools/list", json!({}));
+    assert!(!list.to_string().contains("added_later"), "{list}");
+
+    // A pack added, and a reload: the client is told, and lists it.
+    write_skill(&s.skills, "added_later", "", "exec /bin/cat");
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200, "{}", s.logs());
+    let told = mcp.notified("notifications/tools/list_changed", Duration::from_secs(5));
+    assert!(told, "no list_changed after the reload:\n{}", s.logs());
+    let list = mcp.request(3, "tools/list", json!({}));
+    assert!(list.to_string().contains(r#""name":"added_later""#), "{list}");
+
+    // A reload that changes nothing this caller sees tells it nothing.
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
+    let told = mcp.notified("notifications/tools/list_changed", Duration::from_secs(1));
+    assert!(!told, "told of a reload that changed nothing");
+
+    // A pack removed: told again.
+    std::fs::remove_dir_all(s.skills.join("added_later")).unwrap();
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
+    assert!(mcp.notified("notifications/tools/list_changed", Duration::from_secs(5)));
+    let list = mcp.request(4, "tools/list", json!({}));
+    assert!(!list.to_string().contains("added_later"), "{list}");
+}
+
+#[test]
+fn a_2026_client_is_told_on_its_subscription_when_its_tools_change() {
+    let s = Stack::start();
+    let mut mcp = Mcp::start(&s.socket);
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "e2e", "version": "1"}});
+    let found = mcp.request(1, "server/discover", json!({"_meta": meta}));
+    let listed = found["result"]["capabilities"]["tools"]["listChanged"].clone();
+    assert_eq!(listed, true, "{found}");
+    let list = mcp.request(2, "tools/list", json!({"_meta": meta}));
+    assert!(list["result"]["tools"].is_array(), "{list}");
+    let params = json!({"_meta": meta, "notifications": {"toolsListChanged": true}});
+    mcp.send(
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "subscriptions/listen", "params": params}),
+    );
+    let acked = mcp.notified("notifications/subscriptions/acknowledged", Duration::from_secs(5));
+    assert!(acked, "{:?}", mcp.notes);
+
+    write_skill(&s.skills, "added_later", "", "exec /bin/cat");
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200, "{}", s.logs());
+    let told = mcp.notified("notifications/tools/list_changed", Duration::from_secs(5));
+    assert!(told, "no list_changed on the subscription: {:?}", mcp.notes);
 }

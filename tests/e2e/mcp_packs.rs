@@ -58,38 +58,70 @@ fn a_servers_list_changed_reaches_the_registry_and_our_mcp_front_within_a_bound(
         &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
         "timeout_seconds": 5, "class": "safe"}),
     );
-    assert_eq!(s.get("/v1/skills/fake_extra").status, 404, "not listed yet");
+    assert_eq!(s.get("/v1/skills/fake.extra").status, 404, "not listed yet");
     let mut mcp = front(&s);
-    assert!(!front_lists(&mut mcp, 2, "fake_extra"));
+    assert!(!front_lists(&mut mcp, 2, "fake.extra"));
 
     // The server adds a tool during a call and says so.
-    let r = s.execute("fake_grow", &json!({}));
+    let r = s.execute("fake.grow", &json!({}));
     assert_eq!(r.json()["result"]["content"][0]["text"], "grown", "{}", s.logs());
-    let appeared = eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake_extra").status == 200);
+    let appeared = eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake.extra").status == 200);
     assert!(appeared, "the new tool is not registered:\n{}", s.logs());
-    assert!(s.get("/v1/tools").json().to_string().contains("fake_extra"), "listed by /v1/tools");
-    assert!(front_lists(&mut mcp, 3, "fake_extra"), "listed by the MCP front");
-    let r = s.execute("fake_extra", &json!({}));
+    let told = mcp.notified("notifications/tools/list_changed", LIST_CHANGE_BOUND);
+    assert!(told, "the MCP front's client is told");
+    let tools = s.get("/v1/tools?format=mcp").json().to_string();
+    assert!(tools.contains("fake.extra"), "listed by /v1/tools: {tools}");
+    assert!(front_lists(&mut mcp, 3, "fake.extra"), "listed by the MCP front");
+    let r = s.execute("fake.extra", &json!({}));
     assert_eq!(r.json()["result"]["content"][0]["text"], "extra", "{}", s.logs());
 
     // And removes it.
-    let r = s.execute("fake_shrink", &json!({}));
+    let r = s.execute("fake.shrink", &json!({}));
     assert_eq!(r.json()["result"]["content"][0]["text"], "shrunk", "{}", s.logs());
-    let gone = eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake_extra").status == 404);
+    let gone = eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake.extra").status == 404);
     assert!(gone, "the removed tool is still registered:\n{}", s.logs());
-    assert_eq!(s.execute("fake_extra", &json!({})).status, 404);
-    assert!(!front_lists(&mut mcp, 4, "fake_extra"), "gone from the MCP front");
-    assert_eq!(s.get("/v1/skills/fake_echo").status, 200, "the other tools stay");
+    let told = mcp.notified("notifications/tools/list_changed", LIST_CHANGE_BOUND);
+    assert!(told, "the MCP front's client is told of the removal");
+    assert_eq!(s.execute("fake.extra", &json!({})).status, 404);
+    assert!(!front_lists(&mut mcp, 4, "fake.extra"), "gone from the MCP front");
+    assert_eq!(s.get("/v1/skills/fake.echo").status, 200, "the other tools stay");
 
     // A change the server says between calls is read at the next call.
-    s.execute("fake_grow", &json!({}));
-    assert!(eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake_extra").status == 200));
-    let r = s.execute("fake_shrink_later", &json!({}));
+    s.execute("fake.grow", &json!({}));
+    assert!(eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake.extra").status == 200));
+    let r = s.execute("fake.shrink_later", &json!({}));
     assert_eq!(r.json()["result"]["content"][0]["text"], "later", "{}", s.logs());
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(s.execute("fake_echo", &json!({})).status, 200);
-    let gone = eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake_extra").status == 404);
+    assert_eq!(s.execute("fake.echo", &json!({})).status, 200);
+    let gone = eventually(LIST_CHANGE_BOUND, || s.get("/v1/skills/fake.extra").status == 404);
     assert!(gone, "the tool removed between calls is still registered:\n{}", s.logs());
+    assert!(s.logs().contains("its server's tools changed"), "{}", s.logs());
+}
+
+/// How long a change a server says while idle may take to reach the
+/// registry: the fake server says it half a second after its answer, then
+/// the executor's reader sees it at once, lists the tools again and answers
+/// skilld's `mcp_watch`, which lists the pack again.
+const IDLE_CHANGE_BOUND: Duration = Duration::from_millis(2500);
+
+#[test]
+fn a_change_a_server_says_while_idle_reaches_the_registry_without_a_call_to_it() {
+    let s = Stack::start_with("", "");
+    fake_pack(
+        &s,
+        &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
+        "timeout_seconds": 5, "class": "safe"}),
+    );
+    for (tool, present) in [("fake.grow_soon", 200), ("fake.shrink_soon", 404)] {
+        let r = s.execute(tool, &json!({}));
+        assert_eq!(r.json()["result"]["content"][0]["text"], "soon", "{}", s.logs());
+        let answered = std::time::Instant::now();
+        // Nobody calls the pack from here: only the registry is read.
+        let seen =
+            eventually(IDLE_CHANGE_BOUND, || s.get("/v1/skills/fake.extra").status == present);
+        assert!(seen, "{tool}: not in the registry within {IDLE_CHANGE_BOUND:?}:\n{}", s.logs());
+        eprintln!("{tool}: the registry followed {:?} after the answer", answered.elapsed());
+    }
     assert!(s.logs().contains("its server's tools changed"), "{}", s.logs());
 }
 
@@ -103,34 +135,56 @@ fn front(s: &Stack) -> Mcp {
 }
 
 #[test]
-fn an_mcp_tool_named_pack_dot_tool_is_the_skill_pack_tool() {
+fn an_mcp_tool_is_named_pack_dot_tool_and_answers_to_pack_tool_too() {
     let s = Stack::start_with("", "");
     fake_pack(
         &s,
         &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
         "timeout_seconds": 5, "class": "safe"}),
     );
-    let shown = s.get("/v1/skills/fake.echo");
-    assert_eq!(shown.status, 200, "{}", s.logs());
-    assert_eq!(shown.json()["name"], "fake_echo", "the registered name is shown");
-    let r = s.execute("fake.echo", &json!({"a": 1}));
-    let report = r.json();
-    assert_eq!(report["skill"], "fake_echo", "{report}");
-    assert_eq!(report["result"]["content"][0]["text"], r#"{"a": 1}"#, "{report}");
+    // Both spellings show and run the one skill, named `PACK.TOOL`.
+    for name in ["fake.echo", "fake_echo"] {
+        let shown = s.get(&format!("/v1/skills/{name}"));
+        assert_eq!(shown.status, 200, "{name}: {}", s.logs());
+        assert_eq!(shown.json()["name"], "fake.echo", "the registered name is shown");
+        let report = s.execute(name, &json!({"a": 1})).json();
+        assert_eq!(report["skill"], "fake.echo", "{report}");
+        assert_eq!(report["result"]["content"][0]["text"], r#"{"a": 1}"#, "{report}");
+    }
+    let listed = s.get("/v1/skills").json().to_string();
+    assert!(listed.contains(r#""name":"fake.echo""#) && !listed.contains("fake_echo"), "{listed}");
+    // The formats whose consumers refuse a dot list the alias; MCP's the name.
+    let mcp_format = s.get("/v1/tools?format=mcp").json();
+    let names = |v: &Value, pointer: &str| -> Vec<String> {
+        let tools = v["tools"].as_array().cloned().unwrap_or_default();
+        tools.iter().filter_map(|t| t.pointer(pointer)?.as_str().map(str::to_owned)).collect()
+    };
+    assert!(names(&mcp_format, "/name").contains(&"fake.echo".to_owned()), "{mcp_format}");
+    for (format, pointer) in [("openai", "/function/name"), ("anthropic", "/name")] {
+        let v = s.get(&format!("/v1/tools?format={format}")).json();
+        let listed = names(&v, pointer);
+        assert!(listed.contains(&"fake_echo".to_owned()), "{format}: {v}");
+        assert!(listed.iter().all(|n| !n.contains('.')), "{format}: {v}");
+    }
     let mut mcp = front(&s);
-    let called = mcp.call(2, "fake.echo", json!({"b": 2}));
-    assert_eq!(called["result"]["isError"], false, "{called}");
+    let list = mcp.request(2, "tools/list", json!({}));
+    assert!(list.to_string().contains(r#""name":"fake.echo""#), "{list}");
+    for (id, name) in [(3, "fake.echo"), (4, "fake_echo")] {
+        let called = mcp.call(id, name, json!({"b": 2}));
+        assert_eq!(called["result"]["isError"], false, "{name}: {called}");
+    }
     // The audit trail names the skill as registered, whichever name asked.
-    let rows = s.get("/v1/audit?skill=fake_echo&limit=10").json();
+    let rows = s.get("/v1/audit?skill=fake.echo&limit=10").json();
     let rows = rows["items"].as_array().cloned().unwrap_or_default();
-    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert!(s.scrape().contains(r#"skill="fake.echo""#), "metrics label the tool's runs");
 
-    // Only a tool of that pack: not another pack's, not a one-shot skill.
-    for unknown in ["fake.nope", "other.echo", "fake.", "fake.echo.x"] {
+    // No other spelling: not another pack's, not a tool of none.
+    for unknown in ["fake.nope", "other.echo", "fake.", "fake.echo.x", "fake.ECHO", "fake_nope"] {
         assert_eq!(s.get(&format!("/v1/skills/{unknown}")).status, 404, "{unknown}");
         assert_eq!(s.execute(unknown, &json!({})).status, 404, "{unknown}");
     }
-    let unknown = mcp.call(3, "fake.nope", json!({}));
+    let unknown = mcp.call(5, "fake.nope", json!({}));
     assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
 }
 
@@ -142,7 +196,7 @@ fn an_mcp_tool_streams_like_any_skill_with_its_progress_as_stderr_events() {
         &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
         "timeout_seconds": 5, "class": "safe"}),
     );
-    let r = s.stream("fake_echo", &json!({"a": 1}));
+    let r = s.stream("fake.echo", &json!({"a": 1}));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let events = r.events();
     assert_eq!(events.len(), 1, "no stderr of its own: {events:?}");
@@ -187,21 +241,21 @@ fn an_mcp_packs_tools_are_skills_through_both_daemons_and_its_secret_stays_in_th
         "class": "safe", "tool_classes": {"die": "dangerous"}}),
     );
 
-    let listed = s.get("/v1/skills/fake_echo").json();
+    let listed = s.get("/v1/skills/fake.echo").json();
     assert_eq!(listed["source"], "mcp", "{listed}\n{}", s.logs());
     assert_eq!(listed["class"], "safe");
     // A dangerous tool is hidden while fewer than two approvers are set.
-    assert_eq!(s.get("/v1/skills/fake_die").status, 404, "the tool's own class");
+    assert_eq!(s.get("/v1/skills/fake.die").status, 404, "the tool's own class");
     assert_eq!(s.get("/v1/skills/fake").status, 404, "the pack itself is no skill");
 
-    let r = s.execute("fake_echo", &json!({"a": 1}));
+    let r = s.execute("fake.echo", &json!({"a": 1}));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let report = r.json();
     assert_eq!(report["outcome"], "ok", "{report}");
     assert_eq!(report["result"]["content"][0]["text"], r#"{"a": 1}"#, "{report}");
     assert_eq!(report["result"]["isError"], false);
     let args = json!({"name": "FAKE_TOKEN", "sha256": sha256_hex(SECRET)});
-    let r = s.execute("fake_secret_is", &args);
+    let r = s.execute("fake.secret_is", &args);
     let report = r.json();
     assert_eq!(report["result"]["content"][0]["text"], "True", "{report}");
 
@@ -213,8 +267,8 @@ fn an_mcp_packs_tools_are_skills_through_both_daemons_and_its_secret_stays_in_th
     mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     let list = mcp.request(2, "tools/list", json!({}));
     let tools = list["result"]["tools"].as_array().unwrap();
-    assert!(tools.iter().any(|t| t["name"] == "fake_echo"), "{list}");
-    let called = mcp.call(3, "fake_echo", json!({"b": 2}));
+    assert!(tools.iter().any(|t| t["name"] == "fake.echo"), "{list}");
+    let called = mcp.call(3, "fake.echo", json!({"b": 2}));
     let text = called["result"]["content"][0]["text"].as_str().unwrap_or_default().to_owned();
     assert!(text.contains(r#"\"b\": 2"#) || text.contains(r#""b": 2"#), "{called}");
     drop(mcp);
@@ -232,7 +286,7 @@ fn an_mcp_packs_tools_are_skills_through_both_daemons_and_its_secret_stays_in_th
     assert!(!s.scrape().contains(SECRET), "the secret in the metrics");
     let all: Value = s.get("/v1/skills").json();
     assert!(!all.to_string().contains(SECRET));
-    assert!(s.scrape().contains("fake_echo"), "metrics count the tool's runs");
+    assert!(s.scrape().contains("fake.echo"), "metrics count the tool's runs");
 }
 
 /// Node.js 22 and the reference filesystem server, as `.ci/run` installs
@@ -275,17 +329,17 @@ fn the_reference_filesystem_server_is_called_through_the_api_and_our_mcp_front()
     std::fs::write(pack.join("skill.json"), manifest.to_string()).unwrap();
     let r = s.post("/v1/reload", &json!({}));
     assert_eq!(r.status, 200, "{}", s.logs());
-    let listed = s.get("/v1/skills/files_read_text_file").json();
+    let listed = s.get("/v1/skills/files.read_text_file").json();
     assert_eq!(listed["source"], "mcp", "{listed}\n{}", s.logs());
     assert!(listed["schema"]["properties"]["path"].is_object(), "{listed}");
 
     let note = data.join("note.txt").display().to_string();
-    let r = s.execute("files_read_text_file", &json!({"path": note}));
+    let r = s.execute("files.read_text_file", &json!({"path": note}));
     let report = r.json();
     assert_eq!(report["outcome"], "ok", "{report}");
     assert!(report["result"].to_string().contains("a note for the agent"), "{report}");
     // Refused before the server, by the tool's own input schema.
-    let r = s.execute("files_read_text_file", &json!({"path": 7}));
+    let r = s.execute("files.read_text_file", &json!({"path": 7}));
     assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
 
     let mut mcp = Mcp::start(&s.socket);
@@ -295,7 +349,7 @@ fn the_reference_filesystem_server_is_called_through_the_api_and_our_mcp_front()
     mcp.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     let list = mcp.request(2, "tools/list", json!({}));
     let tools = list["result"]["tools"].as_array().unwrap();
-    assert!(tools.iter().any(|t| t["name"] == "files_list_directory"), "{list}");
-    let called = mcp.call(3, "files_list_directory", json!({"path": data_s}));
+    assert!(tools.iter().any(|t| t["name"] == "files.list_directory"), "{list}");
+    let called = mcp.call(3, "files.list_directory", json!({"path": data_s}));
     assert!(called["result"].to_string().contains("note.txt"), "{called}");
 }

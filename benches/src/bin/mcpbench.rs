@@ -1,7 +1,7 @@
 //! `mcpbench`: a warm MCP tool call three ways: the server called directly
 //! over its stdio, unboxed; through the executor's library (the server
 //! boxed and spoken to by `executor::mcp`); and through both daemons
-//! (`POST /v1/skills/bench_echo/execute` to `ongrid-skilld`, which asks
+//! (`POST /v1/skills/bench.echo/execute` to `ongrid-skilld`, which asks
 //! `ongrid-executor serve`, audit on, as `loadbench` starts them). The
 //! server is the executor tests' small Python server
 //! (`executor/tests/mcp/fake_server.py`), its `echo` tool.
@@ -136,7 +136,7 @@ fn daemons(root: &Path, base: &Path, calls: usize, expected: usize) -> Vec<f64> 
     let roots = [root.to_owned()];
     let stack = stack::Stack::start("daemon-mcp", bin_dir, base, &roots, &audit, expected, "");
     let mut client = http::Http::connect(&stack.socket);
-    let path = "/v1/skills/bench_echo/execute";
+    let path = "/v1/skills/bench.echo/execute";
     let (status, body) = client.post(path, br#"{"args":{"warm":true}}"#);
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let mut ms = Vec::with_capacity(calls);

@@ -5,17 +5,23 @@
 //! executor must bound what it reads from an untrusted server: every line
 //! is capped (a longer one is a flood), a line that is not a JSON-RPC
 //! message is garbage, and either ends the connection (the caller cuts the
-//! server off). Between a request and its response the server may send
-//! notifications (`notifications/tools/list_changed` is remembered,
-//! `notifications/progress` for the request in flight handed to the
-//! caller's sink as a line, the rest dropped) and requests (`ping` is answered, any other refused with
-//! "method not found": the executor offers the server no capability).
+//! server off). The server's output is read all the time by its
+//! reader task ([`super::reader`]), a request or not: a
+//! `notifications/tools/list_changed` is seen at once (the connection's
+//! flag set, the executor woken to list the tools again), the response and
+//! `notifications/progress` of the request in flight handed to it (the
+//! progress to the caller's sink as a line), `ping` answered, the rest
+//! dropped.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, Mutex, Notify};
+
+use super::reader::{self, Incoming, Reader, State};
 
 /// The protocol version the executor asks for in `initialize`.
 pub const PROTOCOL_VERSION: &str = "2025-06-18";
@@ -86,15 +92,25 @@ pub struct Tool {
     pub input_schema: Value,
 }
 
-/// A connection to one server's stdio.
+/// A connection to one server's stdio: the writer, and the queue its
+/// reader task fills for the request in flight.
 #[derive(Debug)]
 pub struct Conn {
-    tx: pipe::Sender,
-    rx: BufReader<pipe::Receiver>,
+    /// Shared (weakly) with the reader, which answers the server's pings;
+    /// dropped with the connection, which closes the server's stdin.
+    tx: Arc<Mutex<pipe::Sender>>,
+    inbox: mpsc::Receiver<Incoming>,
+    state: Arc<State>,
+    reader: tokio::task::JoinHandle<()>,
     next_id: u64,
-    max_line: usize,
-    /// The server said its tool list changed since the last listing.
-    pub list_changed: bool,
+    /// Why the connection ended, once the reader said so.
+    failed: Option<ConnError>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
 }
 
 fn cut(s: &str, max: usize) -> String {
@@ -106,8 +122,10 @@ fn cut(s: &str, max: usize) -> String {
 }
 
 impl Conn {
-    /// A connection on the executor's (non-blocking) ends of the pipes;
-    /// lines longer than `max_line` are a flood.
+    /// A connection on the executor's (non-blocking) ends of the pipes,
+    /// with its reader task started; lines longer than `max_line` are a
+    /// flood, and `changed` is woken when the server says its tools
+    /// changed. Called inside the runtime.
     ///
     /// # Errors
     ///
@@ -116,56 +134,61 @@ impl Conn {
         stdin: std::os::fd::OwnedFd,
         stdout: std::os::fd::OwnedFd,
         max_line: usize,
+        changed: Arc<Notify>,
     ) -> Result<Self, ConnError> {
         let reg = |e: std::io::Error| ConnError::Write(e.to_string());
-        let tx = pipe::Sender::from_owned_fd_unchecked(stdin).map_err(reg)?;
+        let tx = Arc::new(Mutex::new(pipe::Sender::from_owned_fd_unchecked(stdin).map_err(reg)?));
         let rx = pipe::Receiver::from_owned_fd_unchecked(stdout).map_err(reg)?;
-        Ok(Conn { tx, rx: BufReader::new(rx), next_id: 1, max_line, list_changed: false })
+        let state = Arc::new(State::default());
+        let (out, inbox) = mpsc::channel(reader::QUEUE);
+        let reader = Reader {
+            rx,
+            max_line,
+            tx: Arc::downgrade(&tx),
+            state: Arc::clone(&state),
+            out,
+            changed,
+        };
+        let reader = tokio::spawn(reader.run());
+        Ok(Conn { tx, inbox, state, reader, next_id: 1, failed: None })
     }
 
-    async fn send(&mut self, msg: &Value) -> Result<(), ConnError> {
-        let mut line = msg.to_string().into_bytes();
-        line.push(b'\n');
-        self.tx.write_all(&line).await.map_err(|e| ConnError::Write(e.to_string()))
+    /// Whether the server said its tool list changed since the last
+    /// listing.
+    pub fn list_changed(&self) -> bool {
+        self.state.list_changed.load(Ordering::Acquire)
     }
 
-    /// One line, without its newline, at most `max_line` bytes.
-    async fn read_line(&mut self) -> Result<Vec<u8>, ConnError> {
-        let mut line = Vec::new();
-        loop {
-            let buf = self.rx.fill_buf().await.map_err(|_| ConnError::Closed)?;
-            if buf.is_empty() {
-                return Err(ConnError::Closed);
-            }
-            let (take, done) = match buf.iter().position(|b| *b == b'\n') {
-                Some(i) => (i + 1, true),
-                None => (buf.len(), false),
-            };
-            line.extend_from_slice(&buf[..take]);
-            self.rx.consume(take);
-            if line.len() > self.max_line.saturating_add(1) {
-                return Err(ConnError::Flood(self.max_line));
-            }
-            if done {
-                line.pop();
-                return Ok(line);
+    /// Whether the reader ended: the server is gone or broke the protocol
+    /// ([`Conn::check`] says how).
+    pub fn ended(&self) -> bool {
+        self.state.ended.load(Ordering::Acquire)
+    }
+
+    /// What the reader queued while no request was in flight: only its
+    /// end ([`Incoming::Failed`]) matters, anything else is stale.
+    fn take_queued(&mut self) {
+        while let Ok(item) = self.inbox.try_recv() {
+            if let Incoming::Failed(e) = item {
+                self.failed = Some(e);
             }
         }
     }
 
-    /// Answers a request the server sent: `ping`, or "method not found".
-    async fn answer(&mut self, method: &str, req_id: &Value) -> Result<(), ConnError> {
-        let reply = if method == "ping" {
-            json!({"jsonrpc": "2.0", "id": req_id, "result": {}})
-        } else {
-            let error = json!({"code": -32601, "message": "method not found"});
-            json!({"jsonrpc": "2.0", "id": req_id, "error": error})
-        };
-        self.send(&reply).await
+    /// Whether the connection still works: the reader has not found the
+    /// server gone or breaking the protocol (a list change said between
+    /// calls is [`Conn::list_changed`], already).
+    ///
+    /// # Errors
+    ///
+    /// [`ConnError::Closed`] when the server is gone, [`ConnError::Garbage`]
+    /// or [`ConnError::Flood`] as for a request's answer.
+    pub fn check(&mut self) -> Result<(), ConnError> {
+        self.take_queued();
+        self.failed.clone().map_or(Ok(()), Err)
     }
 
-    /// Reads messages until the response to `id`, handling what comes
-    /// between.
+    /// Reads what the reader hands on until the response to `id`.
     async fn response(
         &mut self,
         id: u64,
@@ -174,72 +197,37 @@ impl Conn {
     ) -> Result<Value, ConnError> {
         let mut relayed = 0;
         loop {
-            let Some(obj) = message(&self.read_line().await?)? else { continue };
-            match (obj.get("method").and_then(Value::as_str), obj.get("id")) {
-                (Some(m), Some(req_id)) => self.answer(m, req_id).await?,
-                (Some(m), None) => {
-                    if m == "notifications/tools/list_changed" {
-                        self.list_changed = true;
-                    } else if m == "notifications/progress" && relayed < MAX_PROGRESS_LINES {
-                        if let Some(line) = progress_line(obj.get("params"), id) {
+            let obj = match self.inbox.recv().await {
+                None => return Err(ConnError::Closed),
+                Some(Incoming::Failed(e)) => {
+                    self.failed = Some(e.clone());
+                    return Err(e);
+                }
+                Some(Incoming::Progress(params)) => {
+                    if relayed < MAX_PROGRESS_LINES {
+                        if let Some(line) = progress_line(params.as_ref(), id) {
                             relayed += 1;
                             progress(&line);
                         }
                     }
+                    continue;
                 }
-                (None, Some(got)) if got.as_u64() == Some(id) => {
-                    if let Some(e) = obj.get("error") {
-                        let code = e.get("code").and_then(Value::as_i64).unwrap_or(0);
-                        let message = e.get("message").and_then(Value::as_str).unwrap_or("");
-                        return Err(ConnError::Rpc { method, code, message: cut(message, 256) });
-                    }
-                    return obj.get("result").cloned().ok_or(ConnError::Malformed {
-                        method,
-                        reason: "neither result nor error".to_owned(),
-                    });
-                }
-                // A late answer to an earlier request: nothing waits for it.
-                (None, Some(_)) => {}
-                (None, None) => return Err(ConnError::Garbage),
+                Some(Incoming::Response(obj)) => obj,
+            };
+            // A stale answer to an earlier request: nothing waits for it.
+            if obj.get("id").and_then(Value::as_u64) != Some(id) {
+                continue;
             }
-        }
-    }
-
-    /// Whether a whole line is readable now, without waiting: the buffer
-    /// holds one, or is empty and the pipe has bytes (read into it) that
-    /// end one. The buffer is only filled here, never consumed, so a line
-    /// cut short is left whole for the next read.
-    fn line_ready(&mut self) -> Result<bool, ConnError> {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match std::pin::Pin::new(&mut self.rx).poll_fill_buf(&mut cx) {
-            std::task::Poll::Pending => Ok(false),
-            std::task::Poll::Ready(Err(_)) => Err(ConnError::Closed),
-            std::task::Poll::Ready(Ok([])) => Err(ConnError::Closed),
-            std::task::Poll::Ready(Ok(buf)) => Ok(buf.contains(&b'\n')),
-        }
-    }
-
-    /// Handles what the server wrote while no request was in flight (a
-    /// `notifications/tools/list_changed` between calls sets
-    /// [`Conn::list_changed`]; a `ping` is answered), reading only the
-    /// whole lines there are now.
-    ///
-    /// # Errors
-    ///
-    /// [`ConnError::Closed`] when the server is gone, [`ConnError::Garbage`]
-    /// or [`ConnError::Flood`] as for a request's answer.
-    pub async fn catch_up(&mut self) -> Result<(), ConnError> {
-        while self.line_ready()? {
-            let Some(obj) = message(&self.read_line().await?)? else { continue };
-            match (obj.get("method").and_then(Value::as_str), obj.get("id")) {
-                (Some(m), Some(req_id)) => self.answer(m, req_id).await?,
-                (Some("notifications/tools/list_changed"), None) => self.list_changed = true,
-                // Other notifications, and late answers: nothing waits for them.
-                (Some(_), None) | (None, Some(_)) => {}
-                (None, None) => return Err(ConnError::Garbage),
+            if let Some(e) = obj.get("error") {
+                let code = e.get("code").and_then(Value::as_i64).unwrap_or(0);
+                let message = e.get("message").and_then(Value::as_str).unwrap_or("");
+                return Err(ConnError::Rpc { method, code, message: cut(message, 256) });
             }
+            return obj.get("result").cloned().ok_or(ConnError::Malformed {
+                method,
+                reason: "neither result nor error".to_owned(),
+            });
         }
-        Ok(())
     }
 
     /// Sends `method` with `params` and waits up to `timeout` for its
@@ -282,6 +270,7 @@ impl Conn {
         timeout: Duration,
         progress: Option<&mut (dyn FnMut(&str) + Send)>,
     ) -> Result<Value, ConnError> {
+        self.check()?;
         let id = self.next_id;
         self.next_id += 1;
         let mut ignore = |_: &str| {};
@@ -295,11 +284,16 @@ impl Conn {
             None => &mut ignore,
         };
         let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        // Set before the request goes: its answer may come at once.
+        self.state.in_flight.store(id, Ordering::Release);
+        let tx = Arc::clone(&self.tx);
         let exchange = async {
-            self.send(&msg).await?;
+            reader::write(&tx, &msg).await?;
             self.response(id, method, sink).await
         };
-        tokio::time::timeout(timeout, exchange).await.map_err(|_| ConnError::Timeout(timeout))?
+        let answer = tokio::time::timeout(timeout, exchange).await;
+        self.state.in_flight.store(0, Ordering::Release);
+        answer.map_err(|_| ConnError::Timeout(timeout))?
     }
 
     /// `initialize`, then `notifications/initialized`.
@@ -319,7 +313,7 @@ impl Conn {
             return Err(ConnError::Malformed { method: "initialize", reason });
         }
         let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-        self.send(&note).await
+        reader::write(&self.tx, &note).await
     }
 
     /// Every tool the server lists (`tools/list`, following its cursor).
@@ -329,7 +323,8 @@ impl Conn {
     ///
     /// [`ConnError`]; a malformed listing is [`ConnError::Malformed`].
     pub async fn list_tools(&mut self, timeout: Duration) -> Result<Vec<Tool>, ConnError> {
-        self.list_changed = false;
+        // A change said during this listing sets it again: listed once more.
+        self.state.list_changed.store(false, Ordering::Release);
         let mut tools = Vec::new();
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_LIST_PAGES {
@@ -363,18 +358,6 @@ impl Conn {
             }
         }
         Err(ConnError::Malformed { method: "tools/list", reason: "too many pages".to_owned() })
-    }
-}
-
-/// One line read as a JSON-RPC 2.0 message object; `None` for a blank
-/// line.
-fn message(line: &[u8]) -> Result<Option<serde_json::Map<String, Value>>, ConnError> {
-    if line.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
-    }
-    match serde_json::from_slice(line) {
-        Ok(Value::Object(o)) if o.get("jsonrpc") == Some(&json!("2.0")) => Ok(Some(o)),
-        _ => Err(ConnError::Garbage),
     }
 }
 

@@ -10,11 +10,15 @@
 //! server gone) kills the server's whole cgroup and answers with a clear
 //! outcome; the next call starts it again, after a backoff when starts keep
 //! failing ([`backoff`]). [`Server::stop_if_idle`] stops it after the pack's
-//! `idle_seconds` without a call; [`Server::stop`] on drain. Its stderr is
+//! `idle_seconds` without a call; [`Server::stop`] on drain. Its output is
+//! read all the time ([`crate::mcp::reader`]): a tool list change it says
+//! while idle is listed again by [`Server::refresh`], called as soon as the
+//! reader sees it. Its stderr is
 //! read and dropped: a server may print its environment there.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use policy::report::SandboxReport;
@@ -22,6 +26,7 @@ use policy::wire::McpToolInfo;
 use policy::{LimitKind, Outcome, RawJson, RunReport};
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
+use tokio::sync::Notify;
 
 use crate::mcp::client::{Conn, ConnError, Tool};
 use crate::mcp::secrets::Secrets;
@@ -72,6 +77,8 @@ pub struct Server {
     known: Option<Vec<Tool>>,
     /// Moves each time a listing differs from the one before.
     generation: u64,
+    /// Woken when its running server says its tools changed.
+    changed: Arc<Notify>,
 }
 
 /// The first generation of every server of this executor: its start time
@@ -93,8 +100,10 @@ fn refused(skill: &str, outcome: Outcome, error: impl Into<String>) -> Refused {
 }
 
 impl Server {
-    /// A server for the pack at `manifest`, not started.
-    pub fn new(manifest: &Path) -> Self {
+    /// A server for the pack at `manifest`, not started; `changed` is
+    /// woken whenever it says its tools changed (whoever waits on it
+    /// lists them again: [`Server::refresh`]).
+    pub fn new(manifest: &Path, changed: Arc<Notify>) -> Self {
         Server {
             manifest: manifest.to_owned(),
             running: None,
@@ -104,6 +113,7 @@ impl Server {
             starts: 0,
             known: None,
             generation: first_generation(),
+            changed,
         }
     }
 
@@ -125,6 +135,18 @@ impl Server {
             run.tools.clone_from(&tools);
         }
         self.known = Some(tools);
+    }
+
+    /// Whether its running server said its tools changed since their last
+    /// listing, or its connection ended: [`Server::refresh`] lists them
+    /// again, or cuts it off.
+    pub fn wants_refresh(&self) -> bool {
+        self.running.as_ref().is_some_and(|r| r.conn.list_changed() || r.conn.ended())
+    }
+
+    /// The names of the tools of its last listing (not started by this).
+    pub fn known_tools(&self) -> Vec<String> {
+        self.known.iter().flatten().map(|t| t.name.clone()).collect()
     }
 
     /// How many times it was started.
@@ -248,7 +270,7 @@ impl Server {
         // call; a listing that breaks the connection cuts it off after this
         // call's answer.
         let mut broken = false;
-        if answer.is_ok() && run.conn.list_changed {
+        if answer.is_ok() && run.conn.list_changed() {
             match run.conn.list_tools(timeout).await {
                 Ok(tools) => self.listed(tools),
                 Err(e) => broken = !e.keeps_connection(),
@@ -281,14 +303,14 @@ impl Server {
         }
     }
 
-    /// Reads what the running server wrote since its last request (a tool
-    /// list change between calls: [`Conn::catch_up`]) and lists its tools
-    /// again when it said they changed, so that a call is checked against
-    /// its latest list.
+    /// Checks the running server's connection (its reader found it gone or
+    /// breaking the protocol: [`Conn::check`]) and lists its tools again
+    /// when it said they changed, so that a call is checked against its
+    /// latest list.
     async fn catch_up(&mut self) -> Result<(), ConnError> {
         let Some(run) = self.running.as_mut() else { return Ok(()) };
-        run.conn.catch_up().await?;
-        if !run.conn.list_changed {
+        run.conn.check()?;
+        if !run.conn.list_changed() {
             return Ok(());
         }
         match run.conn.list_tools(run.plan.manifest.timeout()).await {
@@ -298,6 +320,17 @@ impl Server {
             }
             Err(e) if e.keeps_connection() => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Lists the running server's tools again when it said they changed
+    /// (a `notifications/tools/list_changed` read while it was idle, or
+    /// during a call): the generation moves when the list differs. A server
+    /// found broken is cut off (the next call starts it again). Not a use:
+    /// the idle deadline stays.
+    pub async fn refresh(&mut self, engine: &Engine) {
+        if self.catch_up().await.is_err() {
+            self.cut_off(engine).await;
         }
     }
 
@@ -312,7 +345,7 @@ impl Server {
             let why = format!("the server failed to start; next start in {} ms", wait.as_millis());
             return Err(refused(&name, Outcome::SpawnFailed, why));
         }
-        match start(engine, &self.manifest).await {
+        match start(engine, &self.manifest, Arc::clone(&self.changed)).await {
             Ok(run) => {
                 let tools = run.tools.clone();
                 self.running = Some(run);
@@ -372,12 +405,11 @@ impl Server {
     }
 }
 
-/// The skill `tool` of `pack` is registered as (`pack_tool`; as written
-/// when that is not a valid skill name, which the loader then never
-/// registers).
+/// The skill `tool` of `pack` is registered as, `pack.tool`
+/// ([`policy::mcp::tool_name`]; spelled so even when that is not a name the
+/// loader registers).
 fn skill_name(pack: &str, tool: &str) -> String {
-    policy::mcp::tool_skill_name(pack, tool)
-        .map_or_else(|_| format!("{pack}_{tool}"), |n| n.to_string())
+    policy::mcp::tool_name(pack, tool).unwrap_or_else(|_| format!("{pack}.{tool}"))
 }
 
 /// The report of a call whose server was cut off.
@@ -407,7 +439,7 @@ fn cut_off_report(
 }
 
 /// Plans, boxes, spawns and initializes the pack's server.
-async fn start(engine: &Engine, manifest: &Path) -> Result<Running, Refused> {
+async fn start(engine: &Engine, manifest: &Path, changed: Arc<Notify>) -> Result<Running, Refused> {
     let config = engine.config();
     let (spawners, env, reaper) = engine.server_parts();
     let fallback = manifest.parent().and_then(Path::file_name);
@@ -451,7 +483,7 @@ async fn start(engine: &Engine, manifest: &Path) -> Result<Running, Refused> {
     let timeout = plan.manifest.timeout();
     // A server's spawn keeps its stdin (`Prepared::serve_with`).
     let conn = match child.stdin {
-        Some((stdin, _)) => Conn::new(stdin, child.stdout, max_line),
+        Some((stdin, _)) => Conn::new(stdin, child.stdout, max_line, changed),
         None => Err(ConnError::Write("the server's stdin was closed".to_owned())),
     };
     let conn = match conn {

@@ -88,6 +88,10 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
             let list_ctx = ctx.clone();
             ctx.runs.spawn(mcp_tools(list_ctx, id, params));
         }
+        Ok(Request::McpWatch { id, params }) => {
+            let watch_ctx = ctx.clone();
+            ctx.runs.spawn(mcp_watch(watch_ctx, id, params));
+        }
         Ok(Request::Start { run }) => match relock(&ctx.held).remove(&run.to_string()) {
             Some(tx) => {
                 let _ = tx.send(());
@@ -203,6 +207,29 @@ async fn mcp_tools(ctx: ConnCtx, id: Value, params: McpToolsParams) {
         },
     };
     ctx.send(wire::encode_result(&id, &result));
+}
+
+/// `mcp_watch`: answers once a server's tool list generation moved after
+/// the count `since`, or when the wait is over (its `timeout_ms`, the
+/// executor stopping, the connection closed: then nobody reads it).
+async fn mcp_watch(ctx: ConnCtx, id: Value, params: wire::McpWatchParams) {
+    let ms = params.timeout_ms.unwrap_or(wire::DEFAULT_MCP_WATCH_MS).min(wire::MAX_MCP_WATCH_MS);
+    let stop = async {
+        tokio::select! {
+            () = ctx.token.cancelled() => {}
+            () = ctx.shared.stopping.cancelled() => {}
+        }
+    };
+    let moves = ctx.shared.servers.watch(params.since, Duration::from_millis(ms), stop).await;
+    let packs = moves
+        .packs
+        .into_iter()
+        .map(|(m, generation)| wire::McpPackMoved {
+            manifest: m.to_string_lossy().into_owned(),
+            generation,
+        })
+        .collect();
+    ctx.send(wire::encode_result(&id, &wire::McpWatchResult { changes: moves.changes, packs }));
 }
 
 /// `execute` of a tool of an MCP server pack: admitted as a run is (or

@@ -92,10 +92,10 @@ impl ManifestCache {
             mcp: false,
         };
         if let (Some(spec), Some(tool)) = (manifest.mcp(), tool) {
-            let name = policy::mcp::tool_skill_name(manifest.name().as_str(), tool)
+            let name = policy::mcp::tool_name(manifest.name().as_str(), tool)
                 .map_err(|e| reject(format!("manifest {path}: tool {tool:?}: {e}")))?;
             checked = Checked {
-                name: name.to_string(),
+                name,
                 class: spec.class_of(tool, manifest.class()),
                 mcp: true,
                 ..checked

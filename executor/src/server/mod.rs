@@ -168,9 +168,12 @@ pub async fn run(
     );
     // MCP servers idle past their pack's `idle_seconds` are stopped.
     let idle = shared.servers.watch_idle(&shared.engine);
+    // A server that says its tools changed has them listed again at once.
+    let changes = shared.servers.watch_changes(&shared.engine);
     tokio::select! {
         () = accepting => {}
         () = idle => {}
+        () = changes => {}
         _ = shutdown => {}
     }
     // Stop accepting: the socket refuses new connections from here on.

@@ -2,18 +2,36 @@
 # A small MCP server over stdio for the executor's tests: well-behaved for
 # echo and secret_is, hostile on demand (garbage, flood, stall, die, fork);
 # grow and shrink add and remove the tool extra, saying its list changed
-# (shrink_later says so after its answer, between calls);
+# (shrink_later says so after its answer, between calls; grow_soon and
+# shrink_soon half a second after their answer, with nobody calling;
+# garbage_soon writes a line that is not JSON then);
 # progress reports progress (and writes a line on stderr).
-import json, os, socket, sys, time, hashlib
+import json, os, socket, sys, threading, time, hashlib
 
-TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect", "grow", "shrink", "scalar", "progress", "shrink_later"]
+TOOLS = ["echo", "secret_is", "garbage", "flood", "stall", "die", "fork", "pid", "connect", "grow", "shrink", "scalar", "progress", "shrink_later", "grow_soon", "shrink_soon", "garbage_soon"]
+# One writer at a time: a timer thread writes too.
+OUT = threading.Lock()
 # The progressToken of the call in flight, when the client asked for progress.
 TOKEN = [None]
 
 
 def send(msg):
-    sys.stdout.write(json.dumps(msg) + "\n")
-    sys.stdout.flush()
+    with OUT:
+        sys.stdout.write(json.dumps(msg) + "\n")
+        sys.stdout.flush()
+
+
+def change_soon(grow):
+    # The tool extra added or removed a moment after the answer, and said
+    # so, while no request is in flight.
+    def later():
+        if grow:
+            TOOLS.append("extra")
+        else:
+            while "extra" in TOOLS:
+                TOOLS.remove("extra")
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+    threading.Timer(0.5, later).start()
 
 
 def text(s, is_error=False):
@@ -99,6 +117,14 @@ for line in sys.stdin:
         send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}})
         if p["name"] == "scalar":
             send({"jsonrpc": "2.0", "id": mid, "result": 5})
+            continue
+        if p["name"] == "garbage_soon":
+            send({"jsonrpc": "2.0", "id": mid, "result": text("soon")})
+            threading.Timer(0.5, lambda: send("not a message")).start()
+            continue
+        if p["name"] in ("grow_soon", "shrink_soon"):
+            send({"jsonrpc": "2.0", "id": mid, "result": text("soon")})
+            change_soon(p["name"] == "grow_soon")
             continue
         if p["name"] == "shrink_later":
             # The tool extra gone after the answer: announced between calls.

@@ -94,7 +94,7 @@ fn tools_are_listed_and_called_in_the_box_and_secrets_reach_only_the_server() {
 
         let r = servers.call(&engine, &m, "echo", json!({"a": [1, 2]})).await;
         assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
-        assert_eq!(r.skill, "fake_echo");
+        assert_eq!(r.skill, "fake.echo");
         assert_eq!(text_of(&r), r#"{"a": [1, 2]}"#);
         assert_eq!(r.result.as_ref().unwrap().to_value()["isError"], json!(false));
         let sandbox = r.sandbox.as_ref().expect("the box the server runs in");
@@ -267,6 +267,58 @@ fn a_calls_progress_is_handed_on_as_lines_and_its_stderr_is_not() {
         let want: Vec<String> = (1..=3).map(|i| format!("progress {i}/3: step {i}")).collect();
         assert_eq!(lines, want, "this call's progress only, no stderr");
         assert!(r.stderr.is_empty(), "{r:?}");
+        servers.stop_all(&engine).await;
+    });
+}
+
+#[test]
+fn an_idle_servers_list_change_is_listed_at_once_and_watched_and_its_garbage_cuts_it_off() {
+    let Some(engine) = engine(Config::default()) else { return };
+    let (_d, m) = pack("");
+    let servers = Servers::default();
+    rt().block_on(async {
+        let test = async {
+            for (tool, extra) in [("grow_soon", true), ("shrink_soon", false)] {
+                let r = servers.call(&engine, &m, tool, json!({})).await;
+                assert_eq!(text_of(&r), "soon", "{r:?}");
+                let before = servers.generation(&m).await;
+                // Any count but the current one answers at once with it.
+                let since = servers.watch(u64::MAX, Duration::ZERO, std::future::pending()).await;
+                let asked = std::time::Instant::now();
+                let moves =
+                    servers.watch(since.changes, Duration::from_secs(10), std::future::pending());
+                let moves = moves.await;
+                assert!(asked.elapsed() < Duration::from_secs(2), "{:?}", asked.elapsed());
+                let now = servers.generation(&m).await;
+                assert_ne!(now, before, "listed again without a call");
+                assert_eq!(moves.packs, [(m.clone(), now)]);
+                assert_eq!(moves.changes, since.changes + 1);
+                let tools = servers.get(&m).lock().await.known_tools();
+                assert_eq!(tools.iter().any(|t| t == "extra"), extra, "{tools:?}");
+            }
+            // A server that breaks the protocol while idle is cut off.
+            let pid = servers.get(&m).lock().await.pid().expect("running");
+            let r = servers.call(&engine, &m, "garbage_soon", json!({})).await;
+            assert_eq!(text_of(&r), "soon", "{r:?}");
+            let until = std::time::Instant::now() + Duration::from_secs(3);
+            while servers.get(&m).lock().await.pid().is_some() && std::time::Instant::now() < until
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(servers.get(&m).lock().await.pid(), None, "cut off while idle");
+            assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "its process is gone");
+            let r = servers.call(&engine, &m, "echo", json!({})).await;
+            assert_eq!(r.outcome, Outcome::Ok, "the next call starts it again: {r:?}");
+            // Nothing moved since: the wait runs out with no pack.
+            let since = servers.watch(u64::MAX, Duration::ZERO, std::future::pending()).await;
+            let idle = servers.watch(since.changes, Duration::from_millis(300), async {});
+            let idle = idle.await;
+            assert!(idle.packs.is_empty() && idle.changes == since.changes, "{idle:?}");
+        };
+        tokio::select! {
+            () = test => {}
+            () = servers.watch_changes(&engine) => unreachable!("it watches for ever"),
+        }
         servers.stop_all(&engine).await;
     });
 }

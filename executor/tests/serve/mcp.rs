@@ -48,7 +48,7 @@ fn tools_are_listed_and_called_over_the_wire_and_the_drain_stops_the_server() {
     let v = c.recv();
     let tools = v["result"]["tools"].as_array().unwrap_or_else(|| panic!("{v}"));
     let echo = tools.iter().find(|t| t["name"] == "echo").unwrap_or_else(|| panic!("{v}"));
-    assert_eq!((echo["skill"].as_str(), echo["class"].as_str()), (Some("fake_echo"), Some("safe")));
+    assert_eq!((echo["skill"].as_str(), echo["class"].as_str()), (Some("fake.echo"), Some("safe")));
     assert_eq!(echo["inputSchema"], json!({"type": "object"}));
     let stall = tools.iter().find(|t| t["name"] == "stall").unwrap();
     assert_eq!(stall["class"], "mutating", "the pack's class");
@@ -64,7 +64,7 @@ fn tools_are_listed_and_called_over_the_wire_and_the_drain_stops_the_server() {
 
     let r = call(&mut c, 2, &m, "echo", json!({"x": 1}), "safe");
     assert_eq!(r["outcome"], "ok", "{r}");
-    assert_eq!(r["skill"], "fake_echo");
+    assert_eq!(r["skill"], "fake.echo");
     assert_eq!(r["result"]["content"][0]["text"], r#"{"x": 1}"#);
     // The class the executor reads from the pack is re-checked.
     let r = call(&mut c, 3, &m, "stall", json!({}), "safe");
@@ -85,7 +85,7 @@ fn tools_are_listed_and_called_over_the_wire_and_the_drain_stops_the_server() {
     assert_eq!(r["outcome"], "ok", "{r}");
     assert!(!common::procs_with(&marker).is_empty(), "the server runs");
     let text = server.metrics();
-    assert_eq!(runs_total(&text, "fake_echo", "ok"), 2.0, "{text}");
+    assert_eq!(runs_total(&text, "fake.echo", "ok"), 2.0, "{text}");
 
     drop(c);
     server.shutdown();
@@ -135,4 +135,45 @@ fn a_lazy_pack_s_server_is_stopped_after_its_listing_and_an_eager_one_stays() {
     c.send(&list);
     assert!(c.recv()["result"]["tools"].as_array().is_some_and(|t| !t.is_empty()));
     assert!(!common::procs_with(&marker).is_empty(), "eager: it stays");
+}
+
+#[test]
+fn mcp_watch_answers_when_an_idle_servers_tool_list_moves() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let m = pack(&server.root, 0);
+    let mut c = server.client();
+    let mut watcher = server.client();
+    let watch = |w: &mut Client, id: u64, since: u64, ms: u64| {
+        let params = json!({"since": since, "timeout_ms": ms});
+        w.send(&json!({"jsonrpc": "2.0", "id": id, "method": "mcp_watch", "params": params}));
+        w.recv()
+    };
+    // Nothing moved yet: the wait runs out with the count as it is.
+    let v = watch(&mut watcher, 1, 0, 200);
+    assert_eq!(v["result"], json!({"changes": 0, "packs": []}), "{v}");
+
+    let r = call(&mut c, 2, &m, "grow_soon", json!({}), "mutating");
+    assert_eq!(r["result"]["content"][0]["text"], "soon", "{r}");
+    let asked = std::time::Instant::now();
+    let v = watch(&mut watcher, 3, 0, 10_000);
+    assert!(asked.elapsed() < Duration::from_secs(2), "{:?}", asked.elapsed());
+    assert_eq!(v["result"]["changes"], 1, "{v}");
+    let packs = v["result"]["packs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(packs.len(), 1, "{v}");
+    let canonical = std::fs::canonicalize(&m).unwrap();
+    assert_eq!(packs[0]["manifest"], canonical.to_string_lossy().as_ref(), "{v}");
+    // The executor listed them again itself: the generation it says is
+    // the one `mcp_tools` answers, with the new tool.
+    let list = json!({"jsonrpc": "2.0", "id": 4, "method": "mcp_tools", "params": {"manifest": m}});
+    c.send(&list);
+    let tools = c.recv();
+    assert_eq!(tools["result"]["generation"], packs[0]["generation"], "{tools}");
+    let names = tools["result"]["tools"].to_string();
+    assert!(names.contains(r#""name":"extra""#), "{names}");
+    // An unknown count (a restarted executor's) is answered at once.
+    let v = watch(&mut watcher, 5, 99, 10_000);
+    assert_eq!(v["result"]["changes"], 1, "{v}");
 }

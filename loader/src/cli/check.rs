@@ -52,7 +52,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
             .skills
             .iter()
             .filter(|s| s.manifest_path() == r.manifest)
-            .map(|s| s.name().as_str())
+            .map(|s| s.name())
             .collect();
         let checks: Vec<Value> = r
             .checks

@@ -171,7 +171,7 @@ fn uncovered_note(
     if asked.is_empty() {
         return None;
     }
-    let grant = grants.skills.get(skill.name().as_str());
+    let grant = grants.skills.get(skill.name());
     let any: Vec<policy::egress::Entry> =
         ["0.0.0.0/0:*", "[::]/0:*"].iter().filter_map(|e| e.parse().ok()).collect();
     let list = match grant {

@@ -18,7 +18,6 @@ use crate::daemon::executor_client::ExecutorClient;
 use crate::daemon::metrics::Metrics;
 use crate::daemon::registry::{Registry, Snapshot};
 use crate::scan::event::Level;
-use crate::scan::skill::RegisteredSkill;
 use crate::scan::Scanner;
 
 /// How long a reload waits for the executor's `ping` (its longest timeout).
@@ -26,6 +25,14 @@ const PONG_TIMEOUT: Duration = Duration::from_secs(1);
 /// The longest wait for the tools of one MCP server pack: its server may
 /// have to start (Node.js or Python, then `initialize`).
 const MCP_LIST_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long one `mcp_watch` waits at the executor for a tool list to move.
+const MCP_WATCH_WAIT: Duration = Duration::from_secs(30);
+/// The shortest time between two `mcp_watch` answered with nothing new.
+const MCP_WATCH_MIN: Duration = Duration::from_secs(1);
+/// The first wait before asking again after an `mcp_watch` failed.
+const MCP_WATCH_RETRY: Duration = Duration::from_millis(500);
+/// The longest wait before asking again after failures.
+const MCP_WATCH_RETRY_MAX: Duration = Duration::from_secs(10);
 /// Limits applied to client requests.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -74,6 +81,9 @@ pub struct App {
     prometheus: prometheus::Registry,
     authz: Authz,
     audit: Audit,
+    /// Cancelled when the daemon stops serving: long polls answer, and the
+    /// watch of the MCP servers ends.
+    stopping: tokio_util::sync::CancellationToken,
 }
 
 impl App {
@@ -114,6 +124,7 @@ impl App {
             },
             longest_allowed_ms: AtomicU64::new(0),
             prometheus,
+            stopping: tokio_util::sync::CancellationToken::new(),
         })
     }
 
@@ -264,14 +275,13 @@ impl App {
         }
     }
 
-    /// Told the generation of the tool list of the MCP server pack
-    /// `skill` belongs to, after a call to it (the executor's
-    /// `tools_generation`): when it is not the one the registry holds the
-    /// pack's tools at (the server said its tools changed, or a restarted
-    /// server lists others), lists them again in the background
-    /// ([`App::refresh_mcp_pack`]).
-    pub fn tools_generation_seen(self: &Arc<Self>, skill: &RegisteredSkill, generation: u64) {
-        let manifest = skill.manifest_path();
+    /// Told the generation of the tool list of the MCP server pack at
+    /// `manifest`, after a call to one of its tools (the executor's
+    /// `tools_generation`) or by the executor's `mcp_watch` answer: when it
+    /// is not the one the registry holds the pack's tools at (the server
+    /// said its tools changed, or a restarted server lists others), lists
+    /// them again in the background ([`App::refresh_mcp_pack`]).
+    pub fn tools_generation_seen(self: &Arc<Self>, manifest: &Path, generation: u64) {
         let cur = self.registry.current();
         let Some(pack) = cur.mcp_pack(manifest) else { return };
         if pack.generation == Some(generation) {
@@ -279,6 +289,52 @@ impl App {
         }
         let (this, manifest) = (Arc::clone(self), manifest.to_owned());
         tokio::spawn(async move { this.refresh_mcp_pack(&manifest, generation).await });
+    }
+
+    /// Follows the executor's MCP servers' tool lists for ever, while the
+    /// registry holds MCP server packs: one `mcp_watch` in flight at a
+    /// time, whose answer names the packs whose list moved (each listed
+    /// again, [`App::tools_generation_seen`]), then the next. So a change a
+    /// server says while nobody calls it reaches the registry within a
+    /// moment, and no server is polled. Without packs it waits for a
+    /// reload; when the executor cannot be asked, it tries again after a
+    /// backoff (0.5 s doubling to 10 s).
+    pub async fn watch_mcp(self: Arc<Self>) {
+        let mut since = 0;
+        let mut failures: u32 = 0;
+        let mut reloads = self.registry.subscribe();
+        loop {
+            if !self.registry.current().has_mcp_packs() {
+                if reloads.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            let asked = std::time::Instant::now();
+            match self.executor.mcp_watch(since, MCP_WATCH_WAIT).await {
+                Ok(answer) => {
+                    failures = 0;
+                    for p in &answer.packs {
+                        self.tools_generation_seen(Path::new(&p.manifest), p.generation);
+                    }
+                    let nothing = answer.changes == since && answer.packs.is_empty();
+                    since = answer.changes;
+                    // An executor that answers at once with nothing new is
+                    // not asked again at once.
+                    if nothing && asked.elapsed() < MCP_WATCH_MIN {
+                        tokio::time::sleep(MCP_WATCH_MIN.saturating_sub(asked.elapsed())).await;
+                    }
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    let wait = MCP_WATCH_RETRY
+                        .saturating_mul(1 << failures.saturating_sub(1).min(5))
+                        .min(MCP_WATCH_RETRY_MAX);
+                    tracing::debug!("skill loader: mcp_watch: {e}; again in {wait:?}");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
     }
 
     /// Lists the tools of the MCP server pack at `manifest` again and
@@ -316,7 +372,7 @@ impl App {
         tracing::info!(
             registered,
             "skill loader: pack {:?}: its server's tools changed: {n} listed again",
-            pack.pack.name().as_str()
+            pack.pack.name()
         );
     }
 
@@ -346,6 +402,11 @@ impl App {
         let longest = registered.max(allowed);
         (self.limits.queue_timeout + longest + crate::daemon::executor_client::REPORT_SLACK)
             .min(self.limits.drain_timeout)
+    }
+
+    /// Cancelled when the daemon stops serving.
+    pub fn stopping(&self) -> &tokio_util::sync::CancellationToken {
+        &self.stopping
     }
 
     /// The registry.

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use nix::sys::socket::{recv, MsgFlags};
 
 use policy::wire::{
-    self, ExecuteParams, LineBuffer, McpToolInfo, McpToolsResult, MetricsResult, PingResult, Reply,
-    WarmDiscardResult, WarmResult, MAX_LINE_BYTES,
+    self, ExecuteParams, LineBuffer, McpToolInfo, McpToolsResult, McpWatchResult, MetricsResult,
+    PingResult, Reply, WarmDiscardResult, WarmResult, MAX_LINE_BYTES,
 };
 use policy::{Outcome, RunReport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -382,6 +382,39 @@ impl ExecutorClient {
             Ok(Ok(McpToolsResult { error: Some(why), .. })) => Err(why),
             Ok(Ok(McpToolsResult { tools, error: None, generation })) => Ok((tools, generation)),
         }
+    }
+
+    /// Waits, on a connection of its own, for the executor to say a
+    /// server's tool list moved after the count `since` (`mcp_watch`), at
+    /// most `wait` (and a slack for the answer to come).
+    ///
+    /// # Errors
+    ///
+    /// Any [`ExecutorError`]; no answer in time is [`ExecutorError::Io`].
+    pub async fn mcp_watch(
+        &self,
+        since: u64,
+        wait: Duration,
+    ) -> Result<McpWatchResult, ExecutorError> {
+        let call = async {
+            let mut conn = self.connect().await?;
+            let stream = conn.stream().map_err(ExecutorError::Io)?;
+            let timeout_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+            let req = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "mcp_watch",
+                "params": {"since": since, "timeout_ms": timeout_ms}});
+            let mut line = req.to_string().into_bytes();
+            line.push(b'\n');
+            stream.write_all(&line).await.map_err(ExecutorError::Io)?;
+            let mut conn = RunConnection::new(conn, MAX_LINE_BYTES);
+            match conn.next_reply().await? {
+                Reply::Result { result, .. } => serde_json::from_str(result.get())
+                    .map_err(|e| ExecutorError::Protocol(format!("mcp_watch result: {e}"))),
+                other => Err(reply_error(other)),
+            }
+        };
+        tokio::time::timeout(wait + REPORT_SLACK, call).await.unwrap_or_else(|_| {
+            Err(ExecutorError::Io(io::Error::new(io::ErrorKind::TimedOut, "mcp_watch timed out")))
+        })
     }
 
     /// The executor's warm pool of `skill` (`warm` call) within `timeout`:

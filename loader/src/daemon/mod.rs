@@ -181,8 +181,19 @@ impl Daemon {
             let router = api::metrics_router(Arc::clone(&self.app));
             tokio::spawn(crate::daemon::metrics_listener::serve(listener, router, shutdown.clone()))
         });
+        // The MCP servers' tool list changes, followed while serving.
+        let mcp_watch = tokio::spawn(Arc::clone(&self.app).watch_mcp());
+        let stopping = self.app.stopping().clone();
+        let stop_polls = shutdown.clone();
+        // Long polls (`GET /v1/registry`) answer at once when the drain starts.
+        tokio::spawn(async move {
+            stop_polls.cancelled().await;
+            stopping.cancel();
+        });
         let draining =
             server::serve(self.api, api::router(Arc::clone(&self.app)), self.opts, shutdown).await;
+        self.app.stopping().cancel();
+        mcp_watch.abort();
         // Runs in flight may end within their deadlines, as the executor
         // lets them (the longest a registered skill may take, with the
         // report's slack); what is left then is cut and recorded so.

@@ -68,7 +68,7 @@ impl Skill {
 
     /// The skill's name.
     pub fn name(&self) -> &str {
-        self.registered.name().as_str()
+        self.registered.name()
     }
 
     /// Checks `args` against the schema; the violations, at most
@@ -108,6 +108,9 @@ impl Skill {
 #[derive(Debug, Default)]
 pub struct Snapshot {
     skills: BTreeMap<String, Arc<Skill>>,
+    /// The name of each MCP server's tool (`PACK.TOOL`) by its alias
+    /// (`PACK_TOOL`, the spelling the function formats list).
+    aliases: BTreeMap<String, String>,
     skipped: usize,
     /// The MCP server packs of the scan, by manifest, with the generation
     /// of the tool list their skills were registered from.
@@ -141,17 +144,27 @@ impl Snapshot {
             })
             .collect();
         let cache = report.validators;
-        let skills = report
+        let skills: BTreeMap<String, Arc<Skill>> = report
             .skills
             .into_iter()
             .enumerate()
             .map(|(slot, registered)| {
-                let name = registered.name().as_str().to_owned();
+                let name = registered.name().to_owned();
                 let skill = Skill { registered, slot, validators: Arc::clone(&cache) };
                 (name, Arc::new(skill))
             })
             .collect();
-        Self { skills, skipped, mcp }
+        let aliases = Self::aliases_of(&skills);
+        Self { skills, aliases, skipped, mcp }
+    }
+
+    /// The alias of every MCP server's tool among `skills`.
+    fn aliases_of(skills: &BTreeMap<String, Arc<Skill>>) -> BTreeMap<String, String> {
+        skills
+            .iter()
+            .filter(|(_, s)| s.registered.source() == "mcp")
+            .map(|(name, s)| (s.registered.function_name().as_str().to_owned(), name.clone()))
+            .collect()
     }
 
     /// The MCP server pack at `manifest`.
@@ -159,15 +172,21 @@ impl Snapshot {
         self.mcp.get(manifest)
     }
 
+    /// Whether the scan found MCP server packs.
+    pub fn has_mcp_packs(&self) -> bool {
+        !self.mcp.is_empty()
+    }
+
     /// Whether the skill is a tool of the MCP server pack at `manifest`.
     fn is_tool_of(skill: &Skill, manifest: &Path) -> bool {
         skill.registered.source() == "mcp" && skill.registered.manifest_path() == manifest
     }
 
-    /// The manifest of the skill named `name`, unless it is a tool of the
-    /// MCP server pack at `manifest` (whose tools are being replaced).
-    pub fn taken_by_other(&self, name: &str, manifest: &Path) -> Option<PathBuf> {
-        let skill = self.skills.get(name).filter(|s| !Self::is_tool_of(s, manifest))?;
+    /// The manifest of the skill whose name or alias is `alias` (a tool's
+    /// `PACK_TOOL`), unless it is a tool of the MCP server pack at
+    /// `manifest` (whose tools are being replaced).
+    pub fn taken_by_other(&self, alias: &str, manifest: &Path) -> Option<PathBuf> {
+        let skill = self.get(alias).filter(|s| !Self::is_tool_of(s, manifest))?;
         Some(skill.registered.manifest_path().to_owned())
     }
 
@@ -190,33 +209,28 @@ impl Snapshot {
         for (registered, validator) in tools {
             let validators = Arc::new(ValidatorCache::new(1));
             validators.insert(0, validator);
-            let name = registered.name().as_str().to_owned();
+            let name = registered.name().to_owned();
             skills.insert(name, Arc::new(Skill { registered, slot: 0, validators }));
         }
         let mut mcp = self.mcp.clone();
         if let Some(p) = mcp.get_mut(manifest) {
             p.generation = generation;
         }
-        Self { skills, skipped: self.skipped, mcp }
+        let aliases = Self::aliases_of(&skills);
+        Self { skills, aliases, skipped: self.skipped, mcp }
     }
 
-    /// The skill named `name`; or, for a name `PACK.TOOL`, the tool `TOOL`
-    /// of the MCP server pack `PACK`, registered as `PACK_TOOL`
-    /// ([`policy::mcp::tool_skill_name`]): the alias the dot spelling of
-    /// MCP tool names gives, which LLM tool APIs do not accept as a name.
-    /// Two tools whose canonical names collide are never both registered,
-    /// so an alias names one skill at most.
+    /// The skill named `name`; or the MCP server's tool whose alias it is
+    /// (`PACK_TOOL` for `PACK.TOOL`, [`policy::mcp::tool_function_name`]):
+    /// the spelling the function formats of `/v1/tools` list, since LLM
+    /// tool APIs refuse a dot in a name. A tool whose alias is another
+    /// skill's name or alias is never registered, so each spelling names one
+    /// skill at most.
     pub fn get(&self, name: &str) -> Option<&Arc<Skill>> {
         if let Some(skill) = self.skills.get(name) {
             return Some(skill);
         }
-        let (pack, tool) = name.split_once('.')?;
-        let canonical = policy::mcp::tool_skill_name(pack, tool).ok()?;
-        let skill = self.skills.get(canonical.as_str())?;
-        let of_pack = |p: &McpPack| p.pack.name().as_str() == pack;
-        let is_tool = skill.registered.source() == "mcp"
-            && self.mcp.get(skill.registered.manifest_path()).is_some_and(of_pack);
-        is_tool.then_some(skill)
+        self.skills.get(self.aliases.get(name)?)
     }
 
     /// Every skill, by name.
@@ -235,16 +249,43 @@ impl Snapshot {
     }
 }
 
-/// The current snapshot, replaced as a whole on reload.
-#[derive(Debug, Default)]
+/// The current snapshot, replaced as a whole on reload, and its
+/// generation.
+#[derive(Debug)]
 pub struct Registry {
     current: RwLock<Arc<Snapshot>>,
+    /// Moves at each [`Registry::replace`]: what `GET /v1/registry` waits
+    /// on. It starts from the daemon's start time in milliseconds (a JSON
+    /// number any client reads exactly), so that a restarted daemon's
+    /// generations differ from those a client saw.
+    generation: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new(Snapshot::default())
+    }
 }
 
 impl Registry {
     /// A registry holding `snapshot`.
     pub fn new(snapshot: Snapshot) -> Self {
-        Self { current: RwLock::new(Arc::new(snapshot)) }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let first = now.map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Self {
+            current: RwLock::new(Arc::new(snapshot)),
+            generation: tokio::sync::watch::Sender::new(first),
+        }
+    }
+
+    /// The generation of the current snapshot.
+    pub fn generation(&self) -> u64 {
+        *self.generation.borrow()
+    }
+
+    /// A receiver told of each move of the generation.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
     }
 
     /// The current snapshot.
@@ -254,9 +295,11 @@ impl Registry {
         self.current.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// Replaces the snapshot; readers holding the old one keep it.
+    /// Replaces the snapshot, moving the generation; readers holding the
+    /// old one keep it.
     pub fn replace(&self, snapshot: Snapshot) {
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
+        self.generation.send_modify(|g| *g = g.wrapping_add(1));
     }
 }
 
@@ -385,7 +428,10 @@ mod tests {
         let reg = Registry::new(snap);
         let old = reg.current();
         let held = old.get("a").unwrap().clone();
+        let (first, told) = (reg.generation(), reg.subscribe());
         reg.replace(Snapshot::default());
+        assert_ne!(reg.generation(), first, "a replace moves the generation");
+        assert!(told.has_changed().unwrap(), "and tells who waits on it");
         assert_eq!(reg.current().registered(), 0);
         assert_eq!(held.name(), "a");
         assert_eq!(old.registered(), 1);
@@ -431,20 +477,39 @@ mod tests {
     }
 
     #[test]
-    fn an_mcp_tool_is_found_by_its_name_and_by_pack_dot_tool() {
-        let snap = with_mcp_pack(&["get-Time", "x"]);
-        assert_eq!(snap.registered(), 2, "srv.x collides with the skill srv_x: left out");
-        let by_name = snap.get("srv_get_time").expect("the canonical name");
-        for alias in ["srv.get-Time", "srv.get_time"] {
-            let found = snap.get(alias).unwrap_or_else(|| panic!("{alias}"));
-            assert!(Arc::ptr_eq(found, by_name), "{alias}");
-        }
-        // The one-shot skill srv_x is no tool of srv: its dot spelling is
-        // nothing; nor is a pack that is not the tool's, or a bad name.
-        for unknown in ["srv.x", "sr.v_get_time", "srv.", ".get_time", "srv.get.time", "srv.nope"] {
+    fn an_mcp_tool_is_found_by_pack_dot_tool_and_by_its_alias() {
+        let snap = with_mcp_pack(&["get-Time", "x", "get_time", "GET-TIME"]);
+        assert_eq!(
+            snap.registered(),
+            2,
+            "srv.x's alias is the skill srv_x; srv.get_time and srv.GET-TIME share srv.get-Time's"
+        );
+        let by_name = snap.get("srv.get-Time").expect("the canonical name");
+        assert_eq!(by_name.name(), "srv.get-Time");
+        let found = snap.get("srv_get_time").expect("the alias");
+        assert!(Arc::ptr_eq(found, by_name));
+        assert_eq!(snap.get("srv_x").unwrap().registered().source(), "skill.json");
+        // Neither the left-out tools nor other spellings name anything.
+        for unknown in ["srv.x", "srv.get_time", "srv.GET-TIME", "srv.", "srv.nope", "srv_nope"] {
             assert!(snap.get(unknown).is_none(), "{unknown}");
         }
         assert_eq!(snap.mcp_pack(Path::new("/s/srv/skill.json")).unwrap().generation, Some(7));
+    }
+
+    #[test]
+    fn a_relisted_tool_whose_alias_is_another_skills_name_is_left_out() {
+        let snap = with_mcp_pack(&["a"]);
+        let manifest = Path::new("/s/srv/skill.json");
+        let pack = snap.mcp_pack(manifest).unwrap().pack.clone();
+        let taken = |n: &str| snap.taken_by_other(n, manifest);
+        let listed = listed(&["a", "x", "A"]);
+        let (tools, events) =
+            crate::scan::mcp::pack_skills(&pack, &listed, &ValidateOptions::default(), taken);
+        let names: Vec<&str> = tools.iter().map(|(s, _)| s.name()).collect();
+        assert_eq!(names, ["srv.a"], "its own tool srv.a is being replaced: not a collision");
+        let lines: Vec<String> = events.iter().map(ToString::to_string).collect();
+        assert!(lines[1].contains("skill \"srv.x\" already registered"), "{lines:?}");
+        assert!(lines[2].contains("skill \"srv.A\" already registered"), "{lines:?}");
     }
 
     #[test]
@@ -458,9 +523,14 @@ mod tests {
             crate::scan::mcp::pack_skills(&pack, &listed, &ValidateOptions::default(), taken);
         let next = snap.with_pack_tools(manifest, tools, Some(8));
         let names: Vec<&str> = next.iter().map(|s| s.name()).collect();
-        assert_eq!(names, ["srv_b", "srv_c", "srv_x"]);
+        assert_eq!(names, ["srv.b", "srv.c", "srv_x"]);
         assert!(Arc::ptr_eq(next.get("srv_x").unwrap(), snap.get("srv_x").unwrap()));
         assert_eq!(next.mcp_pack(manifest).unwrap().generation, Some(8));
-        assert_eq!(next.get("srv_c").unwrap().check_args(&json!({})), Ok(()));
+        assert_eq!(next.get("srv.c").unwrap().check_args(&json!({})), Ok(()));
+        assert!(Arc::ptr_eq(next.get("srv_c").unwrap(), next.get("srv.c").unwrap()));
+        assert!(
+            next.get("srv_a").is_none() && next.get("srv.a").is_none(),
+            "gone in both spellings"
+        );
     }
 }

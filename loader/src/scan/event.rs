@@ -47,15 +47,16 @@ impl fmt::Display for WalkError {
 pub enum ScanEvent {
     /// A skill was registered.
     Registered {
-        /// The skill's name.
-        name: SkillName,
+        /// The skill's name (`PACK.TOOL` for an MCP server's tool).
+        name: String,
         /// Its manifest.
         manifest: PathBuf,
     },
     /// A valid manifest whose name was registered earlier: the first wins.
     Duplicate {
-        /// The name in both manifests.
-        name: SkillName,
+        /// The name in both manifests (for an MCP server's tool: the
+        /// tool's `PACK.TOOL`, whose alias `PACK_TOOL` is taken).
+        name: String,
         /// The manifest skipped.
         manifest: PathBuf,
         /// The manifest registered first.
@@ -364,12 +365,12 @@ mod tests {
         let m = PathBuf::from("/skills/disk/skill.json");
         let mut cases: Vec<(ScanEvent, &str)> = vec![
             (
-                ScanEvent::Registered { name: name("disk_usage"), manifest: m.clone() },
+                ScanEvent::Registered { name: "disk_usage".into(), manifest: m.clone() },
                 "skill loader: registered subprocess skill \"disk_usage\" from /skills/disk/skill.json",
             ),
             (
                 ScanEvent::Duplicate {
-                    name: name("disk_usage"),
+                    name: "disk_usage".into(),
                     manifest: m.clone(),
                     first: PathBuf::from("/a/skill.json"),
                 },
@@ -460,7 +461,7 @@ mod tests {
     #[test]
     fn levels_and_skips() {
         let m = PathBuf::from("/s/skill.json");
-        let reg = ScanEvent::Registered { name: name("a"), manifest: m.clone() };
+        let reg = ScanEvent::Registered { name: "a".into(), manifest: m.clone() };
         assert_eq!(reg.level(), Level::Info);
         assert!(!reg.is_skip());
         assert_eq!(reg.path(), m);
@@ -468,7 +469,7 @@ mod tests {
             ScanEvent::IgnoredFields { name: name("a"), manifest: m.clone(), fields: vec![] };
         assert_eq!(ignored.level(), Level::Debug);
         assert!(!ignored.is_skip());
-        let dup = ScanEvent::Duplicate { name: name("a"), manifest: m.clone(), first: m.clone() };
+        let dup = ScanEvent::Duplicate { name: "a".into(), manifest: m.clone(), first: m.clone() };
         assert_eq!(dup.level(), Level::Warn);
         assert!(dup.is_skip());
         assert_eq!(dup.reason(), "skill \"a\" already registered from /s/skill.json");

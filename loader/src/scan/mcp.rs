@@ -1,15 +1,19 @@
 //! The tools of an MCP server pack as skills: the executor lists them
 //! (`mcp_tools` on its wire, which starts the pack's server), and each is
-//! registered as the skill `PACK_TOOL` ([`policy::mcp::tool_skill_name`])
+//! registered as the skill `PACK.TOOL` ([`policy::mcp::tool_name`]; its
+//! manifest is named `PACK_TOOL`, [`policy::mcp::tool_function_name`], the
+//! alias the function formats of `/v1/tools` list)
 //! with the tool's description and input schema (args are validated
 //! against it as any skill's), its class (the pack's `tool_classes` entry,
 //! else the pack's class, as the executor says), and the pack's category
 //! and timeout. The executor is asked to run it as `tool` of the pack's
 //! manifest, and refuses a tool its server did not list.
 //!
-//! A tool whose name is taken, or that cannot be a skill (a name too long,
-//! a schema that is not an object's or does not compile), is left out with
-//! a log line, as a manifest would be.
+//! A tool whose name is taken in either spelling (its alias is another
+//! skill's name or another tool's alias), or that cannot be a skill (a name
+//! too long, a schema that is not an object's or does not compile), is left
+//! out with a log line, as a manifest would be: so each spelling names one
+//! skill at most.
 
 use std::path::PathBuf;
 
@@ -33,7 +37,10 @@ pub fn tool_skill(
     opts: &ValidateOptions,
 ) -> Result<(RegisteredSkill, Compiled), String> {
     let m = pack.manifest();
-    let name = policy::mcp::tool_skill_name(m.name().as_str(), &tool.name)
+    let pack_name = m.name().as_str();
+    let name = policy::mcp::tool_name(pack_name, &tool.name)
+        .map_err(|e| format!("tool {:?}: skill name {e}", tool.name))?;
+    let alias = policy::mcp::tool_function_name(pack_name, &tool.name)
         .map_err(|e| format!("tool {:?}: skill name {e}", tool.name))?;
     let description = if tool.description.trim().is_empty() {
         format!("Tool {} of the MCP server {}", tool.name, m.name())
@@ -46,7 +53,7 @@ pub fn tool_skill(
         s.entry("type").or_insert_with(|| json!("object"));
     }
     let text = json!({
-        "name": name,
+        "name": alias,
         "description": description,
         "entry": m.entry(),
         "schema": schema,
@@ -64,15 +71,17 @@ pub fn tool_skill(
         pack.manifest_path().to_owned(),
         pack.root().to_owned(),
     )
-    .with_mcp_tool(tool.name.clone());
+    .with_mcp_tool(tool.name.clone(), name);
     Ok((skill, validator))
 }
 
 /// The skills of the `tools` the pack `pack` lists, with their compiled
 /// validators, and the events of the tools left out: a tool that cannot
-/// be a skill, or whose name is `taken` (the function answers the
-/// manifest of the skill holding it) or given to a tool of this pack
-/// listed before it.
+/// be a skill, or whose alias `PACK_TOOL` is `taken` (the function answers
+/// the manifest of the skill whose name or alias it is) or is the alias of
+/// a tool of this pack listed before it. Two tools whose `PACK.TOOL` names
+/// are the same have the same alias, and no skill name holds a dot: so
+/// neither spelling ever names two skills.
 pub fn pack_skills(
     pack: &RegisteredSkill,
     tools: &[McpToolInfo],
@@ -86,14 +95,17 @@ pub fn pack_skills(
         let (skill, validator) = match tool_skill(pack, tool, opts) {
             Ok(s) => s,
             Err(reason) => {
-                let name = pack.name().clone();
+                let name = pack.function_name().clone();
                 events.push(ScanEvent::McpTools { name, manifest: manifest.to_owned(), reason });
                 continue;
             }
         };
-        let name = skill.name().clone();
-        let first = taken(name.as_str())
-            .or_else(|| skills.iter().any(|(s, _)| s.name() == &name).then(|| manifest.to_owned()));
+        let name = skill.name().to_owned();
+        let alias = skill.function_name();
+        let first = taken(alias.as_str()).or_else(|| {
+            let listed = skills.iter().any(|(s, _)| s.function_name() == alias);
+            listed.then(|| manifest.to_owned())
+        });
         if let Some(first) = first {
             events.push(ScanEvent::Duplicate { name, manifest: manifest.to_owned(), first });
             continue;
@@ -120,7 +132,7 @@ pub fn add_tools(
             return;
         }
     };
-    let taken = |name: &str| report.get(name).map(|s| s.manifest_path().to_owned());
+    let taken = |alias: &str| report.get_function(alias).map(|s| s.manifest_path().to_owned());
     let (skills, events) = pack_skills(&p, &tools, opts, taken);
     report.events.extend(events);
     for (skill, validator) in skills {
@@ -132,7 +144,7 @@ pub fn add_tools(
 /// The event of a pack whose tools the executor could not list, and why.
 pub fn not_listed(pack: &RegisteredSkill, why: &str) -> ScanEvent {
     ScanEvent::McpTools {
-        name: pack.name().clone(),
+        name: pack.function_name().clone(),
         manifest: pack.manifest_path().to_owned(),
         reason: format!("tools not listed: {why}"),
     }
@@ -183,7 +195,8 @@ mod tests {
         ];
         add_tools(&mut report, 0, Ok(tools), &ValidateOptions::default());
         assert_eq!(report.registered(), 1, "{:?}", report.events);
-        let s = report.get("srv_get_time").expect("registered");
+        let s = report.get("srv.get-Time").expect("registered");
+        assert_eq!(s.function_name().as_str(), "srv_get_time");
         assert_eq!((s.tool(), s.source()), (Some("get-Time"), "mcp"));
         let m = s.manifest();
         assert_eq!(m.class(), SkillClass::Mutating);

@@ -115,7 +115,14 @@ impl ScanReport {
 
     /// The registered skill named `name`.
     pub fn get(&self, name: &str) -> Option<&RegisteredSkill> {
-        self.skills.iter().find(|s| s.name().as_str() == name)
+        self.skills.iter().find(|s| s.name() == name)
+    }
+
+    /// The registered skill whose function spelling is `name`
+    /// ([`RegisteredSkill::function_name`]: a skill's name, an MCP server
+    /// tool's `PACK_TOOL` alias).
+    pub fn get_function(&self, name: &str) -> Option<&RegisteredSkill> {
+        self.skills.iter().find(|s| s.function_name().as_str() == name)
     }
 }
 
@@ -362,7 +369,11 @@ impl Session<'_> {
         let events = &mut self.report.events;
         let name = manifest.name().clone();
         if let Some(first) = self.first_seen.get(&name) {
-            events.push(ScanEvent::Duplicate { name, manifest: path, first: first.clone() });
+            events.push(ScanEvent::Duplicate {
+                name: name.to_string(),
+                manifest: path,
+                first: first.clone(),
+            });
             return;
         }
         let ignored = manifest.ignored_fields().to_vec();
@@ -383,7 +394,7 @@ impl Session<'_> {
             self.report.mcp_packs.push(skill);
             return;
         }
-        events.push(ScanEvent::Registered { name: name.clone(), manifest: path.clone() });
+        events.push(ScanEvent::Registered { name: name.to_string(), manifest: path.clone() });
         if !ignored.is_empty() {
             events.push(ScanEvent::IgnoredFields {
                 name: name.clone(),

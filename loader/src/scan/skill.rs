@@ -13,7 +13,10 @@ pub struct RegisteredSkill {
     manifest_path: PathBuf,
     root: PathBuf,
     tool: Option<String>,
-    mcp: bool,
+    /// For an MCP server's tool: its name, `PACK.TOOL`
+    /// ([`policy::mcp::tool_name`]); its manifest carries the alias
+    /// `PACK_TOOL` as a skill name.
+    mcp: Option<String>,
 }
 
 impl RegisteredSkill {
@@ -28,7 +31,7 @@ impl RegisteredSkill {
         entry.shrink_to_fit();
         manifest_path.shrink_to_fit();
         root.shrink_to_fit();
-        Self { manifest, entry, manifest_path, root, tool: None, mcp: false }
+        Self { manifest, entry, manifest_path, root, tool: None, mcp: None }
     }
 
     /// The same skill, as the tool `tool` (its name as written) of the
@@ -40,11 +43,12 @@ impl RegisteredSkill {
     }
 
     /// The same skill, as the tool `tool` (its name as the server lists it)
-    /// of the MCP server pack at [`RegisteredSkill::manifest_path`].
+    /// of the MCP server pack at [`RegisteredSkill::manifest_path`],
+    /// registered as `name` (`PACK.TOOL`).
     #[must_use]
-    pub fn with_mcp_tool(mut self, tool: impl Into<String>) -> Self {
+    pub fn with_mcp_tool(mut self, tool: impl Into<String>, name: impl Into<String>) -> Self {
         self.tool = Some(tool.into());
-        self.mcp = true;
+        self.mcp = Some(name.into());
         self
     }
 
@@ -58,7 +62,7 @@ impl RegisteredSkill {
     /// Where the skill was declared: `"skill.json"`, `"skill.md"` or
     /// `"mcp"` (a tool an MCP server pack's server listed).
     pub fn source(&self) -> &'static str {
-        if self.mcp {
+        if self.mcp.is_some() {
             "mcp"
         } else if self.tool.is_some() {
             "skill.md"
@@ -67,8 +71,17 @@ impl RegisteredSkill {
         }
     }
 
-    /// The skill's name.
-    pub fn name(&self) -> &SkillName {
+    /// The skill's name: its manifest's, or for an MCP server's tool
+    /// `PACK.TOOL`.
+    pub fn name(&self) -> &str {
+        self.mcp.as_deref().unwrap_or(self.manifest.name().as_str())
+    }
+
+    /// The skill's name in the function formats of LLM tool APIs, which
+    /// refuse a dot: its manifest's name (for an MCP server's tool
+    /// `PACK_TOOL`, [`policy::mcp::tool_function_name`], which skilld also
+    /// accepts as the tool's name).
+    pub fn function_name(&self) -> &SkillName {
         self.manifest.name()
     }
     /// The validated manifest.
@@ -121,7 +134,7 @@ impl RegisteredSkill {
     fn manifest_json(&self) -> Value {
         let m = &self.manifest;
         json!({
-            "name": m.name(),
+            "name": self.name(),
             "description": m.description(),
             "class": m.class(),
             "category": m.category(),
@@ -165,6 +178,6 @@ mod tests {
             "source": "skill.json",
         });
         assert_eq!(skill.to_json(), want);
-        assert_eq!(skill.name().as_str(), "disk_usage");
+        assert_eq!(skill.name(), "disk_usage");
     }
 }

@@ -81,3 +81,41 @@ fn sleeping_in(dir: &std::path::Path) -> bool {
             && std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"))
     })
 }
+
+/// `GET /v1/registry`: the generation at once without `since`; with it, a
+/// long poll answered when a reload moves it, or when `wait` runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_generation_is_a_long_poll_a_reload_answers() {
+    let env = Env::new();
+    let skills = env.standard_skills();
+    let _ex = FakeExecutor::start(&env.executor_socket());
+    let d = Skilld::start(&env, &[&skills], "");
+    let c = d.client();
+    let r = c.get("/v1/registry").await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let first = r.body["generation"].as_u64().expect("a number");
+
+    let asked = std::time::Instant::now();
+    let r = c.get(&format!("/v1/registry?since={first}&wait=1")).await.unwrap();
+    assert_eq!(r.body["generation"], first, "nothing moved");
+    assert!(asked.elapsed() >= Duration::from_millis(900), "it waited: {:?}", asked.elapsed());
+
+    let poll = {
+        let c = d.client();
+        tokio::spawn(async move { c.get(&format!("/v1/registry?since={first}&wait=30")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let asked = std::time::Instant::now();
+    assert_eq!(c.post("/v1/reload", &json!({})).await.unwrap().status, 200);
+    let r = poll.await.unwrap().unwrap();
+    assert!(asked.elapsed() < Duration::from_secs(5), "{:?}", asked.elapsed());
+    let moved = r.body["generation"].as_u64().expect("a number");
+    assert_ne!(moved, first, "the reload moved it");
+    // Another generation than the caller's is answered at once.
+    let r = c.get(&format!("/v1/registry?since={first}&wait=30")).await.unwrap();
+    assert_eq!(r.body["generation"], moved);
+    for bad in ["since=x", "since=1&wait=301", "wait=-1"] {
+        let r = c.get(&format!("/v1/registry?{bad}")).await.unwrap();
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+    }
+}

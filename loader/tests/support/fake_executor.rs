@@ -111,6 +111,10 @@ async fn connection(stream: UnixStream, stats: Arc<Stats>) {
             }
             // No MCP server packs here.
             Ok(Request::McpTools { id, .. }) => wire::encode_result(&id, &json!({"tools": []})),
+            // No MCP server packs: no tool list ever moves.
+            Ok(Request::McpWatch { id, params }) => {
+                wire::encode_result(&id, &json!({"changes": params.since, "packs": []}))
+            }
             // Grants no skill warm runs.
             Ok(Request::Warm { id, .. }) => wire::encode_result(&id, &json!(null)),
             Ok(Request::WarmDiscard { id }) => wire::encode_result(&id, &json!({"discarded": 0})),

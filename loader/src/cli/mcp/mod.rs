@@ -22,19 +22,31 @@
 //!   (`-32602`), as the spec asks.
 //! - `notifications/cancelled` drops that call's connection to the
 //!   daemon, which kills the run.
+//! - `tools.listChanged`: once the client is initialized (or, at
+//!   2026-07-28, while its `subscriptions/listen` asks for
+//!   `toolsListChanged`), the front keeps a long poll on the daemon's
+//!   registry generation (`GET /v1/registry`); each time it moves (a
+//!   reload, a pack added or removed, an MCP server's list change), it
+//!   reads the caller's tools again and sends
+//!   `notifications/tools/list_changed` when they differ from the last
+//!   list the client was given or told of ([`Server::follow`]).
 //!
 //! Calls run concurrently. A call's `arguments` reach the skill as the
 //! client wrote them ([`raw_args`]), and a key given twice is refused.
 
+use std::future::Future;
 use std::io::{self, Write};
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use policy::{ArgsError, RawJson};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, SubscriptionFilter,
+    Tool,
 };
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData, ServerHandler, ServiceExt};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -80,13 +92,24 @@ pub fn run(args: &Args, _out: &mut dyn Write, err: &mut dyn Write) -> io::Result
     }
 }
 
+/// How long one long poll of the registry's generation waits, seconds.
+const REGISTRY_WAIT: u64 = 30;
+/// The first wait before asking the daemon again after a failed poll.
+const FOLLOW_RETRY: Duration = Duration::from_millis(500);
+/// The longest wait between polls after failures.
+const FOLLOW_RETRY_MAX: Duration = Duration::from_secs(10);
+
 /// What answers requests: the daemon client, the session id its runs are
-/// audited under, and the calls' arguments as written.
+/// audited under, the calls' arguments as written, and the last tool list
+/// the client was given or told of.
 #[derive(Debug, Clone)]
 pub struct Server {
     client: DaemonClient,
     session: String,
     calls: Calls,
+    /// The caller's tools as last listed (their JSON text): what a move
+    /// of the registry is compared with.
+    listed: Arc<Mutex<Option<String>>>,
 }
 
 /// The execute body of a `tools/call`.
@@ -108,7 +131,68 @@ fn tool_result(text: String, structured: Value, is_error: bool) -> CallToolResul
 impl Server {
     /// A server asking the daemon behind `client`.
     pub fn new(client: DaemonClient) -> Self {
-        Self { client, session: format!("mcp-{}", std::process::id()), calls: Calls::default() }
+        Self {
+            client,
+            session: format!("mcp-{}", std::process::id()),
+            calls: Calls::default(),
+            listed: Arc::default(),
+        }
+    }
+
+    /// Keeps `tools` as the last list the client was given or told of;
+    /// true when it had one and this one differs (a client that never
+    /// listed its tools has nothing to be told).
+    fn remember(&self, tools: &[Tool]) -> bool {
+        let text = serde_json::to_string(tools).unwrap_or_default();
+        let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
+        let changed = listed.as_deref().is_some_and(|l| l != text);
+        *listed = Some(text);
+        changed
+    }
+
+    /// The registry's generation: at once (`since` `None`), or once it is
+    /// not `since`, at most [`REGISTRY_WAIT`] seconds later.
+    async fn registry_generation(&self, since: Option<u64>) -> Option<u64> {
+        let path = match since {
+            None => "/v1/registry".to_owned(),
+            Some(g) => format!("/v1/registry?since={g}&wait={REGISTRY_WAIT}"),
+        };
+        let r = self.client.get(&path).await.ok()?;
+        r.status.is_success().then(|| r.body["generation"].as_u64()).flatten()
+    }
+
+    /// Follows the daemon's registry until `notify` fails (the client is
+    /// gone): a long poll on its generation, and after each move the
+    /// caller's tools read again; `notify` is called when they differ from
+    /// the last list the client was given or told of (a move that changes
+    /// nothing this caller sees tells it nothing). When the daemon cannot
+    /// be asked, it asks again after a backoff (0.5 s doubling to 10 s).
+    pub async fn follow<F, Fut>(&self, mut notify: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let mut since = None;
+        let mut failures: u32 = 0;
+        loop {
+            let Some(generation) = self.registry_generation(since).await else {
+                failures = failures.saturating_add(1);
+                let wait = FOLLOW_RETRY
+                    .saturating_mul(1 << failures.saturating_sub(1).min(5))
+                    .min(FOLLOW_RETRY_MAX);
+                tokio::time::sleep(wait).await;
+                continue;
+            };
+            failures = 0;
+            if since == Some(generation) {
+                continue;
+            }
+            since = Some(generation);
+            let Ok(tools) = self.tools().await else { continue };
+            if self.remember(&tools) && !notify().await {
+                return;
+            }
+        }
     }
 
     /// The caller's tools, as the daemon lists them.
@@ -168,8 +252,9 @@ impl Server {
 
 impl ServerHandler for Server {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_instructions(INSTRUCTIONS);
+        let capabilities =
+            ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build();
+        let mut info = ServerConfig::new(capabilities).with_instructions(INSTRUCTIONS);
         let mut implementation = Implementation::new("ongrid-skill", env!("CARGO_PKG_VERSION"));
         implementation.title = Some("ongrid-skills".into());
         info.server_info = implementation;
@@ -181,7 +266,48 @@ impl ServerHandler for Server {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tools().await?))
+        let tools = self.tools().await?;
+        self.remember(&tools);
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    /// A client that initialized (the revisions before 2026-07-28) is told
+    /// of tool list changes from now on, on its session.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let (this, peer) = (self.clone(), context.peer);
+        tokio::spawn(async move {
+            this.follow(|| {
+                let peer = peer.clone();
+                async move { peer.notify_tool_list_changed().await.is_ok() }
+            })
+            .await;
+        });
+    }
+
+    /// At 2026-07-28, tool list changes are told on a
+    /// `subscriptions/listen` that asks for them.
+    fn accepted_subscription_filter(
+        &self,
+        _requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        Some(SubscriptionFilter::builder().tools_list_changed().build())
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        if context.accepted().tools_list_changed != Some(true) {
+            context.cancelled().await;
+            return Ok(());
+        }
+        let sink = context.sink().clone();
+        let follow = self.follow(|| {
+            let sink = sink.clone();
+            async move { sink.notify_tool_list_changed().await.is_ok() }
+        });
+        tokio::select! {
+            () = follow => {}
+            () = context.cancelled() => {}
+        }
+        Ok(())
     }
 
     /// A call the client cancels is dropped: its connection to the daemon

@@ -158,7 +158,8 @@ impl Execution {
         // timeout (an upper bound; a request refused later changes nothing).
         app.allowing_run(skill.registered().manifest().timeout());
         let who = app.authz().identify(caller);
-        // An MCP tool asked for as `PACK.TOOL` goes on by its registered name.
+        // An MCP tool asked for by its alias `PACK_TOOL` goes on by its
+        // name `PACK.TOOL`.
         let name = skill.name().to_owned();
         Ok(Self { app, name, skill, who })
     }

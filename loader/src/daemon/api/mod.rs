@@ -4,7 +4,8 @@
 //!
 //! - [`skills`]: `GET /v1/skills[?category=]`, `GET /v1/skills/{name}`,
 //!   `GET /v1/tools?format=openai|mcp|anthropic`, showing only what the
-//!   caller may run.
+//!   caller may run, and `GET /v1/registry[?since=&wait=]`, the registry's
+//!   generation as a long poll.
 //! - [`execute`]: `POST /v1/skills/{name}/execute` (JSON or NDJSON stream,
 //!   chosen by `Accept`: [`accept`]).
 //! - `allowed`: an allowed run request until its outcome, counted
@@ -56,6 +57,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/skills/{name}", get(skills::show))
         .route("/v1/skills/{name}/execute", post(execute::execute))
         .route("/v1/tools", get(skills::tools))
+        .route("/v1/registry", get(skills::generation))
         .route("/v1/audit", get(audit::list))
         .route("/v1/reload", post(admin::reload))
         .route("/v1/health", get(admin::health))

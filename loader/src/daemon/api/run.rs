@@ -125,7 +125,7 @@ impl Run {
         // A call to an MCP server's tool says the generation of its tool
         // list: the registry follows when it moved.
         if let Some(generation) = self.conn.tools_generation() {
-            self.app.tools_generation_seen(self.skill.registered(), generation);
+            self.app.tools_generation_seen(self.skill.registered().manifest_path(), generation);
         }
         if let Err(e) = finished.await {
             if self.app.audit().required() {

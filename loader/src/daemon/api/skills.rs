@@ -1,5 +1,5 @@
-//! Reading the registry: `GET /v1/skills`, `GET /v1/skills/{name}` and
-//! `GET /v1/tools`.
+//! Reading the registry: `GET /v1/skills`, `GET /v1/skills/{name}`,
+//! `GET /v1/tools`, and `GET /v1/registry` (its generation, a long poll).
 //!
 //! Each shows only the skills this caller may run ([`Authz::may_list`]):
 //! `safe` for everyone, `mutating` for `mutating-with-confirm` and up,
@@ -100,7 +100,9 @@ enum Format {
 /// LLM, only the skills the caller may run.
 ///
 /// - `openai`: `{"tools":[{"type":"function","function":{"name",
-///   "description","parameters"}}]}`
+///   "description","parameters"}}]}` (an MCP server's tool named by its
+///   alias `PACK_TOOL`, as in `anthropic`: names there are
+///   `^[a-zA-Z0-9_-]{1,64}$`)
 /// - `mcp`: `{"tools":[{"name","description","inputSchema"}]}`, and
 ///   `outputSchema` where the manifest declares `output_schema`
 /// - `anthropic`: `{"tools":[{"name","description","input_schema"}]}`
@@ -128,11 +130,15 @@ pub async fn tools(
         .filter(|s| visible(app.authz(), &who, s))
         .map(|s| {
             let m = s.registered().manifest();
-            let (name, description, schema) = (m.name(), m.description(), m.schema());
+            // The function formats' consumers refuse a dot in a name: an MCP
+            // server's tool is listed there by its alias `PACK_TOOL`.
+            let function = s.registered().function_name();
+            let (description, schema) = (m.description(), m.schema());
             match format {
                 Format::OpenAi => json!({"type": "function", "function": {
-                    "name": name, "description": description, "parameters": schema}}),
+                    "name": function, "description": description, "parameters": schema}}),
                 Format::Mcp => {
+                    let name = s.name();
                     let mut tool =
                         json!({"name": name, "description": description, "inputSchema": schema});
                     if let Some(output) = m.output_schema() {
@@ -141,10 +147,56 @@ pub async fn tools(
                     tool
                 }
                 Format::Anthropic => {
-                    json!({"name": name, "description": description, "input_schema": schema})
+                    json!({"name": function, "description": description, "input_schema": schema})
                 }
             }
         })
         .collect();
     Ok(Json(json!({"tools": tools})))
+}
+
+/// The longest wait of `GET /v1/registry`, seconds.
+pub const MAX_GENERATION_WAIT: u64 = 300;
+/// The wait of `GET /v1/registry` without `wait`, seconds.
+pub const DEFAULT_GENERATION_WAIT: u64 = 30;
+
+/// Query of `GET /v1/registry`.
+#[derive(Debug, Deserialize)]
+pub struct GenerationQuery {
+    /// The generation the caller knows: answered when the registry's is
+    /// another. Absent: answered at once.
+    pub since: Option<u64>,
+    /// How long to wait, seconds ([`DEFAULT_GENERATION_WAIT`]; more than
+    /// [`MAX_GENERATION_WAIT`] is refused).
+    pub wait: Option<u64>,
+}
+
+/// `GET /v1/registry[?since=G&wait=S]` → `{"generation":N}`: the
+/// registry's generation, which moves at each reload and each time an MCP
+/// server pack's tools are listed again. A long poll: with `since`, it
+/// answers once the generation is not `since` (at once if it is not
+/// already), when `wait` seconds pass, or when the daemon stops. A client
+/// (the MCP front) then reads what it shows (`/v1/tools`) again, rather
+/// than polling that: no skill is named here, so it tells every caller the
+/// same.
+pub async fn generation(
+    State(app): State<Arc<App>>,
+    query: Result<Query<GenerationQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let wait = query.wait.unwrap_or(DEFAULT_GENERATION_WAIT);
+    if wait > MAX_GENERATION_WAIT {
+        let why = format!("wait must be at most {MAX_GENERATION_WAIT} seconds, got {wait}");
+        return Err(ApiError::BadRequest(why));
+    }
+    let registry = app.registry();
+    if let Some(since) = query.since {
+        let mut told = registry.subscribe();
+        tokio::select! {
+            _ = told.wait_for(|g| *g != since) => {}
+            () = tokio::time::sleep(std::time::Duration::from_secs(wait)) => {}
+            () = app.stopping().cancelled() => {}
+        }
+    }
+    Ok(Json(json!({"generation": registry.generation()})))
 }
