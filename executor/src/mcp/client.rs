@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, Mutex, Notify};
 
+pub use super::error::ConnError;
 use super::reader::{self, Incoming, Reader, State};
 
 /// The protocol version the executor asks for in `initialize`.
@@ -33,53 +34,6 @@ pub const MAX_TOOLS: usize = 1024;
 pub const MAX_PROGRESS_LINES: usize = 1000;
 /// Longest progress line handed on, bytes (cut there).
 pub const MAX_PROGRESS_BYTES: usize = 1024;
-
-/// Why a request got no usable answer. The connection is unusable after
-/// any of these but [`ConnError::Rpc`]: the caller cuts the server off.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConnError {
-    /// The server closed its stdout (it exited, or was killed).
-    #[error("the server closed its output (it exited or was killed)")]
-    Closed,
-    /// No answer within the deadline.
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-    /// A line over the cap.
-    #[error("the server wrote a line over {0} bytes")]
-    Flood(usize),
-    /// A line that is not a JSON-RPC 2.0 message.
-    #[error("the server wrote a line that is not a JSON-RPC message")]
-    Garbage,
-    /// The answer has the wrong shape for the request.
-    #[error("the server answered {method} with a malformed result: {reason}")]
-    Malformed {
-        /// The request.
-        method: &'static str,
-        /// What is wrong.
-        reason: String,
-    },
-    /// Writing to the server failed (its stdin is closed).
-    #[error("cannot write to the server: {0}")]
-    Write(String),
-    /// The server answered with a JSON-RPC error.
-    #[error("the server answered {method} with error {code}: {message}")]
-    Rpc {
-        /// The request.
-        method: &'static str,
-        /// The error code.
-        code: i64,
-        /// Its message, cut to 256 bytes.
-        message: String,
-    },
-}
-
-impl ConnError {
-    /// Whether the connection can still be used after it.
-    pub fn keeps_connection(&self) -> bool {
-        matches!(self, ConnError::Rpc { .. })
-    }
-}
 
 /// One tool as the server listed it.
 #[derive(Debug, Clone, PartialEq)]

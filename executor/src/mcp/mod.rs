@@ -21,6 +21,7 @@
 //! `mcp_watch`, lists that pack again without polling any server.
 
 pub mod client;
+pub mod error;
 pub mod reader;
 pub mod secrets;
 pub mod server;

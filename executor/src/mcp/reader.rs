@@ -28,7 +28,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, Mutex, Notify};
 
-use super::client::ConnError;
+use super::error::ConnError;
 
 /// How many messages for the request in flight may wait for it.
 pub const QUEUE: usize = 16;
