@@ -153,7 +153,7 @@ impl Engine {
         Ok(Engine {
             denials,
             parsed: ParsedManifests::new(&config),
-            warm: WarmPools::new(&config, may_renice()),
+            warm: WarmPools::new(&config, may_renice().then(sys::process::cold_run_policy)),
             env: std::env::vars_os().collect(),
             config,
             host,
@@ -600,7 +600,8 @@ impl Maker for Engine {
         // Its start-up runs on CPU time nobody else wants, from just past
         // its exec (an exec at SCHED_IDLE could stall this thread on a busy
         // host); the request that takes it sets the default back.
-        if self.warm.idle_start() {
+        // Only with a cgroup leaf, which lists every thread to set back.
+        if self.warm.idle_start() && prep.cgroup.as_ref().is_some_and(RunCgroup::can_kill) {
             if let Err(errno) = sys::call::sched_set_of(child.pid, libc::SCHED_IDLE) {
                 let e = nix::errno::Errno::from_raw(errno);
                 tracing::debug!("executor: a warm run stays at the default scheduling: {e}");

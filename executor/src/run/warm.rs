@@ -47,9 +47,11 @@
 //! interpreter's, a dynamic linker's) runs only on CPU time no request
 //! wants (the exec itself runs at the default policy: at `SCHED_IDLE` it
 //! could hold the pool thread up on a busy host), and the request that
-//! takes it sets every thread of it back to `SCHED_OTHER` before writing
+//! takes it sets every thread of it back to a cold run's policy (the
+//! executor's own, `SCHED_OTHER` unless it runs at another) before writing
 //! its args ([`Warm::schedule_default`]). A run whose threads cannot all
-//! be set back is discarded and the request runs cold.
+//! be set back is discarded and the request runs cold. A run without a
+//! cgroup leaf (which lists its threads) is not made idle.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::AsFd;
@@ -141,18 +143,21 @@ impl Warm {
         key(&self.plan.manifest_path) == Some(manifest) && key(&self.plan.entry) == Some(entry)
     }
 
-    /// Sets `SCHED_OTHER` back on every thread of the run (made at
-    /// `SCHED_IDLE`): each thread its cgroup leaf lists (else its
-    /// process's), listed again until a pass finds no thread it had not
-    /// set, so one started meanwhile by a thread still idle is not missed.
-    fn schedule_default(&self) -> Result<(), String> {
+    /// Sets `policy` (a cold run's) back on every thread of the run, made
+    /// at `SCHED_IDLE`: each thread its cgroup leaf lists, listed again
+    /// until a pass finds no thread it had not set, so one started
+    /// meanwhile by a thread still idle is not missed. (Left open: a
+    /// thread whose creation a still-idle thread began before that
+    /// thread was set, and which enters the listing only after the last
+    /// pass. Its own process's start-up, still running at the take, is the
+    /// only one that can do it, and only to itself.) A run without a leaf
+    /// was never made idle.
+    fn schedule_default(&self, policy: libc::c_int) -> Result<(), String> {
+        let Some(cg) = self.prep.cgroup.as_ref() else { return Ok(()) };
         let mut done = HashSet::new();
         for _ in 0..8 {
-            let listed = match self.prep.cgroup.as_ref() {
-                Some(cg) => cg.threads(),
-                None => process_threads(self.child.pid),
-            };
-            let fresh: Vec<i32> = listed
+            let fresh: Vec<i32> = cg
+                .threads()
                 .ok_or("its threads cannot be listed")?
                 .into_iter()
                 .filter(|t| !done.contains(t))
@@ -161,7 +166,7 @@ impl Warm {
                 return Ok(());
             }
             for tid in fresh {
-                match sys::call::sched_set_of(tid, libc::SCHED_OTHER) {
+                match sys::call::sched_set_of(tid, policy) {
                     // Gone: nothing of it is left to run at SCHED_IDLE.
                     Ok(_) | Err(libc::ESRCH) => {
                         done.insert(tid);
@@ -224,6 +229,9 @@ struct State {
     /// When the idle runs' files were last looked up (at most every
     /// [`SWEEP_EVERY`]: a request's take checks its own run's anyway).
     swept: Option<Instant>,
+    /// A [`Refill`] was dropped since the pool thread last looked over the
+    /// pools (its wake-up may have come while it was busy).
+    refill: bool,
 }
 
 /// What the pool thread is told to do by [`WarmPools::serve`]'s caller.
@@ -251,6 +259,7 @@ pub(crate) struct Refill(Option<Arc<Shared>>);
 impl Drop for Refill {
     fn drop(&mut self) {
         if let Some(shared) = self.0.take() {
+            relock(&shared.state).refill = true;
             shared.wake.notify_one();
         }
     }
@@ -265,14 +274,16 @@ pub struct WarmPools {
     /// Warm runs at most over every skill.
     total: usize,
     idle_for: Duration,
-    /// Warm runs wait at `SCHED_IDLE` (the executor may set them back).
-    idle_start: bool,
+    /// `Some(policy)`: warm runs wait at `SCHED_IDLE`, and their taker
+    /// sets `policy` back (a cold run's; the executor may set it).
+    idle_start: Option<libc::c_int>,
 }
 
 impl WarmPools {
     /// Pools for the grants of `config`; with `idle_start` warm runs wait
-    /// at `SCHED_IDLE` (the caller may set another user's scheduling).
-    pub(crate) fn new(config: &crate::config::Config, idle_start: bool) -> Self {
+    /// at `SCHED_IDLE` and are set back to that policy when taken (the
+    /// caller may set another user's scheduling).
+    pub(crate) fn new(config: &crate::config::Config, idle_start: Option<libc::c_int>) -> Self {
         let sizes: HashMap<String, u32> = config
             .skills
             .iter()
@@ -299,7 +310,7 @@ impl WarmPools {
     /// Whether warm runs wait at `SCHED_IDLE` until taken (set just past
     /// their exec by the maker).
     pub(crate) fn idle_start(&self) -> bool {
-        self.idle_start
+        self.idle_start.is_some()
     }
 
     /// Whether runs of `skill` look for a warm run: it is granted some
@@ -348,7 +359,7 @@ impl WarmPools {
         }
         drop(state);
         let warm = found?;
-        let ready = if self.idle_start { warm.schedule_default() } else { Ok(()) };
+        let ready = self.idle_start.map_or(Ok(()), |policy| warm.schedule_default(policy));
         let mut state = relock(&self.shared.state);
         let stats = &mut state.pools.entry(skill.to_owned()).or_default().stats;
         match ready {
@@ -475,7 +486,7 @@ impl WarmPools {
             }
             let Some(Work { skill, path, tool, permit, generation }) = work else {
                 let state = relock(&self.shared.state);
-                if !state.stop && state.dead.is_empty() {
+                if !state.stop && state.dead.is_empty() && !state.refill {
                     let _ = self.shared.wake.wait_timeout(state, SWEEP_EVERY);
                 }
                 continue;
@@ -517,7 +528,8 @@ impl WarmPools {
     /// the next warm run to make, and whether the pools stop.
     fn look_over(&self, slots: &Arc<Semaphore>) -> (Vec<(Warm, &'static str)>, Option<Work>, bool) {
         let mut state = relock(&self.shared.state);
-        let State { pools, dead, idle, stop, generation, swept } = &mut *state;
+        let State { pools, dead, idle, stop, generation, swept, refill } = &mut *state;
+        *refill = false;
         let mut out = std::mem::take(dead);
         let look_up = swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY);
         if look_up {
@@ -582,13 +594,6 @@ impl WarmPools {
         };
         (out, work, false)
     }
-}
-
-/// The thread ids of process `pid` (`/proc/PID/task`), for a run without
-/// a cgroup leaf.
-fn process_threads(pid: i32) -> Option<Vec<i32>> {
-    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    Some(dir.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
 }
 
 /// Why a warm run made from other files than the request's is discarded.

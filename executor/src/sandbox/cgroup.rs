@@ -288,8 +288,6 @@ fn read_whole(file: &fs::File) -> Option<String> {
 struct KeptFiles {
     /// v2 `cgroup.events` (`populated`).
     events: Kept,
-    /// v2 `cgroup.threads` (its listing starts afresh at offset 0).
-    threads: Kept,
     /// v2 `memory.events` or v1 `memory.oom_control` (`oom_kill`).
     oom: Kept,
     /// v1 `memory.usage_in_bytes`.
@@ -483,15 +481,16 @@ impl RunCgroup {
     }
 
     /// Thread ids now in the run, of every process: the v2 leaf's
-    /// `cgroup.threads`, else a v1 leaf's `tasks`; `None` without a leaf
-    /// or when the file cannot be read.
+    /// `cgroup.threads`, else a v1 leaf's `tasks`, read to its end (a
+    /// listing of many records comes a page per read); `None` without a
+    /// leaf or when the file cannot be read.
     pub fn threads(&self) -> Option<Vec<i32>> {
-        let text = match (&self.v2, self.pids.as_ref().or(self.memory.as_ref())) {
-            (Some(v2), _) => self.kept.threads.read(|| v2.join("cgroup.threads"))?,
-            // Opened anew: a v1 listing is cached per open file.
-            (None, Some(v1)) => fs::read_to_string(v1.join("tasks")).ok()?,
+        let file = match (&self.v2, self.pids.as_ref().or(self.memory.as_ref())) {
+            (Some(v2), _) => v2.join("cgroup.threads"),
+            (None, Some(v1)) => v1.join("tasks"),
             (None, None) => return None,
         };
+        let text = fs::read_to_string(file).ok()?;
         Some(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
     }
 

@@ -314,6 +314,21 @@ pub fn drop_bounding(cap: u32) -> bool {
 
 const SCHED_DEADLINE: libc::c_int = 6;
 
+/// The scheduling policy a run's child execs with: the calling thread's
+/// own, but `SCHED_OTHER` for a real-time one (the child's step 5 resets
+/// it), without `SCHED_RESET_ON_FORK`.
+pub fn cold_run_policy() -> libc::c_int {
+    let own = super::call::sched_getscheduler()
+        .ok()
+        .and_then(|p| libc::c_int::try_from(p).ok())
+        .unwrap_or(libc::SCHED_OTHER);
+    if real_time_policy(own) {
+        libc::SCHED_OTHER
+    } else {
+        own & !libc::SCHED_RESET_ON_FORK
+    }
+}
+
 /// Whether `policy` (as `sched_getscheduler` returns it, with or without
 /// `SCHED_RESET_ON_FORK`) is a real-time one.
 pub(super) fn real_time_policy(policy: libc::c_int) -> bool {

@@ -274,7 +274,12 @@ check_warm_idle() {
     local conf=/etc/ongrid/executor.toml i cls
     cp "$conf" "$work/executor.toml.before"
     printf '\n[skills.warmprobe]\nwarm = 2\n' >> "$conf"
-    systemctl restart ongrid-executor.service || { why "restart with the warm grant failed"; return 1; }
+    if ! systemctl restart ongrid-executor.service; then
+        why "restart with the warm grant failed"
+        cp "$work/executor.toml.before" "$conf"
+        systemctl restart ongrid-executor.service
+        return 1
+    fi
     # The first run is a miss and starts the pool.
     api_run warmprobe '{}' "$work/warm-first.json"
     [ "$(outcome "$work/warm-first.json")" = ok ] || why "first run: $(head -c 300 "$work/warm-first.json")"
