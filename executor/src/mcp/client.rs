@@ -139,7 +139,13 @@ impl Conn {
     /// or [`ConnError::Flood`] as for a request's answer.
     pub fn check(&mut self) -> Result<(), ConnError> {
         self.take_queued();
-        self.failed.clone().map_or(Ok(()), Err)
+        match &self.failed {
+            Some(e) => Err(e.clone()),
+            // Ended, its reason not queued yet (or the queue was full of
+            // stale items): it is broken all the same.
+            None if self.ended() => Err(ConnError::Closed),
+            None => Ok(()),
+        }
     }
 
     /// Reads what the reader hands on until the response to `id`.

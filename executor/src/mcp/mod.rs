@@ -162,6 +162,17 @@ impl Servers {
                 s.refresh(engine).await;
                 self.record_move(&manifest, before, s.generation());
             }
+            // A server cut off or listed again has another idle deadline.
+            self.used.notify_one();
+        }
+    }
+
+    /// After a holder of a server's lock let go of it: a list change or an
+    /// end its reader reported meanwhile (the watcher skips a locked
+    /// server) is handled now.
+    fn released(&self, s: &Server) {
+        if s.wants_refresh() {
+            self.changed.notify_one();
         }
     }
 
@@ -233,7 +244,10 @@ impl Servers {
     /// The generation of the tool list of the pack at `manifest`
     /// ([`Server::generation`]; the server is not started by this).
     pub async fn generation(&self, manifest: &Path) -> u64 {
-        self.get(manifest).lock().await.generation()
+        let server = self.get(manifest);
+        let s = server.lock().await;
+        self.released(&s);
+        s.generation()
     }
 
     fn all(&self) -> Vec<Arc<Mutex<Server>>> {
@@ -254,6 +268,7 @@ impl Servers {
             // A server in a call is not idle: skip it rather than wait.
             if let Ok(mut s) = s.try_lock() {
                 stopped += usize::from(s.stop_if_idle(engine).await);
+                self.released(&s);
             }
         }
         stopped
@@ -262,7 +277,12 @@ impl Servers {
     /// The nearest idle deadline of a running server not in a call (one in
     /// a call notifies `used` when it is done).
     fn next_idle_deadline(&self) -> Option<std::time::Instant> {
-        self.all().iter().filter_map(|s| s.try_lock().ok()?.idle_deadline()).min()
+        let deadline = |s: &Arc<Mutex<Server>>| {
+            let s = s.try_lock().ok()?;
+            self.released(&s);
+            s.idle_deadline()
+        };
+        self.all().iter().filter_map(deadline).min()
     }
 
     /// Stops idle servers as their deadlines pass, for ever: asleep until

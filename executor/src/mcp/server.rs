@@ -185,7 +185,14 @@ impl Server {
     /// (skilld lists every pack when it starts).
     pub async fn tool_infos(&mut self, engine: &Engine) -> Result<Vec<McpToolInfo>, Refused> {
         let was_running = self.running.is_some();
+        let last_used = self.last_used;
         let tools = self.tools(engine).await?;
+        // Listing a running server is not a use: a server that keeps
+        // changing its list (each change makes skilld list it) still stops
+        // after its idle time.
+        if was_running {
+            self.last_used = last_used;
+        }
         let Some(run) = self.running.as_ref() else { return Ok(Vec::new()) };
         let manifest = &run.plan.manifest;
         let pack = manifest.name().as_str();

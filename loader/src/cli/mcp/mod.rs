@@ -139,9 +139,10 @@ impl Server {
         }
     }
 
-    /// Keeps `tools` as the last list the client was given or told of;
-    /// true when it had one and this one differs (a client that never
-    /// listed its tools has nothing to be told).
+    /// Keeps `tools` as the last list the client was given, or the list
+    /// [`Server::follow`] saw first; true when one was kept and this one
+    /// differs (so a client that never listed its tools is told of the
+    /// changes after the session's start too).
     fn remember(&self, tools: &[Tool]) -> bool {
         let text = serde_json::to_string(tools).unwrap_or_default();
         let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
