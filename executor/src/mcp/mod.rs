@@ -50,7 +50,8 @@ pub struct Servers {
     /// Woken by a server's reader when it says its tools changed: what
     /// [`Servers::watch_changes`] waits on.
     changed: Arc<Notify>,
-    /// How many times a server's generation moved, for [`Servers::watch`].
+    /// How many times a server's generation moved, for [`Servers::watch`],
+    /// counted from the executor's start time in nanoseconds.
     changes: tokio::sync::watch::Sender<u64>,
     /// When (the count of [`Servers::changes`]) each server's generation
     /// last moved, and to what.
@@ -63,7 +64,8 @@ impl Default for Servers {
             by_manifest: std::sync::Mutex::default(),
             used: Notify::new(),
             changed: Arc::new(Notify::new()),
-            changes: tokio::sync::watch::Sender::new(0),
+            // Above any count an earlier executor reached.
+            changes: tokio::sync::watch::Sender::new(server::first_generation()),
             moved: std::sync::Mutex::default(),
         }
     }

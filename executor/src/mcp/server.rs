@@ -81,10 +81,11 @@ pub struct Server {
     changed: Arc<Notify>,
 }
 
-/// The first generation of every server of this executor: its start time
-/// in nanoseconds, so that the generations of a restarted executor differ
-/// from those its callers saw before.
-fn first_generation() -> u64 {
+/// The first generation of every server of this executor, and the start
+/// of its count of moves: its start time in nanoseconds, so that the
+/// numbers of a restarted executor differ from (and exceed) those its
+/// callers saw before.
+pub(crate) fn first_generation() -> u64 {
     static FIRST: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *FIRST.get_or_init(|| {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);

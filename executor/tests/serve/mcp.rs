@@ -151,16 +151,22 @@ fn mcp_watch_answers_when_an_idle_servers_tool_list_moves() {
         w.send(&json!({"jsonrpc": "2.0", "id": id, "method": "mcp_watch", "params": params}));
         w.recv()
     };
-    // Nothing moved yet: the wait runs out with the count as it is.
-    let v = watch(&mut watcher, 1, 0, 200);
-    assert_eq!(v["result"], json!({"changes": 0, "packs": []}), "{v}");
+    // A first wait (since 0) is answered at once: the count starts at the
+    // executor's start time, nothing moved yet.
+    let v = watch(&mut watcher, 1, 0, 10_000);
+    let start = v["result"]["changes"].as_u64().unwrap_or(0);
+    assert!(start > 0, "{v}");
+    assert_eq!(v["result"]["packs"], json!([]), "{v}");
+    // With that count, the wait runs out with the count as it is.
+    let v = watch(&mut watcher, 11, start, 200);
+    assert_eq!(v["result"], json!({"changes": start, "packs": []}), "{v}");
 
     let r = call(&mut c, 2, &m, "grow_soon", json!({}), "mutating");
     assert_eq!(r["result"]["content"][0]["text"], "soon", "{r}");
     let asked = std::time::Instant::now();
-    let v = watch(&mut watcher, 3, 0, 10_000);
+    let v = watch(&mut watcher, 3, start, 10_000);
     assert!(asked.elapsed() < Duration::from_secs(2), "{:?}", asked.elapsed());
-    assert_eq!(v["result"]["changes"], 1, "{v}");
+    assert_eq!(v["result"]["changes"], start + 1, "{v}");
     let packs = v["result"]["packs"].as_array().cloned().unwrap_or_default();
     assert_eq!(packs.len(), 1, "{v}");
     let canonical = std::fs::canonicalize(&m).unwrap();
@@ -173,7 +179,9 @@ fn mcp_watch_answers_when_an_idle_servers_tool_list_moves() {
     assert_eq!(tools["result"]["generation"], packs[0]["generation"], "{tools}");
     let names = tools["result"]["tools"].to_string();
     assert!(names.contains(r#""name":"extra""#), "{names}");
-    // An unknown count (a restarted executor's) is answered at once.
+    // A count from before this executor's start (a restarted executor's
+    // callers hold one) is answered at once, naming what moved since.
     let v = watch(&mut watcher, 5, 99, 10_000);
-    assert_eq!(v["result"]["changes"], 1, "{v}");
+    assert_eq!(v["result"]["changes"], start + 1, "{v}");
+    assert_eq!(v["result"]["packs"].as_array().map(Vec::len), Some(1), "{v}");
 }
