@@ -177,6 +177,9 @@ fn an_mcp_tool_is_named_pack_dot_tool_and_answers_to_pack_tool_too() {
     let rows = s.get("/v1/audit?skill=fake.echo&limit=10").json();
     let rows = rows["items"].as_array().cloned().unwrap_or_default();
     assert_eq!(rows.len(), 4, "{rows:?}");
+    // The alias filters the trail as the name does.
+    let by_alias = s.get("/v1/audit?skill=fake_echo&limit=10").json();
+    assert_eq!(by_alias["items"].as_array().cloned().unwrap_or_default(), rows);
     assert!(s.scrape().contains(r#"skill="fake.echo""#), "metrics label the tool's runs");
 
     // No other spelling: not another pack's, not a tool of none.

@@ -80,15 +80,14 @@ pub async fn list(
     if !(1..=MAX_QUERY_ROWS).contains(&limit) {
         return Err(ApiError::BadRequest(format!("limit must be within 1..={MAX_QUERY_ROWS}")));
     }
+    // A tool's `PACK_TOOL` alias names it as its rows do: `PACK.TOOL`.
+    let skill = q.skill.map(|name| {
+        let snapshot = app.registry().current();
+        snapshot.get(&name).map_or(name, |s| s.registered().name().to_owned())
+    });
     let trail = app
         .audit()
-        .query(audit::Query {
-            skill: q.skill,
-            outcome: q.outcome,
-            decision: q.decision,
-            since_ms,
-            limit,
-        })
+        .query(audit::Query { skill, outcome: q.outcome, decision: q.decision, since_ms, limit })
         .await
         .map_err(|e| ApiError::AuditUnreadable(e.to_string()))?;
     if let Some(i) = &trail.incomplete {
