@@ -547,6 +547,7 @@ impl Engine {
     /// Kills a warm run never used (its tree, then its reaping), and hands
     /// its slot back to the janitor.
     fn kill_warm(&self, warm: Warm) {
+        self.warm.wake_to_die(&warm);
         let Warm { mut prep, child, pgid, .. } = warm;
         let _ = sys::process::pidfd_signal(child.pidfd.as_fd(), libc::SIGKILL);
         if let Some(cg) = prep.cgroup.as_mut() {

@@ -379,6 +379,15 @@ impl WarmPools {
         }
     }
 
+    /// Sets a cold run's policy back on a warm run about to be killed
+    /// unused: at `SCHED_IDLE` its exit would wait for idle CPU time, and
+    /// the pool thread (or a stopping executor) waits for that exit.
+    pub(crate) fn wake_to_die(&self, warm: &Warm) {
+        if let Some(policy) = self.idle_start {
+            let _ = warm.schedule_default(policy);
+        }
+    }
+
     /// A [`Refill`]: the pool thread is woken when it is dropped.
     pub(crate) fn refill_later(&self) -> Refill {
         Refill(Some(Arc::clone(&self.shared)))
