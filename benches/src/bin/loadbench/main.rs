@@ -25,6 +25,11 @@
 //!
 //! - `bare`: `std::process::Command` (glibc `posix_spawn`), piped stdio, the
 //!   args written to stdin, stdout read to the end, reaped. The baseline (a).
+//! - `bare-warm`: the same process spawned after the last run (as a warm
+//!   pool is refilled) and waited for, untimed, until it sleeps reading its
+//!   stdin; timed from the args' write to its reaping.
+//!   What a skill costs once it has its args with no box and no daemon:
+//!   the floor under `daemon-warm` (sequential only).
 //! - `cli`: `ongrid-executor run` as a process, start-up included (b).
 //! - `daemon`: the full path (c): an in-process HTTP/1.1 client (one
 //!   keep-alive connection per client thread) → `ongrid-skilld` (Unix
@@ -82,7 +87,12 @@
 //! and echoing its args: a script skill's interpreter start).
 //!
 //! `--gap-ms MS` idles that long before each sequential run (the state an
-//! agent's calls find the host in: every thread parked, caches cold).
+//! agent's calls find the host in: every thread parked, caches cold), and,
+//! with clients at once, each client before each of its runs, spread
+//! evenly over half to one and a half times it (so that the clients do not
+//! stay in step): 8 clients then offer a load that leaves the host idle
+//! time (warm pools refill in it) instead of keeping both CPUs queued, and
+//! runs/s is that offered load rather than a throughput.
 //!
 //! `--settle` waits, untimed, after each `bwrap` and `firejail` run (or
 //! round) until the host is quiet again (`ongrid_benches::settle`): their
@@ -173,6 +183,26 @@ fn order(i: usize, n: usize) -> Vec<usize> {
     idx
 }
 
+/// `gap` spread evenly over [gap/2, 3 gap/2): clients at once that all
+/// paused the same time would stay in step, their runs arriving as bursts
+/// of all of them together.
+fn jittered(gap: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    thread_local! {
+        static X: std::cell::Cell<u64> =
+            std::cell::Cell::new(std::collections::hash_map::RandomState::new().build_hasher().finish() | 1);
+    }
+    let r = X.with(|x| {
+        let mut v = x.get();
+        v ^= v << 13;
+        v ^= v >> 7;
+        v ^= v << 17;
+        x.set(v);
+        v
+    });
+    gap / 2 + gap.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
+}
+
 /// Sequential: every iteration runs each variant once, in a shuffled order
 /// ([`order`]), each run after `--gap-ms` of idle time (an agent's calls
 /// come between its thinking, not back to back). Throughput is runs /
@@ -208,8 +238,8 @@ fn sequential(ctx: &Ctx<'_>, variants: &[Variant], manifest: &Path) -> (Vec<Samp
 }
 
 /// `conc` client threads (each with its own keep-alive connection) run one
-/// variant at a time, up to `per` runs each; variants alternate round by
-/// round. Throughput counts each round while all its clients run
+/// variant at a time, up to `per` runs each, each run after `--gap-ms`;
+/// variants alternate round by round. Throughput counts each round while all its clients run
 /// ([`run_round`]).
 fn concurrent(
     ctx: &Ctx<'_>,
@@ -234,6 +264,9 @@ fn concurrent(
             let v = variants[idx];
             let clients: Vec<&Mutex<Client>> = clients.iter().collect();
             let (timed, results) = run_round(clients, per, |cl| {
+                if !o.gap.is_zero() {
+                    std::thread::sleep(jittered(o.gap));
+                }
                 run_one(v, ctx, &mut cl.lock().unwrap_or_else(PoisonError::into_inner), manifest)
             });
             if round >= warm_rounds {

@@ -9,6 +9,7 @@ use crate::worker::engine_worker;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Variant {
     Bare,
+    BareWarm,
     Cli,
     Daemon,
     Daemon10k,
@@ -25,8 +26,9 @@ pub(crate) enum Variant {
     Firejail,
 }
 
-const ALL: [Variant; 15] = [
+const ALL: [Variant; 16] = [
     Variant::Bare,
+    Variant::BareWarm,
     Variant::Cli,
     Variant::Daemon,
     Variant::Daemon10k,
@@ -51,6 +53,7 @@ impl Variant {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Variant::Bare => "bare",
+            Variant::BareWarm => "bare-warm",
             Variant::Cli => "cli",
             Variant::Daemon => "daemon",
             Variant::Daemon10k => "daemon10k",
@@ -75,9 +78,10 @@ impl Variant {
         matches!(self, Variant::Bwrap | Variant::Firejail)
     }
 
-    /// Runs inside a single worker process: sequential only.
+    /// Runs inside a single worker process, or waits untimed before its
+    /// run: sequential only.
     pub(crate) fn sequential_only(self) -> bool {
-        matches!(self, Variant::Engine | Variant::Engine1g)
+        matches!(self, Variant::Engine | Variant::Engine1g | Variant::BareWarm)
     }
 }
 
@@ -98,7 +102,8 @@ pub(crate) struct Opts {
     pub(crate) audit_dir: Option<PathBuf>,
     /// `daemon-warm`'s warm runs per skill (`[skills.NAME] warm`).
     pub(crate) warm: u32,
-    /// Sequential runs: idle time before each run (0: back to back).
+    /// Idle time before each run, each client's with clients at once (0:
+    /// back to back).
     pub(crate) gap: Duration,
     /// Wait untimed after each `bwrap` and `firejail` run (or round) until
     /// the host is quiet, and report what the wait saw.
@@ -109,7 +114,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
          [--loaded-skills N] [--skills sh-cat,bin-cat,static-cat] \
-         [--variants bare,cli,daemon,daemon10k,daemon-shm,daemon-normal,daemon-full,daemon-b,daemon-warm,executor-rpc,engine,engine1g,bwrap,firejail] \
+         [--variants bare,bare-warm,cli,daemon,daemon10k,daemon-shm,daemon-normal,daemon-full,daemon-b,daemon-warm,daemon-warm-b,executor-rpc,engine,engine1g,bwrap,firejail] \
          [--warm N] [--bin-dir DIR] [--bin-dir-b DIR] [--host-proc-b] [--audit-dir DIR] [--gap-ms MS] [--settle]\n       loadbench --engine-worker MB"
     );
     std::process::exit(2)

@@ -6,7 +6,7 @@ use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,17 @@ pub(crate) struct Client {
     conns: BTreeMap<&'static str, Http>,
     /// `executor-rpc`'s kept connection and the end of its last run.
     executor: Option<(BufReader<UnixStream>, Instant)>,
+    /// `bare-warm`'s process for its next run, spawned after its last.
+    ahead: Option<(PathBuf, Child)>,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if let Some((_, mut c)) = self.ahead.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// One run of `v`: its latency and, when there is one, the report's
@@ -68,6 +79,9 @@ pub(crate) fn run_one(
             v.name()
         );
     };
+    if v == Variant::BareWarm {
+        return (bare_warm(&entry, cl), None);
+    }
     let t0 = Instant::now();
     let setup = match v {
         Variant::Bare => {
@@ -169,6 +183,7 @@ pub(crate) fn run_one(
             cl.executor = Some((s, Instant::now()));
             setup
         }
+        Variant::BareWarm => unreachable!("timed by bare_warm"),
         Variant::Engine | Variant::Engine1g => {
             let mut workers = ctx.workers.lock().unwrap();
             let (el, setup) = workers.get_mut(v.name()).expect("worker").run(manifest);
@@ -176,4 +191,59 @@ pub(crate) fn run_one(
         }
     };
     (t0.elapsed(), setup)
+}
+
+/// `bare-warm`: the entry spawned unboxed with no environment after the
+/// last run (as a warm pool is refilled) and waited for, untimed, until
+/// it sleeps reading its stdin; then timed from the args' write to its
+/// reaping. A process started ahead with no box and no daemon: the floor
+/// under `daemon-warm` (what the skill itself does once it has its args).
+fn bare_warm(entry: &Path, cl: &mut Client) -> Duration {
+    let mut c = match cl.ahead.take() {
+        Some((path, c)) if path == entry => c,
+        other => {
+            drop(other.map(|(_, mut c)| c.kill().and_then(|()| c.wait())));
+            spawn_ahead(entry)
+        }
+    };
+    wait_reading_stdin(c.id());
+    let t0 = Instant::now();
+    let mut stdin = c.stdin.take().expect("stdin");
+    stdin.write_all(ARGS).expect("write args");
+    drop(stdin);
+    let out = c.wait_with_output().expect("wait");
+    let el = t0.elapsed();
+    assert!(out.status.success() && out.stdout.trim_ascii_end() == ARGS, "bare-warm: {out:?}");
+    // Started to its read before the next variant's run, so that its
+    // start-up falls on no other run.
+    let next = spawn_ahead(entry);
+    wait_reading_stdin(next.id());
+    cl.ahead = Some((entry.to_path_buf(), next));
+    el
+}
+
+fn spawn_ahead(entry: &Path) -> Child {
+    Command::new(entry)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
+}
+/// Waits until process `pid` sleeps in `read(0, ...)`: its
+/// `/proc/PID/syscall` names the call's number and then its arguments,
+/// the first the descriptor ("running" while it runs).
+fn wait_reading_stdin(pid: u32) {
+    let path = format!("/proc/{pid}/syscall");
+    let want = format!("{} 0x0 ", nix::libc::SYS_read);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = fs::read_to_string(&path).expect("read /proc/PID/syscall (root)");
+        if now.starts_with(&want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "bare-warm: the skill never read its stdin: {now}");
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }
