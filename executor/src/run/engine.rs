@@ -598,16 +598,7 @@ impl Maker for Engine {
             }
         };
         self.reaper.track(child.pid);
-        // Its start-up runs on CPU time nobody else wants, from just past
-        // its exec (an exec at SCHED_IDLE could stall this thread on a busy
-        // host); the request that takes it sets the default back.
-        // Only with a cgroup leaf, which lists every thread to set back.
-        if self.warm.idle_start() && prep.cgroup.as_ref().is_some_and(RunCgroup::can_kill) {
-            if let Err(errno) = sys::call::sched_set_of(child.pid, libc::SCHED_IDLE) {
-                let e = nix::errno::Errno::from_raw(errno);
-                tracing::debug!("executor: a warm run stays at the default scheduling: {e}");
-            }
-        }
+        self.warm.idle_from_exec(child.pid, prep.cgroup.as_ref().is_some_and(RunCgroup::can_kill));
         if let Some(w) = &watch {
             w.pid(child.pid);
         }

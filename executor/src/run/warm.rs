@@ -307,10 +307,20 @@ impl WarmPools {
         }
     }
 
-    /// Whether warm runs wait at `SCHED_IDLE` until taken (set just past
-    /// their exec by the maker).
-    pub(crate) fn idle_start(&self) -> bool {
-        self.idle_start.is_some()
+    /// Sets a warm run just made, whose child `pid` has exec'd, to wait at
+    /// `SCHED_IDLE`: its start-up then runs on CPU time nobody else wants
+    /// (its exec ran at the default policy: an exec at `SCHED_IDLE` could
+    /// stall the pool thread on a busy host). Only where warm runs are set
+    /// back when taken, and with a cgroup leaf (`listed`), which lists
+    /// every thread to set back; a failure leaves it at the default.
+    pub(crate) fn idle_from_exec(&self, pid: libc::pid_t, listed: bool) {
+        if self.idle_start.is_none() || !listed {
+            return;
+        }
+        if let Err(errno) = sys::call::sched_set_of(pid, libc::SCHED_IDLE) {
+            let e = nix::errno::Errno::from_raw(errno);
+            tracing::debug!("executor: a warm run stays at the default scheduling: {e}");
+        }
     }
 
     /// Whether runs of `skill` look for a warm run: it is granted some
