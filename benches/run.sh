@@ -1,7 +1,7 @@
 #!/bin/sh
 # The load measurements BENCHMARKS.md records. Run as root on an otherwise quiet machine.
 #
-#   benches/run.sh            # loadbench (all three skills, sequential and 8 clients)
+#   benches/run.sh            # loadbench (the skills, sequential and 8 clients; warm runs)
 #   benches/run.sh --micro    # also the criterion micro benches and the scan bench
 #   ITERS=200 benches/run.sh  # shorter
 #   SCHED=fifo benches/run.sh # every process in SCHED_FIFO 10 (chrt)
@@ -58,6 +58,19 @@ if [ "${SCHED:-other}" = fifo ] && command -v chrt >/dev/null 2>&1; then CHRT="c
     # shellcheck disable=SC2086
     $CHRT "$BIN"/loadbench --iters "$ITERS" --warmup "$WARMUP" --bin-dir "$BIN" \
         --skills static-cat --variants bare,engine,executor-rpc,daemon,bwrap,firejail
+    # Warm runs: against a bare spawn and a process started ahead with no
+    # box (the floor); 8 clients back to back, then paced (20 ms between
+    # each client's runs, jittered) so that the pools refill in idle time.
+    if [ -x /usr/bin/python3 ]; then WARM_SKILLS=py-json,bin-cat,sh-cat; else WARM_SKILLS=bin-cat,sh-cat; fi
+    # shellcheck disable=SC2086
+    $CHRT "$BIN"/loadbench --iters 300 --warmup 20 --bin-dir "$BIN" --conc 1 --warm 8 \
+        --skills "$WARM_SKILLS" --variants bare,bare-warm,daemon,daemon-warm
+    # shellcheck disable=SC2086
+    $CHRT "$BIN"/loadbench --iters 100 --warmup 10 --bin-dir "$BIN" --conc 8 --warm 8 \
+        --skills "$WARM_SKILLS" --variants bare,daemon,daemon-warm
+    # shellcheck disable=SC2086
+    $CHRT "$BIN"/loadbench --iters 200 --warmup 10 --bin-dir "$BIN" --conc 8 --warm 8 --gap-ms 20 \
+        --skills bin-cat,sh-cat --variants bare,daemon,daemon-warm
 } 2>&1 | tee "$OUT"
 
 if [ "${1:-}" = "--micro" ]; then

@@ -616,11 +616,23 @@ fn start_warm(
 
 #[cfg(test)]
 mod tests {
-    use super::order;
+    use super::{jittered, order};
+    use std::time::Duration;
 
     /// Each iteration runs every variant once, and over the iterations
     /// every variant comes right after every other one (a rotation of one
     /// order never does that).
+    /// Paced clients pause between half and one and a half times the gap,
+    /// spread out rather than in step.
+    #[test]
+    fn jittered_gaps_stay_in_range_and_differ() {
+        let gap = Duration::from_millis(20);
+        let pauses: Vec<Duration> = (0..1000).map(|_| jittered(gap)).collect();
+        assert!(pauses.iter().all(|p| *p >= gap / 2 && *p < gap * 3 / 2), "{pauses:?}");
+        let low = pauses.iter().filter(|p| **p < gap).count();
+        assert!((300..700).contains(&low), "{low} of 1000 below the gap");
+    }
+
     #[test]
     fn orders_are_permutations_with_every_neighbour() {
         let n = 7;
