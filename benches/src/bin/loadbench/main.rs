@@ -239,8 +239,8 @@ fn sequential(ctx: &Ctx<'_>, variants: &[Variant], manifest: &Path) -> (Vec<Samp
 
 /// `conc` client threads (each with its own keep-alive connection) run one
 /// variant at a time, up to `per` runs each, each run after `--gap-ms`;
-/// variants alternate round by round. Throughput counts each round while all its clients run
-/// ([`run_round`]).
+/// variants alternate round by round. Throughput counts each round while
+/// all its clients run ([`run_round`]).
 fn concurrent(
     ctx: &Ctx<'_>,
     variants: &[Variant],
@@ -619,9 +619,6 @@ mod tests {
     use super::{jittered, order};
     use std::time::Duration;
 
-    /// Each iteration runs every variant once, and over the iterations
-    /// every variant comes right after every other one (a rotation of one
-    /// order never does that).
     /// Paced clients pause between half and one and a half times the gap,
     /// spread out rather than in step.
     #[test]
@@ -633,6 +630,9 @@ mod tests {
         assert!((300..700).contains(&low), "{low} of 1000 below the gap");
     }
 
+    /// Each iteration runs every variant once, and over the iterations
+    /// every variant comes right after every other one (a rotation of one
+    /// order never does that).
     #[test]
     fn orders_are_permutations_with_every_neighbour() {
         let n = 7;

@@ -222,6 +222,7 @@ fn bare_warm(entry: &Path, cl: &mut Client) -> Duration {
     el
 }
 
+/// `bare-warm`'s process, spawned as `bare`'s is, its args not written.
 fn spawn_ahead(entry: &Path) -> Child {
     Command::new(entry)
         .env_clear()
@@ -231,6 +232,7 @@ fn spawn_ahead(entry: &Path) -> Child {
         .spawn()
         .expect("spawn")
 }
+
 /// Waits until process `pid` sleeps in `read(0, ...)`: its
 /// `/proc/PID/syscall` names the call's number and then its arguments,
 /// the first the descriptor ("running" while it runs).
