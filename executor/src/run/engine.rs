@@ -598,7 +598,7 @@ impl Maker for Engine {
             }
         };
         self.reaper.track(child.pid);
-        self.warm.idle_from_exec(child.pid, prep.cgroup.as_ref().is_some_and(RunCgroup::can_kill));
+        self.warm.idle_from_exec(child.pid, &prep);
         if let Some(w) = &watch {
             w.pid(child.pid);
         }

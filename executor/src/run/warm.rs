@@ -49,7 +49,7 @@
 //! could hold the pool thread up on a busy host), and the request that
 //! takes it sets every thread of it back to a cold run's policy (the
 //! executor's own, `SCHED_OTHER` unless it runs at another) before writing
-//! its args ([`Warm::schedule_default`]). A run whose threads cannot all
+//! its args ([`Warm::schedule_cold`]). A run whose threads cannot all
 //! be set back is discarded and the request runs cold. A run without a
 //! cgroup leaf (which lists its threads) is not made idle.
 
@@ -68,6 +68,7 @@ use crate::run::lock::relock;
 use crate::run::parsed::FileKey;
 use crate::run::plan::Plan;
 use crate::run::spawn::{Child, Prepared};
+use crate::sandbox::cgroup::RunCgroup;
 use crate::sys;
 
 /// How often the pool thread looks over the idle runs when nothing wakes
@@ -152,8 +153,8 @@ impl Warm {
     /// pass. Its own process's start-up, still running at the take, is the
     /// only one that can do it, and only to itself.) A run without a leaf
     /// was never made idle.
-    fn schedule_default(&self, policy: libc::c_int) -> Result<(), String> {
-        let Some(cg) = self.prep.cgroup.as_ref() else { return Ok(()) };
+    fn schedule_cold(&self, policy: libc::c_int) -> Result<(), String> {
+        let Some(cg) = thread_listing(&self.prep) else { return Ok(()) };
         let mut done = HashSet::new();
         for _ in 0..8 {
             let fresh: Vec<i32> = cg
@@ -307,14 +308,15 @@ impl WarmPools {
         }
     }
 
-    /// Sets a warm run just made, whose child `pid` has exec'd, to wait at
-    /// `SCHED_IDLE`: its start-up then runs on CPU time nobody else wants
-    /// (its exec ran at the default policy: an exec at `SCHED_IDLE` could
-    /// stall the pool thread on a busy host). Only where warm runs are set
-    /// back when taken, and with a cgroup leaf (`listed`), which lists
-    /// every thread to set back; a failure leaves it at the default.
-    pub(crate) fn idle_from_exec(&self, pid: libc::pid_t, listed: bool) {
-        if self.idle_start.is_none() || !listed {
+    /// Sets a warm run just made (`prep`), whose child `pid` has exec'd, to
+    /// wait at `SCHED_IDLE`: its start-up then runs on CPU time nobody
+    /// else wants (its exec ran at the default policy: an exec at
+    /// `SCHED_IDLE` could stall the pool thread on a busy host). Only where
+    /// warm runs are set back when taken, and with a cgroup leaf that lists
+    /// every thread to set back ([`thread_listing`]); a failure leaves it
+    /// at the default.
+    pub(crate) fn idle_from_exec(&self, pid: libc::pid_t, prep: &Prepared) {
+        if self.idle_start.is_none() || thread_listing(prep).is_none() {
             return;
         }
         if let Err(errno) = sys::call::sched_set_of(pid, libc::SCHED_IDLE) {
@@ -369,7 +371,7 @@ impl WarmPools {
         }
         drop(state);
         let warm = found?;
-        let ready = self.idle_start.map_or(Ok(()), |policy| warm.schedule_default(policy));
+        let ready = self.idle_start.map_or(Ok(()), |policy| warm.schedule_cold(policy));
         let mut state = relock(&self.shared.state);
         let stats = &mut state.pools.entry(skill.to_owned()).or_default().stats;
         match ready {
@@ -394,7 +396,7 @@ impl WarmPools {
     /// the pool thread (or a stopping executor) waits for that exit.
     pub(crate) fn wake_to_die(&self, warm: &Warm) {
         if let Some(policy) = self.idle_start {
-            let _ = warm.schedule_default(policy);
+            let _ = warm.schedule_cold(policy);
         }
     }
 
@@ -613,6 +615,12 @@ impl WarmPools {
         };
         (out, work, false)
     }
+}
+
+/// The run's cgroup, when a leaf of it lists every thread of the run: the
+/// one condition for making a warm run idle and for setting it back.
+fn thread_listing(prep: &Prepared) -> Option<&RunCgroup> {
+    prep.cgroup.as_ref().filter(|cg| cg.can_kill())
 }
 
 /// Why a warm run made from other files than the request's is discarded.
