@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, Mutex, Notify};
 
-pub use super::error::ConnError;
+use super::error::ConnError;
 use super::reader::{self, Incoming, Reader, State};
 
 /// The protocol version the executor asks for in `initialize`.

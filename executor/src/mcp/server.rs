@@ -28,7 +28,8 @@ use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 use tokio::sync::Notify;
 
-use crate::mcp::client::{Conn, ConnError, Tool};
+use crate::mcp::client::{Conn, Tool};
+use crate::mcp::error::ConnError;
 use crate::mcp::secrets::Secrets;
 use crate::run::plan::{euid, Located, Plan};
 use crate::run::spawn::{self, Prepared, Slot};

@@ -45,9 +45,8 @@ pub(crate) struct Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        if let Some((_, mut c)) = self.ahead.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some((_, c)) = self.ahead.take() {
+            kill(c);
         }
     }
 }
@@ -202,7 +201,9 @@ fn bare_warm(entry: &Path, cl: &mut Client) -> Duration {
     let mut c = match cl.ahead.take() {
         Some((path, c)) if path == entry => c,
         other => {
-            drop(other.map(|(_, mut c)| c.kill().and_then(|()| c.wait())));
+            if let Some((_, c)) = other {
+                kill(c);
+            }
             spawn_ahead(entry)
         }
     };
@@ -231,6 +232,12 @@ fn spawn_ahead(entry: &Path) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn")
+}
+
+/// Kills and reaps a `bare-warm` process never given its args.
+fn kill(mut c: Child) {
+    let _ = c.kill();
+    let _ = c.wait();
 }
 
 /// Waits until process `pid` sleeps in `read(0, ...)`: its
