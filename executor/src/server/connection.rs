@@ -194,6 +194,11 @@ async fn read(rd: &AsyncFd<StdStream>, buf: &mut [u8]) -> std::io::Result<usize>
     loop {
         let mut guard = rd.readable().await?;
         if let Ok(r) = guard.try_io(|s| s.get_ref().read(buf)) {
+            // A short read emptied the socket's queue: the next read
+            // waits for the next edge rather than failing with `EAGAIN`.
+            if r.as_ref().is_ok_and(|&n| 0 < n && n < buf.len()) {
+                guard.clear_ready();
+            }
             return r;
         }
     }
@@ -304,6 +309,35 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(20), reading).await.expect("no hang");
         assert_eq!(got.len(), expect.len());
         assert!(got == expect, "the bytes arrive in order");
+    }
+
+    /// A short read takes the socket's readiness with it (no read that
+    /// fails with `EAGAIN` follows); a line sent later still arrives, and
+    /// so does the end of file after it.
+    #[tokio::test]
+    async fn a_short_read_clears_readiness_and_later_lines_still_arrive() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (_a_rd, a_wr) = quiet(a).unwrap();
+        let (b_rd, _b_wr) = quiet(b).unwrap();
+        let a_wr = write_all(a_wr, b"one\n").await.unwrap();
+        let mut buf = vec![0u8; READ_CHUNK];
+        assert_eq!(read(&b_rd, &mut buf).await.unwrap(), 4);
+        let ready =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(b_rd.poll_read_ready(cx).is_ready()))
+                .await;
+        assert!(!ready, "the short read emptied the queue and cleared the readiness");
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let wr = write_all(a_wr, b"two\n").await.unwrap();
+            wr.shutdown(std::net::Shutdown::Write).unwrap();
+        });
+        let later = async {
+            let n = read(&b_rd, &mut buf).await.unwrap();
+            assert_eq!(&buf[..n], b"two\n");
+            assert_eq!(read(&b_rd, &mut buf).await.unwrap(), 0, "end of file");
+        };
+        tokio::time::timeout(Duration::from_secs(10), later).await.expect("no hang");
+        writer.await.unwrap();
     }
 
     /// What follows a report in the queue is dropped only once the lines

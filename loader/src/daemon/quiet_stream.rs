@@ -144,8 +144,17 @@ impl AsyncRead for QuietStream {
         loop {
             let mut guard = ready!(self.io.poll_read_ready(cx))?;
             let unfilled = buf.initialize_unfilled();
+            let len = unfilled.len();
             match guard.try_io(|inner| inner.get_ref().read(unfilled)) {
                 Ok(Ok(n)) => {
+                    // A short read emptied the socket's queue (edge-
+                    // triggered epoll reports what arrives later): the
+                    // next read waits for that edge instead of costing a
+                    // system call that fails with `EAGAIN`, as tokio's
+                    // own streams do.
+                    if 0 < n && n < len {
+                        guard.clear_ready();
+                    }
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
@@ -249,6 +258,33 @@ mod tests {
         assert!(got == expect, "the bytes arrive in order");
         assert!(a.blocked > 0, "the write blocked at least once");
         assert!(a.writable.is_none(), "the write registration is dropped once through");
+    }
+
+    /// A short read takes the readiness with it (no read that fails with
+    /// `EAGAIN` follows); a message sent later still arrives, and so does
+    /// the end of file after it.
+    #[tokio::test]
+    async fn a_short_read_clears_readiness_and_later_messages_still_arrive() {
+        let (mut a, mut b) = pair();
+        a.write_all(b"one\n").await.unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(b.read(&mut buf).await.unwrap(), 4);
+        let ready =
+            std::future::poll_fn(|cx| Poll::Ready(b.io.poll_read_ready(cx).is_ready())).await;
+        assert!(!ready, "the short read emptied the queue and cleared the readiness");
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            a.write_all(b"two\n").await.unwrap();
+            a.shutdown().await.unwrap();
+            a
+        });
+        let later = async {
+            let n = b.read(&mut buf).await.unwrap();
+            assert_eq!(&buf[..n], b"two\n");
+            assert_eq!(b.read(&mut buf).await.unwrap(), 0, "end of file");
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), later).await.expect("no hang");
+        drop(writer.await.unwrap());
     }
 
     #[tokio::test]
