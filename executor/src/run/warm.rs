@@ -145,17 +145,30 @@ impl Warm {
     }
 
     /// Sets `policy` (a cold run's) back on every thread of the run, made
-    /// at `SCHED_IDLE`: each thread its cgroup leaf lists, listed again
-    /// until a pass finds no thread it had not set, so one started
-    /// meanwhile by a thread still idle is not missed. (Left open: a
-    /// thread whose creation a still-idle thread began before that
-    /// thread was set, and which enters the listing only after the last
-    /// pass. Its own process's start-up, still running at the take, is the
-    /// only one that can do it, and only to itself.) A run without a leaf
-    /// was never made idle.
+    /// at `SCHED_IDLE`: its main thread first (known without a listing),
+    /// then each thread its cgroup leaf lists, listed again until a pass
+    /// finds no thread it had not set, so one started meanwhile by a
+    /// thread still idle is not missed. A thread started after the main
+    /// thread was set inherits the cold policy, so a single-threaded run
+    /// (most skills) takes one listing. (Left open: a thread whose
+    /// creation a still-idle thread began before that thread was set, and
+    /// which enters the listing only after the last pass. Its own
+    /// process's start-up, still running at the take, is the only one
+    /// that can do it, and only to itself.) A run without a leaf was never
+    /// made idle.
     fn schedule_cold(&self, policy: libc::c_int) -> Result<(), String> {
         let Some(cg) = thread_listing(&self.prep) else { return Ok(()) };
-        let mut done = HashSet::new();
+        let set = |tid: libc::pid_t| match sys::call::sched_set_of(tid, policy) {
+            // Gone: nothing of it is left to run at SCHED_IDLE.
+            Ok(_) | Err(libc::ESRCH) => Ok(()),
+            Err(errno) => {
+                let e = nix::errno::Errno::from_raw(errno);
+                Err(format!("setting thread {tid}'s scheduling: {e}"))
+            }
+        };
+        let main = self.child.pid;
+        set(main)?;
+        let mut done = HashSet::from([main]);
         for _ in 0..8 {
             let fresh: Vec<i32> = cg
                 .threads()
@@ -167,16 +180,8 @@ impl Warm {
                 return Ok(());
             }
             for tid in fresh {
-                match sys::call::sched_set_of(tid, policy) {
-                    // Gone: nothing of it is left to run at SCHED_IDLE.
-                    Ok(_) | Err(libc::ESRCH) => {
-                        done.insert(tid);
-                    }
-                    Err(errno) => {
-                        let e = nix::errno::Errno::from_raw(errno);
-                        return Err(format!("setting thread {tid}'s scheduling: {e}"));
-                    }
-                }
+                set(tid)?;
+                done.insert(tid);
             }
         }
         Err("its threads kept changing".to_owned())
