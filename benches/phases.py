@@ -46,7 +46,7 @@ import re
 import statistics
 import sys
 
-from tracefs import LINE, main, overflowed
+from tracefs import Trace, main
 
 EVENTS = ('sched/sched_process_fork', 'sched/sched_process_exec', 'sched/sched_process_exit',
           'sched/sched_switch', 'raw_syscalls/sys_enter', 'raw_syscalls/sys_exit')
@@ -82,50 +82,39 @@ class Thread:
 
 def parse(path):
     threads = collections.defaultdict(Thread)
-    tgid, comm = {}, {}
+    trace, comm = Trace(path), {}
     forks, execs, zombies = {}, [], {}
-    lost = False
-    with open(path) as f:
-        for line in f:
-            if 'entries-in-buffer' in line:
-                lost = overflowed(line)
-            m = LINE.match(line)
-            if not m:
-                continue
-            name, tid, group, _, t, event, rest = m.groups()
-            tid, t = int(tid), float(t) * 1e6
-            if group.strip('-'):
-                tgid[tid] = int(group)
-            comm.setdefault(tid, name)
-            if event in ('sys_enter', 'sys_exit'):
-                s = SYSCALL.match(rest)
-                if s:
-                    nr = int(s.group(1))
-                    value = int(s.group(2), 16) if s.group(2) else int(s.group(3))
-                    threads[tid].events.append((t, event, nr, value))
-                continue
-            fields = dict(re.findall(r'(\w+)=(\S+)', rest))
-            if event == 'sched_process_fork':
-                child = int(fields['child_pid'])
-                forks[child] = (t, tid)
-                comm[tid] = name
-            elif event == 'sched_process_exec' and fields['filename'].endswith('/run'):
-                execs.append((t, tid))
-            elif event == 'sched_switch' and fields['prev_state'].startswith('Z'):
-                zombies.setdefault(int(fields['prev_pid']), t)
-    if lost:
+    for name, tid, _, t, event, rest in trace.events():
+        comm.setdefault(tid, name)
+        if event in ('sys_enter', 'sys_exit'):
+            s = SYSCALL.match(rest)
+            if s:
+                nr = int(s.group(1))
+                value = int(s.group(2), 16) if s.group(2) else int(s.group(3))
+                threads[tid].events.append((t, event, nr, value))
+            continue
+        fields = dict(re.findall(r'(\w+)=(\S+)', rest))
+        if event == 'sched_process_fork':
+            child = int(fields['child_pid'])
+            forks[child] = (t, tid)
+            comm[tid] = name
+        elif event == 'sched_process_exec' and fields['filename'].endswith('/run'):
+            execs.append((t, tid))
+        elif event == 'sched_switch' and fields['prev_state'].startswith('Z'):
+            zombies.setdefault(int(fields['prev_pid']), t)
+    if trace.lost:
         print('warning: the trace buffer overflowed; some runs are missing', file=sys.stderr)
     groups = collections.defaultdict(lambda: collections.defaultdict(list))
     # loadbench itself (the loadbench process no loadbench thread forked:
     # an engine worker is one), skilld, and each process's reads and
     # writes, in time order.
-    main_pid = next((p for p, n in comm.items() if n == 'loadbench' and tgid.get(p, p) == p
+    main_pid = next((p for p, n in comm.items() if n == 'loadbench' and trace.process(p) == p
                      and comm.get(forks.get(p, (0, 0))[1]) != 'loadbench'), None)
-    skilld = next((p for p, n in comm.items() if n == 'ongrid-skilld' and tgid.get(p, p) == p),
+    skilld = next((p for p, n in comm.items() if n == 'ongrid-skilld' and trace.process(p) == p),
                   None)
     io = collections.defaultdict(list)
     for tid, th in threads.items():
-        io[tgid.get(tid, tid)].extend(e for e in th.events
+        io[trace.process(tid)].extend(e for e in th.events
                                       if e[2] in READS + WRITES and e[1] == 'sys_exit')
     for events in io.values():
         events.sort()
@@ -140,9 +129,9 @@ def parse(path):
         # thread with it.
         exit_group = child.first_after(done, 'sys_enter', (EXIT, EXIT_GROUP))
         zombie = zombies[pid]
-        process = tgid.get(parent, parent)
+        process = trace.process(parent)
         reaped = [th.first_after(zombie - 1, 'sys_exit', (WAIT4, WAITID), pid)
-                  for tid, th in threads.items() if tgid.get(tid, tid) == process]
+                  for tid, th in threads.items() if trace.process(tid) == process]
         reaped = min((r for r in reaped if r), default=None, key=lambda r: r[0])
         if not (clone and execve and exit_group and reaped):
             continue
@@ -160,7 +149,7 @@ def parse(path):
         if waited and woke and waited[0] > forked and woke[0] < execve[0]:
             wakes = [th.last_before(woke[0], 'sys_enter', (FUTEX,), waited[3])
                      for tid, th in threads.items()
-                     if tgid.get(tid, tid) == process and tid != pid]
+                     if trace.process(tid) == process and tid != pid]
             wake = max((w for w in wakes if w), default=None, key=lambda w: w[0])
             # No wake-up after it began to wait: the run came first (the
             # child never slept on it), timed from the fork as before.

@@ -24,7 +24,7 @@ import collections
 import re
 import sys
 
-from tracefs import LINE, main, overflowed
+from tracefs import Trace, main
 
 EVENTS = ('raw_syscalls/sys_enter', 'sched/sched_switch', 'sched/sched_process_exec')
 UNISTD = '/usr/include/x86_64-linux-gnu/asm/unistd_64.h'
@@ -41,37 +41,26 @@ def call_names():
 
 
 def parse(path):
-    tgid, names = {}, {}
+    trace, names = Trace(path), {}
     calls, switches = collections.Counter(), collections.Counter()
     by_call = collections.defaultdict(collections.Counter)
     runs = 0
-    lost = False
-    with open(path) as f:
-        for line in f:
-            if 'entries-in-buffer' in line:
-                lost = overflowed(line)
-            m = LINE.match(line)
-            if not m:
-                continue
-            _, tid, group, _cpu, _t, event, rest = m.groups()
-            tid = int(tid)
-            if group.strip('-'):
-                tgid[tid] = int(group)
-            process = names.get(tgid.get(tid, tid))
-            if event == 'sys_enter':
-                if process:
-                    nr = int(re.match(r'NR (-?\d+)', rest).group(1))
-                    calls[process] += 1
-                    by_call[process][nr] += 1
-            elif event == 'sched_switch':
-                if process:
-                    switches[process] += 1
-            elif event == 'sched_process_exec':
-                fields = dict(re.findall(r'(\w+)=(\S+)', rest))
-                pid = int(fields['pid'])
-                names[pid] = fields['filename'].rsplit('/', 1)[-1]
-                runs += names[pid] == 'run'
-    if lost:
+    for _, tid, _, _, event, rest in trace.events():
+        process = names.get(trace.process(tid))
+        if event == 'sys_enter':
+            if process:
+                nr = int(re.match(r'NR (-?\d+)', rest).group(1))
+                calls[process] += 1
+                by_call[process][nr] += 1
+        elif event == 'sched_switch':
+            if process:
+                switches[process] += 1
+        elif event == 'sched_process_exec':
+            fields = dict(re.findall(r'(\w+)=(\S+)', rest))
+            pid = int(fields['pid'])
+            names[pid] = fields['filename'].rsplit('/', 1)[-1]
+            runs += names[pid] == 'run'
+    if trace.lost:
         print('warning: the trace buffer overflowed; counts are low', file=sys.stderr)
     print(f'runs: {runs}')
     if not runs:

@@ -1,5 +1,5 @@
 """Recording scheduler and system-call events through tracefs around a
-command, for `wakeups.py` and `phases.py` (run as root)."""
+command, for `wakeups.py`, `phases.py` and `syscalls.py` (run as root)."""
 import os
 import re
 import subprocess
@@ -42,6 +42,34 @@ def overflowed(line):
     """Whether a trace header line says events were dropped."""
     m = re.search(r'entries-in-buffer/entries-written: (\d+)/(\d+)', line)
     return bool(m) and m.group(1) != m.group(2)
+
+
+class Trace:
+    """A recorded trace, read event by event (`events`): `tgid` maps
+    each thread met so far to its process, `lost` says (once read through)
+    whether the buffer overflowed."""
+
+    def __init__(self, path):
+        self.path, self.tgid, self.lost = path, {}, False
+
+    def events(self):
+        """Each event in order: comm, tid, CPU, time (µs), event, the rest."""
+        with open(self.path) as f:
+            for line in f:
+                if 'entries-in-buffer' in line:
+                    self.lost = overflowed(line)
+                m = LINE.match(line)
+                if not m:
+                    continue
+                name, tid, group, cpu, t, event, rest = m.groups()
+                tid = int(tid)
+                if group.strip('-'):
+                    self.tgid[tid] = int(group)
+                yield name, tid, int(cpu), float(t) * 1e6, event, rest
+
+    def process(self, tid):
+        """The process of thread `tid` (itself when not known)."""
+        return self.tgid.get(tid, tid)
 
 
 def main(doc, events, buffer_kb, parse):

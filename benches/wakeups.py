@@ -22,59 +22,48 @@ import collections
 import re
 import sys
 
-from tracefs import LINE, main, overflowed
+from tracefs import Trace, main
 
 EVENTS = ('sched/sched_waking', 'sched/sched_switch', 'sched/sched_process_exec')
 SPURIOUS_US = 40.0
 
 
 def parse(path):
-    tgid, names = {}, {}
+    trace, names = Trace(path), {}
     # Per woken thread: when it was woken, by which process, whether it has
     # woken anyone since, and when it was switched in (if that was seen).
     woken = {}
     wakeups, spurious = collections.Counter(), collections.Counter()
     runs = 0
-    lost = False
-    with open(path) as f:
-        for line in f:
-            if 'entries-in-buffer' in line:
-                lost = overflowed(line)
-            m = LINE.match(line)
-            if not m:
-                continue
-            _, tid, group, cpu, t, event, rest = m.groups()
-            tid, t = int(tid), float(t) * 1e6
-            if group.strip('-'):
-                tgid[tid] = int(group)
-            fields = dict(re.findall(r'(\w+)=(\S+)', rest))
-            if event == 'sched_process_exec':
-                pid = int(fields['pid'])
-                names[pid] = fields['filename'].rsplit('/', 1)[-1]
-                runs += names[pid] == 'run'
-            elif event == 'sched_waking':
-                if tid in woken:
-                    woken[tid]['woke'] = True
-                target = int(fields['pid'])
-                if target not in woken:
-                    waker = names.get(tgid.get(tid, tid), '?')
-                    woken[target] = {'at': t, 'by': waker, 'woke': False, 'in': None}
-            elif event == 'sched_switch':
-                prev, nxt = int(fields['prev_pid']), int(fields['next_pid'])
-                if nxt in woken and woken[nxt]['in'] is None:
-                    woken[nxt]['in'] = t
-                state = woken.get(prev)
-                if state and fields['prev_state'][:1] in 'SD':
-                    # This host's tracefs drops the switches out of idle on
-                    # one vCPU: without the switch-in, the run is counted
-                    # from the wake-up (an upper bound of its length).
-                    start = state['in'] if state['in'] is not None else state['at']
-                    key = (names.get(tgid.get(prev, prev), '?'), state['by'])
-                    wakeups[key] += 1
-                    if not state['woke'] and t - start < SPURIOUS_US:
-                        spurious[key] += 1
-                    del woken[prev]
-    if lost:
+    for _, tid, _, t, event, rest in trace.events():
+        fields = dict(re.findall(r'(\w+)=(\S+)', rest))
+        if event == 'sched_process_exec':
+            pid = int(fields['pid'])
+            names[pid] = fields['filename'].rsplit('/', 1)[-1]
+            runs += names[pid] == 'run'
+        elif event == 'sched_waking':
+            if tid in woken:
+                woken[tid]['woke'] = True
+            target = int(fields['pid'])
+            if target not in woken:
+                waker = names.get(trace.process(tid), '?')
+                woken[target] = {'at': t, 'by': waker, 'woke': False, 'in': None}
+        elif event == 'sched_switch':
+            prev, nxt = int(fields['prev_pid']), int(fields['next_pid'])
+            if nxt in woken and woken[nxt]['in'] is None:
+                woken[nxt]['in'] = t
+            state = woken.get(prev)
+            if state and fields['prev_state'][:1] in 'SD':
+                # This host's tracefs drops the switches out of idle on
+                # one vCPU: without the switch-in, the run is counted
+                # from the wake-up (an upper bound of its length).
+                start = state['in'] if state['in'] is not None else state['at']
+                key = (names.get(trace.process(prev), '?'), state['by'])
+                wakeups[key] += 1
+                if not state['woke'] and t - start < SPURIOUS_US:
+                    spurious[key] += 1
+                del woken[prev]
+    if trace.lost:
         print('warning: the trace buffer overflowed; counts are low', file=sys.stderr)
     print(f'runs: {runs}')
     print(f'{"woken (process)":<18} {"by":<18} {"wake-ups/run":>12} {"spurious/run":>12}')
