@@ -55,10 +55,10 @@ pub const NEEDED: &[Capability] = &[
     // unit's ProtectProc=invisible) shows root only with it. Kept only
     // where the unit's bounding set has it (the denials drop-in).
     Capability::CAP_SYS_PTRACE,
-    // Setting SCHED_IDLE on a warm run (the run-as user's) while it waits,
-    // and a cold run's policy back on its threads when a request takes it
-    // (or before it is killed unused). Without it warm runs wait at a cold
-    // run's policy.
+    // Setting a cold run's policy back on a warm run's threads (the run-as
+    // user's), made and waiting at SCHED_IDLE, when a request takes it (or
+    // before it is killed unused). Without it warm runs are made and wait
+    // at a cold run's policy.
     Capability::CAP_SYS_NICE,
     // Reading the audit status, and enabling it with
     // `report_denials = "on"` (restored at exit).

@@ -587,7 +587,8 @@ impl Maker for Engine {
         let leaves = prep.cgroup.as_ref().map(RunCgroup::leaves).unwrap_or_default();
         let watch = self.denials.watch(leaves);
         prep.log_denials = watch.is_some();
-        let child = match spawn::spawn_waiting(&mut prep, &plan.entry, &self.spawners, || {
+        let idle = self.warm.starts_idle(&prep);
+        let child = match spawn::spawn_waiting(&mut prep, &plan.entry, &self.spawners, idle, || {
             drop(refill);
         }) {
             Ok(child) => child,
@@ -598,7 +599,6 @@ impl Maker for Engine {
             }
         };
         self.reaper.track(child.pid);
-        self.warm.idle_from_exec(child.pid, &prep);
         if let Some(w) = &watch {
             w.pid(child.pid);
         }

@@ -718,7 +718,7 @@ pub fn spawn(
     spin: Duration,
     meanwhile: impl FnOnce(),
 ) -> Result<Child, SpawnError> {
-    spawn_with(prep, entry, Some(args), spawners, spin, meanwhile)
+    spawn_with(prep, entry, Input::Args(args), spawners, spin, meanwhile)
 }
 
 /// [`spawn`] for a warm run (`run::warm`): the child gets an empty stdin
@@ -733,16 +733,27 @@ pub fn spawn_waiting(
     prep: &mut Prepared,
     entry: &Path,
     spawners: &Spawners,
+    start_idle: bool,
     meanwhile: impl FnOnce(),
 ) -> Result<Child, SpawnError> {
-    spawn_with(prep, entry, None, spawners, Duration::ZERO, meanwhile)
+    let input = Input::Waiting { start_idle };
+    spawn_with(prep, entry, input, spawners, Duration::ZERO, meanwhile)
 }
 
-/// [`spawn`] with the args to prefill, or `None`: stdin kept open and empty.
+/// What a child's stdin gets at its spawn.
+enum Input<'a> {
+    /// The args, prefilled.
+    Args(&'a [u8]),
+    /// Nothing yet: kept open and empty (a warm run, its args later);
+    /// `start_idle`: the child runs at `SCHED_IDLE` from its first step.
+    Waiting { start_idle: bool },
+}
+
+/// [`spawn`] with its child's stdin as `input` says.
 fn spawn_with(
     prep: &mut Prepared,
     entry: &Path,
-    args: Option<&[u8]>,
+    input: Input<'_>,
     spawners: &Spawners,
     spin: Duration,
     meanwhile: impl FnOnce(),
@@ -756,9 +767,10 @@ fn spawn_with(
     let Stdio { stdin: (stdin_r, stdin_w), stdout: (stdout_r, stdout_w), stderr } = stdio;
     let (stderr_r, stderr_w) = stderr;
     // Kept open and empty: a warm run (args later) or an MCP pack's server.
-    let stdin = match args {
-        Some(args) if !prep.keep_stdin => prefill_stdin(stdin_w, args),
-        _ => Some((stdin_w, 0)),
+    let (stdin, start_idle) = match input {
+        Input::Args(args) if !prep.keep_stdin => (prefill_stdin(stdin_w, args), false),
+        Input::Args(_) => (Some((stdin_w, 0)), false),
+        Input::Waiting { start_idle } => (Some((stdin_w, 0)), start_idle),
     };
     let argv: Vec<*const c_char> =
         prep.argv.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
@@ -794,6 +806,7 @@ fn spawn_with(
         bounding_cleared: false,
         exec_at: Some(&exec_ns),
         mount_ns: prep.mount_ns.as_deref().map(|ns| ns.mount_ns().as_raw_fd()),
+        start_idle,
     };
     // The child shares the table until its cgroups are joined, then keeps
     // only what is below its floor (host::fdtable): the top of the band its

@@ -436,6 +436,14 @@ mod tests {
     fn child_status_result(
         spawn: impl FnOnce(&ChildSpec<'_>) -> Result<Spawned, SpawnFailure>,
     ) -> Result<String, SpawnFailure> {
+        child_cat("/proc/self/status", spawn)
+    }
+
+    /// Runs `/bin/cat FILE` through `spawn`; returns its output.
+    fn child_cat(
+        file: &str,
+        spawn: impl FnOnce(&ChildSpec<'_>) -> Result<Spawned, SpawnFailure>,
+    ) -> Result<String, SpawnFailure> {
         let pipe = || {
             let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
             // Numbered >= 3, as ChildSpec wants.
@@ -445,7 +453,7 @@ mod tests {
         let (out_r, out_w) = pipe();
         let (_err_r, err_w) = pipe();
         let path = CString::new("/bin/cat").unwrap();
-        let arg = CString::new("/proc/self/status").unwrap();
+        let arg = CString::new(file).unwrap();
         let argv: [*const c_char; 3] = [path.as_ptr(), arg.as_ptr(), std::ptr::null()];
         let envp: [*const c_char; 1] = [std::ptr::null()];
         let cwd = CString::new("/").unwrap();
@@ -468,6 +476,7 @@ mod tests {
             bounding_cleared: false,
             exec_at: None,
             mount_ns: None,
+            start_idle: false,
         };
         let spawned = spawn(&spec)?;
         drop((in_r, in_w, out_w, err_w));
@@ -581,6 +590,28 @@ mod tests {
         let refused =
             child_status_result(|s| child::spawn(&ChildSpec { share_below: Some(3), ..*s }));
         assert_eq!(refused, Err(SpawnFailure { step: Step::Clone, errno: libc::EINVAL }));
+        drop(spawner);
+    }
+
+    /// A child told to start idle runs its steps and its program at
+    /// `SCHED_IDLE` (stat's policy field: 5), made by a spawner thread's
+    /// parked child or directly; any other child at the default (0).
+    #[test]
+    fn a_child_told_to_start_idle_runs_at_sched_idle() {
+        let policy =
+            |stat: String| stat.rsplit_once(") ").unwrap().1.split(' ').nth(38).unwrap().to_owned();
+        let spawner = Spawner::start(test_program(), 1, "test-idle").unwrap();
+        for idle in [true, false] {
+            let want = if idle { "5" } else { "0" };
+            let parked = child_cat("/proc/self/stat", |s| {
+                spawner.spawn(&ChildSpec { start_idle: idle, ..*s })
+            });
+            assert_eq!(policy(parked.unwrap()), want, "through a parked child, start_idle {idle}");
+            let direct = child_cat("/proc/self/stat", |s| {
+                child::spawn(&ChildSpec { start_idle: idle, ..*s })
+            });
+            assert_eq!(policy(direct.unwrap()), want, "made directly, start_idle {idle}");
+        }
         drop(spawner);
     }
 

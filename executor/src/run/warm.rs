@@ -42,16 +42,17 @@
 //! refuses otherwise). On shutdown the idle runs are killed, not drained.
 //!
 //! A warm run is made off the requests' path but shares their CPUs: where
-//! the executor may set another user's scheduling (`CAP_SYS_NICE`), it is
-//! set to `SCHED_IDLE` as soon as it has exec'd, so its start-up (an
-//! interpreter's, a dynamic linker's) runs only on CPU time no request
-//! wants (the exec itself runs at the default policy: at `SCHED_IDLE` it
-//! could hold the pool thread up on a busy host), and the request that
-//! takes it sets every thread of it back to a cold run's policy (the
-//! executor's own, `SCHED_OTHER` unless it runs at another) before writing
-//! its args ([`Warm::schedule_cold`]). A run whose threads cannot all
-//! be set back is discarded and the request runs cold. A run without a
-//! cgroup leaf (which lists its threads) is not made idle.
+//! the executor may set another user's scheduling (`CAP_SYS_NICE`), its
+//! child drops to `SCHED_IDLE` before its first step of the run, so its
+//! set-up, its `exec` and its start-up (an interpreter's, a dynamic
+//! linker's) run only on CPU time no request wants: on a busy host the
+//! pool thread waits for that exec longer, and the pools refill later
+//! (a request that finds none runs cold). The request that takes it sets
+//! every thread of it back to a cold run's policy (the executor's own,
+//! `SCHED_OTHER` unless it runs at another) before writing its args
+//! ([`Warm::schedule_cold`]). A run whose threads cannot all be set back
+//! is discarded and the request runs cold. A run without a cgroup leaf
+//! (which lists its threads) is not made idle.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::AsFd;
@@ -256,9 +257,9 @@ struct Shared {
 }
 
 /// Wakes the pool thread when dropped. A request that took or missed a
-/// warm run drops it once its report is out: the refill (a clone, a
-/// child's set-up before it drops to `SCHED_IDLE`) then starts after the
-/// reply, not on a CPU the reply still needs.
+/// warm run drops it once its report is out: the refill (the plan, a
+/// slot, the hand-off to a parked child) then starts after the reply, not
+/// on a CPU the reply still needs.
 #[derive(Debug)]
 pub(crate) struct Refill(Option<Arc<Shared>>);
 
@@ -313,21 +314,13 @@ impl WarmPools {
         }
     }
 
-    /// Sets a warm run just made (`prep`), whose child `pid` has exec'd, to
-    /// wait at `SCHED_IDLE`: its start-up then runs on CPU time nobody
-    /// else wants (its exec ran at the default policy: an exec at
-    /// `SCHED_IDLE` could stall the pool thread on a busy host). Only where
-    /// warm runs are set back when taken, and with a cgroup leaf that lists
-    /// every thread to set back ([`thread_listing`]); a failure leaves it
-    /// at the default.
-    pub(crate) fn idle_from_exec(&self, pid: libc::pid_t, prep: &Prepared) {
-        if self.idle_start.is_none() || thread_listing(prep).is_none() {
-            return;
-        }
-        if let Err(errno) = sys::call::sched_set_of(pid, libc::SCHED_IDLE) {
-            let e = nix::errno::Errno::from_raw(errno);
-            tracing::debug!("executor: a warm run stays at the default scheduling: {e}");
-        }
+    /// Whether a warm run about to be made (`prep`) waits at `SCHED_IDLE`
+    /// from its child's first step of the run (`ChildSpec::start_idle`):
+    /// its set-up, `exec` and start-up then run on CPU time nobody else
+    /// wants. Only where warm runs are set back when taken, and with a
+    /// cgroup leaf that lists every thread to set back ([`thread_listing`]).
+    pub(crate) fn starts_idle(&self, prep: &Prepared) -> bool {
+        self.idle_start.is_some() && thread_listing(prep).is_some()
     }
 
     /// Whether runs of `skill` look for a warm run: it is granted some

@@ -308,6 +308,12 @@ fn sandbox(
     sharing: bool,
     joining: Option<&Joining>,
 ) -> Result<std::convert::Infallible, (Step, i32)> {
+    // A warm run made ahead waits at SCHED_IDLE from here (lowering its
+    // own policy needs no privilege): its set-up and start-up give way to
+    // any other thread.
+    if spec.start_idle {
+        at(Step::Scheduling, call::sched_set_of(0, libc::SCHED_IDLE))?;
+    }
     // Step 4c's decision: a child that takes its run's offer up leaves
     // the joins to the run (`super::join`).
     let joined_by_run = joining.filter(|j| j.accept());
