@@ -745,7 +745,7 @@ enum Input<'a> {
     /// The args, prefilled.
     Args(&'a [u8]),
     /// Nothing yet: kept open and empty (a warm run, its args later);
-    /// `start_idle`: the child runs at `SCHED_IDLE` from its first step.
+    /// `start_idle`: the child runs at `SCHED_IDLE` once its cgroups are joined.
     Waiting { start_idle: bool },
 }
 

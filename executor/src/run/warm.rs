@@ -43,8 +43,8 @@
 //!
 //! A warm run is made off the requests' path but shares their CPUs: where
 //! the executor may set another user's scheduling (`CAP_SYS_NICE`), its
-//! child drops to `SCHED_IDLE` before its first step of the run, so its
-//! set-up, its `exec` and its start-up (an interpreter's, a dynamic
+//! child drops to `SCHED_IDLE` once its cgroups are joined, so the rest of
+//! its set-up, its `exec` and its start-up (an interpreter's, a dynamic
 //! linker's) run only on CPU time no request wants: on a busy host the
 //! pool thread waits for that exec longer, and the pools refill later
 //! (a request that finds none runs cold). The request that takes it sets
@@ -315,9 +315,9 @@ impl WarmPools {
     }
 
     /// Whether a warm run about to be made (`prep`) waits at `SCHED_IDLE`
-    /// from its child's first step of the run (`ChildSpec::start_idle`):
-    /// its set-up, `exec` and start-up then run on CPU time nobody else
-    /// wants. Only where warm runs are set back when taken, and with a
+    /// from its child's cgroup joins on (`ChildSpec::start_idle`): the rest
+    /// of its set-up, its `exec` and its start-up then run on CPU time
+    /// nobody else wants. Only where warm runs are set back when taken, and with a
     /// cgroup leaf that lists every thread to set back ([`thread_listing`]).
     pub(crate) fn starts_idle(&self, prep: &Prepared) -> bool {
         self.idle_start.is_some() && thread_listing(prep).is_some()

@@ -308,12 +308,6 @@ fn sandbox(
     sharing: bool,
     joining: Option<&Joining>,
 ) -> Result<std::convert::Infallible, (Step, i32)> {
-    // A warm run made ahead waits at SCHED_IDLE from here (lowering its
-    // own policy needs no privilege): its set-up and start-up give way to
-    // any other thread.
-    if spec.start_idle {
-        at(Step::Scheduling, call::sched_set_of(0, libc::SCHED_IDLE))?;
-    }
     // Step 4c's decision: a child that takes its run's offer up leaves
     // the joins to the run (`super::join`).
     let joined_by_run = joining.filter(|j| j.accept());
@@ -321,6 +315,15 @@ fn sandbox(
     // unless the run makes the joins meanwhile (waited for before step 5).
     if joined_by_run.is_none() {
         join_cgroups(spec.cgroup_procs)?;
+    }
+    // A warm run made ahead goes on at SCHED_IDLE (lowering its own policy
+    // needs no privilege): the rest of its set-up, its exec and start-up
+    // give way to any other thread. Not before the joins: a cgroup
+    // migration holds the host's cgroup locks, which no thread should
+    // wait on while their holder waits for idle CPU time; what follows
+    // takes only locks of its own process.
+    if spec.start_idle {
+        at(Step::Scheduling, call::sched_set_of(0, libc::SCHED_IDLE))?;
     }
     // Step 4d: a descriptor table of our own, stdio, the run directory.
     own_descriptors(spec, sharing)?;

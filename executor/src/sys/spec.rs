@@ -176,9 +176,10 @@ pub struct ChildSpec<'a> {
     /// processes. `None` for a child of a spawner thread, which lives in
     /// it already, and for a run granted the host's view.
     pub mount_ns: Option<RawFd>,
-    /// The child drops to `SCHED_IDLE` before its first step of the run
-    /// (4c), so its set-up, `exec` and start-up run only on CPU time no
-    /// other thread wants: a warm run made ahead of its request.
+    /// The child drops to `SCHED_IDLE` once its cgroups are joined (step
+    /// 4c), so the rest of its set-up, its `exec` and its start-up run
+    /// only on CPU time no other thread wants: a warm run made ahead of
+    /// its request.
     pub start_idle: bool,
 }
 
