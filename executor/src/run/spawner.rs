@@ -593,9 +593,9 @@ mod tests {
         drop(spawner);
     }
 
-    /// A child told to start idle runs its steps and its program at
-    /// `SCHED_IDLE` (stat's policy field: 5), made by a spawner thread's
-    /// parked child or directly; any other child at the default (0).
+    /// A child told to start idle runs its program at `SCHED_IDLE` (stat's
+    /// policy field: 5), made by a spawner thread's parked child or
+    /// directly; any other child at the default (0).
     #[test]
     fn a_child_told_to_start_idle_runs_at_sched_idle() {
         let policy =

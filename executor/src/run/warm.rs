@@ -317,8 +317,9 @@ impl WarmPools {
     /// Whether a warm run about to be made (`prep`) waits at `SCHED_IDLE`
     /// from its child's cgroup joins on (`ChildSpec::start_idle`): the rest
     /// of its set-up, its `exec` and its start-up then run on CPU time
-    /// nobody else wants. Only where warm runs are set back when taken, and with a
-    /// cgroup leaf that lists every thread to set back ([`thread_listing`]).
+    /// nobody else wants. Only where warm runs are set back when taken,
+    /// and with a cgroup leaf that lists every thread to set back
+    /// ([`thread_listing`]); a refusal leaves it at the default policy.
     pub(crate) fn starts_idle(&self, prep: &Prepared) -> bool {
         self.idle_start.is_some() && thread_listing(prep).is_some()
     }

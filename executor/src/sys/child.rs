@@ -321,9 +321,10 @@ fn sandbox(
     // give way to any other thread. Not before the joins: a cgroup
     // migration holds the host's cgroup locks, which no thread should
     // wait on while their holder waits for idle CPU time; what follows
-    // takes only locks of its own process.
+    // takes only locks of its own process. A refusal leaves it at the
+    // default policy, as a cold run: a warm run made anyway.
     if spec.start_idle {
-        at(Step::Scheduling, call::sched_set_of(0, libc::SCHED_IDLE))?;
+        let _ = call::sched_set_of(0, libc::SCHED_IDLE);
     }
     // Step 4d: a descriptor table of our own, stdio, the run directory.
     own_descriptors(spec, sharing)?;
