@@ -149,9 +149,10 @@
 //!    executor itself dies mid-run, the main process gets its parent-death
 //!    signal and the instance's watchdog does this step for every run
 //!    (`cgroup.kill` of the instance parent, then removal).
-//! 8. Report ([`engine::classify`]): outcome, limit, result, stderr tail,
+//! 8. Report ([`classify`]): outcome, limit, result, stderr tail,
 //!    and what the sandbox enforced.
 
+pub mod classify;
 pub mod denials;
 pub mod egress;
 pub mod engine;

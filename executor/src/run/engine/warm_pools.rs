@@ -1,0 +1,118 @@
+//! The engine's side of the warm pools (`run::warm`): their controls for
+//! the server, making a warm run (steps 1 to 5 without a request) and
+//! killing one never used.
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+
+use super::{settle, Engine};
+use crate::run::plan::Plan;
+use crate::run::spawn;
+use crate::run::warm::{Maker, Warm, WarmStats};
+use crate::sandbox::cgroup::RunCgroup;
+use crate::sys;
+
+impl Engine {
+    /// Warm pools' counts by skill (`run::warm`).
+    pub fn warm_stats(&self) -> Vec<(String, WarmStats)> {
+        self.warm.stats()
+    }
+
+    /// Runs the warm pools' thread on the calling thread until
+    /// [`Engine::stop_warm`]: it makes the granted skills' warm runs, each
+    /// holding a permit of `slots` (the server's run slots) while idle, and
+    /// discards the spoiled, stale and expired ones. Returns at once when
+    /// no skill is granted warm runs. Call it from a thread that lives as
+    /// long as the runs it makes (a run created without a spawner thread
+    /// has its parent-death signal tied to it).
+    pub fn serve_warm(&self, slots: &Arc<Semaphore>) {
+        self.warm.serve(self, slots);
+    }
+
+    /// Stops [`Engine::serve_warm`], which kills every idle warm run.
+    pub fn stop_warm(&self) {
+        self.warm.stop();
+    }
+
+    /// Discards every idle warm run, and one being made now (`warm_discard`,
+    /// sent by skilld's reload): the pools are made again from the skill
+    /// files as they are now. Returns how many idle runs were discarded.
+    pub fn discard_warm(&self) -> u64 {
+        self.warm.discard_all()
+    }
+
+    /// Kills one idle warm run to free its run slot; false when none is
+    /// idle.
+    pub fn evict_warm(&self) -> bool {
+        self.warm.evict()
+    }
+
+    /// Kills a warm run never used (its tree, then its reaping), and hands
+    /// its slot back to the janitor.
+    fn kill_warm(&self, warm: Warm) {
+        self.warm.wake_to_die(&warm);
+        let Warm { mut prep, child, pgid, .. } = warm;
+        let _ = sys::process::pidfd_signal(child.pidfd.as_fd(), libc::SIGKILL);
+        if let Some(cg) = prep.cgroup.as_mut() {
+            cg.kill();
+            settle(cg);
+        }
+        let until = Instant::now() + Duration::from_secs(2);
+        while self.reaper.collect(child.pid).is_none() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop((child, pgid));
+        self.reaper.reap_orphans();
+        prep.end_egress();
+        self.janitor.discard(prep.cgroup.take(), &mut prep.run_dir, true);
+    }
+}
+
+impl Maker for Engine {
+    fn make(&self, path: &std::path::Path, tool: Option<&str>) -> Result<Warm, String> {
+        let at = self.parsed.locate(&self.config.roots, path, tool).map_err(|e| e.to_string())?;
+        let args = b"{}".to_vec();
+        let plan = Plan::build_located(&self.config, at, tool, args, &self.env)
+            .map_err(|e| e.to_string())?;
+        let l = &plan.granted.limits;
+        let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
+        let bounds = (l.memory_bytes, l.max_pids);
+        let (slot, refill) = self
+            .janitor
+            .take(true, &self.config, &self.host, bounds, owner)
+            .map_err(|e| e.to_string())?;
+        let mut prep =
+            spawn::prepare(&self.config, &self.host, &plan, slot).map_err(|e| e.to_string())?;
+        // Its refusals are watched from its spawn, as a cold run's: the
+        // report of the request that takes it lists those of its start-up
+        // too, as a cold run's report would.
+        prep.report.denials_off = self.denials.off().map(str::to_owned);
+        let leaves = prep.cgroup.as_ref().map(RunCgroup::leaves).unwrap_or_default();
+        let watch = self.denials.watch(leaves);
+        prep.log_denials = watch.is_some();
+        let idle = self.warm.starts_idle(&prep);
+        let child = match spawn::spawn_waiting(&mut prep, &plan.entry, &self.spawners, idle, || {
+            drop(refill);
+        }) {
+            Ok(child) => child,
+            Err(e) => {
+                prep.end_egress();
+                self.janitor.discard(prep.cgroup.take(), &mut prep.run_dir, true);
+                return Err(e.to_string());
+            }
+        };
+        self.reaper.track(child.pid);
+        if let Some(w) = &watch {
+            w.pid(child.pid);
+        }
+        let pgid = prep.cgroup.is_none().then(|| self.instance.record_pgid(child.pid)).flatten();
+        Ok(Warm::new(plan, tool.map(str::to_owned), prep, (child, pgid), watch))
+    }
+
+    fn kill(&self, warm: Warm) {
+        self.kill_warm(warm);
+    }
+}
