@@ -239,13 +239,13 @@ impl PidFd {
     }
 }
 
-/// Writes what the spawn's prefill (`spawn::prefill_stdin`, which already
+/// Writes what the spawn's prefill (`spawn::create::prefill_stdin`, which already
 /// wrote until the pipe was full) left of the args, as the skill reads,
 /// then closes stdin; nothing to do when the prefill wrote them all.
 /// EPIPE (the skill does not read stdin) is not an error of the run.
 async fn write_stdin(stdin: Option<(OwnedFd, usize)>, args: &[u8]) {
     let Some((fd, done)) = stdin else { return };
-    // The executor's end is non-blocking (`spawn::pipe`).
+    // The executor's end is non-blocking (`spawn::slot::pipe`).
     let Ok(mut tx) = pipe::Sender::from_owned_fd_unchecked(fd) else { return };
     let _ = tx.write_all(args.get(done..).unwrap_or_default()).await;
 }
@@ -256,7 +256,7 @@ async fn write_stdin(stdin: Option<(OwnedFd, usize)>, args: &[u8]) {
 /// ([`Leftovers`]).
 async fn read_stdout(fd: OwnedFd, cap: u64) -> (Result<Vec<u8>, Vec<u8>>, Option<pipe::Receiver>) {
     let mut out = Vec::new();
-    // The executor's end is non-blocking (`spawn::pipe`).
+    // The executor's end is non-blocking (`spawn::slot::pipe`).
     let Ok(mut rx) = pipe::Receiver::from_owned_fd_unchecked(fd) else { return (Ok(out), None) };
     let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     loop {
@@ -357,7 +357,7 @@ impl<'s> StderrLines<'s> {
 /// The pipe comes back at its end, to be closed after the report
 /// ([`Leftovers`]).
 async fn read_stderr(fd: OwnedFd, lines: &mut StderrLines<'_>) -> Option<pipe::Receiver> {
-    // The executor's end is non-blocking (`spawn::pipe`).
+    // The executor's end is non-blocking (`spawn::slot::pipe`).
     let Ok(mut rx) = pipe::Receiver::from_owned_fd_unchecked(fd) else { return None };
     // Most runs write no stderr: the first read goes to a small buffer on
     // the stack and the chunk is allocated only when there is more (read
