@@ -1,8 +1,12 @@
 use std::sync::Arc;
 
+use policy::Enforcement;
+
+use super::build::missing_rights;
 use super::cache::CACHE_SIZE;
-use super::paths::{stamp, system_paths};
+use super::paths::{stamp, system_paths, SystemPaths};
 use super::*;
+use crate::config::LandlockMode;
 
 #[test]
 fn rights_per_abi() {
