@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{Prepared, SpawnError, Stdio};
+use crate::host::fdtable::{self, Placed};
 use crate::host::procview::RunsNamespace;
 use crate::run::spawner::Spawner;
 use crate::sandbox::cgroup::RunCgroup;
@@ -247,26 +248,8 @@ fn spawn_with(
         mount_ns: prep.mount_ns.as_deref().map(|ns| ns.mount_ns().as_raw_fd()),
         start_idle,
     };
-    // The child shares the table until its cgroups are joined, then keeps
-    // only what is below its floor (host::fdtable): the top of the band its
-    // descriptors are placed on, else the table's floor when they are below
-    // it; else it copies the table. `placed` lives until the child exec'd.
-    let placed = crate::host::fdtable::bands().and_then(|bands| {
-        let [i, o, e] = spec.stdio;
-        bands.place([Some(i), Some(o), Some(e), spec.landlock])
-    });
-    match placed.as_ref().map(|p| (p.fds(), p.top())) {
-        Some(([Some(i), Some(o), Some(e), landlock], top)) => {
-            spec.stdio = [i, o, e];
-            spec.landlock = landlock;
-            spec.share_below = Some(top);
-        }
-        _ => {
-            let kept = spec.stdio.into_iter().chain(spec.landlock);
-            spec.share_below = crate::host::fdtable::floor()
-                .filter(|floor| crate::sys::spec::all_below(*floor, kept.clone()));
-        }
-    }
+    // `placed` lives until the child exec'd.
+    let placed = place_descriptors(&mut spec);
     // Steps 3-5 (in the child): see sys::child.
     let spawned = match spawner {
         Some(spawner) => {
@@ -298,6 +281,31 @@ fn spawn_with(
         stderr: stderr_r,
         exec_at,
     })
+}
+
+/// Where the child's descriptors are and how much of the table it shares:
+/// the whole table until its cgroups are joined, then only what is below
+/// its floor (`host::fdtable`): the top of the band its descriptors are
+/// placed on (returned, to be kept until the child exec'd), else the
+/// table's floor when they are below it; else it copies the table.
+fn place_descriptors(spec: &mut ChildSpec<'_>) -> Option<Placed> {
+    let placed = fdtable::bands().and_then(|bands| {
+        let [i, o, e] = spec.stdio;
+        bands.place([Some(i), Some(o), Some(e), spec.landlock])
+    });
+    match placed.as_ref().map(|p| (p.fds(), p.top())) {
+        Some(([Some(i), Some(o), Some(e), landlock], top)) => {
+            spec.stdio = [i, o, e];
+            spec.landlock = landlock;
+            spec.share_below = Some(top);
+        }
+        _ => {
+            let kept = spec.stdio.into_iter().chain(spec.landlock);
+            spec.share_below =
+                fdtable::floor().filter(|floor| sys::spec::all_below(*floor, kept.clone()));
+        }
+    }
+    placed
 }
 
 /// The [`Instant`] of a `CLOCK_MONOTONIC` reading `ns` the child took
