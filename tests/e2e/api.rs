@@ -106,8 +106,9 @@ fn list_show_and_run_outcomes() {
 }
 
 /// The result reaches every client as the skill printed it: the API answer,
-/// the NDJSON stream and `ongrid-skill run` keep key order, number spelling
-/// and escapes: a skill's stdout is its result, verbatim.
+/// the NDJSON stream and `ongrid-skill run` (its `--json` report too) keep
+/// key order, number spelling and escapes: a skill's stdout is its result,
+/// verbatim.
 #[test]
 fn the_result_is_returned_verbatim() {
     let s = Stack::start();
@@ -135,6 +136,12 @@ fn the_result_is_returned_verbatim() {
         let out = cli.output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{printed}\n"), "stream {stream}");
+        // `--json`: the report (the last event, streamed) with the result as printed.
+        let out = cli.arg("--json").output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let last = stdout.lines().last().unwrap_or_default();
+        assert!(last.contains(&format!(r#""result":{printed}"#)), "stream {stream}: {stdout}");
     }
 }
 

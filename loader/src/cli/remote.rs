@@ -244,6 +244,18 @@ pub fn get_items(
     Ok(Ok(items))
 }
 
+/// Writes a JSON answer as the daemon sent it, on one line: a run report's
+/// `result` is the skill's output verbatim (key order, number spelling,
+/// escapes), which parsing and printing again would change.
+///
+/// # Errors
+///
+/// I/O errors writing `out`.
+pub fn print_json_text(raw: &[u8], out: &mut dyn Write) -> io::Result<()> {
+    out.write_all(raw.trim_ascii_end())?;
+    writeln!(out)
+}
+
 /// Writes `value` pretty-printed.
 ///
 /// # Errors

@@ -129,7 +129,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         let json_out = args.json;
         let answer = remote::block_on(client.execute_stream(&args.name, &body, |event, line| {
             let r = if json_out {
-                writeln!(out, "{event}").and_then(|()| out.flush())
+                remote::print_json_text(line, out).and_then(|()| out.flush())
             } else {
                 match event["event"].as_str() {
                     Some("stderr") => {
@@ -172,8 +172,11 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
     if !resp.status.is_success() {
         return remote::api_error(&resp, args.json, err);
     }
-    let shown = if args.json { Shown::Json } else { Shown::Text };
-    print_report(&resp.body, resp.report_result(), shown, out, err)
+    if args.json {
+        remote::print_json_text(&resp.raw, out)?;
+        return Ok(exit_of(&resp.body));
+    }
+    print_report(&resp.body, resp.report_result(), Shown::Text, out, err)
 }
 
 fn finish_stream(
@@ -193,11 +196,11 @@ fn finish_stream(
     print_report(&report, result, Shown::Streamed, out, err)
 }
 
-/// How the report is shown: as JSON, or as text, where the skill's stderr
-/// tail is printed after a failure unless its lines were streamed already.
+/// How the report is shown as text: the skill's stderr tail is printed
+/// after a failure unless its lines were streamed already (`--json` prints
+/// the answer's text instead: `remote::print_json_text`).
 #[derive(Clone, Copy, PartialEq)]
 enum Shown {
-    Json,
     Text,
     Streamed,
 }
@@ -210,9 +213,9 @@ fn exit_of(report: &Value) -> ExitCode {
     }
 }
 
-/// Prints the report (`--json`), else the result as the skill printed it
-/// (`result`, from the answer's text) or the failure on stderr, with the
-/// skill's stderr tail unless it was streamed.
+/// Prints the result as the skill printed it (`result`, from the answer's
+/// text) or the failure on stderr, with the skill's stderr tail unless it
+/// was streamed.
 fn print_report(
     report: &Value,
     result: Option<RawJson>,
@@ -220,10 +223,6 @@ fn print_report(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> io::Result<ExitCode> {
-    if shown == Shown::Json {
-        remote::print_json(report, out)?;
-        return Ok(exit_of(report));
-    }
     if report["outcome"] == "ok" {
         match result {
             Some(raw) => writeln!(out, "{}", printable::json(raw.get()))?,
