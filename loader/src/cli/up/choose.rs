@@ -130,8 +130,12 @@ impl Plan {
             }
         }
         for dir in &args.skills {
-            let canonical = fs::canonicalize(dir)
-                .map_err(|e| Failure::usage(format!("--skills {}: {e}", dir.display())))?;
+            let canonical = fs::canonicalize(dir).map_err(|e| {
+                // A relative path is read from the current directory: say which.
+                let cwd = std::env::current_dir().ok().filter(|_| dir.is_relative());
+                let from = cwd.map(|c| format!(" (in {})", c.display())).unwrap_or_default();
+                Failure::usage(format!("--skills {}{from}: {e}", dir.display()))
+            })?;
             if !canonical.is_dir() {
                 return Err(Failure::usage(format!("--skills {}: not a directory", dir.display())));
             }
