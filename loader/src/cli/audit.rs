@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long)]
     pub skill: Option<String>,
     /// Only rows newer than this (90s, 10m, 2h, 7days).
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", value_parser = duration_text)]
     pub since: Option<String>,
     /// Only this outcome.
     #[arg(long, value_parser = PossibleValuesParser::new(audit::OUTCOMES))]
@@ -45,6 +45,14 @@ pub struct Args {
     /// (The global `--json`.)
     #[arg(skip)]
     pub json: bool,
+}
+
+/// `--since`: a duration as the daemon reads it, checked here so a typo is a
+/// usage error (exit 2) like any other, and sent as written.
+fn duration_text(text: &str) -> Result<String, String> {
+    humantime::parse_duration(text)
+        .map(|_| text.to_owned())
+        .map_err(|e| format!("{e} (want e.g. 90s, 10m, 2h, 7days)"))
 }
 
 /// Prints the audit trail.
@@ -163,5 +171,16 @@ mod tests {
             (a.outcome.as_deref(), a.decision.as_deref()),
             (Some("cancelled"), Some("deny"))
         );
+    }
+
+    #[test]
+    fn a_since_that_is_no_duration_is_a_usage_error_and_a_good_one_goes_as_written() {
+        for bad in ["yesterday", "2 hours ago", "5x", ""] {
+            let e = parse(&["--since", bad]).unwrap_err();
+            assert_eq!((e.kind(), e.exit_code()), (clap::error::ErrorKind::ValueValidation, 2));
+            assert!(e.to_string().contains("want e.g. 90s"), "{e}");
+        }
+        let a = parse(&["--since", "7days"]).unwrap();
+        assert_eq!(a.since.as_deref(), Some("7days"));
     }
 }

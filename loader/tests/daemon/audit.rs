@@ -236,8 +236,10 @@ async fn keygen_approve_run_and_audit_commands() {
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["total"], 1);
     assert_eq!(v["items"][0]["approvers"].as_array().unwrap().len(), 2);
+    // A `--since` that is no duration is a usage error, checked before asking.
     let (code, _, err) = cli(&["audit", "--socket", &socket, "--since", "soon"]);
-    assert_eq!(code, Some(5), "{err}");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("want e.g. 90s"), "{err}");
 
     // A key readable by others is refused.
     std::fs::set_permissions(key("bob"), std::fs::Permissions::from_mode(0o644)).unwrap();
