@@ -218,7 +218,7 @@ impl Authz {
         let opened = gate(who.mode, request.class, request.confirm).map_err(|reason| {
             let message = match reason {
                 DenyReason::ConfirmRequired => {
-                    "skill is mutating: send \"confirm\": true to run it".to_owned()
+                    "skill is mutating: send \"confirm\": true to run it (ongrid-skill run --confirm)".to_owned()
                 }
                 _ => format!("mode {} does not permit {} skills", who.mode, request.class),
             };
