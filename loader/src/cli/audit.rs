@@ -91,7 +91,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         )?;
     }
     if args.json {
-        remote::print_json(&resp.body, out)?;
+        remote::print_json_text(&resp.raw, out)?;
         return Ok(ExitCode::SUCCESS);
     }
     let items = resp.body["items"].as_array().cloned().unwrap_or_default();

@@ -34,7 +34,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         return remote::api_error(&resp, args.json, err);
     }
     if args.json {
-        remote::print_json(&resp.body, out)?;
+        remote::print_json_text(&resp.raw, out)?;
     } else {
         let n = resp.body["registered"].as_u64().unwrap_or_default();
         let m = resp.body["skipped"].as_u64().unwrap_or_default();

@@ -233,7 +233,7 @@ pub fn get_items(
         return api_error(&resp, json, err).map(Err);
     }
     if json {
-        print_json(&resp.body, out)?;
+        print_json_text(&resp.raw, out)?;
         return Ok(Err(ExitCode::SUCCESS));
     }
     let items = resp.body["items"].as_array().cloned().unwrap_or_default();
@@ -244,9 +244,10 @@ pub fn get_items(
     Ok(Ok(items))
 }
 
-/// Writes a JSON answer as the daemon sent it, on one line: a run report's
-/// `result` is the skill's output verbatim (key order, number spelling,
-/// escapes), which parsing and printing again would change.
+/// Writes a JSON answer as the daemon sent it (`--json`): a run report's
+/// `result`, a row's args and a manifest's schema are as they were written
+/// (key order, number spelling, escapes), which parsing and printing again
+/// would change.
 ///
 /// # Errors
 ///
@@ -254,16 +255,6 @@ pub fn get_items(
 pub fn print_json_text(raw: &[u8], out: &mut dyn Write) -> io::Result<()> {
     out.write_all(raw.trim_ascii_end())?;
     writeln!(out)
-}
-
-/// Writes `value` pretty-printed.
-///
-/// # Errors
-///
-/// I/O errors writing `out`.
-pub fn print_json(value: &Value, out: &mut dyn Write) -> io::Result<()> {
-    let text = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
-    writeln!(out, "{text}")
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
     }
     let s = &resp.body;
     if args.json {
-        remote::print_json(s, out)?;
+        remote::print_json_text(&resp.raw, out)?;
         return Ok(ExitCode::SUCCESS);
     }
     // Written by the pack: printed without its control characters.
