@@ -253,7 +253,9 @@ pub fn get_items(
 ///
 /// I/O errors writing `out`.
 pub fn print_json_text(raw: &[u8], out: &mut dyn Write) -> io::Result<()> {
-    out.write_all(raw.trim_ascii_end())?;
+    let text = raw.trim_ascii();
+    // An empty answer is no JSON value: printed as `null`, as before.
+    out.write_all(if text.is_empty() { b"null" } else { text })?;
     writeln!(out)
 }
 

@@ -128,6 +128,7 @@ impl Slot {
         Ok((id, run_dir))
     }
 }
+
 /// Which end of a pipe the executor keeps.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Ours {

@@ -95,7 +95,7 @@ pub(super) fn system_paths() -> impl Iterator<Item = &'static str> + Clone {
 }
 
 impl SystemPaths {
-    pub(super) fn open() -> Self {
+    fn open() -> Self {
         Self::open_paths(system_paths().map(Path::new))
     }
 
