@@ -132,7 +132,7 @@ impl Plan {
         for dir in &args.skills {
             let canonical = fs::canonicalize(dir).map_err(|e| {
                 // A relative path is read from the current directory: say which.
-                let cwd = std::env::current_dir().ok().filter(|_| dir.is_relative());
+                let cwd = dir.is_relative().then(std::env::current_dir).and_then(Result::ok);
                 let from = cwd.map(|c| format!(" (in {})", c.display())).unwrap_or_default();
                 Failure::usage(format!("--skills {}{from}: {e}", dir.display()))
             })?;
