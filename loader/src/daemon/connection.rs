@@ -42,6 +42,7 @@
 //! it in `ongrid_http_requests_total` with route `other` and logs it.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::os::unix::net::UnixStream as StdStream;
 use std::pin::Pin;
@@ -120,20 +121,6 @@ pub(crate) async fn serve_connection(
 ) {
     let activity = Arc::new(Activity::new());
     let in_flight = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&in_flight);
-    let heads = Arc::clone(&activity);
-    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-        heads.head_done();
-        req.extensions_mut().insert(caller);
-        let router = router.clone();
-        // Counted from the head until the answer's body is dropped (fully
-        // written, or the connection gone).
-        let guard = InFlight::new(&counter);
-        async move {
-            let response = router.oneshot(req).await.unwrap_or_else(|e| match e {});
-            Ok::<_, Infallible>(response.map(|body| Body::new(Guarded { body, _guard: guard })))
-        }
-    });
     let watch = match hangup_watch(&stream) {
         Ok(w) => w,
         Err(e) => {
@@ -141,13 +128,13 @@ pub(crate) async fn serve_connection(
             return;
         }
     };
-    let builder = http1_builder();
+    let service = service(caller, router, &activity, &in_flight);
     let io = Tracked {
         inner: stream,
         activity: Arc::clone(&activity),
         requests: Arc::clone(&in_flight),
     };
-    let conn = builder.serve_connection(TokioIo::new(io), service);
+    let conn = http1_builder().serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     // With a request in flight the connection is looked at every `busy_tick`
     // (is the client reading its answer?); with none, not before it can
@@ -180,30 +167,19 @@ pub(crate) async fn serve_connection(
             }
             // Woken by each new event on the socket (a request's bytes, an
             // end of file, a hang-up): nothing is read here.
-            r = watch.readable(), if !half_closed => match r {
-                Ok(mut ready) => {
-                    if hung_up(watch.get_ref()) {
-                        tracing::debug!(uid = caller.uid, "the client hung up; closing the connection");
-                        return;
-                    }
-                    if ready.ready().is_read_closed() {
-                        tracing::debug!(uid = caller.uid, "the client shut its write side");
-                        half_closed = true;
-                    } else {
-                        ready.clear_ready();
-                    }
-                    // Bytes between requests start a head: it is looked
-                    // at again when `header_timeout` is up.
-                    let head_due = tokio::time::Instant::now() + header_timeout;
-                    if in_flight.load(Ordering::Acquire) == 0 && idle_check.deadline() > head_due {
-                        idle_check.as_mut().reset(head_due);
-                    }
+            r = watch.readable(), if !half_closed => {
+                match socket_event(r, caller) {
+                    SocketEvent::Close => return,
+                    SocketEvent::HalfClosed => half_closed = true,
+                    SocketEvent::Bytes => {}
                 }
-                Err(e) => {
-                    tracing::debug!(error = %e, uid = caller.uid, "connection watch failed; closing");
-                    return;
+                // Bytes between requests start a head: it is looked at
+                // again when `header_timeout` is up.
+                let head_due = tokio::time::Instant::now() + header_timeout;
+                if in_flight.load(Ordering::Acquire) == 0 && idle_check.deadline() > head_due {
+                    idle_check.as_mut().reset(head_due);
                 }
-            },
+            }
             () = &mut idle_check => {
                 if half_closed && hung_up(watch.get_ref()) {
                     tracing::debug!(uid = caller.uid, "the client hung up; closing the connection");
@@ -222,6 +198,71 @@ pub(crate) async fn serve_connection(
     if let Err(e) = result {
         log_error_end(&e, caller, &requests_total);
     }
+}
+
+/// The connection's requests, each handed to `router` with `caller` on
+/// it and counted in `in_flight` from its head until its answer's body is
+/// dropped (fully written, or the connection gone); each head ends the
+/// one in progress in `activity`.
+fn service(
+    caller: Caller,
+    router: Router,
+    activity: &Arc<Activity>,
+    in_flight: &Arc<AtomicUsize>,
+) -> impl hyper::service::Service<
+    hyper::Request<Incoming>,
+    Response = hyper::Response<Body>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<hyper::Response<Body>, Infallible>> + Send,
+> {
+    let counter = Arc::clone(in_flight);
+    let heads = Arc::clone(activity);
+    hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        heads.head_done();
+        req.extensions_mut().insert(caller);
+        let router = router.clone();
+        let guard = InFlight::new(&counter);
+        async move {
+            let response = router.oneshot(req).await.unwrap_or_else(|e| match e {});
+            Ok::<_, Infallible>(response.map(|body| Body::new(Guarded { body, _guard: guard })))
+        }
+    })
+}
+
+/// What an event on the watched socket means for the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SocketEvent {
+    /// Bytes to read (hyper reads them).
+    Bytes,
+    /// The client shut its write side and may still read.
+    HalfClosed,
+    /// The client hung up, or the watch failed: the connection ends.
+    Close,
+}
+
+/// Reads the readiness `ready` of the connection's watch: a hang-up, a
+/// shut write side or bytes (the readiness cleared for the next ones).
+fn socket_event(
+    ready: io::Result<tokio::io::unix::AsyncFdReadyGuard<'_, StdStream>>,
+    caller: Caller,
+) -> SocketEvent {
+    let mut ready = match ready {
+        Ok(ready) => ready,
+        Err(e) => {
+            tracing::debug!(error = %e, uid = caller.uid, "connection watch failed; closing");
+            return SocketEvent::Close;
+        }
+    };
+    if hung_up(ready.get_inner()) {
+        tracing::debug!(uid = caller.uid, "the client hung up; closing the connection");
+        return SocketEvent::Close;
+    }
+    if ready.ready().is_read_closed() {
+        tracing::debug!(uid = caller.uid, "the client shut its write side");
+        return SocketEvent::HalfClosed;
+    }
+    ready.clear_ready();
+    SocketEvent::Bytes
 }
 
 /// hyper's settings: no head timeout of its own (this connection keeps
