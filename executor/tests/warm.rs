@@ -89,7 +89,7 @@ impl Pooled {
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        self.engine.stop_warm();
+        self.engine.finish_warm();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -128,16 +128,22 @@ fn warm_runs_serve_each_request_once_with_its_args() {
     assert_eq!((s.hits, s.misses), (4, 1), "{s:?}");
 }
 
-/// A warm process that writes before it is taken, or exits, is discarded
-/// and never handed a request (its pool then rests for a while, so the
+/// A warm process that writes before it is taken, exits or closes its
+/// stdin is discarded and never handed a request (its pool then rests for a while, so the
 /// runs meanwhile are cold).
 #[test]
 fn a_warm_process_that_wrote_or_exited_is_never_used() {
     let test = "a_warm_process_that_wrote_or_exited_is_never_used";
-    // Writes to stderr before reading its args; dies before reading them.
-    for (name, script) in [("early", "echo early >&2\nexec cat"), ("crash", "kill -SEGV $$")] {
+    // Writes to stderr before reading its args; dies before reading them;
+    // closes its stdin and waits (a cold run of it times out).
+    let cases = [
+        ("early", 5, "echo early >&2\nexec cat"),
+        ("crash", 5, "kill -SEGV $$"),
+        ("noin", 1, "exec 0<&-\nexec sleep 30"),
+    ];
+    for (name, timeout, script) in cases {
         let Some(p) = Pooled::new(test, name, 2, |_| {}) else { return };
-        let (_dir, manifest) = skill(name, 5, script);
+        let (_dir, manifest) = skill(name, timeout, script);
         let r = p.run(&manifest, r#"{"a":1}"#);
         assert!(!r.warm, "{r:?}");
         let s = p.wait_for(name, |s| s.discarded >= 1 && s.idle == 0);
@@ -261,4 +267,42 @@ fn a_discard_remakes_the_pool_from_the_files_as_they_are() {
     assert_eq!((r.warm, v(&r)), (true, Some(serde_json::json!(2))), "{r:?}");
     let s = p.stats("lib");
     assert_eq!((s.hits, s.misses, s.discarded), (2, 1, 2), "{s:?}");
+}
+
+/// A warm run taken by a held request (skilld's `hold`) and spoiled while
+/// the request was held (here it exits) is not handed the args: the
+/// request runs cold, counted a miss.
+#[test]
+fn a_warm_run_spoiled_while_held_is_not_used() {
+    let test = "a_warm_run_spoiled_while_held_is_not_used";
+    let root = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let die = root.path().join("held").join("die");
+    // Made before `die` exists: waits for it, then exits 7. After: a cat.
+    let script = format!(
+        "if [ -e {die} ]; then exec cat; fi\nwhile [ ! -e {die} ]; do sleep 0.02; done\nexit 7",
+        die = die.display()
+    );
+    let pack = testkit::write_pack(root.path(), "held", "run.sh", "", &script);
+    let manifest = pack.join("skill.json");
+    let pin = |c: &mut Config| c.skills.get_mut("held").unwrap().manifest = Some(manifest.clone());
+    let Some(p) = Pooled::new(test, "held", 1, pin) else { return };
+    let s = p.wait_for("held", |s| s.idle == 1);
+    assert_eq!(s.idle, 1, "the pinned pool was not made: {s:?}");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let req = RunRequest { manifest_path: manifest.clone(), args: br#"{"a":1}"#.to_vec() };
+    // The start: `die` made, and the warm run's exit waited for.
+    let start = async {
+        std::fs::write(&die, "").unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        true
+    };
+    let mut sink = |_: &str| {};
+    let held = p.engine.run_held(req, None, &mut sink, start, std::future::pending());
+    let (r, _) = rt.block_on(held);
+    assert_eq!((r.outcome, r.warm), (Outcome::Ok, false), "{r:?}");
+    assert_eq!(r.result.map(|v| v.to_value()), Some(serde_json::json!({"a": 1})));
+    let s = p.stats("held");
+    assert_eq!((s.hits, s.misses), (0, 1), "{s:?}");
+    assert!(s.discarded >= 1, "{s:?}");
 }

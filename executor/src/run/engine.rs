@@ -345,7 +345,18 @@ impl Engine {
             None
         };
         let launched = match taken {
-            Some(warm) => self.launch_warm(warm, start, held).await,
+            Some(warm) => match self.launch_warm(warm, start, held).await {
+                Ok(Some(run)) => Ok(run),
+                // Spoiled while the run was held: a cold run, started now.
+                Ok(None) => {
+                    let mut more = Duration::ZERO;
+                    let go = std::future::ready(true);
+                    let cold = self.launch_cold(&plan, background, go, &mut more, started).await;
+                    *held += more;
+                    cold
+                }
+                Err(report) => Err(report),
+            },
             None => self.launch_cold(&plan, background, start, held, started).await,
         };
         let mut run = match launched {
@@ -429,13 +440,15 @@ impl Engine {
     }
 
     /// A warm run taken for this request: a held run's `start` awaited
-    /// (a run not started is killed unused, never given args).
+    /// (a run not started is killed unused, never given args), then the
+    /// run checked again (`None`: it wrote, exited or expired while held,
+    /// and was discarded).
     async fn launch_warm(
         &self,
         warm: Warm,
         start: impl Future<Output = bool>,
         held: &mut Duration,
-    ) -> Result<Launched, Box<RunReport>> {
+    ) -> Result<Option<Launched>, Box<RunReport>> {
         let waiting = Instant::now();
         let go = start.await;
         *held = waiting.elapsed();
@@ -445,9 +458,10 @@ impl Engine {
             self.warm.discard(warm, "its held run was not started");
             return Err(report);
         }
+        let Some(warm) = self.warm.still_usable(warm) else { return Ok(None) };
         // Watched since it was made, as a cold run is from its spawn.
         let Warm { prep, child, pgid, watch, .. } = warm;
-        Ok(Launched { prep, child, pgid, setup_us: 0, warm: true, watch })
+        Ok(Some(Launched { prep, child, pgid, setup_us: 0, warm: true, watch }))
     }
 
     /// Steps 6 to 8: supervise the launched run with `plan`'s bounds (its

@@ -37,9 +37,13 @@
 //! Each idle warm run holds one of the server's run slots (the
 //! `max_concurrent_runs` semaphore), so warm runs count toward the cap and
 //! toward the runs tmpfs and memory sized for it; a request that would
-//! queue for a slot evicts an idle warm run first ([`WarmPools::evict`]).
-//! `max_warm_total` stays below `max_concurrent_runs` (the configuration
-//! refuses otherwise). On shutdown the idle runs are killed, not drained.
+//! queue for a slot borrows one of an idle warm run of its own skill
+//! ([`WarmPools::lend_slot`]: it will likely take that run), else evicts
+//! another idle warm run first ([`WarmPools::evict`], its tree killed
+//! before its slot is free). `max_warm_total` stays below
+//! `max_concurrent_runs` (the configuration refuses otherwise). On
+//! shutdown the idle runs are killed, not drained; the pool thread stays
+//! until the server's drain is over ([`WarmPools::finish`]).
 //!
 //! A warm run is made off the requests' path but shares their CPUs: where
 //! the executor may set another user's scheduling (`CAP_SYS_NICE`), its
@@ -99,8 +103,11 @@ pub struct Warm {
     /// Its refusals, watched since its spawn (when they are watched).
     pub(crate) watch: Option<Watch>,
     made: Instant,
-    /// The run slot it holds while idle.
+    /// The run slot it holds while idle; `None` once lent to a request of
+    /// its skill ([`WarmPools::lend_slot`]).
     permit: Option<OwnedSemaphorePermit>,
+    /// When its slot was lent, if it was.
+    lent_at: Option<Instant>,
 }
 
 impl Warm {
@@ -112,28 +119,53 @@ impl Warm {
         (child, pgid): (Child, Option<PgidRecord>),
         watch: Option<Watch>,
     ) -> Self {
-        Warm { plan, tool, prep, child, pgid, watch, made: Instant::now(), permit: None }
+        let made = Instant::now();
+        Warm { plan, tool, prep, child, pgid, watch, made, permit: None, lent_at: None }
     }
 
     /// Why it must not serve a request, if it must not: it wrote to stdout
-    /// or stderr, or exited (its pidfd readable), while nobody had written
-    /// its args.
+    /// or stderr, or exited (its pidfd readable), or closed its stdin (the
+    /// pipe's write end reports an error: no reader is left), while nobody
+    /// had written its args.
     fn spoiled(&self) -> Option<&'static str> {
         let c = &self.child;
-        let fds = [c.stdout.as_fd(), c.stderr.as_fd(), c.pidfd.as_fd()];
-        let mut polled = fds.map(|fd| PollFd::new(fd, PollFlags::POLLIN));
+        let Some((stdin, _)) = &c.stdin else { return Some("its stdin is closed") };
+        let mut polled = [
+            PollFd::new(c.stdout.as_fd(), PollFlags::POLLIN),
+            PollFd::new(c.stderr.as_fd(), PollFlags::POLLIN),
+            PollFd::new(c.pidfd.as_fd(), PollFlags::POLLIN),
+            // Only POLLERR and POLLHUP, which poll always reports.
+            PollFd::new(stdin.as_fd(), PollFlags::empty()),
+        ];
         match nix::poll::poll(&mut polled, PollTimeout::ZERO) {
             Ok(0) => None,
             Ok(_) => {
                 let ready = |p: &PollFd<'_>| p.revents().is_some_and(|r| !r.is_empty());
                 if ready(&polled[2]) {
                     Some("it exited before it was taken")
+                } else if ready(&polled[3]) {
+                    Some("it closed its stdin before it was taken")
                 } else {
                     Some("it wrote output before it was taken")
                 }
             }
             Err(nix::errno::Errno::EINTR) => None,
             Err(_) => Some("its pipes cannot be polled"),
+        }
+    }
+
+    /// Kills its whole tree now (`SIGKILL` to the main process, then its
+    /// cgroup leaf or, without one that lists it, its process group: the
+    /// warm run leads its own session); it is reaped and its slot cleaned
+    /// up by [`Maker::kill`].
+    pub(crate) fn kill_tree(&self) {
+        let _ = sys::process::pidfd_signal(self.child.pidfd.as_fd(), libc::SIGKILL);
+        match thread_listing(&self.prep) {
+            Some(cg) => cg.kill(),
+            None => {
+                let group = nix::unistd::Pid::from_raw(self.child.pid);
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            }
         }
     }
 
@@ -188,6 +220,18 @@ impl Warm {
         Err("its threads kept changing".to_owned())
     }
 
+    /// Whether it holds a run slot, or may still go without one: its slot
+    /// was lent ([`WarmPools::lend_slot`]) less than [`LENT_FOR`] ago, or
+    /// one of `slots` was free for it since.
+    fn holds_slot(&mut self, slots: &Arc<Semaphore>) -> bool {
+        if self.permit.is_some() || self.lent_at.is_some_and(|at| at.elapsed() < LENT_FOR) {
+            return true;
+        }
+        self.permit = slots.clone().try_acquire_owned().ok();
+        self.lent_at = None;
+        self.permit.is_some()
+    }
+
     /// Whether it was made for a request with this plan and tool.
     fn serves(&self, plan: &Plan, tool: Option<&str>) -> bool {
         self.plan.identity == plan.identity
@@ -239,6 +283,9 @@ struct State {
     /// A [`Refill`] was dropped since the pool thread last looked over the
     /// pools (its wake-up may have come while it was busy).
     refill: bool,
+    /// The server has no run left: the pool thread, stopped, returns once
+    /// every discarded run is killed ([`WarmPools::finish`]).
+    finished: bool,
 }
 
 /// What the pool thread is told to do by [`WarmPools::serve`]'s caller.
@@ -348,14 +395,20 @@ impl WarmPools {
         let mut found = None;
         while let Some(warm) = pool.idle.pop_front() {
             *idle = idle.saturating_sub(1);
-            let why = if warm.serves(plan, tool) { warm.spoiled() } else { Some(STALE) };
+            let why = if !warm.serves(plan, tool) {
+                Some(STALE)
+            } else if warm.made.elapsed() >= self.idle_for {
+                Some(EXPIRED)
+            } else {
+                warm.spoiled()
+            };
             match why {
                 None => {
                     found = Some(warm);
                     break;
                 }
                 Some(why) => {
-                    if why != STALE {
+                    if why != STALE && why != EXPIRED {
                         pool.retry_at = Some(Instant::now() + RETRY_AFTER);
                     }
                     pool.stats.discarded += 1;
@@ -381,13 +434,40 @@ impl WarmPools {
             Err(why) => {
                 stats.misses += 1;
                 stats.discarded += 1;
-                tracing::warn!("executor: warm run of {skill:?} not used: {why}");
-                state.dead.push((warm, "its scheduling could not be set back"));
                 drop(state);
-                self.shared.wake.notify_one();
+                tracing::warn!("executor: warm run of {skill:?} not used: {why}");
+                // Its slot went to the request: it goes before the run.
+                warm.kill_tree();
+                self.to_kill(warm, "its scheduling could not be set back");
                 None
             }
         }
+    }
+
+    /// `warm`, taken for a request that was then held, if it may still
+    /// serve it after the hold; else (it wrote, exited or expired
+    /// meanwhile) it is killed, counted a miss instead of a hit, and the
+    /// request runs cold.
+    pub(crate) fn still_usable(&self, warm: Warm) -> Option<Warm> {
+        let why = if warm.made.elapsed() >= self.idle_for { Some(EXPIRED) } else { warm.spoiled() };
+        let Some(why) = why else { return Some(warm) };
+        let skill = warm.plan.manifest.name().to_string();
+        let mut state = relock(&self.shared.state);
+        let stats = &mut state.pools.entry(skill).or_default().stats;
+        stats.hits = stats.hits.saturating_sub(1);
+        stats.misses += 1;
+        stats.discarded += 1;
+        drop(state);
+        warm.kill_tree();
+        self.to_kill(warm, why);
+        None
+    }
+
+    /// Hands `warm` to the pool thread to be killed and reaped (also once
+    /// the pools are stopped, until [`WarmPools::finish`]).
+    fn to_kill(&self, warm: Warm, why: &'static str) {
+        relock(&self.shared.state).dead.push((warm, why));
+        self.shared.wake.notify_one();
     }
 
     /// Sets a cold run's policy back on a warm run about to be killed
@@ -404,21 +484,41 @@ impl WarmPools {
         Refill(Some(Arc::clone(&self.shared)))
     }
 
-    /// Kills one idle warm run (the oldest of the fullest pool) to free
-    /// its run slot for a request that would wait for one; false when
-    /// there is none.
+    /// Lends the run slot of an idle warm run of `skill` to a request of
+    /// that skill that found no slot free (it will most likely take that
+    /// very run, so evicting one for it would make it a miss). The run
+    /// stays idle without a slot; if no request takes it soon, the pool
+    /// thread finds it a free slot or discards it ([`LENT_FOR`]).
+    pub fn lend_slot(&self, skill: &str) -> Option<OwnedSemaphorePermit> {
+        let mut state = relock(&self.shared.state);
+        let pool = state.pools.get_mut(skill)?;
+        let warm = pool.idle.iter_mut().find(|w| w.permit.is_some())?;
+        warm.lent_at = Some(Instant::now());
+        warm.permit.take()
+    }
+
+    /// Kills one idle warm run holding a run slot (the oldest of the pool
+    /// with the most such runs) and frees that slot, for a request that
+    /// would wait for one; false when there is none. The run's tree is
+    /// killed before the slot is free (its reaping and its folder's
+    /// removal are the pool thread's).
     pub fn evict(&self) -> bool {
         let mut state = relock(&self.shared.state);
-        let State { pools, dead, idle, .. } = &mut *state;
-        let Some(pool) = pools.values_mut().max_by_key(|p| p.idle.len()) else { return false };
-        let Some(mut warm) = pool.idle.pop_front() else { return false };
+        let State { pools, idle, .. } = &mut *state;
+        let holding = |p: &Pool| p.idle.iter().filter(|w| w.permit.is_some()).count();
+        let Some(pool) = pools.values_mut().filter(|p| holding(p) > 0).max_by_key(|p| holding(p))
+        else {
+            return false;
+        };
+        let Some(at) = pool.idle.iter().position(|w| w.permit.is_some()) else { return false };
+        let Some(mut warm) = pool.idle.remove(at) else { return false };
         *idle = idle.saturating_sub(1);
         pool.stats.discarded += 1;
-        // The slot is free now; the process is killed by the pool thread.
-        warm.permit = None;
-        dead.push((warm, "its run slot was needed by a request"));
         drop(state);
-        self.shared.wake.notify_one();
+        self.wake_to_die(&warm);
+        warm.kill_tree();
+        warm.permit = None;
+        self.to_kill(warm, "its run slot was needed by a request");
         true
     }
 
@@ -426,11 +526,8 @@ impl WarmPools {
     /// never started) to the pool thread to kill, off the request's path.
     pub(crate) fn discard(&self, warm: Warm, why: &'static str) {
         let skill = warm.plan.manifest.name().to_string();
-        let mut state = relock(&self.shared.state);
-        state.pools.entry(skill).or_default().stats.discarded += 1;
-        state.dead.push((warm, why));
-        drop(state);
-        self.shared.wake.notify_one();
+        relock(&self.shared.state).pools.entry(skill).or_default().stats.discarded += 1;
+        self.to_kill(warm, why);
     }
 
     /// Discards every idle warm run of every pool (a reload said skill
@@ -474,11 +571,26 @@ impl WarmPools {
         all
     }
 
-    /// Stops the pool thread, which kills every idle warm run on its way
-    /// out; no request takes one from now.
+    /// Stops the pools: the pool thread kills every idle warm run and
+    /// makes no more; no request takes one from now. The thread goes on
+    /// killing the runs discarded later (a held run never started) until
+    /// [`WarmPools::finish`]: it also stays, as the parent of the warm runs
+    /// it created itself (without a spawner thread), while taken ones are
+    /// still running (their parent-death signal fires when it exits).
     pub fn stop(&self) {
         let mut state = relock(&self.shared.state);
         state.stop = true;
+        drop(state);
+        self.shared.wake.notify_all();
+    }
+
+    /// Stops the pools ([`WarmPools::stop`]) and lets the pool thread
+    /// return once every discarded run is killed: call it when no taken
+    /// warm run is left running.
+    pub fn finish(&self) {
+        let mut state = relock(&self.shared.state);
+        state.stop = true;
+        state.finished = true;
         drop(state);
         self.shared.wake.notify_all();
     }
@@ -502,7 +614,14 @@ impl WarmPools {
                 maker.kill(warm);
             }
             if stop {
-                return;
+                let state = relock(&self.shared.state);
+                if state.finished && state.dead.is_empty() {
+                    return;
+                }
+                if state.dead.is_empty() {
+                    let _ = self.shared.wake.wait_timeout(state, SWEEP_EVERY);
+                }
+                continue;
             }
             let Some(Work { skill, path, tool, permit, generation }) = work else {
                 let state = relock(&self.shared.state);
@@ -548,7 +667,7 @@ impl WarmPools {
     /// the next warm run to make, and whether the pools stop.
     fn look_over(&self, slots: &Arc<Semaphore>) -> (Vec<(Warm, &'static str)>, Option<Work>, bool) {
         let mut state = relock(&self.shared.state);
-        let State { pools, dead, idle, stop, generation, swept, refill } = &mut *state;
+        let State { pools, dead, idle, stop, generation, swept, refill, .. } = &mut *state;
         *refill = false;
         let mut out = std::mem::take(dead);
         let look_up = swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY);
@@ -558,13 +677,15 @@ impl WarmPools {
         for pool in pools.values_mut() {
             let before = pool.idle.len();
             let mut kept = VecDeque::with_capacity(before);
-            for warm in pool.idle.drain(..) {
+            for mut warm in pool.idle.drain(..) {
                 let why = if *stop {
                     Some("the executor is stopping")
                 } else if warm.made.elapsed() >= self.idle_for {
-                    Some("idle for warm_idle_seconds")
+                    Some(EXPIRED)
                 } else if look_up && !warm.current() {
                     Some(STALE)
+                } else if !warm.holds_slot(slots) {
+                    Some("its run slot went to a request")
                 } else {
                     let spoiled = warm.spoiled();
                     // A skill that writes or exits before its args would
@@ -624,6 +745,13 @@ fn thread_listing(prep: &Prepared) -> Option<&RunCgroup> {
 
 /// Why a warm run made from other files than the request's is discarded.
 const STALE: &str = "its manifest or entry changed since it was made";
+
+/// Why a warm run idle for `warm_idle_seconds` is discarded.
+const EXPIRED: &str = "idle for warm_idle_seconds";
+
+/// How long a warm run whose slot was lent ([`WarmPools::lend_slot`]) is
+/// left idle without one for the request to take it.
+const LENT_FOR: Duration = Duration::from_secs(1);
 
 /// Why a warm run is discarded on `warm_discard` (skilld's reload).
 const RELOADED: &str = "a reload asked for every pool to be made again";

@@ -297,13 +297,25 @@ async fn take_slot(ctx: &ConnCtx, id: &Value, skill: &str) -> Option<OwnedSemaph
     match shared.slots.clone().try_acquire_owned() {
         Ok(_) if ctx.token.is_cancelled() => None,
         Ok(slot) => Some(slot),
-        // An idle warm run holds a slot this run would wait for: it goes.
-        Err(_) if shared.engine.evict_warm() => match shared.slots.clone().try_acquire_owned() {
-            Ok(slot) => Some(slot),
-            Err(_) => queue_for_slot(ctx, id, skill).await,
+        // An idle warm run of this skill lends its slot (this run will
+        // likely take it); else one of another skill goes for its slot.
+        Err(_) => match shared.engine.lend_warm_slot(skill) {
+            Some(slot) => Some(slot),
+            None => evict_for_slot(ctx, id, skill).await,
         },
-        Err(_) => queue_for_slot(ctx, id, skill).await,
     }
+}
+
+/// A slot freed by killing an idle warm run, else one waited for in the
+/// queue ([`queue_for_slot`]).
+async fn evict_for_slot(ctx: &ConnCtx, id: &Value, skill: &str) -> Option<OwnedSemaphorePermit> {
+    let shared = &ctx.shared;
+    if shared.engine.evict_warm() {
+        if let Ok(slot) = shared.slots.clone().try_acquire_owned() {
+            return Some(slot);
+        }
+    }
+    queue_for_slot(ctx, id, skill).await
 }
 
 /// Waits in the queue for a run slot, telling the caller `queued`, then

@@ -197,6 +197,8 @@ pub async fn run(
     }
     // No call is in flight any more: the MCP servers go too.
     shared.servers.stop_all(&shared.engine).await;
+    // No taken warm run is left either: the pools' thread may go.
+    shared.engine.finish_warm();
     if let Some(thread) = warm {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }

@@ -103,11 +103,66 @@ fn idle_warm_runs_hold_run_slots() {
     });
 }
 
+/// A run of a warm-granted skill that finds every slot taken, one by an
+/// idle warm run of its own skill, takes that run and its slot: it is not
+/// evicted, and the run is warm.
+#[test]
+fn at_the_cap_a_run_takes_its_own_skills_warm_run() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|c| {
+        c.max_concurrent_runs = 2;
+        c.max_queued_runs = 2;
+        c.skills.insert("pool".into(), SkillGrant { warm: 1, ..SkillGrant::default() });
+    });
+    let warm = skill(&server.root, "pool", "safe", 5, "cat >/dev/null\necho '{}'");
+    let go = server.root.join("long").join("go");
+    let script = format!("while [ ! -e {} ]; do sleep 0.05; done\necho '{{}}'", go.display());
+    let long = skill(&server.root, "long", "safe", 20, &script);
+    let mut c = server.client();
+    c.execute(1, &warm, json!({}));
+    assert_eq!(c.run_result().1["result"]["warm"], false, "the first run is a miss");
+    wait_for("the pool to fill", Duration::from_secs(10), || {
+        pool(&server.socket, "pool")["idle"] == 1
+    });
+    let mut a = server.client();
+    a.execute(2, &long, json!({}));
+    server.wait_in_flight(1);
+    // Both slots are taken: the warm run's and A's.
+    c.execute(3, &warm, json!({}));
+    let (_, v) = c.run_result();
+    let r = &v["result"];
+    assert_eq!((r["outcome"].clone(), r["warm"].clone()), (json!("ok"), json!(true)), "{v}");
+    let p = pool(&server.socket, "pool");
+    assert_eq!((p["hits"].clone(), p["discarded"].clone()), (json!(1), json!(0)), "{p}");
+    std::fs::write(&go, "").unwrap();
+    let (_, v) = a.run_result();
+    assert_eq!(v["result"]["outcome"], "ok", "{v}");
+    wait_for("the pool to fill again", Duration::from_secs(10), || {
+        pool(&server.socket, "pool")["idle"] == 1
+    });
+}
+
 /// The binary under SIGTERM with a warm pool: the idle warm runs are gone
 /// within a second (by pid), while a run taken from the pool before the
 /// signal runs to its end and reports; then the executor exits 0.
 #[test]
 fn sigterm_kills_idle_warm_runs_and_drains_a_taken_one() {
+    sigterm_with_a_warm_pool("");
+}
+
+/// As [`sigterm_kills_idle_warm_runs_and_drains_a_taken_one`] for a skill
+/// granted the host's `/proc`, whose runs no spawner thread creates: the
+/// pools' thread is their parent, and their parent-death signal fires when
+/// it exits, so it stays until the drain is over.
+#[test]
+fn sigterm_drains_a_taken_warm_run_the_pools_thread_created() {
+    sigterm_with_a_warm_pool("proc = \"host\"\n");
+}
+
+/// The SIGTERM case with `grant` added to the pool's grant.
+fn sigterm_with_a_warm_pool(grant: &str) {
     if !can_run() {
         return;
     }
@@ -115,7 +170,7 @@ fn sigterm_kills_idle_warm_runs_and_drains_a_taken_one() {
     let runtime = dir_0755();
     let (socket, config) = serve_config(root.path(), runtime.path());
     let mut text = std::fs::read_to_string(&config).unwrap();
-    text.push_str("[skills.pool]\nwarm = 2\n");
+    text.push_str(&format!("[skills.pool]\nwarm = 2\n{grant}"));
     std::fs::write(&config, text).unwrap();
     let go = root.path().join("pool").join("go");
     let script = format!(

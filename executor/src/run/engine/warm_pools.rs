@@ -2,7 +2,6 @@
 //! the server, making a warm run (steps 1 to 5 without a request) and
 //! killing one never used.
 
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +12,6 @@ use crate::run::plan::Plan;
 use crate::run::spawn;
 use crate::run::warm::{Maker, Warm, WarmStats};
 use crate::sandbox::cgroup::RunCgroup;
-use crate::sys;
 
 impl Engine {
     /// Warm pools' counts by skill (`run::warm`).
@@ -32,9 +30,18 @@ impl Engine {
         self.warm.serve(self, slots);
     }
 
-    /// Stops [`Engine::serve_warm`], which kills every idle warm run.
+    /// Stops the warm pools: [`Engine::serve_warm`] kills every idle warm
+    /// run and makes no more, and goes on killing the runs discarded later
+    /// until [`Engine::finish_warm`].
     pub fn stop_warm(&self) {
         self.warm.stop();
+    }
+
+    /// Stops the warm pools and lets [`Engine::serve_warm`] return once
+    /// every discarded run is killed. Call it once no run is in flight:
+    /// a taken warm run its thread created dies with that thread.
+    pub fn finish_warm(&self) {
+        self.warm.finish();
     }
 
     /// Discards every idle warm run, and one being made now (`warm_discard`,
@@ -44,20 +51,25 @@ impl Engine {
         self.warm.discard_all()
     }
 
-    /// Kills one idle warm run to free its run slot; false when none is
-    /// idle.
+    /// Kills one idle warm run to free its run slot; false when none
+    /// holds one.
     pub fn evict_warm(&self) -> bool {
         self.warm.evict()
+    }
+
+    /// The run slot of an idle warm run of `skill`, lent to a request of
+    /// it that found none free (see `WarmPools::lend_slot`).
+    pub fn lend_warm_slot(&self, skill: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.warm.lend_slot(skill)
     }
 
     /// Kills a warm run never used (its tree, then its reaping), and hands
     /// its slot back to the janitor.
     fn kill_warm(&self, warm: Warm) {
         self.warm.wake_to_die(&warm);
+        warm.kill_tree();
         let Warm { mut prep, child, pgid, .. } = warm;
-        let _ = sys::process::pidfd_signal(child.pidfd.as_fd(), libc::SIGKILL);
         if let Some(cg) = prep.cgroup.as_mut() {
-            cg.kill();
             settle(cg);
         }
         let until = Instant::now() + Duration::from_secs(2);
