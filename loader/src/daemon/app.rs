@@ -237,7 +237,11 @@ impl App {
         match self.executor.warm_discard(PONG_TIMEOUT).await {
             Ok(0) => {}
             Ok(n) => tracing::info!("skill loader: the executor discarded {n} idle warm runs"),
-            Err(e) => tracing::debug!(error = %e, "skill loader: warm_discard"),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "skill loader: the executor was not told to discard its warm runs; \
+                 they may run the files as they were before the reload"
+            ),
         }
     }
 
