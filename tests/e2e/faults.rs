@@ -114,6 +114,10 @@ fn executor_sigkill_the_watchdog_kills_the_runs() {
     let instance = instances(&s).pop().expect("instance dir");
     let name = instance.file_name().unwrap().to_string_lossy().into_owned();
     assert!(!cgroups(&name).is_empty(), "instance cgroups exist");
+    // Both are their `sleep` (past the exec) before the kill, so that their
+    // absence after it is the watchdog's doing.
+    let sleeping = || process_alive(main, "sleep") && process_alive(bg, "sleep");
+    assert!(eventually(Duration::from_secs(5), sleeping), "the run's two sleeps never ran");
     s.stop_executor(Signal::SIGKILL);
     for pid in [main, bg] {
         assert!(

@@ -73,6 +73,8 @@ fn args_never_appear_in_any_argv_or_environment() {
     let skill = attack("argv_scan");
     let needle = format!("NEEDLE-{}", skill.marker().to_uppercase());
     let run = skill.run(&Config::new(), &args("cmdline_scan", json!({"needle": needle})));
-    blocked(&run);
+    let r = blocked(&run);
+    // Its own `cmdline` and `environ` at least: the scan could read.
+    assert!(r["files_read"].as_u64().is_some_and(|n| n >= 2), "{}", run.dump());
     no_leftovers(&skill, &g);
 }

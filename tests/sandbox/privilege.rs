@@ -337,7 +337,7 @@ fn cannot_signal_a_same_user_process() {
     let mut v = victim();
     let skill = attack("signal");
     let probe = skill.run(&Config::new(), &args("proc_view", json!({})));
-    if signals_scoped(&probe) {
+    if signals_scoped("cannot_signal_a_same_user_process", &probe) {
         let run = skill.run(&Config::new(), &args("kill", json!({"pid": v.pid})));
         blocked_with(&run, &[libc::EPERM]);
     }
@@ -353,7 +353,7 @@ fn granted_root_cannot_signal_the_executor() {
     let skill = attack("signal_executor").with("sandbox", json!({"run_as": "root"}));
     let config = Config::new().grant(skill.name(), "run_as = [\"root\"]");
     let probe = skill.run(&config, &args("proc_view", json!({})));
-    if signals_scoped(&probe) {
+    if signals_scoped("granted_root_cannot_signal_the_executor", &probe) {
         let run = skill.run(&config, &args("kill", json!({"pid": 0})));
         blocked_with(&run, &[libc::EPERM]);
     }

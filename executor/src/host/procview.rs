@@ -166,12 +166,14 @@ mod tests {
     #[test]
     fn the_runs_namespace_hides_what_the_executor_sees() {
         if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root");
+            println!("SKIP: the_runs_namespace_hides_what_the_executor_sees: needs root");
             return;
         }
         let ProcSetup::Namespace(ns) = set_up(true) else {
             // A host whose /proc hides already, or an old kernel.
-            eprintln!("skipped: no runs' namespace here");
+            println!(
+                "SKIP: the_runs_namespace_hides_what_the_executor_sees: no runs' namespace here"
+            );
             return;
         };
         let here = fs::read_link("/proc/self/ns/mnt").unwrap();
