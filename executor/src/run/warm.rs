@@ -58,23 +58,21 @@
 //! is discarded and the request runs cold. A run without a cgroup leaf
 //! (which lists its threads) is not made idle.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::os::fd::AsFd;
+mod process;
+
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::host::instance::PgidRecord;
-use crate::run::denials::Watch;
 use crate::run::lock::relock;
-use crate::run::parsed::FileKey;
 use crate::run::plan::Plan;
-use crate::run::spawn::{Child, Prepared};
-use crate::sandbox::cgroup::RunCgroup;
-use crate::sys;
+use crate::run::spawn::Prepared;
+
+use process::thread_listing;
+pub use process::Warm;
 
 /// How often the pool thread looks over the idle runs when nothing wakes
 /// it: an idle run that wrote or died is discarded (and made again) within
@@ -83,162 +81,10 @@ pub const SWEEP_EVERY: Duration = Duration::from_millis(250);
 
 /// After a warm run of a skill could not be made, or wrote or exited
 /// before it was taken, its pool waits this long before making another
-/// (the reason is logged each time).
+/// (the reason is logged each time), twice as long after each such failure
+/// in a row, up to [`RETRY_AFTER`] x 32 (a skill that always writes at
+/// start is made about once a minute); a run taken resets it.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
-
-/// A warm run: its plan, its prepared sandbox and its exec'd child, whose
-/// stdin is open and empty ([`crate::run::spawn::spawn_waiting`]).
-#[derive(Debug)]
-pub struct Warm {
-    /// The plan it was made from (with the args `{}`, never written).
-    pub(crate) plan: Plan,
-    /// The `SKILL.md` tool it runs, if any.
-    pub(crate) tool: Option<String>,
-    /// Its slot and sandbox.
-    pub(crate) prep: Prepared,
-    /// Its process and the parent's pipe ends.
-    pub(crate) child: Child,
-    /// Without a cgroup, its process group recorded for the watchdog.
-    pub(crate) pgid: Option<PgidRecord>,
-    /// Its refusals, watched since its spawn (when they are watched).
-    pub(crate) watch: Option<Watch>,
-    made: Instant,
-    /// The run slot it holds while idle; `None` once lent to a request of
-    /// its skill ([`WarmPools::lend_slot`]).
-    permit: Option<OwnedSemaphorePermit>,
-    /// When its slot was lent, if it was.
-    lent_at: Option<Instant>,
-}
-
-impl Warm {
-    /// A warm run made now from these parts.
-    pub(crate) fn new(
-        plan: Plan,
-        tool: Option<String>,
-        prep: Prepared,
-        (child, pgid): (Child, Option<PgidRecord>),
-        watch: Option<Watch>,
-    ) -> Self {
-        let made = Instant::now();
-        Warm { plan, tool, prep, child, pgid, watch, made, permit: None, lent_at: None }
-    }
-
-    /// Why it must not serve a request, if it must not: it wrote to stdout
-    /// or stderr, or exited (its pidfd readable), or closed its stdin (the
-    /// pipe's write end reports an error: no reader is left), while nobody
-    /// had written its args.
-    fn spoiled(&self) -> Option<&'static str> {
-        let c = &self.child;
-        let Some((stdin, _)) = &c.stdin else { return Some("its stdin is closed") };
-        let mut polled = [
-            PollFd::new(c.stdout.as_fd(), PollFlags::POLLIN),
-            PollFd::new(c.stderr.as_fd(), PollFlags::POLLIN),
-            PollFd::new(c.pidfd.as_fd(), PollFlags::POLLIN),
-            // Only POLLERR and POLLHUP, which poll always reports.
-            PollFd::new(stdin.as_fd(), PollFlags::empty()),
-        ];
-        match nix::poll::poll(&mut polled, PollTimeout::ZERO) {
-            Ok(0) => None,
-            Ok(_) => {
-                let ready = |p: &PollFd<'_>| p.revents().is_some_and(|r| !r.is_empty());
-                if ready(&polled[2]) {
-                    Some("it exited before it was taken")
-                } else if ready(&polled[3]) {
-                    Some("it closed its stdin before it was taken")
-                } else {
-                    Some("it wrote output before it was taken")
-                }
-            }
-            Err(nix::errno::Errno::EINTR) => None,
-            Err(_) => Some("its pipes cannot be polled"),
-        }
-    }
-
-    /// Kills its whole tree now (`SIGKILL` to the main process, then its
-    /// cgroup leaf or, without one that lists it, its process group: the
-    /// warm run leads its own session); it is reaped and its slot cleaned
-    /// up by [`Maker::kill`].
-    pub(crate) fn kill_tree(&self) {
-        let _ = sys::process::pidfd_signal(self.child.pidfd.as_fd(), libc::SIGKILL);
-        match thread_listing(&self.prep) {
-            Some(cg) => cg.kill(),
-            None => {
-                let group = nix::unistd::Pid::from_raw(self.child.pid);
-                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-    }
-
-    /// Whether its manifest and entry files are still the ones it was made
-    /// from (looked up again by path).
-    fn current(&self) -> bool {
-        let key = |p: &Path| std::fs::metadata(p).ok().map(|m| FileKey::of(&m));
-        let (manifest, entry) = self.plan.identity;
-        key(&self.plan.manifest_path) == Some(manifest) && key(&self.plan.entry) == Some(entry)
-    }
-
-    /// Sets `policy` (a cold run's) back on every thread of the run, made
-    /// at `SCHED_IDLE`: its main thread first (known without a listing),
-    /// then each thread its cgroup leaf lists, listed again until a pass
-    /// finds no thread it had not set, so one started meanwhile by a
-    /// thread still idle is not missed. A thread started after the main
-    /// thread was set inherits the cold policy, so a single-threaded run
-    /// (most skills) takes one listing. (Left open: a thread whose
-    /// creation a still-idle thread began before that thread was set, and
-    /// which enters the listing only after the last pass. Its own
-    /// process's start-up, still running at the take, is the only one
-    /// that can do it, and only to itself.) A run without a leaf was never
-    /// made idle.
-    fn schedule_cold(&self, policy: libc::c_int) -> Result<(), String> {
-        let Some(cg) = thread_listing(&self.prep) else { return Ok(()) };
-        let set = |tid: libc::pid_t| match sys::call::sched_set_of(tid, policy) {
-            // Gone: nothing of it is left to run at SCHED_IDLE.
-            Ok(_) | Err(libc::ESRCH) => Ok(()),
-            Err(errno) => {
-                let e = nix::errno::Errno::from_raw(errno);
-                Err(format!("setting thread {tid}'s scheduling: {e}"))
-            }
-        };
-        let main = self.child.pid;
-        set(main)?;
-        let mut done = HashSet::from([main]);
-        for _ in 0..8 {
-            let fresh: Vec<i32> = cg
-                .threads()
-                .ok_or("its threads cannot be listed")?
-                .into_iter()
-                .filter(|t| !done.contains(t))
-                .collect();
-            if fresh.is_empty() {
-                return Ok(());
-            }
-            for tid in fresh {
-                set(tid)?;
-                done.insert(tid);
-            }
-        }
-        Err("its threads kept changing".to_owned())
-    }
-
-    /// Whether it holds a run slot, or may still go without one: its slot
-    /// was lent ([`WarmPools::lend_slot`]) less than [`LENT_FOR`] ago, or
-    /// one of `slots` was free for it since.
-    fn holds_slot(&mut self, slots: &Arc<Semaphore>) -> bool {
-        if self.permit.is_some() || self.lent_at.is_some_and(|at| at.elapsed() < LENT_FOR) {
-            return true;
-        }
-        self.permit = slots.clone().try_acquire_owned().ok();
-        self.lent_at = None;
-        self.permit.is_some()
-    }
-
-    /// Whether it was made for a request with this plan and tool.
-    fn serves(&self, plan: &Plan, tool: Option<&str>) -> bool {
-        self.plan.identity == plan.identity
-            && self.plan.manifest_path == plan.manifest_path
-            && self.tool.as_deref() == tool
-    }
-}
 
 /// One skill's pool, as [`WarmPools::stats`] reports it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -264,6 +110,18 @@ struct Pool {
     stats: WarmStats,
     /// Not tried again before this (a warm run could not be made).
     retry_at: Option<Instant>,
+    /// Warm runs that could not be made or spoiled, in a row.
+    failures: u32,
+}
+
+impl Pool {
+    /// A warm run could not be made, or spoiled: the pool rests
+    /// ([`RETRY_AFTER`], doubled for each failure in a row).
+    fn rest(&mut self) {
+        let doubled = self.failures.min(5);
+        self.failures = self.failures.saturating_add(1);
+        self.retry_at = Some(Instant::now() + RETRY_AFTER * (1 << doubled));
+    }
 }
 
 #[derive(Debug, Default)]
@@ -409,7 +267,7 @@ impl WarmPools {
                 }
                 Some(why) => {
                     if why != STALE && why != EXPIRED {
-                        pool.retry_at = Some(Instant::now() + RETRY_AFTER);
+                        pool.rest();
                     }
                     pool.stats.discarded += 1;
                     dead.push((warm, why));
@@ -425,10 +283,12 @@ impl WarmPools {
         let warm = found?;
         let ready = self.idle_start.map_or(Ok(()), |policy| warm.schedule_cold(policy));
         let mut state = relock(&self.shared.state);
-        let stats = &mut state.pools.entry(skill.to_owned()).or_default().stats;
+        let pool = state.pools.entry(skill.to_owned()).or_default();
+        let stats = &mut pool.stats;
         match ready {
             Ok(()) => {
                 stats.hits += 1;
+                pool.failures = 0;
                 Some(warm)
             }
             Err(why) => {
@@ -453,7 +313,11 @@ impl WarmPools {
         let Some(why) = why else { return Some(warm) };
         let skill = warm.plan.manifest.name().to_string();
         let mut state = relock(&self.shared.state);
-        let stats = &mut state.pools.entry(skill).or_default().stats;
+        let pool = state.pools.entry(skill).or_default();
+        if why != EXPIRED {
+            pool.rest();
+        }
+        let stats = &mut pool.stats;
         stats.hits = stats.hits.saturating_sub(1);
         stats.misses += 1;
         stats.discarded += 1;
@@ -488,7 +352,7 @@ impl WarmPools {
     /// that skill that found no slot free (it will most likely take that
     /// very run, so evicting one for it would make it a miss). The run
     /// stays idle without a slot; if no request takes it soon, the pool
-    /// thread finds it a free slot or discards it ([`LENT_FOR`]).
+    /// thread finds it a free slot or discards it (a second on).
     pub fn lend_slot(&self, skill: &str) -> Option<OwnedSemaphorePermit> {
         let mut state = relock(&self.shared.state);
         let pool = state.pools.get_mut(skill)?;
@@ -541,6 +405,7 @@ impl WarmPools {
         let mut n = 0u64;
         for pool in pools.values_mut() {
             pool.retry_at = None;
+            pool.failures = 0;
             pool.stats.discarded += pool.idle.len() as u64;
             for warm in pool.idle.drain(..) {
                 n += 1;
@@ -646,11 +511,12 @@ impl WarmPools {
                     state.idle += 1;
                 }
                 Ok(warm) => {
-                    pool.retry_at = Some(Instant::now() + RETRY_AFTER);
+                    pool.rest();
+                    pool.stats.discarded += 1;
                     state.dead.push((warm, "its manifest now declares another name"));
                 }
                 Err(why) => {
-                    pool.retry_at = Some(Instant::now() + RETRY_AFTER);
+                    pool.rest();
                     // A manifest that is gone is not tried again until a
                     // request names one.
                     if !path.exists() {
@@ -677,7 +543,8 @@ impl WarmPools {
         for pool in pools.values_mut() {
             let before = pool.idle.len();
             let mut kept = VecDeque::with_capacity(before);
-            for mut warm in pool.idle.drain(..) {
+            let mut spoils = false;
+            for mut warm in std::mem::take(&mut pool.idle) {
                 let why = if *stop {
                     Some("the executor is stopping")
                 } else if warm.made.elapsed() >= self.idle_for {
@@ -688,17 +555,18 @@ impl WarmPools {
                     Some("its run slot went to a request")
                 } else {
                     let spoiled = warm.spoiled();
-                    // A skill that writes or exits before its args would
-                    // do it again: its pool rests before the next.
-                    if spoiled.is_some() {
-                        pool.retry_at = Some(Instant::now() + RETRY_AFTER);
-                    }
+                    spoils |= spoiled.is_some();
                     spoiled
                 };
                 match why {
                     Some(why) => out.push((warm, why)),
                     None => kept.push_back(warm),
                 }
+            }
+            // A skill that writes or exits before its args would do it
+            // again: its pool rests before the next.
+            if spoils {
+                pool.rest();
             }
             let gone = before - kept.len();
             pool.stats.discarded += gone as u64;
@@ -737,21 +605,11 @@ impl WarmPools {
     }
 }
 
-/// The run's cgroup, when a leaf of it lists every thread of the run: the
-/// one condition for making a warm run idle and for setting it back.
-fn thread_listing(prep: &Prepared) -> Option<&RunCgroup> {
-    prep.cgroup.as_ref().filter(|cg| cg.can_kill())
-}
-
 /// Why a warm run made from other files than the request's is discarded.
 const STALE: &str = "its manifest or entry changed since it was made";
 
 /// Why a warm run idle for `warm_idle_seconds` is discarded.
 const EXPIRED: &str = "idle for warm_idle_seconds";
-
-/// How long a warm run whose slot was lent ([`WarmPools::lend_slot`]) is
-/// left idle without one for the request to take it.
-const LENT_FOR: Duration = Duration::from_secs(1);
 
 /// Why a warm run is discarded on `warm_discard` (skilld's reload).
 const RELOADED: &str = "a reload asked for every pool to be made again";
@@ -765,4 +623,22 @@ struct Work {
     tool: Option<String>,
     permit: OwnedSemaphorePermit,
     generation: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_rests_twice_as_long_after_each_failure_in_a_row() {
+        let mut pool = Pool::default();
+        let mut rest = || {
+            let before = Instant::now();
+            pool.rest();
+            pool.retry_at.map(|at| at.duration_since(before).as_secs())
+        };
+        let rests: Vec<Option<u64>> = (0..8).map(|_| rest()).collect();
+        let want = [2, 4, 8, 16, 32, 64, 64, 64].map(Some);
+        assert_eq!(rests, want);
+    }
 }
