@@ -213,3 +213,63 @@ fn sigterm_with_a_warm_pool(grant: &str) {
     assert!(gone_after < Duration::from_secs(1), "{gone_after:?}");
     assert!(shells_under(&dir, &[]).is_empty(), "a warm run outlived the executor");
 }
+
+/// An executor that is not root (as `ongrid-skill up` run by a user) runs
+/// skills without a cgroup: a warm run it discards is killed with its
+/// process group, so what it forked before its args goes with it.
+#[test]
+fn without_a_cgroup_a_discarded_warm_runs_children_go_with_it() {
+    use std::os::unix::fs::PermissionsExt;
+    if !can_run() {
+        return;
+    }
+    let nobody = 65534;
+    let root = dir_0755();
+    let runtime = dir_0755();
+    std::os::unix::fs::chown(runtime.path(), Some(nobody), Some(nobody)).unwrap();
+    std::fs::set_permissions(runtime.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (socket, config) = serve_config(root.path(), runtime.path());
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("allowed_uids = [0]\nlandlock = \"best-effort\"\n[skills.pool]\nwarm = 1\n");
+    std::fs::write(&config, text).unwrap();
+    std::os::unix::fs::chown(&config, Some(nobody), Some(nobody)).unwrap();
+    // A background sleep named by a number no other process has.
+    let marker = format!("sleep {}", 3_000_000 + std::process::id());
+    let script = format!("/bin/{marker} &\ncat >/dev/null\necho '{{}}'");
+    let manifest = skill(root.path(), "pool", "safe", 20, &script);
+    let mut spawned = Spawned(
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_ongrid-executor"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("ONGRID_LOG", "info")
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
+    let sleeps = || -> Vec<i32> {
+        let procs = crate::common::procs_with(&marker);
+        procs.into_iter().filter(|p| p.state != 'Z').map(|p| p.pid).collect()
+    };
+    let mut c = Client::connect(&socket);
+    c.execute(1, &manifest, json!({}));
+    let (_, v) = c.run_result();
+    assert_eq!(v["result"]["outcome"], "ok", "{v}");
+    let cgroup = &v["result"]["sandbox"]["cgroup"];
+    assert!(cgroup["kill"].is_null() && cgroup["memory"].is_null(), "runs have a cgroup: {v}");
+    wait_for("the warm run and its child", Duration::from_secs(10), || {
+        pool(&socket, "pool")["idle"] == 1 && sleeps().len() == 1
+    });
+    let child = sleeps();
+    c.send(&json!({"jsonrpc": "2.0", "id": 2, "method": "warm_discard"}));
+    let v = c.recv();
+    assert_eq!(v["result"]["discarded"], 1, "{v}");
+    wait_for("the discarded warm run's child to go with it", Duration::from_secs(5), || {
+        child.iter().all(|&pid| !alive(pid))
+    });
+    sigterm(&spawned.0);
+    assert_eq!(wait_child(&mut spawned.0), (Some(0), None));
+    wait_for("every child gone", Duration::from_secs(5), || sleeps().is_empty());
+}
