@@ -233,8 +233,9 @@ fn without_a_cgroup_a_discarded_warm_runs_children_go_with_it() {
     text.push_str("allowed_uids = [0]\nlandlock = \"best-effort\"\n[skills.pool]\nwarm = 1\n");
     std::fs::write(&config, text).unwrap();
     std::os::unix::fs::chown(&config, Some(nobody), Some(nobody)).unwrap();
-    // A background sleep named by a number no other process has.
-    let marker = format!("sleep {}", 3_000_000 + std::process::id());
+    // A background sleep named by a number no other process has (ten
+    // minutes at most, should it outlive a failed test).
+    let marker = format!("sleep 600.{}", std::process::id());
     let script = format!("/bin/{marker} &\ncat >/dev/null\necho '{{}}'");
     let manifest = skill(root.path(), "pool", "safe", 20, &script);
     let mut spawned = Spawned(
