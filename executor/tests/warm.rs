@@ -301,6 +301,8 @@ fn a_warm_run_spoiled_while_held_is_not_used() {
     let held = p.engine.run_held(req, None, &mut sink, start, std::future::pending());
     let (r, _) = rt.block_on(held);
     assert_eq!((r.outcome, r.warm), (Outcome::Ok, false), "{r:?}");
+    // The cold run's set-up starts after the hold (500 ms).
+    assert!(r.setup_us < 400_000, "setup_us {} counts the hold", r.setup_us);
     assert_eq!(r.result.map(|v| v.to_value()), Some(serde_json::json!({"a": 1})));
     let s = p.stats("held");
     assert_eq!((s.hits, s.misses), (0, 1), "{s:?}");

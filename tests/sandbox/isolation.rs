@@ -87,7 +87,7 @@ fn a_concurrent_run_is_out_of_reach() {
             // addr 0: a permitted read would fail with EFAULT, not EPERM.
             let run = intruder.run(&Config::new(), &args(case, json!({"pid": pid, "addr": 0})));
             blocked_with(&run, &[libc::EPERM, libc::EACCES]);
-            scoped = signals_scoped("neighbours_cannot_reach_each_other", &run);
+            scoped = signals_scoped("a_concurrent_run_is_out_of_reach", &run);
         }
 
         std::fs::write(dir.join("go"), "").expect("the neighbour's go file");

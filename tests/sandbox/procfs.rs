@@ -84,7 +84,9 @@ fn other_processes_are_unreadable_and_unsignalable() {
                 assert_eq!(proc, Some(ProcView::Own), "{}", run.dump());
             }
             let probe = intruder.run(&Config::new(), &args("proc_view", json!({})));
-            if target == neighbour_pid && !signals_scoped("PROCFS", &probe) {
+            if target == neighbour_pid
+                && !signals_scoped("other_processes_are_unreadable_and_unsignalable", &probe)
+            {
                 continue;
             }
             let run = intruder.run(&Config::new(), &args("kill", json!({"pid": target})));

@@ -344,14 +344,15 @@ fn a_crashed_warm_process_is_never_used() {
     // The first run is a miss and starts the pool, whose runs crash.
     let r = w.run(Via::Serve, &json!({}));
     assert!(!r.report.warm, "{}", r.dump());
+    // Every warm run made so far has crashed (none is idle): the pool
+    // rests for seconds after a crash.
     let discarded = crate::poll(Duration::from_secs(5), || {
         let n = w.metric("ongrid_warm_discarded_total");
-        (n >= 1.0).then_some(n)
+        (n >= 1.0 && w.metric("ongrid_warm_idle") == 0.0).then_some(n)
     });
     assert!(discarded.is_some(), "no warm run discarded");
     // A run taken before its crash would be used (and crash as a cold run
-    // does); once one has crashed, its pool rests for seconds, so the
-    // runs now find only crashed warm runs, or none.
+    // does); the pool resting, the runs now find no warm run.
     for _ in 0..2 {
         let r = w.run(Via::Serve, &json!({}));
         assert!(!r.report.warm, "a crashed warm process served:\n{}", r.dump());

@@ -349,9 +349,10 @@ impl Engine {
                 Ok(Some(run)) => Ok(run),
                 // Spoiled while the run was held: a cold run, started now.
                 Ok(None) => {
-                    let mut more = Duration::ZERO;
-                    let go = std::future::ready(true);
-                    let cold = self.launch_cold(&plan, background, go, &mut more, started).await;
+                    let (mut more, go) = (Duration::ZERO, std::future::ready(true));
+                    // Its set-up counts from now: the hold is not set-up.
+                    let since = started + *held;
+                    let cold = self.launch_cold(&plan, background, go, &mut more, since).await;
                     *held += more;
                     cold
                 }
@@ -458,7 +459,7 @@ impl Engine {
             self.warm.discard(warm, "its held run was not started");
             return Err(report);
         }
-        let Some(warm) = self.warm.still_usable(warm) else { return Ok(None) };
+        let Some(warm) = self.warm.use_taken(warm) else { return Ok(None) };
         // Watched since it was made, as a cold run is from its spawn.
         let Warm { prep, child, pgid, watch, .. } = warm;
         Ok(Some(Launched { prep, child, pgid, setup_us: 0, warm: true, watch }))

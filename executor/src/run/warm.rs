@@ -83,7 +83,8 @@ pub const SWEEP_EVERY: Duration = Duration::from_millis(250);
 /// before it was taken, its pool waits this long before making another
 /// (the reason is logged each time), twice as long after each such failure
 /// in a row, up to [`RETRY_AFTER`] x 32 (a skill that always writes at
-/// start is made about once a minute); a run taken resets it.
+/// start is made about once a minute); a run taken, or one that lasted
+/// until it expired, resets it.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 
 /// One skill's pool, as [`WarmPools::stats`] reports it.
@@ -275,52 +276,45 @@ impl WarmPools {
             }
         }
         match &mut found {
-            // Counted a hit once it is known to be usable, below.
+            // Counted a hit once it is known to be used (`use_taken`).
             Some(warm) => warm.permit = None,
             None => pool.stats.misses += 1,
         }
         drop(state);
-        let warm = found?;
+        let mut warm = found?;
         let ready = self.idle_start.map_or(Ok(()), |policy| warm.schedule_cold(policy));
+        let Err(why) = ready else { return Some(warm) };
         let mut state = relock(&self.shared.state);
-        let pool = state.pools.entry(skill.to_owned()).or_default();
-        let stats = &mut pool.stats;
-        match ready {
-            Ok(()) => {
-                stats.hits += 1;
-                pool.failures = 0;
-                Some(warm)
-            }
-            Err(why) => {
-                stats.misses += 1;
-                stats.discarded += 1;
-                drop(state);
-                tracing::warn!("executor: warm run of {skill:?} not used: {why}");
-                // Its slot went to the request: it goes before the run.
-                warm.kill_tree();
-                self.to_kill(warm, "its scheduling could not be set back");
-                None
-            }
-        }
+        let stats = &mut state.pools.entry(skill.to_owned()).or_default().stats;
+        stats.misses += 1;
+        stats.discarded += 1;
+        drop(state);
+        tracing::warn!("executor: warm run of {skill:?} not used: {why}");
+        // Its slot went to the request: it goes before the run.
+        warm.kill_tree();
+        self.to_kill(warm, "its scheduling could not be set back");
+        None
     }
 
-    /// `warm`, taken for a request that was then held, if it may still
-    /// serve it after the hold; else (it wrote, exited or expired
-    /// meanwhile) it is killed, counted a miss instead of a hit, and the
-    /// request runs cold.
-    pub(crate) fn still_usable(&self, warm: Warm) -> Option<Warm> {
+    /// `warm`, taken for a request whose `start` has come (skilld holds
+    /// each request until its audit row is written), if it may still
+    /// serve it: a hit. If it wrote, exited or expired since the take it
+    /// is killed, counted a miss, and the request runs cold.
+    pub(crate) fn use_taken(&self, mut warm: Warm) -> Option<Warm> {
         let why = if warm.made.elapsed() >= self.idle_for { Some(EXPIRED) } else { warm.spoiled() };
-        let Some(why) = why else { return Some(warm) };
         let skill = warm.plan.manifest.name().to_string();
         let mut state = relock(&self.shared.state);
         let pool = state.pools.entry(skill).or_default();
+        let Some(why) = why else {
+            pool.stats.hits += 1;
+            pool.failures = 0;
+            return Some(warm);
+        };
         if why != EXPIRED {
             pool.rest();
         }
-        let stats = &mut pool.stats;
-        stats.hits = stats.hits.saturating_sub(1);
-        stats.misses += 1;
-        stats.discarded += 1;
+        pool.stats.misses += 1;
+        pool.stats.discarded += 1;
         drop(state);
         warm.kill_tree();
         self.to_kill(warm, why);
@@ -355,6 +349,9 @@ impl WarmPools {
     /// thread finds it a free slot or discards it (a second on).
     pub fn lend_slot(&self, skill: &str) -> Option<OwnedSemaphorePermit> {
         let mut state = relock(&self.shared.state);
+        if state.stop {
+            return None;
+        }
         let pool = state.pools.get_mut(skill)?;
         let warm = pool.idle.iter_mut().find(|w| w.permit.is_some())?;
         warm.lent_at = Some(Instant::now());
@@ -388,7 +385,9 @@ impl WarmPools {
 
     /// Hands a taken warm run that will not be used (its held run was
     /// never started) to the pool thread to kill, off the request's path.
-    pub(crate) fn discard(&self, warm: Warm, why: &'static str) {
+    pub(crate) fn discard(&self, mut warm: Warm, why: &'static str) {
+        // Its slot went back with its request's: it goes first.
+        warm.kill_tree();
         let skill = warm.plan.manifest.name().to_string();
         relock(&self.shared.state).pools.entry(skill).or_default().stats.discarded += 1;
         self.to_kill(warm, why);
@@ -463,7 +462,8 @@ impl WarmPools {
     /// The pool thread: makes warm runs with `maker` while there is room
     /// (a run slot of `slots` free beyond one kept for a cold run, the
     /// skill's size, `max_warm_total`), discards the spoiled, stale and
-    /// expired ones, until [`WarmPools::stop`]. Returns at once when no
+    /// expired ones, until [`WarmPools::stop`]; then kills what is
+    /// discarded until [`WarmPools::finish`]. Returns at once when no
     /// skill is granted warm runs.
     pub(crate) fn serve(&self, maker: &dyn Maker, slots: &Arc<Semaphore>) {
         if self.sizes.is_empty() || self.total == 0 {
@@ -543,11 +543,12 @@ impl WarmPools {
         for pool in pools.values_mut() {
             let before = pool.idle.len();
             let mut kept = VecDeque::with_capacity(before);
-            let mut spoils = false;
+            let (mut spoils, mut lasted) = (false, false);
             for mut warm in std::mem::take(&mut pool.idle) {
                 let why = if *stop {
                     Some("the executor is stopping")
                 } else if warm.made.elapsed() >= self.idle_for {
+                    lasted = true;
                     Some(EXPIRED)
                 } else if look_up && !warm.current() {
                     Some(STALE)
@@ -567,6 +568,9 @@ impl WarmPools {
             // again: its pool rests before the next.
             if spoils {
                 pool.rest();
+            } else if lasted {
+                // A run that stayed good until it expired ends a streak.
+                pool.failures = 0;
             }
             let gone = before - kept.len();
             pool.stats.discarded += gone as u64;

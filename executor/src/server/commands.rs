@@ -300,6 +300,7 @@ async fn take_slot(ctx: &ConnCtx, id: &Value, skill: &str) -> Option<OwnedSemaph
         // An idle warm run of this skill lends its slot (this run will
         // likely take it); else one of another skill goes for its slot.
         Err(_) => match shared.engine.lend_warm_slot(skill) {
+            Some(_) if ctx.token.is_cancelled() => None,
             Some(slot) => Some(slot),
             None => evict_for_slot(ctx, id, skill).await,
         },
@@ -312,7 +313,7 @@ async fn evict_for_slot(ctx: &ConnCtx, id: &Value, skill: &str) -> Option<OwnedS
     let shared = &ctx.shared;
     if shared.engine.evict_warm() {
         if let Ok(slot) = shared.slots.clone().try_acquire_owned() {
-            return Some(slot);
+            return (!ctx.token.is_cancelled()).then_some(slot);
         }
     }
     queue_for_slot(ctx, id, skill).await

@@ -91,6 +91,16 @@ pub use peer::PeerPolicy;
 pub use plumbing::socket::{SocketError, SocketNode};
 pub use socket::bind;
 
+/// Lets the warm pools' thread return when dropped: at the end of [`run`],
+/// or wherever its future is dropped.
+struct FinishWarm(Arc<Engine>);
+
+impl Drop for FinishWarm {
+    fn drop(&mut self) {
+        self.0.finish_warm();
+    }
+}
+
 /// Margin added to the longest run before a drain kills what is left.
 const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 
@@ -148,6 +158,7 @@ pub async fn run(
             .map_err(|e| tracing::warn!("executor: cannot start the warm pools' thread: {e}"))
             .ok()
     };
+    let finish_warm = FinishWarm(Arc::clone(&shared.engine));
     let tracker = TaskTracker::new();
     let connections = Arc::new(Semaphore::new(config.max_connections));
     // The stop is `shutdown`; the loop's own token is never cancelled.
@@ -198,7 +209,7 @@ pub async fn run(
     // No call is in flight any more: the MCP servers go too.
     shared.servers.stop_all(&shared.engine).await;
     // No taken warm run is left either: the pools' thread may go.
-    shared.engine.finish_warm();
+    drop(finish_warm);
     if let Some(thread) = warm {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }

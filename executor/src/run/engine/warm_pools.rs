@@ -20,7 +20,8 @@ impl Engine {
     }
 
     /// Runs the warm pools' thread on the calling thread until
-    /// [`Engine::stop_warm`]: it makes the granted skills' warm runs, each
+    /// [`Engine::finish_warm`] ([`Engine::stop_warm`] only stops the
+    /// pools: the thread goes on killing the runs discarded later): it makes the granted skills' warm runs, each
     /// holding a permit of `slots` (the server's run slots) while idle, and
     /// discards the spoiled, stale and expired ones. Returns at once when
     /// no skill is granted warm runs. Call it from a thread that lives as
@@ -65,7 +66,7 @@ impl Engine {
 
     /// Kills a warm run never used (its tree, then its reaping), and hands
     /// its slot back to the janitor.
-    fn kill_warm(&self, warm: Warm) {
+    fn kill_warm(&self, mut warm: Warm) {
         self.warm.wake_to_die(&warm);
         warm.kill_tree();
         let Warm { mut prep, child, pgid, .. } = warm;

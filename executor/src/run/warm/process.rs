@@ -3,7 +3,7 @@
 //! its tree is killed (the pools are the parent module's).
 
 use std::collections::HashSet;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,6 +41,8 @@ pub struct Warm {
     pub(super) permit: Option<OwnedSemaphorePermit>,
     /// When its slot was lent, if it was.
     pub(super) lent_at: Option<Instant>,
+    /// Its tree was killed ([`Warm::kill_tree`]).
+    killed: bool,
 }
 
 impl Warm {
@@ -53,7 +55,8 @@ impl Warm {
         watch: Option<Watch>,
     ) -> Self {
         let made = Instant::now();
-        Warm { plan, tool, prep, child, pgid, watch, made, permit: None, lent_at: None }
+        let (permit, lent_at, killed) = (None, None, false);
+        Warm { plan, tool, prep, child, pgid, watch, made, permit, lent_at, killed }
     }
 
     /// Why it must not serve a request, if it must not: it wrote to stdout
@@ -87,17 +90,26 @@ impl Warm {
         }
     }
 
-    /// Kills its whole tree now (`SIGKILL` to the main process, then its
-    /// cgroup leaf or, without one that lists it, its process group: the
-    /// warm run leads its own session); it is reaped and its slot cleaned
-    /// up by `Maker::kill`.
-    pub(crate) fn kill_tree(&self) {
-        let _ = sys::process::pidfd_signal(self.child.pidfd.as_fd(), libc::SIGKILL);
+    /// Kills its whole tree now, once (`SIGKILL` to the main process, then
+    /// its cgroup leaf or, without one that lists it, its process group:
+    /// the warm run leads its own session); it is reaped and its slot
+    /// cleaned up by `Maker::kill`. The group is signalled only while the
+    /// main process is provably not reaped, so its number is still its
+    /// own: a main process that exited unused and was reaped by another
+    /// run's sweep of orphans leaves what it forked (only without a
+    /// cgroup, i.e. an executor that is not root).
+    pub(crate) fn kill_tree(&mut self) {
+        if std::mem::replace(&mut self.killed, true) {
+            return;
+        }
+        let pidfd = self.child.pidfd.as_fd();
+        let _ = sys::process::pidfd_signal(pidfd, libc::SIGKILL);
         match thread_listing(&self.prep) {
             Some(cg) => cg.kill(),
             None => {
                 let group = nix::unistd::Pid::from_raw(self.child.pid);
-                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+                let kill = || nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+                let _ = sys::process::while_unreaped(pidfd.as_raw_fd(), kill);
             }
         }
     }
