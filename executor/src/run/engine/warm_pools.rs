@@ -21,9 +21,10 @@ impl Engine {
 
     /// Runs the warm pools' thread on the calling thread until
     /// [`Engine::finish_warm`] ([`Engine::stop_warm`] only stops the
-    /// pools: the thread goes on killing the runs discarded later): it makes the granted skills' warm runs, each
-    /// holding a permit of `slots` (the server's run slots) while idle, and
-    /// discards the spoiled, stale and expired ones. Returns at once when
+    /// pools: the thread goes on killing the runs discarded later): it
+    /// makes the granted skills' warm runs, each holding a permit of
+    /// `slots` (the server's run slots) while idle, and discards the
+    /// spoiled, stale and expired ones. Returns at once when
     /// no skill is granted warm runs. Call it from a thread that lives as
     /// long as the runs it makes (a run created without a spawner thread
     /// has its parent-death signal tied to it).
