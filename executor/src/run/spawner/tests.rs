@@ -468,7 +468,10 @@ fn procs_file(name: &str) -> (std::fs::File, std::path::PathBuf) {
 /// the cgroup step either way, and nothing is exec'd.
 #[test]
 fn a_spinning_run_makes_its_parked_childs_cgroup_joins() {
-    let spin = Duration::from_millis(50);
+    // Ends as soon as the child takes the offer up: long, so that a host
+    // busy with other tests does not leave the join to the child (50 ms
+    // once did, under CI's load).
+    let spin = Duration::from_secs(10);
     let spawner = Spawner::start(test_program(), 1, "test-join").unwrap();
     let (file, path) = procs_file("join");
     let procs = [file.as_raw_fd()];
