@@ -90,7 +90,7 @@ struct State {
     domains: HashMap<u64, u64>,
     /// Domains of runs already reported: a record of one is late.
     done_domains: HashSet<u64>,
-    pending: Vec<(u64, Record)>,
+    pending: Vec<(u64, Record, u64)>,
     buf: Vec<u8>,
 }
 
@@ -295,11 +295,17 @@ impl State {
     }
 
     fn add(&mut self, key: u64, d: Denial, late: &AtomicU64) {
+        self.add_n(key, d, 1, late);
+    }
+
+    /// [`State::add`] of `n` records alike (held ones, counted together).
+    fn add_n(&mut self, key: u64, mut d: Denial, n: u64, late: &AtomicU64) {
         let Some(run) = self.runs.get_mut(&key) else {
-            late.fetch_add(1, Ordering::Relaxed);
+            late.fetch_add(n, Ordering::Relaxed);
             return;
         };
-        run.total += 1;
+        run.total += n;
+        d.count = n;
         let same = |x: &Denial| {
             x.kind == d.kind
                 && x.access == d.access
@@ -309,7 +315,7 @@ impl State {
         };
         let room = run.listed.len() < MAX_DENIALS;
         match run.listed.iter_mut().find(|x| same(x)) {
-            Some(x) => x.count += 1,
+            Some(x) => x.count += n,
             None if room => run.listed.push(d),
             None => {}
         }
@@ -323,12 +329,12 @@ impl State {
             }
         }
         let held = std::mem::take(&mut self.pending);
-        for (serial, rec) in held {
+        for (serial, rec, n) in held {
             match &rec {
                 Record::Access { domain: d, .. } if *d == domain => {
-                    self.add(key, access_denial(&rec), late);
+                    self.add_n(key, access_denial(&rec), n, late);
                 }
-                _ => self.pending.push((serial, rec)),
+                _ => self.pending.push((serial, rec, n)),
             }
         }
     }
@@ -338,7 +344,7 @@ impl State {
         // Records of other events come between those of one event (each
         // record is queued on its own, the call's at its exit): held
         // records are dropped only once far behind, as another sandbox's.
-        self.pending.retain(|(s, _)| s.saturating_add(PENDING_SERIALS) >= serial);
+        self.pending.retain(|(s, _, _)| s.saturating_add(PENDING_SERIALS) >= serial);
         match record {
             Record::Access { domain, .. } => {
                 if let Some(k) = self.domains.get(&domain).copied() {
@@ -357,8 +363,8 @@ impl State {
                 let held: Vec<u64> = self
                     .pending
                     .iter()
-                    .filter(|(s, _)| *s == serial)
-                    .filter_map(|(_, r)| match r {
+                    .filter(|(s, _, _)| *s == serial)
+                    .filter_map(|(_, r, _)| match r {
                         Record::Access { domain, .. } => Some(*domain),
                         _ => None,
                     })
@@ -378,12 +384,25 @@ impl State {
 
     /// Keeps a record whose run is not known yet: its process may have
     /// ended before its run's thread registered its pid
-    /// ([`Watch::pid`], which takes it then).
+    /// ([`Watch::pid`], which takes it then). A repeat of a held access
+    /// record (a short run's flood of one refusal) is counted with it, not
+    /// kept apart; when [`PENDING`] records are held the oldest goes, a
+    /// domain's record last: without it none of the domain's records could
+    /// be tied to their run.
     fn hold(&mut self, serial: u64, record: Record) {
-        if self.pending.len() >= PENDING {
-            self.pending.remove(0);
+        if matches!(record, Record::Access { .. }) {
+            if let Some(held) = self.pending.iter_mut().find(|(_, r, _)| *r == record) {
+                held.0 = serial;
+                held.2 += 1;
+                return;
+            }
         }
-        self.pending.push((serial, record));
+        if self.pending.len() >= PENDING {
+            let other = |(_, r, _): &(u64, Record, u64)| !matches!(r, Record::Domain { .. });
+            let oldest = self.pending.iter().position(other).unwrap_or(0);
+            self.pending.remove(oldest);
+        }
+        self.pending.push((serial, record, 1));
     }
 
     /// `pid` is now known as run `key`'s: the held records it made are.
@@ -391,13 +410,13 @@ impl State {
         self.strangers.remove(&pid);
         let held = std::mem::take(&mut self.pending);
         let mut domains = Vec::new();
-        for (serial, rec) in held {
+        for (serial, rec, n) in held {
             match rec {
                 Record::Seccomp { pid: p, .. } if p == pid => {
-                    self.add(key, seccomp_denial(&rec), late);
+                    self.add_n(key, seccomp_denial(&rec), n, late);
                 }
                 Record::Domain { domain, pid: p } if p == pid => domains.push(domain),
-                _ => self.pending.push((serial, rec)),
+                _ => self.pending.push((serial, rec, n)),
             }
         }
         for d in domains {

@@ -154,3 +154,38 @@ fn a_record_before_its_pid_is_known_is_held_for_it() {
     assert_eq!(run.listed[1].path.as_deref(), Some("/etc/shadow"));
     assert!(st.pending.is_empty());
 }
+
+/// A short run's flood, read after its process is gone: the domain's
+/// record and its 201 refusals are held for its pid (the repeats counted
+/// together) next to another run's flood; once the pid is registered every
+/// refusal is the run's. Past `PENDING` held records, the domain's record
+/// is the last to go.
+#[test]
+fn a_gone_runs_flood_is_held_whole_for_its_pid() {
+    let (mut st, key) = state_with_run("/sys/fs/cgroup/none-such-leaf");
+    let late = AtomicU64::new(0);
+    let gone = i32::MAX - 9;
+    let domain = Record::Domain { domain: 0xb, pid: gone };
+    st.take(access(1, 0xb, "/tmp/b"), &late);
+    st.take(record::Parsed { serial: 1, record: domain.clone() }, &late);
+    for i in 0..200u64 {
+        st.take(access(2 + 2 * i, 0xb, "/tmp/b"), &late);
+        st.take(access(3 + 2 * i, 0xa, "/tmp/a"), &late);
+    }
+    assert_eq!(st.pending.len(), 3, "the floods are held as counts");
+    st.pids.insert(gone, key);
+    st.runs.get_mut(&key).unwrap().pids.push(gone);
+    st.claim(gone, key, &late);
+    let run = st.remove(key);
+    assert_eq!(run.total, 201, "{:?}", run.listed);
+    assert_eq!(run.listed.len(), 1, "{:?}", run.listed);
+    assert_eq!((run.listed[0].path.as_deref(), run.listed[0].count), (Some("/tmp/b"), 201));
+
+    // Other processes' records, distinct, more than are held.
+    st.take(record::Parsed { serial: 1000, record: domain.clone() }, &late);
+    for i in 0..(PENDING as u64 + 10) {
+        st.take(access(1001 + i, 0x100 + i, "/x"), &late);
+    }
+    assert_eq!(st.pending.len(), PENDING);
+    assert!(st.pending.iter().any(|(_, r, _)| *r == domain), "the domain's record went");
+}
