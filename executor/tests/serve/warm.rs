@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use policy::SkillGrant;
@@ -44,14 +44,13 @@ fn alive(pid: i32) -> bool {
         .is_some_and(|state| state != 'Z')
 }
 
-/// An idle warm run holds one of the `max_concurrent_runs` slots: with
-/// both slots taken (one by a warm run, one by a run), a second run does
-/// not queue but kills the idle warm run for its slot; the pool is not
-/// made again while every slot is busy, and a third run queues.
-#[test]
-fn idle_warm_runs_hold_run_slots() {
+/// A server with two run slots and two queue places, `pool` granted one
+/// warm run: `pool`'s manifest (a skill that reads its args and answers
+/// `{}`), `long`'s (one that answers once `go` exists) and `go`; `None`
+/// where the sandbox cannot run.
+fn two_slots() -> Option<(Server, PathBuf, PathBuf, PathBuf)> {
     if !can_run() {
-        return;
+        return None;
     }
     let server = Server::start(|c| {
         c.max_concurrent_runs = 2;
@@ -62,6 +61,16 @@ fn idle_warm_runs_hold_run_slots() {
     let go = server.root.join("long").join("go");
     let script = format!("while [ ! -e {} ]; do sleep 0.05; done\necho '{{}}'", go.display());
     let long = skill(&server.root, "long", "safe", 20, &script);
+    Some((server, warm, long, go))
+}
+
+/// An idle warm run holds one of the `max_concurrent_runs` slots: with
+/// both slots taken (one by a warm run, one by a run), a second run does
+/// not queue but kills the idle warm run for its slot; the pool is not
+/// made again while every slot is busy, and a third run queues.
+#[test]
+fn idle_warm_runs_hold_run_slots() {
+    let Some((server, warm, long, go)) = two_slots() else { return };
     let warm_dir = warm.parent().unwrap().to_owned();
     let mut c = server.client();
     c.execute(1, &warm, json!({}));
@@ -108,18 +117,7 @@ fn idle_warm_runs_hold_run_slots() {
 /// evicted, and the run is warm.
 #[test]
 fn at_the_cap_a_run_takes_its_own_skills_warm_run() {
-    if !can_run() {
-        return;
-    }
-    let server = Server::start(|c| {
-        c.max_concurrent_runs = 2;
-        c.max_queued_runs = 2;
-        c.skills.insert("pool".into(), SkillGrant { warm: 1, ..SkillGrant::default() });
-    });
-    let warm = skill(&server.root, "pool", "safe", 5, "cat >/dev/null\necho '{}'");
-    let go = server.root.join("long").join("go");
-    let script = format!("while [ ! -e {} ]; do sleep 0.05; done\necho '{{}}'", go.display());
-    let long = skill(&server.root, "long", "safe", 20, &script);
+    let Some((server, warm, long, go)) = two_slots() else { return };
     let mut c = server.client();
     c.execute(1, &warm, json!({}));
     assert_eq!(c.run_result().1["result"]["warm"], false, "the first run is a miss");
