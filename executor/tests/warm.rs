@@ -176,6 +176,25 @@ fn replacing_the_entry_discards_the_pool() {
     assert_eq!(r.result.map(|v| v.to_value()), Some(serde_json::json!({"v": 2})));
 }
 
+/// The pool thread's sweep finds idle runs of a replaced entry with no
+/// request asking: they are discarded, the pool is made again from the new
+/// file, and the next run is a hit that runs it.
+#[test]
+fn the_sweep_discards_the_runs_of_a_replaced_entry() {
+    let test = "the_sweep_discards_the_runs_of_a_replaced_entry";
+    let Some(p) = Pooled::new(test, "swept", 2, |_| {}) else { return };
+    let (_root, manifest) = skill("swept", 5, "cat >/dev/null\necho '{\"v\":1}'");
+    assert_eq!(p.run(&manifest, "{}").outcome, Outcome::Ok);
+    p.wait_for("swept", |s| s.idle == 2);
+    write_entry(manifest.parent().unwrap(), "cat >/dev/null\necho '{\"v\":2}'");
+    let s = p.wait_for("swept", |s| s.discarded >= 2 && s.idle == 2);
+    assert!(s.discarded >= 2 && s.idle == 2, "{s:?}");
+    assert_eq!((s.hits, s.misses), (0, 1), "no request took or missed: {s:?}");
+    let r = p.run(&manifest, "{}");
+    assert!(r.warm, "{r:?}");
+    assert_eq!(r.result.map(|v| v.to_value()), Some(serde_json::json!({"v": 2})));
+}
+
 /// Idle warm runs expire after `warm_idle_seconds` (and are made again);
 /// a warm run's output cap and timeout hold as a cold run's.
 #[test]

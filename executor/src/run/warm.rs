@@ -60,13 +60,14 @@
 
 mod process;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::run::file_key::FileKey;
 use crate::run::lock::relock;
 use crate::run::plan::Plan;
 use crate::run::spawn::Prepared;
@@ -470,7 +471,8 @@ impl WarmPools {
             return;
         }
         loop {
-            let (dead, work, stop) = self.look_over(slots);
+            let files = self.look_up_files();
+            let (dead, work, stop) = self.look_over(slots, files.as_ref());
             for (warm, why) in dead {
                 tracing::info!(
                     "executor: warm run of {:?} discarded: {why}",
@@ -529,17 +531,39 @@ impl WarmPools {
         }
     }
 
-    /// Under the lock: the idle runs to discard (spoiled, expired, stale),
-    /// the next warm run to make, and whether the pools stop.
-    fn look_over(&self, slots: &Arc<Semaphore>) -> (Vec<(Warm, &'static str)>, Option<Work>, bool) {
+    /// The idle runs' manifest and entry files, looked up by path at most
+    /// every [`SWEEP_EVERY`] (else `None`): the paths are listed under the
+    /// lock, the files looked up outside it, so a request's take never
+    /// waits for the file system.
+    fn look_up_files(&self) -> Option<Files> {
+        let paths: HashSet<PathBuf> = {
+            let mut state = relock(&self.shared.state);
+            if state.swept.is_some_and(|at| at.elapsed() < SWEEP_EVERY) {
+                return None;
+            }
+            state.swept = Some(Instant::now());
+            let runs = state.pools.values().flat_map(|p| p.idle.iter());
+            runs.flat_map(|w| [w.plan.manifest_path.clone(), w.plan.entry.clone()]).collect()
+        };
+        let mut files = Files::with_capacity(paths.len());
+        for path in paths {
+            let now = std::fs::metadata(&path).ok().map(|m| FileKey::of(&m));
+            files.insert(path, now);
+        }
+        Some(files)
+    }
+
+    /// Under the lock: the idle runs to discard (spoiled, expired, stale
+    /// by `files`), the next warm run to make, and whether the pools stop.
+    fn look_over(
+        &self,
+        slots: &Arc<Semaphore>,
+        files: Option<&Files>,
+    ) -> (Vec<(Warm, &'static str)>, Option<Work>, bool) {
         let mut state = relock(&self.shared.state);
-        let State { pools, dead, idle, stop, generation, swept, refill, .. } = &mut *state;
+        let State { pools, dead, idle, stop, generation, refill, .. } = &mut *state;
         *refill = false;
         let mut out = std::mem::take(dead);
-        let look_up = swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY);
-        if look_up {
-            *swept = Some(Instant::now());
-        }
         for pool in pools.values_mut() {
             let before = pool.idle.len();
             let mut kept = VecDeque::with_capacity(before);
@@ -550,7 +574,7 @@ impl WarmPools {
                 } else if warm.made.elapsed() >= self.idle_for {
                     lasted = true;
                     Some(EXPIRED)
-                } else if look_up && !warm.current() {
+                } else if files.is_some_and(|files| !warm.current(files)) {
                     Some(STALE)
                 } else if !warm.holds_slot(slots) {
                     Some("its run slot went to a request")
@@ -608,6 +632,10 @@ impl WarmPools {
         (out, work, false)
     }
 }
+
+/// Files looked up by path: what each is now (`None`: it cannot be
+/// looked up).
+type Files = HashMap<PathBuf, Option<FileKey>>;
 
 /// Why a warm run made from other files than the request's is discarded.
 const STALE: &str = "its manifest or entry changed since it was made";

@@ -2,9 +2,9 @@
 //! what it was made from; whether it may still serve a request, and how
 //! its tree is killed (the pools are the parent module's).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd};
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -115,11 +115,12 @@ impl Warm {
     }
 
     /// Whether its manifest and entry files are still the ones it was made
-    /// from (looked up again by path).
-    pub(super) fn current(&self) -> bool {
-        let key = |p: &Path| std::fs::metadata(p).ok().map(|m| FileKey::of(&m));
+    /// from, as `files` found them by path (one not in `files`, made since
+    /// they were looked up, is taken as current until the next look-up).
+    pub(super) fn current(&self, files: &HashMap<PathBuf, Option<FileKey>>) -> bool {
         let (manifest, entry) = self.plan.identity;
-        key(&self.plan.manifest_path) == Some(manifest) && key(&self.plan.entry) == Some(entry)
+        let is = |p: &PathBuf, key: FileKey| files.get(p).is_none_or(|now| *now == Some(key));
+        is(&self.plan.manifest_path, manifest) && is(&self.plan.entry, entry)
     }
 
     /// Sets `policy` (a cold run's) back on every thread of the run, made
