@@ -41,9 +41,8 @@ pub const DEFAULT_HOLD_TIMEOUT_SECONDS: u64 = 30;
 /// Default `drain_timeout_seconds`: under the unit's `TimeoutStopSec=90s`,
 /// as skilld's.
 pub const DEFAULT_DRAIN_TIMEOUT_SECONDS: u64 = 75;
-/// Default `max_warm_total`: under the default `max_concurrent_runs` (16)
-/// by half, so warm runs never take most of the slots.
-pub const DEFAULT_MAX_WARM_TOTAL: usize = 8;
+/// Default `max_warm_total` (half the default `max_concurrent_runs`).
+pub use policy::DEFAULT_MAX_WARM_TOTAL;
 /// Default `warm_idle_seconds`.
 pub const DEFAULT_WARM_IDLE_SECONDS: u64 = 60;
 /// Shortest `max_line_bytes` (a request with a manifest path must fit).

@@ -118,6 +118,11 @@ pub struct SandboxRequest {
     pub max_pids: Option<u32>,
 }
 
+/// The executor's default `max_warm_total`: half its default
+/// `max_concurrent_runs` (16), so warm runs never take most of the slots.
+/// A grant's `warm` is at most the executor's `max_warm_total`.
+pub const DEFAULT_MAX_WARM_TOTAL: usize = 8;
+
 /// What `executor.toml` grants one skill (`[skills.NAME]`). Every field is
 /// an upper bound on what the manifest may ask for.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use plumbing::errors::chain;
-use policy::{PermissionMode, SkillGrant};
+use policy::{PermissionMode, SkillGrant, DEFAULT_MAX_WARM_TOTAL};
 use serde::Deserialize;
 
 use crate::daemon::config::{CallerEntry, FileConfig, Overrides, Settings, DEFAULT_METRICS_LISTEN};
@@ -292,8 +292,15 @@ pub(super) fn read_grants(path: &Path) -> Result<BTreeMap<String, toml::Table>, 
         for (name, grant) in skills {
             policy::SkillName::new(&name).map_err(|e| at(&format!("[skills.{name}]: {e}")))?;
             // Read as the executor will read it, kept as written.
-            SkillGrant::deserialize(grant.clone())
+            let read = SkillGrant::deserialize(grant.clone())
                 .map_err(|e| at(&format!("[skills.{name}]: {e}")))?;
+            // The executor `up` starts keeps its default `max_warm_total`.
+            if read.warm as usize > DEFAULT_MAX_WARM_TOTAL {
+                let max = DEFAULT_MAX_WARM_TOTAL;
+                return Err(at(&format!(
+                    "[skills.{name}] warm: at most {max} (the max_warm_total of the executor up starts)"
+                )));
+            }
             let toml::Value::Table(grant) = grant else {
                 return Err(at(&format!("[skills.{name}]: not a table")));
             };

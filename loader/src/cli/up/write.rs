@@ -222,6 +222,7 @@ mod tests {
         for (body, needle) in [
             ("[skills.x]\nnetwrk = true\n", "[skills.x]: unknown field `netwrk`"),
             ("[skills.x]\nwarm = -1\n", "[skills.x]"),
+            ("[skills.x]\nwarm = 9\n", "[skills.x] warm: at most 8"),
             ("[skills.x]\nproc = \"all\"\n", "[skills.x]: unknown variant `all`"),
             ("run_as = \"root\"\n", "run_as: only [skills.NAME] tables"),
             ("[limits]\nmax_pids = 1\n", "[limits]: only [skills.NAME] tables"),
