@@ -35,6 +35,8 @@ fn write_entry(dir: &Path, script: &str) {
 /// stopped (its warm runs killed) when dropped.
 struct Pooled {
     engine: Arc<Engine>,
+    /// The run slots the pool thread takes from.
+    slots: Arc<Semaphore>,
     thread: Option<std::thread::JoinHandle<()>>,
     _runtime: tempfile::TempDir,
 }
@@ -58,9 +60,9 @@ impl Pooled {
         tune(&mut config);
         let engine = Arc::new(Engine::new(config).unwrap());
         let slots = Arc::new(Semaphore::new(engine.config().max_concurrent_runs));
-        let serving = Arc::clone(&engine);
-        let thread = std::thread::spawn(move || serving.serve_warm(&slots));
-        Some(Pooled { engine, thread: Some(thread), _runtime: runtime })
+        let (serving, serving_slots) = (Arc::clone(&engine), Arc::clone(&slots));
+        let thread = std::thread::spawn(move || serving.serve_warm(&serving_slots));
+        Some(Pooled { engine, slots, thread: Some(thread), _runtime: runtime })
     }
 
     fn run(&self, manifest: &Path, args: &str) -> RunReport {
@@ -286,6 +288,36 @@ fn a_discard_remakes_the_pool_from_the_files_as_they_are() {
     assert_eq!((r.warm, v(&r)), (true, Some(serde_json::json!(2))), "{r:?}");
     let s = p.stats("lib");
     assert_eq!((s.hits, s.misses, s.discarded), (2, 1, 2), "{s:?}");
+}
+
+/// A discarded warm run's slot is free once the discard returns, its tree
+/// killed, whatever the pool thread is doing: here the test holds every
+/// other slot, so the pool thread makes no run with the one freed.
+#[test]
+fn a_discarded_warm_runs_slot_is_free_at_once() {
+    let test = "a_discarded_warm_runs_slot_is_free_at_once";
+    let Some(p) = Pooled::new(test, "slot", 1, |_| {}) else { return };
+    let (_root, manifest) = skill("slot", 5, "cat >/dev/null\necho '{}'");
+    assert_eq!(p.run(&manifest, "{}").outcome, Outcome::Ok);
+    p.wait_for("slot", |s| s.idle == 1);
+    let before = procs_under(manifest.parent().unwrap(), 1, &BTreeSet::new());
+    assert_eq!(before.len(), 1, "one idle warm run: {before:?}");
+    let all = p.slots.available_permits() as u32;
+    let held = Arc::clone(&p.slots).try_acquire_many_owned(all).unwrap();
+    assert_eq!(p.slots.available_permits(), 0);
+    assert_eq!(p.engine.discard_warm(), 1);
+    assert_eq!(p.slots.available_permits(), 1, "the discarded run's slot is still held");
+    // The pool thread reaps it; one slot free is not room for another.
+    let gone = |pid: &i32| !Path::new(&format!("/proc/{pid}")).exists();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !before.iter().all(gone) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(before.iter().all(gone), "the discarded run lives: {before:?}");
+    assert_eq!((p.stats("slot").idle, p.slots.available_permits()), (0, 1));
+    drop(held);
+    let s = p.wait_for("slot", |s| s.idle == 1);
+    assert_eq!(s.idle, 1, "the pool was not made again: {s:?}");
 }
 
 /// A warm run taken by a held request (skilld's `hold`) and spoiled while

@@ -39,8 +39,10 @@
 //! toward the runs tmpfs and memory sized for it; a request that would
 //! queue for a slot borrows one of an idle warm run of its own skill
 //! ([`WarmPools::lend_slot`]: it will likely take that run), else evicts
-//! another idle warm run first ([`WarmPools::evict`], its tree killed
-//! before its slot is free). `max_warm_total` stays below
+//! another idle warm run first ([`WarmPools::evict`]). A run discarded by
+//! a request or a discard has its tree killed and then its slot freed at
+//! once ([`WarmPools::put_down`]); the pool thread reaps it and removes its
+//! folder. `max_warm_total` stays below
 //! `max_concurrent_runs` (the configuration refuses otherwise). On
 //! shutdown the idle runs are killed, not drained; the pool thread stays
 //! until the server's drain is over ([`WarmPools::finish`]).
@@ -240,7 +242,7 @@ impl WarmPools {
     /// A warm run made for `plan` and `tool`, taken (it is no longer
     /// pooled), or `None` (a miss, counted; the pool will be made from
     /// this manifest). Idle runs that are not this plan's, or spoiled, are
-    /// handed to the pool thread to kill on the way. The pool thread is
+    /// put down on the way ([`WarmPools::put_down`]). The pool thread is
     /// not woken: the caller drops a [`WarmPools::refill_later`] once its
     /// report is out.
     pub(crate) fn take(&self, plan: &Plan, tool: Option<&str>) -> Option<Warm> {
@@ -249,10 +251,10 @@ impl WarmPools {
         if state.stop {
             return None;
         }
-        let State { pools, dead, idle, .. } = &mut *state;
+        let State { pools, idle, .. } = &mut *state;
         let pool = pools.entry(skill.to_owned()).or_default();
         pool.source = Some((plan.manifest_path.clone(), tool.map(str::to_owned)));
-        let mut found = None;
+        let (mut found, mut unfit) = (None, Vec::new());
         while let Some(warm) = pool.idle.pop_front() {
             *idle = idle.saturating_sub(1);
             let why = if !warm.serves(plan, tool) {
@@ -272,7 +274,7 @@ impl WarmPools {
                         pool.rest();
                     }
                     pool.stats.discarded += 1;
-                    dead.push((warm, why));
+                    unfit.push((warm, why));
                 }
             }
         }
@@ -282,6 +284,9 @@ impl WarmPools {
             None => pool.stats.misses += 1,
         }
         drop(state);
+        if !unfit.is_empty() {
+            self.put_down_all(unfit, false);
+        }
         let mut warm = found?;
         let ready = self.idle_start.map_or(Ok(()), |policy| warm.schedule_cold(policy));
         let Err(why) = ready else { return Some(warm) };
@@ -320,6 +325,28 @@ impl WarmPools {
         warm.kill_tree();
         self.to_kill(warm, why);
         None
+    }
+
+    /// Puts a warm run that will not be used down at once, whatever the
+    /// pool thread is doing: a cold run's policy set back (its exit waits
+    /// for no idle CPU time), its tree killed, then its run slot freed.
+    /// Its reaping and its folder's removal are the pool thread's.
+    fn put_down(&self, warm: &mut Warm) {
+        self.wake_to_die(warm);
+        warm.kill_tree();
+        warm.permit = None;
+    }
+
+    /// [`WarmPools::put_down`] for each of `runs`, then hands them to the
+    /// pool thread to reap, waking it if `wake`.
+    fn put_down_all(&self, mut runs: Vec<(Warm, &'static str)>, wake: bool) {
+        for (warm, _) in &mut runs {
+            self.put_down(warm);
+        }
+        relock(&self.shared.state).dead.append(&mut runs);
+        if wake {
+            self.shared.wake.notify_one();
+        }
     }
 
     /// Hands `warm` to the pool thread to be killed and reaped (also once
@@ -377,9 +404,7 @@ impl WarmPools {
         *idle = idle.saturating_sub(1);
         pool.stats.discarded += 1;
         drop(state);
-        self.wake_to_die(&warm);
-        warm.kill_tree();
-        warm.permit = None;
+        self.put_down(&mut warm);
         self.to_kill(warm, "its run slot was needed by a request");
         true
     }
@@ -395,26 +420,25 @@ impl WarmPools {
     }
 
     /// Discards every idle warm run of every pool (a reload said skill
-    /// files changed), and any being made now once it is made; the pools
-    /// are made again at once (a resting pool too). Returns how many idle
-    /// runs were discarded.
+    /// files changed), each put down at once ([`WarmPools::put_down`]),
+    /// and any being made now once it is made; the pools are made again at
+    /// once (a resting pool too). Returns how many idle runs were
+    /// discarded.
     pub fn discard_all(&self) -> u64 {
         let mut state = relock(&self.shared.state);
-        let State { pools, dead, idle, generation, .. } = &mut *state;
+        let State { pools, idle, generation, .. } = &mut *state;
         *generation += 1;
-        let mut n = 0u64;
+        let mut runs = Vec::new();
         for pool in pools.values_mut() {
             pool.retry_at = None;
             pool.failures = 0;
             pool.stats.discarded += pool.idle.len() as u64;
-            for warm in pool.idle.drain(..) {
-                n += 1;
-                dead.push((warm, RELOADED));
-            }
+            runs.extend(pool.idle.drain(..).map(|warm| (warm, RELOADED)));
         }
         *idle = 0;
         drop(state);
-        self.shared.wake.notify_one();
+        let n = runs.len() as u64;
+        self.put_down_all(runs, true);
         n
     }
 
