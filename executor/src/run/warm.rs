@@ -133,6 +133,10 @@ struct State {
     pools: HashMap<String, Pool>,
     /// Warm runs to kill, with why (the pool thread kills them).
     dead: Vec<(Warm, &'static str)>,
+    /// Warm runs taken out of their pool to be put down, not yet in
+    /// `dead` ([`WarmPools::put_down_all`]): the pool thread does not
+    /// return before they are there.
+    putting_down: usize,
     stop: bool,
     /// Idle warm runs over all pools.
     idle: usize,
@@ -283,6 +287,7 @@ impl WarmPools {
             Some(warm) => warm.permit = None,
             None => pool.stats.misses += 1,
         }
+        state.putting_down += unfit.len();
         drop(state);
         if !unfit.is_empty() {
             self.put_down_all(unfit, false);
@@ -337,13 +342,17 @@ impl WarmPools {
         warm.permit = None;
     }
 
-    /// [`WarmPools::put_down`] for each of `runs`, then hands them to the
-    /// pool thread to reap, waking it if `wake`.
+    /// [`WarmPools::put_down`] for each of `runs` (counted in
+    /// [`State::putting_down`] when they left their pool), then hands them
+    /// to the pool thread to reap, waking it if `wake`.
     fn put_down_all(&self, mut runs: Vec<(Warm, &'static str)>, wake: bool) {
         for (warm, _) in &mut runs {
             self.put_down(warm);
         }
-        relock(&self.shared.state).dead.append(&mut runs);
+        let mut state = relock(&self.shared.state);
+        state.putting_down = state.putting_down.saturating_sub(runs.len());
+        state.dead.append(&mut runs);
+        drop(state);
         if wake {
             self.shared.wake.notify_one();
         }
@@ -436,6 +445,7 @@ impl WarmPools {
             runs.extend(pool.idle.drain(..).map(|warm| (warm, RELOADED)));
         }
         *idle = 0;
+        state.putting_down += runs.len();
         drop(state);
         let n = runs.len() as u64;
         self.put_down_all(runs, true);
@@ -506,7 +516,7 @@ impl WarmPools {
             }
             if stop {
                 let state = relock(&self.shared.state);
-                if state.finished && state.dead.is_empty() {
+                if state.finished && state.dead.is_empty() && state.putting_down == 0 {
                     return;
                 }
                 if state.dead.is_empty() {

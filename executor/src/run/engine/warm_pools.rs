@@ -68,8 +68,10 @@ impl Engine {
     /// Kills a warm run never used (its tree, then its reaping), and hands
     /// its slot back to the janitor.
     fn kill_warm(&self, mut warm: Warm) {
-        self.warm.wake_to_die(&warm);
-        warm.kill_tree();
+        if !warm.killed() {
+            self.warm.wake_to_die(&warm);
+            warm.kill_tree();
+        }
         let Warm { mut prep, child, pgid, .. } = warm;
         if let Some(cg) = prep.cgroup.as_mut() {
             settle(cg);

@@ -114,9 +114,14 @@ impl Warm {
         }
     }
 
+    /// Whether its tree was killed ([`Warm::kill_tree`]).
+    pub(crate) fn killed(&self) -> bool {
+        self.killed
+    }
+
     /// Whether its manifest and entry files are still the ones it was made
-    /// from, as `files` found them by path (one not in `files`, made since
-    /// they were looked up, is taken as current until the next look-up).
+    /// from, as `files` found them by path (a path not in `files` counts as
+    /// current).
     pub(super) fn current(&self, files: &HashMap<PathBuf, Option<FileKey>>) -> bool {
         let (manifest, entry) = self.plan.identity;
         let is = |p: &PathBuf, key: FileKey| files.get(p).is_none_or(|now| *now == Some(key));

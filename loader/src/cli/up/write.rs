@@ -219,10 +219,17 @@ mod tests {
         assert_eq!(skills["probe_dns"]["network"].as_bool(), Some(true), "the other examples stay");
         assert_eq!(skills["tail_file"]["fs_read"][0].as_str(), Some("/var/log"));
 
+        let max = policy::DEFAULT_MAX_WARM_TOTAL;
+        fs::write(&file, format!("[skills.x]\nwarm = {max}\n")).unwrap();
+        assert_eq!(read_grants(&file).unwrap()["x"]["warm"].as_integer(), Some(max as i64));
+        let (over, at_most) = (
+            format!("[skills.x]\nwarm = {}\n", max + 1),
+            format!("[skills.x] warm: at most {max}"),
+        );
         for (body, needle) in [
             ("[skills.x]\nnetwrk = true\n", "[skills.x]: unknown field `netwrk`"),
             ("[skills.x]\nwarm = -1\n", "[skills.x]"),
-            ("[skills.x]\nwarm = 9\n", "[skills.x] warm: at most 8"),
+            (&over, &at_most),
             ("[skills.x]\nproc = \"all\"\n", "[skills.x]: unknown variant `all`"),
             ("run_as = \"root\"\n", "run_as: only [skills.NAME] tables"),
             ("[limits]\nmax_pids = 1\n", "[limits]: only [skills.NAME] tables"),
