@@ -451,7 +451,12 @@ async fn safe_rows_are_journaled_then_written_into_the_database() {
     audit.record(Record { decision: "deny", ..safe("ps") }).await.unwrap();
     audit.flush().await;
     assert!(journal_lines(&interval).is_empty());
+    // Closed: its write-ahead log is checkpointed and gone.
+    assert!(!super::syncer::wal_path(&interval.db).exists(), "the WAL is left");
     assert_eq!(db_rows(&interval.db).len(), 7);
+    // A later write opens it again.
+    audit.record(Record { decision: "deny", ..safe("ps") }).await.unwrap();
+    assert_eq!(audit.count().await.unwrap(), 8);
     assert_eq!(errors.get(), 0);
 
     // `full`: every row goes to the database, synced: no journal.

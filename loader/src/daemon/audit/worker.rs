@@ -214,11 +214,17 @@ impl Worker {
         }
     }
 
-    /// Everything journaled into the database, and the journal emptied.
+    /// Everything journaled into the database, the journal emptied, and
+    /// the connection closed: as the last one, SQLite checkpoints its
+    /// write-ahead log into the database and removes it, so a clean stop
+    /// leaves the database file whole. A later job opens it again.
     fn flush(&mut self) {
         self.ingest();
         if self.ingest_due.is_none() {
             self.empty_journal(true);
+        }
+        if let Some(Err((_, e))) = self.db.take().map(Connection::close) {
+            tracing::warn!(error = %e, "audit: closing the audit database");
         }
     }
 
