@@ -48,6 +48,16 @@ fn a_granted_skill_runs_warm_and_shows_its_pool() {
         (json!(2), json!(1), json!(1)),
         "{p}"
     );
+    // `ongrid-skill show` says the same.
+    let out = std::process::Command::new(crate::harness::bin("ongrid-skill"))
+        .args(["show", "strict", "--socket"])
+        .arg(&s.socket)
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line = shown.lines().find(|l| l.starts_with("warm:")).unwrap_or_default();
+    assert!(line.contains("2 granted") && line.contains("hits 1, misses 1"), "{shown}");
     let text = s.scrape();
     assert_eq!(sample(&text, "ongrid_warm_hits_total", "strict"), Some(1.0), "{text}");
     assert_eq!(sample(&text, "ongrid_warm_misses_total", "strict"), Some(1.0));

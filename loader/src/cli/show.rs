@@ -57,6 +57,15 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         "env_allow:    {}",
         if env.is_empty() { "(none)".into() } else { printable::line(&env.join(" ")).into_owned() }
     )?;
+    if let Some(w) = s["warm"].as_object() {
+        let n = |k: &str| w.get(k).and_then(serde_json::Value::as_u64).unwrap_or_default();
+        let (size, idle, hits, misses) = (n("size"), n("idle"), n("hits"), n("misses"));
+        let discarded = n("discarded");
+        writeln!(
+            out,
+            "warm:         {size} granted, {idle} idle; hits {hits}, misses {misses}, discarded {discarded}"
+        )?;
+    }
     writeln!(out, "schema:")?;
     let schema = serde_json::to_string_pretty(&s["schema"]).map_err(io::Error::other)?;
     writeln!(out, "{}", printable::json(&schema))?;
