@@ -74,8 +74,8 @@ use crate::run::lock::relock;
 use crate::run::plan::Plan;
 use crate::run::spawn::Prepared;
 
-use process::thread_listing;
 pub use process::Warm;
+use process::{the_skills_doing, thread_listing};
 
 /// How often the pool thread looks over the idle runs when nothing wakes
 /// it: an idle run that wrote or died is discarded (and made again) within
@@ -508,10 +508,17 @@ impl WarmPools {
             let files = self.look_up_files();
             let (dead, work, stop) = self.look_over(slots, files.as_ref());
             for (warm, why) in dead {
-                tracing::info!(
-                    "executor: warm run of {:?} discarded: {why}",
-                    warm.plan.manifest.name().as_str()
-                );
+                let skill = warm.plan.manifest.name().as_str();
+                if the_skills_doing(why) {
+                    // Seen at the default level: the grant does nothing as
+                    // the skill is written (rare: the pool rests after it).
+                    tracing::warn!(
+                        "executor: warm run of {skill:?} discarded: {why} (a warm skill reads \
+                         its args before it writes or exits)"
+                    );
+                } else {
+                    tracing::info!("executor: warm run of {skill:?} discarded: {why}");
+                }
                 maker.kill(warm);
             }
             if stop {

@@ -272,3 +272,45 @@ fn without_a_cgroup_a_discarded_warm_runs_children_go_with_it() {
     assert_eq!(wait_child(&mut spawned.0), (Some(0), None));
     wait_for("every child gone", Duration::from_secs(5), || sleeps().is_empty());
 }
+
+/// A skill that writes before it reads its args cannot be warm: each warm
+/// run of it is discarded, and the executor says so at its default log
+/// level (no `ONGRID_LOG`), naming the skill and the rule.
+#[test]
+fn a_skill_that_writes_first_is_discarded_and_said_at_the_default_level() {
+    if !can_run() {
+        return;
+    }
+    let root = dir_0755();
+    let runtime = dir_0755();
+    let (socket, config) = serve_config(root.path(), runtime.path());
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("[skills.eager]\nwarm = 1\n");
+    std::fs::write(&config, text).unwrap();
+    let manifest = skill(root.path(), "eager", "safe", 5, "echo '{}'");
+    let log = runtime.path().join("executor.log");
+    let mut spawned = Spawned(
+        std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env_remove("ONGRID_LOG")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
+    let mut c = Client::connect(&socket);
+    c.execute(1, &manifest, json!({}));
+    assert_eq!(c.run_result().1["result"]["outcome"], "ok", "the cold run");
+    wait_for("a discarded warm run", Duration::from_secs(10), || {
+        pool(&socket, "eager")["discarded"].as_u64() >= Some(1)
+    });
+    sigterm(&spawned.0);
+    assert_eq!(wait_child(&mut spawned.0), (Some(0), None));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let said = text.lines().find(|l| l.contains("warm run of \"eager\" discarded"));
+    let line = said.unwrap_or_else(|| panic!("no line said it:\n{text}"));
+    // It wrote and exited: the exit is named first.
+    assert!(line.contains("WARN") && line.contains("before it was taken"), "{line}");
+    assert!(line.contains("reads its args before it writes or exits"), "{line}");
+}

@@ -78,11 +78,11 @@ impl Warm {
             Ok(_) => {
                 let ready = |p: &PollFd<'_>| p.revents().is_some_and(|r| !r.is_empty());
                 if ready(&polled[2]) {
-                    Some("it exited before it was taken")
+                    Some(EXITED)
                 } else if ready(&polled[3]) {
-                    Some("it closed its stdin before it was taken")
+                    Some(CLOSED_STDIN)
                 } else {
-                    Some("it wrote output before it was taken")
+                    Some(WROTE)
                 }
             }
             Err(nix::errno::Errno::EINTR) => None,
@@ -195,6 +195,17 @@ impl Warm {
 /// one condition for making a warm run idle and for setting it back.
 pub(super) fn thread_listing(prep: &Prepared) -> Option<&RunCgroup> {
     prep.cgroup.as_ref().filter(|cg| cg.can_kill())
+}
+
+/// Why a warm run is spoiled ([`Warm::spoiled`]) by what the skill did.
+const EXITED: &str = "it exited before it was taken";
+const CLOSED_STDIN: &str = "it closed its stdin before it was taken";
+const WROTE: &str = "it wrote output before it was taken";
+
+/// Whether `why` a warm run is discarded is the skill's doing (it did not
+/// wait for its args): its grant is of no use as the skill is written.
+pub(super) fn the_skills_doing(why: &str) -> bool {
+    [EXITED, CLOSED_STDIN, WROTE].contains(&why)
 }
 
 /// How long a warm run whose slot was lent (`WarmPools::lend_slot`) is
