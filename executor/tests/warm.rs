@@ -130,6 +130,23 @@ fn warm_runs_serve_each_request_once_with_its_args() {
     assert_eq!((s.hits, s.misses), (4, 1), "{s:?}");
 }
 
+/// Args larger than a pipe holds reach a warm run whole: what the write at
+/// the take leaves is written as the skill reads, then stdin is closed.
+#[test]
+fn a_warm_run_reads_args_larger_than_its_pipe() {
+    let test = "a_warm_run_reads_args_larger_than_its_pipe";
+    let Some(p) = Pooled::new(test, "big", 1, |_| {}) else { return };
+    // The byte count of its stdin, as JSON.
+    let (_dir, manifest) = skill("big", 5, "printf '{\"bytes\":%s}' \"$(wc -c)\"");
+    assert_eq!(p.run(&manifest, "{}").outcome, Outcome::Ok);
+    p.wait_for("big", |s| s.idle == 1);
+    let args = format!(r#"{{"pad":"{}"}}"#, "x".repeat(300_000));
+    let r = p.run(&manifest, &args);
+    assert_eq!((r.outcome, r.warm), (Outcome::Ok, true), "{r:?}");
+    let v = r.result.map(|v| v.to_value());
+    assert_eq!(v, Some(serde_json::json!({ "bytes": args.len() })));
+}
+
 /// A warm process that writes before it is taken, exits or closes its
 /// stdin is discarded and never handed a request (its pool then rests for a while, so the
 /// runs meanwhile are cold).

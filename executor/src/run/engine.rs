@@ -345,7 +345,7 @@ impl Engine {
             None
         };
         let launched = match taken {
-            Some(warm) => match self.launch_warm(warm, start, held).await {
+            Some(warm) => match self.launch_warm(warm, &plan.args, start, held).await {
                 Ok(Some(run)) => Ok(run),
                 // Spoiled while the run was held: a cold run, started now.
                 Ok(None) => {
@@ -443,10 +443,12 @@ impl Engine {
     /// A warm run taken for this request: a held run's `start` awaited
     /// (a run not started is killed unused, never given args), then the
     /// run checked again (`None`: it wrote, exited or expired while held,
-    /// and was discarded).
+    /// and was discarded), then `args` written into its stdin, as a cold
+    /// run's are at its spawn (the supervisor writes what did not fit).
     async fn launch_warm(
         &self,
         warm: Warm,
+        args: &[u8],
         start: impl Future<Output = bool>,
         held: &mut Duration,
     ) -> Result<Option<Launched>, Box<RunReport>> {
@@ -461,7 +463,8 @@ impl Engine {
         }
         let Some(warm) = self.warm.use_taken(warm) else { return Ok(None) };
         // Watched since it was made, as a cold run is from its spawn.
-        let Warm { prep, child, pgid, watch, .. } = warm;
+        let Warm { prep, mut child, pgid, watch, .. } = warm;
+        child.stdin = child.stdin.take().and_then(|(fd, _)| spawn::prefill_stdin(fd, args));
         Ok(Some(Launched { prep, child, pgid, setup_us: 0, warm: true, watch }))
     }
 

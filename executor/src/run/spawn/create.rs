@@ -119,12 +119,14 @@ fn own_pid() -> i32 {
     *PID.get_or_init(|| nix::unistd::getpid().as_raw())
 }
 
-/// Puts what fits of `args` into the stdin pipe before the child exists,
-/// and closes the pipe behind them when all of them fit (64 KiB, nearly
-/// always): the child then reads its args and EOF without waiting on the
-/// executor, which saves the skill a sleep and a wake-up per run on a busy
-/// host. Returns the write end and how much was written when some is left.
-fn prefill_stdin(fd: OwnedFd, args: &[u8]) -> Option<(OwnedFd, usize)> {
+/// Puts what fits of `args` into the stdin pipe before the child exists
+/// (or, for a warm run, as it is taken), and closes the pipe behind them
+/// when all of them fit (64 KiB, nearly always): the child then reads its
+/// args and EOF without waiting on the executor, which saves the skill a
+/// sleep and a wake-up per run on a busy host, and the supervisor an
+/// event loop turn. Returns the write end and how much was written when
+/// some is left.
+pub fn prefill_stdin(fd: OwnedFd, args: &[u8]) -> Option<(OwnedFd, usize)> {
     let mut done = 0;
     while done < args.len() {
         match nix::unistd::write(&fd, &args[done..]) {
