@@ -61,6 +61,7 @@
 //! (which lists its threads) is not made idle.
 
 mod process;
+mod state;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -76,83 +77,14 @@ use crate::run::spawn::Prepared;
 
 pub use process::Warm;
 use process::{the_skills_doing, thread_listing};
+pub(crate) use state::Refill;
+use state::{Files, Pool, Shared, State, Work, EXPIRED, RELOADED, STALE};
+pub use state::{WarmStats, RETRY_AFTER};
 
 /// How often the pool thread looks over the idle runs when nothing wakes
 /// it: an idle run that wrote or died is discarded (and made again) within
 /// this, though a request never takes one in that state anyway.
 pub const SWEEP_EVERY: Duration = Duration::from_millis(250);
-
-/// After a warm run of a skill could not be made, or wrote or exited
-/// before it was taken, its pool waits this long before making another
-/// (the reason is logged each time), twice as long after each such failure
-/// in a row, up to [`RETRY_AFTER`] x 32 (a skill that always writes at
-/// start is made about once a minute); a run taken, or one that lasted
-/// until it expired, resets it.
-pub const RETRY_AFTER: Duration = Duration::from_secs(2);
-
-/// One skill's pool, as [`WarmPools::stats`] reports it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WarmStats {
-    /// Warm runs granted (`[skills.NAME] warm`).
-    pub size: u32,
-    /// Idle warm runs now.
-    pub idle: u64,
-    /// Requests that took a warm run.
-    pub hits: u64,
-    /// Requests of a warm-granted skill that found none and ran cold.
-    pub misses: u64,
-    /// Warm runs killed unused (output or exit while idle, expiry, a
-    /// changed manifest or entry, eviction, shutdown).
-    pub discarded: u64,
-}
-
-#[derive(Debug, Default)]
-struct Pool {
-    /// The manifest (canonical path) and tool the pool is made from.
-    source: Option<(PathBuf, Option<String>)>,
-    idle: VecDeque<Warm>,
-    stats: WarmStats,
-    /// Not tried again before this (a warm run could not be made).
-    retry_at: Option<Instant>,
-    /// Warm runs that could not be made or spoiled, in a row.
-    failures: u32,
-}
-
-impl Pool {
-    /// A warm run could not be made, or spoiled: the pool rests
-    /// ([`RETRY_AFTER`], doubled for each failure in a row).
-    fn rest(&mut self) {
-        let doubled = self.failures.min(5);
-        self.failures = self.failures.saturating_add(1);
-        self.retry_at = Some(Instant::now() + RETRY_AFTER * (1 << doubled));
-    }
-}
-
-#[derive(Debug, Default)]
-struct State {
-    pools: HashMap<String, Pool>,
-    /// Warm runs to kill, with why (the pool thread kills them).
-    dead: Vec<(Warm, &'static str)>,
-    /// Warm runs taken out of their pool to be put down, not yet in
-    /// `dead` ([`WarmPools::put_down_all`]): the pool thread does not
-    /// return before they are there.
-    putting_down: usize,
-    stop: bool,
-    /// Idle warm runs over all pools.
-    idle: usize,
-    /// Counts [`WarmPools::discard_all`] calls: a warm run whose making
-    /// began under an older count is discarded when made.
-    generation: u64,
-    /// When the idle runs' files were last looked up (at most every
-    /// [`SWEEP_EVERY`]: a request's take checks its own run's anyway).
-    swept: Option<Instant>,
-    /// A [`Refill`] was dropped since the pool thread last looked over the
-    /// pools (its wake-up may have come while it was busy).
-    refill: bool,
-    /// The server has no run left: the pool thread, stopped, returns once
-    /// every discarded run is killed ([`WarmPools::finish`]).
-    finished: bool,
-}
 
 /// What the pool thread is told to do by [`WarmPools::serve`]'s caller.
 pub(crate) trait Maker {
@@ -160,29 +92,6 @@ pub(crate) trait Maker {
     fn make(&self, path: &Path, tool: Option<&str>) -> Result<Warm, String>;
     /// Kills a warm run's processes and hands its slot back.
     fn kill(&self, warm: Warm);
-}
-
-/// The pool thread's state and its wake-up.
-#[derive(Debug, Default)]
-struct Shared {
-    state: Mutex<State>,
-    wake: Condvar,
-}
-
-/// Wakes the pool thread when dropped. A request that took or missed a
-/// warm run drops it once its report is out: the refill (the plan, a
-/// slot, the hand-off to a parked child) then starts after the reply, not
-/// on a CPU the reply still needs.
-#[derive(Debug)]
-pub(crate) struct Refill(Option<Arc<Shared>>);
-
-impl Drop for Refill {
-    fn drop(&mut self) {
-        if let Some(shared) = self.0.take() {
-            relock(&shared.state).refill = true;
-            shared.wake.notify_one();
-        }
-    }
 }
 
 /// The engine's warm pools: see the module docs.
@@ -671,47 +580,5 @@ impl WarmPools {
             _ => None,
         };
         (out, work, false)
-    }
-}
-
-/// Files looked up by path: what each is now (`None`: it cannot be
-/// looked up).
-type Files = HashMap<PathBuf, Option<FileKey>>;
-
-/// Why a warm run made from other files than the request's is discarded.
-const STALE: &str = "its manifest or entry changed since it was made";
-
-/// Why a warm run idle for `warm_idle_seconds` is discarded.
-const EXPIRED: &str = "idle for warm_idle_seconds";
-
-/// Why a warm run is discarded on `warm_discard` (skilld's reload).
-const RELOADED: &str = "a reload asked for every pool to be made again";
-
-/// The next warm run the pool thread makes: of which skill, from which
-/// manifest and tool, with the run slot it will hold while idle, under
-/// which [`State::generation`].
-struct Work {
-    skill: String,
-    path: PathBuf,
-    tool: Option<String>,
-    permit: OwnedSemaphorePermit,
-    generation: u64,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_pool_rests_twice_as_long_after_each_failure_in_a_row() {
-        let mut pool = Pool::default();
-        let mut rest = || {
-            let before = Instant::now();
-            pool.rest();
-            pool.retry_at.map(|at| at.duration_since(before).as_secs())
-        };
-        let rests: Vec<Option<u64>> = (0..8).map(|_| rest()).collect();
-        let want = [2, 4, 8, 16, 32, 64, 64, 64].map(Some);
-        assert_eq!(rests, want);
     }
 }
