@@ -17,7 +17,8 @@ use policy::report::{NetworkReport, SandboxReport};
 use policy::sandbox::CAPABILITY_NAMES;
 use policy::Outcome;
 
-pub use self::create::{prefill_stdin, spawn, spawn_waiting, Child, Spawners};
+pub(crate) use self::create::prefill_stdin;
+pub use self::create::{spawn, spawn_waiting, Child, Spawners};
 pub use self::slot::{Slot, Stdio};
 use crate::config::{Config, EgressMode, LandlockMode};
 use crate::host::procview::{ProcSetup, RunsNamespace};

@@ -1,6 +1,6 @@
-//! Spawn sequence steps 6 and 7: feed stdin what the spawn's prefill left,
-//! collect stdout and stderr within their bounds, enforce the deadline, and
-//! kill the whole tree on any end.
+//! Spawn sequence steps 6 and 7: feed stdin what the prefill left (at the
+//! spawn, or a warm run's at its take), collect stdout and stderr within
+//! their bounds, enforce the deadline, and kill the whole tree on any end.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -239,10 +239,11 @@ impl PidFd {
     }
 }
 
-/// Writes what the spawn's prefill (`spawn::create::prefill_stdin`, which already
-/// wrote until the pipe was full) left of the args, as the skill reads,
-/// then closes stdin; nothing to do when the prefill wrote them all.
-/// EPIPE (the skill does not read stdin) is not an error of the run.
+/// Writes what the prefill (`spawn::prefill_stdin`, at the spawn or at a
+/// warm run's take, which already wrote until the pipe was full) left of
+/// the args, as the skill reads, then closes stdin; nothing to do when the
+/// prefill wrote them all. EPIPE (the skill does not read stdin) is not an
+/// error of the run.
 async fn write_stdin(stdin: Option<(OwnedFd, usize)>, args: &[u8]) {
     let Some((fd, done)) = stdin else { return };
     // The executor's end is non-blocking (`spawn::slot::pipe`).

@@ -126,7 +126,7 @@ fn own_pid() -> i32 {
 /// sleep and a wake-up per run on a busy host, and the supervisor an
 /// event loop turn. Returns the write end and how much was written when
 /// some is left.
-pub fn prefill_stdin(fd: OwnedFd, args: &[u8]) -> Option<(OwnedFd, usize)> {
+pub(crate) fn prefill_stdin(fd: OwnedFd, args: &[u8]) -> Option<(OwnedFd, usize)> {
     let mut done = 0;
     while done < args.len() {
         match nix::unistd::write(&fd, &args[done..]) {

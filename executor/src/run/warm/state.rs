@@ -22,7 +22,7 @@ use crate::run::lock::relock;
 /// until it expired, resets it.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 
-/// One skill's pool, as `WarmPools::stats` reports it.
+/// One skill's pool, as [`WarmPools::stats`](super::WarmPools::stats) reports it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WarmStats {
     /// Warm runs granted (`[skills.NAME] warm`).
