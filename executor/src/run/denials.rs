@@ -90,8 +90,17 @@ struct State {
     domains: HashMap<u64, u64>,
     /// Domains of runs already reported: a record of one is late.
     done_domains: HashSet<u64>,
-    pending: Vec<(u64, Record, u64)>,
+    pending: Vec<Held>,
     buf: Vec<u8>,
+}
+
+/// A record whose run is not known yet ([`State::hold`]), with the serial
+/// of its event (its last repeat's) and how many times it came.
+#[derive(Debug)]
+struct Held {
+    serial: u64,
+    record: Record,
+    count: u64,
 }
 
 #[derive(Debug, Default)]
@@ -329,12 +338,12 @@ impl State {
             }
         }
         let held = std::mem::take(&mut self.pending);
-        for (serial, rec, n) in held {
-            match &rec {
+        for h in held {
+            match &h.record {
                 Record::Access { domain: d, .. } if *d == domain => {
-                    self.add_n(key, access_denial(&rec), n, late);
+                    self.add_n(key, access_denial(&h.record), h.count, late);
                 }
-                _ => self.pending.push((serial, rec, n)),
+                _ => self.pending.push(h),
             }
         }
     }
@@ -344,7 +353,7 @@ impl State {
         // Records of other events come between those of one event (each
         // record is queued on its own, the call's at its exit): held
         // records are dropped only once far behind, as another sandbox's.
-        self.pending.retain(|(s, _, _)| s.saturating_add(PENDING_SERIALS) >= serial);
+        self.pending.retain(|h| h.serial.saturating_add(PENDING_SERIALS) >= serial);
         match record {
             Record::Access { domain, .. } => {
                 if let Some(k) = self.domains.get(&domain).copied() {
@@ -363,9 +372,9 @@ impl State {
                 let held: Vec<u64> = self
                     .pending
                     .iter()
-                    .filter(|(s, _, _)| *s == serial)
-                    .filter_map(|(_, r, _)| match r {
-                        Record::Access { domain, .. } => Some(*domain),
+                    .filter(|h| h.serial == serial)
+                    .filter_map(|h| match h.record {
+                        Record::Access { domain, .. } => Some(domain),
                         _ => None,
                     })
                     .collect();
@@ -391,18 +400,18 @@ impl State {
     /// be tied to their run.
     fn hold(&mut self, serial: u64, record: Record) {
         if matches!(record, Record::Access { .. }) {
-            if let Some(held) = self.pending.iter_mut().find(|(_, r, _)| *r == record) {
-                held.0 = serial;
-                held.2 += 1;
+            if let Some(held) = self.pending.iter_mut().find(|h| h.record == record) {
+                held.serial = serial;
+                held.count += 1;
                 return;
             }
         }
         if self.pending.len() >= PENDING {
-            let other = |(_, r, _): &(u64, Record, u64)| !matches!(r, Record::Domain { .. });
+            let other = |h: &Held| !matches!(h.record, Record::Domain { .. });
             let oldest = self.pending.iter().position(other).unwrap_or(0);
             self.pending.remove(oldest);
         }
-        self.pending.push((serial, record, 1));
+        self.pending.push(Held { serial, record, count: 1 });
     }
 
     /// `pid` is now known as run `key`'s: the held records it made are.
@@ -410,13 +419,13 @@ impl State {
         self.strangers.remove(&pid);
         let held = std::mem::take(&mut self.pending);
         let mut domains = Vec::new();
-        for (serial, rec, n) in held {
-            match rec {
+        for h in held {
+            match h.record {
                 Record::Seccomp { pid: p, .. } if p == pid => {
-                    self.add_n(key, seccomp_denial(&rec), n, late);
+                    self.add_n(key, seccomp_denial(&h.record), h.count, late);
                 }
                 Record::Domain { domain, pid: p } if p == pid => domains.push(domain),
-                _ => self.pending.push((serial, rec, n)),
+                _ => self.pending.push(h),
             }
         }
         for d in domains {

@@ -246,8 +246,7 @@ impl WarmPools {
     /// for no idle CPU time), its tree killed, then its run slot freed.
     /// Its reaping and its folder's removal are the pool thread's.
     fn put_down(&self, warm: &mut Warm) {
-        self.wake_to_die(warm);
-        warm.kill_tree();
+        self.kill_now(warm);
         warm.permit = None;
     }
 
@@ -274,13 +273,18 @@ impl WarmPools {
         self.shared.wake.notify_one();
     }
 
-    /// Sets a cold run's policy back on a warm run about to be killed
-    /// unused: at `SCHED_IDLE` its exit would wait for idle CPU time, and
-    /// the pool thread (or a stopping executor) waits for that exit.
-    pub(crate) fn wake_to_die(&self, warm: &Warm) {
+    /// Kills a warm run's tree now, once ([`Warm::kill_tree`]), a cold
+    /// run's policy set back first: at `SCHED_IDLE` its exit would wait for
+    /// idle CPU time, and the pool thread (or a stopping executor) waits
+    /// for that exit.
+    pub(crate) fn kill_now(&self, warm: &mut Warm) {
+        if warm.killed() {
+            return;
+        }
         if let Some(policy) = self.idle_start {
             let _ = warm.schedule_cold(policy);
         }
+        warm.kill_tree();
     }
 
     /// A [`Refill`]: the pool thread is woken when it is dropped.

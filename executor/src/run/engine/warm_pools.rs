@@ -68,10 +68,7 @@ impl Engine {
     /// Kills a warm run never used (its tree, then its reaping), and hands
     /// its slot back to the janitor.
     fn kill_warm(&self, mut warm: Warm) {
-        if !warm.killed() {
-            self.warm.wake_to_die(&warm);
-            warm.kill_tree();
-        }
+        self.warm.kill_now(&mut warm);
         let Warm { mut prep, child, pgid, .. } = warm;
         if let Some(cg) = prep.cgroup.as_mut() {
             settle(cg);

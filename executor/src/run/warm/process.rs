@@ -115,7 +115,7 @@ impl Warm {
     }
 
     /// Whether its tree was killed ([`Warm::kill_tree`]).
-    pub(crate) fn killed(&self) -> bool {
+    pub(super) fn killed(&self) -> bool {
         self.killed
     }
 
