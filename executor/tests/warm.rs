@@ -71,6 +71,13 @@ impl Pooled {
         rt.block_on(self.engine.run(req, &mut |_| {}, std::future::pending()))
     }
 
+    /// A first run of the skill `name` (a miss, which starts its pool),
+    /// then up to 10 s for `idle` warm runs of it.
+    fn start_pool(&self, name: &str, manifest: &Path, idle: u64) {
+        assert_eq!(self.run(manifest, "{}").outcome, Outcome::Ok);
+        self.wait_for(name, |s| s.idle == idle);
+    }
+
     fn stats(&self, name: &str) -> WarmStats {
         let all = self.engine.warm_stats();
         all.into_iter().find(|(n, _)| n == name).map(|(_, s)| s).unwrap_or_default()
@@ -138,8 +145,7 @@ fn a_warm_run_reads_args_larger_than_its_pipe() {
     let Some(p) = Pooled::new(test, "big", 1, |_| {}) else { return };
     // The byte count of its stdin, as JSON.
     let (_dir, manifest) = skill("big", 5, "printf '{\"bytes\":%s}' \"$(wc -c)\"");
-    assert_eq!(p.run(&manifest, "{}").outcome, Outcome::Ok);
-    p.wait_for("big", |s| s.idle == 1);
+    p.start_pool("big", &manifest, 1);
     let args = format!(r#"{{"pad":"{}"}}"#, "x".repeat(300_000));
     let r = p.run(&manifest, &args);
     assert_eq!((r.outcome, r.warm), (Outcome::Ok, true), "{r:?}");
@@ -183,8 +189,7 @@ fn replacing_the_entry_discards_the_pool() {
     let test = "replacing_the_entry_discards_the_pool";
     let Some(p) = Pooled::new(test, "swap", 2, |_| {}) else { return };
     let (_root, manifest) = skill("swap", 5, "cat >/dev/null\necho '{\"v\":1}'");
-    assert_eq!(p.run(&manifest, "{}").outcome, Outcome::Ok);
-    p.wait_for("swap", |s| s.idle == 2);
+    p.start_pool("swap", &manifest, 2);
     write_entry(manifest.parent().unwrap(), "cat >/dev/null\necho '{\"v\":2}'");
     let r = p.run(&manifest, "{}");
     assert_eq!(r.result.map(|v| v.to_value()), Some(serde_json::json!({"v": 2})));
@@ -203,8 +208,7 @@ fn the_sweep_discards_the_runs_of_a_replaced_entry() {
     let test = "the_sweep_discards_the_runs_of_a_replaced_entry";
     let Some(p) = Pooled::new(test, "swept", 2, |_| {}) else { return };
     let (_root, manifest) = skill("swept", 5, "cat >/dev/null\necho '{\"v\":1}'");
-    assert_eq!(p.run(&manifest, "{}").outcome, Outcome::Ok);
-    p.wait_for("swept", |s| s.idle == 2);
+    p.start_pool("swept", &manifest, 2);
     write_entry(manifest.parent().unwrap(), "cat >/dev/null\necho '{\"v\":2}'");
     let s = p.wait_for("swept", |s| s.discarded >= 2 && s.idle == 2);
     assert!(s.discarded >= 2 && s.idle == 2, "{s:?}");
@@ -227,8 +231,7 @@ fn warm_runs_expire_and_keep_their_limits() {
     let script = "args=$(cat)\ncase $args in\n*flood*) exec yes ;;\n*sleep*) exec sleep 30 ;;\n\
                   *) echo '{}' ;;\nesac";
     let (_dir, manifest) = skill("lim", 1, script);
-    assert_eq!(p.run(&manifest, "{}").outcome, Outcome::Ok);
-    p.wait_for("lim", |s| s.idle == 1);
+    p.start_pool("lim", &manifest, 1);
     let s = p.wait_for("lim", |s| s.discarded >= 1 && s.idle == 1);
     assert!(s.discarded >= 1 && s.idle == 1, "expired and made again: {s:?}");
     let r = p.run(&manifest, r#"{"flood":1}"#);
@@ -315,8 +318,7 @@ fn a_discarded_warm_runs_slot_is_free_at_once() {
     let test = "a_discarded_warm_runs_slot_is_free_at_once";
     let Some(p) = Pooled::new(test, "slot", 1, |_| {}) else { return };
     let (_root, manifest) = skill("slot", 5, "cat >/dev/null\necho '{}'");
-    assert_eq!(p.run(&manifest, "{}").outcome, Outcome::Ok);
-    p.wait_for("slot", |s| s.idle == 1);
+    p.start_pool("slot", &manifest, 1);
     let before = procs_under(manifest.parent().unwrap(), 1, &BTreeSet::new());
     assert_eq!(before.len(), 1, "one idle warm run: {before:?}");
     let all = p.slots.available_permits() as u32;

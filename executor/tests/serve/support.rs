@@ -144,14 +144,23 @@ pub(crate) fn serve_config(root: &Path, runtime: &Path) -> (PathBuf, PathBuf) {
 }
 
 pub(crate) fn spawn_serve(config: &Path, stderr: std::process::Stdio) -> Spawned {
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .env("ONGRID_LOG", "info")
-        .stderr(stderr)
-        .spawn()
-        .unwrap();
-    Spawned(child)
+    spawn_serve_logging(config, stderr, Some("info"))
+}
+
+/// [`spawn_serve`] with `ONGRID_LOG` set to `log`, or unset (the
+/// executor's default level).
+pub(crate) fn spawn_serve_logging(
+    config: &Path,
+    stderr: std::process::Stdio,
+    log: Option<&str>,
+) -> Spawned {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-executor"));
+    command.args(["serve", "--config"]).arg(config).stderr(stderr);
+    match log {
+        Some(level) => command.env("ONGRID_LOG", level),
+        None => command.env_remove("ONGRID_LOG"),
+    };
+    Spawned(command.spawn().unwrap())
 }
 
 /// Waits for a child of this test process to end: its exit code and

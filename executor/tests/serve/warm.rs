@@ -44,6 +44,18 @@ fn alive(pid: i32) -> bool {
         .is_some_and(|state| state != 'Z')
 }
 
+/// A skills root and a runtime dir (0755) and a `serve` configuration in
+/// it ending with `extra`: the dirs, the socket's path, the
+/// configuration's.
+fn config_with(extra: &str) -> (tempfile::TempDir, tempfile::TempDir, PathBuf, PathBuf) {
+    let (root, runtime) = (dir_0755(), dir_0755());
+    let (socket, config) = serve_config(root.path(), runtime.path());
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(extra);
+    std::fs::write(&config, text).unwrap();
+    (root, runtime, socket, config)
+}
+
 /// A server with two run slots and two queue places, `pool` granted one
 /// warm run: `pool`'s manifest (a skill that reads its args and answers
 /// `{}`), `long`'s (one that answers once `go` exists) and `go`; `None`
@@ -164,12 +176,8 @@ fn sigterm_with_a_warm_pool(grant: &str) {
     if !can_run() {
         return;
     }
-    let root = dir_0755();
-    let runtime = dir_0755();
-    let (socket, config) = serve_config(root.path(), runtime.path());
-    let mut text = std::fs::read_to_string(&config).unwrap();
-    text.push_str(&format!("[skills.pool]\nwarm = 2\n{grant}"));
-    std::fs::write(&config, text).unwrap();
+    let (root, _runtime, socket, config) =
+        config_with(&format!("[skills.pool]\nwarm = 2\n{grant}"));
     let go = root.path().join("pool").join("go");
     let script = format!(
         "args=$(cat)\necho \"pid $$\" >&2\ncase $args in *wait*)\n\
@@ -222,14 +230,10 @@ fn without_a_cgroup_a_discarded_warm_runs_children_go_with_it() {
         return;
     }
     let nobody = 65534;
-    let root = dir_0755();
-    let runtime = dir_0755();
+    let extra = "allowed_uids = [0]\nlandlock = \"best-effort\"\n[skills.pool]\nwarm = 1\n";
+    let (root, runtime, socket, config) = config_with(extra);
     std::os::unix::fs::chown(runtime.path(), Some(nobody), Some(nobody)).unwrap();
     std::fs::set_permissions(runtime.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
-    let (socket, config) = serve_config(root.path(), runtime.path());
-    let mut text = std::fs::read_to_string(&config).unwrap();
-    text.push_str("allowed_uids = [0]\nlandlock = \"best-effort\"\n[skills.pool]\nwarm = 1\n");
-    std::fs::write(&config, text).unwrap();
     std::os::unix::fs::chown(&config, Some(nobody), Some(nobody)).unwrap();
     // A background sleep named by a number no other process has (ten
     // minutes at most, should it outlive a failed test).
@@ -281,23 +285,11 @@ fn a_skill_that_writes_first_is_discarded_and_said_at_the_default_level() {
     if !can_run() {
         return;
     }
-    let root = dir_0755();
-    let runtime = dir_0755();
-    let (socket, config) = serve_config(root.path(), runtime.path());
-    let mut text = std::fs::read_to_string(&config).unwrap();
-    text.push_str("[skills.eager]\nwarm = 1\n");
-    std::fs::write(&config, text).unwrap();
+    let (root, runtime, socket, config) = config_with("[skills.eager]\nwarm = 1\n");
     let manifest = skill(root.path(), "eager", "safe", 5, "echo '{}'");
     let log = runtime.path().join("executor.log");
-    let mut spawned = Spawned(
-        std::process::Command::new(env!("CARGO_BIN_EXE_ongrid-executor"))
-            .args(["serve", "--config"])
-            .arg(&config)
-            .env_remove("ONGRID_LOG")
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let stderr = std::fs::File::create(&log).unwrap().into();
+    let mut spawned = spawn_serve_logging(&config, stderr, None);
     wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
     let mut c = Client::connect(&socket);
     c.execute(1, &manifest, json!({}));
