@@ -437,7 +437,7 @@ impl Engine {
         }
         // Without a cgroup the watchdog kills the run's process group.
         let pgid = prep.cgroup.is_none().then(|| self.instance.record_pgid(child.pid)).flatten();
-        Ok(Launched { prep, child, pgid, setup_us, warm: false, watch })
+        Ok(Launched { prep, child, pgid, setup_us, warm: false, watch, start: Instant::now() })
     }
 
     /// A warm run taken for this request: a held run's `start` awaited
@@ -462,14 +462,16 @@ impl Engine {
             return Err(report);
         }
         let Some(warm) = self.warm.use_taken(warm) else { return Ok(None) };
+        // Its clock starts before it can read a byte of its args.
+        let start = Instant::now();
         // Watched since it was made, as a cold run is from its spawn.
         let Warm { prep, mut child, pgid, watch, .. } = warm;
         child.stdin = child.stdin.take().and_then(|(fd, _)| spawn::prefill_stdin(fd, args));
-        Ok(Some(Launched { prep, child, pgid, setup_us: 0, warm: true, watch }))
+        Ok(Some(Launched { prep, child, pgid, setup_us: 0, warm: true, watch, start }))
     }
 
     /// Steps 6 to 8: supervise the launched run with `plan`'s bounds (its
-    /// args written to stdin, its deadline from now), kill its tree, hand
+    /// args written to stdin, its deadline from its start), kill its tree, hand
     /// its slot to the janitor, report.
     async fn supervise_and_report(
         &self,
@@ -480,9 +482,10 @@ impl Engine {
         cancel: impl Future<Output = ()>,
         after: &mut AfterReport,
     ) -> RunReport {
-        let Launched { mut prep, child, pgid: _pgid, setup_us, warm, watch } = run;
+        let Launched { mut prep, child, pgid: _pgid, setup_us, warm, watch, start } = run;
         let limits = &plan.granted.limits;
         let bounds = Bounds {
+            start,
             timeout: plan.manifest.timeout(),
             grace: KILL_GRACE,
             stdout_bytes: limits.stdout_bytes,
@@ -533,6 +536,8 @@ struct Launched {
     warm: bool,
     /// The run's refusals as the kernel's audit reports them, when watched.
     watch: Option<Watch>,
+    /// When its clock started (its deadline is this plus its timeout).
+    start: Instant,
 }
 
 /// Whether this executor may make and join the runs' mount namespace

@@ -46,6 +46,9 @@ pub enum Stop {
 /// Bounds of one supervision.
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds<'a> {
+    /// When the run's clock started: its deadline is this plus `timeout`
+    /// (a warm run's is its take, before its args are written).
+    pub start: std::time::Instant,
     /// Wall-clock timeout.
     pub timeout: Duration,
     /// Grace between SIGTERM and SIGKILL.
@@ -450,7 +453,7 @@ pub async fn supervise(
 ) -> Supervised {
     let Child { pid, pidfd, stdin, stdout, stderr, exec_at: _ } = child;
     reaper.track(pid);
-    let start = Instant::now();
+    let start = Instant::from_std(bounds.start);
     let deadline = start + bounds.timeout;
     let hard_deadline = deadline + bounds.grace;
     let watch_at = start + WATCH_AFTER;
@@ -590,6 +593,57 @@ mod tests {
         let exit = wait_exit(&mut pidfd, reaper, pid, Duration::ZERO).await;
         assert_eq!(exit.code, Some(0));
         assert!(matches!(pidfd, Some(PidFd::Polled(_))), "the pidfd was not registered");
+    }
+
+    /// The deadline counts from the run's start as the caller gives it (a
+    /// warm run's take), not from when supervision begins: a run whose
+    /// clock started a timeout ago is stopped at once, not a timeout later.
+    #[tokio::test]
+    async fn the_deadline_counts_from_the_runs_start() {
+        use std::os::unix::process::CommandExt;
+        use std::process::{Command, Stdio};
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC)
+                .unwrap()
+        };
+        let ((out_r, out_w), (err_r, err_w)) = (pipe(), pipe());
+        // Its own process group: the kill without a cgroup is `killpg`.
+        #[allow(clippy::zombie_processes, reason = "reaped through the reaper, by pid")]
+        let sleeper = Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out_w))
+            .stderr(Stdio::from(err_w))
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(sleeper.id()).unwrap();
+        let child = Child {
+            pid,
+            pidfd: process::pidfd_open(pid).unwrap(),
+            stdin: None,
+            stdout: out_r,
+            stderr: err_r,
+            exec_at: std::time::Instant::now(),
+        };
+        let timeout = Duration::from_secs(5);
+        let bounds = Bounds {
+            start: std::time::Instant::now().checked_sub(timeout).unwrap(),
+            timeout,
+            grace: Duration::from_millis(100),
+            stdout_bytes: 1024,
+            stderr_bytes: 1024,
+            stderr_line_bytes: 1024,
+            exit_spin: ExitSpin::default(),
+        };
+        let began = std::time::Instant::now();
+        let sup = supervise(child, b"", None, Reaper::global(), bounds, &mut |_| {}, async {
+            std::future::pending::<()>().await
+        })
+        .await;
+        assert_eq!(sup.stop, Stop::WallTime);
+        assert_eq!(sup.exit.signal, Some(libc::SIGTERM), "{:?}", sup.exit);
+        assert!(began.elapsed() < timeout / 2, "stopped after {:?}", began.elapsed());
     }
 
     /// The watch is decided when it is spent: the budget only while this
