@@ -193,8 +193,8 @@ impl Metrics {
             )?,
             warm_discarded_total: counters(
                 "ongrid_warm_discarded_total",
-                "Warm runs killed unused (output or exit while idle, expiry, a changed \
-                     manifest or entry, eviction, shutdown), by skill.",
+                "Warm runs killed unused (output, exit or stdin closed while idle, expiry, \
+                     changed files, eviction, reload, shutdown, or taken but not usable), by skill.",
                 &["skill"],
             )?,
             warm_idle: IntGaugeVec::new(

@@ -365,8 +365,9 @@ impl Engine {
             Err(report) => return *report,
         };
         if run.warm {
-            run.setup_us = u64::try_from(started.elapsed().saturating_sub(*held).as_micros())
-                .unwrap_or(u64::MAX);
+            // As a cold run's ends at its exec: here, where its clock starts.
+            let setup = run.start.saturating_duration_since(started).saturating_sub(*held);
+            run.setup_us = u64::try_from(setup.as_micros()).unwrap_or(u64::MAX);
         }
         self.supervise_and_report(&plan, run, background, sink, cancel, after).await
     }

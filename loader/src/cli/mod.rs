@@ -82,7 +82,8 @@ pub enum Command {
     Mcp(mcp::Args),
     /// List the skills registered in ongrid-skilld.
     List(list::Args),
-    /// Show one registered skill.
+    /// Show one registered skill (with warm runs granted, a `warm:` line:
+    /// the pool's size, idle runs, hits, misses and discards).
     Show(show::Args),
     /// Run a skill through ongrid-skilld and print its result.
     Run(run::Args),

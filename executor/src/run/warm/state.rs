@@ -117,7 +117,8 @@ impl Drop for Refill {
 pub(super) type Files = HashMap<PathBuf, Option<FileKey>>;
 
 /// Why a warm run made from other files than the request's is discarded.
-pub(super) const STALE: &str = "its manifest or entry changed since it was made";
+pub(super) const STALE: &str =
+    "made from other files than the request's (its manifest or entry changed, or another manifest or tool was named)";
 
 /// Why a warm run idle for `warm_idle_seconds` is discarded.
 pub(super) const EXPIRED: &str = "idle for warm_idle_seconds";

@@ -57,8 +57,9 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// A TOML file of `[skills.NAME]` grants, as in executor.toml, for what
-    /// your packs' `sandbox` objects ask (network, fs_read, ...); a grant
-    /// here replaces an example's of the same name.
+    /// your packs' `sandbox` objects ask (network, fs_read, ...) and
+    /// `warm = N` (at most 8, the default max_warm_total); a grant here
+    /// replaces an example's of the same name.
     #[arg(long, value_name = "FILE")]
     pub grants: Option<PathBuf>,
 }
