@@ -339,6 +339,62 @@ fn a_discarded_warm_runs_slot_is_free_at_once() {
     assert_eq!(s.idle, 1, "the pool was not made again: {s:?}");
 }
 
+/// A reload's discard reaches a warm run already taken by a request that
+/// is still held (skilld holds each until its audit row is written): once
+/// started, the request runs cold, with the files as they are then.
+#[test]
+fn a_discard_reaches_a_warm_run_taken_by_a_held_request() {
+    let test = "a_discard_reaches_a_warm_run_taken_by_a_held_request";
+    let Some(p) = Pooled::new(test, "relo", 1, |_| {}) else { return };
+    let script = ". \"${0%/*}/lib.sh\"\ncat >/dev/null\nprintf '{\"v\":%s}' \"$V\"";
+    let (_root, manifest) = skill("relo", 5, script);
+    let dir = manifest.parent().unwrap().to_owned();
+    let lib = |v: u32| std::fs::write(dir.join("lib.sh"), format!("V={v}\n")).unwrap();
+    lib(1);
+    p.start_pool("relo", &manifest, 1);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let req = RunRequest { manifest_path: manifest.clone(), args: b"{}".to_vec() };
+    // The idle run is taken, so the discard finds none idle.
+    let start = async {
+        lib(2);
+        assert_eq!(p.engine.discard_warm(), 0, "the taken run was still idle");
+        true
+    };
+    let mut sink = |_: &str| {};
+    let (r, _) =
+        rt.block_on(p.engine.run_held(req, None, &mut sink, start, std::future::pending()));
+    let v = r.result.as_ref().map(|v| v.to_value()["v"].clone());
+    assert_eq!((r.outcome, r.warm, v), (Outcome::Ok, false, Some(serde_json::json!(2))), "{r:?}");
+    let s = p.stats("relo");
+    assert_eq!((s.hits, s.misses), (0, 2), "{s:?}");
+    assert!(s.discarded >= 1, "{s:?}");
+}
+
+/// Stopping the pools (SIGTERM) puts every idle warm run down at once,
+/// whatever the pool thread is doing: its slot is free when the stop
+/// returns, and its process goes.
+#[test]
+fn stopping_puts_idle_warm_runs_down_at_once() {
+    let test = "stopping_puts_idle_warm_runs_down_at_once";
+    let Some(p) = Pooled::new(test, "stop", 1, |_| {}) else { return };
+    let (_root, manifest) = skill("stop", 5, "cat >/dev/null\necho '{}'");
+    p.start_pool("stop", &manifest, 1);
+    let before = procs_under(manifest.parent().unwrap(), 1, &BTreeSet::new());
+    assert_eq!(before.len(), 1, "one idle warm run: {before:?}");
+    let all = p.slots.available_permits() as u32;
+    let _held = Arc::clone(&p.slots).try_acquire_many_owned(all).unwrap();
+    p.engine.stop_warm();
+    assert_eq!(p.slots.available_permits(), 1, "the idle run's slot is still held");
+    assert_eq!(p.stats("stop").idle, 0);
+    let gone = |pid: &i32| !Path::new(&format!("/proc/{pid}")).exists();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !before.iter().all(gone) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(before.iter().all(gone), "the idle run outlived the stop: {before:?}");
+    assert!(p.stats("stop").discarded >= 1);
+}
+
 /// A warm run taken by a held request (skilld's `hold`) and spoiled while
 /// the request was held (here it exits) is not handed the args: the
 /// request runs cold, counted a miss.

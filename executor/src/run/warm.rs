@@ -78,7 +78,7 @@ use crate::run::spawn::Prepared;
 pub use process::Warm;
 use process::{the_skills_doing, thread_listing};
 pub(crate) use state::Refill;
-use state::{Files, Pool, Shared, State, Work, EXPIRED, RELOADED, STALE};
+use state::{Files, Pool, Shared, State, Work, EXPIRED, RELOADED, STALE, STOPPING};
 pub use state::{WarmStats, RETRY_AFTER};
 
 /// How often the pool thread looks over the idle runs when nothing wakes
@@ -218,19 +218,21 @@ impl WarmPools {
 
     /// `warm`, taken for a request whose `start` has come (skilld holds
     /// each request until its audit row is written), if it may still
-    /// serve it: a hit. If it wrote, exited or expired since the take it
-    /// is killed, counted a miss, and the request runs cold.
+    /// serve it: a hit. If it wrote, exited or expired since the take, or
+    /// the pools were discarded meanwhile (a reload), it is killed,
+    /// counted a miss, and the request runs cold.
     pub(crate) fn use_taken(&self, mut warm: Warm) -> Option<Warm> {
         let why = if warm.made.elapsed() >= self.idle_for { Some(EXPIRED) } else { warm.spoiled() };
         let skill = warm.plan.manifest.name().to_string();
         let mut state = relock(&self.shared.state);
+        let why = why.or((state.generation != warm.generation).then_some(RELOADED));
         let pool = state.pools.entry(skill).or_default();
         let Some(why) = why else {
             pool.stats.hits += 1;
             pool.failures = 0;
             return Some(warm);
         };
-        if why != EXPIRED {
+        if why != EXPIRED && why != RELOADED {
             pool.rest();
         }
         pool.stats.misses += 1;
@@ -348,21 +350,29 @@ impl WarmPools {
     /// discarded.
     pub fn discard_all(&self) -> u64 {
         let mut state = relock(&self.shared.state);
-        let State { pools, idle, generation, .. } = &mut *state;
-        *generation += 1;
-        let mut runs = Vec::new();
-        for pool in pools.values_mut() {
+        state.generation += 1;
+        for pool in state.pools.values_mut() {
             pool.retry_at = None;
             pool.failures = 0;
-            pool.stats.discarded += pool.idle.len() as u64;
-            runs.extend(pool.idle.drain(..).map(|warm| (warm, RELOADED)));
         }
-        *idle = 0;
-        state.putting_down += runs.len();
+        let runs = Self::leave_pools(&mut state, RELOADED);
         drop(state);
         let n = runs.len() as u64;
         self.put_down_all(runs, true);
         n
+    }
+
+    /// Every idle run of every pool, out of its pool and counted discarded
+    /// (and in [`State::putting_down`]) for `why`, to be put down.
+    fn leave_pools(state: &mut State, why: &'static str) -> Vec<(Warm, &'static str)> {
+        let mut runs = Vec::new();
+        for pool in state.pools.values_mut() {
+            pool.stats.discarded += pool.idle.len() as u64;
+            runs.extend(pool.idle.drain(..).map(|warm| (warm, why)));
+        }
+        state.idle = 0;
+        state.putting_down += runs.len();
+        runs
     }
 
     /// Each warm-granted skill's counts.
@@ -383,8 +393,9 @@ impl WarmPools {
         all
     }
 
-    /// Stops the pools: the pool thread kills every idle warm run and
-    /// makes no more; no request takes one from now. The thread goes on
+    /// Stops the pools: every idle warm run is put down at once, on the
+    /// caller's thread, whatever the pool thread is doing (it reaps them
+    /// and makes no more); no request takes one from now. The thread goes on
     /// killing the runs discarded later (a held run never started) until
     /// [`WarmPools::finish`]: it also stays, as the parent of the warm runs
     /// it created itself (without a spawner thread), while taken ones are
@@ -392,7 +403,9 @@ impl WarmPools {
     pub fn stop(&self) {
         let mut state = relock(&self.shared.state);
         state.stop = true;
+        let runs = Self::leave_pools(&mut state, STOPPING);
         drop(state);
+        self.put_down_all(runs, false);
         self.shared.wake.notify_all();
     }
 
@@ -452,6 +465,8 @@ impl WarmPools {
                 continue;
             };
             let made = maker.make(&path, tool.as_deref());
+            // Looked at before the lock: a take never waits for the file system.
+            let gone = made.is_err() && !path.exists();
             let mut state = relock(&self.shared.state);
             let reloaded = state.generation != generation;
             let pool = state.pools.entry(skill.clone()).or_default();
@@ -462,6 +477,7 @@ impl WarmPools {
                 }
                 Ok(mut warm) if warm.plan.manifest.name().as_str() == skill => {
                     warm.permit = Some(permit);
+                    warm.generation = generation;
                     pool.retry_at = None;
                     pool.idle.push_back(warm);
                     state.idle += 1;
@@ -475,7 +491,7 @@ impl WarmPools {
                     pool.rest();
                     // A manifest that is gone is not tried again until a
                     // request names one.
-                    if !path.exists() {
+                    if gone {
                         pool.source = None;
                     }
                     drop(state);
@@ -524,7 +540,7 @@ impl WarmPools {
             let (mut spoils, mut lasted) = (false, false);
             for mut warm in std::mem::take(&mut pool.idle) {
                 let why = if *stop {
-                    Some("the executor is stopping")
+                    Some(STOPPING)
                 } else if warm.made.elapsed() >= self.idle_for {
                     lasted = true;
                     Some(EXPIRED)

@@ -41,6 +41,9 @@ pub struct Warm {
     pub(super) permit: Option<OwnedSemaphorePermit>,
     /// When its slot was lent, if it was.
     pub(super) lent_at: Option<Instant>,
+    /// The pools' generation it was made in: a discard of them all (a
+    /// reload) since then also discards it when a held request has it.
+    pub(super) generation: u64,
     /// Its tree was killed ([`Warm::kill_tree`]).
     killed: bool,
 }
@@ -55,8 +58,8 @@ impl Warm {
         watch: Option<Watch>,
     ) -> Self {
         let made = Instant::now();
-        let (permit, lent_at, killed) = (None, None, false);
-        Warm { plan, tool, prep, child, pgid, watch, made, permit, lent_at, killed }
+        let (permit, lent_at, generation, killed) = (None, None, 0, false);
+        Warm { plan, tool, prep, child, pgid, watch, made, permit, lent_at, generation, killed }
     }
 
     /// Why it must not serve a request, if it must not: it wrote to stdout

@@ -116,6 +116,9 @@ impl Drop for Refill {
 /// looked up).
 pub(super) type Files = HashMap<PathBuf, Option<FileKey>>;
 
+/// Why the idle runs are discarded when the executor stops.
+pub(super) const STOPPING: &str = "the executor is stopping";
+
 /// Why a warm run made from other files than the request's is discarded.
 pub(super) const STALE: &str =
     "made from other files than the request's (its manifest or entry changed, or another manifest or tool was named)";
