@@ -46,6 +46,14 @@ impl Reaper {
         self.lock().entry(pid).or_insert(None);
     }
 
+    /// Stops tracking `pid` (a main process given up on, still alive): its
+    /// exit, when it comes, is reaped as an orphan's, kept only for
+    /// [`UNCLAIMED_TTL`], and never parked for a later process that gets
+    /// the same pid once the kernel reuses it.
+    pub fn forget(&self, pid: i32) {
+        self.lock().remove(&pid);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Option<Exit>>> {
         // A poisoned map is still consistent (every update is one insert).
         self.mains.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -102,6 +110,19 @@ impl Reaper {
 mod tests {
     use super::*;
 
+    /// Up to 10 s for `pid` to be a zombie (or reaped by another test).
+    fn wait_for_zombie(pid: i32) {
+        let zombie = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+        };
+        let reaped = || Reaper::global().unclaimed().contains_key(&pid);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !zombie() && !reaped() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// A main process reaped as an orphan before its run tracked it keeps
     /// its exit status. The process-wide reaper is used because other tests
     /// of this binary reap "any child" through it concurrently: a private
@@ -112,20 +133,31 @@ mod tests {
         let child = std::process::Command::new("/bin/sh").args(["-c", "exit 3"]).spawn().unwrap();
         let pid = i32::try_from(child.id()).unwrap();
         // Wait until it is a zombie, then let "another run" reap it.
-        let zombie = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !zombie() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for_zombie(pid);
         reaper.reap_orphans();
         reaper.track(pid);
         let exit = reaper.collect(pid).expect("an exit");
         assert_eq!(exit.code, Some(3), "{exit:?}");
         // Claimed once.
         assert!(!reaper.unclaimed().contains_key(&pid));
+        drop(child);
+    }
+
+    /// A main process given up on while alive leaves no status parked for
+    /// its pid once it is reaped: a later process with the same pid, once
+    /// tracked, would be taken for exited.
+    #[test]
+    fn a_forgotten_main_parks_no_status() {
+        let reaper = Reaper::global();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        reaper.track(pid);
+        reaper.forget(pid);
+        child.kill().unwrap();
+        wait_for_zombie(pid);
+        reaper.reap_orphans();
+        assert!(reaper.unclaimed().contains_key(&pid), "it was not reaped as an orphan");
+        assert!(!reaper.lock().contains_key(&pid), "a status is parked for its pid");
         drop(child);
     }
 }

@@ -74,8 +74,16 @@ impl Engine {
             settle(cg);
         }
         let until = Instant::now() + Duration::from_secs(2);
-        while self.reaper.collect(child.pid).is_none() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(1));
+        let mut gone = false;
+        while !gone && Instant::now() < until {
+            gone = self.reaper.collect(child.pid).is_some();
+            if !gone {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        if !gone {
+            // Reaped later as an orphan, its status parked for no one.
+            self.reaper.forget(child.pid);
         }
         drop((child, pgid));
         self.reaper.reap_orphans();
