@@ -626,7 +626,7 @@ mod tests {
             stderr: err_r,
             exec_at: std::time::Instant::now(),
         };
-        let timeout = Duration::from_secs(5);
+        let timeout = Duration::from_secs(1);
         let bounds = Bounds {
             start: std::time::Instant::now().checked_sub(timeout).unwrap(),
             timeout,

@@ -29,7 +29,8 @@
 //! at start (a module or a file beside it). skilld's reload (SIGHUP,
 //! `POST /v1/reload`) is the operator's word that skill files changed: it
 //! sends `warm_discard`, and every idle warm run is discarded
-//! ([`WarmPools::discard_all`]), as is one being made while it arrived;
+//! ([`WarmPools::discard_all`]), as is one being made while it arrived
+//! and one taken by a request still held (it runs cold once started);
 //! the pools are made again from the files as they are then. Grants and
 //! the rest of `executor.toml` are read at start only: changing them is a
 //! restart, which kills the pools.
@@ -324,12 +325,12 @@ impl WarmPools {
             return false;
         };
         let Some(at) = pool.idle.iter().position(|w| w.permit.is_some()) else { return false };
-        let Some(mut warm) = pool.idle.remove(at) else { return false };
+        let Some(warm) = pool.idle.remove(at) else { return false };
         *idle = idle.saturating_sub(1);
         pool.stats.discarded += 1;
+        state.putting_down += 1;
         drop(state);
-        self.put_down(&mut warm);
-        self.to_kill(warm, "its run slot was needed by a request");
+        self.put_down_all(vec![(warm, "its run slot was needed by a request")], true);
         true
     }
 
@@ -469,11 +470,12 @@ impl WarmPools {
             let gone = made.is_err() && !path.exists();
             let mut state = relock(&self.shared.state);
             let reloaded = state.generation != generation;
+            let stopped = state.stop;
             let pool = state.pools.entry(skill.clone()).or_default();
             match made {
-                Ok(warm) if reloaded => {
+                Ok(warm) if reloaded || stopped => {
                     pool.stats.discarded += 1;
-                    state.dead.push((warm, RELOADED));
+                    state.dead.push((warm, if reloaded { RELOADED } else { STOPPING }));
                 }
                 Ok(mut warm) if warm.plan.manifest.name().as_str() == skill => {
                     warm.permit = Some(permit);

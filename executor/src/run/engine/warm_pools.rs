@@ -32,9 +32,10 @@ impl Engine {
         self.warm.serve(self, slots);
     }
 
-    /// Stops the warm pools: [`Engine::serve_warm`] kills every idle warm
-    /// run and makes no more, and goes on killing the runs discarded later
-    /// until [`Engine::finish_warm`].
+    /// Stops the warm pools: every idle warm run is put down at once, on
+    /// the calling thread; [`Engine::serve_warm`] reaps them, makes no
+    /// more, and goes on killing the runs discarded later until
+    /// [`Engine::finish_warm`].
     pub fn stop_warm(&self) {
         self.warm.stop();
     }

@@ -33,8 +33,9 @@ pub struct WarmStats {
     pub hits: u64,
     /// Requests of a warm-granted skill that found none and ran cold.
     pub misses: u64,
-    /// Warm runs killed unused (output or exit while idle, expiry, a
-    /// changed manifest or entry, eviction, shutdown).
+    /// Warm runs killed unused: output, exit or stdin closed before its
+    /// args, expiry, changed files, eviction, reload, shutdown, or taken
+    /// but not usable.
     pub discarded: u64,
 }
 
