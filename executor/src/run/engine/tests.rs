@@ -389,3 +389,30 @@ fn reused_leaves_report_only_their_own_oom() {
     let r = run(r#"{"i":9}"#);
     assert_eq!((r.exit_code, r.limit), (Some(3), None), "{r:?}");
 }
+
+/// A warm run dropped on a path that neither supervises nor kills it (a
+/// panic unwinding through its holder) is killed with its cgroup leaf,
+/// which drops before its stdin closes: it does not read the end of its
+/// stdin as its args and run on unwatched (this `cat` would exit 0).
+#[test]
+fn a_warm_run_dropped_unused_is_killed() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP: a_warm_run_dropped_unused_is_killed needs root (a cgroup leaf)");
+        return;
+    }
+    let Some((_runtime, _skill, manifest, engine)) = cat_engine("dropped") else { return };
+    let warm = crate::run::warm::Maker::make(&engine, &manifest, None).expect("a warm run");
+    let pid = warm.child.pid;
+    drop(warm);
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        match engine.reaper.collect(pid) {
+            Some(exit) => break exit,
+            None if std::time::Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            None => panic!("the dropped warm run {pid} still runs"),
+        }
+    };
+    assert_eq!((exit.code, exit.signal), (None, Some(libc::SIGKILL)), "{exit:?}");
+}
