@@ -339,6 +339,25 @@ fn a_discarded_warm_runs_slot_is_free_at_once() {
     assert_eq!(s.idle, 1, "the pool was not made again: {s:?}");
 }
 
+/// A pool whose idle run was evicted for a request's run slot rests
+/// before it makes another (slots are short: one made at once would
+/// likely be evicted again), then fills again.
+#[test]
+fn an_evicted_pool_rests_before_it_fills_again() {
+    let test = "an_evicted_pool_rests_before_it_fills_again";
+    let Some(p) = Pooled::new(test, "ev", 1, |_| {}) else { return };
+    let (_root, manifest) = skill("ev", 5, "cat >/dev/null\necho '{}'");
+    p.start_pool("ev", &manifest, 1);
+    assert!(p.engine.evict_warm(), "no idle run to evict");
+    let evicted = Instant::now();
+    // Slots are free all the while: only the rest keeps the pool empty.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(p.stats("ev").idle, 0, "made again at once after an eviction");
+    let s = p.wait_for("ev", |s| s.idle == 1);
+    assert_eq!(s.idle, 1, "not made again after its rest: {s:?}");
+    assert!(evicted.elapsed() >= Duration::from_secs(2), "{:?}", evicted.elapsed());
+}
+
 /// A reload's discard reaches a warm run already taken by a request that
 /// is still held (skilld holds each until its audit row is written): once
 /// started, the request runs cold, with the files as they are then.

@@ -7,6 +7,11 @@
 //! 16 MiB cap), `bomb` (a fork bomb into the pids limit, then past its
 //! timeout) and `net` (opens a TCP socket, which the sandbox denies),
 //! every fifth request as an NDJSON stream, with a reload every 30 s.
+//! With `--warm N`, `ok`, `slow`, `fail` and `flood` are granted N warm
+//! runs each (`up --grants`): `ok` and `slow` wait for their args and are
+//! taken, `fail` and `flood` exit or write first and are discarded, so
+//! the pools are taken, refilled, discarded, rested and remade by each
+//! reload under load.
 //!
 //! Then it checks, and exits 1 when any check fails:
 //! - every request got an answer with the outcome its skill must give;
@@ -15,14 +20,15 @@
 //!   the warm-up (both taken after the clients paused and the daemons
 //!   settled, from `/proc/<pid>/status` and `/proc/<pid>/fd`);
 //! - no process of the run-as user is alive, and the executor instance
-//!   holds only its pre-made ready slots (run dirs and cgroup leaves);
+//!   holds only its pre-made ready slots (run dirs and cgroup leaves),
+//!   besides the idle warm runs (two processes and a slot each at most);
 //! - after `up` is stopped: no instance directory, no cgroup of the
 //!   instance, no watchdog;
 //! - the audit database holds one row per request, with the same counts
 //!   by outcome.
 //!
 //! ```text
-//! soak [--duration SECS] [--warmup SECS] [--clients N] [--reload-every SECS] [--keep]
+//! soak [--duration SECS] [--warmup SECS] [--clients N] [--reload-every SECS] [--warm N] [--keep]
 //! ```
 
 use std::collections::BTreeMap;
@@ -68,8 +74,13 @@ struct Opts {
     warmup: Duration,
     clients: usize,
     reload_every: Duration,
+    /// Warm runs granted to each of [`WARM_SKILLS`] (0: none).
+    warm: u64,
     keep: bool,
 }
+
+/// The skills granted warm runs with `--warm`.
+const WARM_SKILLS: [&str; 4] = ["ok", "slow", "fail", "flood"];
 
 fn opts() -> Opts {
     let mut o = Opts {
@@ -77,6 +88,7 @@ fn opts() -> Opts {
         warmup: Duration::from_secs(60),
         clients: 16,
         reload_every: Duration::from_secs(30),
+        warm: 0,
         keep: false,
     };
     let mut args = std::env::args().skip(1);
@@ -92,11 +104,14 @@ fn opts() -> Opts {
             "--warmup" => o.warmup = Duration::from_secs(num()),
             "--clients" => o.clients = usize::try_from(num()).unwrap_or(16).max(1),
             "--reload-every" => o.reload_every = Duration::from_secs(num().max(1)),
+            // Two per skill at most: four skills within the executor's
+            // default max_warm_total (8).
+            "--warm" => o.warm = num().min(2),
             "--keep" => o.keep = true,
             _ => {
                 eprintln!(
                     "usage: soak [--duration SECS] [--warmup SECS] [--clients N] \
-                     [--reload-every SECS] [--keep]"
+                     [--reload-every SECS] [--warm N] [--keep]"
                 );
                 std::process::exit(2)
             }
@@ -119,7 +134,8 @@ fn sibling(name: &str) -> PathBuf {
 fn write_packs(root: &Path) {
     fs::create_dir_all(root).unwrap();
     fs::set_permissions(root, fs::Permissions::from_mode(0o755)).unwrap();
-    write_skill(root, "ok", "", "echo 'ok: starting' >&2\nexec /bin/cat");
+    // Reads its args before it writes: it may be warm.
+    write_skill(root, "ok", "", "args=$(cat)\necho 'ok: starting' >&2\nprintf '%s' \"$args\"");
     write_skill(root, "fail", "", "echo boom >&2\nexit 3");
     write_skill(root, "slow", r#","timeout_seconds":1"#, "exec /bin/sleep 30");
     write_skill(root, "flood", "", "exec /usr/bin/yes");
@@ -303,6 +319,25 @@ fn drive(
     });
 }
 
+/// The idle warm runs of [`WARM_SKILLS`] as `GET /v1/skills/{name}` says,
+/// each pool's counts printed; a skill granted none counts 0.
+fn warm_idle(socket: &Path, failures: &mut Vec<String>) -> u64 {
+    let mut idle = 0;
+    for skill in WARM_SKILLS {
+        let r = http(socket, "GET", &format!("/v1/skills/{skill}"), "application/json", None);
+        if r.status != 200 {
+            failures.push(format!("GET /v1/skills/{skill}: HTTP {}", r.status));
+            continue;
+        }
+        let warm = r.json()["warm"].clone();
+        if !warm.is_null() {
+            println!("soak: warm {skill}: {warm}");
+        }
+        idle += warm["idle"].as_u64().unwrap_or(0);
+    }
+    idle
+}
+
 fn within(a: u64, b: u64, pct: u64) -> bool {
     a.abs_diff(b) * 100 <= b * pct
 }
@@ -329,9 +364,15 @@ fn main() {
     .unwrap();
     let metrics = free_port();
     let log = base.join("up.log");
-    let mut up: Child = Command::new(sibling("ongrid-skill"))
-        .args(["up", "--no-examples", "--runtime-dir"])
-        .arg(&rt)
+    let mut cmd = Command::new(sibling("ongrid-skill"));
+    cmd.args(["up", "--no-examples", "--runtime-dir"]).arg(&rt);
+    if o.warm > 0 {
+        let grants: String =
+            WARM_SKILLS.iter().map(|s| format!("[skills.{s}]\nwarm = {}\n", o.warm)).collect();
+        fs::write(base.join("grants.toml"), grants).unwrap();
+        cmd.arg("--grants").arg(base.join("grants.toml"));
+    }
+    let mut up: Child = cmd
         .arg("--skills")
         .arg(&packs)
         .arg("--config")
@@ -470,10 +511,12 @@ fn main() {
         }
     }
 
-    // While the daemons are up: no run process, only ready slots.
+    // While the daemons are up: no run process, only ready slots, but
+    // for the idle warm runs (a shell and its `$(cat)` each at most).
+    let idle = warm_idle(&socket, &mut failures);
     let left = processes_of(run_uid);
-    if !left.is_empty() {
-        failures.push(format!("processes of the run-as user alive: {left:?}"));
+    if left.len() as u64 > 2 * idle {
+        failures.push(format!("processes of the run-as user alive: {left:?} ({idle} idle warm)"));
     }
     let inst_dir = rt.join("runs").join(&instance);
     let slots: Vec<String> = fs::read_dir(&inst_dir)
@@ -484,10 +527,14 @@ fn main() {
         .filter(|n| !n.starts_with('.'))
         .collect();
     let leaves = cgroups_of(&instance).len();
-    println!("soak: idle instance: {} run dirs (ready slots), {leaves} cgroup dirs", slots.len());
-    if slots.len() > 4 {
+    println!(
+        "soak: idle instance: {} run dirs (ready slots and {idle} idle warm runs), {leaves} cgroup \
+         dirs",
+        slots.len()
+    );
+    if slots.len() as u64 > 4 + idle {
         failures.push(format!(
-            "{} run dirs in {} (> 4 ready slots)",
+            "{} run dirs in {} (> 4 ready slots and {idle} idle warm runs)",
             slots.len(),
             inst_dir.display()
         ));

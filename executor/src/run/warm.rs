@@ -328,6 +328,8 @@ impl WarmPools {
         let Some(warm) = pool.idle.remove(at) else { return false };
         *idle = idle.saturating_sub(1);
         pool.stats.discarded += 1;
+        // Slots are short: one made at once would likely go the same way.
+        pool.rest();
         state.putting_down += 1;
         drop(state);
         self.put_down_all(vec![(warm, "its run slot was needed by a request")], true);
@@ -540,6 +542,7 @@ impl WarmPools {
             let before = pool.idle.len();
             let mut kept = VecDeque::with_capacity(before);
             let (mut spoils, mut lasted) = (false, false);
+            let mut short = false;
             for mut warm in std::mem::take(&mut pool.idle) {
                 let why = if *stop {
                     Some(STOPPING)
@@ -549,6 +552,7 @@ impl WarmPools {
                 } else if files.is_some_and(|files| !warm.current(files)) {
                     Some(STALE)
                 } else if !warm.holds_slot(slots) {
+                    short = true;
                     Some("its run slot went to a request")
                 } else {
                     let spoiled = warm.spoiled();
@@ -561,8 +565,9 @@ impl WarmPools {
                 }
             }
             // A skill that writes or exits before its args would do it
-            // again: its pool rests before the next.
-            if spoils {
+            // again, and slots short now are likely short soon: its pool
+            // rests before the next.
+            if spoils || short {
                 pool.rest();
             } else if lasted {
                 // A run that stayed good until it expired ends a streak.

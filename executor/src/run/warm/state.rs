@@ -14,8 +14,9 @@ use super::process::Warm;
 use crate::run::file_key::FileKey;
 use crate::run::lock::relock;
 
-/// After a warm run of a skill could not be made, or wrote or exited
-/// before it was taken, its pool waits this long before making another
+/// After a warm run of a skill could not be made, wrote or exited before
+/// it was taken, or gave its run slot up to a request (evicted, or lent
+/// and not taken), its pool waits this long before making another
 /// (the reason is logged each time), twice as long after each such failure
 /// in a row, up to [`RETRY_AFTER`] x 32 (a skill that always writes at
 /// start is made about once a minute); a run taken, or one that lasted
@@ -54,7 +55,7 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    /// A warm run could not be made, or spoiled: the pool rests
+    /// A warm run could not be made, spoiled or gave its slot up: the pool rests
     /// ([`RETRY_AFTER`], doubled for each failure in a row).
     pub(super) fn rest(&mut self) {
         let doubled = self.failures.min(5);
