@@ -83,6 +83,20 @@ impl Pooled {
         all.into_iter().find(|(n, _)| n == name).map(|(_, s)| s).unwrap_or_default()
     }
 
+    /// A pool of one started ([`Pooled::start_pool`]), its idle warm run's
+    /// pid, and every run slot left free then, held by the caller.
+    fn one_idle_run_and_no_free_slot(
+        &self,
+        name: &str,
+        manifest: &Path,
+    ) -> (BTreeSet<i32>, tokio::sync::OwnedSemaphorePermit) {
+        self.start_pool(name, manifest, 1);
+        let idle = procs_under(manifest.parent().unwrap(), 1, &BTreeSet::new());
+        assert_eq!(idle.len(), 1, "one idle warm run: {idle:?}");
+        let all = self.slots.available_permits() as u32;
+        (idle, Arc::clone(&self.slots).try_acquire_many_owned(all).unwrap())
+    }
+
     /// Waits up to 10 s for `f` of the skill's stats to hold.
     fn wait_for(&self, name: &str, f: impl Fn(&WarmStats) -> bool) -> WarmStats {
         let until = Instant::now() + Duration::from_secs(10);
@@ -242,6 +256,11 @@ fn warm_runs_expire_and_keep_their_limits() {
     assert!(r.duration_ms >= 1000, "{r:?}");
 }
 
+/// Whether none of `pids` is a live process any more.
+fn all_gone(pids: &BTreeSet<i32>) -> bool {
+    pids.iter().all(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+}
+
 /// The shells running `DIR/run.sh` that have a child: a skill's warm runs
 /// past their start, blocked in their `cat` (a shell's child between its
 /// fork and its exec of `cat` has the shell's command line, and no child),
@@ -318,21 +337,12 @@ fn a_discarded_warm_runs_slot_is_free_at_once() {
     let test = "a_discarded_warm_runs_slot_is_free_at_once";
     let Some(p) = Pooled::new(test, "slot", 1, |_| {}) else { return };
     let (_root, manifest) = skill("slot", 5, "cat >/dev/null\necho '{}'");
-    p.start_pool("slot", &manifest, 1);
-    let before = procs_under(manifest.parent().unwrap(), 1, &BTreeSet::new());
-    assert_eq!(before.len(), 1, "one idle warm run: {before:?}");
-    let all = p.slots.available_permits() as u32;
-    let held = Arc::clone(&p.slots).try_acquire_many_owned(all).unwrap();
+    let (before, held) = p.one_idle_run_and_no_free_slot("slot", &manifest);
     assert_eq!(p.slots.available_permits(), 0);
     assert_eq!(p.engine.discard_warm(), 1);
     assert_eq!(p.slots.available_permits(), 1, "the discarded run's slot is still held");
     // The pool thread reaps it; one slot free is not room for another.
-    let gone = |pid: &i32| !Path::new(&format!("/proc/{pid}")).exists();
-    let until = Instant::now() + Duration::from_secs(10);
-    while !before.iter().all(gone) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(before.iter().all(gone), "the discarded run lives: {before:?}");
+    testkit::wait_for("the discarded run to go", Duration::from_secs(10), || all_gone(&before));
     assert_eq!((p.stats("slot").idle, p.slots.available_permits()), (0, 1));
     drop(held);
     let s = p.wait_for("slot", |s| s.idle == 1);
@@ -397,20 +407,13 @@ fn stopping_puts_idle_warm_runs_down_at_once() {
     let test = "stopping_puts_idle_warm_runs_down_at_once";
     let Some(p) = Pooled::new(test, "stop", 1, |_| {}) else { return };
     let (_root, manifest) = skill("stop", 5, "cat >/dev/null\necho '{}'");
-    p.start_pool("stop", &manifest, 1);
-    let before = procs_under(manifest.parent().unwrap(), 1, &BTreeSet::new());
-    assert_eq!(before.len(), 1, "one idle warm run: {before:?}");
-    let all = p.slots.available_permits() as u32;
-    let _held = Arc::clone(&p.slots).try_acquire_many_owned(all).unwrap();
+    let (before, _held) = p.one_idle_run_and_no_free_slot("stop", &manifest);
     p.engine.stop_warm();
     assert_eq!(p.slots.available_permits(), 1, "the idle run's slot is still held");
     assert_eq!(p.stats("stop").idle, 0);
-    let gone = |pid: &i32| !Path::new(&format!("/proc/{pid}")).exists();
-    let until = Instant::now() + Duration::from_secs(10);
-    while !before.iter().all(gone) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(before.iter().all(gone), "the idle run outlived the stop: {before:?}");
+    testkit::wait_for("the idle run to go after the stop", Duration::from_secs(10), || {
+        all_gone(&before)
+    });
     assert!(p.stats("stop").discarded >= 1);
 }
 
