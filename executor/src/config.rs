@@ -345,6 +345,7 @@ impl Config {
             if let Some(Err(e)) = checks.into_iter().flatten().find(Result::is_err) {
                 return Err(invalid("skills", format!("[skills.{name}] {e}")));
             }
+            grant.check_network().map_err(|e| invalid("skills", format!("[skills.{name}] {e}")))?;
         }
         for name in self.skills.keys() {
             policy::SkillName::new(name)

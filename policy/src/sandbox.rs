@@ -169,6 +169,29 @@ pub struct SkillGrant {
     pub proc: ProcView,
 }
 
+impl SkillGrant {
+    /// Whether its network fields stand together: `connect` and `dns`
+    /// only narrow a grant of the network, so either without `network =
+    /// true` would grant nothing while reading as a grant. Returns the
+    /// reason when they do not.
+    ///
+    /// # Errors
+    ///
+    /// The reason, naming the field and the fix.
+    pub fn check_network(&self) -> Result<(), String> {
+        let without = |field: &str| {
+            Err(format!(
+                "{field} needs network = true: without it the skill gets no network at all"
+            ))
+        };
+        match (self.network, self.connect.is_empty(), self.dns) {
+            (false, false, _) => without("connect"),
+            (false, true, true) => without("dns"),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// The sandbox a run actually gets: the request, checked against the grant,
 /// with the operator's default limits filled in.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -308,6 +331,18 @@ mod tests {
         assert_eq!(capability_number("net_raw"), Some(13));
         assert_eq!(capability_number("CAP_CHECKPOINT_RESTORE"), Some(40));
         assert_eq!(capability_number("CAP_NOPE"), None);
+    }
+
+    #[test]
+    fn connect_or_dns_without_network_is_refused() {
+        let connect = vec!["127.0.0.1:80".parse().unwrap()];
+        let g = SkillGrant { connect: connect.clone(), ..Default::default() };
+        assert!(g.check_network().unwrap_err().starts_with("connect needs network = true"));
+        let g = SkillGrant { dns: true, ..Default::default() };
+        assert!(g.check_network().unwrap_err().starts_with("dns needs network = true"));
+        let g = SkillGrant { network: true, connect, dns: true, ..Default::default() };
+        assert_eq!(g.check_network(), Ok(()));
+        assert_eq!(SkillGrant::default().check_network(), Ok(()));
     }
 
     #[test]

@@ -90,6 +90,9 @@ fn full_example_parses() {
     assert_eq!(c.skills["netprobe"].proc, policy::sandbox::ProcView::Own, "the default");
     let bad = "[skills.x]\nnetwork = true\nconnect = [\"10.0.0.1\"]\n";
     assert!(Config::parse(bad, Path::new("x.toml")).is_err(), "an entry without a port");
+    let bad = "[skills.x]\nconnect = [\"10.0.0.1:443\"]\n";
+    let e = Config::parse(bad, Path::new("x.toml")).unwrap_err().to_string();
+    assert!(e.contains("[skills.x] connect needs network = true"), "{e}");
     assert_eq!(c.limits.max_pids, 32);
     assert_eq!(c.limits.nofile, Limits::default().nofile);
     assert!(c.skills["netprobe"].network);

@@ -157,12 +157,16 @@ struct GrantsFile {
 fn read_grants(path: &std::path::Path) -> Result<GrantsFile, Finding> {
     let fail = |message: String| Finding { status: Status::Error, path: path.into(), message };
     let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
-    toml::from_str(&text).map_err(|e| fail(format!("grants: {e}")))
+    let grants: GrantsFile = toml::from_str(&text).map_err(|e| fail(format!("grants: {e}")))?;
+    for (name, grant) in &grants.skills {
+        grant.check_network().map_err(|e| fail(format!("grants: [skills.{name}] {e}")))?;
+    }
+    Ok(grants)
 }
 
-/// A note naming the `connect` entries of `skill`'s manifest that its
-/// grant does not cover. A grant of the network without a list covers
-/// every destination outside the default refusals.
+/// A note naming the `connect` entries of `skill`'s manifest that a run
+/// under its grant would not reach. A grant of the network without a list
+/// covers every destination outside the default refusals.
 fn uncovered_note(
     grants: &GrantsFile,
     skill: &crate::scan::skill::RegisteredSkill,
@@ -179,14 +183,14 @@ fn uncovered_note(
         Some(g) if g.network => &g.connect,
         _ => &Vec::new(),
     };
-    let missing = policy::egress::uncovered(list, asked);
+    let missing = policy::egress::unreachable(list, asked);
     if missing.is_empty() {
         return None;
     }
     let names: Vec<String> = missing.iter().map(ToString::to_string).collect();
     let message = format!(
         "sandbox.network.connect: no grant of [skills.{}] covers {} (a run gets the grant's \
-         list only)",
+         list only; loopback, 0.0.0.0/8 and link-local only from an entry within them)",
         skill.name(),
         names.join(", ")
     );

@@ -300,3 +300,34 @@ fn an_entry_without_an_interpreter_line_gets_a_note() {
     let run = Cli::new(&["validate"]).arg(t.base.join("pack")).run();
     assert!(!run.stdout.contains("note"), "{}", run.stdout);
 }
+
+/// `--grants`: a manifest's `connect` entry the grant would not let a run
+/// reach gets a note (loopback under a grant of every destination: the
+/// default refusals stand), and a grant whose `connect` stands without
+/// `network = true` is an error, as the executor refuses it.
+#[test]
+fn grants_are_judged_as_the_executor_judges_them() {
+    let t = Tree::new();
+    t.exe("pack/run");
+    let m = t.manifest(
+        "pack",
+        r#"{"name":"net","description":"d","entry":"run",
+            "sandbox":{"network":{"connect":["127.0.0.1:8080","10.0.0.1:80"]}}}"#,
+    );
+    let grants = t.write("any.toml", "[skills.net]\nnetwork = true\n");
+    let run = Cli::new(&["validate", "--grants"]).arg(&grants).arg(&m).run();
+    assert_eq!(run.code, 0, "a note does not fail: {}", run.stdout);
+    let note = run.stdout.lines().find(|l| l.starts_with("note")).unwrap_or_default();
+    assert!(note.contains("no grant of [skills.net] covers 127.0.0.1:8080 ("), "{}", run.stdout);
+    let named = t.write(
+        "named.toml",
+        "[skills.net]\nnetwork = true\nconnect = [\"127.0.0.1:*\", \"10.0.0.0/8:80\"]\n",
+    );
+    let run = Cli::new(&["validate", "--grants"]).arg(&named).arg(&m).run();
+    assert!(!run.stdout.contains("note"), "an entry within loopback opens it: {}", run.stdout);
+    let bare = t.write("bare.toml", "[skills.net]\nconnect = [\"127.0.0.1:8080\"]\n");
+    let run = Cli::new(&["validate", "--grants"]).arg(&bare).arg(&m).run();
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let want = "grants: [skills.net] connect needs network = true";
+    assert!(run.stdout.contains(want), "{}", run.stdout);
+}

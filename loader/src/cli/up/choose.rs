@@ -295,6 +295,7 @@ pub(super) fn read_grants(path: &Path) -> Result<BTreeMap<String, toml::Table>, 
             // Read as the executor will read it, kept as written.
             let read = SkillGrant::deserialize(grant.clone())
                 .map_err(|e| at(&format!("[skills.{name}]: {e}")))?;
+            read.check_network().map_err(|e| at(&format!("[skills.{name}] {e}")))?;
             // The executor `up` starts keeps its default `max_warm_total`.
             if read.warm as usize > DEFAULT_MAX_WARM_TOTAL {
                 let max = DEFAULT_MAX_WARM_TOTAL;

@@ -235,6 +235,10 @@ mod tests {
             ("[limits]\nmax_pids = 1\n", "[limits]: only [skills.NAME] tables"),
             ("[skills.Bad-Name]\nnetwork = true\n", "[skills.Bad-Name]"),
             ("[skills.x\n", "TOML parse error"),
+            (
+                "[skills.x]\nconnect = [\"127.0.0.1:80\"]\n",
+                "[skills.x] connect needs network = true",
+            ),
         ] {
             fs::write(&file, body).unwrap();
             let e = read_grants(&file).unwrap_err();
