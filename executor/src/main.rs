@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use executor::cli::{Cli, Command};
+use executor::run::reaper::Reaper;
 use executor::{Config, Engine, RunRequest};
 use policy::Outcome;
 use tracing::Level;
@@ -98,6 +99,8 @@ fn run(
     // One child: the filter is installed in it, no spawner threads.
     let spawners = executor::run::spawn::Spawners::inline();
     let engine = Engine::with_spawners(config, spawners).context("starting the engine")?;
+    // The engine made this process a subreaper: its runs' orphans are ours.
+    Reaper::global().reap_in_background().context("starting the reaper thread")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -149,6 +152,7 @@ fn serve(config: Option<PathBuf>, stop_on_stdin_eof: bool) -> anyhow::Result<u8>
         registry.register(Box::new(process)).context("registering process metrics")?;
         let metrics = Arc::new(executor::Metrics::new(&registry).context("registering metrics")?);
         let engine = Arc::new(Engine::new(config).context("starting the engine")?);
+        Reaper::global().reap_in_background().context("starting the reaper thread")?;
         // Removes the socket node bound here when this block ends, however
         // it ends (a socket systemd passed is its to keep). Declared before
         // the listener, so dropped after it: a node someone still listens

@@ -55,6 +55,28 @@ fn shell_fork_bomb_is_contained() {
     back_to_baseline(&cgroups);
 }
 
+/// Detached helpers started one after another, each exiting at once: the
+/// executor (their subreaper once their parent is gone) reaps them as they
+/// exit, so their zombies never fill the pids bound though far more than
+/// it are started in one run.
+#[test]
+fn exited_orphans_do_not_fill_the_pids_bound() {
+    let Some(g) = exclusive("exited_orphans_do_not_fill_the_pids_bound") else { return };
+    let cgroups = cgroup_dirs();
+    let script = r#"i=0; failed=0
+while [ $i -lt 100 ] && [ $failed -lt 50 ]; do
+  if ( /bin/true & ) 2>/dev/null; then i=$((i+1)); else failed=$((failed+1)); sleep 0.02; fi
+done
+echo "{\"started\":$i,\"failed\":$failed}""#;
+    let skill = SkillDir::script("orphans", script).with("timeout_seconds", json!(20));
+    let run = skill.run(&Config::new().limit("max_pids", 16), &json!({}));
+    run.expect(Outcome::Ok);
+    let r = run.result();
+    assert_eq!(r["started"], 100, "helpers' zombies held the pids bound:\n{}", run.dump());
+    no_leftovers(&skill, &g);
+    back_to_baseline(&cgroups);
+}
+
 /// One process touching memory past the bound is OOM-killed and the
 /// report says `limit: memory`.
 #[test]

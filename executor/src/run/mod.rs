@@ -138,7 +138,9 @@
 //!    with SIGTERM so stopped processes see it), reap (the executor is a
 //!    child subreaper, so orphans are reaped too; by pid, pidfd and
 //!    `waitpid`, never by `SIGCHLD`, which every thread of the binary
-//!    blocks, so an exit wakes no thread), remove the cgroups and
+//!    blocks; the binary's reaper thread, blocked in `waitid(P_ALL,
+//!    WNOWAIT)`, reaps orphans as they exit, since a zombie counts against
+//!    its run's `pids` bound until it is reaped), remove the cgroups and
 //!    the run directory (from the engine's second run on, a janitor thread
 //!    does it right after the report is written, as the run's pipes and
 //!    pidfd are closed then, or within 20 ms with the next runs' (woken

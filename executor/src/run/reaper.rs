@@ -3,7 +3,11 @@
 //! The executor is a child subreaper, so a skill's daemonised leftovers are
 //! reparented to it (this machine's PID 1 does not reap). Reaping "any
 //! child" could take a main process's status from under its run; such a
-//! status is parked here and handed to its run.
+//! status is parked here and handed to its run. The binary reaps orphans
+//! as they exit ([`Reaper::reap_in_background`]): a zombie still counts
+//! against its run's `pids` bound, so a skill that starts detached
+//! helpers one after another would otherwise run out of processes with
+//! only a few alive.
 //!
 //! A main process is tracked only once `clone` has returned its pid, and a
 //! skill that exits at once (`exit 3`) can be gone before that: another
@@ -22,6 +26,16 @@ use crate::sys::process::{self, Exit};
 /// How long the status of an untracked child is kept for a run that has
 /// not tracked its main process yet.
 pub const UNCLAIMED_TTL: Duration = Duration::from_secs(30);
+
+/// Past this many kept statuses (a skill's orphans exiting by the
+/// thousand), only those of the last [`UNCLAIMED_CROWDED_TTL`] are kept: a
+/// main process is tracked microseconds after `clone` returns.
+const UNCLAIMED_CROWD: usize = 1024;
+const UNCLAIMED_CROWDED_TTL: Duration = Duration::from_secs(1);
+
+/// How long the background reaper waits before it looks again when the
+/// process has no child at all.
+const NO_CHILD_NAP: Duration = Duration::from_millis(50);
 
 /// Parked exit statuses of the main processes being supervised, and of
 /// recently reaped untracked children.
@@ -94,10 +108,37 @@ impl Reaper {
             if let Some(slot) = mains.get_mut(&pid) {
                 *slot = Some(exit);
             } else {
+                if unclaimed.len() >= UNCLAIMED_CROWD {
+                    unclaimed.retain(|_, (_, at)| now.duration_since(*at) < UNCLAIMED_CROWDED_TTL);
+                }
                 unclaimed.insert(pid, (exit, now));
             }
         }
         unclaimed.retain(|_, (_, at)| now.duration_since(*at) < UNCLAIMED_TTL);
+    }
+
+    /// Reaps children as they exit, on a thread of its own, for the rest of
+    /// the process (the first call starts it; later ones do nothing). The
+    /// executor's binary calls it: an engine inside another program (a test
+    /// harness, a bench) leaves that program's own children to it, and
+    /// reaps orphans only as runs end.
+    ///
+    /// # Errors
+    ///
+    /// The thread could not be started.
+    pub fn reap_in_background(&'static self) -> std::io::Result<()> {
+        static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if STARTED.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return Ok(());
+        }
+        let reap = move || loop {
+            match process::until_a_child_exits() {
+                Ok(()) => self.reap_orphans(),
+                // No child yet (or an unexpected errno): look again soon.
+                Err(_) => std::thread::sleep(NO_CHILD_NAP),
+            }
+        };
+        std::thread::Builder::new().name("ongrid-reaper".to_owned()).spawn(reap).map(drop)
     }
 
     fn unclaimed(&self) -> std::sync::MutexGuard<'_, HashMap<i32, (Exit, Instant)>> {

@@ -115,6 +115,36 @@ pub fn reap_pidfd(pidfd: BorrowedFd<'_>) -> io::Result<()> {
     }
 }
 
+/// Blocks until a child has exited, reaping none
+/// (`waitid(P_ALL, WEXITED | WNOWAIT | __WALL)`, the children [`wait`]
+/// with -1 reaps).
+///
+/// # Errors
+///
+/// The errno of `waitid` (`ECHILD`: no child at all).
+pub fn until_a_child_exits() -> io::Result<()> {
+    loop {
+        // SAFETY: siginfo_t is plain data (zeroed is valid) and waitid
+        // writes into the valid local; WNOWAIT leaves the child as it is.
+        let r = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &raw mut info,
+                libc::WEXITED | libc::WNOWAIT | libc::__WALL,
+            )
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// `pidfd_open(pid)`: a pidfd for the process `pid` now names.
 ///
 /// # Errors
