@@ -28,6 +28,7 @@ use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 use tokio::sync::Notify;
 
+use crate::host::instance::PgidRecord;
 use crate::mcp::client::{Conn, Tool};
 use crate::mcp::error::ConnError;
 use crate::mcp::secrets::Secrets;
@@ -58,6 +59,8 @@ pub fn backoff(failures: u32) -> Duration {
 struct Running {
     conn: Conn,
     pid: i32,
+    /// Without a cgroup, its process group, recorded for the watchdog.
+    pgid: Option<PgidRecord>,
     prep: Prepared,
     plan: Plan,
     tools: Vec<Tool>,
@@ -487,6 +490,8 @@ async fn start(engine: &Engine, manifest: &Path, changed: Arc<Notify>) -> Result
         }
     };
     reaper.track(child.pid);
+    // Without a cgroup the watchdog kills the server's process group.
+    let pgid = prep.cgroup.is_none().then(|| engine.instance().record_pgid(child.pid)).flatten();
     let stderr = tokio::spawn(drain(child.stderr));
     let max_line = usize::try_from(l.stdout_bytes).unwrap_or(usize::MAX);
     let timeout = plan.manifest.timeout();
@@ -499,13 +504,13 @@ async fn start(engine: &Engine, manifest: &Path, changed: Arc<Notify>) -> Result
         Ok(conn) => conn,
         Err(e) => {
             let sandbox = Some(prep.report.clone());
-            end_tree(engine, child.pid, prep, stderr, Duration::ZERO).await;
+            end_tree(engine, (child.pid, pgid), prep, stderr, Duration::ZERO).await;
             let mut r = refused(&name, Outcome::SpawnFailed, e.to_string());
             r.sandbox = sandbox;
             return Err(r);
         }
     };
-    let mut run = Running { conn, pid: child.pid, prep, plan, tools: Vec::new(), stderr };
+    let mut run = Running { conn, pid: child.pid, pgid, prep, plan, tools: Vec::new(), stderr };
     let hello = async {
         run.conn.initialize(timeout).await?;
         run.conn.list_tools(timeout).await
@@ -555,15 +560,15 @@ async fn drain(fd: OwnedFd) {
 /// Ends a server: stdin closed and SIGTERM with `grace` to exit, then its
 /// whole cgroup killed; reaped, its allowlist detached, its slot removed.
 async fn end(engine: &Engine, run: Running, grace: Duration) -> Exit {
-    let Running { conn, pid, prep, plan: _, tools: _, stderr } = run;
+    let Running { conn, pid, pgid, prep, plan: _, tools: _, stderr } = run;
     drop(conn);
-    end_tree(engine, pid, prep, stderr, grace).await
+    end_tree(engine, (pid, pgid), prep, stderr, grace).await
 }
 
 /// [`end`] once the connection is closed.
 async fn end_tree(
     engine: &Engine,
-    pid: i32,
+    (pid, pgid): (i32, Option<PgidRecord>),
     mut prep: Prepared,
     stderr: tokio::task::JoinHandle<()>,
     grace: Duration,
@@ -610,6 +615,11 @@ async fn end_tree(
         tokio::time::sleep(Duration::from_millis(10)).await;
         exit = reaper.collect(pid);
     }
+    if exit.is_none() {
+        // Reaped later as an orphan, its status parked for no one.
+        reaper.forget(pid);
+    }
+    drop(pgid);
     reaper.reap_orphans();
     stderr.abort();
     prep.end_egress();

@@ -185,3 +185,63 @@ fn mcp_watch_answers_when_an_idle_servers_tool_list_moves() {
     assert_eq!(v["result"]["changes"], start + 1, "{v}");
     assert_eq!(v["result"]["packs"].as_array().map(Vec::len), Some(1), "{v}");
 }
+
+/// An executor that is not root runs an MCP pack's server without a
+/// cgroup: SIGKILLed, its watchdog kills the server's process group, so
+/// what the server started goes with it.
+#[test]
+fn without_a_cgroup_a_killed_executors_server_takes_its_group_with_it() {
+    if !can_run() {
+        return;
+    }
+    let nobody = 65534;
+    let (root, runtime) = (dir_0755(), dir_0755());
+    let (socket, config) = serve_config(root.path(), runtime.path());
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("allowed_uids = [0]\nlandlock = \"best-effort\"\n");
+    std::fs::write(&config, text).unwrap();
+    for p in [runtime.path(), config.as_path()] {
+        std::os::unix::fs::chown(p, Some(nobody), Some(nobody)).unwrap();
+    }
+    std::fs::set_permissions(runtime.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let m = pack(root.path(), 0);
+    let dir = m.parent().unwrap();
+    // The entry starts a process in the server's group (a number no other
+    // process has; ten minutes at most, should it outlive a failed test),
+    // then becomes the server.
+    let marker = format!("sleep 600.{}", std::process::id());
+    let server = dir.join("server.py");
+    let wrapper =
+        format!("#!/bin/sh\n/bin/{marker} &\nexec /usr/bin/python3 {}\n", server.display());
+    std::fs::write(dir.join("run.sh"), wrapper).unwrap();
+    std::fs::set_permissions(dir.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let manifest = std::fs::read_to_string(&m).unwrap().replace("\"server.py\"", "\"run.sh\"");
+    std::fs::write(&m, manifest).unwrap();
+    let mut spawned = Spawned(
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_ongrid-executor"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the socket", Duration::from_secs(10), || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
+    let mut c = Client::connect(&socket);
+    let r = call(&mut c, 1, &m, "echo", json!({"x": 1}), "safe");
+    assert_eq!(r["outcome"], "ok", "{r}");
+    assert!(r["sandbox"]["cgroup"]["kill"].is_null(), "the server has a cgroup: {r}");
+    let sleeps = || -> Vec<i32> {
+        let procs = common::procs_with(&marker);
+        procs.into_iter().filter(|p| p.state != 'Z').map(|p| p.pid).collect()
+    };
+    assert_eq!(sleeps().len(), 1, "the server's child runs");
+    spawned.0.kill().unwrap();
+    wait_child(&mut spawned.0);
+    wait_for("the server's child to go with the executor", Duration::from_secs(10), || {
+        sleeps().is_empty()
+    });
+}
