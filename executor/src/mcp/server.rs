@@ -32,6 +32,7 @@ use crate::host::instance::PgidRecord;
 use crate::mcp::client::{Conn, Tool};
 use crate::mcp::error::ConnError;
 use crate::mcp::secrets::Secrets;
+use crate::run::egress;
 use crate::run::plan::{euid, Located, Plan};
 use crate::run::spawn::{self, Prepared, Slot};
 use crate::sys::process::Exit;
@@ -476,9 +477,13 @@ async fn start(engine: &Engine, manifest: &Path, changed: Arc<Notify>) -> Result
     let l = &plan.granted.limits;
     let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
     let failed = |e: spawn::SpawnError| refused(&name, e.outcome(), e.to_string());
+    // The grant's names, looked up without holding this worker.
+    let resolved = egress::resolve_grant(&plan.granted)
+        .await
+        .map_err(|source| failed(spawn::SpawnError::Egress { skill: name.to_string(), source }))?;
     let slot =
         Slot::create(config, engine.host(), l.memory_bytes, l.max_pids, owner).map_err(failed)?;
-    let mut prep = spawn::prepare(config, engine.host(), &plan, slot).map_err(failed)?;
+    let mut prep = spawn::prepare(config, engine.host(), &plan, &resolved, slot).map_err(failed)?;
     prep.serve_with(&spec.args).map_err(failed)?;
     let child = match spawn::spawn(&mut prep, &plan.entry, &[], spawners, Duration::ZERO, || ()) {
         Ok(c) => c,

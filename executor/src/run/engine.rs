@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::host::instance::{Instance, InstanceError, PgidRecord};
 use crate::run::classify::classify;
 use crate::run::denials::{Denials, Watch};
+use crate::run::egress;
 use crate::run::janitor::{Janitor, SlotCounts, Wake};
 use crate::run::parsed::ParsedManifests;
 use crate::run::plan::{Located, Plan};
@@ -384,6 +385,11 @@ impl Engine {
         started: Instant,
     ) -> Result<Launched, Box<RunReport>> {
         let skill = plan.manifest.name().to_string();
+        // The grant's names, looked up without holding this worker.
+        let resolved = egress::resolve_grant(&plan.granted).await.map_err(|source| {
+            let e = spawn::SpawnError::Egress { skill: skill.clone(), source };
+            Box::new(RunReport::not_run(skill.clone(), e.outcome(), e.to_string()))
+        })?;
         // Step 2: prepare everything in the parent, in a fresh slot (run
         // directory and cgroup leaves) made ahead of time when one is ready.
         let l = &plan.granted.limits;
@@ -391,9 +397,10 @@ impl Engine {
         let bounds = (l.memory_bytes, l.max_pids);
         // The pool's refill is asked for once the child has its spec.
         let taken = self.janitor.take(background, &self.config, &self.host, bounds, owner);
-        let (mut prep, refill) = match taken.and_then(|(slot, refill)| {
-            spawn::prepare(&self.config, &self.host, plan, slot).map(|p| (p, refill))
-        }) {
+        let prepared = taken.and_then(|(slot, refill)| {
+            spawn::prepare(&self.config, &self.host, plan, &resolved, slot).map(|p| (p, refill))
+        });
+        let (mut prep, refill) = match prepared {
             Ok(p) => p,
             Err(e) => return Err(Box::new(RunReport::not_run(skill, e.outcome(), e.to_string()))),
         };

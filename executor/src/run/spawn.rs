@@ -215,7 +215,9 @@ fn rlimit_table(plan: &Plan, root: bool) -> Vec<(&'static str, Resource, u64, u6
 }
 
 /// Spawn sequence step 2: prepare the sandbox in the parent, in `slot`
-/// (made with [`Slot::create`]; its owner and bounds are set to the plan's).
+/// (made with [`Slot::create`]; its owner and bounds are set to the plan's),
+/// with the grant's names looked up ahead (`resolved`: see
+/// [`egress::resolve_grant`]).
 ///
 /// # Errors
 ///
@@ -224,6 +226,7 @@ pub fn prepare(
     config: &Config,
     host: &Host,
     plan: &Plan,
+    resolved: &egress::Resolved,
     slot: Slot,
 ) -> Result<Prepared, SpawnError> {
     let skill = plan.manifest.name().to_string();
@@ -257,7 +260,8 @@ pub fn prepare(
     let (path, envp) = exec_strings(&skill, plan)?;
     let cwd = cstring(&skill, "run directory", run_dir.path().as_os_str().as_bytes())?;
 
-    let (network, run_egress) = attach_egress(config, host, plan, cgroup.as_ref(), &mut degraded)?;
+    let (network, run_egress) =
+        attach_egress(config, host, (plan, resolved), cgroup.as_ref(), &mut degraded)?;
     let variant = seccomp::Variant::for_run(
         plan.granted.network,
         plan.run_as.dedicated,
@@ -371,7 +375,7 @@ fn capability_names(granted: &[u8]) -> Vec<String> {
 fn attach_egress(
     config: &Config,
     host: &Host,
-    plan: &Plan,
+    (plan, resolved): (&Plan, &egress::Resolved),
     cgroup: Option<&RunCgroup>,
     degraded: &mut Vec<String>,
 ) -> Result<(NetworkReport, Option<RunEgress>), SpawnError> {
@@ -383,7 +387,8 @@ fn attach_egress(
     let skill = plan.manifest.name().to_string();
     let fail = |source| SpawnError::Egress { skill: skill.clone(), source };
     let (rules, enforced) =
-        egress::rules_for(granted, &config.resolv_conf, &egress::host_addrs()).map_err(fail)?;
+        egress::rules_for(granted, resolved, &config.resolv_conf, &egress::host_addrs())
+            .map_err(fail)?;
     report.dns = granted.dns;
     let attached =
         cgroup.and_then(RunCgroup::v2_leaf).ok_or(RunEgressError::NoCgroupV2).and_then(|leaf| {

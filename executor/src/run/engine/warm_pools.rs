@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 use super::{settle, Engine};
+use crate::run::egress;
 use crate::run::plan::Plan;
 use crate::run::spawn;
 use crate::run::warm::{Maker, Warm, WarmStats};
@@ -102,12 +103,13 @@ impl Maker for Engine {
         let l = &plan.granted.limits;
         let owner = plan.run_as.switch.then_some((plan.run_as.uid, plan.run_as.gid));
         let bounds = (l.memory_bytes, l.max_pids);
+        let resolved = egress::resolve_grant_blocking(&plan.granted).map_err(|e| e.to_string())?;
         let (slot, refill) = self
             .janitor
             .take(true, &self.config, &self.host, bounds, owner)
             .map_err(|e| e.to_string())?;
-        let mut prep =
-            spawn::prepare(&self.config, &self.host, &plan, slot).map_err(|e| e.to_string())?;
+        let mut prep = spawn::prepare(&self.config, &self.host, &plan, &resolved, slot)
+            .map_err(|e| e.to_string())?;
         // Its refusals are watched from its spawn, as a cold run's: the
         // report of the request that takes it lists those of its start-up
         // too, as a cold run's report would.
