@@ -139,8 +139,11 @@ fn serve(
                     _ = int.recv() => break,
                     _ = hup.recv() => {
                         tracing::info!("SIGHUP: rescanning");
-                        // RELOADING=1 ... READY=1 around it (App::reload).
-                        app.reload().await;
+                        // RELOADING=1 ... READY=1 around it (App::reload);
+                        // in a task of its own, so that SIGTERM is heard
+                        // during a long one (reloads wait for each other).
+                        let app = app.clone();
+                        tokio::spawn(async move { app.reload().await });
                     }
                 }
             }

@@ -260,13 +260,21 @@ impl App {
     }
 
     /// Asks the executor for the tools of each MCP server pack the scan
-    /// found (which starts their servers) and registers them
+    /// found (which starts their servers), all at once: a scan waits for
+    /// the slowest list, not for the sum of them. Registers them
     /// ([`crate::scan::mcp`]), noting the generation of each list.
     async fn add_mcp_tools(&self, report: &mut crate::scan::ScanReport, opts: &ValidateOptions) {
-        for pack in 0..report.mcp_packs.len() {
+        let paths: Vec<String> = report
+            .mcp_packs
+            .iter()
+            .map(|p| p.manifest_path().to_string_lossy().into_owned())
+            .collect();
+        let lists = futures_util::future::join_all(
+            paths.iter().map(|path| self.executor.mcp_tools(path, MCP_LIST_TIMEOUT)),
+        )
+        .await;
+        for (pack, listed) in lists.into_iter().enumerate() {
             let manifest = report.mcp_packs[pack].manifest_path().to_owned();
-            let path = manifest.to_string_lossy().into_owned();
-            let listed = self.executor.mcp_tools(&path, MCP_LIST_TIMEOUT).await;
             let before = report.events.len();
             let listed = listed.map(|(tools, generation)| {
                 if let Some(g) = generation {

@@ -42,6 +42,9 @@ pub const REPORT_SLACK: Duration = Duration::from_secs(15);
 
 /// How long a `connect` may take before the executor counts as down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long writing a request may take: an executor that reads none of it
+/// for this long (wedged, or not accepting) counts as down.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most connections kept for the next run.
 pub const MAX_IDLE: usize = 16;
 /// Longest a connection is kept for the next run (see the module docs).
@@ -87,6 +90,7 @@ pub enum ExecutorError {
 pub struct ExecutorClient {
     socket: PathBuf,
     idle: Arc<Idle>,
+    send_timeout: Duration,
 }
 
 /// Connections whose run ended with its report, and since when.
@@ -230,7 +234,14 @@ pub struct RunConnection {
 impl ExecutorClient {
     /// A client of the executor listening on `socket`.
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        Self { socket: socket.into(), idle: Arc::default() }
+        Self { socket: socket.into(), idle: Arc::default(), send_timeout: SEND_TIMEOUT }
+    }
+
+    /// This client with another bound on writing a request (tests).
+    #[cfg(test)]
+    fn send_timeout(mut self, timeout: Duration) -> Self {
+        self.send_timeout = timeout;
+        self
     }
 
     /// Connections kept for the next run now.
@@ -270,7 +281,8 @@ impl ExecutorClient {
     /// # Errors
     ///
     /// [`ExecutorError::Connect`] when the executor is down,
-    /// [`ExecutorError::Io`] when the request cannot be written.
+    /// [`ExecutorError::Io`] when the request cannot be written (or is not
+    /// read within 10 s).
     pub async fn execute(&self, params: &ExecuteParams) -> Result<RunConnection, ExecutorError> {
         self.execute_on(None, params).await
     }
@@ -308,7 +320,14 @@ impl ExecutorClient {
             None => self.connect().await?,
         };
         let stream = conn.stream().map_err(ExecutorError::Io)?;
-        stream.write_all(&wire::encode_execute(1, params)).await.map_err(ExecutorError::Io)?;
+        let line = wire::encode_execute(1, params);
+        match tokio::time::timeout(self.send_timeout, stream.write_all(&line)).await {
+            Ok(written) => written.map_err(ExecutorError::Io)?,
+            Err(_) => {
+                let why = format!("the request was not read within {:?}", self.send_timeout);
+                return Err(ExecutorError::Io(io::Error::new(io::ErrorKind::TimedOut, why)));
+            }
+        }
         Ok(RunConnection::new(conn, MAX_LINE_BYTES))
     }
 

@@ -119,3 +119,43 @@ async fn the_registry_generation_is_a_long_poll_a_reload_answers() {
         assert_eq!(r.status, 400, "{bad}: {}", r.body);
     }
 }
+
+/// SIGTERM during a SIGHUP reload that waits for an MCP server's tools
+/// ends the daemon at once, not once the reload gives up on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_is_heard_during_a_long_sighup_reload() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let env = Env::new();
+    let skills = env.standard_skills();
+    let ex = FakeExecutor::start(&env.executor_socket());
+    let mut d = Skilld::start(&env, &[&skills], "");
+    ex.stats.mcp_tools_delay_ms.store(u64::MAX, SeqCst);
+    env.skill("skills", "server", r#","kind":"mcp""#, "exec cat");
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let asked = eventually(Duration::from_secs(10), || ex.stats.mcp_tools_calls.load(SeqCst) == 1);
+    assert!(asked.await, "the reload never asked for the server's tools:\n{}", d.log());
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = d.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "{status}");
+}
+
+/// The tools of several MCP server packs are listed all at once: a start
+/// waits for the slowest list (1.5 s here), not for their sum (6 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_packs_are_listed_together() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let env = Env::new();
+    let skills = env.standard_skills();
+    for name in ["one", "two", "three", "four"] {
+        env.skill("skills", name, r#","kind":"mcp""#, "exec cat");
+    }
+    let ex = FakeExecutor::start(&env.executor_socket());
+    ex.stats.mcp_tools_delay_ms.store(1500, SeqCst);
+    let started = std::time::Instant::now();
+    let d = Skilld::start(&env, &[&skills], "");
+    let r = d.client().get("/v1/health").await.unwrap();
+    assert_eq!(r.status, 200, "{}", d.log());
+    let took = started.elapsed();
+    assert_eq!(ex.stats.mcp_tools_calls.load(SeqCst), 4, "{}", d.log());
+    assert!(took < Duration::from_millis(4500), "the lists were waited for in turn: {took:?}");
+}

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,6 +38,11 @@ pub struct Stats {
     pub held: AtomicUsize,
     /// Held runs whose connection closed before their `start`.
     pub held_cancelled: AtomicUsize,
+    /// `mcp_tools` calls received.
+    pub mcp_tools_calls: AtomicUsize,
+    /// How long each `mcp_tools` waits before its (empty) answer, ms;
+    /// `u64::MAX`: it is never answered.
+    pub mcp_tools_delay_ms: AtomicU64,
 }
 
 /// A running fake executor; [`FakeExecutor::stop`] ends it.
@@ -109,8 +114,16 @@ async fn connection(stream: UnixStream, stats: Arc<Stats>) {
                 let n = stats.metrics_calls.fetch_add(1, Ordering::SeqCst);
                 wire::encode_result(&id, &json!(MetricsResult { text: metrics_text(&stats, n) }))
             }
-            // No MCP server packs here.
-            Ok(Request::McpTools { id, .. }) => wire::encode_result(&id, &json!({"tools": []})),
+            // No tools in any MCP server pack here, listed after the delay.
+            Ok(Request::McpTools { id, .. }) => {
+                stats.mcp_tools_calls.fetch_add(1, Ordering::SeqCst);
+                match stats.mcp_tools_delay_ms.load(Ordering::SeqCst) {
+                    u64::MAX => std::future::pending().await,
+                    0 => {}
+                    ms => tokio::time::sleep(std::time::Duration::from_millis(ms)).await,
+                }
+                wire::encode_result(&id, &json!({"tools": []}))
+            }
             // No MCP server packs: no tool list ever moves.
             Ok(Request::McpWatch { id, params }) => {
                 wire::encode_result(&id, &json!({"changes": params.since, "packs": []}))

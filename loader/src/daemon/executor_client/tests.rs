@@ -218,3 +218,22 @@ async fn failures_are_typed() {
     assert!(matches!(missing.execute(&params()).await, Err(ExecutorError::Connect { .. })));
     assert!(!missing.ping(Duration::from_millis(100)).await);
 }
+
+/// An executor that accepts and never reads: a request larger than the
+/// socket's buffers fails within the send bound instead of hanging.
+#[tokio::test]
+async fn a_request_never_read_fails_in_time() {
+    let (_dir, listener, client) = listening();
+    let client = client.send_timeout(Duration::from_millis(500));
+    let accepted = tokio::spawn(async move { listener.accept().await.map(|(s, _)| s) });
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(4 << 20));
+    let params =
+        ExecuteParams { args: policy::RawJson::from_slice(big.as_bytes()).unwrap(), ..params() };
+    let sent = tokio::time::timeout(Duration::from_secs(5), client.execute(&params)).await;
+    let e = sent.expect("still writing after 5 s").expect_err("an error");
+    assert!(
+        matches!(&e, ExecutorError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut),
+        "{e:?}"
+    );
+    drop(accepted.await);
+}
