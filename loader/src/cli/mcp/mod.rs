@@ -213,7 +213,8 @@ impl Server {
 
     /// Runs a `tools/call` to its end and returns its answer. `written` is
     /// what the call's line held (its arguments as text), when it was seen;
-    /// else the SDK's copy of the arguments is sent.
+    /// a call whose line was not kept (longer than the lines inspected) is
+    /// refused: the SDK's copy of its arguments is not what was sent.
     pub async fn call(
         &self,
         params: &CallToolRequestParams,
@@ -224,7 +225,10 @@ impl Server {
             Some(Err(e)) => return Err(ErrorData::invalid_params(e, None)),
             Some(Ok(Some(raw))) if raw.get() != "null" => raw.get().to_owned(),
             Some(Ok(_)) => "{}".to_owned(),
-            None => Value::Object(params.arguments.clone().unwrap_or_default()).to_string(),
+            None => {
+                let why = "the call's arguments were not kept as written (a line over 4 MiB?)";
+                return Err(ErrorData::invalid_params(why, None));
+            }
         };
         let args = match policy::Args::from_slice(text.as_bytes()) {
             Ok(a) => a,

@@ -23,14 +23,16 @@ use tokio::io::{AsyncRead, ReadBuf};
 const KEPT_CALLS: usize = 256;
 
 /// Longest line inspected; a longer one passes through untouched, and its
-/// call falls back to the SDK's copy of the arguments.
+/// call is refused (its arguments were not kept as written).
 const MAX_LINE: usize = 4 << 20;
 
 /// What a call's line held: its arguments as text, or why its `params`
 /// could not be read (given twice, for one).
 pub type Arguments = Result<Option<Box<RawValue>>, String>;
 
-/// The calls seen and not yet taken, by request id as JSON text.
+/// The calls seen and not yet taken, by request id as JSON text, written
+/// as `serde_json` writes it (`"esc"` for a client's `"\u0065sc"`), so the
+/// SDK's id finds its call however the client escaped it.
 #[derive(Debug, Clone, Default)]
 pub struct Calls(Arc<Mutex<VecDeque<(String, Arguments)>>>);
 
@@ -56,8 +58,8 @@ impl Calls {
         #[derive(Deserialize)]
         struct Head<'a> {
             #[serde(borrow)]
-            method: Option<&'a str>,
-            id: Option<Box<RawValue>>,
+            method: Option<std::borrow::Cow<'a, str>>,
+            id: Option<serde_json::Value>,
         }
         #[derive(Deserialize)]
         struct Line {
@@ -68,11 +70,11 @@ impl Calls {
             arguments: Option<Box<RawValue>>,
         }
         let Ok(head) = serde_json::from_slice::<Head<'_>>(line) else { return };
-        let (Some("tools/call"), Some(id)) = (head.method, head.id) else { return };
+        let (Some("tools/call"), Some(id)) = (head.method.as_deref(), head.id) else { return };
         let args = serde_json::from_slice::<Line>(line)
             .map(|l| l.params.and_then(|p| p.arguments))
             .map_err(|e| format!("params: {e}"));
-        self.keep(id.get().to_owned(), args);
+        self.keep(id.to_string(), args);
     }
 }
 
@@ -161,6 +163,25 @@ mod tests {
         assert!(calls.take("1").is_none(), "not a call");
         let twice = calls.take(r#""s""#).unwrap().unwrap_err();
         assert!(twice.contains("duplicate field"), "{twice}");
+    }
+
+    /// A call is found by its id as the SDK writes it, however the client
+    /// escaped the id or the method.
+    #[tokio::test]
+    async fn a_call_is_found_by_its_id_however_it_was_escaped() {
+        let input = concat!(
+            r#"{"jsonrpc":"2.0","id":"esc","method":"tools\/call","params":{"name":"e","arguments":{"a":1,"a":2}}}"#,
+            "
+",
+        );
+        let (_, calls) = tee(input.as_bytes()).await;
+        let id = serde_json::to_string(&serde_json::json!("esc")).unwrap();
+        let args = calls.take(&id).expect("the call is kept under \"esc\"").unwrap().unwrap();
+        assert_eq!(
+            args.get(),
+            r#"{"a":1,"a":2}"#,
+            "as written: the key given twice is refused later"
+        );
     }
 
     #[tokio::test]
