@@ -62,6 +62,11 @@ pub struct Args {
     /// replaces an example's of the same name.
     #[arg(long, value_name = "FILE")]
     pub grants: Option<PathBuf>,
+    /// Whether reports list what the box refused each run
+    /// (`sandbox.denials`): auto, when the kernel's audit is already on
+    /// (auditd); on, the executor turns it on while it runs; off.
+    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "on", "off"])]
+    pub report_denials: String,
 }
 
 /// A start-up failure: the message, and whether it is a usage error.
@@ -103,6 +108,8 @@ pub(super) struct Plan {
     pub(super) run_as: Option<String>,
     /// The `[skills.NAME]` grants of `--grants`.
     pub(super) grants: BTreeMap<String, toml::Table>,
+    /// `--report-denials`.
+    pub(super) report_denials: String,
 }
 
 impl Plan {
@@ -191,7 +198,17 @@ impl Plan {
             Some(path) => read_grants(path).map_err(Failure::usage)?,
             None => BTreeMap::new(),
         };
-        Ok(Self { runtime_dir, roots, executor_bin, metrics, settings, run_as, grants })
+        let report_denials = args.report_denials.clone();
+        Ok(Self {
+            runtime_dir,
+            roots,
+            executor_bin,
+            metrics,
+            settings,
+            run_as,
+            grants,
+            report_denials,
+        })
     }
 }
 

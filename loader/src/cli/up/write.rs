@@ -32,6 +32,7 @@ struct ExecutorToml {
     allowed_gids: Vec<u32>,
     entry_owners: Vec<String>,
     landlock: &'static str,
+    report_denials: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     run_as: Option<String>,
     /// The examples' grants and `--grants`' (which replace an example's of
@@ -81,8 +82,13 @@ pub(super) fn prepare_dir(plan: &Plan) -> Result<(), Failure> {
             )));
         }
     }
-    let text = executor_config(dir, &plan.roots, plan.run_as.as_deref(), &plan.grants)
-        .map_err(|e| Failure::start(format!("cannot write executor.toml: {e}")))?;
+    let text = executor_config(
+        dir,
+        &plan.roots,
+        (plan.run_as.as_deref(), &plan.report_denials),
+        &plan.grants,
+    )
+    .map_err(|e| Failure::start(format!("cannot write executor.toml: {e}")))?;
     let path = dir.join(EXECUTOR_CONFIG);
     let _ = fs::remove_file(&path);
     let mut file = fs::OpenOptions::new()
@@ -116,7 +122,7 @@ pub(super) fn cleanup(plan: &Plan) {
 fn executor_config(
     runtime_dir: &Path,
     roots: &[PathBuf],
-    run_as: Option<&str>,
+    (run_as, report_denials): (Option<&str>, &str),
     grants: &BTreeMap<String, toml::Table>,
 ) -> Result<String, toml::ser::Error> {
     let uid = nix_uid();
@@ -137,6 +143,7 @@ fn executor_config(
         allowed_gids: Vec::new(),
         entry_owners,
         landlock: "best-effort",
+        report_denials: report_denials.to_owned(),
         run_as: run_as.map(str::to_owned),
         skills,
     };
@@ -174,7 +181,7 @@ mod tests {
         let text = executor_config(
             Path::new("/run/x y"),
             &[PathBuf::from("/a"), PathBuf::from("/b\"c")],
-            Some("nobody"),
+            (Some("nobody"), "auto"),
             &BTreeMap::new(),
         )
         .unwrap();
@@ -207,7 +214,8 @@ mod tests {
         .unwrap();
         let grants = read_grants(&file).unwrap();
         let text =
-            executor_config(Path::new("/run/x"), &[PathBuf::from("/a")], None, &grants).unwrap();
+            executor_config(Path::new("/run/x"), &[PathBuf::from("/a")], (None, "auto"), &grants)
+                .unwrap();
         let v: toml::Value = toml::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         let skills = &v["skills"];
         assert_eq!(skills["netprobe_tcp"]["network"].as_bool(), Some(true), "{text}");
@@ -263,7 +271,8 @@ mod tests {
             )]),
         )]);
         let roots = [PathBuf::from("/a"), PathBuf::from("/b\"c")];
-        let text = executor_config(Path::new("/run/x y"), &roots, Some("nobody"), &grants).unwrap();
+        let text = executor_config(Path::new("/run/x y"), &roots, (Some("nobody"), "on"), &grants)
+            .unwrap();
         let uid = nix_uid();
         let gid = nix::unistd::getegid().as_raw();
         let owners = match user_name(uid).filter(|n| n != "root") {
@@ -281,6 +290,7 @@ mod tests {
              allowed_gids = []\n\
              entry_owners = [{owners}]\n\
              landlock = \"best-effort\"\n\
+             report_denials = \"on\"\n\
              run_as = \"nobody\"\n\
              [skills.probe_http]\nnetwork = true\ndns = true\n\
              [skills.probe_dns]\nnetwork = true\ndns = true\n\
