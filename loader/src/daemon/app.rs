@@ -74,6 +74,9 @@ pub struct App {
     run_slots: Arc<Semaphore>,
     /// One scan at a time: a SIGHUP during a `POST /v1/reload` waits.
     reload_lock: Mutex<()>,
+    /// The MCP server packs whose tools are being listed again
+    /// ([`App::tools_generation_seen`]): one listing per pack at a time.
+    relisting: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
     /// Tell the service manager about each rescan (see
     /// [`App::notify_reloads`]).
     notify_reloads: AtomicBool,
@@ -115,6 +118,7 @@ impl App {
             metrics,
             run_slots: Arc::new(Semaphore::new(settings.max_concurrent_runs)),
             reload_lock: Mutex::new(()),
+            relisting: std::sync::Mutex::default(),
             notify_reloads: AtomicBool::new(false),
             limits: Limits {
                 max_body_bytes: settings.max_body_bytes,
@@ -293,14 +297,30 @@ impl App {
     /// is not the one the registry holds the pack's tools at (the server
     /// said its tools changed, or a restarted server lists others), lists
     /// them again in the background ([`App::refresh_mcp_pack`]).
+    ///
+    /// One listing per pack at a time: a generation seen while one is under
+    /// way is left to it (or to the next move, should it have listed an
+    /// older one).
     pub fn tools_generation_seen(self: &Arc<Self>, manifest: &Path, generation: u64) {
         let cur = self.registry.current();
         let Some(pack) = cur.mcp_pack(manifest) else { return };
-        if pack.generation == Some(generation) {
+        // Generations only grow (they start from the executor's start).
+        if pack.generation >= Some(generation) {
+            return;
+        }
+        if !self.relisting().insert(manifest.to_owned()) {
             return;
         }
         let (this, manifest) = (Arc::clone(self), manifest.to_owned());
-        tokio::spawn(async move { this.refresh_mcp_pack(&manifest, generation).await });
+        tokio::spawn(async move {
+            this.refresh_mcp_pack(&manifest, generation).await;
+            this.relisting().remove(&manifest);
+        });
+    }
+
+    fn relisting(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<PathBuf>> {
+        // Every update is one insert or remove: a poisoned set is whole.
+        self.relisting.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Follows the executor's MCP servers' tool lists for ever, while the
@@ -352,24 +372,31 @@ impl App {
     /// Lists the tools of the MCP server pack at `manifest` again and
     /// swaps them into the registry, every other skill kept as it is (no
     /// rescan); `seen` is the generation that asked for it (nothing is
-    /// done when the registry holds it already). When the executor cannot
-    /// list them now, the registry keeps the tools it has (the next call's
-    /// generation asks again; a reload drops them).
+    /// done when the registry holds it, or a later one, already). When the
+    /// executor cannot list them now, the registry keeps the tools it has
+    /// (the next call's generation asks again; a reload drops them). The
+    /// listing is awaited outside the reload lock, so a reload never waits
+    /// for it; a list older than the registry's by then is dropped.
     pub async fn refresh_mcp_pack(&self, manifest: &Path, seen: u64) {
-        let _one_at_a_time = self.reload_lock.lock().await;
-        let cur = self.registry.current();
-        let Some(pack) = cur.mcp_pack(manifest).cloned() else { return };
-        if pack.generation == Some(seen) {
+        let Some(before) = self.registry.current().mcp_pack(manifest).cloned() else { return };
+        if before.generation >= Some(seen) {
             return;
         }
         let path = manifest.to_string_lossy();
-        let (tools, generation) = match self.executor.mcp_tools(&path, MCP_LIST_TIMEOUT).await {
+        let listed = self.executor.mcp_tools(&path, MCP_LIST_TIMEOUT).await;
+        let _one_at_a_time = self.reload_lock.lock().await;
+        let cur = self.registry.current();
+        let Some(pack) = cur.mcp_pack(manifest).cloned() else { return };
+        let (tools, generation) = match listed {
             Ok(listed) => listed,
             Err(why) => {
                 self.log_events(&[crate::scan::mcp::not_listed(&pack.pack, &why)]);
                 return;
             }
         };
+        if pack.generation.is_some() && generation <= pack.generation {
+            return;
+        }
         let opts = ValidateOptions {
             max_timeout: Duration::from_secs(self.max_timeout.load(Ordering::Relaxed)),
         };

@@ -159,3 +159,35 @@ async fn mcp_packs_are_listed_together() {
     assert_eq!(ex.stats.mcp_tools_calls.load(SeqCst), 4, "{}", d.log());
     assert!(took < Duration::from_millis(4500), "the lists were waited for in turn: {took:?}");
 }
+
+/// A server's tool list moving again and again while each listing takes a
+/// second: one listing of the pack at a time, none queued behind it once
+/// the moves stop, and a reload meanwhile waits for none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moves_of_a_tool_list_queue_no_listings() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let env = Env::new();
+    let skills = env.standard_skills();
+    env.skill("skills", "server", r#","kind":"mcp""#, "exec cat");
+    let ex = FakeExecutor::start(&env.executor_socket());
+    ex.stats.mcp_tools_delay_ms.store(1000, SeqCst);
+    let d = Skilld::start(&env, &[&skills], "");
+    let c = d.client();
+    assert_eq!(c.get("/v1/health").await.unwrap().status, 200);
+    ex.stats.mcp_moves.store(true, SeqCst);
+    // Moves every 50 ms for 3 s (the watch asks again within its 1 s rest).
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let started = std::time::Instant::now();
+    let r = c.post("/v1/reload", &json!({})).await.unwrap();
+    assert_eq!(r.status, 200, "{}", d.log());
+    let reload = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(1000).saturating_sub(reload)).await;
+    ex.stats.mcp_moves.store(false, SeqCst);
+    // The listing under way ends within its second; nothing follows it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let settled = ex.stats.mcp_tools_calls.load(SeqCst);
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let later = ex.stats.mcp_tools_calls.load(SeqCst);
+    assert_eq!(later, settled, "listings queued behind the moves went on:\n{}", d.log());
+    assert!(reload < Duration::from_millis(2500), "the reload waited {reload:?}");
+}

@@ -43,6 +43,11 @@ pub struct Stats {
     /// How long each `mcp_tools` waits before its (empty) answer, ms;
     /// `u64::MAX`: it is never answered.
     pub mcp_tools_delay_ms: AtomicU64,
+    /// Every `mcp_watch` is answered 50 ms later with a move of the last
+    /// pack `mcp_tools` listed (else at once with none).
+    pub mcp_moves: AtomicBool,
+    /// The manifest of the last `mcp_tools`.
+    pub mcp_last_pack: std::sync::Mutex<Option<String>>,
 }
 
 /// A running fake executor; [`FakeExecutor::stop`] ends it.
@@ -115,8 +120,9 @@ async fn connection(stream: UnixStream, stats: Arc<Stats>) {
                 wire::encode_result(&id, &json!(MetricsResult { text: metrics_text(&stats, n) }))
             }
             // No tools in any MCP server pack here, listed after the delay.
-            Ok(Request::McpTools { id, .. }) => {
+            Ok(Request::McpTools { id, params }) => {
                 stats.mcp_tools_calls.fetch_add(1, Ordering::SeqCst);
+                *stats.mcp_last_pack.lock().unwrap() = Some(params.manifest);
                 match stats.mcp_tools_delay_ms.load(Ordering::SeqCst) {
                     u64::MAX => std::future::pending().await,
                     0 => {}
@@ -124,9 +130,20 @@ async fn connection(stream: UnixStream, stats: Arc<Stats>) {
                 }
                 wire::encode_result(&id, &json!({"tools": []}))
             }
-            // No MCP server packs: no tool list ever moves.
+            // A tool list moves only when the test says so.
             Ok(Request::McpWatch { id, params }) => {
-                wire::encode_result(&id, &json!({"changes": params.since, "packs": []}))
+                let pack = stats.mcp_last_pack.lock().unwrap().clone();
+                match pack.filter(|_| stats.mcp_moves.load(Ordering::SeqCst)) {
+                    Some(manifest) => {
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        let moved = params.since + 1;
+                        let pack = json!({"manifest": manifest, "generation": moved});
+                        wire::encode_result(&id, &json!({"changes": moved, "packs": [pack]}))
+                    }
+                    None => {
+                        wire::encode_result(&id, &json!({"changes": params.since, "packs": []}))
+                    }
+                }
             }
             // Grants no skill warm runs.
             Ok(Request::Warm { id, .. }) => wire::encode_result(&id, &json!(null)),
