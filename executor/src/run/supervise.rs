@@ -254,26 +254,30 @@ async fn write_stdin(stdin: Option<(OwnedFd, usize)>, args: &[u8]) {
     let _ = tx.write_all(args.get(done..).unwrap_or_default()).await;
 }
 
-/// Reads stdout up to `cap`; `Err` with what was read once it goes over.
-/// Reads straight into the growing output (no zeroed bounce buffer).
-/// The pipe comes back with what was read, to be closed after the report
-/// ([`Leftovers`]).
-async fn read_stdout(fd: OwnedFd, cap: u64) -> (Result<Vec<u8>, Vec<u8>>, Option<pipe::Receiver>) {
-    let mut out = Vec::new();
+/// Reads stdout into `out` up to `cap`, to its end (`Ok`) or until it goes
+/// over (`Err`). Reads straight into the growing output (no zeroed bounce
+/// buffer), which the caller owns: what was read stays when the read is
+/// given up on (a process the run left holds the pipe open). The pipe
+/// comes back, to be closed after the report ([`Leftovers`]).
+async fn read_stdout(
+    fd: OwnedFd,
+    cap: u64,
+    out: &mut Vec<u8>,
+) -> (Result<(), ()>, Option<pipe::Receiver>) {
     // The executor's end is non-blocking (`spawn::slot::pipe`).
-    let Ok(mut rx) = pipe::Receiver::from_owned_fd_unchecked(fd) else { return (Ok(out), None) };
+    let Ok(mut rx) = pipe::Receiver::from_owned_fd_unchecked(fd) else { return (Ok(()), None) };
     let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     loop {
         if out.capacity() - out.len() < READ_MIN {
             out.reserve(READ_MIN.max(out.len()).min(READ_CHUNK));
         }
         let before = out.len();
-        match rx.read_buf(&mut out).await {
-            Ok(0) | Err(_) => return (Ok(out), Some(rx)),
+        match rx.read_buf(out).await {
+            Ok(0) | Err(_) => return (Ok(()), Some(rx)),
             Ok(_) => {
                 if out.len() > cap {
                     out.truncate(before);
-                    return (Err(out), Some(rx));
+                    return (Err(()), Some(rx));
                 }
             }
         }
@@ -464,15 +468,16 @@ pub async fn supervise(
     let tree = Tree { cgroup, pid };
 
     let mut lines = StderrLines::new(sink, &bounds);
-    let (stop, exit, stdout_out, killed, pipes) = {
+    let mut stdout_read = Vec::new();
+    let (stop, exit, killed, pipes) = {
         let mut stdin_fut = pin!(write_stdin(stdin, args));
-        let mut stdout_fut = pin!(read_stdout(stdout, bounds.stdout_bytes));
+        let mut stdout_fut = pin!(read_stdout(stdout, bounds.stdout_bytes, &mut stdout_read));
         let mut stderr_fut = pin!(read_stderr(stderr, &mut lines));
         let mut cancel = pin!(cancel);
 
         let mut stop = Stop::None;
         let mut exit: Option<Exit> = None;
-        let mut stdout_out: Option<Vec<u8>> = None;
+        let mut stdout_done = false;
         let mut pipes = Vec::with_capacity(2);
         let (mut stdin_done, mut stderr_done, mut cancelled) = (false, false, false);
         let mut kill_at: Option<Instant> = None;
@@ -481,26 +486,23 @@ pub async fn supervise(
         // Whether the exit is waited for yet (see `PidFd`).
         let mut watching = false;
 
-        while exit.is_none() || stdout_out.is_none() || !stderr_done {
+        while exit.is_none() || !stdout_done || !stderr_done {
             // The pipes are done, or the tree is being stopped: the exit
             // comes next (see `PidFd`).
-            let pipes_done = stdout_out.is_some() && stderr_done;
+            let pipes_done = stdout_done && stderr_done;
             watching |= pipes_done || killed || kill_at.is_some();
             let spin = spin_now(&mut exit_spin, pipes_done && !killed && kill_at.is_none());
             tokio::select! {
                 () = &mut stdin_fut, if !stdin_done => stdin_done = true,
-                (r, rx) = &mut stdout_fut, if stdout_out.is_none() => {
+                (r, rx) = &mut stdout_fut, if !stdout_done => {
                     pipes.extend(rx);
-                    match r {
-                        Ok(out) => stdout_out = Some(out),
-                        Err(out) => {
-                            if stop == Stop::None {
-                                stop = Stop::OutputLimit;
-                            }
-                            tree.kill(&pidfd);
-                            killed = true;
-                            stdout_out = Some(out);
+                    stdout_done = true;
+                    if r.is_err() {
+                        if stop == Stop::None {
+                            stop = Stop::OutputLimit;
                         }
+                        tree.kill(&pidfd);
+                        killed = true;
                     }
                 }
                 rx = &mut stderr_fut, if !stderr_done => {
@@ -533,7 +535,7 @@ pub async fn supervise(
                 () = sleep_until(drain_until), if exit.is_some() => break,
             }
         }
-        (stop, exit, stdout_out, killed, pipes)
+        (stop, exit, killed, pipes)
     };
     if !killed && !tree.is_empty() {
         tree.kill(&pidfd);
@@ -541,7 +543,7 @@ pub async fn supervise(
     Supervised {
         exit: exit.unwrap_or(Exit { code: None, signal: None, cpu_us: 0 }),
         stop,
-        stdout: stdout_out.unwrap_or_default(),
+        stdout: stdout_read,
         stderr: lines.tail_text(),
         stderr_dropped: lines.dropped,
         leftovers: Some(Leftovers { pipes, pidfd }),
@@ -644,6 +646,53 @@ mod tests {
         assert_eq!(sup.stop, Stop::WallTime);
         assert_eq!(sup.exit.signal, Some(libc::SIGTERM), "{:?}", sup.exit);
         assert!(began.elapsed() < timeout / 2, "stopped after {:?}", began.elapsed());
+    }
+
+    /// Without a cgroup, a process the run left in a session of its own
+    /// keeps stdout open past the main process's exit: the drain gives up
+    /// on the pipe, and what the main process wrote is still the output.
+    #[tokio::test]
+    async fn output_read_before_the_drain_gives_up_is_kept() {
+        use std::os::unix::process::CommandExt;
+        use std::process::{Command, Stdio};
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC)
+                .unwrap()
+        };
+        let ((out_r, out_w), (err_r, err_w)) = (pipe(), pipe());
+        #[allow(clippy::zombie_processes, reason = "reaped through the reaper, by pid")]
+        let main = Command::new("/bin/sh")
+            .args(["-c", "setsid sleep 8 & echo '{\"a\":1}'"])
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out_w))
+            .stderr(Stdio::from(err_w))
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(main.id()).unwrap();
+        let child = Child {
+            pid,
+            pidfd: process::pidfd_open(pid).unwrap(),
+            stdin: None,
+            stdout: out_r,
+            stderr: err_r,
+            exec_at: std::time::Instant::now(),
+        };
+        let bounds = Bounds {
+            start: std::time::Instant::now(),
+            timeout: Duration::from_secs(5),
+            grace: Duration::from_millis(100),
+            stdout_bytes: 1024,
+            stderr_bytes: 1024,
+            stderr_line_bytes: 1024,
+            exit_spin: ExitSpin::default(),
+        };
+        let sup = supervise(child, b"", None, Reaper::global(), bounds, &mut |_| {}, async {
+            std::future::pending::<()>().await
+        })
+        .await;
+        assert_eq!(sup.exit.code, Some(0), "{:?}", sup.exit);
+        assert_eq!(String::from_utf8_lossy(&sup.stdout), "{\"a\":1}\n");
     }
 
     /// The watch is decided when it is spent: the budget only while this
