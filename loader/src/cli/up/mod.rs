@@ -89,6 +89,9 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         Ok(p) => p,
         Err(f) => return fail(&f, err),
     };
+    for note in write::ungranted(&plan.roots, &plan.grants) {
+        writeln!(err, "ongrid-skill up: note: {}", policy::printable::line(&note))?;
+    }
     // Its skilld serves from this process (the executor raises its own).
     if let Err(e) = crate::daemon::raise_nofile() {
         tracing::warn!("ongrid-skill up: cannot raise the soft RLIMIT_NOFILE: {e}");

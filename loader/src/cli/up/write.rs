@@ -8,7 +8,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::choose::{
     nix_uid, user_name, Failure, Plan, EXECUTOR_CONFIG, EXECUTOR_SOCKET, SKILLD_SOCKET,
@@ -150,6 +150,36 @@ fn executor_config(
     Ok(format!("{HEADER}{}", toml::to_string(&config)?))
 }
 
+/// A note for each skill under `roots` whose `sandbox` asks for more than
+/// the grants `up` passes on (the examples' and `grants`, as `--grants`
+/// gave them): the executor refuses its runs, and the note says so before
+/// any does.
+pub(super) fn ungranted(roots: &[PathBuf], grants: &BTreeMap<String, toml::Table>) -> Vec<String> {
+    let mut all = example_grants();
+    all.extend(grants.iter().map(|(n, g)| (n.clone(), g.clone())));
+    let grants = all;
+    let report = crate::scan::Scanner::new(policy::ValidateOptions::default()).scan(roots);
+    let mut notes = Vec::new();
+    for skill in report.skills.iter().chain(&report.mcp_packs) {
+        let manifest = skill.manifest();
+        if skill.tool().is_some() || manifest.name().as_str() != skill.name() {
+            continue; // a SKILL.md's tool beyond its first, or an MCP tool
+        }
+        let grant = grants.get(skill.name()).map(|t| {
+            policy::SkillGrant::deserialize(toml::Value::Table(t.clone())).unwrap_or_default()
+        });
+        let defaults = policy::Limits::default();
+        if let Err(e) = manifest.sandbox().authorize(manifest.name(), grant.as_ref(), &defaults) {
+            notes.push(format!(
+                "{e}: its runs will be refused; grant it in a --grants FILE ([skills.{}], \
+                 docs/operating.md)",
+                skill.name()
+            ));
+        }
+    }
+    notes
+}
+
 /// What the bundled example packs ask for in their `sandbox` object, and
 /// nothing more (as in `packaging/executor.toml`'s commented examples):
 /// the network probes get the safe default (every destination but
@@ -175,6 +205,27 @@ fn example_grants() -> BTreeMap<String, toml::Table> {
 mod tests {
     use super::*;
     use crate::cli::up::choose::read_grants;
+
+    /// A pack asking for the network with no grant for it is named, with
+    /// the fix; one granted by `--grants`, and the examples, are not.
+    #[test]
+    fn packs_asking_more_than_granted_are_noted() {
+        let dir = tempfile::tempdir().unwrap();
+        let sandbox = r#","sandbox":{"network":true}"#;
+        testkit::write_pack(dir.path(), "netless", "run", sandbox, "echo '{}'");
+        testkit::write_pack(dir.path(), "granted", "run", sandbox, "echo '{}'");
+        testkit::write_pack(dir.path(), "plain", "run", "", "echo '{}'");
+        let network = toml::Table::from_iter([("network".to_owned(), toml::Value::Boolean(true))]);
+        let grants = BTreeMap::from([("granted".to_owned(), network)]);
+        let mut roots = vec![dir.path().to_path_buf()];
+        roots.extend(crate::cli::up::examples_dir());
+        let notes = ungranted(&roots, &grants);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].starts_with("skill \"netless\": sandbox.network: "), "{notes:?}");
+        assert!(
+            notes[0].ends_with("grant it in a --grants FILE ([skills.netless], docs/operating.md)")
+        );
+    }
 
     #[test]
     fn generated_config_names_the_roots_and_sockets() {
