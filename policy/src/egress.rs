@@ -285,26 +285,6 @@ impl Entry {
     }
 }
 
-/// The entries of `requested` a run under `grants` would not reach (what
-/// `validate` reports for a manifest's `connect` list): those no entry
-/// covers, and those within a default refusal (loopback, `0.0.0.0/8`,
-/// link-local) covered only by entries wider than it, which do not open it
-/// ([`rules::default_refusals`]). The host's own addresses and names are
-/// known only when a run starts and are not judged here.
-#[must_use]
-pub fn unreachable<'a>(grants: &[Entry], requested: &'a [Entry]) -> Vec<&'a Entry> {
-    let refusals = rules::default_refusals();
-    let opens = |asked: &Entry, grant: &Entry| {
-        let refused = match asked.host {
-            Host::Net(net) => refusals.iter().find(|r| r.covers(net)),
-            Host::Name(_) => None,
-        };
-        asked.covered_by(grant)
-            && refused.is_none_or(|r| matches!(grant.host, Host::Net(g) if r.covers(g)))
-    };
-    requested.iter().filter(|r| !grants.iter().any(|g| opens(r, g))).collect()
-}
-
 impl FromStr for Entry {
     type Err = EntryError;
 
@@ -508,20 +488,9 @@ mod tests {
         assert!(!e("1.2.3.4:443").covered_by(&e("example.com:443")));
         let grants = [e("10.0.0.0/8:443"), e("example.com:*")];
         let asked = [e("10.9.9.9:443"), e("example.com:22"), e("other.org:443")];
-        assert_eq!(unreachable(&grants, &asked), vec![&asked[2]]);
-    }
-
-    #[test]
-    fn a_default_refusal_is_opened_only_by_an_entry_within_it() {
-        let any = [e("0.0.0.0/0:*"), e("[::]/0:*")];
-        let asked = [e("127.0.0.1:8080"), e("[::1]:80"), e("169.254.169.254:80"), e("10.0.0.1:80")];
-        let left = unreachable(&any, &asked);
-        assert_eq!(left, vec![&asked[0], &asked[1], &asked[2]], "a grant of any destination");
-        let named = [e("127.0.0.0/8:*"), e("[::1]:80"), e("10.0.0.0/8:80")];
-        assert_eq!(unreachable(&named, &asked), vec![&asked[2]], "entries within the refusals");
-        let wide = [e("0.0.0.0/0:443")];
-        let asked = [e("0.0.0.0/0:443"), e("[::ffff:127.0.0.1]:443"), e("example.com:443")];
-        assert_eq!(unreachable(&wide, &asked), vec![&asked[1], &asked[2]]);
+        let uncovered: Vec<&Entry> =
+            asked.iter().filter(|r| !grants.iter().any(|g| r.covered_by(g))).collect();
+        assert_eq!(uncovered, vec![&asked[2]]);
     }
 
     #[test]

@@ -209,7 +209,7 @@ fn without_a_cgroup_a_killed_executors_server_takes_its_group_with_it() {
     // The entry starts a process in the server's group (a number no other
     // process has; ten minutes at most, should it outlive a failed test),
     // then becomes the server.
-    let marker = format!("sleep 600.{}", std::process::id());
+    let marker = format!("sleep 602.{}", std::process::id());
     let server = dir.join("server.py");
     let wrapper =
         format!("#!/bin/sh\n/bin/{marker} &\nexec /usr/bin/python3 {}\n", server.display());

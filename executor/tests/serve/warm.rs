@@ -277,6 +277,53 @@ fn without_a_cgroup_a_discarded_warm_runs_children_go_with_it() {
     wait_for("every child gone", Duration::from_secs(5), || sleeps().is_empty());
 }
 
+/// Without a cgroup, a warm run whose main process exits unused (reaped
+/// at once by the executor's reaper thread) is discarded with its process
+/// group: what it started in the background goes with it.
+#[test]
+fn without_a_cgroup_a_warm_run_that_exits_unused_takes_its_group_with_it() {
+    use std::os::unix::fs::PermissionsExt;
+    if !can_run() {
+        return;
+    }
+    let nobody = 65534;
+    let extra = "allowed_uids = [0]\nlandlock = \"best-effort\"\n[skills.quitter]\nwarm = 1\n";
+    let (root, runtime, socket, config) = config_with(extra);
+    std::os::unix::fs::chown(runtime.path(), Some(nobody), Some(nobody)).unwrap();
+    std::fs::set_permissions(runtime.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&config, Some(nobody), Some(nobody)).unwrap();
+    let marker = format!("sleep 601.{}", std::process::id());
+    let manifest = skill(root.path(), "quitter", "safe", 20, &format!("/bin/{marker} &\nexit 0"));
+    let mut spawned = Spawned(
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_ongrid-executor"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
+    let sleeps = || -> Vec<i32> {
+        let procs = crate::common::procs_with(&marker);
+        procs.into_iter().filter(|p| p.state != 'Z').map(|p| p.pid).collect()
+    };
+    // The first request runs cold (and answers nothing) and starts the pool.
+    let mut c = Client::connect(&socket);
+    c.execute(1, &manifest, json!({}));
+    let (_, v) = c.run_result();
+    assert_eq!(v["result"]["outcome"], "invalid_result", "{v}");
+    wait_for("a warm run discarded", Duration::from_secs(10), || {
+        pool(&socket, "quitter")["discarded"].as_u64() >= Some(1)
+    });
+    wait_for("the discarded runs' helpers to go", Duration::from_secs(5), || sleeps().is_empty());
+    sigterm(&spawned.0);
+    assert_eq!(wait_child(&mut spawned.0), (Some(0), None));
+    // The cold run's helper, left by its main process, went with its run.
+    assert!(sleeps().is_empty(), "a helper outlived the executor");
+}
+
 /// A skill that writes before it reads its args cannot be warm: each warm
 /// run of it is discarded, and the executor says so at its default log
 /// level (no `ONGRID_LOG`), naming the skill and the rule.

@@ -183,14 +183,15 @@ fn uncovered_note(
         Some(g) if g.network => &g.connect,
         _ => &Vec::new(),
     };
-    let missing = policy::egress::unreachable(list, asked);
+    let missing = policy::egress::rules::unreachable(list, asked);
     if missing.is_empty() {
         return None;
     }
     let names: Vec<String> = missing.iter().map(ToString::to_string).collect();
     let message = format!(
         "sandbox.network.connect: no grant of [skills.{}] covers {} (a run gets the grant's \
-         list only; loopback, 0.0.0.0/8 and link-local only from an entry within them)",
+         list only; loopback, 0.0.0.0/8 and link-local only from an entry within them, port 53 \
+         only from an entry naming it)",
         skill.name(),
         names.join(", ")
     );

@@ -116,6 +116,30 @@ pub fn default_refusals() -> [Cidr; 6] {
     ]
 }
 
+/// The entries of `requested` a run under `grants` would not reach (what
+/// `validate` reports for a manifest's `connect` list): those no entry
+/// covers (a name only by the same name), those within a default refusal
+/// (loopback, `0.0.0.0/8`, link-local) covered only by entries wider than
+/// it, which do not open it ([`default_refusals`]), and those on port 53
+/// covered only by entries of any port ([`DNS_PORT`]; the resolvers of a
+/// `dns = true` grant are not judged here). The host's own addresses are
+/// known only when a run starts and are not judged either.
+#[must_use]
+pub fn unreachable<'a>(grants: &[Entry], requested: &'a [Entry]) -> Vec<&'a Entry> {
+    let refusals = default_refusals();
+    let opens = |asked: &Entry, grant: &Entry| {
+        let refused = match asked.host {
+            Host::Net(net) => refusals.iter().find(|r| r.covers(net)),
+            Host::Name(_) => None,
+        };
+        let dns = asked.port == Port::One(dns_port());
+        asked.covered_by(grant)
+            && refused.is_none_or(|r| matches!(grant.host, Host::Net(g) if r.covers(g)))
+            && (!dns || grant.port == Port::One(dns_port()))
+    };
+    requested.iter().filter(|r| !grants.iter().any(|g| opens(r, g))).collect()
+}
+
 /// The DNS port: reachable only through a rule that names it (the
 /// resolvers of a `dns = true` grant, or an entry with `:53`), so a grant
 /// of every destination is no way around the resolvers the operator chose.
@@ -227,6 +251,32 @@ mod tests {
 
     fn ok(r: &EgressRules, dest: &str, port: u16) -> bool {
         r.decide(dest.parse().unwrap(), port, Protocol::Tcp)
+    }
+
+    fn entry(s: &str) -> Entry {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_default_refusal_is_opened_only_by_an_entry_within_it() {
+        let any = [entry("0.0.0.0/0:*"), entry("[::]/0:*")];
+        let asked = [
+            entry("127.0.0.1:8080"),
+            entry("[::1]:80"),
+            entry("169.254.169.254:80"),
+            entry("10.0.0.1:80"),
+        ];
+        let left = unreachable(&any, &asked);
+        assert_eq!(left, vec![&asked[0], &asked[1], &asked[2]], "a grant of any destination");
+        let named = [entry("127.0.0.0/8:*"), entry("[::1]:80"), entry("10.0.0.0/8:80")];
+        assert_eq!(unreachable(&named, &asked), vec![&asked[2]], "entries within the refusals");
+        let wide = [entry("0.0.0.0/0:443")];
+        let asked =
+            [entry("0.0.0.0/0:443"), entry("[::ffff:127.0.0.1]:443"), entry("example.com:443")];
+        assert_eq!(unreachable(&wide, &asked), vec![&asked[1], &asked[2]]);
+        let dns = [entry("10.0.0.1:53"), entry("10.0.0.2:53")];
+        let grants = [entry("10.0.0.0/8:*"), entry("10.0.0.2:53")];
+        assert_eq!(unreachable(&grants, &dns), vec![&dns[0]], "port 53 only where named");
     }
 
     #[test]

@@ -93,26 +93,32 @@ impl Warm {
         }
     }
 
-    /// Kills its whole tree now, once (`SIGKILL` to the main process, then
-    /// its cgroup leaf or, without one that lists it, its process group:
-    /// the warm run leads its own session); it is reaped and its slot
-    /// cleaned up by `Maker::kill`. The group is signalled only while the
-    /// main process is provably not reaped, so its number is still its
-    /// own: a main process that exited unused and was reaped by another
-    /// run's sweep of orphans leaves what it forked (only without a
-    /// cgroup, i.e. an executor that is not root).
+    /// Kills its whole tree now, once (`SIGKILL` to its cgroup leaf or,
+    /// without one that lists it, to its process group: the warm run leads
+    /// its own session, and the main process); it is reaped and its slot
+    /// cleaned up by `Maker::kill`. The group is signalled before the main
+    /// process, while that is provably not reaped, so its number is still
+    /// the group's; a main process that exited unused is reaped at once by
+    /// the reaper thread, and then the group is signalled all the same, as
+    /// a cold run's rest is: while any process of it lives, its number is
+    /// not given to another process.
     pub(crate) fn kill_tree(&mut self) {
         if std::mem::replace(&mut self.killed, true) {
             return;
         }
         let pidfd = self.child.pidfd.as_fd();
-        let _ = sys::process::pidfd_signal(pidfd, libc::SIGKILL);
         match thread_listing(&self.prep) {
-            Some(cg) => cg.kill(),
+            Some(cg) => {
+                let _ = sys::process::pidfd_signal(pidfd, libc::SIGKILL);
+                cg.kill();
+            }
             None => {
                 let group = nix::unistd::Pid::from_raw(self.child.pid);
                 let kill = || nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-                let _ = sys::process::while_unreaped(pidfd.as_raw_fd(), kill);
+                if sys::process::while_unreaped(pidfd.as_raw_fd(), kill).is_none() {
+                    let _ = kill();
+                }
+                let _ = sys::process::pidfd_signal(pidfd, libc::SIGKILL);
             }
         }
     }
