@@ -12,6 +12,7 @@
 //! place at exit.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
@@ -132,6 +133,17 @@ fn serve(
         let app = daemon.app.clone();
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
+        // SIGHUP's rescans, in a task of their own so that SIGTERM is heard
+        // during a long one (RELOADING=1 ... READY=1 around each,
+        // App::reload); the SIGHUPs that come during one make one more.
+        let rescan = Arc::new(tokio::sync::Notify::new());
+        let asked = rescan.clone();
+        tokio::spawn(async move {
+            loop {
+                asked.notified().await;
+                app.reload().await;
+            }
+        });
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -139,11 +151,7 @@ fn serve(
                     _ = int.recv() => break,
                     _ = hup.recv() => {
                         tracing::info!("SIGHUP: rescanning");
-                        // RELOADING=1 ... READY=1 around it (App::reload);
-                        // in a task of its own, so that SIGTERM is heard
-                        // during a long one (reloads wait for each other).
-                        let app = app.clone();
-                        tokio::spawn(async move { app.reload().await });
+                        rescan.notify_one();
                     }
                 }
             }

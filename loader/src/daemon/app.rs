@@ -75,8 +75,9 @@ pub struct App {
     /// One scan at a time: a SIGHUP during a `POST /v1/reload` waits.
     reload_lock: Mutex<()>,
     /// The MCP server packs whose tools are being listed again
-    /// ([`App::tools_generation_seen`]): one listing per pack at a time.
-    relisting: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
+    /// ([`App::tools_generation_seen`]), with the last generation seen of
+    /// each: one listing per pack at a time.
+    relisting: std::sync::Mutex<std::collections::HashMap<PathBuf, u64>>,
     /// Tell the service manager about each rescan (see
     /// [`App::notify_reloads`]).
     notify_reloads: AtomicBool,
@@ -299,26 +300,40 @@ impl App {
     /// them again in the background ([`App::refresh_mcp_pack`]).
     ///
     /// One listing per pack at a time: a generation seen while one is under
-    /// way is left to it (or to the next move, should it have listed an
-    /// older one).
+    /// way is noted, and the pack is listed once more after it when the
+    /// last one noted is not the one it listed for.
     pub fn tools_generation_seen(self: &Arc<Self>, manifest: &Path, generation: u64) {
         let cur = self.registry.current();
         let Some(pack) = cur.mcp_pack(manifest) else { return };
-        // Generations only grow (they start from the executor's start).
-        if pack.generation >= Some(generation) {
+        if pack.generation == Some(generation) {
             return;
         }
-        if !self.relisting().insert(manifest.to_owned()) {
-            return;
+        {
+            let mut relisting = self.relisting();
+            if let Some(last) = relisting.get_mut(manifest) {
+                *last = generation;
+                return;
+            }
+            relisting.insert(manifest.to_owned(), generation);
         }
         let (this, manifest) = (Arc::clone(self), manifest.to_owned());
         tokio::spawn(async move {
-            this.refresh_mcp_pack(&manifest, generation).await;
-            this.relisting().remove(&manifest);
+            let mut seen = generation;
+            loop {
+                this.refresh_mcp_pack(&manifest, seen).await;
+                let mut relisting = this.relisting();
+                match relisting.get(&manifest).copied() {
+                    Some(last) if last != seen => seen = last,
+                    _ => {
+                        relisting.remove(&manifest);
+                        return;
+                    }
+                }
+            }
         });
     }
 
-    fn relisting(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<PathBuf>> {
+    fn relisting(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<PathBuf, u64>> {
         // Every update is one insert or remove: a poisoned set is whole.
         self.relisting.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -372,14 +387,14 @@ impl App {
     /// Lists the tools of the MCP server pack at `manifest` again and
     /// swaps them into the registry, every other skill kept as it is (no
     /// rescan); `seen` is the generation that asked for it (nothing is
-    /// done when the registry holds it, or a later one, already). When the
+    /// done when the registry holds it already). When the
     /// executor cannot list them now, the registry keeps the tools it has
     /// (the next call's generation asks again; a reload drops them). The
     /// listing is awaited outside the reload lock, so a reload never waits
     /// for it; a list older than the registry's by then is dropped.
     pub async fn refresh_mcp_pack(&self, manifest: &Path, seen: u64) {
         let Some(before) = self.registry.current().mcp_pack(manifest).cloned() else { return };
-        if before.generation >= Some(seen) {
+        if before.generation == Some(seen) {
             return;
         }
         let path = manifest.to_string_lossy();

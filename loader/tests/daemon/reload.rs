@@ -191,3 +191,50 @@ async fn moves_of_a_tool_list_queue_no_listings() {
     assert_eq!(later, settled, "listings queued behind the moves went on:\n{}", d.log());
     assert!(reload < Duration::from_millis(2500), "the reload waited {reload:?}");
 }
+
+/// A move of a pack's tool list seen while that pack is being listed has
+/// it listed once more afterwards (the listing under way may have answered
+/// before the move), and only once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_seen_during_a_listing_is_listed_after_it() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let env = Env::new();
+    let skills = env.standard_skills();
+    env.skill("skills", "server", r#","kind":"mcp""#, "exec cat");
+    let ex = FakeExecutor::start(&env.executor_socket());
+    ex.stats.mcp_tools_delay_ms.store(1000, SeqCst);
+    let d = Skilld::start(&env, &[&skills], "");
+    assert_eq!(d.client().get("/v1/health").await.unwrap().status, 200);
+    let before = ex.stats.mcp_tools_calls.load(SeqCst);
+    ex.stats.mcp_moves.store(true, SeqCst);
+    let listing =
+        eventually(Duration::from_secs(5), || ex.stats.mcp_tools_calls.load(SeqCst) > before);
+    assert!(listing.await, "no listing after a move:\n{}", d.log());
+    // More moves while it lists, then none.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ex.stats.mcp_moves.store(false, SeqCst);
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let listed = ex.stats.mcp_tools_calls.load(SeqCst) - before;
+    assert_eq!(listed, 2, "the listing and one after it for the moves it may have missed");
+}
+
+/// SIGHUPs that come during a rescan make one more rescan, not one each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighups_during_a_rescan_make_one_more() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let env = Env::new();
+    let skills = env.standard_skills();
+    env.skill("skills", "server", r#","kind":"mcp""#, "exec cat");
+    let ex = FakeExecutor::start(&env.executor_socket());
+    ex.stats.mcp_tools_delay_ms.store(1000, SeqCst);
+    let d = Skilld::start(&env, &[&skills], "");
+    assert_eq!(d.client().get("/v1/health").await.unwrap().status, 200);
+    let before = ex.stats.mcp_tools_calls.load(SeqCst);
+    for _ in 0..5 {
+        d.signal(nix::sys::signal::Signal::SIGHUP);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let rescans = ex.stats.mcp_tools_calls.load(SeqCst) - before;
+    assert_eq!(rescans, 2, "each rescan lists the pack once:\n{}", d.log());
+}
