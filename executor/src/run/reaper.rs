@@ -31,7 +31,10 @@ pub const UNCLAIMED_TTL: Duration = Duration::from_secs(30);
 /// thousand), only those of the last [`UNCLAIMED_CROWDED_TTL`] are kept: a
 /// main process is tracked microseconds after `clone` returns.
 const UNCLAIMED_CROWD: usize = 1024;
-const UNCLAIMED_CROWDED_TTL: Duration = Duration::from_secs(1);
+const UNCLAIMED_CROWDED_TTL: Duration = Duration::from_secs(5);
+/// The kept statuses are looked over at most this often, or when they
+/// have doubled since (each look goes over all of them).
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
 
 /// How long the background reaper waits before it looks again when the
 /// process has no child at all.
@@ -42,7 +45,34 @@ const NO_CHILD_NAP: Duration = Duration::from_millis(50);
 #[derive(Debug, Default)]
 pub struct Reaper {
     mains: Mutex<HashMap<i32, Option<Exit>>>,
-    unclaimed: Mutex<HashMap<i32, (Exit, Instant)>>,
+    unclaimed: Mutex<Unclaimed>,
+}
+
+/// Statuses of untracked children, and when they were last looked over.
+#[derive(Debug, Default)]
+struct Unclaimed {
+    by_pid: HashMap<i32, (Exit, Instant)>,
+    pruned: Option<(Instant, usize)>,
+}
+
+impl Unclaimed {
+    fn remove(&mut self, pid: i32) -> Option<Exit> {
+        self.by_pid.remove(&pid).map(|(exit, _)| exit)
+    }
+
+    /// Drops the statuses kept past their time, when a look is due.
+    fn prune(&mut self, now: Instant) {
+        let len = self.by_pid.len();
+        let due = self.pruned.is_none_or(|(at, then)| {
+            now.duration_since(at) >= PRUNE_EVERY || len >= then.max(UNCLAIMED_CROWD) * 2
+        });
+        if !due {
+            return;
+        }
+        let ttl = if len >= UNCLAIMED_CROWD { UNCLAIMED_CROWDED_TTL } else { UNCLAIMED_TTL };
+        self.by_pid.retain(|_, (_, at)| now.duration_since(*at) < ttl);
+        self.pruned = Some((now, self.by_pid.len()));
+    }
 }
 
 impl Reaper {
@@ -84,7 +114,7 @@ impl Reaper {
         match process::wait(pid, true) {
             Ok(Some((_, exit))) => {
                 mains.remove(&pid);
-                self.unclaimed().remove(&pid);
+                self.unclaimed().remove(pid);
                 Some(exit)
             }
             Ok(None) => None,
@@ -92,7 +122,7 @@ impl Reaper {
                 // Not our child any more: reaped as an orphan before it was
                 // tracked, else nothing to wait for.
                 mains.remove(&pid);
-                let early = self.unclaimed().remove(&pid).map(|(exit, _)| exit);
+                let early = self.unclaimed().remove(pid);
                 Some(early.unwrap_or(Exit { code: None, signal: None, cpu_us: 0 }))
             }
         }
@@ -108,13 +138,10 @@ impl Reaper {
             if let Some(slot) = mains.get_mut(&pid) {
                 *slot = Some(exit);
             } else {
-                if unclaimed.len() >= UNCLAIMED_CROWD {
-                    unclaimed.retain(|_, (_, at)| now.duration_since(*at) < UNCLAIMED_CROWDED_TTL);
-                }
-                unclaimed.insert(pid, (exit, now));
+                unclaimed.by_pid.insert(pid, (exit, now));
             }
         }
-        unclaimed.retain(|_, (_, at)| now.duration_since(*at) < UNCLAIMED_TTL);
+        unclaimed.prune(now);
     }
 
     /// Reaps children as they exit, on a thread of its own, for the rest of
@@ -141,7 +168,7 @@ impl Reaper {
         std::thread::Builder::new().name("ongrid-reaper".to_owned()).spawn(reap).map(drop)
     }
 
-    fn unclaimed(&self) -> std::sync::MutexGuard<'_, HashMap<i32, (Exit, Instant)>> {
+    fn unclaimed(&self) -> std::sync::MutexGuard<'_, Unclaimed> {
         // Always taken after `mains` (lock order), and consistent when poisoned.
         self.unclaimed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -157,7 +184,7 @@ mod tests {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
         };
-        let reaped = || Reaper::global().unclaimed().contains_key(&pid);
+        let reaped = || Reaper::global().unclaimed().by_pid.contains_key(&pid);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !zombie() && !reaped() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
@@ -180,8 +207,33 @@ mod tests {
         let exit = reaper.collect(pid).expect("an exit");
         assert_eq!(exit.code, Some(3), "{exit:?}");
         // Claimed once.
-        assert!(!reaper.unclaimed().contains_key(&pid));
+        assert!(!reaper.unclaimed().by_pid.contains_key(&pid));
         drop(child);
+    }
+
+    /// Kept statuses are looked over at most once a second, or when they
+    /// doubled: not at every reap (each look goes over all of them). Past
+    /// the crowd only the last seconds' are kept.
+    #[test]
+    fn kept_statuses_are_pruned_now_and_then() {
+        let exit = Exit { code: Some(0), signal: None, cpu_us: 0 };
+        let start = Instant::now();
+        let mut u = Unclaimed::default();
+        let old = start.checked_sub(UNCLAIMED_TTL).unwrap();
+        u.by_pid.insert(1, (exit, old));
+        u.prune(start);
+        assert!(u.by_pid.is_empty(), "past its time");
+        u.by_pid.insert(2, (exit, old));
+        u.prune(start + Duration::from_millis(10));
+        assert_eq!(u.by_pid.len(), 1, "looked over again too soon");
+        u.prune(start + PRUNE_EVERY);
+        assert!(u.by_pid.is_empty());
+        let crowd = start.checked_sub(UNCLAIMED_CROWDED_TTL).unwrap();
+        for pid in 0..i32::try_from(UNCLAIMED_CROWD * 2).unwrap() {
+            u.by_pid.insert(pid, (exit, crowd));
+        }
+        u.prune(start + PRUNE_EVERY + Duration::from_millis(10));
+        assert!(u.by_pid.is_empty(), "a crowd doubled is looked over at once");
     }
 
     /// A main process given up on while alive leaves no status parked for
@@ -197,7 +249,7 @@ mod tests {
         child.kill().unwrap();
         wait_for_zombie(pid);
         reaper.reap_orphans();
-        assert!(reaper.unclaimed().contains_key(&pid), "it was not reaped as an orphan");
+        assert!(reaper.unclaimed().by_pid.contains_key(&pid), "it was not reaped as an orphan");
         assert!(!reaper.lock().contains_key(&pid), "a status is parked for its pid");
         drop(child);
     }

@@ -30,9 +30,10 @@ const MAX_LINE: usize = 4 << 20;
 /// could not be read (given twice, for one).
 pub type Arguments = Result<Option<Box<RawValue>>, String>;
 
-/// The calls seen and not yet taken, by request id as JSON text, written
-/// as `serde_json` writes it (`"esc"` for a client's `"\u0065sc"`), so the
-/// SDK's id finds its call however the client escaped it.
+/// The calls seen and not yet taken, by request id as JSON text, read and
+/// written as the SDK reads and writes it (`"esc"` for a client's
+/// `"\u0065sc"`, `100` for `1e2`), so the SDK's id finds its call however
+/// the client wrote it.
 #[derive(Debug, Clone, Default)]
 pub struct Calls(Arc<Mutex<VecDeque<(String, Arguments)>>>);
 
@@ -59,7 +60,7 @@ impl Calls {
         struct Head<'a> {
             #[serde(borrow)]
             method: Option<std::borrow::Cow<'a, str>>,
-            id: Option<serde_json::Value>,
+            id: Option<rmcp::model::RequestId>,
         }
         #[derive(Deserialize)]
         struct Line {
@@ -74,7 +75,8 @@ impl Calls {
         let args = serde_json::from_slice::<Line>(line)
             .map(|l| l.params.and_then(|p| p.arguments))
             .map_err(|e| format!("params: {e}"));
-        self.keep(id.to_string(), args);
+        let Ok(id) = serde_json::to_string(&id) else { return };
+        self.keep(id, args);
     }
 }
 
@@ -176,6 +178,21 @@ mod tests {
         );
         let (_, calls) = tee(input.as_bytes()).await;
         let id = serde_json::to_string(&serde_json::json!("esc")).unwrap();
+        let numbers = concat!(
+            r#"{"jsonrpc":"2.0","id":1e2,"method":"tools/call","params":{"arguments":{"n":1}}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":-0,"method":"tools/call","params":{"arguments":{"n":2}}}"#,
+            "\n",
+        );
+        let (_, by_number) = tee(numbers.as_bytes()).await;
+        for (sdk, args) in [
+            (rmcp::model::RequestId::Number(100), r#"{"n":1}"#),
+            (rmcp::model::RequestId::Number(0), r#"{"n":2}"#),
+        ] {
+            let key = serde_json::to_string(&sdk).unwrap();
+            let kept = by_number.take(&key).unwrap_or_else(|| panic!("no call under {key}"));
+            assert_eq!(kept.unwrap().unwrap().get(), args);
+        }
         let args = calls.take(&id).expect("the call is kept under \"esc\"").unwrap().unwrap();
         assert_eq!(
             args.get(),
