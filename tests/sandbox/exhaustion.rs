@@ -50,6 +50,9 @@ fn shell_fork_bomb_is_contained() {
         .with("timeout_seconds", json!(2));
     let run = skill.run(&Config::new().limit("max_pids", 32), &json!({}));
     assert_ne!(run.outcome(), Outcome::Ok, "{}", run.dump());
+    let cg = &run.report.sandbox.as_ref().expect("sandbox report").cgroup;
+    assert!(cg.pids.is_some(), "no pids bound held the bomb:\n{}", run.dump());
+    assert!(run.report.stderr.contains("fork"), "no fork was refused:\n{}", run.dump());
     ended_within(&run, Duration::from_secs(2) + policy::limits::KILL_GRACE);
     no_leftovers(&skill, &g);
     back_to_baseline(&cgroups);

@@ -391,14 +391,25 @@ fn kill_minus_one_spares_the_outside() {
 #[test]
 fn cgroup_limits_and_membership_are_fixed() {
     let Some(g) = shared("cgroup_limits_and_membership_are_fixed") else { return };
+    // Some write reached a real cgroup file and was refused (a path that
+    // does not exist on this host's layout proves nothing).
+    let refused = |run: &ongrid_tests::Run| {
+        let r = blocked(run);
+        let errnos = r["errnos"].as_object().cloned().unwrap_or_default();
+        let real = errnos
+            .values()
+            .filter_map(serde_json::Value::as_i64)
+            .any(|e| [libc::EACCES, libc::EPERM, libc::EROFS].iter().any(|x| i64::from(*x) == e));
+        assert!(real, "no cgroup file was reached and refused:\n{}", run.dump());
+    };
     let skill = attack("cgroup_escape");
     let run = skill.run(&Config::new(), &args("cgroup_escape", json!({})));
-    blocked(&run);
+    refused(&run);
     let skill = attack("cgroup_escape_root").with("sandbox", json!({"run_as": "root"}));
     let config = Config::new().grant(skill.name(), "run_as = [\"root\"]");
     let run = skill.run(&config, &args("cgroup_escape", json!({})));
     assert_eq!(run.report.sandbox.as_ref().map(|s| s.uid), Some(0), "{}", run.dump());
-    blocked(&run);
+    refused(&run);
     no_leftovers(&skill, &g);
 }
 

@@ -325,18 +325,21 @@ fn cgroup_escape() -> Value {
     for line in own.lines() {
         let mut f = line.splitn(3, ':');
         let (_, ctrl, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or("/"));
-        let hier = match ctrl {
-            "" => "unified".to_owned(),
-            c => c.trim_start_matches("name=").to_owned(),
+        // The v2 hierarchy is at /sys/fs/cgroup/unified on a hybrid host,
+        // at /sys/fs/cgroup itself on a pure v2 one: both are tried.
+        let bases = match ctrl {
+            "" => vec!["/sys/fs/cgroup/unified".to_owned(), "/sys/fs/cgroup".to_owned()],
+            c => vec![format!("/sys/fs/cgroup/{}", c.trim_start_matches("name="))],
         };
-        let base = format!("/sys/fs/cgroup/{hier}");
-        match ctrl {
-            "pids" => tries.push((format!("{base}{path}/pids.max"), "max")),
-            "memory" => tries.push((format!("{base}{path}/memory.limit_in_bytes"), "-1")),
-            "" => tries.push((format!("{base}{path}/memory.max"), "max")),
-            _ => {}
+        for base in bases {
+            match ctrl {
+                "pids" => tries.push((format!("{base}{path}/pids.max"), "max")),
+                "memory" => tries.push((format!("{base}{path}/memory.limit_in_bytes"), "-1")),
+                "" => tries.push((format!("{base}{path}/memory.max"), "max")),
+                _ => {}
+            }
+            tries.push((format!("{base}/cgroup.procs"), "0"));
         }
-        tries.push((format!("{base}/cgroup.procs"), "0"));
     }
     let mut done = Vec::new();
     let mut errnos = serde_json::Map::new();
