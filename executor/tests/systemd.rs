@@ -46,10 +46,18 @@ fn setup() -> Setup {
     Setup { dir, config, socket, notify }
 }
 
+/// The next datagram. A signal to this process (a child of another test
+/// exiting) interrupts a read with a timeout whatever `SA_RESTART` says
+/// (signal(7)): it is read again.
 fn recv(sock: &UnixDatagram) -> std::io::Result<String> {
     let mut buf = [0u8; 4096];
-    let n = sock.recv(&mut buf)?;
-    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+    loop {
+        match sock.recv(&mut buf) {
+            Ok(n) => return Ok(String::from_utf8_lossy(&buf[..n]).into_owned()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The next notification of `child`; when none comes, the test fails with
