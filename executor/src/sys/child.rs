@@ -91,7 +91,9 @@ pub fn spawn(spec: &ChildSpec<'_>) -> Result<Spawned, SpawnFailure> {
     let step = shared.step.load(Ordering::Acquire);
     if step != 0 {
         let errno = shared.errno.load(Ordering::Acquire);
-        let _ = super::process::wait(pid, false);
+        // By its pidfd: the reaper thread may have reaped it already, and
+        // its pid may name another child by now.
+        let _ = super::process::reap_pidfd(std::os::fd::AsFd::as_fd(&pidfd));
         return Err(SpawnFailure { step: Step::from_u32(step).unwrap_or(Step::Exec), errno });
     }
     Ok(Spawned { pid, pidfd })
