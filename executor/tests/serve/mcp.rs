@@ -217,16 +217,7 @@ fn without_a_cgroup_a_killed_executors_server_takes_its_group_with_it() {
     std::fs::set_permissions(dir.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
     let manifest = std::fs::read_to_string(&m).unwrap().replace("\"server.py\"", "\"run.sh\"");
     std::fs::write(&m, manifest).unwrap();
-    let mut spawned = Spawned(
-        std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(env!("CARGO_BIN_EXE_ongrid-executor"))
-            .args(["serve", "--config"])
-            .arg(&config)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut spawned = spawn_serve_as_nobody(&config);
     wait_for("the socket", Duration::from_secs(10), || {
         std::os::unix::net::UnixStream::connect(&socket).is_ok()
     });
@@ -234,10 +225,7 @@ fn without_a_cgroup_a_killed_executors_server_takes_its_group_with_it() {
     let r = call(&mut c, 1, &m, "echo", json!({"x": 1}), "safe");
     assert_eq!(r["outcome"], "ok", "{r}");
     assert!(r["sandbox"]["cgroup"]["kill"].is_null(), "the server has a cgroup: {r}");
-    let sleeps = || -> Vec<i32> {
-        let procs = common::procs_with(&marker);
-        procs.into_iter().filter(|p| p.state != 'Z').map(|p| p.pid).collect()
-    };
+    let sleeps = || live_with(&marker);
     assert_eq!(sleeps().len(), 1, "the server's child runs");
     spawned.0.kill().unwrap();
     wait_child(&mut spawned.0);

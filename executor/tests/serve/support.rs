@@ -120,6 +120,29 @@ impl Drop for Spawned {
     }
 }
 
+/// `serve --config config` run as user nobody (65534), as an executor that
+/// is not root runs: no cgroups, runs killed by process group.
+pub(crate) fn spawn_serve_as_nobody(config: &Path) -> Spawned {
+    Spawned(
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_ongrid-executor"))
+            .args(["serve", "--config"])
+            .arg(config)
+            .env("ONGRID_LOG", "info")
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// The pids of the live (not zombie) processes whose command line holds
+/// `marker`.
+pub(crate) fn live_with(marker: &str) -> Vec<i32> {
+    let procs = testkit::procs::with_cmdline(marker);
+    procs.into_iter().filter(|p| p.state != 'Z').map(|p| p.pid).collect()
+}
+
 /// SIGTERM to a `serve` child.
 pub(crate) fn sigterm(child: &std::process::Child) {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());

@@ -240,22 +240,9 @@ fn without_a_cgroup_a_discarded_warm_runs_children_go_with_it() {
     let marker = format!("sleep 600.{}", std::process::id());
     let script = format!("/bin/{marker} &\ncat >/dev/null\necho '{{}}'");
     let manifest = skill(root.path(), "pool", "safe", 20, &script);
-    let mut spawned = Spawned(
-        std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(env!("CARGO_BIN_EXE_ongrid-executor"))
-            .args(["serve", "--config"])
-            .arg(&config)
-            .env("ONGRID_LOG", "info")
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut spawned = spawn_serve_as_nobody(&config);
     wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
-    let sleeps = || -> Vec<i32> {
-        let procs = crate::common::procs_with(&marker);
-        procs.into_iter().filter(|p| p.state != 'Z').map(|p| p.pid).collect()
-    };
+    let sleeps = || live_with(&marker);
     let mut c = Client::connect(&socket);
     c.execute(1, &manifest, json!({}));
     let (_, v) = c.run_result();
@@ -294,21 +281,9 @@ fn without_a_cgroup_a_warm_run_that_exits_unused_takes_its_group_with_it() {
     std::os::unix::fs::chown(&config, Some(nobody), Some(nobody)).unwrap();
     let marker = format!("sleep 601.{}", std::process::id());
     let manifest = skill(root.path(), "quitter", "safe", 20, &format!("/bin/{marker} &\nexit 0"));
-    let mut spawned = Spawned(
-        std::process::Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(env!("CARGO_BIN_EXE_ongrid-executor"))
-            .args(["serve", "--config"])
-            .arg(&config)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut spawned = spawn_serve_as_nobody(&config);
     wait_for("the socket", Duration::from_secs(10), || UnixStream::connect(&socket).is_ok());
-    let sleeps = || -> Vec<i32> {
-        let procs = crate::common::procs_with(&marker);
-        procs.into_iter().filter(|p| p.state != 'Z').map(|p| p.pid).collect()
-    };
+    let sleeps = || live_with(&marker);
     // The first request runs cold (and answers nothing) and starts the pool.
     let mut c = Client::connect(&socket);
     c.execute(1, &manifest, json!({}));
