@@ -12,12 +12,12 @@
 //! A main process is tracked only once `clone` has returned its pid, and a
 //! skill that exits at once (`exit 3`) can be gone before that: another
 //! run's [`Reaper::reap_orphans`] may reap it first. So the status of every
-//! untracked child reaped here is kept for [`UNCLAIMED_TTL`] too, and
-//! [`Reaper::collect`] takes it from there when its own `waitpid` finds no
-//! child (without it a soak test saw 12 runs in 1932 reported `signaled`,
-//! "the process vanished").
+//! untracked child reaped here is kept for [`UNCLAIMED_TTL`] too, the last
+//! [`UNCLAIMED_MAX`] of them at most, and [`Reaper::collect`] takes it from
+//! there when its own `waitpid` finds no child (without it a soak test saw
+//! 12 runs in 1932 reported `signaled`, "the process vanished").
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -27,14 +27,14 @@ use crate::sys::process::{self, Exit};
 /// not tracked its main process yet.
 pub const UNCLAIMED_TTL: Duration = Duration::from_secs(30);
 
-/// Past this many kept statuses (a skill's orphans exiting by the
-/// thousand), only those of the last [`UNCLAIMED_CROWDED_TTL`] are kept: a
-/// main process is tracked microseconds after `clone` returns.
-const UNCLAIMED_CROWD: usize = 1024;
-const UNCLAIMED_CROWDED_TTL: Duration = Duration::from_secs(5);
-/// The kept statuses are looked over at most this often, or when they
-/// have doubled since (each look goes over all of them).
-const PRUNE_EVERY: Duration = Duration::from_secs(1);
+/// At most this many statuses are kept, the newest: a fork bomb's orphans
+/// exit by the thousand a second, and a map keeps the room it once took
+/// (65,536 entries, 3 MiB, in a soak). A run collects its main process's
+/// status milliseconds after its exit, well within that many others.
+pub const UNCLAIMED_MAX: usize = 4096;
+
+/// How long the background reaper lets exits gather once one is there.
+const GATHER: Duration = Duration::from_millis(1);
 
 /// How long the background reaper waits before it looks again when the
 /// process has no child at all.
@@ -48,11 +48,12 @@ pub struct Reaper {
     unclaimed: Mutex<Unclaimed>,
 }
 
-/// Statuses of untracked children, and when they were last looked over.
+/// Statuses of untracked children, by pid and in the order they were
+/// reaped (the order may hold pids claimed since: a claim leaves it as is).
 #[derive(Debug, Default)]
 struct Unclaimed {
     by_pid: HashMap<i32, (Exit, Instant)>,
-    pruned: Option<(Instant, usize)>,
+    order: VecDeque<(i32, Instant)>,
 }
 
 impl Unclaimed {
@@ -60,18 +61,22 @@ impl Unclaimed {
         self.by_pid.remove(&pid).map(|(exit, _)| exit)
     }
 
-    /// Drops the statuses kept past their time, when a look is due.
-    fn prune(&mut self, now: Instant) {
-        let len = self.by_pid.len();
-        let due = self.pruned.is_none_or(|(at, then)| {
-            now.duration_since(at) >= PRUNE_EVERY || len >= then.max(UNCLAIMED_CROWD) * 2
-        });
-        if !due {
-            return;
+    /// Keeps `pid`'s status, dropping those past [`UNCLAIMED_TTL`] and the
+    /// oldest past [`UNCLAIMED_MAX`].
+    fn keep(&mut self, pid: i32, exit: Exit, now: Instant) {
+        while let Some(&(old, at)) = self.order.front() {
+            let stale = now.duration_since(at) >= UNCLAIMED_TTL;
+            if !stale && self.order.len() < UNCLAIMED_MAX {
+                break;
+            }
+            self.order.pop_front();
+            // Unless its pid was reaped again since (a newer status).
+            if self.by_pid.get(&old).is_some_and(|&(_, kept)| kept == at) {
+                self.by_pid.remove(&old);
+            }
         }
-        let ttl = if len >= UNCLAIMED_CROWD { UNCLAIMED_CROWDED_TTL } else { UNCLAIMED_TTL };
-        self.by_pid.retain(|_, (_, at)| now.duration_since(*at) < ttl);
-        self.pruned = Some((now, self.by_pid.len()));
+        self.by_pid.insert(pid, (exit, now));
+        self.order.push_back((pid, now));
     }
 }
 
@@ -138,10 +143,9 @@ impl Reaper {
             if let Some(slot) = mains.get_mut(&pid) {
                 *slot = Some(exit);
             } else {
-                unclaimed.by_pid.insert(pid, (exit, now));
+                unclaimed.keep(pid, exit, now);
             }
         }
-        unclaimed.prune(now);
     }
 
     /// Reaps children as they exit, on a thread of its own, for the rest of
@@ -160,7 +164,12 @@ impl Reaper {
         }
         let reap = move || loop {
             match process::until_a_child_exits() {
-                Ok(()) => self.reap_orphans(),
+                Ok(()) => {
+                    // Orphans exit in crowds (a shell's pipeline, a bomb):
+                    // one pass a little later reaps many for one wake.
+                    std::thread::sleep(GATHER);
+                    self.reap_orphans();
+                }
                 // No child yet (or an unexpected errno): look again soon.
                 Err(_) => std::thread::sleep(NO_CHILD_NAP),
             }
@@ -211,29 +220,46 @@ mod tests {
         drop(child);
     }
 
-    /// Kept statuses are looked over at most once a second, or when they
-    /// doubled: not at every reap (each look goes over all of them). Past
-    /// the crowd only the last seconds' are kept.
+    /// Kept statuses go once past their time, or once newer ones crowd
+    /// them out: the newest [`UNCLAIMED_MAX`] at most, in a map that never
+    /// grows past their room. A pid reaped again keeps its newer status.
     #[test]
-    fn kept_statuses_are_pruned_now_and_then() {
-        let exit = Exit { code: Some(0), signal: None, cpu_us: 0 };
+    fn kept_statuses_are_bounded_in_time_and_number() {
+        let exit = |code| Exit { code: Some(code), signal: None, cpu_us: 0 };
         let start = Instant::now();
         let mut u = Unclaimed::default();
-        let old = start.checked_sub(UNCLAIMED_TTL).unwrap();
-        u.by_pid.insert(1, (exit, old));
-        u.prune(start);
-        assert!(u.by_pid.is_empty(), "past its time");
-        u.by_pid.insert(2, (exit, old));
-        u.prune(start + Duration::from_millis(10));
-        assert_eq!(u.by_pid.len(), 1, "looked over again too soon");
-        u.prune(start + PRUNE_EVERY);
-        assert!(u.by_pid.is_empty());
-        let crowd = start.checked_sub(UNCLAIMED_CROWDED_TTL).unwrap();
-        for pid in 0..i32::try_from(UNCLAIMED_CROWD * 2).unwrap() {
-            u.by_pid.insert(pid, (exit, crowd));
+        u.keep(1, exit(1), start);
+        u.keep(2, exit(2), start + Duration::from_secs(1));
+        u.keep(3, exit(3), start + UNCLAIMED_TTL);
+        assert_eq!(u.remove(1), None, "past its time");
+        assert_eq!(u.remove(2), Some(exit(2)));
+
+        let mut u = Unclaimed::default();
+        let max = i32::try_from(UNCLAIMED_MAX).unwrap();
+        let at = |pid: i32| start + Duration::from_micros(u64::try_from(pid).unwrap());
+        u.keep(7, exit(1), at(7));
+        for pid in 100..100 + 3 * max {
+            u.keep(pid, exit(0), at(pid));
+            if pid == 100 + max / 2 {
+                u.keep(7, exit(2), at(pid)); // pid 7 reaped again: newer
+            }
         }
-        u.prune(start + PRUNE_EVERY + Duration::from_millis(10));
-        assert!(u.by_pid.is_empty(), "a crowd doubled is looked over at once");
+        assert_eq!(u.by_pid.len(), UNCLAIMED_MAX, "the newest kept, no more");
+        assert!(u.order.len() <= UNCLAIMED_MAX);
+        assert!(
+            u.by_pid.capacity() < 2 * UNCLAIMED_MAX + UNCLAIMED_MAX / 4,
+            "{}",
+            u.by_pid.capacity()
+        );
+        assert_eq!(u.remove(100), None, "crowded out");
+        assert_eq!(u.remove(99 + 3 * max), Some(exit(0)));
+        assert_eq!(u.remove(7), None, "crowded out at its newer reap's turn");
+
+        let mut u = Unclaimed::default();
+        u.keep(7, exit(1), start);
+        u.keep(7, exit(2), start + Duration::from_millis(1));
+        u.keep(8, exit(0), start + UNCLAIMED_TTL);
+        assert_eq!(u.remove(7), Some(exit(2)), "the older turn took the newer status");
     }
 
     /// A main process given up on while alive leaves no status parked for
