@@ -11,9 +11,9 @@
 #       --iters 1000 --warmup 50 --conc 1 --skills bin-cat,sh-cat
 # Every process runs in the default scheduling policy, as the daemons do
 # under systemd, unless SCHED=fifo: then in SCHED_FIFO 10 (`chrt -f 10`,
-# less noise from the rest of the host; every A/B before the twenty-fifth
-# pass ran so, but a real-time executor does not spin for the exec and its
-# skills leave the policy at exec).
+# less noise from the rest of the host; the A/Bs up to 2026-12-03 ran so,
+# but a real-time executor does not spin for the exec and its skills leave
+# the policy at exec).
 set -euo pipefail
 if [ $# -lt 4 ]; then
     sed -n '2,12p' "$0" >&2
