@@ -29,8 +29,10 @@ pub const UNCLAIMED_TTL: Duration = Duration::from_secs(30);
 
 /// At most this many statuses are kept, the newest: a fork bomb's orphans
 /// exit by the thousand a second, and a map keeps the room it once took
-/// (65,536 entries, 3 MiB, in a soak). A run collects its main process's
-/// status milliseconds after its exit, well within that many others.
+/// (65,536 entries, 3 MiB, in a soak; bounded so, 16,384 slots, 0.8 MiB).
+/// A run collects its main process's status tens of milliseconds after
+/// its exit at most; a bomb's 5,000 exits a second take 0.8 s to crowd it
+/// out.
 pub const UNCLAIMED_MAX: usize = 4096;
 
 /// How long the background reaper lets exits gather once one is there.
@@ -49,11 +51,13 @@ pub struct Reaper {
 }
 
 /// Statuses of untracked children, by pid and in the order they were
-/// reaped (the order may hold pids claimed since: a claim leaves it as is).
+/// reaped (the order may hold pids claimed since: a claim leaves it as is),
+/// each numbered: a pid reaped again has a newer number.
 #[derive(Debug, Default)]
 struct Unclaimed {
-    by_pid: HashMap<i32, (Exit, Instant)>,
-    order: VecDeque<(i32, Instant)>,
+    by_pid: HashMap<i32, (Exit, u64)>,
+    order: VecDeque<(i32, u64, Instant)>,
+    next: u64,
 }
 
 impl Unclaimed {
@@ -61,22 +65,31 @@ impl Unclaimed {
         self.by_pid.remove(&pid).map(|(exit, _)| exit)
     }
 
-    /// Keeps `pid`'s status, dropping those past [`UNCLAIMED_TTL`] and the
-    /// oldest past [`UNCLAIMED_MAX`].
+    /// Keeps `pid`'s status, the oldest one dropped past [`UNCLAIMED_MAX`].
     fn keep(&mut self, pid: i32, exit: Exit, now: Instant) {
-        while let Some(&(old, at)) = self.order.front() {
-            let stale = now.duration_since(at) >= UNCLAIMED_TTL;
-            if !stale && self.order.len() < UNCLAIMED_MAX {
+        self.drop_while(|len, _| len >= UNCLAIMED_MAX);
+        self.by_pid.insert(pid, (exit, self.next));
+        self.order.push_back((pid, self.next, now));
+        self.next += 1;
+    }
+
+    /// Drops the statuses kept past [`UNCLAIMED_TTL`].
+    fn expire(&mut self, now: Instant) {
+        self.drop_while(|_, at| now.duration_since(at) >= UNCLAIMED_TTL);
+    }
+
+    /// Drops the oldest statuses while `drop(kept, reaped_at)` holds.
+    fn drop_while(&mut self, drop: impl Fn(usize, Instant) -> bool) {
+        while let Some(&(pid, n, at)) = self.order.front() {
+            if !drop(self.order.len(), at) {
                 break;
             }
             self.order.pop_front();
             // Unless its pid was reaped again since (a newer status).
-            if self.by_pid.get(&old).is_some_and(|&(_, kept)| kept == at) {
-                self.by_pid.remove(&old);
+            if self.by_pid.get(&pid).is_some_and(|&(_, kept)| kept == n) {
+                self.by_pid.remove(&pid);
             }
         }
-        self.by_pid.insert(pid, (exit, now));
-        self.order.push_back((pid, now));
     }
 }
 
@@ -96,9 +109,9 @@ impl Reaper {
     }
 
     /// Stops tracking `pid` (a main process given up on, still alive): its
-    /// exit, when it comes, is reaped as an orphan's, kept only for
-    /// [`UNCLAIMED_TTL`], and never parked for a later process that gets
-    /// the same pid once the kernel reuses it.
+    /// exit, when it comes, is reaped as an orphan's, kept as theirs are,
+    /// and never parked for a later process that gets the same pid once the
+    /// kernel reuses it.
     pub fn forget(&self, pid: i32) {
         self.lock().remove(&pid);
     }
@@ -139,6 +152,7 @@ impl Reaper {
         let mut mains = self.lock();
         let now = Instant::now();
         let mut unclaimed = self.unclaimed();
+        unclaimed.expire(now);
         while let Ok(Some((pid, exit))) = process::wait(-1, true) {
             if let Some(slot) = mains.get_mut(&pid) {
                 *slot = Some(exit);
@@ -221,8 +235,9 @@ mod tests {
     }
 
     /// Kept statuses go once past their time, or once newer ones crowd
-    /// them out: the newest [`UNCLAIMED_MAX`] at most, in a map that never
-    /// grows past their room. A pid reaped again keeps its newer status.
+    /// them out: the newest [`UNCLAIMED_MAX`] at most, in a map whose room
+    /// stays bounded however many come and go. A pid reaped again keeps
+    /// its newer status, even within the same instant.
     #[test]
     fn kept_statuses_are_bounded_in_time_and_number() {
         let exit = |code| Exit { code: Some(code), signal: None, cpu_us: 0 };
@@ -230,35 +245,37 @@ mod tests {
         let mut u = Unclaimed::default();
         u.keep(1, exit(1), start);
         u.keep(2, exit(2), start + Duration::from_secs(1));
-        u.keep(3, exit(3), start + UNCLAIMED_TTL);
+        u.expire(start + UNCLAIMED_TTL);
         assert_eq!(u.remove(1), None, "past its time");
         assert_eq!(u.remove(2), Some(exit(2)));
 
+        // A bomb's worth: 100,000 statuses, pid 7 reaped again midway.
         let mut u = Unclaimed::default();
         let max = i32::try_from(UNCLAIMED_MAX).unwrap();
-        let at = |pid: i32| start + Duration::from_micros(u64::try_from(pid).unwrap());
-        u.keep(7, exit(1), at(7));
-        for pid in 100..100 + 3 * max {
-            u.keep(pid, exit(0), at(pid));
+        u.keep(7, exit(1), start);
+        for pid in 100..100_100 {
+            u.keep(pid, exit(0), start);
             if pid == 100 + max / 2 {
-                u.keep(7, exit(2), at(pid)); // pid 7 reaped again: newer
+                u.keep(7, exit(2), start);
             }
         }
         assert_eq!(u.by_pid.len(), UNCLAIMED_MAX, "the newest kept, no more");
-        assert!(u.order.len() <= UNCLAIMED_MAX);
-        assert!(
-            u.by_pid.capacity() < 2 * UNCLAIMED_MAX + UNCLAIMED_MAX / 4,
-            "{}",
-            u.by_pid.capacity()
-        );
-        assert_eq!(u.remove(100), None, "crowded out");
-        assert_eq!(u.remove(99 + 3 * max), Some(exit(0)));
+        assert_eq!(u.order.len(), UNCLAIMED_MAX);
+        let room = u.by_pid.capacity();
+        assert!(room <= 4 * UNCLAIMED_MAX, "the map's room grew to {room}");
+        assert_eq!(u.remove(100_099 - max), None, "crowded out");
+        assert_eq!(u.remove(100_100 - max), Some(exit(0)));
         assert_eq!(u.remove(7), None, "crowded out at its newer reap's turn");
 
+        // Reaped twice in one pass (one instant): the older turn leaves the
+        // newer status.
         let mut u = Unclaimed::default();
         u.keep(7, exit(1), start);
-        u.keep(7, exit(2), start + Duration::from_millis(1));
-        u.keep(8, exit(0), start + UNCLAIMED_TTL);
+        u.keep(7, exit(2), start);
+        for pid in 100..100 + max - 1 {
+            u.keep(pid, exit(0), start);
+        }
+        assert_eq!(u.order.front().map(|&(pid, ..)| pid), Some(7), "one turn of 7 left");
         assert_eq!(u.remove(7), Some(exit(2)), "the older turn took the newer status");
     }
 
