@@ -29,10 +29,10 @@ pub const UNCLAIMED_TTL: Duration = Duration::from_secs(30);
 
 /// At most this many statuses are kept, the newest: a fork bomb's orphans
 /// exit by the thousand a second, and a map keeps the room it once took
-/// (65,536 entries, 3 MiB, in a soak; bounded so, 16,384 slots, 0.8 MiB).
-/// A run collects its main process's status tens of milliseconds after
-/// its exit at most; a bomb's 5,000 exits a second take 0.8 s to crowd it
-/// out.
+/// (65,536 slots, 3 MiB, in a soak; with this bound 16,384 at most, 0.8
+/// MiB). A run collects its main process's status tens of milliseconds
+/// after its exit at most; a bomb's 5,000 exits a second take 0.8 s to
+/// crowd it out.
 pub const UNCLAIMED_MAX: usize = 4096;
 
 /// How long the background reaper lets exits gather once one is there.
