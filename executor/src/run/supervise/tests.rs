@@ -43,51 +43,67 @@ async fn an_exit_within_the_spin_is_collected_without_the_pidfd() {
     assert!(matches!(pidfd, Some(PidFd::Polled(_))), "the pidfd was not registered");
 }
 
-/// The deadline counts from the run's start as the caller gives it (a
-/// warm run's take), not from when supervision begins: a run whose
-/// clock started a timeout ago is stopped at once, not a timeout later.
-#[tokio::test]
-async fn the_deadline_counts_from_the_runs_start() {
+/// `program args` in a process group of its own (the kill without a
+/// cgroup is `killpg`), stdout and stderr on pipes, as a run's child;
+/// reaped through the reaper.
+fn group_child(program: &str, args: &[&str]) -> Child {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
     let pipe = || {
         nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC).unwrap()
     };
     let ((out_r, out_w), (err_r, err_w)) = (pipe(), pipe());
-    // Its own process group: the kill without a cgroup is `killpg`.
     #[allow(clippy::zombie_processes, reason = "reaped through the reaper, by pid")]
-    let sleeper = Command::new("sleep")
-        .arg("30")
+    let child = Command::new(program)
+        .args(args)
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::from(out_w))
         .stderr(Stdio::from(err_w))
         .spawn()
         .unwrap();
-    let pid = i32::try_from(sleeper.id()).unwrap();
-    let child = Child {
+    let pid = i32::try_from(child.id()).unwrap();
+    Child {
         pid,
         pidfd: process::pidfd_open(pid).unwrap(),
         stdin: None,
         stdout: out_r,
         stderr: err_r,
         exec_at: std::time::Instant::now(),
-    };
-    let timeout = Duration::from_secs(1);
-    let bounds = Bounds {
-        start: std::time::Instant::now().checked_sub(timeout).unwrap(),
+    }
+}
+
+/// Bounds of 1 KiB each, a 100 ms grace.
+fn bounds(start: std::time::Instant, timeout: Duration) -> Bounds<'static> {
+    Bounds {
+        start,
         timeout,
         grace: Duration::from_millis(100),
         stdout_bytes: 1024,
         stderr_bytes: 1024,
         stderr_line_bytes: 1024,
         exit_spin: ExitSpin::default(),
-    };
-    let began = std::time::Instant::now();
-    let sup = supervise(child, b"", None, Reaper::global(), bounds, &mut |_| {}, async {
+    }
+}
+
+/// Supervises `child` with no cgroup and no cancellation.
+async fn supervise_plain(child: Child, bounds: Bounds<'_>) -> Supervised {
+    supervise(child, b"", None, Reaper::global(), bounds, &mut |_| {}, async {
         std::future::pending::<()>().await
     })
-    .await;
+    .await
+}
+
+/// The deadline counts from the run's start as the caller gives it (a
+/// warm run's take), not from when supervision begins: a run whose
+/// clock started a timeout ago is stopped at once, not a timeout later.
+#[tokio::test]
+async fn the_deadline_counts_from_the_runs_start() {
+    let child = group_child("sleep", &["30"]);
+    let timeout = Duration::from_secs(1);
+    let start = std::time::Instant::now().checked_sub(timeout).unwrap();
+    let began = std::time::Instant::now();
+    let sup = supervise_plain(child, bounds(start, timeout)).await;
     assert_eq!(sup.stop, Stop::WallTime);
     assert_eq!(sup.exit.signal, Some(libc::SIGTERM), "{:?}", sup.exit);
     assert!(began.elapsed() < timeout / 2, "stopped after {:?}", began.elapsed());
@@ -98,43 +114,9 @@ async fn the_deadline_counts_from_the_runs_start() {
 /// on the pipe, and what the main process wrote is still the output.
 #[tokio::test]
 async fn output_read_before_the_drain_gives_up_is_kept() {
-    use std::os::unix::process::CommandExt;
-    use std::process::{Command, Stdio};
-    let pipe = || {
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC).unwrap()
-    };
-    let ((out_r, out_w), (err_r, err_w)) = (pipe(), pipe());
-    #[allow(clippy::zombie_processes, reason = "reaped through the reaper, by pid")]
-    let main = Command::new("/bin/sh")
-        .args(["-c", "setsid sleep 8 & echo '{\"a\":1}'"])
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(out_w))
-        .stderr(Stdio::from(err_w))
-        .spawn()
-        .unwrap();
-    let pid = i32::try_from(main.id()).unwrap();
-    let child = Child {
-        pid,
-        pidfd: process::pidfd_open(pid).unwrap(),
-        stdin: None,
-        stdout: out_r,
-        stderr: err_r,
-        exec_at: std::time::Instant::now(),
-    };
-    let bounds = Bounds {
-        start: std::time::Instant::now(),
-        timeout: Duration::from_secs(5),
-        grace: Duration::from_millis(100),
-        stdout_bytes: 1024,
-        stderr_bytes: 1024,
-        stderr_line_bytes: 1024,
-        exit_spin: ExitSpin::default(),
-    };
-    let sup = supervise(child, b"", None, Reaper::global(), bounds, &mut |_| {}, async {
-        std::future::pending::<()>().await
-    })
-    .await;
+    let child = group_child("/bin/sh", &["-c", "setsid sleep 8 & echo '{\"a\":1}'"]);
+    let sup =
+        supervise_plain(child, bounds(std::time::Instant::now(), Duration::from_secs(5))).await;
     assert_eq!(sup.exit.code, Some(0), "{:?}", sup.exit);
     assert_eq!(String::from_utf8_lossy(&sup.stdout), "{\"a\":1}\n");
 }
