@@ -94,6 +94,11 @@
 //! time (warm pools refill in it) instead of keeping both CPUs queued, and
 //! runs/s is that offered load rather than a throughput.
 //!
+//! `--max-runs N` sets every stack's `max_concurrent_runs` to N (past its
+//! warm runs for `daemon-warm`): runs past it wait for a slot in order of
+//! arrival, so 8 clients on fewer CPUs queue in the executor instead of in
+//! the scheduler.
+//!
 //! `--settle` waits, untimed, after each `bwrap` and `firejail` run (or
 //! round) until the host is quiet again (`ongrid_benches::settle`): their
 //! namespaces are torn down after they exit, 1.5-2 ms of kernel CPU per
@@ -388,6 +393,7 @@ fn main() {
     let manifests: Vec<(String, PathBuf)> =
         o.skills.iter().map(|k| (k.clone(), make_skill(&skills_root, k))).collect();
     let config = base.join("executor.toml");
+    let cold_extra = o.max_runs.map(|n| format!("max_concurrent_runs = {n}\n")).unwrap_or_default();
     fs::write(&config, "").unwrap();
     let audit_dir = o.audit_dir.clone().unwrap_or_else(|| base.join("audit"));
 
@@ -411,7 +417,7 @@ fn main() {
                 std::slice::from_ref(&skills_root),
                 &audit_dir,
                 manifests.len(),
-                "",
+                &cold_extra,
             );
             stacks.insert(variant.name(), s);
         }
@@ -446,7 +452,7 @@ fn main() {
             std::slice::from_ref(&skills_root),
             &audit_dir,
             manifests.len(),
-            &grants,
+            &format!("{cold_extra}{grants}"),
         );
         stacks.insert("daemon-b", s);
     }
@@ -461,7 +467,7 @@ fn main() {
             std::slice::from_ref(&skills_root),
             shm.path(),
             manifests.len(),
-            "",
+            &cold_extra,
         );
         stacks.insert("daemon-shm", s);
         shm_dirs.push(shm);
@@ -478,7 +484,7 @@ fn main() {
             &[skills_root.clone(), many],
             &audit_dir,
             manifests.len() + o.loaded_skills,
-            "",
+            &cold_extra,
         );
         stacks.insert("daemon10k", s);
     }
@@ -574,8 +580,13 @@ fn start_warm(
     manifests: &[(String, PathBuf)],
 ) -> Stack {
     let total = o.warm as usize * manifests.len();
-    let mut extra =
-        format!("max_warm_total = {total}\nmax_concurrent_runs = {}\n", (total + 8).max(16));
+    let mut extra = format!(
+        "max_warm_total = {total}\nmax_concurrent_runs = {}\n",
+        match o.max_runs {
+            Some(n) => total + n,
+            None => (total + 8).max(16),
+        }
+    );
     for (kind, manifest) in manifests {
         let path = serde_json::Value::String(manifest.display().to_string());
         extra.push_str(&format!(

@@ -108,6 +108,9 @@ pub(crate) struct Opts {
     /// Wait untimed after each `bwrap` and `firejail` run (or round) until
     /// the host is quiet, and report what the wait saw.
     pub(crate) settle: bool,
+    /// The daemons' `max_concurrent_runs` past their warm runs (`None`:
+    /// the executor's default, or 8 past the warm runs).
+    pub(crate) max_runs: Option<usize>,
 }
 
 fn usage() -> ! {
@@ -115,7 +118,7 @@ fn usage() -> ! {
         "usage: loadbench [--iters N] [--warmup N] [--conc 1,8] [--ballast-mb M] \
          [--loaded-skills N] [--skills sh-cat,bin-cat,static-cat] \
          [--variants bare,bare-warm,cli,daemon,daemon10k,daemon-shm,daemon-normal,daemon-full,daemon-b,daemon-warm,daemon-warm-b,executor-rpc,engine,engine1g,bwrap,firejail] \
-         [--warm N] [--bin-dir DIR] [--bin-dir-b DIR] [--host-proc-b] [--audit-dir DIR] [--gap-ms MS] [--settle]\n       loadbench --engine-worker MB"
+         [--warm N] [--bin-dir DIR] [--bin-dir-b DIR] [--host-proc-b] [--audit-dir DIR] [--gap-ms MS] [--max-runs N] [--settle]\n       loadbench --engine-worker MB"
     );
     std::process::exit(2)
 }
@@ -154,6 +157,7 @@ pub(crate) fn parse_opts() -> Opts {
         warm: 4,
         gap: Duration::ZERO,
         settle: false,
+        max_runs: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -177,6 +181,7 @@ pub(crate) fn parse_opts() -> Opts {
             "--bin-dir-b" => o.bin_dir_b = Some(PathBuf::from(val())),
             "--audit-dir" => o.audit_dir = Some(PathBuf::from(val())),
             "--settle" => o.settle = true,
+            "--max-runs" => o.max_runs = Some(num(val()).max(1)),
             "--warm" => o.warm = u32::try_from(num(val())).unwrap_or_else(|_| usage()).max(1),
             "--host-proc-b" => o.host_proc_b = true,
             "--gap-ms" => {
