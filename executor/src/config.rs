@@ -332,43 +332,17 @@ impl Config {
         Ok(())
     }
 
-    /// Each `[skills.NAME]` grant: a skill name, limits in range, a pinned
-    /// manifest path that names a manifest, known capabilities.
+    /// Each `[skills.NAME]` grant: a skill name, and a grant that holds
+    /// together ([`policy::SkillGrant::check`]).
     fn validate_skills(&self, path: &Path) -> Result<(), ConfigError> {
-        let invalid =
-            |field, reason: String| ConfigError::Invalid { path: path.to_owned(), field, reason };
+        let invalid = |reason: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            field: "skills",
+            reason,
+        };
         for (name, grant) in &self.skills {
-            let checks = [
-                grant.memory_bytes.map(policy::limits::check_memory),
-                grant.max_pids.map(policy::limits::check_pids),
-            ];
-            if let Some(Err(e)) = checks.into_iter().flatten().find(Result::is_err) {
-                return Err(invalid("skills", format!("[skills.{name}] {e}")));
-            }
-            grant.check_network().map_err(|e| invalid("skills", format!("[skills.{name}] {e}")))?;
-        }
-        for name in self.skills.keys() {
-            policy::SkillName::new(name)
-                .map_err(|e| invalid("skills", format!("[skills.{name}]: {e}")))?;
-        }
-        for (name, grant) in &self.skills {
-            if let Some(pin) = &grant.manifest {
-                let bad =
-                    |why: String| invalid("skills", format!("[skills.{name}] manifest: {why}"));
-                policy::path::absolute_normal(&pin.to_string_lossy())
-                    .map_err(|e| bad(e.to_string()))?;
-                if !policy::is_manifest_path(pin) {
-                    return Err(bad(format!("{} is not a skill.json or SKILL.md", pin.display())));
-                }
-            }
-            for cap in &grant.capabilities {
-                if policy::sandbox::capability_number(cap).is_none() {
-                    return Err(invalid(
-                        "skills",
-                        format!("[skills.{name}] capabilities: unknown capability {cap:?}"),
-                    ));
-                }
-            }
+            policy::SkillName::new(name).map_err(|e| invalid(format!("[skills.{name}]: {e}")))?;
+            grant.check().map_err(|e| invalid(format!("[skills.{name}] {e}")))?;
         }
         Ok(())
     }

@@ -170,6 +170,37 @@ pub struct SkillGrant {
 }
 
 impl SkillGrant {
+    /// Whether the grant holds together as the executor reads it: limits
+    /// in range, the network fields ([`SkillGrant::check_network`]), a
+    /// pinned manifest an absolute normal path to a `skill.json` or
+    /// `SKILL.md`, capability names it knows. One check for both the
+    /// executor's configuration and the grants `ongrid-skill up` is given.
+    ///
+    /// # Errors
+    ///
+    /// The reason, naming the field (to follow `[skills.NAME] `).
+    pub fn check(&self) -> Result<(), String> {
+        let limits = [
+            self.memory_bytes.map(crate::limits::check_memory),
+            self.max_pids.map(crate::limits::check_pids),
+        ];
+        if let Some(Err(e)) = limits.into_iter().flatten().find(Result::is_err) {
+            return Err(e.to_string());
+        }
+        self.check_network()?;
+        if let Some(pin) = &self.manifest {
+            let bad = |why: String| format!("manifest: {why}");
+            crate::path::absolute_normal(&pin.to_string_lossy()).map_err(|e| bad(e.to_string()))?;
+            if !crate::is_manifest_path(pin) {
+                return Err(bad(format!("{} is not a skill.json or SKILL.md", pin.display())));
+            }
+        }
+        match self.capabilities.iter().find(|cap| capability_number(cap).is_none()) {
+            Some(cap) => Err(format!("capabilities: unknown capability {cap:?}")),
+            None => Ok(()),
+        }
+    }
+
     /// Whether its network fields stand together: `connect` and `dns`
     /// only narrow a grant of the network, so either without `network =
     /// true` would grant nothing while reading as a grant. Returns the

@@ -293,8 +293,9 @@ fn run_as_user(err: &mut dyn Write) -> Option<String> {
 }
 
 /// The `[skills.NAME]` grants of `--grants FILE`, each checked as the
-/// executor will read it (a field it does not know, a bad name, a file
-/// with any other key are refused here, naming the file).
+/// executor will read it (a field it does not know, a bad name, a grant
+/// that does not hold together, a file with any other key are refused
+/// here, naming the file).
 pub(super) fn read_grants(path: &Path) -> Result<BTreeMap<String, toml::Table>, String> {
     let at = |e: &dyn std::fmt::Display| format!("--grants {}: {e}", path.display());
     let text = fs::read_to_string(path).map_err(|e| at(&e))?;
@@ -312,7 +313,7 @@ pub(super) fn read_grants(path: &Path) -> Result<BTreeMap<String, toml::Table>, 
             // Read as the executor will read it, kept as written.
             let read = SkillGrant::deserialize(grant.clone())
                 .map_err(|e| at(&format!("[skills.{name}]: {e}")))?;
-            read.check_network().map_err(|e| at(&format!("[skills.{name}] {e}")))?;
+            read.check().map_err(|e| at(&format!("[skills.{name}] {e}")))?;
             // The executor `up` starts keeps its default `max_warm_total`.
             if read.warm as usize > DEFAULT_MAX_WARM_TOTAL {
                 let max = DEFAULT_MAX_WARM_TOTAL;

@@ -153,13 +153,20 @@ fn executor_config(
 /// A note for each skill under `roots` whose `sandbox` asks for more than
 /// the grants `up` passes on (the examples' and `grants`, as `--grants`
 /// gave them): the executor refuses its runs, and the note says so before
-/// any does.
+/// any does. And one for each of `grants` naming no skill served (a
+/// misspelt name would otherwise give no warm runs, no network, silently).
 pub(super) fn ungranted(roots: &[PathBuf], grants: &BTreeMap<String, toml::Table>) -> Vec<String> {
+    let report = crate::scan::Scanner::new(policy::ValidateOptions::default()).scan(roots);
+    let served: std::collections::BTreeSet<&str> =
+        report.skills.iter().chain(&report.mcp_packs).map(|s| s.name()).collect();
+    let mut notes: Vec<String> = grants
+        .keys()
+        .filter(|name| !served.contains(name.as_str()))
+        .map(|name| format!("--grants [skills.{name}]: no skill of that name is served; unused"))
+        .collect();
     let mut all = example_grants();
     all.extend(grants.iter().map(|(n, g)| (n.clone(), g.clone())));
     let grants = all;
-    let report = crate::scan::Scanner::new(policy::ValidateOptions::default()).scan(roots);
-    let mut notes = Vec::new();
     for skill in report.skills.iter().chain(&report.mcp_packs) {
         let manifest = skill.manifest();
         if skill.tool().is_some() || manifest.name().as_str() != skill.name() {
@@ -207,7 +214,8 @@ mod tests {
     use crate::cli::up::choose::read_grants;
 
     /// A pack asking for the network with no grant for it is named, with
-    /// the fix; one granted by `--grants`, and the examples, are not.
+    /// the fix; one granted by `--grants`, and the examples, are not. A
+    /// `--grants` table naming no skill served is named too.
     #[test]
     fn packs_asking_more_than_granted_are_noted() {
         let dir = tempfile::tempdir().unwrap();
@@ -216,14 +224,20 @@ mod tests {
         testkit::write_pack(dir.path(), "granted", "run", sandbox, "echo '{}'");
         testkit::write_pack(dir.path(), "plain", "run", "", "echo '{}'");
         let network = toml::Table::from_iter([("network".to_owned(), toml::Value::Boolean(true))]);
-        let grants = BTreeMap::from([("granted".to_owned(), network)]);
+        let warm = toml::Table::from_iter([("warm".to_owned(), toml::Value::Integer(2))]);
+        let grants = BTreeMap::from([
+            ("granted".to_owned(), network),
+            ("echo".to_owned(), warm.clone()),
+            ("ehco".to_owned(), warm),
+        ]);
         let mut roots = vec![dir.path().to_path_buf()];
         roots.extend(crate::cli::up::examples_dir());
         let notes = ungranted(&roots, &grants);
-        assert_eq!(notes.len(), 1, "{notes:?}");
-        assert!(notes[0].starts_with("skill \"netless\": sandbox.network: "), "{notes:?}");
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert_eq!(notes[0], "--grants [skills.ehco]: no skill of that name is served; unused");
+        assert!(notes[1].starts_with("skill \"netless\": sandbox.network: "), "{notes:?}");
         assert!(
-            notes[0].ends_with("grant it in a --grants FILE ([skills.netless], docs/operating.md)")
+            notes[1].ends_with("grant it in a --grants FILE ([skills.netless], docs/operating.md)")
         );
     }
 
@@ -294,6 +308,12 @@ mod tests {
             ("[limits]\nmax_pids = 1\n", "[limits]: only [skills.NAME] tables"),
             ("[skills.Bad-Name]\nnetwork = true\n", "[skills.Bad-Name]"),
             ("[skills.x\n", "TOML parse error"),
+            (
+                "[skills.x]\nmanifest = \"packs/x/skill.json\"\n",
+                "[skills.x] manifest: \"packs/x/skill.json\" is not absolute",
+            ),
+            ("[skills.x]\ncapabilities = [\"CAP_NOPE\"]\n", "[skills.x] capabilities: unknown"),
+            ("[skills.x]\nmax_pids = 0\n", "[skills.x] max_pids"),
             (
                 "[skills.x]\nconnect = [\"127.0.0.1:80\"]\n",
                 "[skills.x] connect needs network = true",
