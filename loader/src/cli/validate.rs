@@ -159,7 +159,7 @@ fn read_grants(path: &std::path::Path) -> Result<GrantsFile, Finding> {
     let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
     let grants: GrantsFile = toml::from_str(&text).map_err(|e| fail(format!("grants: {e}")))?;
     for (name, grant) in &grants.skills {
-        grant.check_network().map_err(|e| fail(format!("grants: [skills.{name}] {e}")))?;
+        grant.check().map_err(|e| fail(format!("grants: [skills.{name}] {e}")))?;
     }
     Ok(grants)
 }

@@ -330,4 +330,10 @@ fn grants_are_judged_as_the_executor_judges_them() {
     assert_eq!(run.code, 1, "{}", run.stdout);
     let want = "grants: [skills.net] connect needs network = true";
     assert!(run.stdout.contains(want), "{}", run.stdout);
+    // Checked as the executor checks it: a relative manifest pin.
+    let pinned = t.write("pinned.toml", "[skills.net]\nmanifest = \"net/skill.json\"\n");
+    let run = Cli::new(&["validate", "--grants"]).arg(&pinned).arg(&m).run();
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let want = "grants: [skills.net] manifest: \"net/skill.json\" is not absolute";
+    assert!(run.stdout.contains(want), "{}", run.stdout);
 }
