@@ -474,8 +474,10 @@ impl WarmPools {
             let reloaded = state.generation != generation;
             let stopped = state.stop;
             let pool = state.pools.entry(skill.clone()).or_default();
+            // A run made for nothing keeps its slot until it is killed.
             match made {
-                Ok(warm) if reloaded || stopped => {
+                Ok(mut warm) if reloaded || stopped => {
+                    warm.permit = Some(permit);
                     pool.stats.discarded += 1;
                     state.dead.push((warm, if reloaded { RELOADED } else { STOPPING }));
                 }
@@ -486,7 +488,8 @@ impl WarmPools {
                     pool.idle.push_back(warm);
                     state.idle += 1;
                 }
-                Ok(warm) => {
+                Ok(mut warm) => {
+                    warm.permit = Some(permit);
                     pool.rest();
                     pool.stats.discarded += 1;
                     state.dead.push((warm, "its manifest now declares another name"));

@@ -160,7 +160,11 @@ impl Warm {
             }
         };
         let main = self.child.pid;
-        set(main)?;
+        // By pid only while it is provably not reaped: once reaped (it
+        // exited while idle), its pid may be another process's.
+        if let Some(r) = sys::process::while_unreaped(self.child.pidfd.as_raw_fd(), || set(main)) {
+            r?;
+        }
         let mut done = HashSet::from([main]);
         for _ in 0..8 {
             let fresh: Vec<i32> = cg
