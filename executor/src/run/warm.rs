@@ -78,8 +78,8 @@ use crate::run::spawn::Prepared;
 
 pub use process::Warm;
 use process::{the_skills_doing, thread_listing};
-pub(crate) use state::Refill;
 use state::{Files, Pool, Shared, State, Work, EXPIRED, RELOADED, STALE, STOPPING};
+pub(crate) use state::{Queued, Refill};
 pub use state::{WarmStats, RETRY_AFTER};
 
 /// How often the pool thread looks over the idle runs when nothing wakes
@@ -244,21 +244,13 @@ impl WarmPools {
         None
     }
 
-    /// Puts a warm run that will not be used down at once, whatever the
-    /// pool thread is doing: a cold run's policy set back (its exit waits
-    /// for no idle CPU time), its tree killed, then its run slot freed.
-    /// Its reaping and its folder's removal are the pool thread's.
-    fn put_down(&self, warm: &mut Warm) {
-        self.kill_now(warm);
-        warm.permit = None;
-    }
-
-    /// [`WarmPools::put_down`] for each of `runs` (counted in
-    /// [`State::putting_down`] when they left their pool), then hands them
-    /// to the pool thread to reap, waking it if `wake`.
+    /// Puts each of `runs` down at once, whatever the pool thread is doing
+    /// ([`WarmPools::kill_now`]; counted in [`State::putting_down`] when
+    /// they left their pool), then hands them to the pool thread to reap
+    /// and remove their folders, waking it if `wake`.
     fn put_down_all(&self, mut runs: Vec<(Warm, &'static str)>, wake: bool) {
         for (warm, _) in &mut runs {
-            self.put_down(warm);
+            self.kill_now(warm);
         }
         let mut state = relock(&self.shared.state);
         state.putting_down = state.putting_down.saturating_sub(runs.len());
@@ -277,17 +269,17 @@ impl WarmPools {
     }
 
     /// Kills a warm run's tree now, once ([`Warm::kill_tree`]), a cold
-    /// run's policy set back first: at `SCHED_IDLE` its exit would wait for
-    /// idle CPU time, and the pool thread (or a stopping executor) waits
-    /// for that exit.
+    /// run's policy set back first (at `SCHED_IDLE` its exit would wait for
+    /// idle CPU time, and the pool thread or a stopping executor waits for
+    /// that exit), then frees its run slot: never before it is killed.
     pub(crate) fn kill_now(&self, warm: &mut Warm) {
-        if warm.killed() {
-            return;
+        if !warm.killed() {
+            if let Some(policy) = self.idle_start {
+                let _ = warm.schedule_cold(policy);
+            }
+            warm.kill_tree();
         }
-        if let Some(policy) = self.idle_start {
-            let _ = warm.schedule_cold(policy);
-        }
-        warm.kill_tree();
+        warm.permit = None;
     }
 
     /// A [`Refill`]: the pool thread is woken when it is dropped.
@@ -334,6 +326,17 @@ impl WarmPools {
         drop(state);
         self.put_down_all(vec![(warm, "its run slot was needed by a request")], true);
         true
+    }
+
+    /// Counts a request that waits in the queue for a run slot until the
+    /// guard drops: a warm run whose making was under way is put down once
+    /// made, its slot going to the queue. Then evicts an idle one if there
+    /// is one (it may have become idle since the request last looked).
+    pub(crate) fn wait_for_slot(&self) -> Queued {
+        relock(&self.shared.state).queued += 1;
+        let queued = Queued(Arc::clone(&self.shared));
+        self.evict();
+        queued
     }
 
     /// Hands a taken warm run that will not be used (its held run was
@@ -473,6 +476,7 @@ impl WarmPools {
             let mut state = relock(&self.shared.state);
             let reloaded = state.generation != generation;
             let stopped = state.stop;
+            let wanted = state.queued > 0;
             let pool = state.pools.entry(skill.clone()).or_default();
             // A run made for nothing keeps its slot until it is killed.
             match made {
@@ -480,6 +484,13 @@ impl WarmPools {
                     warm.permit = Some(permit);
                     pool.stats.discarded += 1;
                     state.dead.push((warm, if reloaded { RELOADED } else { STOPPING }));
+                }
+                Ok(mut warm) if wanted => {
+                    warm.permit = Some(permit);
+                    // Slots are short: as for an eviction.
+                    pool.rest();
+                    pool.stats.discarded += 1;
+                    state.dead.push((warm, "its run slot was needed by a request"));
                 }
                 Ok(mut warm) if warm.plan.manifest.name().as_str() == skill => {
                     warm.permit = Some(permit);

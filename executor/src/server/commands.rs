@@ -323,6 +323,8 @@ async fn evict_for_slot(ctx: &ConnCtx, id: &Value, skill: &str) -> Option<OwnedS
 /// `started`; `None` as for [`take_slot`].
 async fn queue_for_slot(ctx: &ConnCtx, id: &Value, skill: &str) -> Option<OwnedSemaphorePermit> {
     let shared = &ctx.shared;
+    // Counted while it waits: a warm run made meanwhile gives it its slot.
+    let _waiting = shared.engine.wait_for_warm_slot();
     ctx.send(wire::encode_queued(id));
     let slot = tokio::select! {
         biased;

@@ -1,5 +1,6 @@
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
 
 use super::*;
 
@@ -415,4 +416,70 @@ fn a_warm_run_dropped_unused_is_killed() {
         }
     };
     assert_eq!((exit.code, exit.signal), (None, Some(libc::SIGKILL)), "{exit:?}");
+}
+
+/// The engine's pool thread, each `make` waiting for the test's word
+/// first (or for its sender to be gone).
+struct GatedMaker {
+    engine: Arc<Engine>,
+    gate: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl crate::run::warm::Maker for GatedMaker {
+    fn make(&self, path: &std::path::Path, tool: Option<&str>) -> Result<Warm, String> {
+        let _ = self.gate.lock().unwrap().recv();
+        crate::run::warm::Maker::make(&*self.engine, path, tool)
+    }
+
+    fn kill(&self, warm: Warm) {
+        crate::run::warm::Maker::kill(&*self.engine, warm);
+    }
+}
+
+/// A warm run whose making was under way while a request came to wait in
+/// the queue for a run slot is put down once made, its slot going to the
+/// queue: kept idle, it would hold that slot until it expired.
+#[test]
+fn a_warm_run_made_while_a_request_queues_gives_it_its_slot() {
+    use tokio::sync::Semaphore;
+    let Some((runtime, _cat, manifest, _)) = cat_engine("queued") else { return };
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP: a_warm_run_made_while_a_request_queues_gives_it_its_slot needs root");
+        return;
+    }
+    let text = "max_concurrent_runs = 3\n[skills.queued]\nwarm = 1\n";
+    let mut config = Config::parse(text, std::path::Path::new("t.toml")).unwrap();
+    config.runtime_dir = Some(runtime.path().to_owned());
+    let engine = Arc::new(Engine::new(config).unwrap());
+    let slots = Arc::new(Semaphore::new(3));
+    let (open, gate) = std::sync::mpsc::channel();
+    let maker = GatedMaker { engine: Arc::clone(&engine), gate: std::sync::Mutex::new(gate) };
+    let thread = {
+        let (engine, slots) = (Arc::clone(&engine), Arc::clone(&slots));
+        std::thread::spawn(move || engine.warm.serve(&maker, &slots))
+    };
+    let wait = |what: &str, f: &dyn Fn() -> bool| {
+        let until = Instant::now() + Duration::from_secs(5);
+        while !f() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(f(), "{what}");
+    };
+    // A first run (a miss) starts the pool: its first making takes a slot.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let req = RunRequest { manifest_path: manifest.clone(), args: b"{}".to_vec() };
+    let report = rt.block_on(engine.run(req, &mut |_| {}, std::future::pending()));
+    assert_eq!(report.outcome, policy::Outcome::Ok, "{report:?}");
+    wait("the pool thread never took a slot", &|| slots.available_permits() == 2);
+    // Two runs in flight take the others; a third request queues.
+    let running = Arc::clone(&slots).try_acquire_many_owned(2).unwrap();
+    let queued = engine.warm.wait_for_slot();
+    open.send(()).unwrap();
+    wait("the warm run made kept its slot from the queue", &|| slots.available_permits() == 1);
+    let stats = engine.warm_stats();
+    let (_, s) = stats.iter().find(|(n, _)| n == "queued").unwrap();
+    assert_eq!((s.idle, s.discarded), (0, 1), "{s:?}");
+    drop((queued, running, open));
+    engine.finish_warm();
+    thread.join().unwrap();
 }

@@ -61,6 +61,12 @@ impl Engine {
         self.warm.evict()
     }
 
+    /// Counts a request waiting in the queue for a run slot until the
+    /// guard drops (see `WarmPools::wait_for_slot`).
+    pub(crate) fn wait_for_warm_slot(&self) -> crate::run::warm::Queued {
+        self.warm.wait_for_slot()
+    }
+
     /// The run slot of an idle warm run of `skill`, lent to a request of
     /// it that found none free (see `WarmPools::lend_slot`).
     pub fn lend_warm_slot(&self, skill: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {

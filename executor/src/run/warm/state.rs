@@ -89,6 +89,10 @@ pub(super) struct State {
     /// The server has no run left: the pool thread, stopped, returns once
     /// every discarded run is killed (`WarmPools::finish`).
     pub(super) finished: bool,
+    /// Requests waiting in the server's queue for a run slot
+    /// ([`Queued`]): a warm run made meanwhile is put down, its slot
+    /// theirs.
+    pub(super) queued: usize,
 }
 
 /// The pool thread's state and its wake-up.
@@ -96,6 +100,18 @@ pub(super) struct State {
 pub(super) struct Shared {
     pub(super) state: Mutex<State>,
     pub(super) wake: Condvar,
+}
+
+/// A request counted in [`State::queued`] until dropped
+/// (`WarmPools::wait_for_slot`).
+#[derive(Debug)]
+pub(crate) struct Queued(pub(super) Arc<Shared>);
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        let mut state = relock(&self.0.state);
+        state.queued = state.queued.saturating_sub(1);
+    }
 }
 
 /// Wakes the pool thread when dropped. A request that took or missed a
