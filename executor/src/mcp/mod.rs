@@ -27,13 +27,14 @@ pub mod secrets;
 pub mod server;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use policy::RunReport;
 use serde_json::Value;
-use tokio::sync::{Mutex, MutexGuard, Notify};
+use tokio::sync::{Mutex, Notify, OwnedMutexGuard};
 
 use crate::Engine;
 pub use client::Tool;
@@ -97,7 +98,7 @@ impl Servers {
     /// [`Servers::watch_changes`] again when the server said its tools
     /// changed after its last listing (while this use held it, so the
     /// watcher skipped it).
-    fn after_use(&self, manifest: &Path, before: u64, server: &MutexGuard<'_, Server>) {
+    fn after_use(&self, manifest: &Path, before: u64, server: &Server) {
         self.record_move(manifest, before, server.generation());
         if server.wants_refresh() {
             self.changed.notify_one();
@@ -196,7 +197,11 @@ impl Servers {
         tools
     }
 
-    /// The tools of the pack at `manifest` as the wire lists them.
+    /// The tools of the pack at `manifest` as the wire lists them, and
+    /// their generation, read under the same lock (no later use's turn
+    /// comes between); `None`, the server untouched, when `give_up`
+    /// resolves while another use holds it (the caller gone, the executor
+    /// stopping).
     ///
     /// # Errors
     ///
@@ -205,13 +210,13 @@ impl Servers {
         &self,
         engine: &Engine,
         manifest: &Path,
-    ) -> Result<Vec<policy::wire::McpToolInfo>, Box<RunReport>> {
-        let server = self.get(manifest);
-        let mut s = server.lock().await;
+        give_up: impl Future<Output = ()>,
+    ) -> Option<Result<(Vec<policy::wire::McpToolInfo>, u64), Box<RunReport>>> {
+        let mut s = self.lock_or(manifest, give_up).await?;
         let before = s.generation();
         let tools = s.tool_infos(engine).await;
         self.after_use(manifest, before, &s);
-        tools
+        Some(tools.map(|tools| (tools, s.generation())))
     }
 
     /// Calls `tool` of the pack at `manifest` with `args`.
@@ -222,11 +227,27 @@ impl Servers {
         tool: &str,
         args: Value,
     ) -> RunReport {
-        self.call_with_progress(engine, manifest, tool, args, &mut |_| {}).await
+        let mut progress = |_: &str| {};
+        let call = self.call_with_progress(
+            engine,
+            manifest,
+            tool,
+            args,
+            &mut progress,
+            std::future::pending(),
+        );
+        // Never given up: a pending `give_up` never resolves.
+        call.await.map_or_else(
+            || RunReport::not_run(tool, policy::Outcome::Busy, "not called"),
+            |(report, _)| report,
+        )
     }
 
     /// [`Servers::call`], handing each progress notification of the call
-    /// to `progress` as a line.
+    /// to `progress` as a line, with the tool list's generation after the
+    /// call (read under the same lock); `None`, the call not made, when
+    /// `give_up` resolves while another use holds the server. A call begun
+    /// is never given up: the server is mid-request.
     pub async fn call_with_progress(
         &self,
         engine: &Engine,
@@ -234,13 +255,28 @@ impl Servers {
         tool: &str,
         args: Value,
         progress: &mut (dyn FnMut(&str) + Send),
-    ) -> RunReport {
-        let server = self.get(manifest);
-        let mut s = server.lock().await;
+        give_up: impl Future<Output = ()>,
+    ) -> Option<(RunReport, u64)> {
+        let mut s = self.lock_or(manifest, give_up).await?;
         let before = s.generation();
         let report = s.call_with_progress(engine, tool, args, progress).await;
         self.after_use(manifest, before, &s);
-        report
+        Some((report, s.generation()))
+    }
+
+    /// The lock of the server of `manifest`, or `None` if `give_up`
+    /// resolves first.
+    async fn lock_or(
+        &self,
+        manifest: &Path,
+        give_up: impl Future<Output = ()>,
+    ) -> Option<OwnedMutexGuard<Server>> {
+        let server = self.get(manifest);
+        tokio::select! {
+            biased;
+            s = server.lock_owned() => Some(s),
+            () = give_up => None,
+        }
     }
 
     /// The generation of the tool list of the pack at `manifest`

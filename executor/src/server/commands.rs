@@ -10,7 +10,7 @@ use policy::{Outcome, RunReport};
 use serde_json::{json, Value};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
-use super::context::{ConnCtx, GaugeGuard, Shared};
+use super::context::{ConnCtx, GaugeGuard, Shared, WAITS};
 use super::manifests::Checked;
 use crate::run::engine::ManifestSource;
 use crate::run::lock::relock;
@@ -85,12 +85,20 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
             ctx.runs.spawn(execute(run_ctx, id, params, start));
         }
         Ok(Request::McpTools { id, params }) => {
+            let Some(waiting) = may_wait(ctx, &id) else { return };
             let list_ctx = ctx.clone();
-            ctx.runs.spawn(mcp_tools(list_ctx, id, params));
+            ctx.runs.spawn(async move {
+                mcp_tools(list_ctx, id, params).await;
+                drop(waiting);
+            });
         }
         Ok(Request::McpWatch { id, params }) => {
+            let Some(waiting) = may_wait(ctx, &id) else { return };
             let watch_ctx = ctx.clone();
-            ctx.runs.spawn(mcp_watch(watch_ctx, id, params));
+            ctx.runs.spawn(async move {
+                mcp_watch(watch_ctx, id, params).await;
+                drop(waiting);
+            });
         }
         Ok(Request::Start { run }) => match relock(&ctx.held).remove(&run.to_string()) {
             Some(tx) => {
@@ -100,6 +108,18 @@ pub(super) fn dispatch(ctx: &ConnCtx, item: Result<Vec<u8>, WireError>) {
             None => tracing::debug!("executor: {}: start for no held run {run}", ctx.peer),
         },
     }
+}
+
+/// One of the connection's [`WAITS`] places for an `mcp_tools` or
+/// `mcp_watch` request, else `busy` answered.
+fn may_wait(ctx: &ConnCtx, id: &Value) -> Option<OwnedSemaphorePermit> {
+    let place = ctx.waits.clone().try_acquire_owned().ok();
+    if place.is_none() {
+        let why = format!("{WAITS} mcp_tools and mcp_watch requests of this connection unanswered");
+        tracing::info!("executor: {why} (peer {})", ctx.peer);
+        ctx.send(wire::encode_error_code(id, code::BUSY, &why));
+    }
+    place
 }
 
 /// Resolves once a held run may go (`true`) or never will (`false`, and
@@ -195,18 +215,30 @@ async fn mcp_tools(ctx: ConnCtx, id: Value, params: McpToolsParams) {
     let none = |error| McpToolsResult { tools: Vec::new(), error, generation: None };
     let result = match shared.manifests.check(&params.manifest) {
         Err(report) => none(report.error),
-        Ok((checked, _)) => match shared.servers.tool_infos(&shared.engine, &checked.path).await {
-            Ok(tools) => {
-                let generation = Some(shared.servers.generation(&checked.path).await);
-                McpToolsResult { tools, error: None, generation }
+        Ok((checked, _)) => {
+            let listed = shared.servers.tool_infos(&shared.engine, &checked.path, gone(&ctx));
+            match listed.await {
+                Some(Ok((tools, generation))) => {
+                    McpToolsResult { tools, error: None, generation: Some(generation) }
+                }
+                Some(Err(report)) => {
+                    log_outcome(&ctx, &checked.name, &report, "listing tools, ");
+                    none(report.error)
+                }
+                None => none(Some("not listed: the executor is shutting down".to_owned())),
             }
-            Err(report) => {
-                log_outcome(&ctx, &checked.name, &report, "listing tools, ");
-                none(report.error)
-            }
-        },
+        }
     };
     ctx.send(wire::encode_result(&id, &result));
+}
+
+/// Resolves once the connection's caller is gone or the executor stops:
+/// a use of an MCP pack's server that has not begun is given up then.
+async fn gone(ctx: &ConnCtx) {
+    tokio::select! {
+        () = ctx.token.cancelled() => {}
+        () = ctx.shared.stopping.cancelled() => {}
+    }
 }
 
 /// `mcp_watch`: answers once a server's tool list generation moved after
@@ -238,7 +270,8 @@ async fn mcp_watch(ctx: ConnCtx, id: Value, params: wire::McpWatchParams) {
 /// calls take turns); reported as a run, after a `tools_generation`
 /// notification. Closing the connection does not
 /// cancel a call in flight (the server is mid-request): it ends within the
-/// pack's `timeout_seconds`.
+/// pack's `timeout_seconds`. A call still waiting for its turn at the
+/// server is dropped then, and answered `busy` once the executor stops.
 async fn call_tool(
     ctx: &ConnCtx,
     id: &Value,
@@ -274,13 +307,28 @@ async fn call_tool(
     // environment there).
     let tx = ctx.sender();
     let mut progress = |line: &str| tx.send(wire::encode_stderr(id, line));
-    let report = shared
-        .servers
-        .call_with_progress(&shared.engine, &checked.path, tool, args, &mut progress)
-        .await;
+    let call = shared.servers.call_with_progress(
+        &shared.engine,
+        &checked.path,
+        tool,
+        args,
+        &mut progress,
+        gone(ctx),
+    );
     // The list's generation after the call: the caller lists the tools
     // again when it registered them at another one.
-    let generation = shared.servers.generation(&checked.path).await;
+    let Some((report, generation)) = call.await else {
+        // Given up while another call held the server: never begun.
+        if ctx.token.is_cancelled() {
+            tracing::info!(
+                "executor: call {skill:?} dropped: its caller left while it waited for the \
+                 pack's server (peer {})",
+                ctx.peer
+            );
+            return;
+        }
+        return busy(ctx, id, skill, "the executor is shutting down");
+    };
     ctx.send(wire::encode_tools_generation(id, generation));
     drop(in_flight);
     drop(admitted);

@@ -19,12 +19,14 @@ use serde_json::Value;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::commands;
-use super::context::{Backlog, ConnCtx, GaugeGuard, Lines, Outgoing, Shared};
+use super::context::{
+    Backlog, ConnCtx, GaugeGuard, Lines, Outgoing, Shared, AFTER_REPORT_BYTES, WAITS,
+};
 use super::peer::Peer;
 use crate::sys;
 
@@ -68,6 +70,7 @@ pub(super) async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
         token: token.clone(),
         runs,
         held: Arc::default(),
+        waits: Arc::new(Semaphore::new(WAITS)),
     };
 
     read_requests(&ctx, &rd, &backlog).await;
@@ -246,6 +249,7 @@ async fn write_lines(
             Outgoing::Line(line) => line,
             Outgoing::Then(then) => {
                 drop(then);
+                backlog.done(AFTER_REPORT_BYTES);
                 continue;
             }
         };
@@ -366,6 +370,28 @@ mod tests {
         let writer = write_lines(a_wr, rx, Arc::default(), CancellationToken::new());
         tokio::time::timeout(Duration::from_secs(10), writer).await.expect("no hang");
         assert_eq!(seen.recv().unwrap(), b"report\n", "written before the then was dropped");
+    }
+
+    /// A finished run's clean-up waiting behind lines not written counts in
+    /// the backlog until it is dropped: a peer that never reads holds 64
+    /// of them at most (the reader stops), not one per run.
+    #[tokio::test]
+    async fn a_then_counts_in_the_backlog_until_dropped() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let backlog = Arc::new(Backlog::default());
+        let lines = Lines { tx, backlog: Arc::clone(&backlog) };
+        for _ in 1..super::super::context::BACKLOG / AFTER_REPORT_BYTES {
+            lines.then(Box::new(()));
+        }
+        assert!(!backlog.full());
+        lines.then(Box::new(()));
+        assert!(backlog.full(), "64 of them stop the reader");
+        drop(lines);
+        let (a, _b) = UnixStream::pair().unwrap();
+        let (_a_rd, a_wr) = quiet(a).unwrap();
+        let writer = write_lines(a_wr, rx, Arc::clone(&backlog), CancellationToken::new());
+        tokio::time::timeout(Duration::from_secs(10), writer).await.expect("no hang");
+        assert_eq!(backlog.bytes.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
 
     /// A write to a peer that is gone fails (and so cancels the runs),

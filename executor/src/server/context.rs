@@ -95,6 +95,15 @@ impl Lines {
             self.backlog.done(n);
         }
     }
+
+    /// Queues `then`, dropped once the lines queued before it are written
+    /// (or at once if the peer is gone), counted as [`AFTER_REPORT_BYTES`].
+    pub(super) fn then(&self, then: Box<dyn std::any::Any + Send>) {
+        self.backlog.add(AFTER_REPORT_BYTES);
+        if self.tx.send(Outgoing::Then(then)).is_err() {
+            self.backlog.done(AFTER_REPORT_BYTES);
+        }
+    }
 }
 
 /// What the commands of one connection share.
@@ -117,7 +126,23 @@ pub(super) struct ConnCtx {
     pub(super) runs: TaskTracker,
     /// Held runs waiting for their `start`, by the JSON text of their id.
     pub(super) held: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
+    /// `mcp_tools` and `mcp_watch` requests of this connection not yet
+    /// answered, [`WAITS`] at most: they take no run slot, and a watch
+    /// answers nothing for minutes, so pipelined ones would otherwise pile
+    /// up as tasks while the backlog stays empty.
+    pub(super) waits: Arc<Semaphore>,
 }
+
+/// Unanswered `mcp_tools` and `mcp_watch` requests a connection may have
+/// (the loader sends one per connection); past it they are answered
+/// `busy` at once.
+pub(super) const WAITS: usize = 16;
+
+/// What a finished run's [`AfterReport`] counts in its connection's
+/// backlog while it waits behind lines not yet written: it holds the run's
+/// pipes and pidfd and its slot's clean-up, so a peer that never reads
+/// holds as many of them as [`BACKLOG`] allows (64), not one per run.
+pub(super) const AFTER_REPORT_BYTES: usize = 64 << 10;
 
 impl ConnCtx {
     /// Queues one encoded line for the peer (dropped if the peer is gone).
@@ -128,7 +153,7 @@ impl ConnCtx {
     /// Queues `then`, dropped once the lines queued before it are written
     /// (or dropped with the queue if the peer is gone).
     pub(super) fn after_sent(&self, then: AfterReport) {
-        let _ = self.lines.tx.send(Outgoing::Then(Box::new(then)));
+        self.lines.then(Box::new(then));
     }
 
     /// A sender for a run's stderr sink.

@@ -261,7 +261,15 @@ fn a_calls_progress_is_handed_on_as_lines_and_its_stderr_is_not() {
     rt().block_on(async {
         let mut lines = Vec::new();
         let mut sink = |l: &str| lines.push(l.to_owned());
-        let r = servers.call_with_progress(&engine, &m, "progress", json!({}), &mut sink).await;
+        let call = servers.call_with_progress(
+            &engine,
+            &m,
+            "progress",
+            json!({}),
+            &mut sink,
+            std::future::pending(),
+        );
+        let (r, _) = call.await.expect("never given up");
         assert_eq!(text_of(&r), "done", "{r:?}");
         assert_eq!(r.result.as_ref().unwrap().to_value()["isError"], json!(true));
         let want: Vec<String> = (1..=3).map(|i| format!("progress {i}/3: step {i}")).collect();
@@ -365,6 +373,34 @@ fn a_tools_list_changed_notification_refreshes_the_list_and_a_malformed_result_c
         assert_eq!(r.outcome, Outcome::InvalidResult, "{r:?}");
         assert!(r.error.as_deref().unwrap_or("").contains("cut off"), "{r:?}");
         assert_eq!(servers.get(&m).lock().await.pid(), None, "cut off");
+        servers.stop_all(&engine).await;
+    });
+}
+
+/// A call still waiting for its turn at the server while another holds it
+/// is given up when its `give_up` resolves (the caller gone, the executor
+/// stopping): never made. One that has its turn is made, whatever its
+/// `give_up` does then (the server would be left mid-request).
+#[test]
+fn a_call_waiting_for_its_turn_is_given_up_and_one_begun_is_not() {
+    let Some(engine) = engine(Config::default()) else { return };
+    let (_d, m) = pack("");
+    let servers = Servers::default();
+    rt().block_on(async {
+        let first = servers.call(&engine, &m, "pid", json!({})).await;
+        assert_eq!(first.outcome, Outcome::Ok, "{first:?}");
+        let soon = || tokio::time::sleep(Duration::from_millis(300));
+        let (mut a, mut b) = (|_: &str| {}, |_: &str| {});
+        let stall = servers.call_with_progress(&engine, &m, "stall", json!({}), &mut a, soon());
+        let echo = async {
+            // Asked once the stall has the server.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            servers.call_with_progress(&engine, &m, "echo", json!({}), &mut b, soon()).await
+        };
+        let (stalled, echoed) = tokio::join!(stall, echo);
+        let (stalled, _) = stalled.expect("begun before its give_up: made");
+        assert_eq!(stalled.outcome, Outcome::Timeout, "ran its 2 s: {stalled:?}");
+        assert!(echoed.is_none(), "given up while the stall held the server: {echoed:?}");
         servers.stop_all(&engine).await;
     });
 }

@@ -233,3 +233,39 @@ fn without_a_cgroup_a_killed_executors_server_takes_its_group_with_it() {
         sleeps().is_empty()
     });
 }
+
+/// A connection may have 16 `mcp_tools` and `mcp_watch` requests
+/// unanswered: the next is answered `busy` at once (pipelined watches
+/// would otherwise pile up in the root executor as tasks, answering
+/// nothing for minutes), and a place frees as one is answered.
+#[test]
+fn unanswered_watches_of_one_connection_are_bounded() {
+    if !can_run() {
+        return;
+    }
+    let server = Server::start(|_| {});
+    let mut w = server.client();
+    let watch = |id: u64, since: u64, ms: u64| {
+        let params = json!({"since": since, "timeout_ms": ms});
+        json!({"jsonrpc": "2.0", "id": id, "method": "mcp_watch", "params": params})
+    };
+    w.send(&watch(0, 0, 1));
+    let now = w.recv()["result"]["changes"].as_u64().expect("a count");
+    for id in 1..=16 {
+        w.send(&watch(id, now, if id == 1 { 300 } else { 60_000 }));
+    }
+    w.send(&watch(17, now, 60_000));
+    let v = w.recv();
+    assert_eq!(
+        (&v["id"], &v["error"]["code"]),
+        (&json!(17), &json!(policy::wire::code::BUSY)),
+        "{v}"
+    );
+    assert!(v["error"]["message"].as_str().unwrap_or("").contains("16 mcp_tools"), "{v}");
+    // The first runs out: its place is free again.
+    let v = w.recv();
+    assert_eq!((&v["id"], &v["result"]["changes"]), (&json!(1), &json!(now)), "{v}");
+    w.send(&watch(18, now, 100));
+    let v = w.recv();
+    assert_eq!((&v["id"], &v["result"]["changes"]), (&json!(18), &json!(now)), "{v}");
+}
