@@ -224,6 +224,7 @@ impl Netns {
         let ok = ip(&["-n", name, "link", "add", "va", "type", "veth", "peer", "name", "vb"])
             && ip(&["-n", name, "addr", "add", "169.254.169.254/32", "dev", "vb"])
             && ip(&["-n", name, "addr", "add", "10.77.0.1/32", "dev", "vb"])
+            && ip(&["-n", name, "addr", "add", "10.77.1.1/24", "brd", "+", "dev", "vb"])
             && ip(&["-n", name, "addr", "add", "fd00::1/128", "dev", "vb", "nodad"])
             && ["lo", "va", "vb"].iter().all(|d| ip(&["-n", name, "link", "set", d, "up"]));
         ok.then_some(ns)
@@ -239,8 +240,10 @@ impl Drop for Netns {
 /// The executor run inside a network namespace this test made (one-shot,
 /// or a served executor started in it): under a bare `network = true`,
 /// the link-local metadata address and the namespace's own private and
-/// unique-local addresses are refused at once. Every address is on an
-/// interface of that namespace.
+/// unique-local addresses are refused at once, and so are the broadcast
+/// addresses (the limited one and its subnet's, with `SO_BROADCAST`),
+/// multicast (IPv4 and IPv6: both loop back to the host's own sockets) and
+/// AWS's IPv6 metadata address. Every packet stays in that namespace.
 #[test]
 fn link_local_and_own_addresses_refused_in_a_netns() {
     let Some(g) = shared("link_local_and_own_addresses_refused_in_a_netns") else { return };
@@ -256,11 +259,69 @@ fn link_local_and_own_addresses_refused_in_a_netns() {
         json!({"kind": "udp_sendto", "addr": "169.254.169.254:80"}),
         tcp("10.77.0.1:80"),
         tcp("[fd00::1]:80"),
+        json!({"kind": "udp_broadcast", "addr": "255.255.255.255:9"}),
+        json!({"kind": "udp_broadcast", "addr": "10.77.1.255:9"}),
+        json!({"kind": "udp_sendto", "addr": "224.0.0.1:9"}),
+        json!({"kind": "udp_sendto", "addr": "[ff02::1]:9"}),
+        tcp("[fd00:ec2::254]:80"),
     ];
     let opts = RunOptions::args(&args("egress", json!({"cases": cases}))).netns(&ns.0);
     let run = skill.run_with(&config, opts);
-    check(&run, &cases, &[i64::from(libc::EPERM); 4]);
-    assert_eq!(network(&run)["denied_total"], 4, "{}", run.raw);
+    check(&run, &cases, &[i64::from(libc::EPERM); 9]);
+    assert_eq!(network(&run)["denied_total"], 9, "{}", run.raw);
     drop(ns);
+    no_leftovers(&skill, &g);
+}
+
+/// `socket(2)` of `family`, `kind` and `protocol` in a run.
+fn socket(family: i32, kind: i32, protocol: i32) -> Value {
+    json!({"kind": "socket", "family": family, "type": kind, "protocol": protocol})
+}
+
+/// Under a bare `network = true`: no source route (an IPv6 routing header
+/// would send a packet judged for one address on to another; nothing is
+/// sent here), no vsock socket (the hypervisor's services, which no egress
+/// rule judges); UDP, TCP and netlink sockets as before.
+#[test]
+fn source_routes_and_other_socket_families_are_refused() {
+    let Some(g) = shared("source_routes_and_other_socket_families_are_refused") else { return };
+    let skill = attack("egress_families").with("sandbox", json!({"network": true}));
+    let config = Config::new().grant(skill.name(), "network = true");
+    let cases = vec![
+        json!({"kind": "rthdr", "addr": "fd99::5"}),
+        json!({"kind": "ip_options"}),
+        socket(libc::AF_VSOCK, libc::SOCK_STREAM, 0),
+        socket(libc::AF_INET6, libc::SOCK_DGRAM, 0),
+        socket(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_TCP),
+        socket(libc::AF_NETLINK, libc::SOCK_RAW, 0),
+    ];
+    let run = skill.run(&config, &args("egress", json!({"cases": cases})));
+    let eperm = i64::from(libc::EPERM);
+    check(&run, &cases, &[eperm, eperm, eperm, 0, 0, 0]);
+    no_leftovers(&skill, &g);
+}
+
+/// A run granted `CAP_NET_RAW` with the network still makes no raw IP
+/// socket (its packets would pass no address hook) and no packet socket,
+/// and sets no IPv4 source route: the grant's list holds.
+#[test]
+fn cap_net_raw_does_not_open_the_allowlist() {
+    let Some(g) = shared("cap_net_raw_does_not_open_the_allowlist") else { return };
+    let sandbox = json!({"network": true, "capabilities": ["CAP_NET_RAW"]});
+    let skill = attack("egress_raw").with("sandbox", sandbox);
+    let grant = "network = true\nconnect = [\"127.0.0.2:9\"]\ncapabilities = [\"CAP_NET_RAW\"]";
+    let config = Config::new().grant(skill.name(), grant);
+    let cases = vec![
+        socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_UDP),
+        socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_TCP),
+        socket(libc::AF_PACKET, libc::SOCK_DGRAM, 0),
+        json!({"kind": "ip_options"}),
+        socket(libc::AF_INET, libc::SOCK_DGRAM, 0),
+    ];
+    let run = skill.run(&config, &args("egress", json!({"cases": cases})));
+    let sb = run.report.sandbox.as_ref().expect("sandbox report");
+    assert_eq!(sb.capabilities, ["CAP_NET_RAW"], "not granted:\n{}", run.dump());
+    let eperm = i64::from(libc::EPERM);
+    check(&run, &cases, &[eperm, eperm, eperm, eperm, 0]);
     no_leftovers(&skill, &g);
 }

@@ -136,14 +136,17 @@ pub fn nameservers(text: &str) -> Vec<IpAddr> {
         .collect()
 }
 
-/// The addresses of the host's interfaces (refused unless named).
+/// The addresses of the host's interfaces, and their broadcast addresses
+/// (a subnet's broadcast reaches the host's own sockets too), refused
+/// unless named.
 #[must_use]
 pub fn host_addrs() -> Vec<IpAddr> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
         return Vec::new();
     };
     let mut out: Vec<IpAddr> = addrs
-        .filter_map(|a| a.address)
+        .flat_map(|a| [a.address, a.broadcast])
+        .flatten()
         .filter_map(|s| {
             if let Some(v4) = s.as_sockaddr_in() {
                 Some(IpAddr::V4(v4.ip()))

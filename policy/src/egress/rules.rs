@@ -102,17 +102,25 @@ pub struct Step {
 pub struct TooManyRules(pub usize);
 
 /// The networks refused unless an allow rule lies within them: loopback,
-/// unspecified, link-local, IPv4 and IPv6 (v4-mapped destinations are
-/// judged by the IPv4 ones).
+/// unspecified, link-local, multicast and the limited broadcast, IPv4 and
+/// IPv6 (v4-mapped destinations are judged by the IPv4 ones), and the IPv6
+/// address of AWS's instance metadata service (a unique-local one). A
+/// broadcast or a multicast datagram is looped back to the host's own
+/// sockets: it would reach the host's UDP services as its own addresses
+/// would.
 #[must_use]
-pub fn default_refusals() -> [Cidr; 6] {
+pub fn default_refusals() -> [Cidr; 10] {
     [
         Cidr::V4(Ipv4Addr::new(127, 0, 0, 0), 8),
         Cidr::V4(Ipv4Addr::UNSPECIFIED, 8),
         Cidr::V4(Ipv4Addr::new(169, 254, 0, 0), 16),
+        Cidr::V4(Ipv4Addr::new(224, 0, 0, 0), 4),
+        Cidr::V4(Ipv4Addr::BROADCAST, 32),
         Cidr::V6(Ipv6Addr::LOCALHOST, 128),
         Cidr::V6(Ipv6Addr::UNSPECIFIED, 128),
         Cidr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10),
+        Cidr::V6(Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8),
+        Cidr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254), 128),
     ]
 }
 
@@ -342,12 +350,13 @@ mod tests {
         let r =
             rules(&["0.0.0.0/0:443", "127.0.0.1:80", "127.0.0.1:80"], &["127.0.0.1", "10.0.0.5"]);
         let s = r.steps();
-        assert_eq!(s.len(), 2 + 1 + 6 + 1 + 1, "{s:?}");
+        let n = default_refusals().len();
+        assert_eq!(s.len(), 2 + 1 + n + 1 + 1, "{s:?}");
         assert!(s[..2].iter().all(|s| !s.allow && s.port.to_string() == "53"));
         assert!(s[2].allow && s[2].net.to_string() == "127.0.0.1");
-        assert!(s[3..10].iter().all(|s| !s.allow));
-        assert_eq!(s[9].net.to_string(), "10.0.0.5");
-        assert!(s[10].allow && s[10].net.to_string() == "0.0.0.0/0");
+        assert!(s[3..4 + n].iter().all(|s| !s.allow));
+        assert_eq!(s[3 + n].net.to_string(), "10.0.0.5");
+        assert!(s[4 + n].allow && s[4 + n].net.to_string() == "0.0.0.0/0");
         assert_eq!(r.allowed().len(), 2);
     }
 

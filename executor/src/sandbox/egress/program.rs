@@ -33,9 +33,12 @@ const USER_IP4: i16 = 4;
 const USER_IP6: i16 = 8;
 const USER_PORT: i16 = 24;
 const PROTOCOL: i16 = 36;
-// `struct bpf_sock`: `family`, `protocol`.
+// `struct bpf_sock`: `family`, `type`, `protocol`.
 const SOCK_FAMILY: i16 = 4;
+const SOCK_TYPE: i16 = 8;
 const SOCK_PROTOCOL: i16 = 12;
+const SOCK_STREAM: u32 = 1;
+const SOCK_DGRAM: u32 = 2;
 const AF_INET6: u32 = 10;
 const IPPROTO_TCP: u32 = 6;
 const IPPROTO_UDP: u32 = 17;
@@ -287,8 +290,8 @@ fn increment(a: &mut Asm, map: i32, absent: Label, then: Label) {
 }
 
 /// The `sock_create` program letting the run make only TCP and UDP
-/// sockets in `AF_INET`/`AF_INET6`, the two whose destinations the address
-/// hooks judge; each refusal counted under the unspecified address and
+/// sockets (stream and datagram ones: not raw) in `AF_INET`/`AF_INET6`,
+/// the two whose destinations the address hooks judge; each refusal counted under the unspecified address and
 /// port 0 of its family, with the protocol asked for.
 ///
 /// ICMP (ping) sockets are among those refused, whatever the rules: the
@@ -304,11 +307,18 @@ fn increment(a: &mut Asm, map: i32, absent: Label, then: Label) {
 /// [`AsmError`], which a fixed program never hits.
 pub fn only_tcp_and_udp_sockets(maps: Maps) -> Result<Vec<Insn>, AsmError> {
     let mut a = Asm::new();
-    let (allow, key) = (a.label(), a.label());
+    let (allow, key, typed, refuse) = (a.label(), a.label(), a.label(), a.label());
     a.ldx_w(R8, R1, SOCK_PROTOCOL);
     a.ldx_w(R7, R1, SOCK_FAMILY);
+    a.ldx_w(R6, R1, SOCK_TYPE);
+    // A raw socket of protocol TCP or UDP (`CAP_NET_RAW`) sends packets
+    // no address hook judges: only stream and datagram sockets.
+    a.jmp32_imm(Cond::Eq, R6, SOCK_STREAM, typed);
+    a.jmp32_imm(Cond::Ne, R6, SOCK_DGRAM, refuse);
+    a.bind(typed);
     a.jmp32_imm(Cond::Eq, R8, IPPROTO_TCP, allow);
     a.jmp32_imm(Cond::Eq, R8, IPPROTO_UDP, allow);
+    a.bind(refuse);
     a.call(HELPER_GET_CURRENT_CGROUP_ID);
     a.stx_dw(R10, KEY, R0);
     a.mov64_imm(R1, 4);

@@ -71,6 +71,14 @@ const METADATA_IOCTLS: &[u32] = &[
 const PERSONALITY_QUERY: u32 = 0xffff_ffff;
 const F_SETLEASE: u32 = 1024;
 const AF_UNIX: u32 = 1;
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
+const AF_NETLINK: u32 = 16;
+const SOL_IP: u32 = 0;
+const IP_OPTIONS: u32 = 4;
+const SOL_IPV6: u32 = 41;
+const IPV6_2292RTHDR: u32 = 5;
+const IPV6_RTHDR: u32 = 57;
 /// The socket type in `socketpair`'s second argument (below the flags).
 const SOCK_TYPE_MASK: u32 = 0xf;
 const SOCK_STREAM: u32 = 1;
@@ -238,7 +246,8 @@ pub const METADATA_CAPABILITIES: &[u8] = &[0, 1, 3, 4, 9, 21, 31];
 /// Which of the four programs a run gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Variant {
-    /// The network grant: `socket(2)` and every `socketpair(2)` allowed.
+    /// The network grant: `socket(2)` (of the families
+    /// [`Special::SocketFamily`] names) and every `socketpair(2)` allowed.
     pub network: bool,
     /// The run's uid may own files outside the box: [`METADATA`] and
     /// `F_SETLEASE` denied.
@@ -303,6 +312,16 @@ enum Special {
     SelfWho(u32),
     /// `socketpair`: only `AF_UNIX` stream and seqpacket pairs.
     Socketpair,
+    /// `socket` with the network grant: only `AF_UNIX`, `AF_INET`,
+    /// `AF_INET6` and `AF_NETLINK`. The egress programs judge the
+    /// destinations of the two IP families only: a vsock (the hypervisor's
+    /// services), packet or XDP socket would pass every rule.
+    SocketFamily,
+    /// `setsockopt`: `EPERM` for `IP_OPTIONS` and the IPv6 routing header
+    /// (`IPV6_RTHDR`, `IPV6_2292RTHDR`): a source route sends a packet
+    /// allowed to one address on to another, after the egress programs
+    /// judged the first (the IPv6 one needs no capability).
+    Setsockopt,
     /// `fcntl`: `EPERM` for `F_SETLEASE`.
     Fcntl,
     /// `kill`: `EPERM` for pid -1, every process the caller may signal:
@@ -370,6 +389,29 @@ fn special_block(s: Special) -> Vec<Insn> {
             stmt(RET_K, RET_ALLOW),
             stmt(RET_K, eperm),
         ],
+        Special::SocketFamily => vec![
+            stmt(LD_W_ABS, off_arg_lo(0)),
+            jump(JEQ_K, AF_UNIX, 4, 0),
+            jump(JEQ_K, AF_INET, 3, 0),
+            jump(JEQ_K, AF_INET6, 2, 0),
+            jump(JEQ_K, AF_NETLINK, 1, 0),
+            stmt(RET_K, eperm),
+            stmt(RET_K, RET_ALLOW),
+        ],
+        Special::Setsockopt => vec![
+            stmt(LD_W_ABS, off_arg_lo(1)),
+            jump(JEQ_K, SOL_IP, 0, 4),
+            stmt(LD_W_ABS, off_arg_lo(2)),
+            jump(JEQ_K, IP_OPTIONS, 0, 1),
+            stmt(RET_K, eperm),
+            stmt(RET_K, RET_ALLOW),
+            jump(JEQ_K, SOL_IPV6, 0, 4),
+            stmt(LD_W_ABS, off_arg_lo(2)),
+            jump(JEQ_K, IPV6_RTHDR, 1, 0),
+            jump(JEQ_K, IPV6_2292RTHDR, 0, 1),
+            stmt(RET_K, eperm),
+            stmt(RET_K, RET_ALLOW),
+        ],
         Special::Fcntl => vec![
             stmt(LD_W_ABS, off_arg_lo(1)),
             jump(JEQ_K, F_SETLEASE, 0, 1),
@@ -423,8 +465,9 @@ fn search(table: &[(u32, Special)]) -> Vec<Insn> {
     out
 }
 
-/// Builds the filter. `network` allows `socket(2)` and `socketpair(2)` for
-/// every family; without it `socket` is denied for every family, `AF_UNIX`
+/// Builds the filter. `network` allows `socket(2)` for `AF_UNIX`,
+/// `AF_INET`, `AF_INET6` and `AF_NETLINK` and `socketpair(2)` for every
+/// family; without it `socket` is denied for every family, `AF_UNIX`
 /// included (TCP, UDP, ICMP, netlink, vsock, pathname and abstract Unix
 /// sockets), and `socketpair` allowed for `AF_UNIX` stream and seqpacket
 /// pairs only. `lock_metadata` denies [`METADATA`] and `F_SETLEASE`.
@@ -463,7 +506,10 @@ fn build(v: Variant) -> Vec<Insn> {
     table.extend(SELF_ONLY.iter().map(|&n| (nr(n), Special::SelfPid)));
     table.push((nr(libc::SYS_setpriority), Special::SelfWho(PRIO_PROCESS)));
     table.push((nr(libc::SYS_ioprio_set), Special::SelfWho(IOPRIO_WHO_PROCESS)));
-    if !v.network {
+    table.push((nr(libc::SYS_setsockopt), Special::Setsockopt));
+    if v.network {
+        table.push((nr(libc::SYS_socket), Special::SocketFamily));
+    } else {
         table.extend(NO_NETWORK.iter().map(|&n| (nr(n), Special::Deny)));
         table.push((nr(libc::SYS_socketpair), Special::Socketpair));
     }

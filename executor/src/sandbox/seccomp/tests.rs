@@ -35,6 +35,7 @@ fn linear_reference(v: Variant) -> Vec<Insn> {
     p.push(stmt(RET_K, errno(libc::ENOSYS)));
     let selves = SELF_ONLY.iter().map(|&n| (n, Special::SelfPid));
     let pairs = (!v.network).then_some((libc::SYS_socketpair, Special::Socketpair));
+    let families = v.network.then_some((libc::SYS_socket, Special::SocketFamily));
     let fcntl = v.lock_metadata.then_some((libc::SYS_fcntl, Special::Fcntl));
     for (n, s) in [
         (libc::SYS_clone, Special::Clone),
@@ -43,10 +44,12 @@ fn linear_reference(v: Variant) -> Vec<Insn> {
         (libc::SYS_kill, Special::KillAll),
         (libc::SYS_setpriority, Special::SelfWho(PRIO_PROCESS)),
         (libc::SYS_ioprio_set, Special::SelfWho(IOPRIO_WHO_PROCESS)),
+        (libc::SYS_setsockopt, Special::Setsockopt),
     ]
     .into_iter()
     .chain(selves)
     .chain(pairs)
+    .chain(families)
     .chain(fcntl)
     {
         let block = special_block(s);
@@ -59,7 +62,7 @@ fn linear_reference(v: Variant) -> Vec<Insn> {
 
 #[test]
 fn search_tree_agrees_with_the_linear_program_for_every_number() {
-    let argsets: [[u64; 6]; 17] = [
+    let argsets: [[u64; 6]; 23] = [
         [0; 6],
         [0, 7, 0, 0, 0, 0],
         [1, 0, 0, 0, 0, 0],
@@ -80,6 +83,14 @@ fn search_tree_agrees_with_the_linear_program_for_every_number() {
         // ioctl: FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR.
         [3, 0x4008_6602, 0, 0, 0, 0],
         [3, 0x401c_5820, 0, 0, 0, 0],
+        // socket: AF_NETLINK, AF_PACKET, AF_VSOCK; setsockopt:
+        // IPV6_RTHDR, IPV6_2292RTHDR, IP_OPTIONS.
+        [16, 3, 0, 0, 0, 0],
+        [17, 3, 0, 0, 0, 0],
+        [40, 1, 0, 0, 0, 0],
+        [3, 41, 57, 0, 0, 0],
+        [3, 41, 5, 0, 0, 0],
+        [3, 0, 4, 0, 0, 0],
     ];
     for v in VARIANTS {
         let tree = program(v);
@@ -243,5 +254,36 @@ fn another_process_cannot_be_named_only_the_caller() {
         assert_eq!(kill(0), RET_ALLOW, "its own process group");
         assert_eq!(kill(4242), RET_ALLOW, "one process: Landlock's signal scope decides");
         assert_eq!(kill(u64::MAX - 1), RET_ALLOW, "process group 2");
+    }
+}
+
+/// With the network grant: sockets of the IP families, Unix and netlink
+/// only (no vsock, packet or XDP socket, whose destinations no egress
+/// program judges); in every variant no source route (`IP_OPTIONS`, the
+/// IPv6 routing header), other options of those levels allowed.
+#[test]
+fn network_families_and_source_routes() {
+    let eperm = errno(libc::EPERM);
+    let net = program(VARIANTS[1]).to_vec();
+    for family in [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK] {
+        let args = [family as u64, 1, 0, 0, 0, 0];
+        assert_eq!(call(&net, libc::SYS_socket, args), RET_ALLOW, "{family}");
+    }
+    for family in [libc::AF_VSOCK, libc::AF_PACKET, libc::AF_XDP, libc::AF_BLUETOOTH] {
+        let args = [family as u64, 1, 0, 0, 0, 0];
+        assert_eq!(call(&net, libc::SYS_socket, args), eperm, "{family}");
+    }
+    for v in VARIANTS {
+        let p = program(v).to_vec();
+        let opt = |level: i32, name: i32| {
+            call(&p, libc::SYS_setsockopt, [3, level as u64, name as u64, 0, 0, 0])
+        };
+        assert_eq!(opt(libc::SOL_IPV6, libc::IPV6_RTHDR), eperm, "{v:?}");
+        assert_eq!(opt(libc::SOL_IPV6, 5), eperm, "IPV6_2292RTHDR, {v:?}");
+        assert_eq!(opt(libc::SOL_IP, libc::IP_OPTIONS), eperm, "{v:?}");
+        assert_eq!(opt(libc::SOL_IPV6, libc::IPV6_V6ONLY), RET_ALLOW, "{v:?}");
+        assert_eq!(opt(libc::SOL_IP, libc::IP_TOS), RET_ALLOW, "{v:?}");
+        assert_eq!(opt(libc::SOL_SOCKET, libc::SO_REUSEADDR), RET_ALLOW, "{v:?}");
+        assert_eq!(opt(libc::SOL_TCP, libc::IP_OPTIONS), RET_ALLOW, "TCP_KEEPIDLE, {v:?}");
     }
 }

@@ -8,7 +8,12 @@
 //! `addr` an IPv4 address), `inherit` (TCP socket made by the parent,
 //! connected by a forked child), `passed` (TCP socket made by a forked
 //! child, passed to the parent over a Unix socket and connected there),
-//! and `fork`, `setsid`, `double_fork`, `exec` wrapping a `case`.
+//! `udp_broadcast` (`SO_BROADCAST` set, then a `sendto`), `socket` (a
+//! `socket(2)` of the case's `family`, `type` and `protocol` numbers),
+//! `rthdr` (an IPv6 segment routing header naming `addr` set on a UDP
+//! socket: `setsockopt` only, nothing sent), `ip_options` (a NOP option
+//! set on a UDP socket), and `fork`, `setsid`, `double_fork`, `exec`
+//! wrapping a `case`.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -174,6 +179,27 @@ fn one(c: &Value) -> i32 {
                 r.map_or_else(|e| io_errno(&e), |_| 0)
             },
         ),
+        "udp_broadcast" => sockaddr(addr).map_or_else(
+            |e| e,
+            |sa| {
+                let r = UdpSocket::bind("0.0.0.0:0")
+                    .and_then(|s| s.set_broadcast(true).and_then(|()| s.send_to(b"ongrid", sa)));
+                r.map_or_else(|e| io_errno(&e), |_| 0)
+            },
+        ),
+        "socket" => {
+            let n = |k: &str| c[k].as_i64().and_then(|v| i32::try_from(v).ok()).unwrap_or(-1);
+            // SAFETY: plain socket(2) call; the descriptor is closed here.
+            let fd = unsafe { libc::socket(n("family"), n("type"), n("protocol")) };
+            if fd < 0 {
+                return errno();
+            }
+            // SAFETY: fd is ours and closed once.
+            unsafe { libc::close(fd) };
+            0
+        }
+        "rthdr" => sockopt(libc::AF_INET6, libc::IPPROTO_IPV6, libc::IPV6_RTHDR, &srh(addr)),
+        "ip_options" => sockopt(libc::AF_INET, libc::IPPROTO_IP, libc::IP_OPTIONS, &[1, 1, 1, 0]),
         "icmp" => ping(addr),
         "inherit" => inherit(addr),
         "passed" => passed(addr),
@@ -183,6 +209,33 @@ fn one(c: &Value) -> i32 {
         "exec" => exec(sub),
         _ => libc::EINVAL,
     }
+}
+
+/// A type 4 (segment) IPv6 routing header of one segment, `addr`.
+fn srh(addr: &str) -> Vec<u8> {
+    let ip: std::net::Ipv6Addr = addr.parse().unwrap_or(std::net::Ipv6Addr::LOCALHOST);
+    // Next header, length in 8-byte units past the first 8, type 4,
+    // segments left 0, last entry 0, flags, tag; then the segment.
+    let mut h = vec![0, 2, 4, 0, 0, 0, 0, 0];
+    h.extend_from_slice(&ip.octets());
+    h
+}
+
+/// `setsockopt(level, name, value)` on a new UDP socket of `family`; the
+/// errno or 0.
+fn sockopt(family: i32, level: i32, name: i32, value: &[u8]) -> i32 {
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM, 0) };
+    if fd < 0 {
+        return errno();
+    }
+    let len = libc::socklen_t::try_from(value.len()).unwrap_or(0);
+    // SAFETY: `value` is valid for `len` bytes; fd is ours.
+    let r = unsafe { libc::setsockopt(fd, level, name, value.as_ptr().cast(), len) };
+    let e = if r == 0 { 0 } else { errno() };
+    // SAFETY: fd is ours and closed once.
+    unsafe { libc::close(fd) };
+    e
 }
 
 /// Runs the batch.
