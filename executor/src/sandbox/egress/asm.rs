@@ -14,6 +14,7 @@ const JMP32: u8 = 0x06;
 const ALU64: u8 = 0x07;
 // Sizes.
 const W: u8 = 0x00;
+const B: u8 = 0x10;
 const DW: u8 = 0x18;
 // Modes.
 const IMM: u8 = 0x00;
@@ -166,6 +167,11 @@ impl Asm {
     /// `wdst = *(u32 *)(src + off)`.
     pub fn ldx_w(&mut self, dst: Reg, src: Reg, off: i16) {
         self.push(insn(LDX | W | MEM, dst, src, off, 0));
+    }
+
+    /// `dst = *(u8 *)(src + off)`.
+    pub fn ldx_b(&mut self, dst: Reg, src: Reg, off: i16) {
+        self.push(insn(LDX | B | MEM, dst, src, off, 0));
     }
 
     /// `*(u64 *)(dst + off) = src`.

@@ -33,6 +33,7 @@ use program::{Hook, Maps};
 use crate::sys::bpf::{self, Insn, Map};
 
 const BPF_MAP_TYPE_HASH: u32 = 1;
+const BPF_PROG_TYPE_CGROUP_SKB: u32 = 8;
 const BPF_PROG_TYPE_CGROUP_SOCK: u32 = 9;
 const BPF_PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
 /// Distinct refused destinations kept for all the runs sharing one
@@ -110,9 +111,10 @@ impl Attached {
 
 impl Egress {
     /// Loads the programs enforcing `rules` (not yet attached): the four
-    /// address hooks, and the refusal of sockets other than TCP and UDP
+    /// address hooks, the refusal of sockets other than TCP and UDP
     /// (ping sockets among them, whose `sendto` no hook judges:
-    /// [`program::only_tcp_and_udp_sockets`]).
+    /// [`program::only_tcp_and_udp_sockets`]), and the drop of packets
+    /// carrying a source route ([`program::no_source_routes`]).
     ///
     /// # Errors
     ///
@@ -144,6 +146,10 @@ impl Egress {
         let (name, at) = ("ongrid_tcpudp", program::ATTACH_SOCK_CREATE);
         let insns = program::only_tcp_and_udp_sockets(maps)?;
         let fd = load(BPF_PROG_TYPE_CGROUP_SOCK, at, &insns, name)?;
+        programs.push((name, at, fd));
+        let (name, at) = ("ongrid_noroute", program::ATTACH_INET_EGRESS);
+        let insns = program::no_source_routes(maps)?;
+        let fd = load(BPF_PROG_TYPE_CGROUP_SKB, at, &insns, name)?;
         programs.push((name, at, fd));
         Ok(Self { programs, denied, total })
     }

@@ -23,6 +23,8 @@ use crate::sys::bpf::Insn;
 
 /// `BPF_CGROUP_INET_SOCK_CREATE`.
 pub const ATTACH_SOCK_CREATE: u32 = 2;
+/// `BPF_CGROUP_INET_EGRESS`.
+pub const ATTACH_INET_EGRESS: u32 = 1;
 /// Bytes of a denial map key.
 pub const DENIED_KEY_SIZE: usize = 32;
 /// Bytes of a total map key: the cgroup id.
@@ -50,6 +52,18 @@ const HELPER_MAP_UPDATE: i32 = 2;
 const BPF_NOEXIST: i32 = 1;
 
 const HELPER_GET_CURRENT_CGROUP_ID: i32 = 80;
+const HELPER_SKB_LOAD_BYTES: i32 = 26;
+const HELPER_SKB_CGROUP_ID: i32 = 79;
+
+// `struct __sk_buff`: `protocol` (the link protocol, network order).
+const SKB_PROTOCOL: i16 = 16;
+/// `ETH_P_IP` and `ETH_P_IPV6` as `protocol` reads them.
+const ETH_P_IP: u32 = 0x0800_u16.to_be() as u32;
+const ETH_P_IPV6: u32 = 0x86dd_u16.to_be() as u32;
+/// An IPv6 routing header (`IPPROTO_ROUTING`).
+const IPPROTO_ROUTING: u32 = 43;
+/// An IPv4 header's length in 32-bit words, no options.
+const IPV4_IHL: u32 = 5;
 
 // Stack slots below the frame pointer: the denial key (its first 8 bytes,
 // the cgroup id, are the total map's key), and a first count. The key is
@@ -65,6 +79,8 @@ const ADDR1_ADDR2: i16 = KEY + 16;
 /// Address word 3 and `protocol << 16 | port`.
 const ADDR3_PORT_PROTO: i16 = KEY + 24;
 const ONE: i16 = -40;
+/// A byte of the packet, read by `bpf_skb_load_bytes`.
+const BYTE: i16 = -48;
 
 /// A `CGROUP_SOCK_ADDR` hook the egress programs attach to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,6 +303,76 @@ fn increment(a: &mut Asm, map: i32, absent: Label, then: Label) {
     a.mov64_imm(R1, 1);
     a.atomic_add64(R0, 0, R1);
     a.ja(then);
+}
+
+/// The `cgroup_skb` egress program dropping the run's packets that carry
+/// a source route: an IPv6 routing header (the kernel sends such a packet
+/// to the header's address, not to the one the address hooks judged) or
+/// IPv4 options (loose and strict source routes among them). Seccomp
+/// refuses setting them as socket options; this also holds the ones a
+/// `sendmsg` passes as control data (a Mobile IPv6 header, `IP_RETOPTS`).
+/// Each drop is counted under the unspecified address and port 0 of its
+/// family, with the protocol 43 (`ip:43`) for IPv6 and 0 for IPv4; the
+/// sender's call fails with `EPERM`.
+///
+/// # Errors
+///
+/// [`AsmError`], which a fixed program never hits.
+pub fn no_source_routes(maps: Maps) -> Result<Vec<Insn>, AsmError> {
+    let mut a = Asm::new();
+    let (allow, v6, refuse) = (a.label(), a.label(), a.label());
+    a.mov64(R6, R1);
+    a.ldx_w(R7, R1, SKB_PROTOCOL);
+    a.jmp32_imm(Cond::Eq, R7, ETH_P_IPV6, v6);
+    a.jmp32_imm(Cond::Ne, R7, ETH_P_IP, allow);
+    // IPv4: the header's length, the low half of its first byte.
+    load_byte(&mut a, 0, allow);
+    a.and32_imm(R1, 0x0f);
+    a.jmp32_imm(Cond::Eq, R1, IPV4_IHL, allow);
+    a.mov64_imm(R7, 4);
+    a.mov64_imm(R8, 0);
+    a.ja(refuse);
+    // IPv6: the fixed header's next header (an unprivileged sender can set
+    // no other extension header before a routing one).
+    a.bind(v6);
+    load_byte(&mut a, 6, allow);
+    a.jmp32_imm(Cond::Ne, R1, IPPROTO_ROUTING, allow);
+    a.mov64_imm(R7, 6);
+    a.mov64_imm(R8, IPPROTO_ROUTING as i32);
+    a.bind(refuse);
+    // The socket's cgroup: a packet may leave from a timer, not the run.
+    a.mov64(R1, R6);
+    a.call(HELPER_SKB_CGROUP_ID);
+    a.stx_dw(R10, KEY, R0);
+    a.mov64(R1, R7);
+    a.mov64_imm(R2, 0);
+    store_pair(&mut a, FAMILY_ADDR0, R1, R2);
+    a.st_dw(R10, ADDR1_ADDR2, 0);
+    a.mov64_imm(R1, 0);
+    a.mov32(R2, R8);
+    a.lsh32_imm(R2, 16);
+    store_pair(&mut a, ADDR3_PORT_PROTO, R1, R2);
+    count_key(&mut a, maps.denied);
+    count_key(&mut a, maps.total);
+    a.mov64_imm(R0, 0);
+    a.exit();
+    a.bind(allow);
+    a.mov64_imm(R0, 1);
+    a.exit();
+    a.finish()
+}
+
+/// `r1` = the packet's byte at `offset` (the skb in `r6`), or to `failed`
+/// when it cannot be read.
+fn load_byte(a: &mut Asm, offset: i32, failed: Label) {
+    a.mov64(R1, R6);
+    a.mov64_imm(R2, offset);
+    a.mov64(R3, R10);
+    a.add64_imm(R3, BYTE.into());
+    a.mov64_imm(R4, 1);
+    a.call(HELPER_SKB_LOAD_BYTES);
+    a.jmp_imm(Cond::Ne, R0, 0, failed);
+    a.ldx_b(R1, R10, BYTE);
 }
 
 /// The `sock_create` program letting the run make only TCP and UDP

@@ -12,8 +12,9 @@
 //! `socket(2)` of the case's `family`, `type` and `protocol` numbers),
 //! `rthdr` (an IPv6 segment routing header naming `addr` set on a UDP
 //! socket: `setsockopt` only, nothing sent), `ip_options` (a NOP option
-//! set on a UDP socket), and `fork`, `setsid`, `double_fork`, `exec`
-//! wrapping a `case`.
+//! set on a UDP socket), `rthdr_cmsg` (a UDP datagram to `addr` whose
+//! `sendmsg` carries a Mobile IPv6 routing header naming `addr` again),
+//! and `fork`, `setsid`, `double_fork`, `exec` wrapping a `case`.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -200,6 +201,7 @@ fn one(c: &Value) -> i32 {
         }
         "rthdr" => sockopt(libc::AF_INET6, libc::IPPROTO_IPV6, libc::IPV6_RTHDR, &srh(addr)),
         "ip_options" => sockopt(libc::AF_INET, libc::IPPROTO_IP, libc::IP_OPTIONS, &[1, 1, 1, 0]),
+        "rthdr_cmsg" => sockaddr(addr).map_or_else(|e| e, rthdr_cmsg),
         "icmp" => ping(addr),
         "inherit" => inherit(addr),
         "passed" => passed(addr),
@@ -219,6 +221,47 @@ fn srh(addr: &str) -> Vec<u8> {
     let mut h = vec![0, 2, 4, 0, 0, 0, 0, 0];
     h.extend_from_slice(&ip.octets());
     h
+}
+
+/// A UDP datagram to the IPv6 `sa` whose `sendmsg` carries, as control
+/// data, a type 2 routing header (one segment: `sa`'s address again).
+/// Kernels without Mobile IPv6 refuse the header (`EINVAL`).
+fn rthdr_cmsg(sa: SocketAddr) -> i32 {
+    let SocketAddr::V6(v6) = sa else { return libc::EINVAL };
+    let mut header = vec![0u8, 2, 2, 1, 0, 0, 0, 0];
+    header.extend_from_slice(&v6.ip().octets());
+    let len = u32::try_from(header.len()).unwrap_or(0);
+    // SAFETY: the control buffer is sized by CMSG_SPACE for one header of
+    // `len` bytes; every pointer is into locals alive for the call.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET6, libc::SOCK_DGRAM, 0);
+        if fd < 0 {
+            return errno();
+        }
+        let mut control = vec![0u8; libc::CMSG_SPACE(len) as usize];
+        let mut to: libc::sockaddr_in6 = std::mem::zeroed();
+        to.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        to.sin6_port = v6.port().to_be();
+        to.sin6_addr.s6_addr = v6.ip().octets();
+        let mut payload = *b"ongrid";
+        let mut iov = libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() };
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_name = (&raw mut to).cast();
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = control.len();
+        let cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+        (*cmsg).cmsg_level = libc::IPPROTO_IPV6;
+        (*cmsg).cmsg_type = libc::IPV6_RTHDR;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(len) as usize;
+        std::ptr::copy_nonoverlapping(header.as_ptr(), libc::CMSG_DATA(cmsg), header.len());
+        let r = libc::sendmsg(fd, &raw const msg, 0);
+        let e = if r < 0 { errno() } else { 0 };
+        libc::close(fd);
+        e
+    }
 }
 
 /// `setsockopt(level, name, value)` on a new UDP socket of `family`; the
