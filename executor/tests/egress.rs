@@ -62,6 +62,9 @@ def attempt(c):
         # A segment routing header naming `via`, then a send to `addr`.
         s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
         srh = bytes([0, 2, 4, 0, 0, 0, 0, 0]) + socket.inet_pton(socket.AF_INET6, c["via"])
+        if c.get("hop"):
+            # A hop-by-hop header first (PadN), as a sender with CAP_NET_RAW may.
+            s.setsockopt(socket.IPPROTO_IPV6, 54, bytes([0, 0, 1, 4, 0, 0, 0, 0]))
         s.setsockopt(socket.IPPROTO_IPV6, 57, srh); s.sendto(b"ongrid", dst); s.close()
     elif k == "ip_options":
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -575,8 +578,8 @@ fn the_largest_rule_set_verifies() {
 
 /// A packet carrying a source route is dropped on its way out, its send
 /// refused at once, though the address the send named is allowed: an IPv6
-/// routing header (the kernel sends the packet to the header's address)
-/// and IPv4 options. The probe (root, no seccomp) sets them as socket
+/// routing header (the kernel sends the packet to the header's address),
+/// also behind a hop-by-hop header, and IPv4 options. The probe (root, no seccomp) sets them as socket
 /// options, which a run's seccomp filter refuses; the drop also holds the
 /// ones a `sendmsg` passes as control data. Everything stays on loopback.
 #[test]
@@ -599,15 +602,16 @@ fn source_routed_packets_are_dropped() {
     let cases = vec![
         send("::1"),
         json!({"kind": "rthdr", "addr": "::1", "port": port, "via": "::1"}),
+        json!({"kind": "rthdr", "addr": "::1", "port": port, "via": "::1", "hop": true}),
         send("127.0.0.2"),
         json!({"kind": "ip_options", "addr": "127.0.0.2", "port": port}),
     ];
     let results = probe(dir.path(), &cg, &[], &cases);
-    check(&cases, &results, &[0, EPERM, 0, EPERM]);
+    check(&cases, &results, &[0, EPERM, EPERM, 0, EPERM]);
     drop(attached);
     let d = egress.take_denials(attached_id(&cg)).unwrap();
     let c = counts(&d);
-    assert_eq!(c.get(&("*".to_owned(), "ip:43".to_owned())), Some(&1), "{c:?}");
+    assert_eq!(c.get(&("*".to_owned(), "ip:43".to_owned())), Some(&2), "{c:?}");
     assert_eq!(c.get(&("*".to_owned(), "ip:0".to_owned())), Some(&1), "{c:?}");
 }
 

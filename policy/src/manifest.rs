@@ -36,19 +36,8 @@ use crate::unique_json::{self, UniqueError};
 /// Largest `skill.json` accepted, in bytes.
 pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
 
-/// The name of a manifest file: the loader registers no other file, and
-/// the executor reads no other file as a `skill.json`.
-pub const MANIFEST_FILE_NAME: &str = "skill.json";
+pub use crate::path::{is_manifest_path, MANIFEST_FILE_NAME, SKILL_MD_FILE_NAME};
 
-/// The file name of a SKILL.md skill, the other file a skill can be read
-/// from.
-pub const SKILL_MD_FILE_NAME: &str = "SKILL.md";
-
-/// Whether `path` names a manifest: a `skill.json` or a `SKILL.md` (by its
-/// file name alone; nothing is read).
-pub fn is_manifest_path(path: &std::path::Path) -> bool {
-    path.file_name().is_some_and(|n| n == MANIFEST_FILE_NAME || n == SKILL_MD_FILE_NAME)
-}
 /// Longest description accepted, in bytes.
 pub const MAX_DESCRIPTION_BYTES: usize = 16 << 10;
 /// The UTF-8 byte order mark, ignored at the start of a `skill.json`.

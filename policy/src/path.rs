@@ -13,6 +13,20 @@ pub fn is_within(child: &Path, root: &Path) -> bool {
     child.starts_with(root)
 }
 
+/// The name of a manifest file: the loader registers no other file, and
+/// the executor reads no other file as a `skill.json`.
+pub const MANIFEST_FILE_NAME: &str = "skill.json";
+
+/// The file name of a SKILL.md skill, the other file a skill can be read
+/// from.
+pub const SKILL_MD_FILE_NAME: &str = "SKILL.md";
+
+/// Whether `path` names a manifest: a `skill.json` or a `SKILL.md` (by its
+/// file name alone; nothing is read).
+pub fn is_manifest_path(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n == MANIFEST_FILE_NAME || n == SKILL_MD_FILE_NAME)
+}
+
 /// Why a path is not an absolute normal path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathRuleError {

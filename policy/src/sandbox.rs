@@ -191,7 +191,7 @@ impl SkillGrant {
         if let Some(pin) = &self.manifest {
             let bad = |why: String| format!("manifest: {why}");
             crate::path::absolute_normal(&pin.to_string_lossy()).map_err(|e| bad(e.to_string()))?;
-            if !crate::is_manifest_path(pin) {
+            if !crate::path::is_manifest_path(pin) {
                 return Err(bad(format!("{} is not a skill.json or SKILL.md", pin.display())));
             }
         }

@@ -42,7 +42,7 @@
 //! ([`WarmPools::lend_slot`]: it will likely take that run), else evicts
 //! another idle warm run first ([`WarmPools::evict`]). A run discarded by
 //! a request or a discard has its tree killed and then its slot freed at
-//! once ([`WarmPools::put_down`]); the pool thread reaps it and removes its
+//! once ([`WarmPools::kill_now`]); the pool thread reaps it and removes its
 //! folder. `max_warm_total` stays below
 //! `max_concurrent_runs` (the configuration refuses otherwise). On
 //! shutdown the idle runs are killed, not drained; the pool thread stays
@@ -156,7 +156,7 @@ impl WarmPools {
     /// A warm run made for `plan` and `tool`, taken (it is no longer
     /// pooled), or `None` (a miss, counted; the pool will be made from
     /// this manifest). Idle runs that are not this plan's, or spoiled, are
-    /// put down on the way ([`WarmPools::put_down`]). The pool thread is
+    /// put down on the way ([`WarmPools::kill_now`]). The pool thread is
     /// not woken: the caller drops a [`WarmPools::refill_later`] once its
     /// report is out.
     pub(crate) fn take(&self, plan: &Plan, tool: Option<&str>) -> Option<Warm> {
@@ -350,7 +350,7 @@ impl WarmPools {
     }
 
     /// Discards every idle warm run of every pool (a reload said skill
-    /// files changed), each put down at once ([`WarmPools::put_down`]),
+    /// files changed), each put down at once ([`WarmPools::kill_now`]),
     /// and any being made now once it is made; the pools are made again at
     /// once (a resting pool too). Returns how many idle runs were
     /// discarded.

@@ -141,7 +141,9 @@ pub(super) const WAITS: usize = 16;
 /// What a finished run's [`AfterReport`] counts in its connection's
 /// backlog while it waits behind lines not yet written: it holds the run's
 /// pipes and pidfd and its slot's clean-up, so a peer that never reads
-/// holds as many of them as [`BACKLOG`] allows (64), not one per run.
+/// holds as many of them as [`BACKLOG`] allows (64) and the runs it had
+/// admitted by then (`max_concurrent_runs + max_queued_runs` at most), not
+/// one per run.
 pub(super) const AFTER_REPORT_BYTES: usize = 64 << 10;
 
 impl ConnCtx {

@@ -129,6 +129,11 @@ impl Asm {
         self.push(insn(ALU64 | MOV | K, dst, R0, 0, imm));
     }
 
+    /// `dst += src` (64 bits).
+    pub fn add64(&mut self, dst: Reg, src: Reg) {
+        self.push(insn(ALU64 | ADD | X, dst, src, 0, 0));
+    }
+
     /// `dst += imm` (64 bits).
     pub fn add64_imm(&mut self, dst: Reg, imm: i32) {
         self.push(insn(ALU64 | ADD | K, dst, R0, 0, imm));

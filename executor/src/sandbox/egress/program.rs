@@ -60,8 +60,12 @@ const SKB_PROTOCOL: i16 = 16;
 /// `ETH_P_IP` and `ETH_P_IPV6` as `protocol` reads them.
 const ETH_P_IP: u32 = 0x0800_u16.to_be() as u32;
 const ETH_P_IPV6: u32 = 0x86dd_u16.to_be() as u32;
-/// An IPv6 routing header (`IPPROTO_ROUTING`).
+/// IPv6 extension headers: routing, hop-by-hop and destination options.
 const IPPROTO_ROUTING: u32 = 43;
+const IPPROTO_HOPOPTS: u32 = 0;
+const IPPROTO_DSTOPTS: u32 = 60;
+/// Bytes of the fixed IPv6 header.
+const IPV6_HEADER: i32 = 40;
 /// An IPv4 header's length in 32-bit words, no options.
 const IPV4_IHL: u32 = 5;
 
@@ -307,36 +311,58 @@ fn increment(a: &mut Asm, map: i32, absent: Label, then: Label) {
 
 /// The `cgroup_skb` egress program dropping the run's packets that carry
 /// a source route: an IPv6 routing header (the kernel sends such a packet
-/// to the header's address, not to the one the address hooks judged) or
-/// IPv4 options (loose and strict source routes among them). Seccomp
-/// refuses setting them as socket options; this also holds the ones a
-/// `sendmsg` passes as control data (a Mobile IPv6 header, `IP_RETOPTS`).
-/// Each drop is counted under the unspecified address and port 0 of its
-/// family, with the protocol 43 (`ip:43`) for IPv6 and 0 for IPv4; the
-/// sender's call fails with `EPERM`.
+/// to the header's address, not to the one the address hooks judged),
+/// found behind up to two hop-by-hop or destination options headers (a
+/// sender with `CAP_NET_RAW` may put them first, as the kernel orders
+/// them), or IPv4 options (loose and strict source routes among them).
+/// Seccomp refuses setting them as socket options; this also holds the
+/// ones a `sendmsg` passes as control data (a Mobile IPv6 header, options
+/// with `CAP_NET_RAW`). Each drop is counted under the unspecified address
+/// and port 0 of its family, with the protocol 43 (`ip:43`) for IPv6 and 0
+/// for IPv4; a UDP send fails with `EPERM`, a TCP segment is dropped (its
+/// connect waits out its retries).
 ///
 /// # Errors
 ///
 /// [`AsmError`], which a fixed program never hits.
 pub fn no_source_routes(maps: Maps) -> Result<Vec<Insn>, AsmError> {
     let mut a = Asm::new();
-    let (allow, v6, refuse) = (a.label(), a.label(), a.label());
+    let (allow, v6, routed, refuse) = (a.label(), a.label(), a.label(), a.label());
     a.mov64(R6, R1);
     a.ldx_w(R7, R1, SKB_PROTOCOL);
     a.jmp32_imm(Cond::Eq, R7, ETH_P_IPV6, v6);
     a.jmp32_imm(Cond::Ne, R7, ETH_P_IP, allow);
     // IPv4: the header's length, the low half of its first byte.
+    a.mov64_imm(R7, 0);
     load_byte(&mut a, 0, allow);
     a.and32_imm(R1, 0x0f);
     a.jmp32_imm(Cond::Eq, R1, IPV4_IHL, allow);
     a.mov64_imm(R7, 4);
     a.mov64_imm(R8, 0);
     a.ja(refuse);
-    // IPv6: the fixed header's next header (an unprivileged sender can set
-    // no other extension header before a routing one).
+    // IPv6: `r8` the header type at offset `r7`, from the fixed header's
+    // next header on; an options header's own next header and length
+    // lead on to the one after it.
     a.bind(v6);
-    load_byte(&mut a, 6, allow);
-    a.jmp32_imm(Cond::Ne, R1, IPPROTO_ROUTING, allow);
+    a.mov64_imm(R7, 6);
+    load_byte(&mut a, 0, allow);
+    a.mov64(R8, R1);
+    a.mov64_imm(R7, IPV6_HEADER);
+    for _ in 0..2 {
+        let options = a.label();
+        a.jmp32_imm(Cond::Eq, R8, IPPROTO_ROUTING, routed);
+        a.jmp32_imm(Cond::Eq, R8, IPPROTO_HOPOPTS, options);
+        a.jmp32_imm(Cond::Ne, R8, IPPROTO_DSTOPTS, allow);
+        a.bind(options);
+        load_byte(&mut a, 0, allow);
+        a.mov64(R8, R1);
+        load_byte(&mut a, 1, allow);
+        a.add64_imm(R1, 1);
+        a.lsh64_imm(R1, 3);
+        a.add64(R7, R1);
+    }
+    a.jmp32_imm(Cond::Ne, R8, IPPROTO_ROUTING, allow);
+    a.bind(routed);
     a.mov64_imm(R7, 6);
     a.mov64_imm(R8, IPPROTO_ROUTING as i32);
     a.bind(refuse);
@@ -362,11 +388,12 @@ pub fn no_source_routes(maps: Maps) -> Result<Vec<Insn>, AsmError> {
     a.finish()
 }
 
-/// `r1` = the packet's byte at `offset` (the skb in `r6`), or to `failed`
-/// when it cannot be read.
+/// `r1` = the packet's byte at `r7 + offset` (the skb in `r6`), or to
+/// `failed` when it cannot be read.
 fn load_byte(a: &mut Asm, offset: i32, failed: Label) {
     a.mov64(R1, R6);
-    a.mov64_imm(R2, offset);
+    a.mov64(R2, R7);
+    a.add64_imm(R2, offset);
     a.mov64(R3, R10);
     a.add64_imm(R3, BYTE.into());
     a.mov64_imm(R4, 1);

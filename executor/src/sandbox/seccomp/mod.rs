@@ -77,8 +77,12 @@ const AF_NETLINK: u32 = 16;
 const SOL_IP: u32 = 0;
 const IP_OPTIONS: u32 = 4;
 const SOL_IPV6: u32 = 41;
-const IPV6_2292RTHDR: u32 = 5;
-const IPV6_RTHDR: u32 = 57;
+/// The IPv6 options that set a routing header or the extension headers
+/// sent before one: `IPV6_2292HOPOPTS`, `IPV6_2292DSTOPTS`,
+/// `IPV6_2292RTHDR`, `IPV6_2292PKTOPTIONS` (control data kept as sticky
+/// options), `IPV6_HOPOPTS`, `IPV6_RTHDRDSTOPTS`, `IPV6_RTHDR`,
+/// `IPV6_DSTOPTS`.
+const IPV6_ROUTE_OPTIONS: [u32; 8] = [3, 4, 5, 6, 54, 55, 57, 59];
 /// The socket type in `socketpair`'s second argument (below the flags).
 const SOCK_TYPE_MASK: u32 = 0xf;
 const SOCK_STREAM: u32 = 1;
@@ -318,9 +322,9 @@ enum Special {
     /// services), packet or XDP socket would pass every rule.
     SocketFamily,
     /// `setsockopt`: `EPERM` for `IP_OPTIONS` and the IPv6 routing header
-    /// (`IPV6_RTHDR`, `IPV6_2292RTHDR`): a source route sends a packet
-    /// allowed to one address on to another, after the egress programs
-    /// judged the first (the IPv6 one needs no capability).
+    /// and the headers before one ([`IPV6_ROUTE_OPTIONS`]): a source route
+    /// sends a packet allowed to one address on to another, after the
+    /// egress programs judged the first (the IPv6 one needs no capability).
     Setsockopt,
     /// `fcntl`: `EPERM` for `F_SETLEASE`.
     Fcntl,
@@ -398,20 +402,28 @@ fn special_block(s: Special) -> Vec<Insn> {
             stmt(RET_K, eperm),
             stmt(RET_K, RET_ALLOW),
         ],
-        Special::Setsockopt => vec![
-            stmt(LD_W_ABS, off_arg_lo(1)),
-            jump(JEQ_K, SOL_IP, 0, 4),
-            stmt(LD_W_ABS, off_arg_lo(2)),
-            jump(JEQ_K, IP_OPTIONS, 0, 1),
-            stmt(RET_K, eperm),
-            stmt(RET_K, RET_ALLOW),
-            jump(JEQ_K, SOL_IPV6, 0, 4),
-            stmt(LD_W_ABS, off_arg_lo(2)),
-            jump(JEQ_K, IPV6_RTHDR, 1, 0),
-            jump(JEQ_K, IPV6_2292RTHDR, 0, 1),
-            stmt(RET_K, eperm),
-            stmt(RET_K, RET_ALLOW),
-        ],
+        Special::Setsockopt => {
+            let n = IPV6_ROUTE_OPTIONS.len();
+            let mut block = vec![
+                stmt(LD_W_ABS, off_arg_lo(1)),
+                jump(JEQ_K, SOL_IP, 0, 4),
+                stmt(LD_W_ABS, off_arg_lo(2)),
+                jump(JEQ_K, IP_OPTIONS, 0, 1),
+                stmt(RET_K, eperm),
+                stmt(RET_K, RET_ALLOW),
+                // Past the list and its EPERM: to the last ALLOW.
+                jump(JEQ_K, SOL_IPV6, 0, u8::try_from(n + 2).unwrap_or(u8::MAX)),
+                stmt(LD_W_ABS, off_arg_lo(2)),
+            ];
+            for (i, &opt) in IPV6_ROUTE_OPTIONS.iter().enumerate() {
+                // A match jumps to the EPERM after the list; the last
+                // miss jumps over it.
+                let to_eperm = u8::try_from(n - 1 - i).unwrap_or(u8::MAX);
+                block.push(jump(JEQ_K, opt, to_eperm, u8::from(i == n - 1)));
+            }
+            block.extend([stmt(RET_K, eperm), stmt(RET_K, RET_ALLOW)]);
+            block
+        }
         Special::Fcntl => vec![
             stmt(LD_W_ABS, off_arg_lo(1)),
             jump(JEQ_K, F_SETLEASE, 0, 1),
