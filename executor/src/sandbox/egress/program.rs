@@ -371,20 +371,7 @@ pub fn no_source_routes(maps: Maps) -> Result<Vec<Insn>, AsmError> {
     a.call(HELPER_SKB_CGROUP_ID);
     a.stx_dw(R10, KEY, R0);
     a.mov64(R1, R7);
-    a.mov64_imm(R2, 0);
-    store_pair(&mut a, FAMILY_ADDR0, R1, R2);
-    a.st_dw(R10, ADDR1_ADDR2, 0);
-    a.mov64_imm(R1, 0);
-    a.mov32(R2, R8);
-    a.lsh32_imm(R2, 16);
-    store_pair(&mut a, ADDR3_PORT_PROTO, R1, R2);
-    count_key(&mut a, maps.denied);
-    count_key(&mut a, maps.total);
-    a.mov64_imm(R0, 0);
-    a.exit();
-    a.bind(allow);
-    a.mov64_imm(R0, 1);
-    a.exit();
+    refuse_unaddressed(&mut a, maps, allow);
     a.finish()
 }
 
@@ -438,21 +425,29 @@ pub fn only_tcp_and_udp_sockets(maps: Maps) -> Result<Vec<Insn>, AsmError> {
     a.jmp32_imm(Cond::Ne, R7, AF_INET6, key);
     a.mov64_imm(R1, 6);
     a.bind(key);
+    refuse_unaddressed(&mut a, maps, allow);
+    a.finish()
+}
+
+/// The end of a program refusing what names no destination: with the
+/// cgroup id at [`KEY`], the family (4 or 6) in `r1` and the IP protocol
+/// in `r8`, counts the refusal under the family's unspecified address and
+/// port 0 and returns 0; `allow` returns 1.
+fn refuse_unaddressed(a: &mut Asm, maps: Maps, allow: Label) {
     a.mov64_imm(R2, 0);
-    store_pair(&mut a, FAMILY_ADDR0, R1, R2);
+    store_pair(a, FAMILY_ADDR0, R1, R2);
     a.st_dw(R10, ADDR1_ADDR2, 0);
     a.mov64_imm(R1, 0);
     a.mov32(R2, R8);
     a.lsh32_imm(R2, 16);
-    store_pair(&mut a, ADDR3_PORT_PROTO, R1, R2);
-    count_key(&mut a, maps.denied);
-    count_key(&mut a, maps.total);
+    store_pair(a, ADDR3_PORT_PROTO, R1, R2);
+    count_key(a, maps.denied);
+    count_key(a, maps.total);
     a.mov64_imm(R0, 0);
     a.exit();
     a.bind(allow);
     a.mov64_imm(R0, 1);
     a.exit();
-    a.finish()
 }
 
 /// The cgroup id a denial key was counted for, the destination it names,
