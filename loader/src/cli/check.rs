@@ -6,7 +6,9 @@
 //! requirements; each SKILL.md lists its `os`, `bins`, `config` and `env`
 //! checks, met (`ok`), missing (`MISSING`) or not checkable (`UNKNOWN`: a
 //! config file whose status cannot be read), and the tools it registers
-//! (none while a requirement is unmet). Exits 1 when any requirement is unmet.
+//! (none while a requirement is unmet). The scan's warnings (a root that
+//! does not exist, a manifest skipped) go to stderr as `scan` prints them.
+//! Exits 1 when any requirement is unmet or a DIR given does not exist.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -35,7 +37,9 @@ pub struct Args {
 ///
 /// I/O errors writing the output.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
+    let missing = super::dirs::any_missing(&args.dirs);
     let report = super::dirs::scan_roots(&args.dirs, err)?;
+    super::dirs::print_events(&report, false, err)?;
     let mut items: Vec<Value> = Vec::new();
     for s in report.skills.iter().filter(|s| s.tool().is_none()) {
         items.push(json!({
@@ -115,5 +119,5 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
         }
         writeln!(out, "{} skill(s), {unmet} with unmet requirements", items.len())?;
     }
-    Ok(if unmet == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if unmet == 0 && !missing { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

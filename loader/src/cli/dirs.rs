@@ -4,6 +4,7 @@
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use crate::scan::event::Level;
 use crate::scan::ScanReport;
 
 /// Makes a command-line path absolute against the current directory
@@ -33,4 +34,31 @@ pub(super) fn scan_roots(dirs: &[PathBuf], err: &mut dyn Write) -> io::Result<Sc
         )?;
     }
     Ok(crate::scan::Scanner::new(policy::ValidateOptions::default()).scan(&dirs))
+}
+
+/// Whether a DIR given on the command line does not exist: the caller's
+/// mistake (a typo would otherwise look like a root without packs), which
+/// `scan` and `check` exit 1 for.
+pub(super) fn any_missing(dirs: &[PathBuf]) -> bool {
+    dirs.iter()
+        .any(|d| std::fs::symlink_metadata(d).is_err_and(|e| e.kind() == io::ErrorKind::NotFound))
+}
+
+/// Prints the scan's events on `err`, debug ones only when `verbose`.
+/// Paths are the packs' names: printed without control characters.
+///
+/// # Errors
+///
+/// I/O errors writing to `err`.
+pub(super) fn print_events(
+    report: &ScanReport,
+    verbose: bool,
+    err: &mut dyn Write,
+) -> io::Result<()> {
+    for event in &report.events {
+        if verbose || event.level() > Level::Debug {
+            writeln!(err, "{}", policy::printable::line(&event.to_string()))?;
+        }
+    }
+    Ok(())
 }

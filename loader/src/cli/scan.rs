@@ -4,8 +4,6 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::scan::event::Level;
-
 use super::table::Table;
 
 /// Arguments of `scan`.
@@ -35,17 +33,9 @@ pub struct Args {
 ///
 /// I/O errors writing the output.
 pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<ExitCode> {
-    let missing = args
-        .dirs
-        .iter()
-        .any(|d| std::fs::symlink_metadata(d).is_err_and(|e| e.kind() == io::ErrorKind::NotFound));
+    let missing = super::dirs::any_missing(&args.dirs);
     let report = super::dirs::scan_roots(&args.dirs, err)?;
-    for event in &report.events {
-        if args.verbose || event.level() > Level::Debug {
-            // Paths are the packs' names: printed without control characters.
-            writeln!(err, "{}", policy::printable::line(&event.to_string()))?;
-        }
-    }
+    super::dirs::print_events(&report, args.verbose, err)?;
     let n = report.registered();
     writeln!(err, "skill loader: {n} skill{} registered", if n == 1 { "" } else { "s" })?;
 

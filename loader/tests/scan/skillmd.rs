@@ -196,6 +196,21 @@ fn check_prints_every_skills_requirement_status() {
     assert!(text.contains("tools: net_probe_tcp, net_probe_ping"), "{text}");
 }
 
+#[test]
+fn check_of_a_dir_that_does_not_exist_says_so_and_fails() {
+    let tree = Tree::new();
+    tree.pack("skills/plain", "plain");
+    let typo = tree.base.join("skils");
+    let out =
+        Command::new(BIN).arg("check").arg(&typo).arg(tree.base.join("skills")).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "a DIR that does not exist exits 1");
+    let err = String::from_utf8(out.stderr).unwrap();
+    let want = format!("skill loader: root {} does not exist, skipping", typo.display());
+    assert!(err.lines().any(|l| l == want), "{want}\n{err}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("ok    plain (skill.json"), "{text}");
+}
+
 /// A billion-laughs frontmatter.
 fn alias_bomb() -> String {
     let mut s = String::from("---\nname: bomb\ndescription: d\na0: &a0 [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
