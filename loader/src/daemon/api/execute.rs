@@ -586,9 +586,9 @@ fn json_response(json: Body) -> Response {
 /// Refuses a body with a `Content-Encoding` other than `identity` (a
 /// gzipped body would be read as its compressed bytes). The field is a
 /// comma-separated list of codings, compared case-insensitively; an empty
-/// body may carry any.
-fn check_encoding(body: &Body, headers: &HeaderMap) -> Result<(), ApiError> {
-    if hyper::body::Body::is_end_stream(body) {
+/// body (`has_bytes` false) may carry any.
+fn check_encoding(has_bytes: bool, headers: &HeaderMap) -> Result<(), ApiError> {
+    if !has_bytes {
         return Ok(());
     }
     let codings = headers.get_all(header::CONTENT_ENCODING).iter().flat_map(|v| {
@@ -603,25 +603,34 @@ fn check_encoding(body: &Body, headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The request body, at most `max_body_bytes`, within `body_timeout`, in
+/// no coding but `identity`: refused before it is read when its length
+/// says it has bytes, else once read (a chunked body may turn out empty).
 async fn read_body(body: Body, headers: &HeaderMap, limits: &Limits) -> Result<Bytes, ApiError> {
-    check_encoding(&body, headers)?;
     let max = limits.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > 0) {
+        check_encoding(true, headers)?;
+    }
     if declared.is_some_and(|n| n > max as u64) {
         return Err(ApiError::TooLarge(max));
     }
     let collect = http_body_util::Limited::new(body, max).collect();
-    match tokio::time::timeout(limits.body_timeout, collect).await {
-        Err(_) => Err(ApiError::RequestTimeout),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+    let bytes = match tokio::time::timeout(limits.body_timeout, collect).await {
+        Err(_) => return Err(ApiError::RequestTimeout),
+        Ok(Ok(collected)) => collected.to_bytes(),
         Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
-            Err(ApiError::TooLarge(max))
+            return Err(ApiError::TooLarge(max));
         }
-        Ok(Err(e)) => Err(ApiError::BadRequest(format!("cannot read the request body: {e}"))),
-    }
+        Ok(Err(e)) => {
+            return Err(ApiError::BadRequest(format!("cannot read the request body: {e}")));
+        }
+    };
+    check_encoding(!bytes.is_empty(), headers)?;
+    Ok(bytes)
 }
 
 fn parse_request(bytes: &[u8]) -> Result<ExecuteRequest, ApiError> {
