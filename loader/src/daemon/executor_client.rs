@@ -203,17 +203,38 @@ pub struct Opened(Conn);
 /// [`HeldRun::start`]. Dropping it closes the connection, which cancels
 /// the run before it ever started.
 #[derive(Debug)]
-pub struct HeldRun(RunConnection);
+pub struct HeldRun {
+    run: RunConnection,
+    send_timeout: Duration,
+}
 
 impl HeldRun {
     /// Lets the held run go; its events follow on the returned connection.
     /// A failed write is not an error here: the executor may have answered
-    /// (a refusal, `busy`) and closed, and that answer is read next.
+    /// (a refusal, `busy`) and closed, and that answer is read next. A
+    /// `start` not read within the send bound closes the connection (the
+    /// executor counts as down, and the held run is cancelled): the next
+    /// read fails instead of waiting for the run's deadline.
     pub async fn start(mut self) -> RunConnection {
-        if let Ok(stream) = self.0.conn.stream() {
-            let _ = stream.write_all(&wire::encode_start(1)).await;
+        if let Ok(stream) = self.run.conn.stream() {
+            let sent = send(stream, &wire::encode_start(1), self.send_timeout).await;
+            if matches!(&sent, Err(e) if e.kind() == io::ErrorKind::TimedOut) {
+                self.run.conn.stream = None;
+            }
         }
-        self.0
+        self.run
+    }
+}
+
+/// Writes `bytes` on `stream` within `timeout` (a timeout is an
+/// [`io::ErrorKind::TimedOut`] error naming it).
+async fn send(stream: &mut QuietStream, bytes: &[u8], timeout: Duration) -> io::Result<()> {
+    match tokio::time::timeout(timeout, stream.write_all(bytes)).await {
+        Ok(written) => written,
+        Err(_) => {
+            let why = format!("the request was not read within {timeout:?}");
+            Err(io::Error::new(io::ErrorKind::TimedOut, why))
+        }
     }
 }
 
@@ -321,13 +342,7 @@ impl ExecutorClient {
         };
         let stream = conn.stream().map_err(ExecutorError::Io)?;
         let line = wire::encode_execute(1, params);
-        match tokio::time::timeout(self.send_timeout, stream.write_all(&line)).await {
-            Ok(written) => written.map_err(ExecutorError::Io)?,
-            Err(_) => {
-                let why = format!("the request was not read within {:?}", self.send_timeout);
-                return Err(ExecutorError::Io(io::Error::new(io::ErrorKind::TimedOut, why)));
-            }
-        }
+        send(stream, &line, self.send_timeout).await.map_err(ExecutorError::Io)?;
         Ok(RunConnection::new(conn, MAX_LINE_BYTES))
     }
 
@@ -340,7 +355,8 @@ impl ExecutorClient {
     /// As [`ExecutorClient::execute`].
     pub async fn execute_held(&self, mut params: ExecuteParams) -> Result<HeldRun, ExecutorError> {
         params.hold = true;
-        self.execute_on(None, &params).await.map(HeldRun)
+        let run = self.execute_on(None, &params).await?;
+        Ok(HeldRun { run, send_timeout: self.send_timeout })
     }
 
     /// The executor's Prometheus text (`metrics` call), within `timeout`.

@@ -237,3 +237,32 @@ async fn a_request_never_read_fails_in_time() {
     );
     drop(accepted.await);
 }
+
+/// An executor that stopped reading before a held run's `start`: the
+/// start gives up within the send bound and the run fails at once,
+/// instead of waiting for the run's deadline.
+#[tokio::test]
+async fn a_start_never_read_fails_in_time() {
+    let (ours, _theirs) = tokio::net::UnixStream::pair().unwrap();
+    // The socket's buffer full: the next write would block.
+    let chunk = [0u8; 4096];
+    while ours.try_write(&chunk).is_ok() {}
+    let conn = Conn {
+        stream: Some(QuietStream::from_tokio(ours).unwrap()),
+        idle: Arc::default(),
+        reusable: false,
+        since: Instant::now(),
+    };
+    let held = HeldRun {
+        run: RunConnection::new(conn, MAX_LINE_BYTES),
+        send_timeout: Duration::from_millis(300),
+    };
+    let started = tokio::time::timeout(Duration::from_secs(5), held.start()).await;
+    let mut run = started.expect("start still writing after 5 s");
+    let next = tokio::time::timeout(Duration::from_secs(5), run.next()).await;
+    let e = next.expect("still waiting for an event after 5 s").expect_err("an error");
+    assert!(
+        matches!(&e, ExecutorError::Io(io) if io.kind() == io::ErrorKind::NotConnected),
+        "{e:?}"
+    );
+}
