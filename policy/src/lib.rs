@@ -8,6 +8,8 @@
 //!   egress rules (allow list behind the default refusals) a run gets.
 //! - [`env`]: [`EnvName`], environment variable names a manifest may forward.
 //! - [`manifest`]: `skill.json` parsed into a [`Manifest`] that only holds valid values.
+//! - [`digest`]: [`ManifestDigest`], the SHA-256 of a manifest's bytes, which a
+//!   run carries from the loader's scan to the executor.
 //! - [`sandbox`]: the manifest's `sandbox` request, the operator's per-skill
 //!   [`SkillGrant`], and the [`GrantedSandbox`] a run gets.
 //! - [`limits`]: default resource limits and their bounds.
@@ -44,6 +46,7 @@ pub mod approval;
 pub mod args;
 pub mod canonical;
 pub mod class;
+pub mod digest;
 pub mod egress;
 pub mod env;
 pub mod limits;
@@ -64,6 +67,7 @@ pub mod yaml;
 
 pub use args::{Args, ArgsError};
 pub use class::SkillClass;
+pub use digest::ManifestDigest;
 pub use env::EnvName;
 pub use limits::Limits;
 pub use manifest::{

@@ -413,6 +413,52 @@ fn pack_changed_between_scan_and_run_is_rejected() {
     assert_eq!(r.status, 200);
 }
 
+/// Two valid packs swapped, and a schema edited in place, without a
+/// reload: a request checked against skilld's reading of one skill never
+/// runs another manifest (another skill, args its schema refuses, an
+/// audit row naming the wrong skill); after a reload both run again.
+#[test]
+fn a_pack_swapped_or_edited_after_the_scan_is_not_run_under_the_old_reading() {
+    let s = Stack::start();
+    let schema = |max: u32| {
+        format!(
+            r#","schema":{{"type":"object","properties":{{"n":{{"type":"integer","maximum":{max}}}}}}}"#
+        )
+    };
+    write_skill(&s.skills, "alpha", &schema(5), "echo '{\"who\":\"alpha\"}'");
+    write_skill(&s.skills, "beta", &schema(500), "echo '{\"who\":\"beta\"}'");
+    write_skill(&s.skills, "gamma", &schema(5), "exec /bin/cat");
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
+    let r = s.execute("alpha", &json!({"n": 1}));
+    assert_eq!(r.json()["result"], json!({"who": "alpha"}), "{}", r.json());
+
+    // The folders swapped: each name now holds the other's manifest.
+    let tmp = s.skills.join("swap-tmp");
+    fs::rename(s.skills.join("alpha"), &tmp).unwrap();
+    fs::rename(s.skills.join("beta"), s.skills.join("alpha")).unwrap();
+    fs::rename(&tmp, s.skills.join("beta")).unwrap();
+    // gamma's maximum raised in place: skilld still holds 5.
+    let gamma = s.skills.join("gamma/skill.json");
+    let text = fs::read_to_string(&gamma).unwrap().replace("\"maximum\":5", "\"maximum\":50");
+    fs::write(&gamma, text).unwrap();
+    for (name, n) in [("alpha", 1), ("beta", 200), ("gamma", 3)] {
+        let r = s.execute(name, &json!({ "n": n }));
+        let body = r.json();
+        assert_eq!(body["outcome"], "rejected", "{name}: HTTP {} {body}", r.status);
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(error.contains("changed since the loader read it"), "{name}: {body}");
+        assert!(body["result"].is_null(), "{name}: {body}");
+    }
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200);
+    // A skill's name is its manifest's: each is found in its new folder.
+    for (name, n) in [("alpha", 1), ("beta", 200)] {
+        let r = s.execute(name, &json!({ "n": n }));
+        assert_eq!(r.json()["result"], json!({ "who": name }), "{}", r.json());
+    }
+    let r = s.execute("gamma", &json!({"n": 50}));
+    assert_eq!(r.json()["result"], json!({"n": 50}), "{}", r.json());
+}
+
 /// The field `key` (hex mask) of a `/proc/.../status` text.
 fn status_mask(status: &str, key: &str) -> u64 {
     let hex = status.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_default().trim();

@@ -27,6 +27,7 @@ fn execute(s: &Stack, id: u64, skill: &str) -> BufReader<UnixStream> {
         session_id: None,
         class: None,
         tool: None,
+        manifest_sha256: None,
         hold: false,
     };
     c.write_all(&wire::encode_execute(id, &params)).unwrap();

@@ -296,6 +296,7 @@ pub fn run(manifest: &Path, config: &Config, opts: RunOptions, hang_after: Durat
         session_id: Some("sandbox-suite".into()),
         class: None,
         tool: None,
+        manifest_sha256: None,
         hold: true,
     };
     let mut lines = wire::encode_execute(1, &params);

@@ -2,7 +2,8 @@
 //! ([`Located`]) is kept by its canonical path and tool, and reused while
 //! the open file has the same device, inode, size, mtime and ctime. A
 //! manifest that changes (rewritten, renamed over, touched) is read and
-//! parsed again; a file replaced by another one is another inode.
+//! parsed again; a file replaced by another one is another inode. The
+//! digest of the bytes parsed is kept with the parse.
 //!
 //! Two users: the server's pre-admission check
 //! (`server`'s `ManifestCache`), which hands the parse to the run's
@@ -14,7 +15,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use policy::{Manifest, ValidateOptions};
+use policy::{Manifest, ManifestDigest, ValidateOptions};
 
 use crate::config::Config;
 use crate::run::plan::{Located, PlanError};
@@ -25,7 +26,16 @@ pub const MAX_ENTRIES: usize = 4096;
 
 pub use super::file_key::FileKey;
 
-type Entries = HashMap<(PathBuf, Option<String>), (FileKey, Arc<Manifest>)>;
+type Entries = HashMap<(PathBuf, Option<String>), (FileKey, Parsed)>;
+
+/// A manifest's parse and the digest of the bytes it was parsed from.
+#[derive(Debug, Clone)]
+pub struct Parsed {
+    /// The parse.
+    pub manifest: Arc<Manifest>,
+    /// The digest of the file's bytes.
+    pub digest: ManifestDigest,
+}
 
 /// See the module docs.
 #[derive(Debug)]
@@ -57,19 +67,20 @@ impl ParsedManifests {
         tool: Option<&str>,
     ) -> Result<Located, PlanError> {
         let located = Located::open(roots, path)?;
-        let manifest = self.get(&located, tool)?;
-        Ok(located.parsed_as(manifest))
+        let parsed = self.get(&located, tool)?;
+        Ok(located.parsed_as(parsed.manifest))
     }
 
     /// The manifest (one `tool` of a `SKILL.md`, or with `None` a
     /// `skill.json`: [`crate::run::plan::parse_manifest`]) in `located`'s open file: the kept
-    /// parse when the file is as it was, else read and parsed now.
+    /// parse when the file is as it was, else read and parsed now; with
+    /// the digest of the bytes parsed.
     ///
     /// # Errors
     ///
     /// [`PlanError::Read`] when the file cannot be read or is not a regular
     /// file, else what [`crate::run::plan::parse_manifest`] says.
-    pub fn get(&self, located: &Located, tool: Option<&str>) -> Result<Arc<Manifest>, PlanError> {
+    pub fn get(&self, located: &Located, tool: Option<&str>) -> Result<Parsed, PlanError> {
         let path = located.path();
         let read_err = |source| PlanError::Read { path: path.to_owned(), source };
         let meta = located.file().metadata().map_err(read_err)?;
@@ -83,15 +94,16 @@ impl ParsedManifests {
         let cache_key = (path.to_owned(), tool.map(str::to_owned));
         if let Some((k, parsed)) = self.lock().get(&cache_key) {
             if *k == key {
-                return Ok(Arc::clone(parsed));
+                return Ok(parsed.clone());
             }
         }
-        let parsed = Arc::new(located.parse(tool, &self.opts)?);
+        let (manifest, digest) = located.parse(tool, &self.opts)?;
+        let parsed = Parsed { manifest: Arc::new(manifest), digest };
         let mut entries = self.lock();
         if entries.len() >= MAX_ENTRIES {
             entries.clear();
         }
-        entries.insert(cache_key, (key, Arc::clone(&parsed)));
+        entries.insert(cache_key, (key, parsed.clone()));
         Ok(parsed)
     }
 
@@ -136,21 +148,25 @@ mod tests {
         let m = write(root.path(), 5);
         let open = || Located::open(&config.roots, &m).unwrap();
         let first = cache.get(&open(), None).unwrap();
-        assert_eq!(first.timeout().as_secs(), 5);
+        assert_eq!(first.manifest.timeout().as_secs(), 5);
+        assert_eq!(first.digest, ManifestDigest::of(&fs::read(&m).unwrap()));
         let again = cache.get(&open(), None).unwrap();
-        assert!(Arc::ptr_eq(&first, &again), "the same file is not parsed again");
+        assert!(Arc::ptr_eq(&first.manifest, &again.manifest), "the same file is not parsed again");
+        assert_eq!(first.digest, again.digest);
         assert_eq!(cache.len(), 1);
 
         // Rewritten in place (size, mtime, ctime): read again.
         std::thread::sleep(std::time::Duration::from_millis(5));
         write(root.path(), 7);
-        assert_eq!(cache.get(&open(), None).unwrap().timeout().as_secs(), 7);
+        let seven = cache.get(&open(), None).unwrap();
+        assert_eq!(seven.manifest.timeout().as_secs(), 7);
+        assert_ne!(seven.digest, first.digest);
         // Another file renamed over it, same size: another inode.
         let other = root.path().join("other.json");
         fs::copy(&m, &other).unwrap();
         fs::write(&other, fs::read_to_string(&m).unwrap().replace(":7", ":9")).unwrap();
         fs::rename(&other, &m).unwrap();
-        assert_eq!(cache.get(&open(), None).unwrap().timeout().as_secs(), 9);
+        assert_eq!(cache.get(&open(), None).unwrap().manifest.timeout().as_secs(), 9);
 
         // Broken, a directory: errors, nothing kept for them.
         fs::write(&m, "{").unwrap();

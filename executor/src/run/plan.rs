@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use policy::{
-    ArgsError, GrantError, GrantedSandbox, Manifest, ManifestError, Outcome, SkillMd, SkillMdError,
-    ValidateOptions, MAX_MANIFEST_BYTES, SKILL_MD_FILE_NAME,
+    ArgsError, GrantError, GrantedSandbox, Manifest, ManifestDigest, ManifestError, Outcome,
+    SkillMd, SkillMdError, ValidateOptions, MAX_MANIFEST_BYTES, SKILL_MD_FILE_NAME,
 };
 
 use crate::config::Config;
@@ -311,16 +311,22 @@ impl Located {
     }
 
     /// Reads the open file (not the path again) and parses it: one `tool`
-    /// of a `SKILL.md`, or with `None` a `skill.json` ([`parse_manifest`]).
+    /// of a `SKILL.md`, or with `None` a `skill.json` ([`parse_manifest`]);
+    /// also returns the digest of the bytes read.
     ///
     /// # Errors
     ///
     /// [`PlanError::Read`] naming the canonical path, else what
     /// [`parse_manifest`] says.
-    pub fn parse(&self, tool: Option<&str>, opts: &ValidateOptions) -> Result<Manifest, PlanError> {
+    pub fn parse(
+        &self,
+        tool: Option<&str>,
+        opts: &ValidateOptions,
+    ) -> Result<(Manifest, ManifestDigest), PlanError> {
         let bytes = read_manifest(&self.file)
             .map_err(|source| PlanError::Read { path: self.path.clone(), source })?;
-        parse_manifest(&self.path, &bytes, tool, opts)
+        let manifest = parse_manifest(&self.path, &bytes, tool, opts)?;
+        Ok((manifest, ManifestDigest::of(&bytes)))
     }
 }
 
@@ -454,7 +460,7 @@ impl Plan {
             Some(parsed) => parsed,
             None => {
                 let opts = ValidateOptions { max_timeout: config.max_timeout() };
-                Arc::new(located.parse(tool, &opts)?)
+                Arc::new(located.parse(tool, &opts)?.0)
             }
         };
         // The executor decides what a pack is run as: an MCP pack's entry

@@ -404,11 +404,14 @@ async fn execute_run(
     let session: String =
         params.session_id.as_deref().unwrap_or("-").chars().take(SESSION_LOG_CHARS).collect();
     // The executor's own reading of the manifest: under its roots, valid.
-    let (checked, located) =
-        match shared.manifests.check_tool(&params.manifest, params.tool.as_deref()) {
-            Ok(c) => c,
-            Err(report) => return refuse(ctx, id, "", &report),
-        };
+    let (checked, located) = match shared.manifests.check_tool(
+        &params.manifest,
+        params.tool.as_deref(),
+        params.manifest_sha256.as_ref(),
+    ) {
+        Ok(c) => c,
+        Err(report) => return refuse(ctx, id, "", &report),
+    };
     let skill = checked.name.as_str();
     if !shared.peers.may_run(ctx.peer.uid, checked.class) {
         let why = format!("peer uid {} may not run {} skills", ctx.peer.uid, checked.class);

@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use policy::{Outcome, RunReport, SkillClass};
+use policy::{ManifestDigest, Outcome, RunReport, SkillClass};
 
 use crate::config::Config;
 use crate::run::parsed::ParsedManifests;
@@ -53,12 +53,14 @@ impl ManifestCache {
     ///
     /// A `rejected` report (skill name empty) saying why.
     pub fn check(&self, path: &str) -> Result<(Checked, Located), Box<RunReport>> {
-        self.check_tool(path, None)
+        self.check_tool(path, None, None)
     }
 
     /// Checks one `tool` of the `SKILL.md` at `path` (`None`: a
-    /// `skill.json`), as [`crate::run::plan::parse_manifest`] reads it. Also
-    /// returns the manifest opened and placed under its root, for the run
+    /// `skill.json`), as [`crate::run::plan::parse_manifest`] reads it, and
+    /// when the caller sent one, that the file's bytes have its `digest`
+    /// (the caller's reading of the manifest is this one). Also returns the
+    /// manifest opened and placed under its root, for the run
     /// (`Engine::run_source_then`): the file checked is the file run.
     ///
     /// # Errors
@@ -68,6 +70,7 @@ impl ManifestCache {
         &self,
         path: &str,
         tool: Option<&str>,
+        digest: Option<&ManifestDigest>,
     ) -> Result<(Checked, Located), Box<RunReport>> {
         let reject = |why: String| Box::new(RunReport::not_run("", Outcome::Rejected, why));
         if !Path::new(path).is_absolute() {
@@ -84,7 +87,15 @@ impl ManifestCache {
             other => reject(other.to_string()),
         };
         let located = Located::open(&self.roots, Path::new(path)).map_err(refused)?;
-        let manifest = self.parsed.get(&located, tool).map_err(refused)?;
+        let parsed = self.parsed.get(&located, tool).map_err(refused)?;
+        if digest.is_some_and(|d| *d != parsed.digest) {
+            return Err(reject(format!(
+                "manifest {}: changed since the loader read it (its SHA-256 differs): \
+                 the loader's registry is stale; reload it",
+                located.path().display()
+            )));
+        }
+        let manifest = parsed.manifest;
         let mut checked = Checked {
             path: located.path().to_owned(),
             name: manifest.name().to_string(),
@@ -157,6 +168,16 @@ mod tests {
         fs::write(root.path().join("a/skill.json"), "{").unwrap();
         let r = cache.check(m.to_str().unwrap()).unwrap_err();
         assert_eq!(r.outcome, Outcome::Rejected);
+
+        // The caller's digest: the same bytes pass, other bytes are refused.
+        write(&root.path().join("a"), "safe");
+        let path = m.to_str().unwrap();
+        let read = ManifestDigest::of(&fs::read(&m).unwrap());
+        assert_eq!(cache.check_tool(path, None, Some(&read)).unwrap().0.name, "c");
+        let stale = ManifestDigest::of(b"what the loader read before");
+        let r = cache.check_tool(path, None, Some(&stale)).unwrap_err();
+        assert_eq!(r.outcome, Outcome::Rejected);
+        assert!(r.error.as_deref().unwrap().contains("changed since the loader read it"), "{r:?}");
 
         let none = ManifestCache::new(&Config::default());
         assert!(none.check(m.to_str().unwrap()).is_err(), "no roots: nothing passes");

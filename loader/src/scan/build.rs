@@ -19,7 +19,7 @@
 
 use std::path::PathBuf;
 
-use policy::Manifest;
+use policy::{Manifest, ManifestDigest};
 
 use crate::scan::entry::{self, EntryError, EntryScope};
 use crate::scan::skill::RegisteredSkill;
@@ -62,13 +62,14 @@ pub struct Built {
 }
 
 /// Checks `manifest`, found at `manifest_path` under `scope.root`, and
-/// builds its skill (as the tool `tool` of a SKILL.md when given).
+/// builds its skill (as the tool `tool` of a SKILL.md when given), read
+/// from bytes whose digest is `digest`.
 ///
 /// # Errors
 ///
 /// The first check that fails, as a [`BuildError`].
 pub fn build(
-    manifest: Manifest,
+    (manifest, digest): (Manifest, ManifestDigest),
     manifest_path: PathBuf,
     scope: EntryScope<'_>,
     tool: Option<&str>,
@@ -82,7 +83,8 @@ pub fn build(
     let entry = entry::resolve(manifest.entry(), dir, scope)?;
     let validator = validators::compile(manifest.schema())
         .map_err(|message| BuildError::Schema { manifest: manifest_path.clone(), message })?;
-    let skill = RegisteredSkill::new(manifest, entry, manifest_path, scope.root.to_path_buf());
+    let skill = RegisteredSkill::new(manifest, entry, manifest_path, scope.root.to_path_buf())
+        .with_digest(digest);
     let skill = match tool {
         Some(t) => skill.with_tool(t),
         None => skill,
@@ -123,7 +125,9 @@ mod tests {
         let path = pack(&root, OsStr::new("p"));
         let scope = EntryScope { root: &root, all_roots: &[] };
         let schema = r#"{"type":"object","required":["a"]}"#;
-        let built = build(manifest(schema), path.clone(), scope, Some("t")).unwrap();
+        let built =
+            build((manifest(schema), ManifestDigest::of(b"m")), path.clone(), scope, Some("t"))
+                .unwrap();
         assert_eq!(built.skill.manifest_path(), path);
         assert_eq!(built.skill.entry(), root.join("p/run"));
         assert_eq!(built.skill.tool(), Some("t"));
@@ -142,7 +146,8 @@ mod tests {
             r##"{"$ref":"https://example.invalid/s.json"}"##,
             r#"{"type":"object","minLength":"three"}"#,
         ] {
-            let e = build(manifest(schema), path.clone(), scope, None).unwrap_err();
+            let e = build((manifest(schema), ManifestDigest::of(b"m")), path.clone(), scope, None)
+                .unwrap_err();
             assert!(matches!(e, BuildError::Schema { .. }), "{schema}: {e:?}");
             let want = format!("schema in {} does not compile: ", path.display());
             assert!(e.to_string().starts_with(&want), "{e}");
@@ -155,7 +160,9 @@ mod tests {
         let root = fs::canonicalize(tmp.path()).unwrap();
         let path = pack(&root, OsStr::from_bytes(b"n\xffu"));
         let scope = EntryScope { root: &root, all_roots: &[] };
-        let e = build(manifest(r#"{"type":"object"}"#), path, scope, None).unwrap_err();
+        let e =
+            build((manifest(r#"{"type":"object"}"#), ManifestDigest::of(b"m")), path, scope, None)
+                .unwrap_err();
         assert!(matches!(e, BuildError::ManifestPathNotUtf8 { .. }), "{e:?}");
         let want = format!("manifest path {}/n\u{fffd}u/skill.json is not UTF-8", root.display());
         assert_eq!(e.to_string(), want);

@@ -11,7 +11,7 @@ use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use policy::{Manifest, ManifestError, ValidateOptions, MAX_MANIFEST_BYTES};
+use policy::{Manifest, ManifestDigest, ManifestError, ValidateOptions, MAX_MANIFEST_BYTES};
 
 /// Why a manifest file could not be turned into a [`Manifest`]. Its
 /// `Display` is the `ERROR` of `skill loader: parse PATH: ERROR`.
@@ -68,24 +68,29 @@ fn read_capped(file: File, hint: u64) -> Result<Vec<u8>, ParseError> {
     Ok(bytes)
 }
 
-/// Reads and validates the `SKILL.md` at `path` (bounded as a manifest).
+/// Reads and validates the `SKILL.md` at `path` (bounded as a manifest),
+/// with the digest of the bytes read.
 ///
 /// # Errors
 ///
 /// [`ParseError`] from [`read_bounded`] or from validation.
-pub fn load_skill_md(path: &Path, opts: &ValidateOptions) -> Result<policy::SkillMd, ParseError> {
+pub fn load_skill_md(
+    path: &Path,
+    opts: &ValidateOptions,
+) -> Result<(policy::SkillMd, ManifestDigest), ParseError> {
     let bytes = read_bounded(path)?;
-    Ok(policy::SkillMd::from_slice(&bytes, opts)?)
+    Ok((policy::SkillMd::from_slice(&bytes, opts)?, ManifestDigest::of(&bytes)))
 }
 
-/// Reads and validates the manifest at `path`.
+/// Reads and validates the manifest at `path`, with the digest of the
+/// bytes read (which the executor checks its own reading against).
 ///
 /// # Errors
 ///
 /// [`ParseError`] from [`read_bounded`] or from validation.
-pub fn load(path: &Path, opts: &ValidateOptions) -> Result<Manifest, ParseError> {
+pub fn load(path: &Path, opts: &ValidateOptions) -> Result<(Manifest, ManifestDigest), ParseError> {
     let bytes = read_bounded(path)?;
-    Ok(Manifest::from_slice(&bytes, opts)?)
+    Ok((Manifest::from_slice(&bytes, opts)?, ManifestDigest::of(&bytes)))
 }
 
 #[cfg(test)]
@@ -99,9 +104,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("skill.json");
         std::fs::write(&path, VALID).unwrap();
-        let m = load(&path, &ValidateOptions::default()).unwrap();
+        let (m, digest) = load(&path, &ValidateOptions::default()).unwrap();
         assert_eq!(m.name().as_str(), "disk_usage");
         assert_eq!(m.entry(), "run.sh");
+        assert_eq!(digest, ManifestDigest::of(VALID.as_bytes()));
     }
 
     #[test]

@@ -65,13 +65,17 @@ pub fn tool_skill(
         Manifest::from_value(text, opts).map_err(|e| format!("tool {:?}: {e}", tool.name))?;
     let validator = validators::compile(manifest.schema())
         .map_err(|e| format!("tool {:?}: schema does not compile: {e}", tool.name))?;
-    let skill = RegisteredSkill::new(
+    let mut skill = RegisteredSkill::new(
         manifest,
         pack.entry().to_owned(),
         pack.manifest_path().to_owned(),
         pack.root().to_owned(),
     )
     .with_mcp_tool(tool.name.clone(), name);
+    // A call runs the pack's manifest: its digest is the pack's.
+    if let Some(digest) = pack.digest() {
+        skill = skill.with_digest(*digest);
+    }
     Ok((skill, validator))
 }
 

@@ -39,7 +39,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use policy::{Manifest, SkillName, ValidateOptions};
+use policy::{Manifest, ManifestDigest, SkillName, ValidateOptions};
 use walkdir::WalkDir;
 
 use self::entry::EntryScope;
@@ -315,19 +315,19 @@ impl Session<'_> {
             return self.load_skill_md(root, path);
         }
         let events = &mut self.report.events;
-        let manifest = match manifest_file::load(&path, self.opts) {
+        let (manifest, digest) = match manifest_file::load(&path, self.opts) {
             Ok(m) => m,
             Err(error) => {
                 events.push(ScanEvent::Parse { manifest: path, error });
                 return;
             }
         };
-        self.register(root, path, manifest, None);
+        self.register(root, path, (manifest, digest), None);
     }
 
     /// Reads a SKILL.md, checks its requirements and registers its tools.
     fn load_skill_md(&mut self, root: &Path, path: PathBuf) {
-        let skill = match manifest_file::load_skill_md(&path, self.opts) {
+        let (skill, digest) = match manifest_file::load_skill_md(&path, self.opts) {
             Ok(s) => s,
             Err(error) => {
                 self.report.events.push(ScanEvent::Parse { manifest: path, error });
@@ -357,7 +357,7 @@ impl Session<'_> {
         }
         for tool in skill.tools() {
             let manifest = tool.manifest().clone();
-            self.register(root, path.clone(), manifest, Some(tool.name()));
+            self.register(root, path.clone(), (manifest, digest), Some(tool.name()));
         }
     }
 
@@ -365,7 +365,13 @@ impl Session<'_> {
     /// a SKILL.md) unless its name is taken or it fails to build (its
     /// entry, its schema: [`crate::scan::build`]). A manifest that fails leaves
     /// the name free for the next one.
-    fn register(&mut self, root: &Path, path: PathBuf, manifest: Manifest, tool: Option<&str>) {
+    fn register(
+        &mut self,
+        root: &Path,
+        path: PathBuf,
+        (manifest, digest): (Manifest, ManifestDigest),
+        tool: Option<&str>,
+    ) {
         let events = &mut self.report.events;
         let name = manifest.name().clone();
         if let Some(first) = self.first_seen.get(&name) {
@@ -379,7 +385,8 @@ impl Session<'_> {
         let ignored = manifest.ignored_fields().to_vec();
         let clamped = manifest.timeout_clamped_from().map(|r| (r, manifest.timeout().as_secs()));
         let scope = EntryScope { root, all_roots: &self.all_roots };
-        let Built { skill, validator } = match build::build(manifest, path.clone(), scope, tool) {
+        let built = build::build((manifest, digest), path.clone(), scope, tool);
+        let Built { skill, validator } = match built {
             Ok(b) => b,
             Err(error) => {
                 events.push(ScanEvent::Build { name, manifest: path, error });

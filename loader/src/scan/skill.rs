@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use policy::{Manifest, SkillName};
+use policy::{Manifest, ManifestDigest, SkillName};
 use serde_json::{json, Value};
 
 /// A registered subprocess skill. Every path is canonical.
@@ -17,6 +17,9 @@ pub struct RegisteredSkill {
     /// ([`policy::mcp::tool_name`]); its manifest carries the alias
     /// `PACK_TOOL` as a skill name.
     mcp: Option<String>,
+    /// The digest of the manifest file's bytes the scan read, which runs
+    /// carry to the executor (`None`: a skill made by hand, not checked).
+    digest: Option<ManifestDigest>,
 }
 
 impl RegisteredSkill {
@@ -31,7 +34,20 @@ impl RegisteredSkill {
         entry.shrink_to_fit();
         manifest_path.shrink_to_fit();
         root.shrink_to_fit();
-        Self { manifest, entry, manifest_path, root, tool: None, mcp: None }
+        Self { manifest, entry, manifest_path, root, tool: None, mcp: None, digest: None }
+    }
+
+    /// The same skill, read from a manifest file whose bytes have `digest`.
+    #[must_use]
+    pub fn with_digest(mut self, digest: ManifestDigest) -> Self {
+        self.digest = Some(digest);
+        self
+    }
+
+    /// The digest of the manifest file's bytes the scan read (for an MCP
+    /// server's tool: its pack's).
+    pub fn digest(&self) -> Option<&ManifestDigest> {
+        self.digest.as_ref()
     }
 
     /// The same skill, as the tool `tool` (its name as written) of the

@@ -27,6 +27,12 @@ pub struct ExecuteParams {
     /// written or as registered). Absent for `skill.json`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
+    /// The SHA-256 of the manifest's bytes as the caller read and checked
+    /// them: the executor refuses the run (`rejected`) when the file's bytes
+    /// now have another, so a pack changed since the caller's scan never
+    /// runs under the caller's old reading of it. Absent: not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_sha256: Option<crate::ManifestDigest>,
     /// Prepare the run, but spawn nothing before a `start` notification
     /// for this request's id ([`Request::Start`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

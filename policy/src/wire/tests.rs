@@ -12,10 +12,12 @@ fn execute_round_trip() {
         session_id: None,
         class: None,
         tool: None,
+        manifest_sha256: None,
         hold: false,
     };
     let l = encode_execute(7, &p);
     assert!(!l.windows(4).any(|w| w == b"hold"), "hold is left out when false");
+    assert!(!l.windows(6).any(|w| w == b"sha256"), "no digest: left out");
     let text = br#""args":{"z":1.50,"a":123456789012345678901234567890}"#;
     assert!(l.windows(text.len()).any(|w| w == text), "args as sent");
     assert_eq!(l.last(), Some(&b'\n'));
@@ -51,13 +53,17 @@ fn a_held_execute_and_its_start_round_trip() {
         session_id: None,
         class: None,
         tool: None,
+        manifest_sha256: Some(crate::ManifestDigest::of(b"{}")),
         hold: true,
     };
     let l = encode_execute(3, &p);
-    assert!(matches!(
-        decode_line(&l[..l.len() - 1]).unwrap(),
-        Request::Execute { params: ExecuteParams { hold: true, .. }, .. }
-    ));
+    match decode_line(&l[..l.len() - 1]).unwrap() {
+        Request::Execute { params, .. } => assert_eq!(params, p),
+        other => panic!("{other:?}"),
+    }
+    // A digest that is not 64 hex digits: the request is refused whole.
+    let bad = br#"{"jsonrpc":"2.0","id":1,"method":"execute","params":{"manifest":"/x","args":{},"manifest_sha256":"ab"}}"#;
+    assert!(decode_line(bad).is_err());
     let l = encode_start(3);
     assert_eq!(decode_line(&l[..l.len() - 1]).unwrap(), Request::Start { run: json!(3) });
     assert_eq!(

@@ -316,6 +316,9 @@ impl Execution {
             session_id: req.session_id,
             class: Some(self.manifest().class()),
             tool: registered.tool().map(str::to_owned),
+            // The executor runs the manifest only if it is still the one
+            // this request was checked against.
+            manifest_sha256: registered.digest().copied(),
             hold: false,
         });
         let fast = match Arc::clone(app.run_slots()).try_acquire_owned() {

@@ -24,6 +24,7 @@ fn params() -> ExecuteParams {
         session_id: None,
         class: None,
         tool: None,
+        manifest_sha256: None,
         hold: false,
     }
 }
