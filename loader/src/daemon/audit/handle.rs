@@ -168,10 +168,12 @@ impl Audit {
     }
 
     /// Writes the decision of a run that is about to start; returns the
-    /// row id once inserted, before its transaction commits. The commit
-    /// that [`Audit::finish`] of this id waits for covers this row too
-    /// (one writer, FIFO), so a run's answer still follows both rows'
-    /// commit. Use [`Audit::record`] when the answer follows directly.
+    /// row id once committed, before any `fsync` its batch waits for: a
+    /// run never starts without its row (a full file system fails the
+    /// commit, and the run is refused). The `fsync` that [`Audit::finish`]
+    /// of this id waits for covers this row too (one writer, FIFO), so a
+    /// run's answer follows both rows' durability. Use [`Audit::record`]
+    /// when the answer follows directly.
     ///
     /// # Errors
     ///

@@ -91,14 +91,17 @@
 //! one commit (one `fsync`) covers all the rows of that batch; each caller
 //! waits for the commit of its own batch only. Statements are prepared once
 //! per connection (`prepare_cached`). An allowed run's first row
-//! ([`Audit::record_before_run`]) is answered as soon as it is inserted,
-//! before its commit: the run's answer waits for the commit of its
-//! completion ([`RunRow::finish`]), which comes after the insert on the
-//! same connection (FIFO), so it covers both. A refusal's row
-//! ([`Audit::record`]) is answered once committed, since the answer
-//! follows it directly. If a commit fails, every row of its batch is lost;
-//! the completion of a run whose first row was lost finds no row and fails
-//! (logged, counted in `ongrid_audit_write_errors_total`). Args and result are stored as JSON text of at most
+//! ([`Audit::record_before_run`]) is answered as soon as its batch is
+//! committed, before the `fsync` the batch may wait for: the run starts
+//! then, and its answer waits for the commit (and `fsync`) of its
+//! completion ([`RunRow::finish`]), which comes after on the same
+//! connection (FIFO), so it covers both. A refusal's row
+//! ([`Audit::record`]) is answered once committed and synced, since the
+//! answer follows it directly. If a commit fails, every row of its batch
+//! is lost and every caller of the batch gets the error: a run whose
+//! first row it held is refused, never started (SQLite's insert fits in
+//! its page cache on a full file system; the commit is what fails). Each
+//! failure counts in `ongrid_audit_write_errors_total`. Args and result are stored as JSON text of at most
 //! [`FIELD_MAX_BYTES`] (a refused request's args at most
 //! [`REFUSED_ARGS_MAX_BYTES`]; cut on a character boundary and marked
 //! `*_truncated`); error texts at most [`ERROR_MAX_BYTES`].
@@ -155,5 +158,7 @@ pub use rows::{
 };
 pub use words::{CANCELLED, DECISIONS, EXECUTOR_UNAVAILABLE, INTERRUPTED, OUTCOMES};
 
+#[cfg(test)]
+mod full_disk_tests;
 #[cfg(test)]
 mod tests;

@@ -263,11 +263,7 @@ impl Worker {
                     match r {
                         Ok(id) if early => {
                             group.written += 1;
-                            if reply.send(Ok(id)).is_err() {
-                                // The handler went away before it had the
-                                // id: nothing ran, nobody will finish it.
-                                self.finish(&mut group, id, &unclaimed(), None);
-                            }
+                            group.early.push((id, reply));
                         }
                         Ok(id) => {
                             group.written += 1;
@@ -487,9 +483,14 @@ impl Worker {
             }
             self.db = None;
         }
-        let lost = group.written.saturating_sub(group.waiters.len());
+        let lost = group.written.saturating_sub(group.waiters.len() + group.early.len());
         for _ in 0..lost {
             self.errors.inc();
+        }
+        for (_, reply) in group.early.drain(..) {
+            // The run is refused: it never starts without its row.
+            self.errors.inc();
+            let _ = reply.send(Err(e.clone()));
         }
         for w in group.waiters.drain(..) {
             self.errors.inc();
@@ -507,9 +508,13 @@ impl Worker {
             Some(db) => run_cached(db, "COMMIT").map_err(|e| self.unavailable(&e)),
             None => Err(AuditError::Closed),
         };
-        let r = r.and_then(|()| self.made_durable(group.critical));
+        // A run's decision row is answered once committed (its run starts
+        // then), before the `fsync` its batch may wait for: the run's
+        // answer waits for its completion's, which covers both.
+        let r = r.map(|()| self.answer_early(group));
+        let r = r.and_then(|unclaimed| self.made_durable(group.critical).map(|()| unclaimed));
         match r {
-            Ok(()) => {
+            Ok(unclaimed) => {
                 self.failing = None;
                 let before = self.inserts;
                 self.inserts += group.written as u64;
@@ -520,6 +525,7 @@ impl Worker {
                 if self.inserts / PRUNE_EVERY != before / PRUNE_EVERY {
                     self.prune_due = true;
                 }
+                self.complete_unclaimed(unclaimed);
             }
             Err(e) => {
                 tracing::error!(error = %e, "audit: cannot write the audit trail");
@@ -527,6 +533,31 @@ impl Worker {
                 self.abort(group, &e);
             }
         }
+    }
+
+    /// Hands the group's decision rows their ids, now committed; returns
+    /// the rows whose handler went away before it had its id.
+    fn answer_early(&mut self, group: &mut Group) -> Vec<i64> {
+        let mut unclaimed = Vec::new();
+        for (id, reply) in group.early.drain(..) {
+            if reply.send(Ok(id)).is_err() {
+                unclaimed.push(id);
+            }
+        }
+        unclaimed
+    }
+
+    /// Completes the rows of runs whose handler went away before it had
+    /// the row's id: nothing ran, nobody else will finish them.
+    fn complete_unclaimed(&mut self, ids: Vec<i64>) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut group = Group::default();
+        for id in ids {
+            self.finish(&mut group, id, &unclaimed(), None);
+        }
+        self.commit(&mut group);
     }
 
     /// After a commit: under `full` SQLite has `fsync`ed it; under
@@ -588,9 +619,12 @@ struct Group {
     open: bool,
     /// It holds a row whose commit is `fsync`ed before the answer.
     critical: bool,
-    /// Rows written in it (early-answered ones included).
+    /// Rows written in it.
     written: usize,
-    /// Who waits for the commit.
+    /// Runs' decision rows, answered with their ids once committed, before
+    /// any `fsync` (`Audit::record_before_run`).
+    early: Vec<(i64, oneshot::Sender<Result<i64, AuditError>>)>,
+    /// Who waits for the commit (and its `fsync`, when due).
     waiters: Vec<Waiter>,
 }
 

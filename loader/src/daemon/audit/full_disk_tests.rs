@@ -1,0 +1,117 @@
+//! The audit on a file system that fills up: a run whose decision row
+//! cannot be committed never starts, and the approvals it named stay
+//! unused. Needs root (a tmpfs is mounted); prints a SKIP line otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use prometheus::{IntCounter, IntCounterVec};
+
+use super::*;
+use crate::daemon::config::{AuditSettings, AuditSync};
+
+/// A tmpfs of `size` mounted on a temporary directory, unmounted
+/// (lazily) when dropped.
+struct Tmpfs(PathBuf, tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "ongrid-audit-test"])
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount a tmpfs on {}", path.display());
+        Tmpfs(path, dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = &self.1;
+    }
+}
+
+/// Fills the file system holding `dir`; returns the file that does.
+fn fill(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("fill");
+    let mut file = std::fs::File::create(&path).unwrap();
+    let block = vec![0u8; 4096];
+    while file.write_all(&block).is_ok() {}
+    path
+}
+
+fn settings(dir: &Path, synchronous: AuditSync) -> AuditSettings {
+    AuditSettings {
+        db: dir.join("audit.db"),
+        required: true,
+        max_rows: 0,
+        max_age_days: 0,
+        max_bytes: 0,
+        synchronous,
+        sync_interval: Duration::from_millis(100),
+    }
+}
+
+/// A `dangerous` run's decision, using the approval `key`.
+fn decision(skill: &str, key: &str, expires: u64) -> Record {
+    Record {
+        skill: skill.into(),
+        class: "dangerous".into(),
+        caller_uid: 1000,
+        role: "ops".into(),
+        mode: "dual-sign-required".into(),
+        decision: "allow",
+        reason: "dual_signed".into(),
+        approvers: vec![key.split(':').next().unwrap_or_default().to_owned()],
+        approvals_used: vec![(key.to_owned(), expires)],
+        ..Record::default()
+    }
+}
+
+fn ok() -> Finish {
+    Finish { outcome: "ok".into(), ..Finish::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_decision_row_cannot_be_committed_never_starts() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "SKIP a_run_whose_decision_row_cannot_be_committed_never_starts: needs root (mount)"
+        );
+        return;
+    }
+    let expires = u64::try_from(now_ms() / 1000).unwrap() + 600;
+    for mode in [AuditSync::Interval, AuditSync::Full] {
+        let fs = Tmpfs::mount("1m");
+        let s = settings(&fs.0, mode);
+        let errors = IntCounter::new("e", "e").unwrap();
+        let syncs = IntCounterVec::new(prometheus::Opts::new("s", "s"), &["when"]).unwrap();
+        let audit = Audit::start(&s, errors.clone(), &syncs).unwrap();
+        let id = audit.record_before_run(decision("before", "k:d", expires)).await.unwrap();
+        RunRow::new(audit.clone(), Some(id)).finish(ok()).await.unwrap();
+        let full = fill(&fs.0);
+        // SQLite's insert fits in its page cache; the commit does not.
+        for i in 0..5 {
+            let key = format!("k{i}:d{i}");
+            let r = audit.record_before_run(decision(&format!("full{i}"), &key, expires)).await;
+            assert!(r.is_err(), "{mode:?}: run {i} would start with its row uncommitted: {r:?}");
+        }
+        assert!(errors.get() >= 5, "{mode:?}: {} errors counted", errors.get());
+        std::fs::remove_file(&full).unwrap();
+        let rows = audit.query(Query { limit: 100, ..Query::default() }).await.unwrap().items;
+        let skills: Vec<&str> = rows.iter().map(|e| e.skill.as_str()).collect();
+        assert_eq!(skills, ["before"], "{mode:?}");
+        // Nothing ran: the refused runs' approvals stay usable.
+        let used = audit.used_approvals().await.unwrap();
+        assert_eq!(used.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["k:d"], "{mode:?}");
+        let again = audit.record_before_run(decision("after", "k0:d0", expires)).await.unwrap();
+        RunRow::new(audit.clone(), Some(again)).finish(ok()).await.unwrap();
+        drop(audit);
+    }
+}
