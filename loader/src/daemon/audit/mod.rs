@@ -136,8 +136,8 @@
 //! At open and every [`PRUNE_EVERY`] inserts: rows beyond `audit_max_rows`,
 //! rows older than `audit_max_age_days` and, while the rows take more than
 //! `audit_max_bytes` of the database, the oldest rows are deleted
-//! (refusals first, then allowed `safe` runs, then the rest), and so are
-//! used approvals past their expiry. (A caller refused again and again
+//! (refusals first, then allowed `safe` runs, then the rest; never the row
+//! of a run still in flight), and so are used approvals past their expiry. (A caller refused again and again
 //! writes a row each time, and any caller may make `safe` runs: the size
 //! cap bounds the file whatever the rows hold, and such a flood pushes out
 //! older rows of its own kind before any `mutating` or `dangerous` run's.)
@@ -160,5 +160,7 @@ pub use words::{CANCELLED, DECISIONS, EXECUTOR_UNAVAILABLE, INTERRUPTED, OUTCOME
 
 #[cfg(test)]
 mod full_disk_tests;
+#[cfg(test)]
+mod retention_tests;
 #[cfg(test)]
 mod tests;

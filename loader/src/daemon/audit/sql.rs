@@ -39,6 +39,8 @@ CREATE TABLE IF NOT EXISTS audit (
 );
 CREATE INDEX IF NOT EXISTS audit_started ON audit (started_at);
 CREATE INDEX IF NOT EXISTS audit_skill ON audit (skill, id);
+CREATE INDEX IF NOT EXISTS audit_refused ON audit (id) WHERE decision != 'allow';
+CREATE INDEX IF NOT EXISTS audit_safe ON audit (id) WHERE decision = 'allow' AND class = 'safe';
 CREATE TABLE IF NOT EXISTS used_approvals (
     approval TEXT PRIMARY KEY,
     key_id TEXT NOT NULL,
@@ -211,13 +213,19 @@ pub(super) fn used_bytes(db: &Connection) -> rusqlite::Result<u64> {
 /// those, unmapped ones included), then the rest: a flood of requests by a
 /// caller who may run nothing more pushes out its own kind of row before
 /// any `mutating` or `dangerous` run's (it erased a dual-signed run's row
-/// in 250 requests at `audit_max_rows = 100`).
+/// in 250 requests at `audit_max_rows = 100`). A run in flight (allowed,
+/// no outcome yet) keeps its row: its completion updates it. The first
+/// two tiers read their partial indexes (`audit_refused`, `audit_safe`),
+/// so a prune at the cap does not scan the table.
 const OLDEST_BY_TIER: [&str; 3] = [
     "DELETE FROM audit WHERE id IN
          (SELECT id FROM audit WHERE decision != 'allow' ORDER BY id LIMIT ?1)",
     "DELETE FROM audit WHERE id IN
-         (SELECT id FROM audit WHERE decision = 'allow' AND class = 'safe' ORDER BY id LIMIT ?1)",
-    "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)",
+         (SELECT id FROM audit WHERE decision = 'allow' AND class = 'safe'
+             AND outcome IS NOT NULL ORDER BY id LIMIT ?1)",
+    "DELETE FROM audit WHERE id IN
+         (SELECT id FROM audit WHERE decision != 'allow' OR outcome IS NOT NULL
+             ORDER BY id LIMIT ?1)",
 ];
 
 /// Deletes the oldest rows while the pages in use exceed `max_bytes`, each

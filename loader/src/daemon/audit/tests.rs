@@ -43,6 +43,12 @@ fn record(skill: &str, used: &[(&str, u64)]) -> Record {
     }
 }
 
+/// A finished run's row, written whole (retention keeps a run's row
+/// while it has no outcome: its run is in flight).
+fn finished(record: Record) -> Record {
+    Record { outcome: Some("ok".into()), ..record }
+}
+
 #[tokio::test]
 async fn rows_are_written_completed_and_read_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -232,7 +238,7 @@ async fn retention_keeps_the_newest_rows() {
     let errors = IntCounter::new("e", "e").unwrap();
     let audit = Audit::start(&settings(dir.path(), 10), errors, &syncs()).unwrap();
     for i in 0..PRUNE_EVERY + 5 {
-        audit.record(record(&format!("s{i}"), &[])).await.unwrap();
+        audit.record(finished(record(&format!("s{i}"), &[]))).await.unwrap();
     }
     assert_eq!(audit.count().await.unwrap(), 15);
     let newest = audit.query(Query { limit: 1, ..Query::default() }).await.unwrap().items;
@@ -337,7 +343,7 @@ async fn a_flood_of_safe_runs_and_refusals_does_not_erase_a_dangerous_runs_row()
     for i in 0..PRUNE_EVERY * 2 {
         let decision = if i % 2 == 0 { "deny" } else { "allow" };
         let r = Record { decision, class: "safe".into(), ..record(&format!("s{i}"), &[]) };
-        audit.record(r).await.unwrap();
+        audit.record(finished(r)).await.unwrap();
     }
     let rows = audit.query(Query { limit: 100, ..Query::default() }).await.unwrap().items;
     assert!(rows.len() <= 10 + usize::try_from(PRUNE_EVERY).unwrap(), "pruned: {}", rows.len());
@@ -837,7 +843,7 @@ async fn the_rows_stay_under_the_byte_cap() {
     let big = RawJson::from_value(&json!({"pad": "x".repeat(30_000)}));
     for i in 0..400 {
         let r = Record { args: Some(big.clone()), skill: format!("s{i}"), ..record("rm", &[]) };
-        audit.record(r).await.unwrap();
+        audit.record(finished(r)).await.unwrap();
     }
     drop(audit);
     // 400 rows of 30 KB would be ~12 MB; pruned at open (and every 100).

@@ -1,0 +1,60 @@
+//! Retention and runs in flight: the caps never delete the row of a run
+//! that has not ended, whose completion is still to come.
+
+use std::time::Duration;
+
+use prometheus::{IntCounter, IntCounterVec};
+
+use super::*;
+use crate::daemon::config::{AuditSettings, AuditSync};
+
+fn settings(dir: &std::path::Path) -> AuditSettings {
+    AuditSettings {
+        db: dir.join("audit.db"),
+        required: true,
+        max_rows: 50,
+        max_age_days: 0,
+        max_bytes: 0,
+        synchronous: AuditSync::Full,
+        sync_interval: Duration::from_millis(100),
+    }
+}
+
+fn safe(skill: &str) -> Record {
+    Record {
+        skill: skill.into(),
+        class: "safe".into(),
+        caller_uid: 1000,
+        role: "ops".into(),
+        mode: "read-only".into(),
+        decision: "allow",
+        reason: "safe".into(),
+        ..Record::default()
+    }
+}
+
+fn ok() -> Finish {
+    Finish { outcome: "ok".into(), ..Finish::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_in_flight_keeps_its_row_through_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let syncs = IntCounterVec::new(prometheus::Opts::new("s", "s"), &["when"]).unwrap();
+    let audit = Audit::start(&settings(dir.path()), errors.clone(), &syncs).unwrap();
+    // `full`: every row through the thread, as a run whose completion
+    // finds its row there.
+    let long = audit.record_before_run(safe("long")).await.unwrap();
+    let long = RunRow::new(audit.clone(), Some(long));
+    for i in 0..PRUNE_EVERY + 10 {
+        let id = audit.record_before_run(safe(&format!("s{i}"))).await.unwrap();
+        RunRow::new(audit.clone(), Some(id)).finish(ok()).await.unwrap();
+    }
+    long.finish(ok()).await.expect("the long run's completion finds its row");
+    assert_eq!(errors.get(), 0);
+    let rows = audit.query(Query { limit: 500, ..Query::default() }).await.unwrap().items;
+    assert!(rows.len() <= 50 + usize::try_from(PRUNE_EVERY).unwrap(), "pruned: {}", rows.len());
+    let long = rows.iter().find(|e| e.skill == "long").expect("the long run's row");
+    assert_eq!(long.outcome.as_deref(), Some("ok"));
+}
