@@ -7,6 +7,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 
 use crate::harness::{eventually, temp_dir, Stack};
@@ -123,6 +124,27 @@ fn a_change_a_server_says_while_idle_reaches_the_registry_without_a_call_to_it()
         eprintln!("{tool}: the registry followed {:?} after the answer", answered.elapsed());
     }
     assert!(s.logs().contains("its server's tools changed"), "{}", s.logs());
+}
+
+/// A reload while the executor is down registers the pack without its
+/// tools; once the executor is back, skilld lists them without a call (a
+/// call cannot be made: its tools are unknown) or another reload.
+#[test]
+fn a_pack_scanned_while_the_executor_was_down_gets_its_tools_once_it_is_back() {
+    let mut s = Stack::start_with("", "");
+    fake_pack(
+        &s,
+        &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
+        "timeout_seconds": 5, "class": "safe"}),
+    );
+    assert_eq!(s.get("/v1/skills/fake.echo").status, 200, "{}", s.logs());
+    s.stop_executor(Signal::SIGTERM);
+    assert_eq!(s.post("/v1/reload", &json!({})).status, 200, "{}", s.logs());
+    assert_eq!(s.get("/v1/skills/fake.echo").status, 404, "not listed while the executor is down");
+    s.start_executor();
+    let back = eventually(Duration::from_secs(15), || s.get("/v1/skills/fake.echo").status == 200);
+    assert!(back, "the pack's tools never came back:\n{}", s.logs());
+    assert_eq!(s.execute("fake.echo", &json!({"x": 1})).status, 200, "{}", s.logs());
 }
 
 fn front(s: &Stack) -> Mcp {

@@ -345,10 +345,15 @@ impl App {
     /// server says while nobody calls it reaches the registry within a
     /// moment, and no server is polled. Without packs it waits for a
     /// reload; when the executor cannot be asked, it tries again after a
-    /// backoff (0.5 s doubling to 10 s).
+    /// backoff (0.5 s doubling to 10 s). The packs whose tools were never
+    /// listed (a scan while the executor was down: a fresh executor names
+    /// no pack it has not started, and its first answer may be a long wait
+    /// away) are listed again once the executor answers a ping: looked
+    /// for at the start, after each reload and after each failure.
     pub async fn watch_mcp(self: Arc<Self>) {
         let mut since = 0;
         let mut failures: u32 = 0;
+        let mut relist = true;
         let mut reloads = self.registry.subscribe();
         loop {
             if !self.registry.current().has_mcp_packs() {
@@ -357,8 +362,21 @@ impl App {
                 }
                 continue;
             }
+            if relist {
+                relist = !self.relist_unlisted().await;
+            }
             let asked = std::time::Instant::now();
-            match self.executor.mcp_watch(since, MCP_WATCH_WAIT).await {
+            let watched = tokio::select! {
+                r = self.executor.mcp_watch(since, MCP_WATCH_WAIT) => r,
+                changed = reloads.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    relist = true;
+                    continue;
+                }
+            };
+            match watched {
                 Ok(answer) => {
                     failures = 0;
                     for p in &answer.packs {
@@ -373,6 +391,7 @@ impl App {
                     }
                 }
                 Err(e) => {
+                    relist = true;
                     failures = failures.saturating_add(1);
                     let wait = MCP_WATCH_RETRY
                         .saturating_mul(1 << failures.saturating_sub(1).min(5))
@@ -382,6 +401,24 @@ impl App {
                 }
             }
         }
+    }
+
+    /// Lists the registry's MCP server packs that hold no tool list again,
+    /// if the executor answers a ping; returns false when there were some
+    /// and it did not answer (to be tried again).
+    async fn relist_unlisted(self: &Arc<Self>) -> bool {
+        let unlisted = self.registry.current().unlisted_mcp_packs();
+        if unlisted.is_empty() {
+            return true;
+        }
+        if !self.executor.ping(PONG_TIMEOUT).await {
+            return false;
+        }
+        for manifest in unlisted {
+            // The pack holds no generation: any list is newer.
+            self.tools_generation_seen(&manifest, 0);
+        }
+        true
     }
 
     /// Lists the tools of the MCP server pack at `manifest` again and

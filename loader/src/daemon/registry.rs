@@ -172,6 +172,12 @@ impl Snapshot {
         self.mcp.get(manifest)
     }
 
+    /// The MCP server packs whose tools were not listed (the executor
+    /// could not be asked, or its server did not start).
+    pub fn unlisted_mcp_packs(&self) -> Vec<PathBuf> {
+        self.mcp.iter().filter(|(_, p)| p.generation.is_none()).map(|(m, _)| m.clone()).collect()
+    }
+
     /// Whether the scan found MCP server packs.
     pub fn has_mcp_packs(&self) -> bool {
         !self.mcp.is_empty()
