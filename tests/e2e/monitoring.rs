@@ -60,6 +60,30 @@ fn alert_names() -> Vec<String> {
         .collect()
 }
 
+/// Every scrape job the docs tell operators to write is the job the
+/// shipped `OngridSkilldDown` alert selects: another name leaves a skilld
+/// that is down unpaged.
+#[test]
+fn the_documented_scrape_job_is_the_one_the_alerts_select() {
+    let rules = fs::read_to_string(mixin_file("ongrid-alerts.yml")).unwrap();
+    let selected = rules
+        .split("up{job=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("OngridSkilldDown selects up{job=...}");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut documented = 0;
+    for doc in ["docs/operating.md", "packaging/monitoring/README.md", "README.md"] {
+        let text = fs::read_to_string(root.join(doc)).unwrap();
+        for line in text.lines().filter(|l| l.contains("job_name:")) {
+            let name = line.split("job_name:").nth(1).unwrap().split_whitespace().next().unwrap();
+            assert_eq!(name, selected, "{doc}: {line}");
+            documented += 1;
+        }
+    }
+    assert!(documented >= 2, "the scrape job is documented in {documented} places");
+}
+
 #[test]
 fn alert_rules_pass_promtool_check_and_their_unit_tests() {
     let case = "alert_rules_pass_promtool_check_and_their_unit_tests";

@@ -40,17 +40,23 @@ check_sysusers() {
 }
 
 check_tmpfiles() {
-    local spec path want got
-    for spec in "/run/ongrid 1771 root:ongrid" "/run/ongrid/runs 711 root:root" \
-        "/var/lib/ongrid 700 ongrid:ongrid" "/etc/ongrid/skills 755 root:root"; do
-        read -r path want <<<"$spec"
-        got=$(stat -c '%a %U:%G' "$path" 2>&1)
-        [ "$got" = "$want" ] || why "$path is $got, expected $want"
+    local spec path want got pass
+    # Twice: as installed, then after tmpfiles ran again, as at each boot,
+    # upgrade or reinstall (a later run's chmod must not narrow the ACL's
+    # mask: an effective entry shows as `user:ongrid:rwx #effective:r-x`).
+    for pass in installed again; do
+        for spec in "/run/ongrid 1771 root:ongrid" "/run/ongrid/runs 711 root:root" \
+            "/var/lib/ongrid 700 ongrid:ongrid" "/etc/ongrid/skills 755 root:root"; do
+            read -r path want <<<"$spec"
+            got=$(stat -c '%a %U:%G' "$path" 2>&1)
+            [ "$got" = "$want" ] || why "$pass: $path is $got, expected $want"
+        done
+        getfacl -cp /run/ongrid 2>/dev/null | grep -qx 'user:ongrid:rwx' ||
+            why "$pass: /run/ongrid has no ACL entry user:ongrid:rwx: $(getfacl -cp /run/ongrid 2>&1 | paste -sd' ')"
+        [ "$pass" = again ] && break
+        # The tmpfiles.d entry is what recreates /run/ongrid at every boot.
+        systemd-tmpfiles --create ongrid-skills.conf || why "systemd-tmpfiles --create ongrid-skills.conf failed"
     done
-    getfacl -cp /run/ongrid 2>/dev/null | grep -qx 'user:ongrid:rwx' ||
-        why "/run/ongrid has no ACL entry user:ongrid:rwx: $(getfacl -cp /run/ongrid 2>&1 | paste -sd' ')"
-    # The tmpfiles.d entry is what recreates /run/ongrid at every boot.
-    systemd-tmpfiles --create ongrid-skills.conf || why "systemd-tmpfiles --create ongrid-skills.conf failed"
     [ ! -s "$work/why" ]
 }
 

@@ -19,7 +19,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use nix::fcntl::{Flock, FlockArg};
@@ -45,18 +45,30 @@ pub struct Enabled {
     user: Option<Flock<File>>,
 }
 
+/// Opens (creating it) the coordination file at `path`: never through a
+/// symlink, and only a regular file of the executor's own user. Another
+/// user may create entries in `/run/ongrid` (skilld's socket): a file or
+/// link planted there must not be truncated and written as root, nor its
+/// text restored as the audit's status.
 fn open(path: &str) -> Result<File, String> {
     if let Some(dir) = Path::new(path).parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .mode(0o600)
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| format!("{path}: {e}"))
+        .map_err(|e| format!("{path}: {e}"))?;
+    let meta = file.metadata().map_err(|e| format!("{path}: {e}"))?;
+    let own = crate::run::plan::euid();
+    if !meta.file_type().is_file() || meta.uid() != own {
+        return Err(format!("{path}: not a regular file of uid {own}; remove it"));
+    }
+    Ok(file)
 }
 
 fn lock(path: &str, how: FlockArg) -> Result<Flock<File>, String> {
@@ -135,6 +147,36 @@ impl Drop for Enabled {
                 Err(e) => tracing::warn!("restoring the kernel's audit status: {e}"),
             }
             keep(&mut guard, None);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_planted_link_or_another_users_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, "keep me").unwrap();
+        let link = dir.path().join("link.lock");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = open(link.to_str().unwrap()).unwrap_err();
+        assert!(e.contains("link.lock"), "{e}");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+
+        let fresh = dir.path().join("fresh.lock");
+        let mut file = open(fresh.to_str().unwrap()).unwrap();
+        keep(&mut file, None);
+        assert!(fresh.is_file());
+
+        if nix::unistd::geteuid().is_root() {
+            let planted = dir.path().join("planted.lock");
+            std::fs::write(&planted, "1 0 0 0\n").unwrap();
+            std::os::unix::fs::chown(&planted, Some(65534), None).unwrap();
+            let e = open(planted.to_str().unwrap()).unwrap_err();
+            assert!(e.contains("not a regular file of uid 0"), "{e}");
         }
     }
 }
