@@ -42,9 +42,9 @@ use std::time::Duration;
 
 use policy::{ArgsError, RawJson};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, SubscriptionFilter,
-    Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest,
+    CustomResult, Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
+    ServerConfig, SubscriptionFilter, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData, ServerHandler, ServiceExt};
@@ -92,6 +92,17 @@ pub fn run(args: &Args, _out: &mut dyn Write, err: &mut dyn Write) -> io::Result
     }
 }
 
+/// The methods this server serves whose params the SDK reads, and what
+/// their params are: a request of one whose params it cannot read is
+/// answered `-32602` naming them ([`Server::on_custom_request`]).
+const SERVED: [(&str, &str); 5] = [
+    ("tools/call", "an object with `name`, a string, and `arguments`, an object"),
+    ("tools/list", "an object with an optional `cursor` string"),
+    ("initialize", "`protocolVersion`, `capabilities` and `clientInfo`"),
+    ("server/discover", "an object"),
+    ("subscriptions/listen", "an object with a `filter` object"),
+];
+
 /// How long one long poll of the registry's generation waits, seconds.
 const REGISTRY_WAIT: u64 = 30;
 /// The first wait before asking the daemon again after a failed poll.
@@ -101,15 +112,20 @@ const FOLLOW_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// What answers requests: the daemon client, the session id its runs are
 /// audited under, the calls' arguments as written, and the last tool list
-/// the client was given or told of.
+/// the client was given.
 #[derive(Debug, Clone)]
 pub struct Server {
     client: DaemonClient,
     session: String,
     calls: Calls,
-    /// The caller's tools as last listed (their JSON text): what a move
-    /// of the registry is compared with.
-    listed: Arc<Mutex<Option<String>>>,
+    /// The caller's tools as last given by `tools/list` (their JSON
+    /// text): a move to them tells the client nothing new.
+    given: Arc<Mutex<Option<String>>>,
+}
+
+/// A tool list as text, to compare lists by.
+fn list_text(tools: &[Tool]) -> String {
+    serde_json::to_string(tools).unwrap_or_default()
 }
 
 /// The execute body of a `tools/call`.
@@ -135,20 +151,18 @@ impl Server {
             client,
             session: format!("mcp-{}", std::process::id()),
             calls: Calls::default(),
-            listed: Arc::default(),
+            given: Arc::default(),
         }
     }
 
-    /// Keeps `tools` as the last list the client was given, or the list
-    /// [`Server::follow`] saw first; true when one was kept and this one
-    /// differs (so a client that never listed its tools is told of the
-    /// changes after the session's start too).
-    fn remember(&self, tools: &[Tool]) -> bool {
-        let text = serde_json::to_string(tools).unwrap_or_default();
-        let mut listed = self.listed.lock().unwrap_or_else(PoisonError::into_inner);
-        let changed = listed.as_deref().is_some_and(|l| l != text);
-        *listed = Some(text);
-        changed
+    /// Keeps `tools` as the last list the client was given (`tools/list`).
+    fn give(&self, tools: &[Tool]) {
+        *self.given.lock().unwrap_or_else(PoisonError::into_inner) = Some(list_text(tools));
+    }
+
+    /// The last list the client was given, as text.
+    fn given(&self) -> Option<String> {
+        self.given.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// The registry's generation: at once (`since` `None`), or once it is
@@ -165,18 +179,28 @@ impl Server {
     /// Follows the daemon's registry until `notify` fails (the client is
     /// gone): a long poll on its generation, and after each move the
     /// caller's tools read again; `notify` is called when they differ from
-    /// the last list the client was given or told of (a move that changes
-    /// nothing this caller sees tells it nothing). When the daemon cannot
-    /// be asked, it asks again after a backoff (0.5 s doubling to 10 s).
+    /// the last list this follower told of (or saw first: a client that
+    /// never listed its tools is told of the changes after it began) and
+    /// from the last list the client was given. Each follower (a session,
+    /// each `subscriptions/listen`) keeps its own: every one is told. A
+    /// move whose tools cannot be read is read again (the generation is
+    /// taken only with its tools). When the daemon cannot be asked, it
+    /// asks again after a backoff (0.5 s doubling to 10 s).
     pub async fn follow<F, Fut>(&self, mut notify: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = bool>,
     {
         let mut since = None;
+        let mut seen = self.given();
         let mut failures: u32 = 0;
         loop {
-            let Some(generation) = self.registry_generation(since).await else {
+            let read = match self.registry_generation(since).await {
+                Some(g) if since == Some(g) => continue,
+                Some(g) => self.tools().await.ok().map(|tools| (g, tools)),
+                None => None,
+            };
+            let Some((generation, tools)) = read else {
                 failures = failures.saturating_add(1);
                 let wait = FOLLOW_RETRY
                     .saturating_mul(1 << failures.saturating_sub(1).min(5))
@@ -185,12 +209,12 @@ impl Server {
                 continue;
             };
             failures = 0;
-            if since == Some(generation) {
-                continue;
-            }
             since = Some(generation);
-            let Ok(tools) = self.tools().await else { continue };
-            if self.remember(&tools) && !notify().await {
+            let text = list_text(&tools);
+            let news = seen.as_deref().is_some_and(|s| s != text)
+                && self.given().as_deref() != Some(text.as_str());
+            seen = Some(text);
+            if news && !notify().await {
                 return;
             }
         }
@@ -272,7 +296,7 @@ impl ServerHandler for Server {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let tools = self.tools().await?;
-        self.remember(&tools);
+        self.give(&tools);
         Ok(ListToolsResult::with_all_items(tools))
     }
 
@@ -313,6 +337,29 @@ impl ServerHandler for Server {
             () = context.cancelled() => {}
         }
         Ok(())
+    }
+
+    /// A request the SDK could not read as its method's reaches here as a
+    /// custom one: for a method this server serves, its params were
+    /// malformed (`-32602`, not "method not found", which would tell the
+    /// client the method is not served); any other is not served.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        let method = request.method;
+        match SERVED.iter().find(|(m, _)| *m == method) {
+            Some((_, expected)) => Err(ErrorData::invalid_params(
+                format!("{method}: malformed params (expected {expected})"),
+                None,
+            )),
+            None => Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                format!("method not found: {}", method.chars().take(64).collect::<String>()),
+                None,
+            )),
+        }
     }
 
     /// A call the client cancels is dropped: its connection to the daemon
@@ -450,8 +497,19 @@ mod tests {
             json!({"jsonrpc": "2.0", "id": 2, "method": "resources/list"}),
             json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "x"}}),
             json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+            json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                "params": {"name": "x", "arguments": [1]}}),
+            json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": 5}}),
+            json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {}}),
+            json!({"jsonrpc": "2.0", "id": 9, "method": "no/such"}),
         ])
         .await;
+        for bad in &answers[5..8] {
+            assert_eq!(bad["error"]["code"], -32602, "{bad}");
+            let message = bad["error"]["message"].as_str().unwrap();
+            assert!(message.starts_with("tools/call: malformed params"), "{message}");
+        }
+        assert_eq!(answers[8]["error"]["code"], -32601, "{:?}", answers[8]);
         assert_eq!(answers[0]["result"]["protocolVersion"], "2025-06-18", "{answers:?}");
         assert!(answers[0]["result"]["capabilities"]["tools"].is_object());
         assert_eq!(answers[0]["result"]["serverInfo"]["name"], "ongrid-skill");
@@ -481,6 +539,89 @@ mod tests {
         assert!(versions.contains("2026-07-28") && versions.contains("2025-06-18"), "{discovered}");
         assert!(discovered["capabilities"]["tools"].is_object(), "{discovered}");
         assert_eq!(answers[1]["result"]["isError"], true, "{:?}", answers[1]);
+    }
+
+    /// A daemon's registry and tool list, for [`Server::follow`]: the
+    /// generation, the tools, and how many tool reads are to fail.
+    #[derive(Default)]
+    struct FakeRegistry {
+        generation: std::sync::atomic::AtomicU64,
+        tools: Mutex<Value>,
+        failures: std::sync::atomic::AtomicU32,
+    }
+
+    /// Serves `registry` as skilld's `/v1/registry` (a long poll of up to
+    /// a second) and `/v1/tools` on a socket in `dir`.
+    fn fake_daemon(dir: &std::path::Path, registry: Arc<FakeRegistry>) -> DaemonClient {
+        use axum::extract::{Query, State};
+        use std::sync::atomic::Ordering;
+        type Fake = State<Arc<FakeRegistry>>;
+        async fn generation(
+            State(r): Fake,
+            Query(q): Query<std::collections::HashMap<String, u64>>,
+        ) -> axum::Json<Value> {
+            for _ in 0..50 {
+                if q.get("since") != Some(&r.generation.load(Ordering::SeqCst)) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            axum::Json(json!({"generation": r.generation.load(Ordering::SeqCst)}))
+        }
+        async fn tools(State(r): Fake) -> axum::response::Response {
+            use axum::response::IntoResponse;
+            let fail =
+                r.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            if fail.is_ok() {
+                return axum::http::StatusCode::SERVICE_UNAVAILABLE.into_response();
+            }
+            let tools = r.tools.lock().unwrap().clone();
+            axum::Json(json!({ "tools": tools })).into_response()
+        }
+        let socket = dir.join("skilld.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let app = axum::Router::new()
+            .route("/v1/registry", axum::routing::get(generation))
+            .route("/v1/tools", axum::routing::get(tools))
+            .with_state(registry);
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        DaemonClient::new(socket)
+    }
+
+    /// Two followers (a session and a listen, or two listens) are each
+    /// told of a move, and one whose tools read failed reads them again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_follower_is_told_even_after_a_failed_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Arc::new(FakeRegistry::default());
+        let tool = |n: &str| json!({"name": n, "inputSchema": {"type": "object"}});
+        *registry.tools.lock().unwrap() = json!([tool("a")]);
+        let server = Server::new(fake_daemon(dir.path(), Arc::clone(&registry)));
+        let (told, mut heard) = tokio::sync::mpsc::unbounded_channel();
+        for who in 0..2 {
+            let (server, told) = (server.clone(), told.clone());
+            tokio::spawn(async move {
+                server
+                    .follow(|| {
+                        let told = told.clone();
+                        async move { told.send(who).is_ok() }
+                    })
+                    .await;
+            });
+        }
+        // Both have read the first list (nothing to tell yet).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        *registry.tools.lock().unwrap() = json!([tool("a"), tool("b")]);
+        registry.failures.store(1, std::sync::atomic::Ordering::SeqCst);
+        registry.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut who = Vec::new();
+        while who.len() < 2 {
+            let next = tokio::time::timeout(Duration::from_secs(5), heard.recv()).await;
+            who.push(next.expect("both followers told within 5 s").unwrap());
+        }
+        who.sort_unstable();
+        assert_eq!(who, [0, 1]);
+        assert_eq!(registry.failures.load(std::sync::atomic::Ordering::SeqCst), 0, "a read failed");
     }
 
     fn report_result_of(report: &Value) -> Value {
