@@ -14,7 +14,9 @@
 //!   `outputSchema` where the manifest declares one.
 //! - `tools/call`: `POST /v1/skills/{name}/execute` with the `arguments`.
 //!   An `ok` run answers the result as `structuredContent` (an object
-//!   result as is, anything else as `{"result": ...}`) and as JSON text;
+//!   result as is, anything else as `{"result": ...}`) and as JSON text,
+//!   unless it does not conform to the tool's `outputSchema` (then
+//!   `isError`, outcome `invalid_result`);
 //!   any other outcome is `isError: true` with the outcome, error, exit
 //!   code and stderr tail (text and `structuredContent`). Refusals (invalid
 //!   args, denied, busy, daemon unreachable) are `isError` results with
@@ -34,6 +36,7 @@
 //! Calls run concurrently. A call's `arguments` reach the skill as the
 //! client wrote them ([`raw_args`]), and a key given twice is refused.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -43,8 +46,8 @@ use std::time::Duration;
 use policy::{ArgsError, RawJson};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest,
-    CustomResult, Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, SubscriptionFilter, Tool,
+    CustomResult, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData, ServerHandler, ServiceExt};
@@ -121,6 +124,9 @@ pub struct Server {
     /// The caller's tools as last given by `tools/list` (their JSON
     /// text): a move to them tells the client nothing new.
     given: Arc<Mutex<Option<String>>>,
+    /// Each tool's `outputSchema` (or none) as last read: an `ok` result
+    /// that does not conform is not returned as `structuredContent`.
+    output_schemas: Arc<Mutex<HashMap<String, Option<Arc<JsonObject>>>>>,
 }
 
 /// A tool list as text, to compare lists by.
@@ -152,6 +158,7 @@ impl Server {
             session: format!("mcp-{}", std::process::id()),
             calls: Calls::default(),
             given: Arc::default(),
+            output_schemas: Arc::default(),
         }
     }
 
@@ -179,9 +186,10 @@ impl Server {
     /// Follows the daemon's registry until `notify` fails (the client is
     /// gone): a long poll on its generation, and after each move the
     /// caller's tools read again; `notify` is called when they differ from
-    /// the last list this follower told of (or saw first: a client that
-    /// never listed its tools is told of the changes after it began) and
-    /// from the last list the client was given. Each follower (a session,
+    /// the last list this follower saw (before its first: the list the
+    /// client was given, if any; a client that never listed its tools is
+    /// told of the changes after the first read) and from the last list
+    /// the client was given. Each follower (a session,
     /// each `subscriptions/listen`) keeps its own: every one is told. A
     /// move whose tools cannot be read is read again (the generation is
     /// taken only with its tools). When the daemon cannot be asked, it
@@ -192,7 +200,7 @@ impl Server {
         Fut: Future<Output = bool>,
     {
         let mut since = None;
-        let mut seen = self.given();
+        let mut seen: Option<String> = None;
         let mut failures: u32 = 0;
         loop {
             let read = match self.registry_generation(since).await {
@@ -211,8 +219,11 @@ impl Server {
             failures = 0;
             since = Some(generation);
             let text = list_text(&tools);
-            let news = seen.as_deref().is_some_and(|s| s != text)
-                && self.given().as_deref() != Some(text.as_str());
+            let given = self.given();
+            // Before its first read a follower compares with what the
+            // client was given (it may have listed since the follower began).
+            let told = seen.as_deref().or(given.as_deref());
+            let news = told.is_some_and(|t| t != text) && given.as_deref() != Some(text.as_str());
             seen = Some(text);
             if news && !notify().await {
                 return;
@@ -231,8 +242,56 @@ impl Server {
             return Err(ErrorData::internal_error(daemon_message(&r), None));
         }
         let tools = r.body.get("tools").cloned().unwrap_or_else(|| json!([]));
-        serde_json::from_value(tools)
-            .map_err(|e| ErrorData::internal_error(format!("the daemon's tool list: {e}"), None))
+        let tools: Vec<Tool> = serde_json::from_value(tools)
+            .map_err(|e| ErrorData::internal_error(format!("the daemon's tool list: {e}"), None))?;
+        let schemas = tools.iter().map(|t| (t.name.to_string(), t.output_schema.clone()));
+        *self.output_schemas.lock().unwrap_or_else(PoisonError::into_inner) = schemas.collect();
+        Ok(tools)
+    }
+
+    /// The `outputSchema` of tool `name` as last read (`fresh`: read now).
+    async fn output_schema(&self, name: &str, fresh: bool) -> Option<Arc<JsonObject>> {
+        let known = || {
+            let schemas = self.output_schemas.lock().unwrap_or_else(PoisonError::into_inner);
+            schemas.get(name).cloned()
+        };
+        match known() {
+            Some(schema) if !fresh => schema,
+            _ => {
+                let _ = self.tools().await;
+                known().flatten()
+            }
+        }
+    }
+
+    /// An `ok` run's answer, unless its result does not conform to the
+    /// tool's `outputSchema` (checked against the list read now when it
+    /// does not conform to the one kept): then `isError`, outcome
+    /// `invalid_result`, as MCP asks of a server whose tool declares one.
+    async fn checked_result(
+        &self,
+        name: &str,
+        report: &Value,
+        raw: Option<RawJson>,
+    ) -> CallToolResult {
+        let result = report_result(report, raw);
+        let (Some(false), Some(structured)) = (result.is_error, result.structured_content.as_ref())
+        else {
+            return result;
+        };
+        let mut why = None;
+        for fresh in [false, true] {
+            let Some(schema) = self.output_schema(name, fresh).await else { return result };
+            why = nonconforming(&schema, structured);
+            if why.is_none() {
+                return result;
+            }
+        }
+        let why = why.unwrap_or_default();
+        let text = format!("skill {name} failed: outcome invalid_result\nerror: {why}");
+        let structured = json!({"skill": report["skill"], "outcome": "invalid_result",
+            "error": why, "duration_ms": report["duration_ms"]});
+        tool_result(text, structured, true)
     }
 
     /// Runs a `tools/call` to its end and returns its answer. `written` is
@@ -272,7 +331,7 @@ impl Server {
             }
         };
         match r.status.as_u16() {
-            200 => Ok(report_result(&r.body, r.report_result())),
+            200 => Ok(self.checked_result(name, &r.body, r.report_result()).await),
             404 => Err(ErrorData::invalid_params(format!("Unknown tool: {name}"), None)),
             _ => Ok(tool_result(daemon_message(&r), r.body.clone(), true)),
         }
@@ -420,6 +479,21 @@ fn report_result(report: &Value, raw: Option<RawJson>) -> CallToolResult {
         "duration_ms": report["duration_ms"],
     });
     tool_result(text, structured, true)
+}
+
+/// Why `structured` does not conform to `schema` (`None`: it does; a
+/// schema that does not compile is not held against the result).
+fn nonconforming(schema: &JsonObject, structured: &Value) -> Option<String> {
+    let schema = Value::Object(schema.clone());
+    let validator = jsonschema::validator_for(&schema).ok()?;
+    let errors: Vec<String> = validator
+        .iter_errors(structured)
+        .take(3)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect();
+    (!errors.is_empty()).then(|| {
+        format!("the result does not match the tool's outputSchema ({})", errors.join("; "))
+    })
 }
 
 /// `CODE: message` of an error answer, with its violations.
@@ -622,6 +696,54 @@ mod tests {
         who.sort_unstable();
         assert_eq!(who, [0, 1]);
         assert_eq!(registry.failures.load(std::sync::atomic::Ordering::SeqCst), 0, "a read failed");
+    }
+
+    /// An `ok` result that does not conform to the tool's `outputSchema`
+    /// is an `isError` result (`invalid_result`), never `structuredContent`
+    /// a client would refuse; one that conforms, or of a tool without one,
+    /// is returned as is.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_result_is_held_to_the_tools_output_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = Arc::new(FakeRegistry::default());
+        let shaped = json!({"type": "object", "properties": {"n": {"type": "integer"}},
+            "required": ["n"]});
+        *registry.tools.lock().unwrap() = json!([
+            {"name": "shaped", "inputSchema": {"type": "object"}, "outputSchema": shaped},
+            {"name": "free", "inputSchema": {"type": "object"}},
+        ]);
+        let server = Server::new(fake_daemon(dir.path(), Arc::clone(&registry)));
+        let ok = |result: Value| json!({"skill": "s", "outcome": "ok", "result": result});
+        let answer = |name: &'static str, result: Value| {
+            let server = server.clone();
+            async move {
+                let r = server.checked_result(name, &ok(result), None).await;
+                serde_json::to_value(r).unwrap()
+            }
+        };
+        let good = answer("shaped", json!({"n": 1})).await;
+        assert_eq!(
+            (&good["isError"], &good["structuredContent"]),
+            (&json!(false), &json!({"n": 1}))
+        );
+        for bad in [json!({"n": "x"}), json!({}), json!(5)] {
+            let r = answer("shaped", bad.clone()).await;
+            assert_eq!(r["isError"], true, "{bad}: {r}");
+            assert_eq!(r["structuredContent"]["outcome"], "invalid_result", "{bad}: {r}");
+            let text = r["content"][0]["text"].as_str().unwrap();
+            assert!(text.contains("does not match the tool's outputSchema"), "{text}");
+        }
+        let free = answer("free", json!(5)).await;
+        assert_eq!(
+            (&free["isError"], &free["structuredContent"]),
+            (&json!(false), &json!({"result": 5}))
+        );
+        // The schema changed since it was read: the list is read again.
+        *registry.tools.lock().unwrap() = json!([
+            {"name": "shaped", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object"}},
+        ]);
+        let now = answer("shaped", json!({"m": 2})).await;
+        assert_eq!(now["isError"], false, "{now}");
     }
 
     fn report_result_of(report: &Value) -> Value {
