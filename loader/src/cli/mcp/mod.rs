@@ -521,6 +521,12 @@ mod tests {
     /// Serves one MCP session on an in-memory pipe, against a daemon that
     /// is not there, and returns the answers to `lines` (by id).
     async fn exchange(lines: &[Value]) -> Vec<Value> {
+        exchange_text(&lines.iter().map(Value::to_string).collect::<Vec<_>>()).await
+    }
+
+    /// [`exchange`] of lines as text (an answer is awaited after each line
+    /// with an `"id"`).
+    async fn exchange_text(lines: &[String]) -> Vec<Value> {
         use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
         let (client, server_end) = tokio::io::duplex(1 << 20);
         let server = Server::new(DaemonClient::new("/nonexistent/skilld.sock"));
@@ -536,7 +542,7 @@ mod tests {
         let mut answers = Vec::new();
         for line in lines {
             write.write_all(format!("{line}\n").as_bytes()).await.unwrap();
-            if line.get("id").is_some() {
+            if line.contains("\"id\"") {
                 let text =
                     tokio::time::timeout(std::time::Duration::from_secs(10), read.next_line())
                         .await
@@ -594,6 +600,33 @@ mod tests {
         let text = unreachable["result"]["content"][0]["text"].as_str().unwrap();
         assert!(text.contains("cannot connect"), "{text}");
         assert_eq!(answers[4]["error"]["code"], -32603, "{:?}", answers[4]);
+    }
+
+    /// Calls whose arguments the SDK cannot hold as JSON values (a lone
+    /// surrogate escape, a number past f64) are answered, not dropped.
+    #[tokio::test]
+    async fn a_call_the_sdk_cannot_read_is_answered() {
+        let call = |id: u64, args: &str| {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"x","arguments":{args}}}}}"#
+            );
+            serde_json::from_str::<Value>(&line).unwrap_or(Value::String(line))
+        };
+        let surrogate = call(2, r#"{"s":"\ud800"}"#);
+        let huge = call(3, r#"{"n":1e400}"#);
+        // Not readable here either: sent as their text.
+        assert!(surrogate.is_string() && huge.is_string());
+        let answers = exchange_text(&[
+            init("2025-06-18").to_string(),
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
+            surrogate.as_str().unwrap().to_owned(),
+            huge.as_str().unwrap().to_owned(),
+        ])
+        .await;
+        assert_eq!(answers[1]["id"], 2, "{answers:?}");
+        assert_eq!(answers[1]["error"]["code"], -32602, "{:?}", answers[1]);
+        assert_eq!(answers[2]["id"], 3, "{answers:?}");
+        assert!(answers[2].get("result").is_some() || answers[2].get("error").is_some());
     }
 
     #[tokio::test]

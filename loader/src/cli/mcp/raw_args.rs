@@ -54,8 +54,10 @@ impl Calls {
         calls.push_back((id, args));
     }
 
-    /// Looks at one complete line: a `tools/call` request is kept.
-    fn inspect(&self, line: &[u8]) {
+    /// Looks at one complete line: a `tools/call` request is kept; returns
+    /// the line to hand on in its place, if not the line itself (see
+    /// [`Tee`]).
+    fn inspect(&self, line: &[u8]) -> Option<Vec<u8>> {
         #[derive(Deserialize)]
         struct Head<'a> {
             #[serde(borrow)]
@@ -70,49 +72,101 @@ impl Calls {
         struct Params {
             arguments: Option<Box<RawValue>>,
         }
-        let Ok(head) = serde_json::from_slice::<Head<'_>>(line) else { return };
-        let (Some("tools/call"), Some(id)) = (head.method.as_deref(), head.id) else { return };
+        #[derive(Deserialize)]
+        struct Borrowed<'a> {
+            #[serde(borrow)]
+            params: Option<BorrowedParams<'a>>,
+        }
+        #[derive(Deserialize)]
+        struct BorrowedParams<'a> {
+            #[serde(borrow)]
+            arguments: Option<&'a RawValue>,
+        }
+        let Ok(head) = serde_json::from_slice::<Head<'_>>(line) else { return None };
+        let (Some("tools/call"), Some(id)) = (head.method.as_deref(), head.id) else {
+            return None;
+        };
         let args = serde_json::from_slice::<Line>(line)
             .map(|l| l.params.and_then(|p| p.arguments))
             .map_err(|e| format!("params: {e}"));
-        let Ok(id) = serde_json::to_string(&id) else { return };
+        let id = serde_json::to_string(&id).ok()?;
         self.keep(id, args);
+        // The SDK drops, unanswered, a line it cannot read as JSON values
+        // (a lone surrogate escape, a number past f64): its arguments,
+        // kept above as written, are handed on as `{}`.
+        if serde_json::from_slice::<serde_json::Value>(line).is_ok() {
+            return None;
+        }
+        let raw = serde_json::from_slice::<Borrowed<'_>>(line).ok()?.params?.arguments?;
+        let start = (raw.get().as_ptr() as usize).checked_sub(line.as_ptr() as usize)?;
+        let end = start + raw.get().len();
+        let mut fixed = Vec::with_capacity(line.len());
+        fixed.extend_from_slice(line.get(..start)?);
+        fixed.extend_from_slice(b"{}");
+        fixed.extend_from_slice(line.get(end..)?);
+        serde_json::from_slice::<serde_json::Value>(&fixed).is_ok().then_some(fixed)
     }
 }
 
-/// A reader that passes every byte through and shows each complete line
-/// to [`Calls`].
+/// A reader that shows each complete line to [`Calls`] and hands it on,
+/// or the line [`Calls::inspect`] gives in its place: the lines of the
+/// input are held until complete (the SDK reads whole lines anyway), up to
+/// [`MAX_LINE`]; a longer line passes through as it comes.
 #[derive(Debug)]
 pub struct Tee<R> {
     inner: R,
     calls: Calls,
     line: Vec<u8>,
-    /// The current line grew past [`MAX_LINE`]: skipped to its end.
+    /// The current line grew past [`MAX_LINE`]: passed on to its end.
     skipping: bool,
+    /// Bytes to hand on, from `at`.
+    out: Vec<u8>,
+    at: usize,
 }
 
 impl<R> Tee<R> {
     /// Tees `inner` into `calls`.
     pub fn new(inner: R, calls: Calls) -> Self {
-        Self { inner, calls, line: Vec::new(), skipping: false }
+        Self { inner, calls, line: Vec::new(), skipping: false, out: Vec::new(), at: 0 }
     }
 
     fn saw(&mut self, mut bytes: &[u8]) {
         while let Some(end) = bytes.iter().position(|&b| b == b'\n') {
-            if !self.skipping && self.line.len() + end <= MAX_LINE {
+            if self.skipping || self.line.len() + end > MAX_LINE {
+                self.out.append(&mut self.line);
+                self.out.extend_from_slice(&bytes[..=end]);
+            } else {
                 self.line.extend_from_slice(&bytes[..end]);
-                self.calls.inspect(&self.line);
+                match self.calls.inspect(&self.line) {
+                    Some(fixed) => self.out.extend_from_slice(&fixed),
+                    None => self.out.extend_from_slice(&self.line),
+                }
+                self.out.push(b'\n');
             }
             self.line.clear();
             self.skipping = false;
             bytes = &bytes[end + 1..];
         }
-        if !self.skipping {
+        if self.skipping {
+            self.out.extend_from_slice(bytes);
+        } else {
             self.line.extend_from_slice(bytes);
             if self.line.len() > MAX_LINE {
+                self.out.append(&mut self.line);
                 self.line = Vec::new();
                 self.skipping = true;
             }
+        }
+    }
+
+    /// Hands on what is held, as much as `buf` takes.
+    fn hand_on(&mut self, buf: &mut ReadBuf<'_>) {
+        let n = buf.remaining().min(self.out.len() - self.at);
+        buf.put_slice(&self.out[self.at..self.at + n]);
+        self.at += n;
+        if self.at == self.out.len() {
+            self.out.clear();
+            self.at = 0;
         }
     }
 }
@@ -124,13 +178,25 @@ impl<R: AsyncRead + Unpin> AsyncRead for Tee<R> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = polled {
-            let filled = buf.filled()[before..].to_vec();
-            this.saw(&filled);
+        loop {
+            if this.at < this.out.len() {
+                this.hand_on(buf);
+                return Poll::Ready(Ok(()));
+            }
+            let mut chunk = [0u8; 16 << 10];
+            let mut read = ReadBuf::new(&mut chunk);
+            match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) if read.filled().is_empty() => {
+                    // The end: a last line without its newline goes as is.
+                    if this.line.is_empty() {
+                        return Poll::Ready(Ok(()));
+                    }
+                    this.out.append(&mut this.line);
+                }
+                Poll::Ready(Ok(())) => this.saw(read.filled()),
+                other => return other,
+            }
         }
-        polled
     }
 }
 
@@ -199,6 +265,37 @@ mod tests {
             r#"{"a":1,"a":2}"#,
             "as written: the key given twice is refused later"
         );
+    }
+
+    /// A call whose line the SDK would drop unanswered (not JSON values it
+    /// can hold) reaches it with `{}` as its arguments; they are kept as
+    /// written, so the call is answered (refused, or run as written).
+    #[tokio::test]
+    async fn a_call_the_sdk_cannot_read_is_handed_on_with_empty_arguments() {
+        let input = concat!(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"e","arguments":{"s":"\ud800"},"_meta":{"k":1}}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"e","arguments":{"n":1e400}}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"e","arguments":{"n":1}}}"#,
+        );
+        let (out, calls) = tee(input.as_bytes()).await;
+        let out = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = out.split('\n').collect();
+        assert_eq!(
+            lines[0],
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"e","arguments":{},"_meta":{"k":1}}}"#
+        );
+        assert_eq!(
+            lines[1],
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"e","arguments":{}}}"#
+        );
+        assert_eq!(lines[2], input.split('\n').nth(2).unwrap(), "a readable line is untouched");
+        for line in &lines {
+            assert!(serde_json::from_str::<serde_json::Value>(line).is_ok(), "{line}");
+        }
+        assert_eq!(calls.take("1").unwrap().unwrap().unwrap().get(), r#"{"s":"\ud800"}"#);
+        assert_eq!(calls.take("2").unwrap().unwrap().unwrap().get(), r#"{"n":1e400}"#);
     }
 
     #[tokio::test]
