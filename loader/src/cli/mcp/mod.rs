@@ -106,6 +106,10 @@ const SERVED: [(&str, &str); 5] = [
     ("subscriptions/listen", "an object with a `filter` object"),
 ];
 
+/// The largest result also given as text content; a larger one is given
+/// only as `structuredContent`, with a text saying so.
+const MAX_TEXT_COPY: usize = 1 << 20;
+
 /// How long one long poll of the registry's generation waits, seconds.
 const REGISTRY_WAIT: u64 = 30;
 /// The first wait before asking the daemon again after a failed poll.
@@ -444,10 +448,20 @@ fn report_result(report: &Value, raw: Option<RawJson>) -> CallToolResult {
     let outcome = report["outcome"].as_str().unwrap_or("unknown");
     if outcome == "ok" {
         let result = report.get("result").cloned().unwrap_or(Value::Null);
-        let text = match raw {
+        let mut text = match raw {
             Some(raw) => raw.get().to_owned(),
             None => serde_json::to_string(&result).unwrap_or_default(),
         };
+        if text.len() > MAX_TEXT_COPY {
+            // As text the result is escaped into a JSON string beside its
+            // structured copy: three times its size on one line, past what
+            // clients read (rmcp's own: 16 MiB).
+            text = format!(
+                "the result ({} bytes of JSON) is in structuredContent{}",
+                text.len(),
+                if result.is_object() { "" } else { " as {\"result\": ...}" }
+            );
+        }
         let structured = match result {
             Value::Object(_) => result,
             other => json!({"result": other}),
@@ -791,6 +805,20 @@ mod tests {
         let r = serde_json::to_value(r).unwrap();
         assert_eq!(r["content"][0]["text"], printed);
         assert_eq!(r["structuredContent"], json!({"zeta": 1.5, "alpha": "é"}));
+    }
+
+    #[test]
+    fn a_large_result_is_not_copied_into_the_text() {
+        let big = "x".repeat(MAX_TEXT_COPY);
+        let r = report_result_of(&json!({"skill": "s", "outcome": "ok", "result": {"s": big}}));
+        assert_eq!(r["structuredContent"]["s"].as_str().map(str::len), Some(MAX_TEXT_COPY));
+        let text = r["content"][0]["text"].as_str().unwrap();
+        assert!(
+            text.starts_with("the result (1048584 bytes of JSON) is in structuredContent"),
+            "{text}"
+        );
+        let line = serde_json::to_string(&r).unwrap();
+        assert!(line.len() < MAX_TEXT_COPY + 4096, "{} bytes", line.len());
     }
 
     #[test]
