@@ -282,9 +282,7 @@ impl App {
             let manifest = report.mcp_packs[pack].manifest_path().to_owned();
             let before = report.events.len();
             let listed = listed.map(|(tools, generation)| {
-                if let Some(g) = generation {
-                    report.mcp_generations.insert(manifest, g);
-                }
+                report.mcp_generations.insert(manifest, generation);
                 tools
             });
             crate::scan::mcp::add_tools(report, pack, listed, opts);

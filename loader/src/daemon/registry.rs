@@ -122,8 +122,11 @@ pub struct Snapshot {
 pub struct McpPack {
     /// The pack as the scan found it.
     pub pack: RegisteredSkill,
-    /// The generation of the tool list its skills come from (`None`: the
-    /// executor did not list them, or said no generation).
+    /// Whether its tools were listed (else it has none in the snapshot:
+    /// the executor could not be asked, or its server did not start).
+    pub listed: bool,
+    /// The generation of the tool list its skills come from (`None`: not
+    /// listed, or the executor said no generation).
     pub generation: Option<u64>,
 }
 
@@ -139,8 +142,9 @@ impl Snapshot {
             .into_iter()
             .map(|pack| {
                 let path = pack.manifest_path().to_owned();
-                let generation = generations.remove(&path);
-                (path, McpPack { pack, generation })
+                let listed = generations.remove(&path);
+                let pack = McpPack { pack, listed: listed.is_some(), generation: listed.flatten() };
+                (path, pack)
             })
             .collect();
         let cache = report.validators;
@@ -175,7 +179,7 @@ impl Snapshot {
     /// The MCP server packs whose tools were not listed (the executor
     /// could not be asked, or its server did not start).
     pub fn unlisted_mcp_packs(&self) -> Vec<PathBuf> {
-        self.mcp.iter().filter(|(_, p)| p.generation.is_none()).map(|(m, _)| m.clone()).collect()
+        self.mcp.iter().filter(|(_, p)| !p.listed).map(|(m, _)| m.clone()).collect()
     }
 
     /// Whether the scan found MCP server packs.
@@ -220,6 +224,7 @@ impl Snapshot {
         }
         let mut mcp = self.mcp.clone();
         if let Some(p) = mcp.get_mut(manifest) {
+            p.listed = true;
             p.generation = generation;
         }
         let aliases = Self::aliases_of(&skills);
@@ -478,7 +483,7 @@ mod tests {
             ..ScanReport::default()
         };
         crate::scan::mcp::add_tools(&mut report, 0, Ok(listed), &ValidateOptions::default());
-        report.mcp_generations.insert(PathBuf::from("/s/srv/skill.json"), 7);
+        report.mcp_generations.insert(PathBuf::from("/s/srv/skill.json"), Some(7));
         Snapshot::build(report)
     }
 

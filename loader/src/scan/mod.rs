@@ -101,10 +101,11 @@ pub struct ScanReport {
     /// are): not skills themselves; the daemon asks the executor for their
     /// tools ([`mcp::add_tools`]).
     pub mcp_packs: Vec<RegisteredSkill>,
-    /// The generation of the tools of each MCP server pack the executor
-    /// listed, by manifest (the daemon fills it in: it lists them again
-    /// when a call's answer carries another).
-    pub mcp_generations: HashMap<PathBuf, u64>,
+    /// Each MCP server pack whose tools the executor listed, by manifest,
+    /// with the generation of that list (`None`: it said none). The daemon
+    /// fills it in: it lists them again when a call's answer carries
+    /// another generation, and lists a pack missing here once it can.
+    pub mcp_generations: HashMap<PathBuf, Option<u64>>,
 }
 
 impl ScanReport {
