@@ -1,8 +1,10 @@
 //! The replay store: an approval is accepted once.
 //!
 //! In memory: the approvals used (by [`Verified::replay_key`], key id and
-//! digest) until they expire; an entry past its expiry can never verify
-//! again, so it is dropped. On disk: the audit database records every
+//! digest) until [`FORGET_AFTER`] past their expiry: an entry past its
+//! expiry cannot verify again while the clock is right, and the margin
+//! covers a clock set wrong forward and then corrected (the approval would
+//! verify again once the clock is back). On disk: the audit database records every
 //! approval used, in the same transaction as the run's row, under a
 //! unique key ([`crate::daemon::audit`]); at start-up the daemon loads the ones not
 //! yet expired ([`ReplayStore::preload`]), and a replay that memory missed
@@ -19,7 +21,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use policy::approval::Verified;
 
-/// The approvals used, until their expiry.
+/// How long past its expiry a used approval is still remembered (memory
+/// and database): a day.
+pub const FORGET_AFTER: u64 = 86_400;
+
+/// The approvals used, until [`FORGET_AFTER`] past their expiry.
 #[derive(Debug, Default)]
 pub struct ReplayStore {
     used: Mutex<HashMap<String, u64>>,
@@ -79,7 +85,7 @@ impl ReplayStore {
         now: u64,
     ) -> Result<Reservation, String> {
         let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
-        used.retain(|_, expires| *expires >= now);
+        used.retain(|_, expires| expires.saturating_add(FORGET_AFTER) >= now);
         if let Some(v) = approvals.iter().find(|v| used.contains_key(&v.replay_key())) {
             return Err(v.key_id.clone());
         }
@@ -112,7 +118,12 @@ mod tests {
         // Another request signed by the same keys is another approval.
         assert!(store.reserve(&[v("a", "d2", 100)], 50).is_ok());
         assert_eq!(store.len(), 2);
+        // Past expiry, within the margin: still refused (a clock corrected
+        // back after a jump forward).
         store.reserve(&[], 101).unwrap().keep();
+        assert_eq!(store.len(), 2);
+        assert_eq!(store.reserve(&pair, 60).unwrap_err(), "a");
+        store.reserve(&[], 101 + FORGET_AFTER).unwrap().keep();
         assert!(store.is_empty());
         store.preload([("a:d9".to_owned(), 500)]);
         assert!(store.reserve(&[v("a", "d9", 500)], 200).is_err());

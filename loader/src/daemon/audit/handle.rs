@@ -232,7 +232,8 @@ impl Audit {
         self.ask(|tx| Job::Query(query, tx)).await
     }
 
-    /// The approvals used that have not expired: replay key and expiry.
+    /// The approvals used that expired less than a day ago or not yet
+    /// (`replay::FORGET_AFTER`): replay key and expiry.
     ///
     /// # Errors
     ///

@@ -196,7 +196,8 @@ pub(super) fn prune(db: &mut Connection, settings: &AuditSettings) -> rusqlite::
     if settings.max_bytes > 0 {
         shrink_to(&tx, settings.max_bytes)?;
     }
-    tx.execute("DELETE FROM used_approvals WHERE expires_at < ?1", params![now_ms() / 1000])?;
+    let forget = (now_ms() / 1000).saturating_sub(crate::daemon::replay::FORGET_AFTER as i64);
+    tx.execute("DELETE FROM used_approvals WHERE expires_at < ?1", params![forget])?;
     tx.commit()
 }
 
@@ -487,7 +488,8 @@ pub(super) fn update(db: &Connection, done: &Done) -> Result<(), WriteError> {
 pub(super) fn used_approvals(db: &Connection) -> rusqlite::Result<Vec<(String, u64)>> {
     let mut stmt =
         db.prepare("SELECT approval, expires_at FROM used_approvals WHERE expires_at >= ?1")?;
-    let rows = stmt.query_map(params![now_ms() / 1000], |r| {
+    let forget = (now_ms() / 1000).saturating_sub(crate::daemon::replay::FORGET_AFTER as i64);
+    let rows = stmt.query_map(params![forget], |r| {
         Ok((r.get::<_, String>(0)?, u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0)))
     })?;
     rows.collect()
