@@ -157,6 +157,26 @@ fn skilld_connections_are_capped_and_slow_or_idle_clients_are_cut() {
         "a client that does not read kept its connection (all {length} bytes came)"
     );
 
+    // A client that takes the answer a trickle at a time (16 KB every
+    // 200 ms, under 1 MiB per idle timeout while the writes block) is cut
+    // too, well before the 11 s the answer would take it.
+    let mut c = UnixStream::connect(&s.socket).unwrap();
+    send_execute_to(&mut c, "big", r#"{"args":{}}"#);
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut chunk = vec![0u8; 16 << 10];
+    let cut = loop {
+        match c.read(&mut chunk) {
+            Ok(0) | Err(_) => break started.elapsed(),
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(started.elapsed() < Duration::from_secs(30), "a trickle reader was never cut");
+    };
+    assert!(got.len() < 900_000, "a trickle reader took the whole answer in {cut:?}");
+    assert!(cut < Duration::from_secs(8), "a trickle reader was cut only after {cut:?}");
+
     // A run quieter than both idle timeouts (3 s, JSON mode: no byte until
     // the report) is not cut, neither by skilld nor by the executor.
     write_skill(&s.skills, "quiet", r#","timeout_seconds":20"#, "/bin/sleep 3\necho '{\"q\":1}'");

@@ -14,7 +14,10 @@
 //!   is not used: it also runs while a keep-alive connection waits for its
 //!   next request, which cut every idle connection at `header_timeout`.)
 //! - an answer whose writes have been blocked (the client does not read)
-//!   for `idle_timeout` ends the connection;
+//!   for `idle_timeout` ends the connection, unless the client took at
+//!   least [`MIN_TAKE_BYTES`] of it meanwhile (then the clock starts
+//!   again): a client reading a few bytes now and then cannot hold the
+//!   answer, and the run slot that covers it, for ever;
 //! - a request body must arrive within the request timeout (408, in the
 //!   handlers).
 //!
@@ -367,7 +370,7 @@ fn head_too_large(
         status = status.as_u16(),
         "request head over {MAX_HEAD_BYTES} bytes; closing the connection"
     );
-    if activity.blocked_since.load(Ordering::Acquire) != 0 {
+    if activity.blocked_now.load(Ordering::Acquire) {
         return;
     }
     let answer = http1_answer(status, &e.body().to_string());
@@ -389,13 +392,23 @@ fn http1_answer(status: StatusCode, body: &str) -> String {
     )
 }
 
+/// What a client must take of an answer, while its writes block, within
+/// each `idle_timeout` (1 MiB a minute at the default, ~17 KiB/s).
+pub(crate) const MIN_TAKE_BYTES: u64 = 1 << 20;
+
 /// When a connection last moved a byte, and since when its writes block
 /// (milliseconds since `start`; 0 = not blocked).
 #[derive(Debug)]
 struct Activity {
     start: std::time::Instant,
     last_io: AtomicU64,
+    /// Since when the writes block without the client taking
+    /// [`MIN_TAKE_BYTES`] (0: they do not).
     blocked_since: AtomicU64,
+    /// Bytes the client took since `blocked_since`.
+    taken: AtomicU64,
+    /// The last write would have blocked.
+    blocked_now: std::sync::atomic::AtomicBool,
     /// When the first byte of a request head not yet complete was read
     /// (0: none).
     head_since: AtomicU64,
@@ -412,6 +425,8 @@ impl Activity {
             start: std::time::Instant::now(),
             last_io: AtomicU64::new(0),
             blocked_since: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
+            blocked_now: std::sync::atomic::AtomicBool::new(false),
             head_since: AtomicU64::new(0),
             head_bytes: AtomicUsize::new(0),
             head_too_large: Notify::new(),
@@ -464,10 +479,41 @@ impl Activity {
         tokio::time::Instant::from_std(self.start + last + d)
     }
 
+    /// The writes have blocked for `d` with the client taking less than
+    /// [`MIN_TAKE_BYTES`] meanwhile. Writes that no longer block (the
+    /// client took all there was) end the count.
     fn write_blocked_for(&self, d: Duration) -> bool {
+        if !self.blocked_now.load(Ordering::Acquire) {
+            self.blocked_since.store(0, Ordering::Release);
+            return false;
+        }
         let since = self.blocked_since.load(Ordering::Acquire);
         let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         since != 0 && self.now().saturating_sub(since) >= ms
+    }
+
+    /// A write would have blocked.
+    fn write_blocks(&self) {
+        self.blocked_now.store(true, Ordering::Release);
+        if self
+            .blocked_since
+            .compare_exchange(0, self.now(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.taken.store(0, Ordering::Release);
+        }
+    }
+
+    /// A write handed `n` bytes to the socket: the client took as many.
+    fn wrote(&self, n: usize) {
+        self.blocked_now.store(false, Ordering::Release);
+        self.moved();
+        if self.blocked_since.load(Ordering::Acquire) != 0 {
+            let taken = self.taken.fetch_add(n as u64, Ordering::AcqRel) + n as u64;
+            if taken >= MIN_TAKE_BYTES {
+                self.blocked_since.store(0, Ordering::Release);
+            }
+        }
     }
 }
 
@@ -558,17 +604,11 @@ impl AsyncWrite for Tracked {
 impl Tracked {
     fn note_write(&self, r: &Poll<io::Result<usize>>) {
         match r {
-            Poll::Pending => {
-                let _ = self.activity.blocked_since.compare_exchange(
-                    0,
-                    self.activity.now(),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
-            }
-            Poll::Ready(_) => {
+            Poll::Pending => self.activity.write_blocks(),
+            Poll::Ready(Ok(n)) => self.activity.wrote(*n),
+            Poll::Ready(Err(_)) => {
+                self.activity.blocked_now.store(false, Ordering::Release);
                 self.activity.blocked_since.store(0, Ordering::Release);
-                self.activity.moved();
             }
         }
     }
