@@ -46,7 +46,8 @@ pub struct Enabled {
 }
 
 /// Opens (creating it) the coordination file at `path`: never through a
-/// symlink, and only a regular file of the executor's own user. Another
+/// symlink, and only a regular file of the executor's own user with no
+/// other link. Another
 /// user may create entries in `/run/ongrid` (skilld's socket): a file or
 /// link planted there must not be truncated and written as root, nor its
 /// text restored as the audit's status.
@@ -65,8 +66,10 @@ fn open(path: &str) -> Result<File, String> {
         .map_err(|e| format!("{path}: {e}"))?;
     let meta = file.metadata().map_err(|e| format!("{path}: {e}"))?;
     let own = crate::run::plan::euid();
-    if !meta.file_type().is_file() || meta.uid() != own {
-        return Err(format!("{path}: not a regular file of uid {own}; remove it"));
+    // One link: a hard link planted to a file of the same user elsewhere
+    // would be truncated and written too.
+    if !meta.file_type().is_file() || meta.uid() != own || meta.nlink() != 1 {
+        return Err(format!("{path}: not a regular file of uid {own} with one link; remove it"));
     }
     Ok(file)
 }
@@ -164,6 +167,12 @@ mod tests {
         std::os::unix::fs::symlink(&target, &link).unwrap();
         let e = open(link.to_str().unwrap()).unwrap_err();
         assert!(e.contains("link.lock"), "{e}");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+
+        let hard = dir.path().join("hard.lock");
+        std::fs::hard_link(&target, &hard).unwrap();
+        let e = open(hard.to_str().unwrap()).unwrap_err();
+        assert!(e.contains("with one link"), "{e}");
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
 
         let fresh = dir.path().join("fresh.lock");

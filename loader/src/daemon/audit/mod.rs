@@ -92,7 +92,8 @@
 //! waits for the commit of its own batch only. Statements are prepared once
 //! per connection (`prepare_cached`). An allowed run's first row
 //! ([`Audit::record_before_run`]) is answered as soon as its batch is
-//! committed, before the `fsync` the batch may wait for: the run starts
+//! committed, before the `fsync` the batch may wait for under `interval`
+//! (under `full` the commit is the `fsync`): the run starts
 //! then, and its answer waits for the commit (and `fsync`) of its
 //! completion ([`RunRow::finish`]), which comes after on the same
 //! connection (FIFO), so it covers both. A refusal's row

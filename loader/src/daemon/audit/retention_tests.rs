@@ -58,3 +58,29 @@ async fn a_run_in_flight_keeps_its_row_through_retention() {
     let long = rows.iter().find(|e| e.skill == "long").expect("the long run's row");
     assert_eq!(long.outcome.as_deref(), Some("ok"));
 }
+
+/// A row left open for more than a day (its completion lost while
+/// skilld ran) is no longer a run in flight: retention takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_open_for_a_day_is_pruned_like_a_finished_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = IntCounter::new("e", "e").unwrap();
+    let syncs = IntCounterVec::new(prometheus::Opts::new("s", "s"), &["when"]).unwrap();
+    let audit = Audit::start(&settings(dir.path()), errors.clone(), &syncs).unwrap();
+    let lost = audit.record_before_run(safe("lost")).await.unwrap();
+    let open = audit.record_before_run(safe("open")).await.unwrap();
+    let db = rusqlite::Connection::open(dir.path().join("audit.db")).unwrap();
+    let two_days = 2 * 86_400_000_i64;
+    db.execute("UPDATE audit SET started_at = started_at - ?1 WHERE id = ?2", (two_days, lost))
+        .unwrap();
+    drop(db);
+    for i in 0..PRUNE_EVERY + 10 {
+        let id = audit.record_before_run(safe(&format!("s{i}"))).await.unwrap();
+        RunRow::new(audit.clone(), Some(id)).finish(ok()).await.unwrap();
+    }
+    let rows = audit.query(Query { limit: 500, ..Query::default() }).await.unwrap().items;
+    assert!(rows.iter().all(|e| e.id != lost), "the row open for two days stays");
+    assert!(rows.iter().any(|e| e.id == open), "the run in flight lost its row");
+    drop(RunRow::new(audit.clone(), Some(open)));
+    assert_eq!(errors.get(), 0);
+}

@@ -182,7 +182,8 @@ pub(super) fn prune(db: &mut Connection, settings: &AuditSettings) -> rusqlite::
             if excess <= 0 {
                 break;
             }
-            excess -= i64::try_from(tx.execute(sql, params![excess])?).unwrap_or(i64::MAX);
+            let stale = now_ms().saturating_sub(STALE_OPEN_MS);
+            excess -= i64::try_from(tx.execute(sql, params![excess, stale])?).unwrap_or(i64::MAX);
         }
     }
     if settings.max_age_days > 0 {
@@ -215,19 +216,26 @@ pub(super) fn used_bytes(db: &Connection) -> rusqlite::Result<u64> {
 /// caller who may run nothing more pushes out its own kind of row before
 /// any `mutating` or `dangerous` run's (it erased a dual-signed run's row
 /// in 250 requests at `audit_max_rows = 100`). A run in flight (allowed,
-/// no outcome yet) keeps its row: its completion updates it. The first
-/// two tiers read their partial indexes (`audit_refused`, `audit_safe`),
-/// so a prune at the cap does not scan the table.
+/// no outcome yet, started after `?2`) keeps its row: its completion
+/// updates it; one started before `?2` ([`STALE_OPEN_MS`] ago) is no
+/// longer in flight (its completion was lost). The first two tiers read
+/// their partial indexes (`audit_refused`, `audit_safe`), so a prune at
+/// the cap does not scan the table.
 const OLDEST_BY_TIER: [&str; 3] = [
     "DELETE FROM audit WHERE id IN
-         (SELECT id FROM audit WHERE decision != 'allow' ORDER BY id LIMIT ?1)",
+         (SELECT id FROM audit WHERE decision != 'allow'
+             AND (outcome IS NOT NULL OR started_at < ?2) ORDER BY id LIMIT ?1)",
     "DELETE FROM audit WHERE id IN
          (SELECT id FROM audit WHERE decision = 'allow' AND class = 'safe'
-             AND outcome IS NOT NULL ORDER BY id LIMIT ?1)",
+             AND (outcome IS NOT NULL OR started_at < ?2) ORDER BY id LIMIT ?1)",
     "DELETE FROM audit WHERE id IN
          (SELECT id FROM audit WHERE decision != 'allow' OR outcome IS NOT NULL
-             ORDER BY id LIMIT ?1)",
+             OR started_at < ?2 ORDER BY id LIMIT ?1)",
 ];
+
+/// How long after its start a row with no outcome counts as a run still
+/// in flight for retention: a day, past any run's timeout.
+const STALE_OPEN_MS: i64 = 86_400_000;
 
 /// Deletes the oldest rows while the pages in use exceed `max_bytes`, each
 /// time the share of the rows that the excess is of the pages in use, in
@@ -245,7 +253,7 @@ fn shrink_to(db: &Connection, max_bytes: u64) -> rusqlite::Result<()> {
         let batch = ((rows as f64 * share).ceil() as i64).max(1);
         let mut gone = 0;
         for sql in OLDEST_BY_TIER {
-            gone = db.execute(sql, params![batch])?;
+            gone = db.execute(sql, params![batch, now_ms().saturating_sub(STALE_OPEN_MS)])?;
             if gone > 0 {
                 break;
             }
