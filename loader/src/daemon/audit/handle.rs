@@ -98,8 +98,8 @@ impl Audit {
 
     /// Times every wait for a row in `waits` (`ongrid_audit_wait_seconds`,
     /// labelled `row`): from the request for the row until it is committed
-    /// (a decision's row: before its batch's `fsync` under `interval`) or
-    /// committed and synced as due (a completion, a refusal).
+    /// (a decision's row: before its batch's `fsync`) or committed and
+    /// synced as due (a completion, a refusal).
     #[must_use]
     pub fn observe_waits(mut self, waits: &HistogramVec) -> Self {
         self.waits = Some(Arc::new(Waits {
@@ -169,8 +169,7 @@ impl Audit {
     }
 
     /// Writes the decision of a run that is about to start; returns the
-    /// row id once committed (under `interval`, before the `fsync` its
-    /// batch may wait for; under `full` the commit is that `fsync`): a
+    /// row id once committed, before the `fsync` its batch may wait for: a
     /// run never starts without its row (a full file system fails the
     /// commit, and the run is refused). The `fsync` that [`Audit::finish`]
     /// of this id waits for covers this row too (one writer, FIFO), so a

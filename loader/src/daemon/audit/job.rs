@@ -7,7 +7,7 @@ use super::rows::{AuditError, Finish, Query, Record, Trail};
 
 pub(super) enum Job {
     /// A row; `early`: a run's decision, answered once committed, before
-    /// the batch's `fsync` under `interval`.
+    /// the batch's `fsync`.
     Record(Box<Record>, oneshot::Sender<Result<i64, AuditError>>, bool),
     Finish(i64, Box<Finish>, Option<oneshot::Sender<Result<(), AuditError>>>),
     Query(Query, oneshot::Sender<Result<Trail, AuditError>>),

@@ -41,8 +41,10 @@
 //!   answer's path; one `fsync` covers every commit before it. So `safe`
 //!   runs and refusals lose at most that interval to a power loss, as
 //!   journald's `SyncIntervalSec` does for all but its critical messages.
-//! - `full`: `synchronous = FULL`, every commit is `fsync`ed before its
-//!   answer.
+//! - `full`: every commit is `fsync`ed (the WAL's `fdatasync`, by the
+//!   thread after the commit) before its answer; a run's decision row
+//!   alone is answered once committed, its `fsync` covered by its
+//!   completion's wait.
 //! - `normal`: `synchronous = NORMAL`; only checkpoints `fsync`.
 //!
 //! `ongrid_audit_syncs_total{when}` counts the `fsync`s asked for:
@@ -92,8 +94,7 @@
 //! waits for the commit of its own batch only. Statements are prepared once
 //! per connection (`prepare_cached`). An allowed run's first row
 //! ([`Audit::record_before_run`]) is answered as soon as its batch is
-//! committed, before the `fsync` the batch may wait for under `interval`
-//! (under `full` the commit is the `fsync`): the run starts
+//! committed, before the `fsync` the batch may wait for: the run starts
 //! then, and its answer waits for the commit (and `fsync`) of its
 //! completion ([`RunRow::finish`]), which comes after on the same
 //! connection (FIFO), so it covers both. A refusal's row

@@ -560,29 +560,35 @@ impl Worker {
         self.commit(&mut group);
     }
 
-    /// After a commit: under `full` SQLite has `fsync`ed it; under
-    /// `interval` a critical batch is `fsync`ed now, any other is handed to
-    /// the syncer.
+    /// After a commit: under `full` every batch is `fsync`ed now (the
+    /// WAL's `fdatasync`), under `interval` a critical batch is and any
+    /// other is handed to the syncer; under `normal` none.
     fn made_durable(&mut self, critical: bool) -> Result<(), AuditError> {
-        match (&self.syncer, self.settings.synchronous) {
-            (_, AuditSync::Full) => self.commit_syncs.inc(),
-            (Some(syncer), AuditSync::Interval) if critical => {
-                let at = Instant::now();
-                if let Err(e) = sync_commits(&self.settings.db) {
-                    let e = AuditError::Unavailable {
-                        path: wal_path(&self.settings.db),
-                        message: format!("fsync: {e}"),
-                    };
-                    // What was committed may not be on disk: the batch
-                    // fails as a failed commit would.
-                    self.db = None;
-                    return Err(e);
-                }
-                self.commit_syncs.inc();
-                syncer.synced(at);
+        let now = match self.settings.synchronous {
+            AuditSync::Full => true,
+            AuditSync::Interval => critical,
+            AuditSync::Normal => false,
+        };
+        if !now {
+            if let Some(syncer) = &self.syncer {
+                syncer.committed();
             }
-            (Some(syncer), _) => syncer.committed(),
-            (None, _) => {}
+            return Ok(());
+        }
+        let at = Instant::now();
+        if let Err(e) = sync_commits(&self.settings.db) {
+            let e = AuditError::Unavailable {
+                path: wal_path(&self.settings.db),
+                message: format!("fsync: {e}"),
+            };
+            // What was committed may not be on disk: the batch fails as a
+            // failed commit would.
+            self.db = None;
+            return Err(e);
+        }
+        self.commit_syncs.inc();
+        if let Some(syncer) = &self.syncer {
+            syncer.synced(at);
         }
         Ok(())
     }
