@@ -11,6 +11,10 @@ use std::time::Duration;
 use policy::{Limits, SkillClass, SkillGrant};
 use serde::Deserialize;
 
+/// The largest `max_timeout_seconds`: a day. No run lasts longer, which
+/// the registry's audit relies on (a row open longer is no run in flight).
+pub const MAX_TIMEOUT_SECONDS: u64 = 86_400;
+
 /// Default user skills run as when the executor is root.
 pub const DEFAULT_RUN_AS: &str = "ongrid-skill";
 /// Default runtime directory when the executor is root.
@@ -114,7 +118,8 @@ pub struct Config {
     /// Where the resolvers of a `dns = true` grant are read (`nameserver`
     /// lines).
     pub resolv_conf: PathBuf,
-    /// Longest timeout a manifest may ask for (longer ones are clamped).
+    /// Longest timeout a manifest may ask for (longer ones are clamped);
+    /// at most [`MAX_TIMEOUT_SECONDS`].
     pub max_timeout_seconds: u64,
     /// Users that may own an entry and its folders (plus the executor's own user).
     pub entry_owners: Vec<String>,
@@ -397,8 +402,9 @@ impl Config {
                 format!("must be at most {MAX_RUNS_TMPFS_BYTES}"),
             ));
         }
-        if self.max_timeout_seconds == 0 {
-            return Err(invalid("max_timeout_seconds", "must be at least 1".to_owned()));
+        if !(1..=MAX_TIMEOUT_SECONDS).contains(&self.max_timeout_seconds) {
+            let why = format!("must be from 1 to {MAX_TIMEOUT_SECONDS} (a day)");
+            return Err(invalid("max_timeout_seconds", why));
         }
         self.limits.check().map_err(|e| invalid("limits", e.to_string()))?;
         self.validate_skills(path)?;

@@ -172,6 +172,7 @@ fn unknown_and_bad_fields_are_errors() {
         ("[limits]\nmax_pid = 3", "unknown field"),
         ("roots = [\"rel/dir\"]", "roots"),
         ("max_timeout_seconds = 0", "max_timeout_seconds"),
+        ("max_timeout_seconds = 86401", "from 1 to 86400"),
         ("[skills.Bad-Name]", "skills"),
         ("[skills.x]\ncapabilities = [\"CAP_NOPE\"]", "CAP_NOPE"),
         ("landlock = \"maybe\"", "landlock"),

@@ -15,9 +15,9 @@
 //!   next request, which cut every idle connection at `header_timeout`.)
 //! - an answer whose writes have been blocked (the client does not read)
 //!   for `idle_timeout` ends the connection, unless the client took at
-//!   least [`MIN_TAKE_BYTES`] of it meanwhile (then the clock starts
-//!   again): a client reading a few bytes now and then cannot hold the
-//!   answer, and the run slot that covers it, for ever;
+//!   least [`MIN_TAKE_RATE`] times `idle_timeout` of it meanwhile (then
+//!   the clock starts again): a client reading a few bytes now and then
+//!   cannot hold the answer, and the run slot that covers it, for ever;
 //! - a request body must arrive within the request timeout (408, in the
 //!   handlers).
 //!
@@ -122,7 +122,8 @@ pub(crate) async fn serve_connection(
     ends: Ends,
     requests_total: prometheus::IntCounterVec,
 ) {
-    let activity = Arc::new(Activity::new());
+    let activity =
+        Arc::new(Activity::new(MIN_TAKE_RATE.saturating_mul(idle_timeout.as_secs().max(1))));
     let in_flight = Arc::new(AtomicUsize::new(0));
     let watch = match hangup_watch(&stream) {
         Ok(w) => w,
@@ -392,9 +393,12 @@ fn http1_answer(status: StatusCode, body: &str) -> String {
     )
 }
 
-/// What a client must take of an answer, while its writes block, within
-/// each `idle_timeout` (1 MiB a minute at the default, ~17 KiB/s).
-pub(crate) const MIN_TAKE_BYTES: u64 = 1 << 20;
+/// What a client must take of an answer, per second, while its writes
+/// block, counted over each `idle_timeout` (960 KiB a minute at the
+/// default). (The kernel wakes a blocked writer of a Unix socket only once
+/// about three quarters of its buffer, ~150 KB, were read: below that a
+/// client is cut as one that does not read.)
+pub(crate) const MIN_TAKE_RATE: u64 = 16 << 10;
 
 /// When a connection last moved a byte, and since when its writes block
 /// (milliseconds since `start`; 0 = not blocked).
@@ -402,9 +406,11 @@ pub(crate) const MIN_TAKE_BYTES: u64 = 1 << 20;
 struct Activity {
     start: std::time::Instant,
     last_io: AtomicU64,
-    /// Since when the writes block without the client taking
-    /// [`MIN_TAKE_BYTES`] (0: they do not).
+    /// Since when the writes block without the client taking `min_take`
+    /// (0: they do not).
     blocked_since: AtomicU64,
+    /// What the client must take within `idle_timeout` of blocked writes.
+    min_take: u64,
     /// Bytes the client took since `blocked_since`.
     taken: AtomicU64,
     /// The last write would have blocked.
@@ -420,11 +426,12 @@ struct Activity {
 }
 
 impl Activity {
-    fn new() -> Self {
+    fn new(min_take: u64) -> Self {
         Self {
             start: std::time::Instant::now(),
             last_io: AtomicU64::new(0),
             blocked_since: AtomicU64::new(0),
+            min_take,
             taken: AtomicU64::new(0),
             blocked_now: std::sync::atomic::AtomicBool::new(false),
             head_since: AtomicU64::new(0),
@@ -444,6 +451,12 @@ impl Activity {
     fn head_done(&self) {
         self.head_since.store(0, Ordering::Release);
         self.head_bytes.store(0, Ordering::Release);
+        // An earlier answer whose writes no longer block: its clock ends
+        // with it (a pipelined request behind one still blocked does not
+        // start it again).
+        if !self.blocked_now.load(Ordering::Acquire) {
+            self.blocked_since.store(0, Ordering::Release);
+        }
     }
 
     /// When the head in progress will have taken `d`, if one is.
@@ -480,8 +493,8 @@ impl Activity {
     }
 
     /// The writes have blocked for `d` with the client taking less than
-    /// [`MIN_TAKE_BYTES`] meanwhile. Writes that no longer block (the
-    /// client took all there was) end the count.
+    /// `min_take` meanwhile. Writes that no longer block (the client took
+    /// all there was) end the count.
     fn write_blocked_for(&self, d: Duration) -> bool {
         if !self.blocked_now.load(Ordering::Acquire) {
             self.blocked_since.store(0, Ordering::Release);
@@ -510,7 +523,7 @@ impl Activity {
         self.moved();
         if self.blocked_since.load(Ordering::Acquire) != 0 {
             let taken = self.taken.fetch_add(n as u64, Ordering::AcqRel) + n as u64;
-            if taken >= MIN_TAKE_BYTES {
+            if taken >= self.min_take {
                 self.blocked_since.store(0, Ordering::Release);
             }
         }
@@ -661,6 +674,52 @@ impl hyper::body::Body for Guarded {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The clock of blocked writes: a trickle of bytes does not restart
+    /// it, taking `min_take` does, and so does an answer taken whole; a
+    /// next request's head ends the clock of an answer taken whole, not of
+    /// one still blocked.
+    #[test]
+    fn blocked_writes_need_the_client_to_take_enough() {
+        let window = Duration::from_millis(200);
+        let past = || std::thread::sleep(Duration::from_millis(260));
+        // A trickle: 4 KiB at a time, blocked again after each.
+        let a = Activity::new(64 << 10);
+        a.write_blocks();
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(60));
+            a.wrote(4096);
+            a.write_blocks();
+        }
+        assert!(a.write_blocked_for(window), "a trickle keeps the answer");
+        // Enough taken: the clock starts again.
+        let a = Activity::new(64 << 10);
+        a.write_blocks();
+        past();
+        a.wrote(64 << 10);
+        a.write_blocks();
+        assert!(!a.write_blocked_for(window), "a client taking enough is cut");
+        // All taken: nothing blocks.
+        let a = Activity::new(64 << 10);
+        a.write_blocks();
+        past();
+        a.wrote(100);
+        assert!(!a.write_blocked_for(window), "an answer taken whole is cut");
+        // A keep-alive connection's next answer does not inherit the clock.
+        let a = Activity::new(64 << 10);
+        a.write_blocks();
+        a.wrote(100);
+        past();
+        a.head_done();
+        a.write_blocks();
+        assert!(!a.write_blocked_for(window), "the next answer was cut at once");
+        // A pipelined head behind an answer still blocked does not reset it.
+        let a = Activity::new(64 << 10);
+        a.write_blocks();
+        past();
+        a.head_done();
+        assert!(a.write_blocked_for(window), "a pipelined request reset the clock");
+    }
 
     #[test]
     fn the_431_is_a_complete_answer() {

@@ -1,6 +1,8 @@
-//! The audit on a file system that fills up: a run whose decision row
-//! cannot be committed never starts, and the approvals it named stay
-//! unused. Needs root (a tmpfs is mounted); prints a SKIP line otherwise.
+//! The audit on a failing disk: on a file system that fills up, a run
+//! whose decision row cannot be committed never starts, and the approvals
+//! it named stay unused (needs root: a tmpfs is mounted; prints a SKIP
+//! line otherwise); a run whose decision row was committed but whose
+//! `fsync` failed is not answered as audited.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -114,4 +116,46 @@ async fn a_run_whose_decision_row_cannot_be_committed_never_starts() {
         RunRow::new(audit.clone(), Some(again)).finish(ok()).await.unwrap();
         drop(audit);
     }
+}
+
+/// `full`: the decision row is committed and the run starts; the `fsync`
+/// after it fails (here: the journal's path is a symlink loop, which the
+/// sync opens first); the run's completion then fails even once the
+/// syncs work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_decision_row_could_not_be_synced_is_not_answered_as_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(dir.path(), AuditSync::Full);
+    let errors = IntCounter::new("e", "e").unwrap();
+    let syncs = IntCounterVec::new(prometheus::Opts::new("s", "s"), &["when"]).unwrap();
+    let audit = Audit::start(&s, errors.clone(), &syncs).unwrap();
+    let mutating = |skill: &str| Record {
+        skill: skill.into(),
+        class: "mutating".into(),
+        caller_uid: 1000,
+        role: "ops".into(),
+        mode: "mutating-with-confirm".into(),
+        decision: "allow",
+        reason: "confirmed".into(),
+        ..Record::default()
+    };
+    let id = audit.record_before_run(mutating("before")).await.unwrap();
+    RunRow::new(audit.clone(), Some(id)).finish(ok()).await.unwrap();
+    let rows = dir.path().join("audit.db-rows");
+    std::os::unix::fs::symlink(&rows, &rows).unwrap();
+    let started = audit.record_before_run(mutating("unsynced")).await;
+    // The answer comes before the fsync: wait for its failure (counted).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while errors.get() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(errors.get(), 1, "the fsync did not fail");
+    std::fs::remove_file(&rows).unwrap();
+    let id = started.expect("committed: the run starts before the fsync");
+    let r = RunRow::new(audit.clone(), Some(id)).finish(ok()).await;
+    let e = r.expect_err("answered as audited though its decision's fsync failed");
+    assert!(e.to_string().contains("may not be on disk"), "{e}");
+    // The next run is audited as usual.
+    let id = audit.record_before_run(mutating("after")).await.unwrap();
+    RunRow::new(audit.clone(), Some(id)).finish(ok()).await.unwrap();
 }

@@ -102,8 +102,11 @@
 //! answer follows it directly. If a commit fails, every row of its batch
 //! is lost and every caller of the batch gets the error: a run whose
 //! first row it held is refused, never started (SQLite's insert fits in
-//! its page cache on a full file system; the commit is what fails). Each
-//! failure counts in `ongrid_audit_write_errors_total`. Args and result are stored as JSON text of at most
+//! its page cache on a full file system; the commit is what fails). If the
+//! `fsync` after a decision row's commit fails, its run has started: its
+//! completion fails then (its answer must not say the trail holds it), even
+//! once a later `fsync` succeeds (the kernel reports a lost write-back
+//! once). Each failure counts in `ongrid_audit_write_errors_total`. Args and result are stored as JSON text of at most
 //! [`FIELD_MAX_BYTES`] (a refused request's args at most
 //! [`REFUSED_ARGS_MAX_BYTES`]; cut on a character boundary and marked
 //! `*_truncated`); error texts at most [`ERROR_MAX_BYTES`].
@@ -139,7 +142,8 @@
 //! rows older than `audit_max_age_days` and, while the rows take more than
 //! `audit_max_bytes` of the database, the oldest rows are deleted
 //! (refusals first, then allowed `safe` runs, then the rest; never the row
-//! of a run still in flight), and so are used approvals past their expiry. (A caller refused again and again
+//! of a run still in flight, open less than two days), and so are used
+//! approvals a day past their expiry. (A caller refused again and again
 //! writes a row each time, and any caller may make `safe` runs: the size
 //! cap bounds the file whatever the rows hold, and such a flood pushes out
 //! older rows of its own kind before any `mutating` or `dangerous` run's.)

@@ -59,10 +59,10 @@ async fn a_run_in_flight_keeps_its_row_through_retention() {
     assert_eq!(long.outcome.as_deref(), Some("ok"));
 }
 
-/// A row left open for more than a day (its completion lost while
+/// A row left open for more than two days (its completion lost while
 /// skilld ran) is no longer a run in flight: retention takes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_row_open_for_a_day_is_pruned_like_a_finished_one() {
+async fn a_row_open_for_days_is_pruned_like_a_finished_one() {
     let dir = tempfile::tempdir().unwrap();
     let errors = IntCounter::new("e", "e").unwrap();
     let syncs = IntCounterVec::new(prometheus::Opts::new("s", "s"), &["when"]).unwrap();
@@ -70,8 +70,8 @@ async fn a_row_open_for_a_day_is_pruned_like_a_finished_one() {
     let lost = audit.record_before_run(safe("lost")).await.unwrap();
     let open = audit.record_before_run(safe("open")).await.unwrap();
     let db = rusqlite::Connection::open(dir.path().join("audit.db")).unwrap();
-    let two_days = 2 * 86_400_000_i64;
-    db.execute("UPDATE audit SET started_at = started_at - ?1 WHERE id = ?2", (two_days, lost))
+    let three_days = 3 * 86_400_000_i64;
+    db.execute("UPDATE audit SET started_at = started_at - ?1 WHERE id = ?2", (three_days, lost))
         .unwrap();
     drop(db);
     for i in 0..PRUNE_EVERY + 10 {
@@ -79,7 +79,7 @@ async fn a_row_open_for_a_day_is_pruned_like_a_finished_one() {
         RunRow::new(audit.clone(), Some(id)).finish(ok()).await.unwrap();
     }
     let rows = audit.query(Query { limit: 500, ..Query::default() }).await.unwrap().items;
-    assert!(rows.iter().all(|e| e.id != lost), "the row open for two days stays");
+    assert!(rows.iter().all(|e| e.id != lost), "the row open for three days stays");
     assert!(rows.iter().any(|e| e.id == open), "the run in flight lost its row");
     drop(RunRow::new(audit.clone(), Some(open)));
     assert_eq!(errors.get(), 0);

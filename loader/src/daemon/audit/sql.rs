@@ -121,8 +121,9 @@ pub(super) fn open(settings: &AuditSettings) -> rusqlite::Result<Connection> {
     let mut db = Connection::open(&settings.db)?;
     db.busy_timeout(std::time::Duration::from_secs(5))?;
     // WAL: readers (ongrid-skill audit --db, sqlite3) never block the
-    // daemon; FULL (`full`): SQLite syncs every commit; NORMAL (`interval`,
-    // `normal`): only checkpoints, the rest is ours (module docs).
+    // daemon; `synchronous` NORMAL in every mode: SQLite syncs at
+    // checkpoints, the commits are synced by the audit thread as the mode
+    // asks (module docs).
     let mode: String = db.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         tracing::warn!(mode, "audit: the database is not in WAL mode");
@@ -234,8 +235,9 @@ const OLDEST_BY_TIER: [&str; 3] = [
 ];
 
 /// How long after its start a row with no outcome counts as a run still
-/// in flight for retention: a day, past any run's timeout.
-const STALE_OPEN_MS: i64 = 86_400_000;
+/// in flight for retention: two days, past any run's queue and timeout
+/// (the executor's `max_timeout_seconds` is at most a day).
+const STALE_OPEN_MS: i64 = 2 * 86_400_000;
 
 /// Deletes the oldest rows while the pages in use exceed `max_bytes`, each
 /// time the share of the rows that the excess is of the pages in use, in

@@ -39,6 +39,9 @@ pub(super) struct Worker {
     /// With `interval`: rows of runs in flight whose completion is
     /// `fsync`ed before its answer.
     critical: HashSet<i64>,
+    /// Rows of runs in flight whose decision's `fsync` failed after their
+    /// run started: their completions fail ([`Worker::doubt`]).
+    unsynced: HashSet<i64>,
     inserts: u64,
     /// A commit crossed a multiple of [`PRUNE_EVERY`] inserts.
     prune_due: bool,
@@ -69,6 +72,7 @@ impl Worker {
             commit_syncs,
             syncer,
             critical: HashSet::new(),
+            unsynced: HashSet::new(),
             inserts: 0,
             prune_due: false,
             ingest_due: None,
@@ -327,8 +331,17 @@ impl Worker {
         group: &mut Group,
         id: i64,
         finish: &Finish,
-        reply: Option<oneshot::Sender<Result<(), AuditError>>>,
+        mut reply: Option<oneshot::Sender<Result<(), AuditError>>>,
     ) {
+        if self.unsynced.remove(&id) {
+            if let Some(reply) = reply.take() {
+                self.errors.inc();
+                let _ = reply.send(Err(AuditError::Unavailable {
+                    path: wal_path(&self.settings.db),
+                    message: "the run's decision row may not be on disk (its fsync failed)".into(),
+                }));
+            }
+        }
         // Its row may be journaled and not yet written (the journal failed
         // since): write the journal's rows first.
         if self.journal.has_pending() {
@@ -512,7 +525,13 @@ impl Worker {
         // then), before the `fsync` its batch may wait for: the run's
         // answer waits for its completion's, which covers both.
         let r = r.map(|()| self.answer_early(group));
-        let r = r.and_then(|unclaimed| self.made_durable(group.critical).map(|()| unclaimed));
+        let r = r.and_then(|(started, unclaimed)| match self.made_durable(group.critical) {
+            Ok(()) => Ok(unclaimed),
+            Err(e) => {
+                self.doubt(started);
+                Err(e)
+            }
+        });
         match r {
             Ok(unclaimed) => {
                 self.failing = None;
@@ -536,15 +555,28 @@ impl Worker {
     }
 
     /// Hands the group's decision rows their ids, now committed; returns
-    /// the rows whose handler went away before it had its id.
-    fn answer_early(&mut self, group: &mut Group) -> Vec<i64> {
-        let mut unclaimed = Vec::new();
+    /// the rows handed over (their runs start) and those whose handler
+    /// went away before it had its id.
+    fn answer_early(&mut self, group: &mut Group) -> (Vec<i64>, Vec<i64>) {
+        let (mut started, mut unclaimed) = (Vec::new(), Vec::new());
         for (id, reply) in group.early.drain(..) {
-            if reply.send(Ok(id)).is_err() {
-                unclaimed.push(id);
+            match reply.send(Ok(id)) {
+                Ok(()) => started.push(id),
+                Err(_) => unclaimed.push(id),
             }
         }
-        unclaimed
+        (started, unclaimed)
+    }
+
+    /// The `fsync` after the commit of these runs' decision rows failed,
+    /// their runs started: their completions fail (the answer must not say
+    /// the trail holds them), even if a later `fsync` succeeds (the kernel
+    /// reports a lost write-back once).
+    fn doubt(&mut self, started: Vec<i64>) {
+        if self.unsynced.len() + started.len() > MAX_CRITICAL_IN_FLIGHT {
+            self.unsynced.clear();
+        }
+        self.unsynced.extend(started);
     }
 
     /// Completes the rows of runs whose handler went away before it had

@@ -39,8 +39,9 @@ pub struct ApproverEntry {
     pub public_key: String,
 }
 
-/// When an audit commit reaches the disk (SQLite's `synchronous` in WAL
-/// mode). Every mode commits a row before its answer, so an answered run's
+/// When an audit commit reaches the disk (the audit thread's `fdatasync`
+/// of the WAL; SQLite itself syncs at checkpoints only). Every mode
+/// commits a row before its answer, so an answered run's
 /// rows survive a crash or SIGKILL of the daemon; they differ in when the
 /// commit is `fsync`ed, which is what a power loss or kernel crash needs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

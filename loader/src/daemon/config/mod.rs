@@ -20,6 +20,7 @@
 //! request_timeout_seconds = 30
 //! header_timeout_seconds = 10         # a request head must be complete this long after its first byte
 //! idle_timeout_seconds = 60           # a connection with no request in progress is closed after
+//!                                     # (so is an answer blocked this long, under 16 KiB/s taken)
 //! drain_timeout_seconds = 75          # SIGTERM: the longest wait for runs in flight (under TimeoutStopSec)
 //! socket_group = "ongrid"             # who may connect at all (with socket_mode 0660)
 //! approval_max_ttl_seconds = 900
