@@ -147,6 +147,28 @@ fn a_pack_scanned_while_the_executor_was_down_gets_its_tools_once_it_is_back() {
     assert_eq!(s.execute("fake.echo", &json!({"x": 1})).status, 200, "{}", s.logs());
 }
 
+/// A tool the caller may not run is, to that caller, not there: asked
+/// for by its alias, the 404 echoes the alias as an unknown name's does,
+/// not the tool's registered name.
+#[test]
+fn a_hidden_tool_asked_by_its_alias_is_answered_as_an_unknown_name() {
+    let s = Stack::start_with("", "");
+    fake_pack(
+        &s,
+        &json!({"kind": "mcp", "name": "fake", "description": "t", "entry": "server.py",
+        "timeout_seconds": 5, "class": "safe", "tool_classes": {"die": "dangerous"}}),
+    );
+    assert_eq!(s.get("/v1/skills/fake.echo").status, 200, "{}", s.logs());
+    for (asked, shown) in
+        [("fake_die", "fake_die"), ("fake.die", "fake.die"), ("fake_nope", "fake_nope")]
+    {
+        let r = s.execute(asked, &json!({}));
+        assert_eq!(r.status, 404, "{asked}");
+        let message = r.json()["error"]["message"].as_str().unwrap_or_default().to_owned();
+        assert_eq!(message, format!("no skill named \"{shown}\""), "{asked}");
+    }
+}
+
 fn front(s: &Stack) -> Mcp {
     let mut mcp = Mcp::start(&s.socket);
     let init = json!({"protocolVersion": "2025-06-18", "capabilities": {},

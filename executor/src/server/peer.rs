@@ -79,7 +79,19 @@ impl PeerPolicy {
                 },
                 (None, None) => continue,
             };
-            classes.insert(uid, p.classes.clone());
+            match classes.entry(uid) {
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(p.classes.clone());
+                }
+                // Named twice (by uid and by user): only what both allow.
+                std::collections::btree_map::Entry::Occupied(mut o) => {
+                    tracing::warn!(
+                        "executor.toml: [[peers]] names uid {uid} twice; it may run only the \
+                         classes both entries list"
+                    );
+                    o.get_mut().retain(|c| p.classes.contains(c));
+                }
+            }
         }
         PeerPolicy { uids, gids, classes }
     }
@@ -139,6 +151,24 @@ mod tests {
         assert!(!p.may_run(998, SkillClass::Mutating));
         assert!(p.may_run(0, SkillClass::Dangerous), "no entry: every class");
         assert_eq!(p.to_string(), "uids [0, 998], gids [500], uid 998 may run [safe]");
+    }
+
+    /// A uid named twice, by uid and by user, gets only the classes both
+    /// entries list, whichever comes first.
+    #[test]
+    fn a_peer_named_twice_gets_what_both_entries_allow() {
+        let root = |first: &str, second: &str| {
+            format!(
+                "[[peers]]\n{first}\nclasses = [\"safe\", \"dangerous\"]\n\
+                 [[peers]]\n{second}\nclasses = [\"safe\", \"mutating\"]\n"
+            )
+        };
+        for text in [root("uid = 0", "user = \"root\""), root("user = \"root\"", "uid = 0")] {
+            let p = PeerPolicy::from_config(&Config::parse(&text, Path::new("x")).unwrap());
+            assert!(p.may_run(0, SkillClass::Safe), "{text}");
+            assert!(!p.may_run(0, SkillClass::Mutating), "{text}");
+            assert!(!p.may_run(0, SkillClass::Dangerous), "{text}");
+        }
     }
 
     #[test]

@@ -119,8 +119,12 @@ pub async fn execute(
 /// An execute request for a registered skill, as its steps see it.
 struct Execution {
     app: Arc<App>,
-    /// The name in the path.
+    /// The skill's name (an MCP tool asked for by its alias `PACK_TOOL`:
+    /// its name `PACK.TOOL`).
     name: String,
+    /// The name in the path, as asked: what a 404 echoes (the registered
+    /// name of a hidden tool would say it exists).
+    asked: String,
     skill: Arc<Skill>,
     /// Who asks: uid, role and permission mode.
     who: Identity,
@@ -160,8 +164,8 @@ impl Execution {
         let who = app.authz().identify(caller);
         // An MCP tool asked for by its alias `PACK_TOOL` goes on by its
         // name `PACK.TOOL`.
-        let name = skill.name().to_owned();
-        Ok(Self { app, name, skill, who })
+        let (asked, name) = (name, skill.name().to_owned());
+        Ok(Self { app, name, asked, skill, who })
     }
 
     fn manifest(&self) -> &Manifest {
@@ -212,7 +216,7 @@ impl Execution {
             if let Err(denied) = app.authz().decide(&self.who, &run, unix_now()) {
                 let _ = deny(app, self.base(None), denied).await;
             }
-            return Err(ApiError::no_such_skill(&self.name));
+            return Err(ApiError::no_such_skill(&self.asked));
         }
         match read_body(body, headers, app.limits()).await.and_then(|b| parse_request(&b)) {
             Ok(req) => {
