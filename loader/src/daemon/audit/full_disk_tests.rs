@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use prometheus::{IntCounter, IntCounterVec};
+use prometheus::IntCounter;
 
+use super::tests::{ok, record, settings, syncs};
 use super::*;
 use crate::daemon::config::{AuditSettings, AuditSync};
 
@@ -48,38 +49,6 @@ fn fill(dir: &Path) -> PathBuf {
     path
 }
 
-fn settings(dir: &Path, synchronous: AuditSync) -> AuditSettings {
-    AuditSettings {
-        db: dir.join("audit.db"),
-        required: true,
-        max_rows: 0,
-        max_age_days: 0,
-        max_bytes: 0,
-        synchronous,
-        sync_interval: Duration::from_millis(100),
-    }
-}
-
-/// A `dangerous` run's decision, using the approval `key`.
-fn decision(skill: &str, key: &str, expires: u64) -> Record {
-    Record {
-        skill: skill.into(),
-        class: "dangerous".into(),
-        caller_uid: 1000,
-        role: "ops".into(),
-        mode: "dual-sign-required".into(),
-        decision: "allow",
-        reason: "dual_signed".into(),
-        approvers: vec![key.split(':').next().unwrap_or_default().to_owned()],
-        approvals_used: vec![(key.to_owned(), expires)],
-        ..Record::default()
-    }
-}
-
-fn ok() -> Finish {
-    Finish { outcome: "ok".into(), ..Finish::default() }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_whose_decision_row_cannot_be_committed_never_starts() {
     if !nix::unistd::geteuid().is_root() {
@@ -91,17 +60,16 @@ async fn a_run_whose_decision_row_cannot_be_committed_never_starts() {
     let expires = u64::try_from(now_ms() / 1000).unwrap() + 600;
     for mode in [AuditSync::Interval, AuditSync::Full] {
         let fs = Tmpfs::mount("1m");
-        let s = settings(&fs.0, mode);
+        let s = AuditSettings { synchronous: mode, ..settings(&fs.0, 0) };
         let errors = IntCounter::new("e", "e").unwrap();
-        let syncs = IntCounterVec::new(prometheus::Opts::new("s", "s"), &["when"]).unwrap();
-        let audit = Audit::start(&s, errors.clone(), &syncs).unwrap();
-        let id = audit.record_before_run(decision("before", "k:d", expires)).await.unwrap();
+        let audit = Audit::start(&s, errors.clone(), &syncs()).unwrap();
+        let id = audit.record_before_run(record("before", &[("k:d", expires)])).await.unwrap();
         RunRow::new(audit.clone(), Some(id)).finish(ok()).await.unwrap();
         let full = fill(&fs.0);
         // SQLite's insert fits in its page cache; the commit does not.
         for i in 0..5 {
             let key = format!("k{i}:d{i}");
-            let r = audit.record_before_run(decision(&format!("full{i}"), &key, expires)).await;
+            let r = audit.record_before_run(record(&format!("full{i}"), &[(&key, expires)])).await;
             assert!(r.is_err(), "{mode:?}: run {i} would start with its row uncommitted: {r:?}");
         }
         assert!(errors.get() >= 5, "{mode:?}: {} errors counted", errors.get());
@@ -112,7 +80,7 @@ async fn a_run_whose_decision_row_cannot_be_committed_never_starts() {
         // Nothing ran: the refused runs' approvals stay usable.
         let used = audit.used_approvals().await.unwrap();
         assert_eq!(used.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["k:d"], "{mode:?}");
-        let again = audit.record_before_run(decision("after", "k0:d0", expires)).await.unwrap();
+        let again = audit.record_before_run(record("after", &[("k0:d0", expires)])).await.unwrap();
         RunRow::new(audit.clone(), Some(again)).finish(ok()).await.unwrap();
         drop(audit);
     }
@@ -125,19 +93,14 @@ async fn a_run_whose_decision_row_cannot_be_committed_never_starts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_whose_decision_row_could_not_be_synced_is_not_answered_as_audited() {
     let dir = tempfile::tempdir().unwrap();
-    let s = settings(dir.path(), AuditSync::Full);
+    let s = settings(dir.path(), 0);
     let errors = IntCounter::new("e", "e").unwrap();
-    let syncs = IntCounterVec::new(prometheus::Opts::new("s", "s"), &["when"]).unwrap();
-    let audit = Audit::start(&s, errors.clone(), &syncs).unwrap();
+    let audit = Audit::start(&s, errors.clone(), &syncs()).unwrap();
     let mutating = |skill: &str| Record {
-        skill: skill.into(),
         class: "mutating".into(),
-        caller_uid: 1000,
-        role: "ops".into(),
         mode: "mutating-with-confirm".into(),
-        decision: "allow",
         reason: "confirmed".into(),
-        ..Record::default()
+        ..record(skill, &[])
     };
     let id = audit.record_before_run(mutating("before")).await.unwrap();
     RunRow::new(audit.clone(), Some(id)).finish(ok()).await.unwrap();

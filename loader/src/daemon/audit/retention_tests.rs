@@ -1,48 +1,25 @@
 //! Retention and runs in flight: the caps never delete the row of a run
 //! that has not ended, whose completion is still to come.
 
-use std::time::Duration;
+use prometheus::IntCounter;
 
-use prometheus::{IntCounter, IntCounterVec};
-
+use super::tests::{ok, record, settings, syncs};
 use super::*;
-use crate::daemon::config::{AuditSettings, AuditSync};
-
-fn settings(dir: &std::path::Path) -> AuditSettings {
-    AuditSettings {
-        db: dir.join("audit.db"),
-        required: true,
-        max_rows: 50,
-        max_age_days: 0,
-        max_bytes: 0,
-        synchronous: AuditSync::Full,
-        sync_interval: Duration::from_millis(100),
-    }
-}
 
 fn safe(skill: &str) -> Record {
     Record {
-        skill: skill.into(),
         class: "safe".into(),
-        caller_uid: 1000,
-        role: "ops".into(),
         mode: "read-only".into(),
-        decision: "allow",
         reason: "safe".into(),
-        ..Record::default()
+        ..record(skill, &[])
     }
-}
-
-fn ok() -> Finish {
-    Finish { outcome: "ok".into(), ..Finish::default() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_in_flight_keeps_its_row_through_retention() {
     let dir = tempfile::tempdir().unwrap();
     let errors = IntCounter::new("e", "e").unwrap();
-    let syncs = IntCounterVec::new(prometheus::Opts::new("s", "s"), &["when"]).unwrap();
-    let audit = Audit::start(&settings(dir.path()), errors.clone(), &syncs).unwrap();
+    let audit = Audit::start(&settings(dir.path(), 50), errors.clone(), &syncs()).unwrap();
     // `full`: every row through the thread, as a run whose completion
     // finds its row there.
     let long = audit.record_before_run(safe("long")).await.unwrap();
@@ -65,8 +42,7 @@ async fn a_run_in_flight_keeps_its_row_through_retention() {
 async fn a_row_open_for_days_is_pruned_like_a_finished_one() {
     let dir = tempfile::tempdir().unwrap();
     let errors = IntCounter::new("e", "e").unwrap();
-    let syncs = IntCounterVec::new(prometheus::Opts::new("s", "s"), &["when"]).unwrap();
-    let audit = Audit::start(&settings(dir.path()), errors.clone(), &syncs).unwrap();
+    let audit = Audit::start(&settings(dir.path(), 50), errors.clone(), &syncs()).unwrap();
     let lost = audit.record_before_run(safe("lost")).await.unwrap();
     let open = audit.record_before_run(safe("open")).await.unwrap();
     let db = rusqlite::Connection::open(dir.path().join("audit.db")).unwrap();

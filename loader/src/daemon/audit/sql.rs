@@ -183,7 +183,7 @@ pub(super) fn prune(db: &mut Connection, settings: &AuditSettings) -> rusqlite::
             if excess <= 0 {
                 break;
             }
-            let stale = now_ms().saturating_sub(STALE_OPEN_MS);
+            let stale = open_before();
             excess -= i64::try_from(tx.execute(sql, params![excess, stale])?).unwrap_or(i64::MAX);
         }
     }
@@ -198,7 +198,7 @@ pub(super) fn prune(db: &mut Connection, settings: &AuditSettings) -> rusqlite::
     if settings.max_bytes > 0 {
         shrink_to(&tx, settings.max_bytes)?;
     }
-    let forget = (now_ms() / 1000).saturating_sub(crate::daemon::replay::FORGET_AFTER as i64);
+    let forget = forget_before();
     tx.execute("DELETE FROM used_approvals WHERE expires_at < ?1", params![forget])?;
     tx.commit()
 }
@@ -239,6 +239,17 @@ const OLDEST_BY_TIER: [&str; 3] = [
 /// (the executor's `max_timeout_seconds` is at most a day).
 const STALE_OPEN_MS: i64 = 2 * 86_400_000;
 
+/// Rows with no outcome started before this (unix ms) are no run in flight.
+fn open_before() -> i64 {
+    now_ms().saturating_sub(STALE_OPEN_MS)
+}
+
+/// Used approvals that expired before this (unix s) are forgotten
+/// ([`crate::daemon::replay::FORGET_AFTER`]).
+fn forget_before() -> i64 {
+    (now_ms() / 1000).saturating_sub(crate::daemon::replay::FORGET_AFTER as i64)
+}
+
 /// Deletes the oldest rows while the pages in use exceed `max_bytes`, each
 /// time the share of the rows that the excess is of the pages in use, in
 /// [`OLDEST_BY_TIER`]'s order: the file stops growing there, whatever each
@@ -255,7 +266,7 @@ fn shrink_to(db: &Connection, max_bytes: u64) -> rusqlite::Result<()> {
         let batch = ((rows as f64 * share).ceil() as i64).max(1);
         let mut gone = 0;
         for sql in OLDEST_BY_TIER {
-            gone = db.execute(sql, params![batch, now_ms().saturating_sub(STALE_OPEN_MS)])?;
+            gone = db.execute(sql, params![batch, open_before()])?;
             if gone > 0 {
                 break;
             }
@@ -498,7 +509,7 @@ pub(super) fn update(db: &Connection, done: &Done) -> Result<(), WriteError> {
 pub(super) fn used_approvals(db: &Connection) -> rusqlite::Result<Vec<(String, u64)>> {
     let mut stmt =
         db.prepare("SELECT approval, expires_at FROM used_approvals WHERE expires_at >= ?1")?;
-    let forget = (now_ms() / 1000).saturating_sub(crate::daemon::replay::FORGET_AFTER as i64);
+    let forget = forget_before();
     let rows = stmt.query_map(params![forget], |r| {
         Ok((r.get::<_, String>(0)?, u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0)))
     })?;

@@ -11,7 +11,7 @@ use super::sql::bounded;
 use super::*;
 use crate::daemon::config::{AuditSettings, AuditSync};
 
-fn settings(dir: &std::path::Path, max_rows: u64) -> AuditSettings {
+pub(super) fn settings(dir: &std::path::Path, max_rows: u64) -> AuditSettings {
     AuditSettings {
         db: dir.join("audit.db"),
         required: true,
@@ -23,11 +23,11 @@ fn settings(dir: &std::path::Path, max_rows: u64) -> AuditSettings {
     }
 }
 
-fn syncs() -> IntCounterVec {
+pub(super) fn syncs() -> IntCounterVec {
     IntCounterVec::new(prometheus::Opts::new("s", "s"), &["when"]).unwrap()
 }
 
-fn record(skill: &str, used: &[(&str, u64)]) -> Record {
+pub(super) fn record(skill: &str, used: &[(&str, u64)]) -> Record {
     Record {
         skill: skill.into(),
         class: "dangerous".into(),
@@ -41,6 +41,11 @@ fn record(skill: &str, used: &[(&str, u64)]) -> Record {
         args: Some(RawJson::from_slice(br#"{"n": 1}"#).unwrap()),
         ..Record::default()
     }
+}
+
+/// An `ok` completion.
+pub(super) fn ok() -> Finish {
+    Finish { outcome: "ok".into(), ..Finish::default() }
 }
 
 /// A finished run's row, written whole (retention keeps a run's row
