@@ -65,20 +65,12 @@ impl Calls {
             id: Option<rmcp::model::RequestId>,
         }
         #[derive(Deserialize)]
-        struct Line {
-            params: Option<Params>,
-        }
-        #[derive(Deserialize)]
-        struct Params {
-            arguments: Option<Box<RawValue>>,
-        }
-        #[derive(Deserialize)]
-        struct Borrowed<'a> {
+        struct Line<'a> {
             #[serde(borrow)]
-            params: Option<BorrowedParams<'a>>,
+            params: Option<Params<'a>>,
         }
         #[derive(Deserialize)]
-        struct BorrowedParams<'a> {
+        struct Params<'a> {
             #[serde(borrow)]
             arguments: Option<&'a RawValue>,
         }
@@ -86,18 +78,18 @@ impl Calls {
         let (Some("tools/call"), Some(id)) = (head.method.as_deref(), head.id) else {
             return None;
         };
-        let args = serde_json::from_slice::<Line>(line)
+        let args = serde_json::from_slice::<Line<'_>>(line)
             .map(|l| l.params.and_then(|p| p.arguments))
             .map_err(|e| format!("params: {e}"));
         let id = serde_json::to_string(&id).ok()?;
-        self.keep(id, args);
+        self.keep(id, args.clone().map(|a| a.map(RawValue::to_owned)));
         // The SDK drops, unanswered, a line it cannot read as JSON values
         // (a lone surrogate escape, a number past f64): its arguments,
         // kept above as written, are handed on as `{}`.
         if serde_json::from_slice::<serde_json::Value>(line).is_ok() {
             return None;
         }
-        let raw = serde_json::from_slice::<Borrowed<'_>>(line).ok()?.params?.arguments?;
+        let raw = args.ok()??;
         let start = (raw.get().as_ptr() as usize).checked_sub(line.as_ptr() as usize)?;
         let end = start + raw.get().len();
         let mut fixed = Vec::with_capacity(line.len());
