@@ -81,6 +81,8 @@ pub use report::{
     Denial, DenialKind, DeniedReport, Enforcement, LimitKind, NetworkReport, Outcome, RunReport,
     SandboxReport, MAX_DENIALS,
 };
-pub use sandbox::{GrantError, GrantedSandbox, SandboxRequest, SkillGrant, DEFAULT_MAX_WARM_TOTAL};
+pub use sandbox::{
+    GrantError, GrantedPath, GrantedSandbox, SandboxRequest, SkillGrant, DEFAULT_MAX_WARM_TOTAL,
+};
 pub use schema::Schema;
 pub use skillmd::{SkillMd, SkillMdError};

@@ -223,14 +223,53 @@ impl SkillGrant {
     }
 }
 
+/// A path a run may read or write beyond the default box, as the manifest
+/// wrote it, and the operator's paths it must still lie beneath once its
+/// symlinks are followed: the grant covers the path as written, while a
+/// Landlock rule follows links (a link an earlier run planted in a granted
+/// directory would otherwise carry the rule outside it). Empty for a path
+/// the grant names itself: where its links lead is the operator's choice.
+/// Serialized as the path alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantedPath {
+    /// The path, as the manifest wrote it.
+    pub path: PathBuf,
+    /// The grant's paths that cover it (empty: the path is one of them).
+    pub beneath: Vec<PathBuf>,
+}
+
+impl GrantedPath {
+    /// A path the grant names itself.
+    pub fn granted(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into(), beneath: Vec::new() }
+    }
+
+    /// `path` as covered by `grants` (each a list of the operator's paths).
+    fn within(path: &Path, grants: &[&[PathBuf]]) -> Self {
+        let all = || grants.iter().flat_map(|g| g.iter());
+        let beneath = if all().any(|g| g == path) {
+            Vec::new()
+        } else {
+            all().filter(|g| is_within(path, g)).cloned().collect()
+        };
+        Self { path: path.to_owned(), beneath }
+    }
+}
+
+impl Serialize for GrantedPath {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.path.serialize(s)
+    }
+}
+
 /// The sandbox a run actually gets: the request, checked against the grant,
 /// with the operator's default limits filled in.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GrantedSandbox {
     /// Extra read paths.
-    pub fs_read: Vec<PathBuf>,
+    pub fs_read: Vec<GrantedPath>,
     /// Extra write paths.
-    pub fs_write: Vec<PathBuf>,
+    pub fs_write: Vec<GrantedPath>,
     /// Networking allowed.
     pub network: bool,
     /// The grant's `connect` list (with `network`; empty = any destination
@@ -335,8 +374,12 @@ impl SandboxRequest {
             limits.max_pids = p;
         }
         Ok(GrantedSandbox {
-            fs_read: self.fs_read.clone(),
-            fs_write: self.fs_write.clone(),
+            fs_read: (self.fs_read.iter())
+                .map(|p| GrantedPath::within(p, &[&grant.fs_read, &grant.fs_write]))
+                .collect(),
+            fs_write: (self.fs_write.iter())
+                .map(|p| GrantedPath::within(p, &[&grant.fs_write]))
+                .collect(),
             network: self.network,
             connect: if self.network { grant.connect.clone() } else { Vec::new() },
             dns: self.network && grant.dns,
@@ -442,6 +485,21 @@ mod tests {
         };
         let g = req.authorize(&skill(), Some(&grant), &d).unwrap();
         assert_eq!(g.connect, grant.connect, "the run gets the grant's list, never the manifest's");
+        // A path below a grant must stay below it once its links are
+        // followed; a path the grant names is the operator's own.
+        let beneath = |p: &GrantedPath| (p.path.clone(), p.beneath.clone());
+        assert_eq!(
+            g.fs_read.iter().map(beneath).collect::<Vec<_>>(),
+            [
+                ("/var/log/syslog".into(), vec![PathBuf::from("/var/log")]),
+                ("/srv/out/x".into(), vec![PathBuf::from("/srv/out")]),
+            ]
+        );
+        assert_eq!(g.fs_write, [GrantedPath::granted("/srv/out")]);
+        assert_eq!(
+            serde_json::to_value(&g.fs_read).unwrap(),
+            serde_json::json!(["/var/log/syslog", "/srv/out/x"])
+        );
         assert!(g.dns);
         assert_eq!(g.proc, ProcView::Host, "the grant's process table view");
         let quiet = SandboxRequest::default().authorize(&skill(), Some(&grant), &d).unwrap();

@@ -174,6 +174,33 @@ fn symlink_in_the_run_dir_cannot_carry_a_write_outside() {
     done(&skill, &g);
 }
 
+/// A path asked below a write grant that is a symlink out of it (an
+/// earlier run may plant one: it may make links there) carries no right
+/// beyond the grant: writing through it fails, and the report says the
+/// path was not granted.
+#[test]
+fn a_link_below_a_grant_carries_no_right_outside_it() {
+    let Some(g) = shared("a_link_below_a_grant_carries_no_right_outside_it") else { return };
+    let mut planted = Planted(vec![]);
+    let skill = attack("grant_link");
+    let granted = planted.dir(outside(&skill, "/var/tmp", "granted"), 0o777);
+    let beyond = planted.dir(outside(&skill, "/var/tmp", "beyond"), 0o777);
+    let link = planted.watch(granted.join("esc"));
+    std::os::unix::fs::symlink(&beyond, &link).expect("plant link");
+    let skill = skill.with("sandbox", json!({"fs_write": [granted, link]}));
+    let grant = format!("fs_write = [{:?}]", granted.to_str().expect("utf-8"));
+    let config = Config::new().grant(skill.name(), &grant);
+    let run = skill.run(&config, &args("write", json!({"path": granted.join("inside")})));
+    allowed(&run);
+    let run = skill.run(&config, &args("write", json!({"path": link.join("f")})));
+    blocked_with(&run, &[libc::EACCES]);
+    assert!(!beyond.join("f").exists(), "written through the link\n{}", run.dump());
+    let degraded = &run.report.sandbox.as_ref().expect("sandbox report").degraded;
+    let said = |l: &String| l.contains(link.to_str().expect("utf-8")) && l.contains("not granted");
+    assert!(degraded.iter().any(said), "{degraded:?}");
+    done(&skill, &g);
+}
+
 /// As granted root: no hard link of /etc/passwd into the run dir,
 /// no rename of a skill-folder file into it (REFER / REMOVE_FILE).
 #[test]

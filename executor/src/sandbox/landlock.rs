@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use landlock::{Access, AccessFs, AccessNet, BitFlags, RulesetError, Scope, ABI};
 use policy::report::LandlockReport;
+use policy::GrantedPath;
 
 pub use self::build::prepare;
 pub use self::cache::Cache;
@@ -127,6 +128,10 @@ pub struct Rule {
     /// rule is used (`/proc/self/fd/N`): it cannot come to name another
     /// file, so a cached ruleset is taken without looking at it again.
     pub pinned: bool,
+    /// Paths this one must lie beneath once its symlinks are followed (the
+    /// grant's, for a path below them; empty: no such bound). A path
+    /// resolving elsewhere gets no rule, and a `degraded` line says so.
+    pub beneath: Vec<PathBuf>,
 }
 
 /// What a run may touch, before it is turned into a ruleset.
@@ -146,8 +151,8 @@ impl FsPolicy {
         skill_dir: &Path,
         entry: &Path,
         run_dir: &Path,
-        fs_read: &[PathBuf],
-        fs_write: &[PathBuf],
+        fs_read: &[GrantedPath],
+        fs_write: &[GrantedPath],
         network: bool,
     ) -> Self {
         let system = |p: &str, access| Rule {
@@ -155,9 +160,22 @@ impl FsPolicy {
             access,
             explicit: false,
             pinned: false,
+            beneath: Vec::new(),
         };
-        let explicit =
-            |p: &Path, access| Rule { path: p.to_owned(), access, explicit: true, pinned: false };
+        let explicit = |p: &Path, access| Rule {
+            path: p.to_owned(),
+            access,
+            explicit: true,
+            pinned: false,
+            beneath: Vec::new(),
+        };
+        let granted = |g: &GrantedPath, access| Rule {
+            path: g.path.clone(),
+            access,
+            explicit: true,
+            pinned: false,
+            beneath: g.beneath.clone(),
+        };
         let mut rules: Vec<Rule> =
             SYSTEM_READ_EXEC.iter().map(|p| system(p, fs::READ_EXEC)).collect();
         rules.extend(ETC_READ.iter().map(|p| system(p, fs::READ)));
@@ -167,8 +185,8 @@ impl FsPolicy {
         rules.push(explicit(skill_dir, fs::READ_EXEC));
         rules.push(explicit(entry, fs::READ_EXEC));
         rules.push(explicit(run_dir, fs::READ_WRITE));
-        rules.extend(fs_read.iter().map(|p| explicit(p, fs::READ_EXEC)));
-        rules.extend(fs_write.iter().map(|p| explicit(p, fs::READ_WRITE)));
+        rules.extend(fs_read.iter().map(|p| granted(p, fs::READ_EXEC)));
+        rules.extend(fs_write.iter().map(|p| granted(p, fs::READ_WRITE)));
         Self { rules, network }
     }
 }

@@ -11,7 +11,7 @@ use policy::report::LandlockReport;
 use policy::Enforcement;
 
 use super::cache::{Cache, Cached};
-use super::paths::{open_path, Ident, SystemPaths};
+use super::paths::{open_path, outside, Ident, SystemPaths};
 use super::{fs, fs_handled, net_handled, scopes, FsPolicy, LandlockError, Prepared, FULL_ABI};
 use crate::config::LandlockMode;
 use crate::host;
@@ -121,6 +121,14 @@ fn build(
                     opened = o;
                     if !rule.pinned {
                         *ident = opened.ident;
+                    }
+                    let escape = (!rule.beneath.is_empty())
+                        .then(|| outside(&opened, &rule.beneath))
+                        .flatten();
+                    if let Some(why) = escape {
+                        degraded
+                            .push(format!("landlock: {} not granted: {why}", rule.path.display()));
+                        continue;
                     }
                     (opened.fd.as_fd(), opened.is_dir)
                 }

@@ -2,7 +2,7 @@
 //! every ruleset names, kept open for the process and watched for change.
 
 use std::collections::{BTreeSet, HashMap};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use nix::errno::Errno;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use policy::path::is_within;
 
 use super::{Rule, DEV_READ, ETC_READ, SYSTEM_READ_EXEC};
 use crate::host;
@@ -37,6 +38,23 @@ pub(super) fn open_path(path: &Path) -> std::io::Result<Opened> {
     let meta = file.metadata().ok();
     let is_dir = meta.as_ref().is_some_and(std::fs::Metadata::is_dir);
     Ok(Opened { fd: file.into(), is_dir, ident: meta.as_ref().map(ident) })
+}
+
+/// Whether the file `opened` names lies beneath one of `grants` with
+/// symlinks followed on both sides, and if not where it lies: the
+/// descriptor's own path, as the kernel resolved it when it was opened, so
+/// nothing can swap a link between this check and the rule.
+pub(super) fn outside(opened: &Opened, grants: &[PathBuf]) -> Option<String> {
+    let real = match std::fs::read_link(format!("/proc/self/fd/{}", opened.fd.as_raw_fd())) {
+        Ok(real) => real,
+        Err(e) => return Some(format!("its resolved path cannot be read: {e}")),
+    };
+    let beneath = |g: &PathBuf| std::fs::canonicalize(g).is_ok_and(|g| is_within(&real, &g));
+    if grants.iter().any(beneath) {
+        return None;
+    }
+    let grants: Vec<_> = grants.iter().map(|g| g.display().to_string()).collect();
+    Some(format!("it resolves to {}, outside {}", real.display(), grants.join(", ")))
 }
 
 /// What identifies a directory's entries: any entry created, removed,

@@ -52,8 +52,8 @@ fn the_rules_that_are_not_explicit_are_the_system_paths() {
         Path::new("/opt/skills/s"),
         Path::new("/opt/skills/s/run"),
         Path::new("/run/ongrid/runs/1"),
-        &[PathBuf::from("/srv/in"), PathBuf::from("/etc/hosts")],
-        &[PathBuf::from("/srv/out")],
+        &[GrantedPath::granted("/srv/in"), GrantedPath::granted("/etc/hosts")],
+        &[GrantedPath::granted("/srv/out")],
         false,
     );
     let system = SystemPaths::current();
@@ -68,9 +68,16 @@ fn system_paths_are_opened_once_and_reopened_when_a_parent_changes() {
     let a = SystemPaths::current();
     let b = SystemPaths::current();
     assert!(Arc::ptr_eq(&a, &b), "reopened although nothing changed");
-    let usr = Rule { path: "/usr".into(), access: fs::READ_EXEC, explicit: false, pinned: false };
+    let rule = |explicit| Rule {
+        path: "/usr".into(),
+        access: fs::READ_EXEC,
+        explicit,
+        pinned: false,
+        beneath: Vec::new(),
+    };
+    let usr = rule(false);
     assert!(a.get(&usr).is_some_and(|o| o.is_some_and(|o| o.is_dir)));
-    let mine = Rule { path: "/usr".into(), access: fs::READ_EXEC, explicit: true, pinned: false };
+    let mine = rule(true);
     assert!(a.get(&mine).is_none(), "explicit paths are opened per run");
     assert!(a.stamps.iter().any(|(d, _, _)| d == Path::new("/etc")));
     // A directory's stamp changes with any entry made or renamed over.
@@ -143,7 +150,10 @@ fn a_cached_ruleset_serves_only_the_same_inputs() {
     }
     let entry = skill.join("run");
     std::fs::write(&entry, "#!/bin/sh\n").unwrap();
-    let policy = |grants: &[PathBuf]| FsPolicy::new(&skill, &entry, &home, grants, &[], false);
+    let policy = |grants: &[PathBuf]| {
+        let grants: Vec<_> = grants.iter().map(GrantedPath::granted).collect();
+        FsPolicy::new(&skill, &entry, &home, &grants, &[], false)
+    };
     let mut cache = Cache::default();
     // Rulesets taken from the cache so far.
     let taken = std::cell::Cell::new(0u64);
@@ -183,4 +193,40 @@ fn a_cached_ruleset_serves_only_the_same_inputs() {
     run(&policy(std::slice::from_ref(&extra)), &mut cache);
     assert_eq!(taken.get(), hits, "a recreated grant must not hit");
     assert!(cache.entries.len() <= CACHE_SIZE);
+}
+
+/// A path below a grant gets its rule only while it resolves below the
+/// grant: a symlink there (an earlier run may make one) leading out of it
+/// gets none, and the run's `degraded` lines say why.
+#[test]
+fn a_path_below_a_grant_that_resolves_outside_it_gets_no_rule() {
+    let abi = crate::sys::landlock::abi();
+    if abi == 0 {
+        println!("SKIP: no Landlock in this kernel");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (skill, home, grant, beyond) =
+        (t.path().join("skill"), t.path().join("home"), t.path().join("g"), t.path().join("b"));
+    for d in [&skill, &home, &grant, &beyond, &grant.join("sub")] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let entry = skill.join("run");
+    std::fs::write(&entry, "#!/bin/sh\n").unwrap();
+    std::os::unix::fs::symlink(&beyond, grant.join("esc")).unwrap();
+    let below = |p: &str| GrantedPath { path: grant.join(p), beneath: vec![grant.clone()] };
+    let prepared = |paths: &[GrantedPath]| {
+        let p = FsPolicy::new(&skill, &entry, &home, &[], paths, false);
+        prepare(abi, LandlockMode::Required, &p, None).unwrap().degraded
+    };
+    let not_granted = |d: &[String]| d.iter().filter(|l| l.contains("not granted")).count();
+    assert_eq!(not_granted(&prepared(&[below("sub")])), 0, "a real directory below the grant");
+    let escaped = prepared(&[below("sub"), below("esc")]);
+    assert_eq!(not_granted(&escaped), 1, "{escaped:?}");
+    let line = escaped.iter().find(|l| l.contains("not granted")).unwrap();
+    let real = std::fs::canonicalize(&beyond).unwrap();
+    assert!(line.contains(&format!("resolves to {}", real.display())), "{line}");
+    // The grant's own path is the operator's: its links are followed.
+    let own = GrantedPath::granted(grant.join("esc"));
+    assert_eq!(not_granted(&prepared(&[own])), 0);
 }
