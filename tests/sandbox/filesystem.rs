@@ -306,6 +306,26 @@ fn hostile_run_dir_is_cleaned_without_following_links() {
     done(&skill, &g);
 }
 
+/// A run dir nested deeper than any thread's stack could recurse through
+/// (a recursive removal aborted the executor) is removed, and the executor
+/// runs the next request.
+#[test]
+fn a_run_dir_nested_past_any_stack_is_removed_and_the_executor_goes_on() {
+    let Some(g) = shared("a_run_dir_nested_past_any_stack_is_removed") else { return };
+    let mut planted = Planted(vec![]);
+    let skill = attack("deep_run_dir").with("timeout_seconds", json!(60));
+    let dir = planted.dir(outside(&skill, "/var/tmp", "keep"), 0o777);
+    let depth = json!({"target": dir, "depth": 20_000});
+    let run = skill.run(&Config::new(), &args("messy_run_dir", depth));
+    let r = crate::allowed(&run);
+    let cwd = Path::new(r["cwd"].as_str().expect("cwd"));
+    let gone = crate::poll(std::time::Duration::from_secs(60), || (!cwd.exists()).then_some(()));
+    assert!(gone.is_some(), "run dir {} left behind", cwd.display());
+    let next = skill.run(&Config::new(), &args("probe", json!({})));
+    next.expect(policy::Outcome::Ok);
+    done(&skill, &g);
+}
+
 /// Landlock does not cover file metadata, and uid 0 owns the host's files:
 /// a run granted root (no capabilities) cannot change the mode, owner,
 /// extended attributes or times of a root-owned file outside the box, by

@@ -17,6 +17,8 @@
 //! - [`attach_lock`]: warming the kernel's cgroup attach lock for a one-shot
 //!   run.
 //! - [`stack`]: the main thread's stack, made resident at start.
+//! - [`tree`]: removing a directory tree a run made, however deep, with
+//!   no recursion and never through a symlink.
 
 pub mod attach_lock;
 pub mod capabilities;
@@ -27,3 +29,4 @@ pub mod instance;
 pub mod procview;
 pub mod stack;
 pub mod sweep;
+pub mod tree;

@@ -18,8 +18,8 @@
 //! [`clean`] kills the cgroup trees first (`cgroup.kill` on v2, which takes
 //! every descendant, stopped ones too; else repeated `SIGKILL` of every
 //! listed process), waits for them to empty, removes them bottom-up, then
-//! removes the directory without following symlinks (std's
-//! `remove_dir_all` works on directory fds with `O_NOFOLLOW`). Only this
+//! removes the directory without following symlinks, however deep
+//! ([`super::tree`]). Only this
 //! runtime directory's entries are cleaned, and another instance's cgroups
 //! are never touched by the age rule, so live runs of other executors on the
 //! same host (another runtime directory, a test) are left alone.
@@ -237,15 +237,11 @@ pub fn clean(runs: &Path, name: &str, bases: &[PathBuf]) -> Swept {
         wait_empty(dir);
         swept.cgroups += remove_tree(dir);
     }
-    let removed = match fs::symlink_metadata(&entry) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(&entry),
-        Ok(_) => fs::remove_file(&entry),
-        Err(e) => Err(e),
-    };
-    match removed {
-        Ok(()) => swept.run_dirs += 1,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!("sweep: {}: cannot remove: {e}", entry.display()),
+    if fs::symlink_metadata(&entry).is_ok() {
+        match super::tree::remove_all(&entry) {
+            Ok(()) => swept.run_dirs += 1,
+            Err(e) => tracing::warn!("sweep: {}: cannot remove: {e}", entry.display()),
+        }
     }
     swept
 }
@@ -276,7 +272,7 @@ pub fn sweep(runtime_dir: &Path, bases: &[PathBuf], min_age: Duration) -> Swept 
         if name.starts_with(NEW_PREFIX) {
             // An instance being set up, or one that died doing so.
             let stale = fs::symlink_metadata(&path).is_ok_and(|m| older_than(&m, min_age));
-            if stale && fs::remove_dir_all(&path).is_ok() {
+            if stale && super::tree::remove_all(&path).is_ok() {
                 swept.run_dirs += 1;
             }
             continue;

@@ -6,6 +6,8 @@ use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::host;
+
 /// A per-run directory could not be made.
 #[derive(Debug, thiserror::Error)]
 #[error("run directory {path}: cannot {what}")]
@@ -158,11 +160,9 @@ impl RunDir {
         if let Some(name) = self.path.file_name() {
             match nix::unistd::unlinkat(&home, name, UnlinkatFlags::RemoveDir) {
                 Ok(()) | Err(Errno::ENOENT) => {}
-                Err(Errno::ENOTEMPTY | Errno::EEXIST) => match fs::remove_dir_all(&self.path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(err(&self.path, "remove")(e)),
-                },
+                Err(Errno::ENOTEMPTY | Errno::EEXIST) => {
+                    host::tree::remove_all(&self.path).map_err(err(&self.path, "remove"))?;
+                }
                 Err(e) => return Err(err(&self.path, "remove")(io::Error::from(e))),
             }
         }
@@ -238,16 +238,14 @@ impl RunDir {
         &self.home
     }
 
-    /// Removes the home and everything in it without following symlinks
-    /// (std's `remove_dir_all` works on directory fds with `O_NOFOLLOW`).
+    /// Removes the home and everything in it without following symlinks,
+    /// however deep the run nested its directories (`host::tree`).
     pub fn remove(&mut self) {
         if self.home.as_os_str().is_empty() {
             return;
         }
-        if let Err(e) = fs::remove_dir_all(&self.home) {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!("run directory {}: cannot remove: {e}", self.home.display());
-            }
+        if let Err(e) = host::tree::remove_all(&self.home) {
+            tracing::warn!("run directory {}: cannot remove: {e}", self.home.display());
         }
         self.home = PathBuf::new();
         self.path = PathBuf::new();
