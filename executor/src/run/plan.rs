@@ -19,6 +19,7 @@ use policy::{
 use crate::config::Config;
 use crate::run::file_key::FileKey;
 use crate::run::resolve::{self, Open, Resolved};
+use owners::Owners;
 use policy::mcp::PackKind;
 
 /// Why a request is refused before anything runs.
@@ -94,6 +95,16 @@ pub enum PlanError {
         /// What is wrong.
         reason: String,
     },
+    /// The manifest (or a folder above it) fails the owner check.
+    #[error("skill \"{skill}\": manifest {path}: {reason}")]
+    ManifestOwner {
+        /// The skill.
+        skill: String,
+        /// The manifest or folder at fault.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// The manifest's `sandbox` asks for more than the operator grants.
     #[error(transparent)]
     Grant(#[from] GrantError),
@@ -135,6 +146,7 @@ impl PlanError {
         match self {
             PlanError::Escapes { skill, .. }
             | PlanError::Entry { skill, .. }
+            | PlanError::ManifestOwner { skill, .. }
             | PlanError::NotPinned { skill, .. }
             | PlanError::Args { skill, .. } => Some(skill),
             PlanError::Grant(g) => Some(&g.skill),
@@ -475,10 +487,10 @@ impl Plan {
             return Err(PlanError::Tool { path: located.path, reason });
         }
         let Located { file, path: canonical, skill_dir, roots, root, parsed: _ } = located;
-        let manifest_key = file
+        let manifest_meta = file
             .metadata()
-            .map(|m| FileKey::of(&m))
             .map_err(|source| PlanError::Read { path: canonical.clone(), source })?;
+        let manifest_key = FileKey::of(&manifest_meta);
         drop(file);
         let skill = manifest.name().to_string();
         let entry_err = |path: &Path, reason: String| PlanError::Entry {
@@ -506,10 +518,19 @@ impl Plan {
             return Err(entry_err(&entry, "not executable".into()));
         }
 
-        // Ownership of the entry and of every folder up to its root.
+        // Ownership of the entry, the manifest and every folder up to their
+        // roots, and of the folders the entry's path crosses as written
+        // where it reaches the entry through a symlink.
         let stamp = passwd_stamp();
-        Self::check_owners(config, &entry, entry_root, meta, stamp)
-            .map_err(|(p, reason)| entry_err(&p, reason))?;
+        let owners = Self::owners(config, stamp);
+        owners.chain(&entry, &meta, entry_root, |_| false).map_err(|(p, r)| entry_err(&p, r))?;
+        if joined != entry {
+            owners.crossed(&joined, &roots).map_err(|(p, r)| entry_err(&p, r))?;
+        }
+        let entry_chain = |p: &Path| entry.starts_with(p) && p.starts_with(entry_root);
+        owners.chain(&canonical, &manifest_meta, &root, entry_chain).map_err(
+            |(path, reason)| PlanError::ManifestOwner { skill: skill.clone(), path, reason },
+        )?;
 
         let grant = config.skills.get(manifest.name().as_str());
         if let Some(pinned) = grant.and_then(|g| g.manifest.as_deref()) {
@@ -546,44 +567,13 @@ impl Plan {
         })
     }
 
-    /// The entry (whose metadata is `meta`) and every folder up to
-    /// `entry_root`: owned by one of `entry_owners` or the executor's user,
-    /// and neither group- nor world-writable. Else the path and why.
-    fn check_owners(
-        config: &Config,
-        entry: &Path,
-        entry_root: &Path,
-        meta: fs::Metadata,
-        stamp: Option<PasswdStamp>,
-    ) -> Result<(), (PathBuf, String)> {
-        let mut owners: Vec<u32> =
+    /// Who may own the files a run is read from: `entry_owners` and the
+    /// executor's own user.
+    fn owners(config: &Config, stamp: Option<PasswdStamp>) -> Owners<'_> {
+        let mut uids: Vec<u32> =
             config.entry_owners.iter().filter_map(|n| uid_of(n, stamp)).collect();
-        owners.push(euid());
-        let mut at = Some(entry);
-        let mut entry_meta = Some(meta);
-        while let Some(p) = at {
-            let m = match entry_meta.take() {
-                Some(m) => m,
-                None => fs::metadata(p).map_err(|e| (p.to_owned(), e.to_string()))?,
-            };
-            if !owners.contains(&m.uid()) {
-                let reason = format!(
-                    "owned by uid {}, not by one of entry_owners {:?}",
-                    m.uid(),
-                    config.entry_owners
-                );
-                return Err((p.to_owned(), reason));
-            }
-            if m.mode() & 0o022 != 0 {
-                let reason = format!("group or world writable (mode {:o})", m.mode() & 0o7777);
-                return Err((p.to_owned(), reason));
-            }
-            if p == entry_root {
-                break;
-            }
-            at = p.parent();
-        }
-        Ok(())
+        uids.push(euid());
+        Owners::new(uids, &config.entry_owners)
     }
 
     fn run_as(
@@ -616,5 +606,6 @@ fn same_file_path(pinned: &Path, canonical: &Path) -> bool {
     pinned == canonical || fs::canonicalize(pinned).is_ok_and(|p| p == canonical)
 }
 
+mod owners;
 #[cfg(test)]
 mod tests;

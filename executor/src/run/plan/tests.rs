@@ -11,7 +11,54 @@ fn pack(root: &Path, dir: &str, name: &str) -> PathBuf {
     fs::set_permissions(&entry, fs::Permissions::from_mode(0o755)).unwrap();
     let m = d.join("skill.json");
     fs::write(&m, format!(r#"{{"name":"{name}","description":"d","entry":"run.sh"}}"#)).unwrap();
+    fs::set_permissions(&m, fs::Permissions::from_mode(0o644)).unwrap();
     m
+}
+
+/// Whoever may write the manifest, a folder above it, or a folder the
+/// entry's path crosses through a symlink could change what runs under the
+/// skill's name and grant: each must pass the check the entry passes.
+#[test]
+fn a_writable_manifest_or_a_folder_the_entry_is_reached_through_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let mode = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+    mode(t.path(), 0o755);
+    let m = pack(t.path(), "a", "probe");
+    let config = Config { roots: vec![t.path().to_owned()], ..Config::default() };
+    let build = |m: &Path| Plan::build(&config, m, b"{}".to_vec(), &[]);
+    assert!(build(&m).is_ok());
+    let refused = |m: &Path, at: &Path| match build(m) {
+        Err(e @ (PlanError::ManifestOwner { .. } | PlanError::Entry { .. })) => {
+            assert_eq!(e.outcome(), Outcome::Rejected);
+            let text = e.to_string();
+            assert!(text.contains(&format!("{}: group or world writable", at.display())), "{text}");
+        }
+        other => panic!("{}: {other:?}", at.display()),
+    };
+    mode(&m, 0o666);
+    refused(&m, &fs::canonicalize(&m).unwrap());
+    mode(&m, 0o644);
+    // A folder anyone may write, holding a manifest whose entry is
+    // another pack's.
+    let drop = t.path().join("drop");
+    fs::create_dir(&drop).unwrap();
+    mode(&drop, 0o777);
+    let entry = fs::canonicalize(t.path().join("a/run.sh")).unwrap();
+    let dropped = drop.join("skill.json");
+    let text = format!(r#"{{"name":"probe","description":"d","entry":{entry:?}}}"#);
+    fs::write(&dropped, text).unwrap();
+    mode(&dropped, 0o644);
+    refused(&dropped, &fs::canonicalize(&drop).unwrap());
+    // The entry reached through a symlink in a folder anyone may write:
+    // its link could be pointed at any other executable under the roots.
+    let bin = t.path().join("a/bin");
+    fs::create_dir(&bin).unwrap();
+    mode(&bin, 0o777);
+    std::os::unix::fs::symlink("../run.sh", bin.join("run")).unwrap();
+    fs::write(&m, r#"{"name":"probe","description":"d","entry":"bin/run"}"#).unwrap();
+    refused(&m, &fs::canonicalize(&bin).unwrap());
+    mode(&bin, 0o755);
+    assert!(build(&m).is_ok(), "the same link in a folder only its owner may write");
 }
 
 /// Only a `skill.json` (or a `SKILL.md`) is a manifest: another file
