@@ -107,8 +107,9 @@ pub enum SkillMdError {
         /// What is wrong.
         reason: String,
     },
-    /// Two tools with the same name.
-    #[error("tool \"{0}\" declared twice")]
+    /// Two tools with the same name, or one tool's name as written the
+    /// other's registered name (a lookup by either would be ambiguous).
+    #[error("tool \"{0}\" declared twice (as written, or as another tool registers it)")]
     DuplicateTool(String),
     /// A tool does not make a valid manifest.
     #[error("tool \"{tool}\": {source}")]
@@ -327,7 +328,13 @@ impl SkillMd {
                 let mut tools: Vec<SkillTool> = Vec::new();
                 for (i, item) in items.iter().enumerate() {
                     let t = tool(&name, &description, item, i, opts)?;
-                    if tools.iter().any(|o| o.manifest.name() == t.manifest.name()) {
+                    let registered = |x: &SkillTool| x.manifest.name().as_str().to_owned();
+                    let clash = |o: &SkillTool| {
+                        registered(o) == registered(&t)
+                            || o.name == registered(&t)
+                            || t.name == registered(o)
+                    };
+                    if tools.iter().any(clash) {
                         return Err(SkillMdError::DuplicateTool(t.name));
                     }
                     tools.push(t);
@@ -505,6 +512,9 @@ mod tests {
             ("---\ndescription: d\n---\n", "missing required key \"name\""),
             ("---\nname: a\ndescription: d\ntools: [{name: t, impl: x, class: root}]\n---\n", "tool \"t\": field \"class\""),
             ("---\nname: a\ndescription: d\ntools: [{name: t, impl: x}, {name: t, impl: y}]\n---\n", "declared twice"),
+            // `b` registers as `a_b`, which the second tool is written as.
+            ("---\nname: a\ndescription: d\ntools: [{name: b, impl: x}, {name: a_b, impl: y}]\n---\n", "tool \"a_b\" declared twice"),
+            ("---\nname: a\ndescription: d\ntools: [{name: a_b, impl: y}, {name: b, impl: x}]\n---\n", "tool \"b\" declared twice"),
             ("---\nname: a\ndescription: &d d\nwhen_to_use: *d\n---\n", "anchors and aliases"),
             ("---\nname: a\ndescription: [unclosed\n---\n", "invalid YAML"),
         ];
