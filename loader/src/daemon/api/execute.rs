@@ -91,8 +91,9 @@ pub struct ExecuteRequest {
     /// Confirmation for `mutating` skills (their permission mode asks for it).
     #[serde(default)]
     pub confirm: bool,
-    /// Signed approvals for `dangerous` skills (dual sign).
-    #[serde(default)]
+    /// Signed approvals for `dangerous` skills (dual sign), each with
+    /// unique keys as the args are.
+    #[serde(default, deserialize_with = "policy::unique_values")]
     pub approvals: Vec<Value>,
 }
 

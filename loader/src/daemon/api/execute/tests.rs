@@ -75,12 +75,21 @@ fn request_bodies() {
         br#"{"args":{},"args":{}}"#,
         br#"{"args":{"a":1,"a":2}}"#,
         br#"{"args":{"a":{"b":1,"b":1}}}"#,
+        br#"{"approvals":[{"key_id":"a","key_id":"b"}]}"#,
+        br#"{"approvals":[{"x":{"s":1,"s":2}}]}"#,
+        br#"{"approvals":{}}"#,
     ] {
         let Err(e) = parse_request(bad) else { panic!("{:?}", String::from_utf8_lossy(bad)) };
         assert_eq!(e.code(), "bad_request", "{:?}", String::from_utf8_lossy(bad));
     }
     let e = parse_request(br#"{"args":{"p":"/ok","p":"/etc"}}"#).unwrap_err();
     assert!(e.to_string().contains(r#"key "p" twice"#), "{e}");
+    let e = parse_request(br#"{"approvals":[{"key_id":"a","key_id":"b"}]}"#).unwrap_err();
+    assert!(e.to_string().contains(r#"duplicate key "key_id""#), "{e}");
+    // Any value still parses: what is not an approval is refused later,
+    // as a denial naming it.
+    let r = parse_request(br#"{"approvals":[1,"x",{"key_id":"a"}]}"#).unwrap();
+    assert_eq!(r.approvals, [json!(1), json!("x"), json!({"key_id": "a"})]);
     // The skill gets the text as sent: key order, number spelling.
     let r = parse_request(br#"{"args":{"z":1.50,"n":123456789012345678901234567890}}"#).unwrap();
     assert_eq!(r.args.raw(), r#"{"z":1.50,"n":123456789012345678901234567890}"#);
