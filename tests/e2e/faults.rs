@@ -286,6 +286,12 @@ fn audit_on_a_full_or_read_only_file_system_refuses_runs() {
             refused = true;
             break;
         }
+        // A run whose decision still fit and whose completion did not:
+        // it ran, so it is not answered as refused.
+        if r.status == 500 {
+            assert_eq!(r.json()["error"]["code"], "audit_incomplete");
+            continue;
+        }
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     }
     assert!(refused, "runs go on with a full audit file system\n{}", s.logs());

@@ -66,6 +66,19 @@ pub enum ApiError {
     /// run is refused (`audit_required`).
     #[error("the run is refused because it cannot be audited: {0}")]
     AuditUnavailable(String),
+    /// 500 `audit_incomplete`: the run ended but its completion row could
+    /// not be committed, so its report is withheld (`audit_required`). It
+    /// ran: a retry would run it again.
+    #[error(
+        "the run ended ({outcome}) but its audit rows could not be committed, so its report \
+         is withheld (audit_required): {cause}"
+    )]
+    AuditIncomplete {
+        /// The run's outcome.
+        outcome: String,
+        /// Why the rows could not be committed.
+        cause: String,
+    },
     /// 503 `audit_unavailable`: the audit trail cannot be read
     /// (`GET /v1/audit`).
     #[error("the audit trail cannot be read: {0}")]
@@ -107,7 +120,9 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Internal(_) | ApiError::AuditIncomplete { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             ApiError::ExecutorUnavailable(_)
             | ApiError::Busy(_)
             | ApiError::AuditUnavailable(_)
@@ -130,6 +145,7 @@ impl ApiError {
             ApiError::UnsupportedEncoding(_) => "unsupported_encoding",
             ApiError::HeadTooLarge(_) => "head_too_large",
             ApiError::Internal(_) => "internal",
+            ApiError::AuditIncomplete { .. } => "audit_incomplete",
             ApiError::ExecutorUnavailable(_) => "executor_unavailable",
             ApiError::Busy(_) => "busy",
         }
@@ -217,6 +233,18 @@ mod tests {
         );
         let run = ApiError::AuditUnavailable("disk full".into());
         assert!(run.to_string().starts_with("the run is refused"));
+    }
+
+    /// A run that ended with its audit rows not committed is not called
+    /// refused, nor answered as one a client should retry: it ran.
+    #[test]
+    fn a_run_that_ended_unaudited_is_not_called_refused_or_retryable() {
+        let e = ApiError::AuditIncomplete { outcome: "ok".into(), cause: "disk full".into() };
+        assert_eq!((e.status().as_u16(), e.code()), (500, "audit_incomplete"));
+        let message = e.to_string();
+        assert!(message.starts_with("the run ended (ok) but its audit rows"), "{message}");
+        assert!(!message.contains("refused"), "{message}");
+        assert_ne!(crate::cli::remote::status_exit_code(e.status()), 6, "not `retry later`");
     }
 
     #[test]

@@ -130,10 +130,10 @@ impl Run {
         if let Err(e) = finished.await {
             if self.app.audit().required() {
                 tracing::error!(skill = name, error = %e, "run report withheld: no audit trail");
-                return Err(ApiError::AuditUnavailable(format!(
-                    "the run ended ({}) but its audit rows could not be committed: {e}",
-                    report.outcome
-                )));
+                return Err(ApiError::AuditIncomplete {
+                    outcome: report.outcome.to_string(),
+                    cause: e.to_string(),
+                });
             }
         }
         Ok(())
