@@ -213,6 +213,40 @@ async fn read_only_runs_and_sees_safe_skills_only() {
     assert_eq!(sample(&text, "ongrid_executions_total{outcome=\"denied\",skill=\"wipe\"}"), 1);
 }
 
+/// A hidden skill's 404 does not wait for its denial's row, which could
+/// tell it from an unknown name: with every row committed and synced before
+/// its answer (`audit_synchronous = "full"`) and the database locked by
+/// another process, it still comes at once; its row is written once the
+/// lock goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hidden_skills_404_does_not_wait_for_its_row() {
+    let (env, _ex, d) = start("viewer", "read-only", "audit_synchronous = \"full\"\n");
+    let c = d.client();
+    assert_eq!(c.post("/v1/skills/echo/execute", &json!({})).await.unwrap().status, 200);
+    let lock = rusqlite::Connection::open(env.audit_db()).unwrap();
+    lock.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    for skill in ["strict", "nope"] {
+        let (path, body) = (format!("/v1/skills/{skill}/execute"), json!({}));
+        let r = tokio::time::timeout(Duration::from_secs(2), c.post(&path, &body))
+            .await
+            .unwrap_or_else(|_| panic!("{skill}: no answer in 2 s with the database locked"))
+            .unwrap();
+        assert_eq!(r.status, 404, "{skill}: {}", r.body);
+    }
+    lock.execute_batch("COMMIT").unwrap();
+    drop(lock);
+    let want = [row("deny", "class_not_permitted", "denied")];
+    let mut written = rows(&env.audit_db(), "strict");
+    for _ in 0..100 {
+        if written == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        written = rows(&env.audit_db(), "strict");
+    }
+    assert_eq!(written, want, "the row once the lock went");
+}
+
 /// A caller no entry matches is `unmapped`, read-only; an entry for its
 /// primary gid applies when no uid entry does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

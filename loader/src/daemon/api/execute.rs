@@ -215,7 +215,10 @@ impl Execution {
                 approvals: &[],
             };
             if let Err(denied) = app.authz().decide(&self.who, &run, unix_now()) {
-                let _ = deny(app, self.base(None), denied).await;
+                // Answered before its row is written: the 404 of a hidden
+                // skill takes no longer than that of a name not registered.
+                let (_, row) = denial(app, self.base(None), denied);
+                app.audit().record_unawaited(row);
             }
             return Err(ApiError::no_such_skill(&self.asked));
         }
@@ -543,6 +546,13 @@ fn unix_now() -> u64 {
 
 /// Counts, logs and records a denial; returns the 403.
 async fn deny(app: &App, base: Record, denied: Denied) -> ApiError {
+    let (e, row) = denial(app, base, denied);
+    let _ = app.audit().record(row).await;
+    e
+}
+
+/// Counts and logs a denial: its error and its audit row.
+fn denial(app: &App, base: Record, denied: Denied) -> (ApiError, Record) {
     let reason = denied.reason.as_str();
     app.metrics().authz_decisions_total.with_label_values(&["deny", reason]).inc();
     app.metrics()
@@ -558,8 +568,8 @@ async fn deny(app: &App, base: Record, denied: Denied) -> ApiError {
         "run denied"
     );
     let e = ApiError::Denied { reason, message: denied.to_string() };
-    record_refusal(app, base, "deny", reason, Outcome::Denied, &e).await;
-    e
+    let row = refusal_row(base, "deny", reason, Outcome::Denied, &e);
+    (e, row)
 }
 
 /// Writes the row of a refused request. The refusal stands either way; a
@@ -572,14 +582,24 @@ async fn record_refusal(
     outcome: Outcome,
     e: &ApiError,
 ) {
-    let record = Record {
+    let _ = app.audit().record(refusal_row(base, decision, reason, outcome, e)).await;
+}
+
+/// The row of a refused request.
+fn refusal_row(
+    base: Record,
+    decision: &'static str,
+    reason: &str,
+    outcome: Outcome,
+    e: &ApiError,
+) -> Record {
+    Record {
         decision,
         reason: reason.to_owned(),
         outcome: Some(outcome.as_str().to_owned()),
         error: Some(e.to_string()),
         ..base
-    };
-    let _ = app.audit().record(record).await;
+    }
 }
 
 /// A 200 whose body is `json`, a JSON document.

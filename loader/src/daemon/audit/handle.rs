@@ -168,6 +168,17 @@ impl Audit {
         self.ask_timed(Row::Refusal, |tx| Job::Record(Box::new(record), tx, false)).await
     }
 
+    /// Hands over a refusal row whose answer does not wait for it (a
+    /// hidden skill's 404 comes at once, as an unknown name's does):
+    /// journaled or queued now; the thread commits it, and logs and counts
+    /// a failure as for any row.
+    pub fn record_unawaited(&self, record: Record) {
+        let (tx, _) = oneshot::channel();
+        if let Err(e) = self.submit(Job::Record(Box::new(record), tx, false)) {
+            tracing::warn!(error = %e, "audit: a refusal row could not be handed over");
+        }
+    }
+
     /// Writes the decision of a run that is about to start; returns the
     /// row id once committed, before the `fsync` its batch may wait for: a
     /// run never starts without its row (a full file system fails the
