@@ -396,13 +396,12 @@ impl Session<'_> {
         };
         // An MCP server pack is not run with args on stdin: the executor
         // owns its server and lists its tools.
-        if skill.manifest().mcp().is_some() {
+        let is_mcp = skill.manifest().mcp().is_some();
+        if is_mcp {
             events.push(ScanEvent::McpPack { name: name.clone(), manifest: path.clone() });
-            self.first_seen.insert(name, path);
-            self.report.mcp_packs.push(skill);
-            return;
+        } else {
+            events.push(ScanEvent::Registered { name: name.to_string(), manifest: path.clone() });
         }
-        events.push(ScanEvent::Registered { name: name.to_string(), manifest: path.clone() });
         if !ignored.is_empty() {
             events.push(ScanEvent::IgnoredFields {
                 name: name.clone(),
@@ -419,6 +418,10 @@ impl Session<'_> {
             });
         }
         self.first_seen.insert(name, path);
+        if is_mcp {
+            self.report.mcp_packs.push(skill);
+            return;
+        }
         // The skill's slot in the cache is its place in `skills`.
         self.report.validators.insert(self.report.skills.len(), validator);
         self.report.skills.push(skill);
@@ -508,6 +511,24 @@ mod tests {
         );
         assert!(!report.events[0].is_skip());
         assert!(matches!(&report.events[1], ScanEvent::Duplicate { .. }), "{:?}", report.events);
+    }
+
+    /// An MCP pack's unknown fields are reported as a skill's are: a
+    /// misspelt `tool_classes` would otherwise leave every tool the pack's
+    /// class without a word.
+    #[test]
+    fn an_mcp_packs_unknown_fields_are_reported() {
+        let (_tmp, base) = base();
+        exe(&base.join("m/server"));
+        let json = r#"{"kind":"mcp","name":"srv","description":"d","entry":"server","tool_class":{"rm":"dangerous"}}"#;
+        fs::write(base.join("m").join(MANIFEST_FILE_NAME), json).unwrap();
+        let report = Scanner::default().scan(&[&base]);
+        assert_eq!(report.mcp_packs.len(), 1);
+        let ignored = report.events.iter().find_map(|e| match e {
+            ScanEvent::IgnoredFields { fields, .. } => Some(fields.clone()),
+            _ => None,
+        });
+        assert_eq!(ignored, Some(vec!["tool_class".to_owned()]), "{:?}", report.events);
     }
 
     #[test]
