@@ -82,7 +82,7 @@ impl ParsedManifests {
     /// file, else what [`crate::run::plan::parse_manifest`] says.
     pub fn get(&self, located: &Located, tool: Option<&str>) -> Result<Parsed, PlanError> {
         let path = located.path();
-        let read_err = |source| PlanError::Read { path: path.to_owned(), source };
+        let read_err = |error| PlanError::Read { path: path.to_owned(), error };
         let meta = located.file().metadata().map_err(read_err)?;
         if !meta.is_file() {
             return Err(read_err(io::Error::new(
@@ -174,7 +174,7 @@ mod tests {
         let dir = Located::open(&config.roots, root.path()).unwrap();
         let e = cache.get(&dir, None).unwrap_err();
         assert!(
-            matches!(&e, PlanError::Read { source, .. } if source.to_string() == "not a regular file"),
+            matches!(&e, PlanError::Read { error, .. } if error.to_string() == "not a regular file"),
             "{e:?}"
         );
         // A tool for a skill.json is refused by the parse, not served.

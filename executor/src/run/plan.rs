@@ -26,14 +26,14 @@ use policy::mcp::PackKind;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PlanError {
-    /// The manifest cannot be read.
-    #[error("manifest {path}: cannot read")]
+    /// The manifest cannot be read. The cause is part of the message (not
+    /// a source): every report of this error names it.
+    #[error("manifest {path}: cannot read: {error}")]
     Read {
         /// The manifest.
         path: PathBuf,
         /// The cause.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The manifest is invalid.
     #[error("manifest {path}: {source}")]
@@ -288,7 +288,7 @@ impl Located {
     /// [`PlanError::Read`] or [`PlanError::OutsideRoots`].
     pub fn open(roots: &[PathBuf], path: &Path) -> Result<Located, PlanError> {
         let Resolved { file, path: canonical } = Resolved::open(path, Open::Read)
-            .map_err(|source| PlanError::Read { path: path.to_owned(), source })?;
+            .map_err(|error| PlanError::Read { path: path.to_owned(), error })?;
         let skill_dir = canonical.parent().map(Path::to_path_buf).unwrap_or_else(|| "/".into());
         let roots: Vec<PathBuf> = if roots.is_empty() {
             vec![skill_dir.clone()]
@@ -336,7 +336,7 @@ impl Located {
         opts: &ValidateOptions,
     ) -> Result<(Manifest, ManifestDigest), PlanError> {
         let bytes = read_manifest(&self.file)
-            .map_err(|source| PlanError::Read { path: self.path.clone(), source })?;
+            .map_err(|error| PlanError::Read { path: self.path.clone(), error })?;
         let manifest = parse_manifest(&self.path, &bytes, tool, opts)?;
         Ok((manifest, ManifestDigest::of(&bytes)))
     }
@@ -487,9 +487,8 @@ impl Plan {
             return Err(PlanError::Tool { path: located.path, reason });
         }
         let Located { file, path: canonical, skill_dir, roots, root, parsed: _ } = located;
-        let manifest_meta = file
-            .metadata()
-            .map_err(|source| PlanError::Read { path: canonical.clone(), source })?;
+        let manifest_meta =
+            file.metadata().map_err(|error| PlanError::Read { path: canonical.clone(), error })?;
         let manifest_key = FileKey::of(&manifest_meta);
         drop(file);
         let skill = manifest.name().to_string();

@@ -80,12 +80,7 @@ impl ManifestCache {
             return Err(reject(format!("manifest {path}: no allow-list root is configured")));
         }
         // Both the open and the read name the path they failed on.
-        let refused = |e| match e {
-            PlanError::Read { path, source } => {
-                reject(format!("manifest {}: cannot read: {source}", path.display()))
-            }
-            other => reject(other.to_string()),
-        };
+        let refused = |e: PlanError| reject(e.to_string());
         let located = Located::open(&self.roots, Path::new(path)).map_err(refused)?;
         let parsed = self.parsed.get(&located, tool).map_err(refused)?;
         if digest.is_some_and(|d| *d != parsed.digest) {

@@ -173,6 +173,9 @@ fn located_under_a_root_or_its_own_folder() {
     assert!(matches!(err, PlanError::OutsideRoots { .. }), "{err}");
     let err = Located::open(&[t.path().to_owned()], &t.path().join("a/missing.json"));
     assert!(matches!(err, Err(PlanError::Read { .. })), "{err:?}");
+    // Every report of it says why (a one-shot run's reads the error alone).
+    let text = err.unwrap_err().to_string();
+    assert!(text.ends_with("cannot read: No such file or directory (os error 2)"), "{text}");
     // No roots: its own folder is its root.
     let at = Located::open(&[], &m).unwrap();
     assert_eq!(at.root, fs::canonicalize(t.path().join("a")).unwrap());
