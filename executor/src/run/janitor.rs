@@ -196,8 +196,10 @@ impl Shared {
 /// A ready slot made of a finished run's leaves, when they are empty and
 /// reset ([`RunCgroup::recycle`]), and its directory's home with a new run
 /// directory ([`Slot::reuse`]); otherwise both are removed.
-fn reuse(mut cg: RunCgroup, run_dir: RunDir, config: &Config, host: &Host) -> Option<Slot> {
-    if !cg.recycle() {
+fn reuse(mut cg: RunCgroup, mut run_dir: RunDir, config: &Config, host: &Host) -> Option<Slot> {
+    // The run's files go first: their tmpfs pages stay charged to the
+    // memory leaf until then, and recycling judges what the leaf holds.
+    if run_dir.clear().is_err() || !cg.recycle() {
         remove((Some(cg), run_dir));
         return None;
     }

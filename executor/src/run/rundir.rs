@@ -190,6 +190,24 @@ impl RunDir {
         self.fresh(&home, owner)
     }
 
+    /// Removes the run directory and what the run left in it, without
+    /// following symlinks, leaving the home; [`RunDir::renew`] then only
+    /// makes the next one.
+    ///
+    /// # Errors
+    ///
+    /// [`RunDirError`] naming the path.
+    pub fn clear(&mut self) -> Result<(), RunDirError> {
+        if self.path.as_os_str().is_empty() {
+            return Ok(());
+        }
+        match fs::remove_dir(&self.path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(_) => host::tree::remove_all(&self.path).map_err(err(&self.path, "remove")),
+        }
+    }
+
     /// Hands the run directory to `owner` = `(uid, gid)`; `None` gives it
     /// back to the executor's user. Nothing is done when it already belongs
     /// to `owner`.

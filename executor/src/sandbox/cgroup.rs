@@ -508,7 +508,14 @@ impl RunCgroup {
                 }
             }
         }
-        if self.empty_above(FORCE_EMPTY_ABOVE).is_err() {
+        // What no reclaim gives back (tmpfs pages without swap: the
+        // kernel's `force_empty` succeeds all the same, and v2 has no such
+        // file) would start the next run over its own bound: such a leaf
+        // is removed instead, which hands its charges to the parent.
+        let Ok(emptied) = self.empty_above(FORCE_EMPTY_ABOVE) else { return false };
+        // v1: read again once emptied (it was under the bound otherwise).
+        let over = || self.charge().is_some_and(|c| c > FORCE_EMPTY_ABOVE);
+        if (emptied || self.memory.is_none()) && over() {
             return false;
         }
         if let Some(dir) = &self.memory {
@@ -531,20 +538,27 @@ impl RunCgroup {
         true
     }
 
+    /// What the leaves' memory holds: the v1 leaf's usage, else the v2
+    /// leaf's `memory.current` (when its memory controller is on).
+    pub(crate) fn charge(&self) -> Option<u64> {
+        let text = match (&self.memory, &self.v2) {
+            (Some(dir), _) => self.kept.usage.read(|| dir.join("memory.usage_in_bytes"))?,
+            (None, Some(dir)) => fs::read_to_string(dir.join("memory.current")).ok()?,
+            (None, None) => return None,
+        };
+        text.trim().parse().ok()
+    }
+
     /// Gives back the v1 memory leaf's charges when they are above `bound`
     /// (or cannot be read): see [`FORCE_EMPTY_ABOVE`]. Refused by the
-    /// kernel while a task is in the leaf.
-    fn empty_above(&self, bound: u64) -> Result<(), CgroupError> {
-        let Some(dir) = &self.memory else { return Ok(()) };
-        let usage = self
-            .kept
-            .usage
-            .read(|| dir.join("memory.usage_in_bytes"))
-            .and_then(|u| u.trim().parse::<u64>().ok());
-        if usage.is_none_or(|u| u > bound) {
+    /// kernel while a task is in the leaf. `true`: it was asked to.
+    fn empty_above(&self, bound: u64) -> Result<bool, CgroupError> {
+        let Some(dir) = &self.memory else { return Ok(false) };
+        if self.charge().is_none_or(|u| u > bound) {
             write_file(&dir.join("memory.force_empty"), "0")?;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Removes the leaves (retrying while the kernel finishes teardown).

@@ -117,3 +117,40 @@ fn leftover_charges_are_bounded_by_the_next_runs_share() {
     assert!(after <= (32 << 20) / LEFTOVER_SHARE, "left for a 32 MiB run: {after}");
     cg.remove();
 }
+
+/// A finished run's charges that no reclaim gives back (tmpfs pages, with
+/// no swap) never go with its leaf into another run: a leaf still holding
+/// more than [`FORCE_EMPTY_ABOVE`] once emptied (v1 `force_empty`, which
+/// succeeds whatever it freed) or as found (v2, which has no such file) is
+/// not recycled.
+#[test]
+fn unreclaimable_charges_over_the_bound_do_not_go_into_the_next_run() {
+    let runtime = tempfile::tempdir_in("/var/tmp").unwrap();
+    let config = Config { runtime_dir: Some(runtime.path().to_owned()), ..Config::default() };
+    let engine = Engine::new(config).unwrap();
+    let h = &engine.host().cgroups;
+    let id = format!("shm-test-{}", std::process::id());
+    let mut cg = RunCgroup::create(h, &id, 512 << 20, 64).unwrap();
+    let charged = RunCgroup::charge;
+    if charged(&cg).is_none() {
+        println!("SKIP: unreclaimable_charges_over_the_bound_do_not_go_into_the_next_run: no memory controller for run leaves here (needs root)");
+        cg.remove();
+        return;
+    }
+    // 16 MiB written to a tmpfs file by a process in every leaf.
+    let shm = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+    let joins: String = (cg.leaves().iter())
+        .map(|l| format!("echo $$ > {}/cgroup.procs && ", l.display()))
+        .collect();
+    let script = format!("{joins}head -c 16777216 /dev/zero > {}", shm.path().display());
+    let status = std::process::Command::new("/bin/sh").arg("-c").arg(&script).status().unwrap();
+    assert!(status.success());
+    assert!(charged(&cg).is_some_and(|c| c >= 16 << 20), "charged: {:?}", charged(&cg));
+    let kept = cg.recycle();
+    let left = charged(&cg);
+    assert!(
+        !kept || left.is_some_and(|c| c <= FORCE_EMPTY_ABOVE),
+        "recycled holding {left:?} bytes"
+    );
+    cg.remove();
+}
