@@ -151,6 +151,19 @@ impl<'de> Deserialize<'de> for Args {
 /// wire wraps them in two more objects, and serde_json reads 128 levels.
 pub const MAX_ARGS_DEPTH: usize = 64;
 
+/// A list of JSON values each read as args are (unique keys, at most
+/// [`MAX_ARGS_DEPTH`] levels), any value allowed, for a field of a larger
+/// request read by serde: `#[serde(deserialize_with =
+/// "policy::args::unique_values")]` (a dual-sign request's `approvals`:
+/// serde_json's `Value` would keep the last of two `key_id`s).
+///
+/// # Errors
+///
+/// The deserializer's error, naming a key given twice.
+pub fn unique_values<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Value>, D::Error> {
+    crate::unique_json::values(d, MAX_ARGS_DEPTH)
+}
+
 /// The key serde_json reserves for its raw values (refused in args).
 pub use crate::unique_json::RESERVED_KEY;
 

@@ -62,7 +62,6 @@ pub mod sandbox;
 pub mod schema;
 pub mod skillmd;
 mod unique_json;
-pub use unique_json::unique_values;
 pub mod wire;
 pub mod yaml;
 

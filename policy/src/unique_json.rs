@@ -69,17 +69,14 @@ pub(crate) fn from_slice(bytes: &[u8], max_depth: usize) -> Result<Value, Unique
     read(serde_json::Deserializer::from_slice(bytes), max_depth)
 }
 
-/// A list of JSON values each read with unique keys, for a field of a
-/// larger request read by serde: `#[serde(deserialize_with =
-/// "policy::unique_values")]` (a dual-sign request's `approvals`: serde_json's
-/// `Value` would keep the last of two `key_id`s). Nesting is bounded as a
-/// run's args are.
-///
-/// # Errors
-///
-/// The deserializer's error, naming a key given twice.
-pub fn unique_values<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Value>, D::Error> {
-    struct Each;
+/// A list of JSON values read from any serde deserializer, each with
+/// unique keys and at most `max_depth` levels (see
+/// [`crate::args::unique_values`]).
+pub(crate) fn values<'de, D: Deserializer<'de>>(
+    d: D,
+    max_depth: usize,
+) -> Result<Vec<Value>, D::Error> {
+    struct Each(usize);
     impl<'de> Visitor<'de> for Each {
         type Value = Vec<Value>;
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -87,7 +84,7 @@ pub fn unique_values<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Value>, D::E
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Value>, A::Error> {
             let why = Cell::new(None);
-            let seed = Unique { why: &why, depth: 1, max_depth: crate::args::MAX_ARGS_DEPTH };
+            let seed = Unique { why: &why, depth: 1, max_depth: self.0 };
             let mut all = Vec::new();
             while let Some(v) = seq.next_element_seed(seed)? {
                 all.push(v);
@@ -95,7 +92,7 @@ pub fn unique_values<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Value>, D::E
             Ok(all)
         }
     }
-    d.deserialize_seq(Each)
+    d.deserialize_seq(Each(max_depth))
 }
 
 fn read<'de, R: serde_json::de::Read<'de>>(

@@ -93,7 +93,7 @@ pub struct ExecuteRequest {
     pub confirm: bool,
     /// Signed approvals for `dangerous` skills (dual sign), each with
     /// unique keys as the args are.
-    #[serde(default, deserialize_with = "policy::unique_values")]
+    #[serde(default, deserialize_with = "policy::args::unique_values")]
     pub approvals: Vec<Value>,
 }
 
