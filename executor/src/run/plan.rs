@@ -518,13 +518,13 @@ impl Plan {
         }
 
         // Ownership of the entry, the manifest and every folder up to their
-        // roots, and of the folders the entry's path crosses as written
+        // roots, and of every folder the entry's path is resolved through
         // where it reaches the entry through a symlink.
         let stamp = passwd_stamp();
         let owners = Self::owners(config, stamp);
         owners.chain(&entry, &meta, entry_root, |_| false).map_err(|(p, r)| entry_err(&p, r))?;
         if joined != entry {
-            owners.crossed(&joined, &roots).map_err(|(p, r)| entry_err(&p, r))?;
+            owners.walked(&joined, &roots).map_err(|(p, r)| entry_err(&p, r))?;
         }
         let entry_chain = |p: &Path| entry.starts_with(p) && p.starts_with(entry_root);
         owners.chain(&canonical, &manifest_meta, &root, entry_chain).map_err(

@@ -1,11 +1,13 @@
 //! Who may own the files a run is read from: the manifest, the entry,
-//! every folder between each and its root, and the folders a symlinked
-//! entry path crosses as written. Whoever may write one of them may change
+//! every folder between each and its root, and every folder a symlinked
+//! entry path is resolved through. Whoever may write one of them may change
 //! what runs under the skill's name and grant.
 
+use std::collections::VecDeque;
+use std::ffi::OsString;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use policy::path::is_within;
 
@@ -61,19 +63,59 @@ impl<'a> Owners<'a> {
         Ok(())
     }
 
-    /// The folders `written` crosses as written (a symlinked folder on the
-    /// way, or a symlink as the entry: the folder holding the link) that
-    /// lie under one of `roots` once resolved; each must pass as the
-    /// resolved chain does. Folders outside every root are the operator's.
-    pub(super) fn crossed(&self, written: &Path, roots: &[PathBuf]) -> Result<(), Refusal> {
-        for folder in written.ancestors().skip(1) {
-            let Ok(real) = fs::canonicalize(folder) else { continue };
-            if !roots.iter().any(|r| is_within(&real, r)) {
+    /// Every folder under one of `roots` whose entries the kernel consults
+    /// to resolve `written` (absolute): walked as the kernel walks it, one
+    /// name at a time, each symlink's target walked in turn (a link to a
+    /// link included). Whoever may write such a folder may point a link in
+    /// it at another file without the manifest changing. Folders outside
+    /// every root are the operator's.
+    pub(super) fn walked(&self, written: &Path, roots: &[PathBuf]) -> Result<(), Refusal> {
+        let mut todo: VecDeque<OsString> = names(written);
+        let mut at = PathBuf::from("/");
+        let mut checked: Vec<PathBuf> = Vec::new();
+        let mut links = 0;
+        while let Some(name) = todo.pop_front() {
+            if name == ".." {
+                at.pop();
                 continue;
             }
-            let m = fs::metadata(&real).map_err(|e| (folder.to_owned(), e.to_string()))?;
-            self.check(folder, &m)?;
+            if !checked.contains(&at) && roots.iter().any(|r| is_within(&at, r)) {
+                let m = fs::metadata(&at).map_err(|e| (at.clone(), e.to_string()))?;
+                self.check(&at, &m)?;
+                checked.push(at.clone());
+            }
+            let next = at.join(&name);
+            let m = fs::symlink_metadata(&next).map_err(|e| (next.clone(), e.to_string()))?;
+            if !m.file_type().is_symlink() {
+                at = next;
+                continue;
+            }
+            links += 1;
+            if links > MAX_LINKS {
+                return Err((written.to_owned(), "too many levels of symbolic links".into()));
+            }
+            let target = fs::read_link(&next).map_err(|e| (next.clone(), e.to_string()))?;
+            if target.is_absolute() {
+                at = PathBuf::from("/");
+            }
+            for n in names(&target).into_iter().rev() {
+                todo.push_front(n);
+            }
         }
         Ok(())
     }
+}
+
+/// The kernel's bound on symlinks followed in one lookup.
+const MAX_LINKS: usize = 40;
+
+/// The names of `path`, `.` dropped (`..` kept: it is walked).
+fn names(path: &Path) -> VecDeque<OsString> {
+    path.components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_owned()),
+            Component::ParentDir => Some(OsString::from("..")),
+            _ => None,
+        })
+        .collect()
 }

@@ -59,6 +59,16 @@ fn a_writable_manifest_or_a_folder_the_entry_is_reached_through_is_refused() {
     refused(&m, &fs::canonicalize(&bin).unwrap());
     mode(&bin, 0o755);
     assert!(build(&m).is_ok(), "the same link in a folder only its owner may write");
+    // A link reached through another link: the folder holding the second.
+    let links = t.path().join("links");
+    fs::create_dir(&links).unwrap();
+    mode(&links, 0o777);
+    std::os::unix::fs::symlink("../a/run.sh", links.join("run")).unwrap();
+    std::os::unix::fs::symlink("../links/run", t.path().join("a/hop")).unwrap();
+    fs::write(&m, r#"{"name":"probe","description":"d","entry":"hop"}"#).unwrap();
+    refused(&m, &fs::canonicalize(&links).unwrap());
+    mode(&links, 0o755);
+    assert!(build(&m).is_ok());
 }
 
 /// Only a `skill.json` (or a `SKILL.md`) is a manifest: another file
