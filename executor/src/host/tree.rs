@@ -12,6 +12,7 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use nix::dir::{Dir, Type};
 use nix::errno::Errno;
@@ -31,21 +32,34 @@ const DIR_FLAGS: OFlag =
 ///
 /// The first failure to list, unlink or rename an entry.
 pub fn remove_all(path: &Path) -> io::Result<()> {
+    remove_within(path, GIVE_UP_AFTER)
+}
+
+fn remove_within(path: &Path, limit: Duration) -> io::Result<()> {
     let top = match nix::fcntl::open(path, DIR_FLAGS, Mode::empty()) {
         Ok(fd) => fd,
         Err(Errno::ENOENT) => return Ok(()),
         Err(Errno::ENOTDIR | Errno::ELOOP) => return gone(std::fs::remove_file(path)),
         Err(e) => return Err(e.into()),
     };
-    empty(top.as_fd())?;
+    empty(top.as_fd(), limit)?;
     gone(std::fs::remove_dir(path))
 }
 
+/// How long a removal goes on: a process that escaped its run's kill (no
+/// cgroup to kill it by) could write in the tree for ever.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(30);
+
 /// Empties the directory `top`: passes over its entries, each a fresh
-/// listing, until one finds none.
-fn empty(top: BorrowedFd<'_>) -> io::Result<()> {
+/// listing, until one finds none (or `limit` passed).
+fn empty(top: BorrowedFd<'_>, limit: Duration) -> io::Result<()> {
     let mut lifted = 0u64;
+    let started = Instant::now();
     loop {
+        if started.elapsed() > limit {
+            let why = format!("still not empty after {} s", limit.as_secs_f64());
+            return Err(io::Error::other(why));
+        }
         let mut listing = Dir::openat(top, c".", DIR_FLAGS, Mode::empty())?;
         let mut any = false;
         for entry in listing.iter() {
@@ -162,6 +176,39 @@ mod tests {
         removed.unwrap();
         assert!(!top.exists());
         assert_eq!(std::fs::read_to_string(outside.join("keep")).unwrap(), "x");
+    }
+
+    /// A tree something keeps writing to is given up on once its time is
+    /// out, not removed for ever: it ends (removed, or given up) while a
+    /// writer goes on, and a tree still there when the time is out is left
+    /// with an error.
+    #[test]
+    fn a_tree_still_written_to_is_given_up() {
+        let t = tempfile::tempdir().unwrap();
+        let top = t.path().join("top");
+        std::fs::create_dir(&top).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (top, stop) = (top.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += 1;
+                    let _ = std::fs::create_dir(top.join(format!("w{n}")));
+                }
+            })
+        };
+        let started = Instant::now();
+        let r = remove_within(&top, Duration::from_millis(300));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5), "{r:?} after {:?}", started.elapsed());
+        std::fs::create_dir_all(top.join("a/b")).unwrap();
+        let e = remove_within(&top, Duration::ZERO).unwrap_err();
+        assert!(e.to_string().contains("still not empty"), "{e}");
+        assert!(top.join("a/b").exists());
+        remove_all(&top).unwrap();
+        assert!(!top.exists());
     }
 
     #[test]
