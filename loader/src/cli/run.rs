@@ -125,6 +125,7 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
     let client = args.daemon.client();
     let answer = if args.stream {
         let mut report = None;
+        let mut failed_with = None;
         let mut write_error = None;
         let json_out = args.json;
         let answer = remote::block_on(client.execute_stream(&args.name, &body, |event, line| {
@@ -151,12 +152,19 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
             if event["event"] == "report" {
                 report = Some((event["report"].clone(), crate::cli::client::report_result(line)));
             }
+            if event["event"] == "error" {
+                failed_with = event["error"]["code"].as_str().map(str::to_owned);
+            }
         }))?;
         if let Some(e) = write_error {
             return Err(e);
         }
         match answer {
             Ok(resp) if resp.status.is_success() => {
+                let Some(report) = report else {
+                    // The stream ended with an error event (already printed).
+                    return Ok(ExitCode::from(stream_error_exit(failed_with.as_deref())));
+                };
                 return finish_stream(report, args.json, out, err);
             }
             other => other,
@@ -179,16 +187,22 @@ pub fn run(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> io::Result<
     print_report(&resp.body, resp.report_result(), Shown::Text, out, err)
 }
 
+/// The exit code of a stream that ended with an error event of `code`: a
+/// run that ended unaudited ran (a retry would run it again); the others
+/// did not finish (retry later).
+fn stream_error_exit(code: Option<&str>) -> u8 {
+    match code {
+        Some("audit_incomplete") => exit::FAILED,
+        _ => exit::UNAVAILABLE,
+    }
+}
+
 fn finish_stream(
-    report: Option<(Value, Option<RawJson>)>,
+    (report, result): (Value, Option<RawJson>),
     json: bool,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> io::Result<ExitCode> {
-    let Some((report, result)) = report else {
-        // The stream ended with an error event (already printed).
-        return Ok(ExitCode::from(exit::UNAVAILABLE));
-    };
     if json {
         // The events, report included, are already on stdout.
         return Ok(exit_of(&report));
@@ -246,4 +260,18 @@ fn print_report(
         }
     }
     Ok(ExitCode::from(exit::FAILED))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream that ended unaudited is a run that happened: not the
+    /// "retry later" of one that did not finish.
+    #[test]
+    fn a_stream_that_ended_unaudited_is_not_retry_later() {
+        assert_eq!(stream_error_exit(Some("audit_incomplete")), exit::FAILED);
+        assert_eq!(stream_error_exit(Some("executor_unavailable")), exit::UNAVAILABLE);
+        assert_eq!(stream_error_exit(None), exit::UNAVAILABLE);
+    }
 }

@@ -98,7 +98,7 @@ impl Run {
     ///
     /// # Errors
     ///
-    /// 503 `audit_unavailable` when the rows could not be committed and
+    /// 500 `audit_incomplete` when the rows could not be committed and
     /// `audit_required`: the report is not sent without its audit trail.
     pub(super) async fn finish(&mut self, report: &RunReport) -> Result<(), ApiError> {
         let name = self.skill.name();
