@@ -5,8 +5,8 @@
 //! with its own folder as the root. Every manifest gets one line: `ok` or
 //! `error` with its path and reason, plus `note` lines (ignored fields, a
 //! clamped timeout, a symlinked folder, which the daemon does not follow
-//! inside a root, an entry or folder the executor refuses because it is
-//! group or world writable, an entry that is neither ELF nor `#!`) that do
+//! inside a root, a manifest, entry or folder the executor refuses
+//! because it is group or world writable, an entry that is neither ELF nor `#!`) that do
 //! not fail. A manifest reached through several
 //! PATHs (a folder and its `skill.json`, nested folders, a symlink to a
 //! folder) is checked once, by its canonical path. Exits 1 if anything
@@ -14,7 +14,7 @@
 //! folder without any `skill.json`.
 
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use policy::path::is_within;
@@ -94,16 +94,28 @@ impl Finding {
 const NOT_A_MANIFEST_NAME: &str =
     "not a manifest: the daemons read only files named skill.json or SKILL.md";
 
-/// A note when the entry of `skill`, or a folder between it and its root,
-/// is group or world writable: the loader registers such a pack, but
-/// `ongrid-executor` refuses every run of it (`rejected`), whatever its
-/// configuration, so the author hears it here rather than at the first run.
+/// A note when the entry or the manifest of `skill`, or a folder between
+/// either and its root, is group or world writable: the loader registers
+/// such a pack, but `ongrid-executor` refuses every run of it (`rejected`),
+/// whatever its configuration, so the author hears it here rather than at
+/// the first run.
 fn writable_note(skill: &crate::scan::skill::RegisteredSkill) -> Option<Finding> {
-    use std::os::unix::fs::MetadataExt;
     let root = std::fs::canonicalize(skill.root()).ok()?;
-    let mut at = Some(skill.entry());
+    let manifest = std::fs::canonicalize(skill.manifest_path()).ok();
+    let note = |p: &Path| writable_up_to(skill, p, &root);
+    note(skill.entry()).or_else(|| manifest.as_deref().and_then(note))
+}
+
+/// The note of [`writable_note`] for `from` and each folder up to `root`.
+fn writable_up_to(
+    skill: &crate::scan::skill::RegisteredSkill,
+    from: &Path,
+    root: &Path,
+) -> Option<Finding> {
+    use std::os::unix::fs::MetadataExt;
+    let mut at = Some(from);
     while let Some(p) = at {
-        if !is_within(p, &root) {
+        if !is_within(p, root) {
             break;
         }
         let mode = std::fs::metadata(p).ok()?.mode() & 0o7777;

@@ -254,12 +254,13 @@ fn a_writable_entry_or_folder_gets_a_note_naming_the_fix() {
         set(p, 0o755);
     }
     set(&entry, 0o755);
+    set(&m, 0o644);
     let run = Cli::new(&["validate"]).arg(&root).run();
     assert_eq!(run.code, 0, "{}", run.stdout);
     assert!(!run.stdout.contains("note"), "{}", run.stdout);
-    // The executor refuses to run either: the author hears it now, not at
+    // The executor refuses to run any: the author hears it now, not at
     // the first run (`rejected`), and the pack still registers.
-    for (at, mode) in [(&entry, 0o775), (&dir, 0o777)] {
+    for (at, mode) in [(&entry, 0o775), (&dir, 0o777), (&m, 0o664)] {
         set(at, mode);
         let run = Cli::new(&["validate"]).arg(&root).run();
         assert_eq!(run.code, 0, "{}", run.stdout);
