@@ -513,10 +513,18 @@ impl RunCgroup {
         // file) would start the next run over its own bound: such a leaf
         // is removed instead, which hands its charges to the parent.
         let Ok(emptied) = self.empty_above(FORCE_EMPTY_ABOVE) else { return false };
-        // v1: read again once emptied (it was under the bound otherwise).
-        let over = || self.charge().is_some_and(|c| c > FORCE_EMPTY_ABOVE);
-        if (emptied || self.memory.is_none()) && over() {
+        // v1: read again once emptied (it was under the bound otherwise);
+        // v2: over the bound, what reclaim gives back (page cache, kernel
+        // objects) is asked back first.
+        let over = || self.charge().filter(|&c| c > FORCE_EMPTY_ABOVE);
+        if emptied && over().is_some() {
             return false;
+        }
+        if let (None, Some(charge), Some(dir)) = (&self.memory, over(), &self.v2) {
+            let _ = write_file(&dir.join("memory.reclaim"), &charge.to_string());
+            if over().is_some() {
+                return false;
+            }
         }
         if let Some(dir) = &self.memory {
             let k = &self.kept;
