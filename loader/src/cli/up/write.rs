@@ -70,6 +70,15 @@ pub(super) fn prepare_dir(plan: &Plan) -> Result<(), Failure> {
             meta.mode() & 0o7777
         )));
     }
+    if let Some((above, why)) = unsafe_ancestor(dir, uid) {
+        return Err(Failure::usage(format!(
+            "runtime dir {}: the folder {} above it {why}: whoever may write it could swap the \
+             runtime dir, and the executor.toml a root executor trusts; pass another \
+             --runtime-dir",
+            dir.display(),
+            above.display()
+        )));
+    }
     for name in [SKILLD_SOCKET, EXECUTOR_SOCKET] {
         let path = dir.join(name);
         if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket())
@@ -99,6 +108,24 @@ pub(super) fn prepare_dir(plan: &Plan) -> Result<(), Failure> {
         .map_err(|e| io("write executor.toml", e))?;
     file.write_all(text.as_bytes()).map_err(|e| io("write executor.toml", e))?;
     Ok(())
+}
+
+/// A folder above `dir` (resolved) that another user could rename entries
+/// of: owned by someone other than root or `uid`, or group or world
+/// writable without the sticky bit (as `/tmp` has). `None`: none.
+fn unsafe_ancestor(dir: &Path, uid: u32) -> Option<(PathBuf, String)> {
+    let real = fs::canonicalize(dir).ok()?;
+    for above in real.ancestors().skip(1) {
+        let Ok(m) = fs::metadata(above) else { continue };
+        if m.uid() != 0 && m.uid() != uid {
+            return Some((above.to_owned(), format!("is owned by uid {}", m.uid())));
+        }
+        if m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0 {
+            let why = format!("is group or world writable (mode {:o})", m.mode() & 0o7777);
+            return Some((above.to_owned(), why));
+        }
+    }
+    None
 }
 
 /// Removes the sockets and the generated file (not the directory's
@@ -210,6 +237,8 @@ fn example_grants() -> BTreeMap<String, toml::Table> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
     use crate::cli::up::choose::read_grants;
 
@@ -239,6 +268,31 @@ mod tests {
         assert!(
             notes[1].ends_with("grant it in a --grants FILE ([skills.netless], docs/operating.md)")
         );
+    }
+
+    /// A folder above the runtime dir that another user could rename
+    /// entries of refuses it; a sticky one (as `/tmp`) does not.
+    #[test]
+    fn a_runtime_dir_under_a_folder_others_may_write_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let above = t.path().join("above");
+        let dir = above.join("run");
+        fs::create_dir_all(&dir).unwrap();
+        let set = |mode| fs::set_permissions(&above, fs::Permissions::from_mode(mode)).unwrap();
+        let uid = nix_uid();
+        set(0o755);
+        assert_eq!(unsafe_ancestor(&dir, uid), None);
+        set(0o777);
+        let (at, why) = unsafe_ancestor(&dir, uid).unwrap();
+        assert_eq!((at, why.as_str()), (above.clone(), "is group or world writable (mode 777)"));
+        set(0o1777);
+        assert_eq!(unsafe_ancestor(&dir, uid), None, "sticky: only owners rename");
+        set(0o755);
+        if uid == 0 {
+            std::os::unix::fs::chown(&above, Some(65534), None).unwrap();
+            let (at, why) = unsafe_ancestor(&dir, uid).unwrap();
+            assert_eq!((at, why.as_str()), (above.clone(), "is owned by uid 65534"));
+        }
     }
 
     #[test]
