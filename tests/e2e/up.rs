@@ -185,6 +185,10 @@ fn up_starts_answers_curl_and_stops_cleanly_on_sigterm() {
     assert!(up.printed.iter().any(|l| l.trim() == curl_line), "{text}");
     assert!(text.contains(&format!("list --socket {sock}")), "{text}");
     assert!(text.contains("run host_load --socket"), "{text}");
+    // The socket is the user's alone: the daemon's default (0660) would
+    // let the primary group run the user's skills as the user.
+    let mode = fs::metadata(up.socket()).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o600, "skilld.sock mode {mode:o}");
 
     let list = if have_curl() {
         let (ok, out, err) = bash(&curl_line);

@@ -171,6 +171,10 @@ impl Plan {
             })?,
             None => FileConfig::default(),
         };
+        // The socket is yours alone unless the file says otherwise (the
+        // daemon's default, 0660, would let your primary group run your
+        // skills as you).
+        file.socket_mode.get_or_insert_with(|| "0600".to_owned());
         if file.callers.is_none() {
             file.callers = Some(vec![CallerEntry {
                 uid: Some(nix_uid()),
