@@ -50,13 +50,31 @@ impl Up {
 
     /// As [`Up::start_with`], with `more` arguments for `up`.
     fn launch(base: &Path, extra: &[&Path], stream: Stream, more: &[&std::ffi::OsStr]) -> Self {
+        Self::launch_from(Command::new(bin("ongrid-skill")), base, extra, stream, more)
+    }
+
+    /// As [`Up::start`], started with SIGHUP ignored, as `nohup` starts it.
+    fn start_ignoring_sighup(base: &Path) -> Self {
+        let mut sh = Command::new("/bin/sh");
+        sh.args(["-c", "trap '' HUP; exec \"$0\" \"$@\""]).arg(bin("ongrid-skill"));
+        Self::launch_from(sh, base, &[], Stream::Plain, &[])
+    }
+
+    /// `cmd` (`ongrid-skill`, or what execs it with its arguments) with
+    /// `up` and its arguments.
+    fn launch_from(
+        mut cmd: Command,
+        base: &Path,
+        extra: &[&Path],
+        stream: Stream,
+        more: &[&std::ffi::OsStr],
+    ) -> Self {
         if nix::unistd::geteuid().is_root() {
             ongrid_tests::host::skill_user();
         }
         let runtime = base.join("run");
         let metrics = free_port();
         let log = base.join("up.log");
-        let mut cmd = Command::new(bin("ongrid-skill"));
         cmd.arg("up").arg("--runtime-dir").arg(&runtime);
         cmd.arg("--metrics-listen").arg(metrics.to_string());
         for dir in extra {
@@ -404,6 +422,39 @@ fn a_stray_sighup_leaves_the_executor_serving_and_a_closed_terminal_stops_up() {
     assert_eq!(run_echo(&up)["message"], "still here");
     // The terminal `up` runs in closes: both daemons stop, exit 0.
     up.stop(Signal::SIGHUP);
+}
+
+/// Started as `nohup` starts it (SIGHUP ignored), `up` goes on serving
+/// when the terminal closes, and stops on SIGTERM.
+#[test]
+fn up_started_with_sighup_ignored_serves_on_after_one() {
+    let (_tmp, base) = temp_dir("ongrid-e2e-up-nohup-");
+    let up = Up::start_ignoring_sighup(&base);
+    kill(Pid::from_raw(i32::try_from(up.child.id()).unwrap()), Signal::SIGHUP).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(run_echo(&up)["message"], "still here", "{}", up.log());
+    up.stop(Signal::SIGTERM);
+}
+
+/// No one reads the ready lines (stdout a pipe closed at once): `up` stops
+/// both daemons, leaves nothing behind and exits non-zero.
+#[test]
+fn up_whose_ready_lines_cannot_be_written_stops_and_fails() {
+    let (_tmp, base) = temp_dir("ongrid-e2e-up-pipe-");
+    let runtime = base.join("run");
+    let mut cmd = Command::new(bin("ongrid-skill"));
+    cmd.arg("up").arg("--runtime-dir").arg(&runtime).args(["--metrics-listen", ""]);
+    let mut child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exit {}: {err}", out.status);
+    assert!(err.contains("cannot print the ready lines"), "{err}");
+    for name in ["skilld.sock", "executor.sock", "executor.toml"] {
+        assert!(!runtime.join(name).exists(), "{name} left behind: {err}");
+    }
+    assert_eq!(processes_with(&runtime.display().to_string()), Vec::<i32>::new());
 }
 
 #[test]

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::choose::{
     fail, is_root, nix_uid, Failure, Plan, EXECUTOR_CONFIG, EXECUTOR_SOCKET, SKILLD_SOCKET,
 };
-use super::write::{cleanup, prepare_dir};
+use super::write::{cleanup, prepare_dir, Made};
 use crate::daemon::app::App;
 use crate::daemon::Daemon;
 
@@ -31,21 +31,46 @@ const EXECUTOR_STOP: Duration = Duration::from_secs(45);
 const EXECUTOR_STOP_MARGIN: Duration = Duration::from_secs(5);
 
 /// The stop signals `up` handles: SIGTERM, SIGINT and SIGHUP (the
-/// terminal it runs in closed).
+/// terminal it runs in closed), unless SIGHUP was ignored when `up`
+/// started (`nohup`): a handler would undo that.
 struct Signals {
     term: Signal,
     int: Signal,
-    hup: Signal,
+    hup: Option<Signal>,
 }
 
 impl Signals {
     fn new() -> io::Result<Self> {
+        let hup = match ignored_at_start(libc::SIGHUP) {
+            true => None,
+            false => Some(signal(SignalKind::hangup())?),
+        };
         Ok(Self {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
-            hup: signal(SignalKind::hangup())?,
+            hup,
         })
     }
+}
+
+/// The next SIGHUP; never, when it is ignored.
+async fn hangup(hup: &mut Option<Signal>) {
+    match hup {
+        Some(hup) => {
+            hup.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether `signal` is ignored in this process (`SigIgn` of
+/// `/proc/self/status`): read before any handler is installed, it says
+/// what `up` was started with.
+fn ignored_at_start(signal: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return false };
+    let mask = status.lines().find_map(|l| l.strip_prefix("SigIgn:"));
+    let mask = mask.and_then(|m| u64::from_str_radix(m.trim(), 16).ok()).unwrap_or(0);
+    (1..=64).contains(&signal) && mask & (1 << (signal - 1)) != 0
 }
 
 /// Starts both daemons as `plan` says, serves until a stop signal or the
@@ -64,18 +89,20 @@ pub(super) async fn serve(
         Ok(s) => s,
         Err(e) => return fail(&Failure::start(format!("signal handlers: {e}")), err),
     };
-    if let Err(f) = prepare_dir(&plan) {
+    let mut made = Made::default();
+    if let Err(f) = prepare_dir(&plan, &mut made) {
         return fail(&f, err);
     }
-    let (mut executor, parent_alive) = match start_executor(&plan, &mut signals).await {
+    let (mut executor, parent_alive) = match start_executor(&plan, &mut signals, &made).await {
         Ok(started) => started,
         Err(f) => return fail(&f, err),
     };
+    made.note(plan.runtime_dir.join(EXECUTOR_SOCKET));
     let daemon = match Daemon::start(&plan.settings, None).await {
         Ok(d) => d,
         Err(e) => {
             stop_executor(&mut executor, EXECUTOR_STOP).await;
-            cleanup(&plan);
+            cleanup(&made);
             let hint = match (&e, plan.metrics) {
                 (crate::daemon::StartError::MetricsListen { .. }, Some(_)) => {
                     " (is another ongrid-skilld running? choose another --metrics-listen, or \"\" to disable)"
@@ -86,16 +113,24 @@ pub(super) async fn serve(
             return fail(&f, err);
         }
     };
+    made.note(plan.runtime_dir.join(SKILLD_SOCKET));
     let app = Arc::clone(&daemon.app);
-    print_ready(&plan, &app, executor.id(), out)?;
-    out.flush()?;
+    if let Err(e) = print_ready(&plan, &app, executor.id(), out).and_then(|()| out.flush()) {
+        // No one reads the ready lines (a closed pipe): nothing is left
+        // serving, and the exit says it failed.
+        drop(daemon);
+        stop_executor(&mut executor, EXECUTOR_STOP).await;
+        cleanup(&made);
+        let _ = writeln!(err, "ongrid-skill up: cannot print the ready lines: {e}; stopped");
+        return Ok(ExitCode::FAILURE);
+    }
 
     let shutdown = CancellationToken::new();
     let serving = tokio::spawn(daemon.run(shutdown.clone()));
     let (code, why) = tokio::select! {
         _ = signals.term.recv() => (ExitCode::SUCCESS, "SIGTERM".to_owned()),
         _ = signals.int.recv() => (ExitCode::SUCCESS, "SIGINT".to_owned()),
-        _ = signals.hup.recv() => (ExitCode::SUCCESS, "SIGHUP (the terminal closed)".to_owned()),
+        () = hangup(&mut signals.hup) => (ExitCode::SUCCESS, "SIGHUP (the terminal closed)".to_owned()),
         st = executor.wait() => (
             ExitCode::FAILURE,
             format!("ongrid-executor exited unexpectedly ({})", describe(st)),
@@ -108,12 +143,13 @@ pub(super) async fn serve(
     stop_both(&app, &mut signals, &mut executor, err).await;
     drop(parent_alive);
     let _ = serving.await;
-    cleanup(&plan);
-    if code == ExitCode::FAILURE {
-        writeln!(err, "ongrid-skill up: {why}")?;
+    cleanup(&made);
+    // The terminal may be gone (SIGHUP): the exit code says it all.
+    let _ = if code == ExitCode::FAILURE {
+        writeln!(err, "ongrid-skill up: {why}")
     } else {
-        writeln!(err, "ongrid-skill up: stopped")?;
-    }
+        writeln!(err, "ongrid-skill up: stopped")
+    };
     Ok(code)
 }
 
@@ -124,6 +160,7 @@ pub(super) async fn serve(
 async fn start_executor(
     plan: &Plan,
     signals: &mut Signals,
+    made: &Made,
 ) -> Result<(Child, Option<ChildStdin>), Failure> {
     let config_path = plan.runtime_dir.join(EXECUTOR_CONFIG);
     let executor_socket = plan.runtime_dir.join(EXECUTOR_SOCKET);
@@ -148,7 +185,7 @@ async fn start_executor(
     {
         Ok(c) => c,
         Err(e) => {
-            cleanup(plan);
+            cleanup(made);
             let bin = plan.executor_bin.display();
             return Err(Failure::start(format!("cannot start {bin}: {e}")));
         }
@@ -159,11 +196,11 @@ async fn start_executor(
         r = wait_for_socket(&mut executor, &executor_socket) => r,
         _ = signals.term.recv() => Err(Failure::start("stopped (SIGTERM) during start-up")),
         _ = signals.int.recv() => Err(Failure::start("stopped (SIGINT) during start-up")),
-        _ = signals.hup.recv() => Err(Failure::start("stopped (SIGHUP) during start-up")),
+        () = hangup(&mut signals.hup) => Err(Failure::start("stopped (SIGHUP) during start-up")),
     };
     if let Err(f) = started {
         stop_executor(&mut executor, EXECUTOR_STOP).await;
-        cleanup(plan);
+        cleanup(made);
         return Err(f);
     }
     Ok((executor, parent_alive))

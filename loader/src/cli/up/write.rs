@@ -40,8 +40,33 @@ struct ExecutorToml {
     skills: BTreeMap<String, toml::Table>,
 }
 
+/// The files this `up` made in the runtime dir, each by its device, inode
+/// and change time (an inode number is taken again as soon as it is
+/// freed): [`cleanup`] removes only these, so an `up` stopping late never
+/// removes the sockets or the config of another `up` started on the same
+/// runtime dir meanwhile.
+#[derive(Debug, Default)]
+pub(super) struct Made {
+    files: Vec<(PathBuf, FileId)>,
+}
+
+type FileId = (u64, u64, i64, i64);
+
+fn file_id(m: &fs::Metadata) -> FileId {
+    (m.dev(), m.ino(), m.ctime(), m.ctime_nsec())
+}
+
+impl Made {
+    /// Notes `path` as made by this `up`, if it is there.
+    pub(super) fn note(&mut self, path: PathBuf) {
+        if let Ok(m) = fs::symlink_metadata(&path) {
+            self.files.push((path, file_id(&m)));
+        }
+    }
+}
+
 /// Creates (or checks) the runtime dir and writes `executor.toml`.
-pub(super) fn prepare_dir(plan: &Plan) -> Result<(), Failure> {
+pub(super) fn prepare_dir(plan: &Plan, made: &mut Made) -> Result<(), Failure> {
     let dir = &plan.runtime_dir;
     let io = |what: &str, e: io::Error| {
         Failure::start(format!("runtime dir {}: cannot {what}: {e}", dir.display()))
@@ -107,6 +132,7 @@ pub(super) fn prepare_dir(plan: &Plan) -> Result<(), Failure> {
         .open(&path)
         .map_err(|e| io("write executor.toml", e))?;
     file.write_all(text.as_bytes()).map_err(|e| io("write executor.toml", e))?;
+    made.note(path);
     Ok(())
 }
 
@@ -128,16 +154,14 @@ fn unsafe_ancestor(dir: &Path, uid: u32) -> Option<(PathBuf, String)> {
     None
 }
 
-/// Removes the sockets and the generated file (not the directory's
-/// other contents).
-pub(super) fn cleanup(plan: &Plan) {
-    for name in [SKILLD_SOCKET, EXECUTOR_SOCKET] {
-        let path = plan.runtime_dir.join(name);
-        if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket()) {
-            let _ = fs::remove_file(&path);
+/// Removes the sockets and the generated file this `up` made (not the
+/// directory's other contents, nor files another `up` put there since).
+pub(super) fn cleanup(made: &Made) {
+    for (path, id) in &made.files {
+        if fs::symlink_metadata(path).is_ok_and(|m| file_id(&m) == *id) {
+            let _ = fs::remove_file(path);
         }
     }
-    let _ = fs::remove_file(plan.runtime_dir.join(EXECUTOR_CONFIG));
 }
 
 /// The generated `executor.toml`, with the examples' grants and `grants`
@@ -293,6 +317,27 @@ mod tests {
             let (at, why) = unsafe_ancestor(&dir, uid).unwrap();
             assert_eq!((at, why.as_str()), (above.clone(), "is owned by uid 65534"));
         }
+    }
+
+    /// `cleanup` removes what this `up` made, never a file another `up`
+    /// put at the same path since (its sockets, its config).
+    #[test]
+    fn cleanup_removes_only_what_this_up_made() {
+        let t = tempfile::tempdir().unwrap();
+        let (mine, replaced) = (t.path().join("executor.toml"), t.path().join("skilld.sock"));
+        fs::write(&mine, "a").unwrap();
+        fs::write(&replaced, "a").unwrap();
+        let mut made = Made::default();
+        made.note(mine.clone());
+        made.note(replaced.clone());
+        made.note(t.path().join("never-made"));
+        fs::remove_file(&replaced).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        fs::write(t.path().join("other"), "b").unwrap();
+        fs::rename(t.path().join("other"), &replaced).unwrap();
+        cleanup(&made);
+        assert!(!mine.exists());
+        assert_eq!(fs::read_to_string(&replaced).unwrap(), "b", "another up's file stays");
     }
 
     #[test]
