@@ -16,8 +16,12 @@ fn main() -> ExitCode {
     // Not locked: `up` logs from other threads while the command runs.
     let mut out = io::stdout();
     let mut err = io::stderr();
-    let result =
-        loader::cli::run(cli, &mut out, &mut err).and_then(|code| out.flush().map(|()| code));
+    let result = loader::cli::run(cli, &mut out, &mut err).and_then(|code| match out.flush() {
+        // What stayed buffered for a reader gone: the command's own code
+        // stands (`up` whose ready lines no one read failed).
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(code),
+        flushed => flushed.map(|()| code),
+    });
     match result.context("writing output") {
         Ok(code) => code,
         // A closed pipe (`ongrid-skill scan | head`) is not an error.

@@ -444,8 +444,8 @@ fn up_whose_ready_lines_cannot_be_written_stops_and_fails() {
     let runtime = base.join("run");
     let mut cmd = Command::new(bin("ongrid-skill"));
     cmd.arg("up").arg("--runtime-dir").arg(&runtime).args(["--metrics-listen", ""]);
-    let mut child =
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
     drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

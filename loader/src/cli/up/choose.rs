@@ -34,8 +34,8 @@ pub const SOURCE_EXAMPLES: &str =
 /// Arguments of `up`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Exit codes: 0 after Ctrl-C, SIGTERM or SIGHUP, 1 if a daemon could not start
-or the executor died, 2 usage error.")]
+Exit codes: 0 after Ctrl-C, SIGTERM or SIGHUP, 1 if a daemon could not start,
+the executor died or the ready lines could not be written, 2 usage error.")]
 pub struct Args {
     /// A skill root (a folder of packs, or one pack) to serve besides the
     /// examples; repeatable.

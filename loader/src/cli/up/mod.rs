@@ -3,15 +3,18 @@
 //! and `ongrid-skilld` in this process, in the foreground, on sockets under
 //! a local runtime directory, with the bundled example skills plus any
 //! `--skills` packs; prints the lines to try; stops both on Ctrl-C,
-//! SIGTERM or SIGHUP (the terminal it runs in closed).
+//! SIGTERM or SIGHUP (the terminal it runs in closed; not when started
+//! with SIGHUP ignored, as `nohup` starts it).
 //!
 //! # Runtime directory
 //!
 //! `--runtime-dir`, else `/run/ongrid-up` as root, else
 //! `$XDG_RUNTIME_DIR/ongrid-up`, else `/tmp/ongrid-up-$UID`. It must be a
 //! directory owned by the current user and not group/world writable (it is
-//! created 0755 if missing): it holds the generated `executor.toml`, which
-//! a root executor trusts. Inside: `executor.toml`, `executor.sock`,
+//! created 0755 if missing), given by its real path (no symlink on the
+//! way), under folders owned by root or the user that no one else may
+//! rename entries of (writable by others only if sticky, as `/tmp`): it
+//! holds the generated `executor.toml`, which a root executor trusts. Inside: `executor.toml`, `executor.sock`,
 //! `skilld.sock` and `runs/` (the per-run directories). The sockets and the
 //! generated file are removed at exit.
 //!
@@ -52,8 +55,8 @@
 //! # Exit codes
 //!
 //! 0 after Ctrl-C, SIGTERM or SIGHUP (both daemons stopped, sockets
-//! removed), 1 if a daemon could not start or the executor died, 2 on a
-//! usage error.
+//! removed), 1 if a daemon could not start, the executor died or the ready
+//! lines could not be written (both stopped), 2 on a usage error.
 //!
 //! # Layout
 //!

@@ -95,6 +95,13 @@ pub(super) fn prepare_dir(plan: &Plan, made: &mut Made) -> Result<(), Failure> {
             meta.mode() & 0o7777
         )));
     }
+    if let Some(real) = resolved_elsewhere(dir) {
+        return Err(Failure::usage(format!(
+            "runtime dir {}: a symlink is on the way; pass its real path, {}",
+            dir.display(),
+            real.display()
+        )));
+    }
     if let Some((above, why)) = unsafe_ancestor(dir, uid) {
         return Err(Failure::usage(format!(
             "runtime dir {}: the folder {} above it {why}: whoever may write it could swap the \
@@ -134,6 +141,13 @@ pub(super) fn prepare_dir(plan: &Plan, made: &mut Made) -> Result<(), Failure> {
     file.write_all(text.as_bytes()).map_err(|e| io("write executor.toml", e))?;
     made.note(path);
     Ok(())
+}
+
+/// The real path of `dir` when it is not `dir` itself: the path the
+/// executor is given must be the path checked, as a symlink on the way
+/// could be pointed elsewhere once the folders were checked.
+fn resolved_elsewhere(dir: &Path) -> Option<PathBuf> {
+    fs::canonicalize(dir).ok().filter(|real| real != dir)
 }
 
 /// A folder above `dir` (resolved) that another user could rename entries
@@ -311,6 +325,12 @@ mod tests {
         assert_eq!((at, why.as_str()), (above.clone(), "is group or world writable (mode 777)"));
         set(0o1777);
         assert_eq!(unsafe_ancestor(&dir, uid), None, "sticky: only owners rename");
+        // Through a symlink: refused, naming the real path to pass.
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&above, &link).unwrap();
+        let real = fs::canonicalize(&dir).unwrap();
+        assert_eq!(resolved_elsewhere(&link.join("run")), Some(real.clone()));
+        assert_eq!(resolved_elsewhere(&real), None);
         set(0o755);
         if uid == 0 {
             std::os::unix::fs::chown(&above, Some(65534), None).unwrap();
