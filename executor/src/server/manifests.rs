@@ -73,6 +73,14 @@ impl ManifestCache {
         digest: Option<&ManifestDigest>,
     ) -> Result<(Checked, Located), Box<RunReport>> {
         let reject = |why: String| Box::new(RunReport::not_run("", Outcome::Rejected, why));
+        // Bounded before anything keeps or repeats them: the cache keys on
+        // the tool, and refusals quote the path.
+        if path.len() > MAX_PATH_BYTES {
+            return Err(reject(format!("manifest path over {MAX_PATH_BYTES} bytes")));
+        }
+        if tool.is_some_and(|t| t.len() > MAX_TOOL_BYTES) {
+            return Err(reject(format!("tool name over {MAX_TOOL_BYTES} bytes")));
+        }
         if !Path::new(path).is_absolute() {
             return Err(reject(format!("manifest {path:?}: not an absolute path")));
         }
@@ -120,6 +128,14 @@ impl ManifestCache {
         self.parsed.is_empty()
     }
 }
+
+/// The longest manifest path a request may name (the kernel's `PATH_MAX`).
+pub const MAX_PATH_BYTES: usize = 4096;
+
+/// The longest tool name a request may name: an MCP tool's or a SKILL.md
+/// tool's name is at most 64 bytes, its registered name twice that and a
+/// separator.
+pub const MAX_TOOL_BYTES: usize = 256;
 
 #[cfg(test)]
 mod tests {
@@ -176,5 +192,26 @@ mod tests {
 
         let none = ManifestCache::new(&Config::default());
         assert!(none.check(m.to_str().unwrap()).is_err(), "no roots: nothing passes");
+    }
+
+    /// A peer's tool name or path past its bound is refused before the
+    /// cache keeps it or a refusal repeats it.
+    #[test]
+    fn long_tool_names_and_paths_are_refused_unkept() {
+        let root = tempfile::tempdir().unwrap();
+        let config = Config { roots: vec![root.path().to_owned()], ..Config::default() };
+        let cache = ManifestCache::new(&config);
+        fs::create_dir(root.path().join("a")).unwrap();
+        let m = write(&root.path().join("a"), "safe");
+        let path = m.to_str().unwrap();
+        for i in 0..4 {
+            let tool = format!("{i}{}", "x".repeat(1 << 20));
+            let r = cache.check_tool(path, Some(&tool), None).unwrap_err();
+            assert_eq!(r.error.as_deref(), Some("tool name over 256 bytes"));
+        }
+        assert_eq!(cache.len(), 0, "nothing kept");
+        let long = format!("/{}", "a".repeat(1 << 20));
+        let r = cache.check_tool(&long, None, None).unwrap_err();
+        assert_eq!(r.error.as_deref(), Some("manifest path over 4096 bytes"));
     }
 }
